@@ -1,0 +1,8 @@
+//! One module per command group. Each exposes clap argument types and a `run`-style function
+//! returning `anyhow::Result<()>`.
+
+pub mod data;
+pub mod model;
+pub mod sandbox;
+pub mod tokenizer;
+pub mod verify;

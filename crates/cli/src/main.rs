@@ -1,0 +1,60 @@
+//! `stoke`: the command-line entry point. Parses arguments with clap and hands each command to
+//! its module in `cmd/`. This is the only crate that turns files, flags and the environment into
+//! run configurations; the library crates receive validated values.
+//!
+//! Errors are printed on one line (`error: ...`, with their chain of causes) and the process exits
+//! non-zero; no command panics on bad input.
+
+mod cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "stoke", version, about = "A full-stack LLM training system")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the log-probability of every next token of a sequence under a model.
+    Score(cmd::model::ScoreArgs),
+    /// Generate completions for a prompt.
+    Generate(cmd::model::GenerateArgs),
+    /// Print a model's parsed configuration and parameter count.
+    Inspect(cmd::model::InspectArgs),
+    /// Score completions offline with a reward function.
+    Verify(cmd::verify::VerifyArgs),
+    /// The sandbox for untrusted code.
+    #[command(subcommand)]
+    Sandbox(cmd::sandbox::SandboxCommand),
+    /// The data funnel and token data.
+    #[command(subcommand)]
+    Data(cmd::data::DataCommand),
+    /// Tokenizer training and evaluation.
+    #[command(subcommand)]
+    Tokenizer(cmd::tokenizer::TokenizerCommand),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Score(args) => cmd::model::score(args),
+        Command::Generate(args) => cmd::model::generate(args),
+        Command::Inspect(args) => cmd::model::inspect(args),
+        Command::Verify(args) => cmd::verify::run(args),
+        Command::Sandbox(command) => cmd::sandbox::run(command),
+        Command::Data(command) => cmd::data::run(command),
+        Command::Tokenizer(command) => cmd::tokenizer::run(command),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! stoke-model (see crates/README.md).

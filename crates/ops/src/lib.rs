@@ -1,0 +1,1 @@
+//! stoke-ops (see crates/README.md).

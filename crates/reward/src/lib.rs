@@ -1,0 +1,1 @@
+//! stoke-reward (see crates/README.md).

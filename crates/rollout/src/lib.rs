@@ -1,0 +1,1 @@
+//! stoke-rollout (see crates/README.md).

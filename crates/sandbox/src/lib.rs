@@ -1,0 +1,1 @@
+//! stoke-sandbox (see crates/README.md).

@@ -1,0 +1,8 @@
+//! Tokenizers for stoke: Hugging Face `tokenizer.json` loading (via the `tokenizers` crate),
+//! chat templates from `tokenizer_config.json` rendered with `minijinja`, byte-level BPE training
+//! and tokenizer quality metrics. Knows nothing of tensors or models.
+
+pub mod chat;
+pub mod hf;
+pub mod metrics;
+pub mod train;

@@ -1,0 +1,6 @@
+//! Records shared between stoke's stages: token ids and the typed values that cross crate
+//! boundaries. This crate holds data definitions only: no I/O, no tensors, no behaviour beyond
+//! small constructors, so every other crate can depend on it.
+
+/// A token id in a tokenizer's vocabulary.
+pub type TokenId = u32;
