@@ -1,1 +1,588 @@
-//! (module under construction)
+//! Hugging Face chat templates rendered with minijinja, in the jinja dialect transformers uses,
+//! and the assistant-token mask that SFT needs.
+//!
+//! The environment mirrors transformers' `apply_chat_template`: `trim_blocks` and `lstrip_blocks`
+//! on, `keep_trailing_newline` off (jinja2's default), loop controls, Python string/dict/list
+//! methods (`.strip()`, `.items()`, `.startswith()` via minijinja-contrib's pycompat), a `tojson`
+//! filter that is Python's `json.dumps(..., ensure_ascii=False)`, `raise_exception(msg)` and
+//! `strftime_now(fmt)` (local time, as Python's `datetime.now().strftime`). The template sees
+//! `messages`, `add_generation_prompt`, `tools` and `documents` (none), the special tokens
+//! (`bos_token`, `eos_token`, `pad_token`, `unk_token`, those the tokenizer defines) and any extra
+//! variables of [`ChatOptions`] (e.g. `date_string`). Token ids are `encode(text,
+//! add_special_tokens=false)`, as in transformers, so the template alone decides where BOS goes.
+//!
+//! The assistant mask (`ChatEncoding::assistant_mask`) marks the tokens of assistant turns:
+//! - Templates with `{% generation %}...{% endgeneration %}` blocks: exactly the tokens transformers'
+//!   `return_assistant_tokens_mask=True` marks: for each block's rendered text [start, end), the
+//!   tokens from the one containing its first character through the one containing its last.
+//!   minijinja does not know the tag, so it is rewritten to `{% filter <span-marker> %}` (same
+//!   whitespace control, same position) whose output is wrapped in two noncharacters that are then
+//!   cut out and turned into byte spans.
+//! - Templates without them (transformers would return an all-zero mask): each assistant message
+//!   `i` covers the text that rendering `messages[..=i]` without a generation prompt adds to
+//!   rendering `messages[..i]` with one, cut after the last end-of-turn token in it (the
+//!   tokenizer's eos tokens, e.g. `<|im_end|>` or `<|eot_id|>`). So the mask holds the assistant's
+//!   content and its end-of-turn token, and not the role header or the newline after the end token.
+//!   This needs templates whose output for a prefix of the conversation is a prefix of the output
+//!   for the whole (true of Qwen2.5 and Llama 3.1); otherwise it is an error that asks for
+//!   generation tags.
+//!
+//! Message content given as a list of text parts is passed to templates that iterate over
+//! `content` as that list (what transformers does), and joined with "\n" into a string for
+//! templates that do not (they would fail in Python; vLLM joins the same way).
+//!
+//! Not here: tool schemas (`tools` is always none), images or other non-text parts,
+//! `continue_final_message`.
+
+mod python_json;
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use minijinja::syntax::SyntaxConfig;
+use minijinja::value::Serde;
+use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};
+use serde::{Deserialize, Serialize};
+use stoke_types::TokenId;
+
+use crate::error::TokenizerError;
+use crate::hf::Tokenizer;
+
+/// Wraps the rendered body of a `{% generation %}` block; noncharacters never occur in text.
+const SPAN_START: char = '\u{FDD0}';
+const SPAN_END: char = '\u{FDD1}';
+const SPAN_FILTER: &str = "__stoke_generation_span";
+
+/// Who speaks a message (OpenAI chat roles, plus Llama 3.1's `ipython` tool role).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+    Ipython,
+}
+
+/// One part of a multi-part message content; only text is supported.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum ContentPart {
+    Text { text: String },
+}
+
+/// Message content: a string or a list of parts (OpenAI format).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+impl MessageContent {
+    /// The text parts joined with "\n".
+    pub fn joined_text(&self) -> String {
+        match self {
+            MessageContent::Text(text) => text.clone(),
+            MessageContent::Parts(parts) => parts
+                .iter()
+                .map(|ContentPart::Text { text }| text.as_str())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+}
+
+/// A chat message in OpenAI format. Fields other than `role` and `content` (`tool_calls`,
+/// `name`, `tool_call_id`, `reasoning_content`, ...) are passed to the template unchanged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: Role,
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl ChatMessage {
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role,
+            content: Some(MessageContent::Text(content.into())),
+            extra: Default::default(),
+        }
+    }
+    pub fn system(content: impl Into<String>) -> Self {
+        Self::new(Role::System, content)
+    }
+    pub fn user(content: impl Into<String>) -> Self {
+        Self::new(Role::User, content)
+    }
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Self::new(Role::Assistant, content)
+    }
+}
+
+/// Options of one rendering.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChatOptions {
+    /// Append the header that opens an assistant turn (for generation).
+    pub add_generation_prompt: bool,
+    /// Extra template variables, e.g. `date_string` for Llama 3.1. They may override the special
+    /// tokens, `tools` and `documents`, but not `messages` or `add_generation_prompt`.
+    pub variables: BTreeMap<String, serde_json::Value>,
+}
+
+/// The special-token texts a template can use (`bos_token`, ...), those the tokenizer defines.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TemplateTokens {
+    pub bos: Option<String>,
+    pub eos: Option<String>,
+    pub pad: Option<String>,
+    pub unk: Option<String>,
+}
+
+/// A rendered conversation: the text and the byte spans of the assistant turns in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderedChat {
+    pub text: String,
+    pub assistant_spans: Vec<Range<usize>>,
+}
+
+/// A rendered and tokenized conversation. `ids.len() == assistant_mask.len()`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatEncoding {
+    pub text: String,
+    pub ids: Vec<TokenId>,
+    /// True for the tokens of assistant turns (see the module doc for exactly which).
+    pub assistant_mask: Vec<bool>,
+}
+
+/// How a template's assistant spans are found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaskSource {
+    /// The template marks assistant text with `{% generation %}` blocks.
+    GenerationTags,
+    /// Spans come from rendering prefixes of the conversation.
+    PrefixRendering,
+}
+
+/// Whether a template iterates over message content parts itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ContentFormat {
+    /// Content is always passed as a string (parts joined with "\n").
+    String,
+    /// Content is passed as given (string or list of parts).
+    OpenAi,
+}
+
+/// A compiled chat template.
+#[derive(Debug, Clone)]
+pub struct ChatTemplate {
+    name: String,
+    source: String,
+    env: Environment<'static>,
+    tokens: TemplateTokens,
+    end_of_turn: Vec<String>,
+    mask_source: MaskSource,
+    content_format: ContentFormat,
+}
+
+impl ChatTemplate {
+    /// Compiles `source`. `end_of_turn` lists the token texts that close a turn (the tokenizer's
+    /// eos tokens); only the prefix-rendering mask uses them.
+    pub fn new(
+        name: &str,
+        source: &str,
+        tokens: TemplateTokens,
+        end_of_turn: Vec<String>,
+    ) -> Result<Self, TokenizerError> {
+        let (rewritten, has_generation_tags) = rewrite_generation_tags(source);
+        let mut env = Environment::new();
+        let syntax = SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .keep_trailing_newline(false)
+            .build()
+            .map_err(|err| template_error(name, &err))?;
+        env.set_syntax(syntax);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_filter("tojson", python_json::tojson_filter);
+        env.add_filter(SPAN_FILTER, |body: String| {
+            format!("{SPAN_START}{body}{SPAN_END}")
+        });
+        env.add_function(
+            "raise_exception",
+            |message: String| -> Result<Value, JinjaError> {
+                Err(JinjaError::new(ErrorKind::InvalidOperation, message))
+            },
+        );
+        env.add_function("strftime_now", strftime_now);
+        env.add_template_owned(name.to_string(), rewritten)
+            .map_err(|err| template_error(name, &err))?;
+        Ok(ChatTemplate {
+            name: name.to_string(),
+            source: source.to_string(),
+            env,
+            tokens,
+            end_of_turn,
+            mask_source: if has_generation_tags {
+                MaskSource::GenerationTags
+            } else {
+                MaskSource::PrefixRendering
+            },
+            content_format: detect_content_format(source),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The template text as found in the tokenizer directory.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    pub fn mask_source(&self) -> MaskSource {
+        self.mask_source
+    }
+
+    /// The rendered text only (what transformers' `apply_chat_template(tokenize=False)` returns).
+    pub fn render_text(
+        &self,
+        messages: &[ChatMessage],
+        options: &ChatOptions,
+    ) -> Result<String, TokenizerError> {
+        let raw = self.render_raw(messages, options.add_generation_prompt, &options.variables)?;
+        Ok(self.split_spans(raw)?.text)
+    }
+
+    /// The rendered text and the byte spans of its assistant turns.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        options: &ChatOptions,
+    ) -> Result<RenderedChat, TokenizerError> {
+        let raw = self.render_raw(messages, options.add_generation_prompt, &options.variables)?;
+        let rendered = self.split_spans(raw)?;
+        match self.mask_source {
+            MaskSource::GenerationTags => Ok(rendered),
+            MaskSource::PrefixRendering => {
+                let spans = self.prefix_spans(messages, &options.variables, &rendered.text)?;
+                Ok(RenderedChat {
+                    text: rendered.text,
+                    assistant_spans: spans,
+                })
+            }
+        }
+    }
+
+    /// Renders and tokenizes `messages`; the mask marks the assistant turns.
+    pub fn encode(
+        &self,
+        tokenizer: &Tokenizer,
+        messages: &[ChatMessage],
+        options: &ChatOptions,
+    ) -> Result<ChatEncoding, TokenizerError> {
+        let rendered = self.render(messages, options)?;
+        let encoding = tokenizer.encode_with_offsets(&rendered.text, false)?;
+        let assistant_mask = spans_to_token_mask(&encoding, &rendered.assistant_spans);
+        Ok(ChatEncoding {
+            text: rendered.text,
+            ids: encoding.get_ids().to_vec(),
+            assistant_mask,
+        })
+    }
+
+    /// The template output, with span markers if the template has generation tags.
+    fn render_raw(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        variables: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<String, TokenizerError> {
+        let messages: Vec<ChatMessage> =
+            messages.iter().map(|m| self.normalize_content(m)).collect();
+        let messages_json = serde_json::to_string(&messages).unwrap_or_default();
+        let variables_json = serde_json::to_string(variables).unwrap_or_default();
+        if [messages_json, variables_json]
+            .iter()
+            .any(|s| s.contains([SPAN_START, SPAN_END]))
+        {
+            return Err(TokenizerError::Template {
+                template: self.name.clone(),
+                message:
+                    "messages contain the noncharacters U+FDD0/U+FDD1, which mark assistant spans"
+                        .into(),
+            });
+        }
+        let mut context: BTreeMap<String, Value> = BTreeMap::new();
+        for (key, token) in [
+            ("bos_token", &self.tokens.bos),
+            ("eos_token", &self.tokens.eos),
+            ("pad_token", &self.tokens.pad),
+            ("unk_token", &self.tokens.unk),
+        ] {
+            if let Some(token) = token {
+                context.insert(key.into(), Value::from(token.as_str()));
+            }
+        }
+        context.insert("tools".into(), Value::from(()));
+        context.insert("documents".into(), Value::from(()));
+        for (key, value) in variables {
+            if key == "messages" || key == "add_generation_prompt" {
+                return Err(TokenizerError::Template {
+                    template: self.name.clone(),
+                    message: format!(
+                        "extra variable `{key}` would replace an argument of the template"
+                    ),
+                });
+            }
+            context.insert(key.clone(), Value::from(Serde(value)));
+        }
+        context.insert("messages".into(), Value::from(Serde(&messages)));
+        context.insert(
+            "add_generation_prompt".into(),
+            Value::from(add_generation_prompt),
+        );
+        let template = self
+            .env
+            .get_template(&self.name)
+            .map_err(|err| template_error(&self.name, &err))?;
+        template
+            .render(context)
+            .map_err(|err| template_error(&self.name, &err))
+    }
+
+    fn normalize_content(&self, message: &ChatMessage) -> ChatMessage {
+        let mut message = message.clone();
+        if self.content_format == ContentFormat::String
+            && let Some(content @ MessageContent::Parts(_)) = &message.content
+        {
+            message.content = Some(MessageContent::Text(content.joined_text()));
+        }
+        message
+    }
+
+    /// Cuts the generation-span markers out of `raw`, returning their byte spans in the order
+    /// the blocks closed (the order transformers records them in).
+    fn split_spans(&self, raw: String) -> Result<RenderedChat, TokenizerError> {
+        if !raw.contains([SPAN_START, SPAN_END]) {
+            return Ok(RenderedChat {
+                text: raw,
+                assistant_spans: Vec::new(),
+            });
+        }
+        let mut text = String::with_capacity(raw.len());
+        let mut open: Vec<usize> = Vec::new();
+        let mut spans = Vec::new();
+        for ch in raw.chars() {
+            match ch {
+                SPAN_START => open.push(text.len()),
+                SPAN_END => match open.pop() {
+                    Some(start) => spans.push(start..text.len()),
+                    None => {
+                        return Err(
+                            self.mask_error("a generation block closed that never opened".into())
+                        );
+                    }
+                },
+                c => text.push(c),
+            }
+        }
+        if !open.is_empty() {
+            return Err(self.mask_error("a generation block was never closed".into()));
+        }
+        Ok(RenderedChat {
+            text,
+            assistant_spans: spans,
+        })
+    }
+
+    /// Assistant spans of a template without generation tags (see the module doc).
+    fn prefix_spans(
+        &self,
+        messages: &[ChatMessage],
+        variables: &BTreeMap<String, serde_json::Value>,
+        full_text: &str,
+    ) -> Result<Vec<Range<usize>>, TokenizerError> {
+        let mut spans = Vec::new();
+        for (index, message) in messages.iter().enumerate() {
+            if message.role != Role::Assistant {
+                continue;
+            }
+            let before = self.render_raw(&messages[..index], true, variables)?;
+            let through = self.render_raw(&messages[..=index], false, variables)?;
+            if !through.starts_with(&before) || !full_text.starts_with(&through) {
+                return Err(self.mask_error(format!(
+                    "rendering messages[..{index}] is not a prefix of rendering the whole conversation, \
+                     so assistant turns cannot be located; add {{% generation %}} tags to the template"
+                )));
+            }
+            let turn = &through[before.len()..];
+            let end = self
+                .end_of_turn
+                .iter()
+                .filter(|token| !token.is_empty())
+                .filter_map(|token| turn.rfind(token.as_str()).map(|at| at + token.len()))
+                .max()
+                .unwrap_or(turn.len());
+            spans.push(before.len()..before.len() + end);
+        }
+        Ok(spans)
+    }
+
+    fn mask_error(&self, message: String) -> TokenizerError {
+        TokenizerError::AssistantMask {
+            template: self.name.clone(),
+            message,
+        }
+    }
+}
+
+/// Token mask from byte spans, with transformers' rules: a span covers the token holding its first
+/// byte through the token holding its last; a span whose start lies in no token (past the end of
+/// the text) stops the scan; an end token index of 0 or none extends the span to the end of the
+/// sequence (Python's `end_token + 1 if end_token else len(ids)`).
+fn spans_to_token_mask(encoding: &tokenizers::Encoding, spans: &[Range<usize>]) -> Vec<bool> {
+    let len = encoding.get_ids().len();
+    let mut mask = vec![false; len];
+    for span in spans {
+        let Some(start_token) = encoding.char_to_token(span.start, 0) else {
+            break;
+        };
+        let end_token = span
+            .end
+            .checked_sub(1)
+            .and_then(|last| encoding.char_to_token(last, 0));
+        let stop = match end_token {
+            Some(end) if end != 0 => end + 1,
+            _ => len,
+        };
+        for slot in mask.iter_mut().take(stop).skip(start_token) {
+            *slot = true;
+        }
+    }
+    mask
+}
+
+/// Rewrites `{% generation %}` / `{% endgeneration %}` (any whitespace control) into a filter block
+/// that keeps the tag's position and `-`/`+` markers, so jinja's whitespace rules apply unchanged.
+fn rewrite_generation_tags(source: &str) -> (String, bool) {
+    let mut out = String::with_capacity(source.len());
+    let mut found = false;
+    let mut rest = source;
+    while let Some(open) = rest.find("{%") {
+        out.push_str(&rest[..open + 2]);
+        rest = &rest[open + 2..];
+        let control = rest.len() - rest.trim_start_matches(['-', '+']).len();
+        let control = control.min(1);
+        let after_control = &rest[control..];
+        let inner = after_control.trim_start();
+        let leading_ws = after_control.len() - inner.len();
+        let ident_len = inner
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(inner.len());
+        let ident = &inner[..ident_len];
+        let tail = inner[ident_len..].trim_start();
+        let closes = tail.starts_with("%}") || tail.starts_with("-%}") || tail.starts_with("+%}");
+        let replacement = match ident {
+            "generation" if closes => Some(format!("filter {SPAN_FILTER}")),
+            "endgeneration" if closes => Some("endfilter".to_string()),
+            _ => None,
+        };
+        if let Some(replacement) = replacement {
+            found = true;
+            out.push_str(&rest[..control + leading_ws]);
+            out.push_str(&replacement);
+            rest = &inner[ident_len..];
+        }
+    }
+    out.push_str(rest);
+    (out, found)
+}
+
+/// Finds `{% for ... in <expr with content> %}`: the template walks content parts itself.
+fn detect_content_format(source: &str) -> ContentFormat {
+    let mut rest = source;
+    while let Some(open) = rest.find("{%") {
+        rest = &rest[open + 2..];
+        let end = rest.find("%}").unwrap_or(rest.len());
+        let tag = rest[..end].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
+        if let Some(loop_head) = tag.strip_prefix("for ")
+            && let Some((_, iterable)) = loop_head.split_once(" in ")
+            && iterable.contains("content")
+        {
+            return ContentFormat::OpenAi;
+        }
+    }
+    ContentFormat::String
+}
+
+/// `strftime_now(fmt)`: the local time formatted with Python's strftime directives.
+fn strftime_now(format: String) -> Result<String, JinjaError> {
+    use chrono::format::{Item, StrftimeItems};
+    let items: Vec<Item<'_>> = StrftimeItems::new(&format).collect();
+    if items.iter().any(|item| matches!(item, Item::Error)) {
+        return Err(JinjaError::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: unsupported format {format:?}"),
+        ));
+    }
+    Ok(chrono::Local::now()
+        .format_with_items(items.into_iter())
+        .to_string())
+}
+
+fn template_error(name: &str, err: &JinjaError) -> TokenizerError {
+    // The detail is the message of `raise_exception(...)` or minijinja's explanation; the line
+    // tells where in the template it happened.
+    let mut message = match err.detail() {
+        Some(detail) => detail.to_string(),
+        None => err.to_string(),
+    };
+    if let Some(line) = err.line() {
+        message.push_str(&format!(" (template line {line})"));
+    }
+    TokenizerError::Template {
+        template: name.to_string(),
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_tags_are_rewritten_with_their_whitespace_control() {
+        let (out, found) = rewrite_generation_tags(
+            "a{%- generation %}b{% endgeneration -%}c{% if x %}{% endif %}",
+        );
+        assert!(found);
+        assert_eq!(
+            out,
+            format!("a{{%- filter {SPAN_FILTER} %}}b{{% endfilter -%}}c{{% if x %}}{{% endif %}}")
+        );
+    }
+
+    #[test]
+    fn template_without_generation_tags_is_unchanged() {
+        let source = "{% for m in messages %}{{ m.content }}{% endfor %}{% generation_x %}";
+        assert_eq!(rewrite_generation_tags(source), (source.to_string(), false));
+    }
+
+    #[test]
+    fn content_format_detects_loops_over_content() {
+        assert_eq!(
+            detect_content_format("{% for part in message['content'] %}{% endfor %}"),
+            ContentFormat::OpenAi
+        );
+        assert_eq!(
+            detect_content_format("{%- if '</think>' in content %}{% endif %}"),
+            ContentFormat::String
+        );
+    }
+}

@@ -1,1 +1,553 @@
-//! (module under construction)
+//! A Hugging Face tokenizer directory, loaded the way `transformers.AutoTokenizer` reads it.
+//!
+//! `tokenizer.json` (required) is loaded by the `tokenizers` crate, which does all encoding and
+//! decoding. Around it this module reads the files transformers uses to name the special tokens and
+//! the chat template:
+//! - `tokenizer_config.json`: `bos_token`, `eos_token`, `pad_token`, `unk_token` (a string or an
+//!   `{"content": ...}` object), `add_bos_token`, `chat_template` (a string, or a list of
+//!   `{"name", "template"}` entries);
+//! - `special_tokens_map.json`: the same token fields; where both files set one, this file wins,
+//!   as in transformers' `from_pretrained`;
+//! - `generation_config.json`: `eos_token_id` (an int or a list), `pad_token_id`;
+//! - `chat_template.jinja`: newer transformers save the default template here; it replaces a
+//!   `chat_template` string from `tokenizer_config.json`; `additional_chat_templates/*.jinja` add
+//!   named templates.
+//!
+//! These are foreign files with dozens of fields, so unknown fields are ignored (unlike stoke's
+//! own configs); every field that is read is checked, and errors name the file and the field.
+//!
+//! Not here: chat-template rendering (`chat`), BPE training (`train`), metrics (`metrics`).
+//!
+//! Invariants: every id this type returns (`eos_token_ids`, `pad_token_id`, ...) is in the
+//! vocabulary; `decode` never silently drops an id (an id outside the vocabulary is an error, where
+//! the `tokenizers` crate would skip it).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value as Json;
+use stoke_types::TokenId;
+
+use crate::chat::{ChatEncoding, ChatMessage, ChatOptions, ChatTemplate, TemplateTokens};
+use crate::error::TokenizerError;
+
+/// Name transformers gives the template stored as a plain string or in `chat_template.jinja`.
+pub const DEFAULT_TEMPLATE_NAME: &str = "default";
+
+/// A loaded tokenizer directory: the `tokenizers` model plus the special tokens and chat templates
+/// named by its config files.
+#[derive(Debug, Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    tokens: TemplateTokens,
+    eos_token_ids: Vec<TokenId>,
+    pad_token_id: Option<TokenId>,
+    add_bos_token: Option<bool>,
+    chat_templates: BTreeMap<String, ChatTemplate>,
+}
+
+impl Tokenizer {
+    /// Loads `dir/tokenizer.json` and whichever of the optional config files are present.
+    pub fn from_dir(dir: &Path) -> Result<Self, TokenizerError> {
+        let tokenizer_path = dir.join("tokenizer.json");
+        let text = read_required(&tokenizer_path)?;
+        let inner: tokenizers::Tokenizer = serde_json::from_str(&text)
+            .map_err(|err| TokenizerError::json(&tokenizer_path, &err))?;
+
+        let config_path = dir.join("tokenizer_config.json");
+        let config = read_json_object(&config_path)?;
+        let map_path = dir.join("special_tokens_map.json");
+        let special_map = read_json_object(&map_path)?;
+        let generation_path = dir.join("generation_config.json");
+        let generation = read_json_object(&generation_path)?;
+
+        let mut tokens = TemplateTokens::default();
+        for (field, slot) in [
+            ("bos_token", &mut tokens.bos),
+            ("eos_token", &mut tokens.eos),
+            ("pad_token", &mut tokens.pad),
+            ("unk_token", &mut tokens.unk),
+        ] {
+            let from_config = token_field(&config, &config_path, field)?;
+            let from_map = token_field(&special_map, &map_path, field)?;
+            *slot = from_map.or(from_config);
+        }
+        // bos/eos/pad must name real tokens; unk is only passed to templates as text.
+        let bos_file = source_of(&special_map, &map_path, &config_path, "bos_token");
+        if let Some(bos) = &tokens.bos {
+            id_of(&inner, bos, &bos_file, "bos_token")?;
+        }
+        let mut eos_token_ids = Vec::new();
+        if let Some(eos) = &tokens.eos {
+            let file = source_of(&special_map, &map_path, &config_path, "eos_token");
+            eos_token_ids.push(id_of(&inner, eos, &file, "eos_token")?);
+        }
+        for id in id_list_field(&generation, &generation_path, "eos_token_id", &inner)? {
+            if !eos_token_ids.contains(&id) {
+                eos_token_ids.push(id);
+            }
+        }
+        let pad_token_id = match &tokens.pad {
+            Some(pad) => {
+                let file = source_of(&special_map, &map_path, &config_path, "pad_token");
+                Some(id_of(&inner, pad, &file, "pad_token")?)
+            }
+            None => id_list_field(&generation, &generation_path, "pad_token_id", &inner)?
+                .first()
+                .copied(),
+        };
+        let add_bos_token = match config.get("add_bos_token") {
+            None | Some(Json::Null) => None,
+            Some(Json::Bool(b)) => Some(*b),
+            Some(other) => return Err(field_error(&config_path, "add_bos_token", other, "a bool")),
+        };
+        let end_of_turn: Vec<String> = eos_token_ids
+            .iter()
+            .filter_map(|&id| inner.id_to_token(id))
+            .collect();
+        let chat_templates =
+            load_chat_templates(dir, &config, &config_path, &tokens, &end_of_turn)?;
+        Ok(Tokenizer {
+            inner,
+            tokens,
+            eos_token_ids,
+            pad_token_id,
+            add_bos_token,
+            chat_templates,
+        })
+    }
+
+    /// Token ids of `text`. With `add_special_tokens`, the post-processor of `tokenizer.json`
+    /// adds what it is configured to add (e.g. Llama 3's `<|begin_of_text|>`); transformers does
+    /// the same for fast tokenizers, so `add_bos_token` from the config is reported by
+    /// [`Tokenizer::add_bos_token`] but does not change encoding.
+    pub fn encode(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<TokenId>, TokenizerError> {
+        Ok(self
+            .encode_with_offsets(text, add_special_tokens)?
+            .get_ids()
+            .to_vec())
+    }
+
+    /// The full `tokenizers` encoding (ids plus byte offsets into `text`), for callers that map
+    /// characters to tokens, such as the chat template's assistant mask.
+    pub fn encode_with_offsets(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<tokenizers::Encoding, TokenizerError> {
+        self.inner
+            .encode(text, add_special_tokens)
+            .map_err(|err| TokenizerError::Encode {
+                message: err.to_string(),
+            })
+    }
+
+    /// The text of `ids`. Fails on the first id that is not in the vocabulary, naming it.
+    pub fn decode(
+        &self,
+        ids: &[TokenId],
+        skip_special_tokens: bool,
+    ) -> Result<String, TokenizerError> {
+        self.check_ids(ids)?;
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|err| TokenizerError::Decode {
+                message: err.to_string(),
+            })
+    }
+
+    /// A fresh incremental detokenizer; feed it ids with [`DecodeStream::step`].
+    pub fn decode_stream(&self, skip_special_tokens: bool) -> DecodeStream {
+        DecodeStream::new(skip_special_tokens)
+    }
+
+    /// Number of ids, added tokens included (ids run from 0 to `vocab_size() - 1`, possibly with
+    /// holes that `id_to_token` reports as `None`).
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<TokenId> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn id_to_token(&self, id: TokenId) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The beginning-of-sequence token text, if the config names one.
+    pub fn bos_token(&self) -> Option<&str> {
+        self.tokens.bos.as_deref()
+    }
+
+    pub fn bos_token_id(&self) -> Option<TokenId> {
+        self.bos_token().and_then(|t| self.token_to_id(t))
+    }
+
+    /// The end-of-sequence token text from the token config (generation may stop on more ids).
+    pub fn eos_token(&self) -> Option<&str> {
+        self.tokens.eos.as_deref()
+    }
+
+    /// Every id that ends generation: the config's `eos_token` first, then the ids of
+    /// `generation_config.json`'s `eos_token_id`, without duplicates.
+    pub fn eos_token_ids(&self) -> Vec<TokenId> {
+        self.eos_token_ids.clone()
+    }
+
+    /// The padding id: the config's `pad_token`, else `generation_config.json`'s `pad_token_id`.
+    pub fn pad_token_id(&self) -> Option<TokenId> {
+        self.pad_token_id
+    }
+
+    /// `add_bos_token` from `tokenizer_config.json`, if set (informational, see `encode`).
+    pub fn add_bos_token(&self) -> Option<bool> {
+        self.add_bos_token
+    }
+
+    /// The default chat template (the one named "default", or the only one there is).
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat_templates.get(DEFAULT_TEMPLATE_NAME).or_else(|| {
+            if self.chat_templates.len() == 1 {
+                self.chat_templates.values().next()
+            } else {
+                None
+            }
+        })
+    }
+
+    /// A chat template by name (e.g. "tool_use" in tokenizers that ship several).
+    pub fn chat_template_named(&self, name: &str) -> Option<&ChatTemplate> {
+        self.chat_templates.get(name)
+    }
+
+    /// Names of all chat templates, sorted.
+    pub fn chat_template_names(&self) -> Vec<&str> {
+        self.chat_templates.keys().map(String::as_str).collect()
+    }
+
+    /// Compiles a template that is not in the tokenizer directory (e.g. a variant with
+    /// `{% generation %}` tags) with this tokenizer's special tokens.
+    pub fn chat_template_from_source(
+        &self,
+        name: &str,
+        source: &str,
+    ) -> Result<ChatTemplate, TokenizerError> {
+        ChatTemplate::new(name, source, self.tokens.clone(), self.end_of_turn_tokens())
+    }
+
+    /// The texts of the eos tokens, which close a turn in chat templates.
+    fn end_of_turn_tokens(&self) -> Vec<String> {
+        self.eos_token_ids
+            .iter()
+            .filter_map(|&id| self.inner.id_to_token(id))
+            .collect()
+    }
+
+    /// Renders `messages` with the default chat template and tokenizes the text, as transformers'
+    /// `apply_chat_template(..., tokenize=True, return_assistant_tokens_mask=True)` does.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        options: &ChatOptions,
+    ) -> Result<ChatEncoding, TokenizerError> {
+        let template = self
+            .chat_template()
+            .ok_or(TokenizerError::NoChatTemplate { name: None })?;
+        template.encode(self, messages, options)
+    }
+
+    fn check_ids(&self, ids: &[TokenId]) -> Result<(), TokenizerError> {
+        match ids.iter().find(|&&id| self.inner.id_to_token(id).is_none()) {
+            Some(&id) => Err(TokenizerError::UnknownTokenId {
+                id,
+                vocab_size: self.vocab_size(),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Incremental detokenizer for streaming generation: each [`DecodeStream::step`] returns the text
+/// that the ids so far add to what was already returned, or `None` while the new id only holds
+/// part of a character (byte-level BPE splits multi-byte UTF-8 characters across tokens) or
+/// otherwise changes nothing visible. Concatenating every returned piece gives
+/// `decode(all_ids)` (minus a trailing incomplete character, which [`DecodeStream::finish`]
+/// returns as U+FFFD).
+///
+/// The state is owned and the tokenizer is passed to each call, so one shared tokenizer can serve
+/// many concurrent streams. The work per step is bounded: only the ids since the last complete
+/// piece are decoded again (the algorithm of the `tokenizers` crate's `DecodeStream`).
+#[derive(Debug, Clone)]
+pub struct DecodeStream {
+    skip_special_tokens: bool,
+    ids: Vec<TokenId>,
+    prefix: String,
+    prefix_index: usize,
+}
+
+impl DecodeStream {
+    pub fn new(skip_special_tokens: bool) -> Self {
+        DecodeStream {
+            skip_special_tokens,
+            ids: Vec::new(),
+            prefix: String::new(),
+            prefix_index: 0,
+        }
+    }
+
+    /// Adds one generated id; returns the new text, if any became complete.
+    pub fn step(
+        &mut self,
+        tokenizer: &Tokenizer,
+        id: TokenId,
+    ) -> Result<Option<String>, TokenizerError> {
+        tokenizer.check_ids(&[id])?;
+        tokenizers::step_decode_stream(
+            &tokenizer.inner,
+            vec![id],
+            self.skip_special_tokens,
+            &mut self.ids,
+            &mut self.prefix,
+            &mut self.prefix_index,
+        )
+        .map_err(|err| TokenizerError::Decode {
+            message: err.to_string(),
+        })
+    }
+
+    /// Ends the stream: returns text still held back (an incomplete character decodes to
+    /// U+FFFD, as in `decode`), or `None` if everything was already returned.
+    pub fn finish(&mut self, tokenizer: &Tokenizer) -> Result<Option<String>, TokenizerError> {
+        let text = tokenizer.decode(&self.ids, self.skip_special_tokens)?;
+        let pending = text
+            .get(self.prefix.len()..)
+            .unwrap_or_default()
+            .to_string();
+        *self = DecodeStream::new(self.skip_special_tokens);
+        Ok(if pending.is_empty() {
+            None
+        } else {
+            Some(pending)
+        })
+    }
+}
+
+fn read_required(path: &Path) -> Result<String, TokenizerError> {
+    if !path.exists() {
+        return Err(TokenizerError::MissingFile {
+            path: path.to_path_buf(),
+        });
+    }
+    read_text(path)
+}
+
+fn read_text(path: &Path) -> Result<String, TokenizerError> {
+    std::fs::read_to_string(path).map_err(|source| TokenizerError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The top-level object of an optional JSON file (empty when the file is absent).
+fn read_json_object(path: &Path) -> Result<serde_json::Map<String, Json>, TokenizerError> {
+    if !path.exists() {
+        return Ok(serde_json::Map::new());
+    }
+    let text = read_text(path)?;
+    match serde_json::from_str::<Json>(&text).map_err(|err| TokenizerError::json(path, &err))? {
+        Json::Object(map) => Ok(map),
+        other => Err(TokenizerError::Field {
+            path: path.to_path_buf(),
+            field: "(top level)".into(),
+            message: format!("expected a JSON object, found {}", json_kind(&other)),
+        }),
+    }
+}
+
+/// A special-token field: a string, an `{"content": "..."}` object (transformers' serialized
+/// `AddedToken`), or null/absent.
+fn token_field(
+    map: &serde_json::Map<String, Json>,
+    path: &Path,
+    field: &str,
+) -> Result<Option<String>, TokenizerError> {
+    match map.get(field) {
+        None | Some(Json::Null) => Ok(None),
+        Some(Json::String(s)) => Ok(Some(s.clone())),
+        Some(Json::Object(obj)) => match obj.get("content") {
+            Some(Json::String(s)) => Ok(Some(s.clone())),
+            _ => Err(TokenizerError::Field {
+                path: path.to_path_buf(),
+                field: format!("{field}.content"),
+                message: "expected a string with the token's text".into(),
+            }),
+        },
+        Some(other) => Err(field_error(
+            path,
+            field,
+            other,
+            "a string or an object with `content`",
+        )),
+    }
+}
+
+/// Which file the value of a token field came from (special_tokens_map.json wins).
+fn source_of(
+    map: &serde_json::Map<String, Json>,
+    map_path: &Path,
+    config_path: &Path,
+    field: &str,
+) -> PathBuf {
+    match map.get(field) {
+        Some(v) if !v.is_null() => map_path.to_path_buf(),
+        _ => config_path.to_path_buf(),
+    }
+}
+
+fn id_of(
+    inner: &tokenizers::Tokenizer,
+    token: &str,
+    path: &Path,
+    field: &str,
+) -> Result<TokenId, TokenizerError> {
+    inner
+        .token_to_id(token)
+        .ok_or_else(|| TokenizerError::Field {
+            path: path.to_path_buf(),
+            field: field.to_string(),
+            message: format!("token {token:?} is not in the vocabulary of tokenizer.json"),
+        })
+}
+
+/// A field holding a token id or a list of them (generation_config's `eos_token_id`).
+fn id_list_field(
+    map: &serde_json::Map<String, Json>,
+    path: &Path,
+    field: &str,
+    inner: &tokenizers::Tokenizer,
+) -> Result<Vec<TokenId>, TokenizerError> {
+    let values: Vec<&Json> = match map.get(field) {
+        None | Some(Json::Null) => return Ok(Vec::new()),
+        Some(Json::Array(items)) => items.iter().collect(),
+        Some(single) => vec![single],
+    };
+    let mut ids = Vec::with_capacity(values.len());
+    for value in values {
+        let id = value
+            .as_u64()
+            .and_then(|v| TokenId::try_from(v).ok())
+            .ok_or_else(|| field_error(path, field, value, "a token id or a list of token ids"))?;
+        if inner.id_to_token(id).is_none() {
+            return Err(TokenizerError::Field {
+                path: path.to_path_buf(),
+                field: field.to_string(),
+                message: format!(
+                    "token id {id} is not in the vocabulary (size {})",
+                    inner.get_vocab_size(true)
+                ),
+            });
+        }
+        ids.push(id);
+    }
+    Ok(ids)
+}
+
+fn field_error(path: &Path, field: &str, found: &Json, expected: &str) -> TokenizerError {
+    TokenizerError::Field {
+        path: path.to_path_buf(),
+        field: field.to_string(),
+        message: format!("expected {expected}, found {}", json_kind(found)),
+    }
+}
+
+fn json_kind(value: &Json) -> &'static str {
+    match value {
+        Json::Null => "null",
+        Json::Bool(_) => "a bool",
+        Json::Number(_) => "a number",
+        Json::String(_) => "a string",
+        Json::Array(_) => "a list",
+        Json::Object(_) => "an object",
+    }
+}
+
+/// Collects the chat templates: `tokenizer_config.json`'s `chat_template`, then
+/// `chat_template.jinja` (replacing the default), then `additional_chat_templates/*.jinja`.
+fn load_chat_templates(
+    dir: &Path,
+    config: &serde_json::Map<String, Json>,
+    config_path: &Path,
+    tokens: &TemplateTokens,
+    end_of_turn: &[String],
+) -> Result<BTreeMap<String, ChatTemplate>, TokenizerError> {
+    let mut sources: BTreeMap<String, String> = BTreeMap::new();
+    match config.get("chat_template") {
+        None | Some(Json::Null) => {}
+        Some(Json::String(source)) => {
+            sources.insert(DEFAULT_TEMPLATE_NAME.into(), source.clone());
+        }
+        Some(Json::Array(entries)) => {
+            for (index, entry) in entries.iter().enumerate() {
+                let name = entry.get("name").and_then(Json::as_str);
+                let source = entry.get("template").and_then(Json::as_str);
+                match (name, source) {
+                    (Some(name), Some(source)) => {
+                        sources.insert(name.to_string(), source.to_string());
+                    }
+                    _ => {
+                        return Err(TokenizerError::Field {
+                            path: config_path.to_path_buf(),
+                            field: format!("chat_template[{index}]"),
+                            message: "expected an object with string fields `name` and `template`"
+                                .into(),
+                        });
+                    }
+                }
+            }
+        }
+        Some(other) => {
+            return Err(field_error(
+                config_path,
+                "chat_template",
+                other,
+                "a string or a list of named templates",
+            ));
+        }
+    }
+    let jinja_path = dir.join("chat_template.jinja");
+    if jinja_path.exists() {
+        sources.insert(DEFAULT_TEMPLATE_NAME.into(), read_text(&jinja_path)?);
+    }
+    let extra_dir = dir.join("additional_chat_templates");
+    if extra_dir.is_dir() {
+        let entries = std::fs::read_dir(&extra_dir).map_err(|source| TokenizerError::Io {
+            path: extra_dir.clone(),
+            source,
+        })?;
+        for entry in entries {
+            let path = entry
+                .map_err(|source| TokenizerError::Io {
+                    path: extra_dir.clone(),
+                    source,
+                })?
+                .path();
+            if path.extension().and_then(|e| e.to_str()) == Some("jinja")
+                && let Some(name) = path.file_stem().and_then(|s| s.to_str())
+            {
+                sources.insert(name.to_string(), read_text(&path)?);
+            }
+        }
+    }
+    sources
+        .into_iter()
+        .map(|(name, source)| {
+            let template = ChatTemplate::new(&name, &source, tokens.clone(), end_of_turn.to_vec())?;
+            Ok((name, template))
+        })
+        .collect()
+}

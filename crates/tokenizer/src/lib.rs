@@ -3,6 +3,7 @@
 //! and tokenizer quality metrics. Knows nothing of tensors or models.
 
 pub mod chat;
+pub mod error;
 pub mod hf;
 pub mod metrics;
 pub mod train;
