@@ -48,6 +48,11 @@ use stoke_types::TokenId;
 use crate::error::TokenizerError;
 use crate::hf::Tokenizer;
 
+/// A value handed to a template (extra message fields, extra variables). It is minijinja's value
+/// type so that maps parsed from JSON keep their key order, which `tojson` must reproduce
+/// (serde_json's own map sorts keys). Parse it from JSON with serde, or build it with `From`.
+pub use minijinja::Value as TemplateValue;
+
 /// Wraps the rendered body of a `{% generation %}` block; noncharacters never occur in text.
 const SPAN_START: char = '\u{FDD0}';
 const SPAN_END: char = '\u{FDD1}';
@@ -95,14 +100,15 @@ impl MessageContent {
 }
 
 /// A chat message in OpenAI format. Fields other than `role` and `content` (`tool_calls`,
-/// `name`, `tool_call_id`, `reasoning_content`, ...) are passed to the template unchanged.
+/// `name`, `tool_call_id`, `reasoning_content`, ...) are passed to the template unchanged, with
+/// the key order of nested maps kept.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: Role,
     #[serde(default)]
     pub content: Option<MessageContent>,
     #[serde(flatten)]
-    pub extra: serde_json::Map<String, serde_json::Value>,
+    pub extra: BTreeMap<String, TemplateValue>,
 }
 
 impl ChatMessage {
@@ -131,7 +137,7 @@ pub struct ChatOptions {
     pub add_generation_prompt: bool,
     /// Extra template variables, e.g. `date_string` for Llama 3.1. They may override the special
     /// tokens, `tools` and `documents`, but not `messages` or `add_generation_prompt`.
-    pub variables: BTreeMap<String, serde_json::Value>,
+    pub variables: BTreeMap<String, TemplateValue>,
 }
 
 /// The special-token texts a template can use (`bos_token`, ...), those the tokenizer defines.
@@ -301,7 +307,7 @@ impl ChatTemplate {
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
-        variables: &BTreeMap<String, serde_json::Value>,
+        variables: &BTreeMap<String, TemplateValue>,
     ) -> Result<String, TokenizerError> {
         let messages: Vec<ChatMessage> =
             messages.iter().map(|m| self.normalize_content(m)).collect();
@@ -340,7 +346,7 @@ impl ChatTemplate {
                     ),
                 });
             }
-            context.insert(key.clone(), Value::from(Serde(value)));
+            context.insert(key.clone(), value.clone());
         }
         context.insert("messages".into(), Value::from(Serde(&messages)));
         context.insert(
@@ -405,7 +411,7 @@ impl ChatTemplate {
     fn prefix_spans(
         &self,
         messages: &[ChatMessage],
-        variables: &BTreeMap<String, serde_json::Value>,
+        variables: &BTreeMap<String, TemplateValue>,
         full_text: &str,
     ) -> Result<Vec<Range<usize>>, TokenizerError> {
         let mut spans = Vec::new();

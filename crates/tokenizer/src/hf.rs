@@ -43,7 +43,10 @@ pub struct Tokenizer {
     eos_token_ids: Vec<TokenId>,
     pad_token_id: Option<TokenId>,
     add_bos_token: Option<bool>,
-    chat_templates: BTreeMap<String, ChatTemplate>,
+    /// Each template of the directory, compiled, or its compile error kept until it is used:
+    /// transformers compiles templates lazily, so a tokenizer whose template minijinja rejects
+    /// still loads for plain encoding.
+    chat_templates: BTreeMap<String, Result<ChatTemplate, String>>,
 }
 
 impl Tokenizer {
@@ -209,20 +212,46 @@ impl Tokenizer {
         self.add_bos_token
     }
 
-    /// The default chat template (the one named "default", or the only one there is).
+    /// The default chat template (the one named "default", or the only one there is); `None`
+    /// also when it failed to compile ([`Tokenizer::default_chat_template`] says why).
     pub fn chat_template(&self) -> Option<&ChatTemplate> {
-        self.chat_templates.get(DEFAULT_TEMPLATE_NAME).or_else(|| {
-            if self.chat_templates.len() == 1 {
-                self.chat_templates.values().next()
-            } else {
-                None
-            }
+        self.default_chat_template().ok()
+    }
+
+    /// The default chat template, or why there is none usable (absent, or a compile error).
+    pub fn default_chat_template(&self) -> Result<&ChatTemplate, TokenizerError> {
+        let name = if self.chat_templates.contains_key(DEFAULT_TEMPLATE_NAME)
+            || self.chat_templates.len() != 1
+        {
+            DEFAULT_TEMPLATE_NAME
+        } else {
+            self.chat_templates
+                .keys()
+                .next()
+                .map_or(DEFAULT_TEMPLATE_NAME, String::as_str)
+        };
+        self.chat_template_checked(name).map_err(|err| match err {
+            TokenizerError::NoChatTemplate { .. } => TokenizerError::NoChatTemplate { name: None },
+            other => other,
         })
     }
 
     /// A chat template by name (e.g. "tool_use" in tokenizers that ship several).
     pub fn chat_template_named(&self, name: &str) -> Option<&ChatTemplate> {
-        self.chat_templates.get(name)
+        self.chat_template_checked(name).ok()
+    }
+
+    fn chat_template_checked(&self, name: &str) -> Result<&ChatTemplate, TokenizerError> {
+        match self.chat_templates.get(name) {
+            Some(Ok(template)) => Ok(template),
+            Some(Err(message)) => Err(TokenizerError::Template {
+                template: name.to_string(),
+                message: message.clone(),
+            }),
+            None => Err(TokenizerError::NoChatTemplate {
+                name: Some(name.to_string()),
+            }),
+        }
     }
 
     /// Names of all chat templates, sorted.
@@ -255,9 +284,7 @@ impl Tokenizer {
         messages: &[ChatMessage],
         options: &ChatOptions,
     ) -> Result<ChatEncoding, TokenizerError> {
-        let template = self
-            .chat_template()
-            .ok_or(TokenizerError::NoChatTemplate { name: None })?;
+        let template = self.default_chat_template()?;
         template.encode(self, messages, options)
     }
 
@@ -484,7 +511,7 @@ fn load_chat_templates(
     config_path: &Path,
     tokens: &TemplateTokens,
     end_of_turn: &[String],
-) -> Result<BTreeMap<String, ChatTemplate>, TokenizerError> {
+) -> Result<BTreeMap<String, Result<ChatTemplate, String>>, TokenizerError> {
     let mut sources: BTreeMap<String, String> = BTreeMap::new();
     match config.get("chat_template") {
         None | Some(Json::Null) => {}
@@ -543,11 +570,15 @@ fn load_chat_templates(
             }
         }
     }
-    sources
+    Ok(sources
         .into_iter()
         .map(|(name, source)| {
-            let template = ChatTemplate::new(&name, &source, tokens.clone(), end_of_turn.to_vec())?;
-            Ok((name, template))
+            let compiled = ChatTemplate::new(&name, &source, tokens.clone(), end_of_turn.to_vec());
+            let kept = compiled.map_err(|err| match err {
+                TokenizerError::Template { message, .. } => message,
+                other => other.to_string(),
+            });
+            (name, kept)
         })
-        .collect()
+        .collect())
 }

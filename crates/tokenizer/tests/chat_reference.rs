@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::Deserialize;
-use stoke_tokenizer::chat::{ChatMessage, ChatOptions, MaskSource};
+use stoke_tokenizer::chat::{ChatMessage, ChatOptions, MaskSource, TemplateValue};
 use stoke_tokenizer::hf::Tokenizer;
 
 #[derive(Deserialize)]
@@ -25,7 +25,7 @@ struct Case {
     name: String,
     messages: Vec<ChatMessage>,
     add_generation_prompt: bool,
-    template_kwargs: BTreeMap<String, serde_json::Value>,
+    template_kwargs: BTreeMap<String, TemplateValue>,
     text: String,
     input_ids: Vec<u32>,
     assistant_masks: Vec<u8>,
@@ -163,4 +163,32 @@ fn some_recorded_case_has_assistant_tokens() {
         marked > 20,
         "only {marked} assistant tokens in the fixtures"
     );
+}
+
+#[test]
+fn llama3_template_uses_strftime_now_when_no_date_is_given() {
+    // Llama 3.x templates print `strftime_now("%d %b %Y")` as "Today Date" unless `date_string`
+    // is passed; the rest of the rendering must equal the recorded one.
+    let reference = load_reference();
+    let cases = &reference.tokenizers["llama3"];
+    let tokenizer = Tokenizer::from_dir(&repo_root().join(&cases.tokenizer_dir)).unwrap();
+    let case = &cases.cases[0];
+    let options = ChatOptions {
+        add_generation_prompt: case.add_generation_prompt,
+        ..Default::default()
+    };
+    let text = tokenizer
+        .chat_template()
+        .unwrap()
+        .render_text(&case.messages, &options)
+        .unwrap();
+    let start = text.find("Today Date: ").expect("date line") + "Today Date: ".len();
+    let date = &text[start..start + 11];
+    let months = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    assert!(date[..2].chars().all(|c| c.is_ascii_digit()), "{date}");
+    assert!(months.contains(&&date[3..6]), "{date}");
+    assert!(date[7..].parse::<u32>().is_ok_and(|y| y >= 2024), "{date}");
+    assert_eq!(text.replace(date, "26 Jul 2024"), case.text);
 }

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use stoke_tokenizer::chat::{
     ChatMessage, ChatOptions, ChatTemplate, ContentPart, MessageContent, TemplateTokens,
+    TemplateValue,
 };
 use stoke_tokenizer::error::TokenizerError;
 use stoke_tokenizer::hf::Tokenizer;
@@ -107,17 +108,18 @@ fn loop_controls_work() {
 #[test]
 fn tojson_is_python_json_dumps_without_ascii_escaping() {
     let mut variables = BTreeMap::new();
-    variables.insert(
-        "obj".into(),
-        serde_json::json!({"name": "café <b>", "n": [1, 2.5, null, true]}),
-    );
+    // Parsed from JSON text, so the key order ("name" before "n") is the insertion order that
+    // Python's json.dumps keeps.
+    let obj: TemplateValue =
+        serde_json::from_str(r#"{"name": "café <b>", "n": [1, 2.5, null, true]}"#).unwrap();
+    variables.insert("obj".into(), obj);
     let options = ChatOptions {
         variables,
         ..Default::default()
     };
     assert_eq!(
         render("{{ obj | tojson }}", &[], &options).unwrap(),
-        r#"{"n": [1, 2.5, null, true], "name": "café <b>"}"#
+        r#"{"name": "café <b>", "n": [1, 2.5, null, true]}"#
     );
     assert_eq!(
         render("{{ obj.n | tojson(indent=2) }}", &[], &options).unwrap(),
@@ -142,7 +144,7 @@ fn strftime_now_formats_the_current_date() {
 fn extra_variables_reach_the_template_and_tools_is_none() {
     let source = "{% if date_string is defined %}{{ date_string }}{% endif %}|{{ tools is none }}|{{ add_generation_prompt }}";
     let mut variables = BTreeMap::new();
-    variables.insert("date_string".into(), serde_json::json!("26 Jul 2024"));
+    variables.insert("date_string".into(), TemplateValue::from("26 Jul 2024"));
     let options = ChatOptions {
         add_generation_prompt: true,
         variables,
@@ -156,7 +158,10 @@ fn extra_variables_reach_the_template_and_tools_is_none() {
 #[test]
 fn extra_variable_may_not_replace_messages() {
     let mut variables = BTreeMap::new();
-    variables.insert("messages".into(), serde_json::json!([]));
+    variables.insert(
+        "messages".into(),
+        TemplateValue::from(Vec::<TemplateValue>::new()),
+    );
     let err = render(
         "x",
         &[],
@@ -198,15 +203,16 @@ fn content_parts_are_joined_for_string_templates_and_kept_for_part_templates() {
 #[test]
 fn messages_deserialize_from_openai_json() {
     let json = r#"[{"role": "user", "content": [{"type": "text", "text": "hi"}]},
-                   {"role": "assistant", "content": null, "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}]"#;
+                   {"role": "assistant", "content": null, "tool_calls": [{"function": {"name": "f", "arguments": {"z": 1, "a": "é"}}}]}]"#;
     let messages: Vec<ChatMessage> = serde_json::from_str(json).unwrap();
     let text = render(
-        "{{ messages[0].content }}|{{ messages[1].tool_calls[0].function.name }}",
+        "{{ messages[0].content }}|{{ messages[1].tool_calls[0].function.name }}|{{ messages[1].tool_calls[0].function.arguments | tojson }}",
         &messages,
         &ChatOptions::default(),
     )
     .unwrap();
-    assert_eq!(text, "hi|f");
+    // Tool-call arguments keep their key order through `tojson`, as in Python.
+    assert_eq!(text, r#"hi|f|{"z": 1, "a": "é"}"#);
 }
 
 const TAGGED: &str = "{% for m in messages %}\n<{{ m.role }}>\n{% if m.role == 'assistant' %}\n{%- generation -%}\n  {{ m.content }}</s>\n{%- endgeneration %}\n{% else %}{{ m.content }}{% endif %}\n\n{% endfor %}";

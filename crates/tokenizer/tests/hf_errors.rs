@@ -252,3 +252,47 @@ fn stream_step_rejects_unknown_id() {
         "{err}"
     );
 }
+
+#[test]
+fn template_that_fails_to_compile_does_not_stop_loading() {
+    // transformers compiles chat templates lazily; plain encoding must still work.
+    let dir = copy_of_qwen2();
+    edit_json(&dir.path().join("tokenizer_config.json"), |v| {
+        v["chat_template"] = "{% for m in messages %}unclosed".into()
+    });
+    let tokenizer = Tokenizer::from_dir(dir.path()).expect("loads despite the template");
+    assert!(!tokenizer.encode("Hello", false).unwrap().is_empty());
+    assert!(tokenizer.chat_template().is_none());
+    let messages = [stoke_tokenizer::chat::ChatMessage::user("hi")];
+    let err = tokenizer
+        .apply_chat_template(&messages, &Default::default())
+        .unwrap_err();
+    assert!(
+        matches!(&err, TokenizerError::Template { template, .. } if template == "default"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("line 1"), "{err}");
+}
+
+#[test]
+fn apply_chat_template_without_template_says_so() {
+    let dir = copy_of_qwen2();
+    edit_json(&dir.path().join("tokenizer_config.json"), |v| {
+        v.as_object_mut().unwrap().remove("chat_template");
+    });
+    let tokenizer = Tokenizer::from_dir(dir.path()).unwrap();
+    let err = tokenizer
+        .apply_chat_template(&[], &Default::default())
+        .unwrap_err();
+    assert!(
+        matches!(err, TokenizerError::NoChatTemplate { name: None }),
+        "{err}"
+    );
+}
+
+#[test]
+fn tokenizer_can_be_shared_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tokenizer>();
+    assert_send_sync::<stoke_tokenizer::hf::DecodeStream>();
+}
