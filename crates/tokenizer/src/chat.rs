@@ -23,6 +23,10 @@
 //!   rendering `messages[..i]` with one, cut after the last end-of-turn token in it (the
 //!   tokenizer's eos tokens, e.g. `<|im_end|>` or `<|eot_id|>`). So the mask holds the assistant's
 //!   content and its end-of-turn token, and not the role header or the newline after the end token.
+//!   On the Qwen2.5 and Llama 3.x templates this equals the tagged variants' transformers masks,
+//!   except on Qwen tool-call turns ("<|im_start|>assistant" + "\n<tool_call>..."), where the
+//!   tagged block also covers that first "\n" and this mask does not (it is part of the generation
+//!   prompt "<|im_start|>assistant\n"); `tests/chat_extra_reference.rs` pins that.
 //!   This needs templates whose output for a prefix of the conversation is a prefix of the output
 //!   for the whole (true of Qwen2.5 and Llama 3.1); otherwise it is an error that asks for
 //!   generation tags.

@@ -1,0 +1,88 @@
+"""Extra chat-template references from transformers (tool calls, tool results, tools lists,
+empty and whitespace-only contents), beyond fixtures/chat/reference.json.
+
+Run from the repository root with the fixtures venv (see fixtures/README.md):
+    /work/venv/bin/python crates/tokenizer/tests/chat_data/make_extra_reference.py
+It writes crates/tokenizer/tests/chat_data/extra_reference.json (deterministic).
+"""
+import json
+import pathlib
+
+import transformers
+from transformers import AutoTokenizer
+
+ROOT = pathlib.Path(__file__).resolve().parents[4]
+OUT = pathlib.Path(__file__).with_name("extra_reference.json")
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city, in °C.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+    },
+}
+
+TOOL_CALL_TURN = [
+    {"role": "user", "content": "Weather in Zürich?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"zcity": "Zürich", "days": 2, "scale": 1e-07}}}
+        ],
+    },
+    {"role": "tool", "content": "{\"temp\": 3.5}"},
+    {"role": "tool", "content": "second result"},
+    {"role": "assistant", "content": "It is 3.5 °C."},
+]
+
+CASES = [
+    ("tool_call_turns", TOOL_CALL_TURN, False, None),
+    ("tool_call_turns_gen", TOOL_CALL_TURN[:4], True, None),
+    ("tools_listed", [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}], True, [WEATHER_TOOL]),
+    (
+        "empty_and_blank_contents",
+        [{"role": "user", "content": "  "}, {"role": "assistant", "content": ""}, {"role": "user", "content": "\n"}, {"role": "assistant", "content": " x "}],
+        False,
+        None,
+    ),
+]
+
+
+def main():
+    out = {"transformers_version": transformers.__version__, "tokenizers": {}}
+    for name in ["qwen2", "llama3"]:
+        tok_dir = ROOT / "fixtures" / "tokenizers" / name
+        tok = AutoTokenizer.from_pretrained(str(tok_dir))
+        generation = (tok_dir / "chat_template_generation.jinja").read_text()
+        kwargs = {"date_string": "26 Jul 2024"} if name == "llama3" else {}
+        cases = []
+        for case_name, messages, gen, tools in CASES:
+            try:
+                text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=gen, **kwargs)
+                ids = tok.apply_chat_template(messages, tools=tools, tokenize=True, add_generation_prompt=gen, return_dict=True, **kwargs)["input_ids"]
+                masked = tok.apply_chat_template(
+                    messages, tools=tools, chat_template=generation, add_generation_prompt=gen,
+                    return_dict=True, return_assistant_tokens_mask=True, **kwargs,
+                )
+            except Exception as err:  # recorded: the Rust side must fail too
+                cases.append({"name": case_name, "messages": messages, "tools": tools, "add_generation_prompt": gen,
+                              "template_kwargs": kwargs, "error": f"{type(err).__name__}: {err}"})
+                continue
+            cases.append({
+                "name": case_name, "messages": messages, "tools": tools, "add_generation_prompt": gen,
+                "template_kwargs": kwargs, "text": text, "input_ids": list(ids),
+                "generation_text": tok.decode(masked["input_ids"]),
+                "assistant_masks": list(masked["assistant_masks"]),
+            })
+        out["tokenizers"][name] = {"tokenizer_dir": f"fixtures/tokenizers/{name}", "cases": cases}
+    OUT.write_text(json.dumps(out, ensure_ascii=False) + "\n")
+
+
+if __name__ == "__main__":
+    main()
