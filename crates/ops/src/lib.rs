@@ -1,1 +1,29 @@
-//! stoke-ops (see crates/README.md).
+//! stoke-ops: differentiable tensor operations for the transformer, and the CPU numerics setup.
+//!
+//! Every operation here is a composition of candle operations that have a backward rule
+//! (checked against candle-core 0.11.1 `backprop.rs`: binary ops and their broadcast forms,
+//! `exp`, `log`, `sqrt`, `sqr`, `recip`, `silu`, `neg`, `affine`, `matmul`, `narrow`, `cat`,
+//! `reshape`/`transpose`, `sum`, `max` (detached here), `index_select`, `gather`, `to_dtype`).
+//! candle's own fused `softmax_last_dim`, `rms_norm`, `layer_norm`, rotary and sdpa kernels
+//! build their outputs without a backward and silently cut the graph, so they are not used.
+//! Later, fused kernels with hand-written backward (candle `CustomOp` with `bwd`) can replace
+//! a composition here without changing any signature; the tests pin the semantics.
+//!
+//! Dtypes: operations keep the input dtype (f32 in training, f64 in gradient checks);
+//! `rms_norm` computes in f32 when given f16/bf16, as transformers does.
+
+pub mod activation;
+pub mod attention;
+pub mod gradcheck;
+pub mod loss;
+pub mod norm;
+pub mod numerics;
+pub mod rope;
+pub mod softmax;
+
+pub use activation::swiglu;
+pub use attention::attention;
+pub use loss::{cross_entropy, token_logprobs};
+pub use norm::rms_norm;
+pub use rope::apply_rope;
+pub use softmax::{log_softmax, softmax};
