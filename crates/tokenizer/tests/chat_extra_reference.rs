@@ -1,7 +1,8 @@
 //! Chat templates against transformers on cases that fixtures/chat/reference.json does not
 //! cover: assistant tool calls (arguments as an ordered map with non-ASCII text and a float
 //! Python prints as `1e-07`), consecutive tool results, a `tools` list (printed with `tojson` and
-//! `tojson(indent=4)`), and empty or blank contents. Recorded by
+//! `tojson(indent=4)`), empty or blank contents, and `tests/chat_data/jinja_features.jinja`, a
+//! template exercising the jinja2 features HF templates use. Recorded by
 //! `tests/chat_data/make_extra_reference.py` with transformers 5.24 on the fixture tokenizers.
 
 use std::collections::BTreeMap;
@@ -14,6 +15,21 @@ use stoke_tokenizer::hf::Tokenizer;
 #[derive(Deserialize)]
 struct Reference {
     tokenizers: BTreeMap<String, TokenizerCases>,
+    jinja_features: FeatureCases,
+}
+
+#[derive(Deserialize)]
+struct FeatureCases {
+    tokenizer_dir: String,
+    cases: Vec<FeatureCase>,
+}
+
+#[derive(Deserialize)]
+struct FeatureCase {
+    name: String,
+    messages: Vec<ChatMessage>,
+    add_generation_prompt: bool,
+    text: String,
 }
 
 #[derive(Deserialize)]
@@ -38,11 +54,17 @@ fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+fn data_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/chat_data")
+}
+
+fn load_reference() -> Reference {
+    let path = data_dir().join("extra_reference.json");
+    serde_json::from_str(&std::fs::read_to_string(path).expect("committed")).expect("parses")
+}
+
 fn load() -> Vec<(String, Tokenizer, String, Case)> {
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/chat_data/extra_reference.json");
-    let reference: Reference =
-        serde_json::from_str(&std::fs::read_to_string(path).expect("committed")).expect("parses");
+    let reference = load_reference();
     let mut all = Vec::new();
     for (name, cases) in reference.tokenizers {
         let dir = repo_root().join(&cases.tokenizer_dir);
@@ -140,4 +162,27 @@ fn prefix_rendering_masks_differ_from_tagged_ones_only_by_the_newline_qwen_puts_
         differing_cases,
         ["qwen2/tool_call_turns", "qwen2/tool_call_turns_gen"]
     );
+}
+
+#[test]
+fn jinja_features_render_as_jinja2_does() {
+    let features = load_reference().jinja_features;
+    let tokenizer = Tokenizer::from_dir(&repo_root().join(&features.tokenizer_dir)).unwrap();
+    let source = std::fs::read_to_string(data_dir().join("jinja_features.jinja")).unwrap();
+    let template = tokenizer
+        .chat_template_from_source("jinja_features", &source)
+        .unwrap();
+    assert_eq!(features.cases.len(), 4);
+    for case in &features.cases {
+        let options = ChatOptions {
+            add_generation_prompt: case.add_generation_prompt,
+            ..Default::default()
+        };
+        let text = template.render_text(&case.messages, &options).unwrap();
+        assert_eq!(
+            text, case.text,
+            "{} (generation prompt {})",
+            case.name, case.add_generation_prompt
+        );
+    }
 }

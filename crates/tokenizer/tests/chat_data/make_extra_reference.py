@@ -1,5 +1,8 @@
 """Extra chat-template references from transformers (tool calls, tool results, tools lists,
-empty and whitespace-only contents), beyond fixtures/chat/reference.json.
+empty and whitespace-only contents), beyond fixtures/chat/reference.json, and renderings of
+`jinja_features.jinja`, a template that exercises the jinja2 features HF templates use
+(namespace, reverse slices, macros, Python string methods, filters, `%` formatting, tojson
+options, loop.previtem/nextitem, whitespace control).
 
 Run from the repository root with the fixtures venv (see fixtures/README.md):
     /work/venv/bin/python crates/tokenizer/tests/chat_data/make_extra_reference.py
@@ -54,6 +57,37 @@ CASES = [
 ]
 
 
+FEATURE_CASES = [
+    (
+        "think_tool_parts",
+        [
+            {"role": "system", "content": "  Be very brief please.  "},
+            {"role": "user", "content": "Q1"},
+            {
+                "role": "assistant",
+                "content": "<think>\nstep one\nstep two\n</think>\n\nA1",
+                "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"b": 1, "a": [1.5, None, True]}}}],
+            },
+            {"role": "tool", "content": "42"},
+            {"role": "user", "content": [{"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}]},
+            {"role": "assistant", "content": "A2"},
+        ],
+    ),
+    ("no_system", [{"role": "user", "content": "only"}]),
+]
+
+
+def feature_cases():
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "fixtures" / "tokenizers" / "qwen2"))
+    template = (pathlib.Path(__file__).with_name("jinja_features.jinja")).read_text()
+    cases = []
+    for name, messages in FEATURE_CASES:
+        for gen in [False, True]:
+            text = tok.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=gen)
+            cases.append({"name": name, "messages": messages, "add_generation_prompt": gen, "text": text})
+    return {"tokenizer_dir": "fixtures/tokenizers/qwen2", "cases": cases}
+
+
 def main():
     out = {"transformers_version": transformers.__version__, "tokenizers": {}}
     for name in ["qwen2", "llama3"]:
@@ -81,6 +115,7 @@ def main():
                 "assistant_masks": list(masked["assistant_masks"]),
             })
         out["tokenizers"][name] = {"tokenizer_dir": f"fixtures/tokenizers/{name}", "cases": cases}
+    out["jinja_features"] = feature_cases()
     OUT.write_text(json.dumps(out, ensure_ascii=False) + "\n")
 
 
