@@ -652,6 +652,86 @@ def forward_logits(model, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Te
     return {"logits_a": logits_a, "logits_b": logits_b, "batch_logits": batch_logits}
 
 
+GREEDY_NEW_TOKENS = 8
+
+
+GREEDY_MIN_MARGIN = 0.02
+GREEDY_MAX_TRIES = 200
+
+
+def greedy_run(model, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Greedy decoding by full recomputation (no cache), no EOS stop.
+
+    position_ids = cumsum(mask) - 1: positions start at 0 at each row's first real token
+    (MODEL_API's convention for left-padded generation). Returns the extended ids and the
+    smallest top-1 minus top-2 logit gap over all rows and steps.
+    """
+    ids, mask = ids.clone(), mask.clone()
+    gap = math.inf
+    with torch.no_grad():
+        for _ in range(GREEDY_NEW_TOKENS):
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1]
+            top2 = logits.topk(2, dim=-1).values
+            gap = min(gap, float((top2[:, 0] - top2[:, 1]).min()))
+            nxt = logits.argmax(-1, keepdim=True)
+            ids = torch.cat([ids, nxt], dim=1)
+            mask = torch.cat([mask, torch.ones_like(nxt)], dim=1)
+    return ids, gap
+
+
+def greedy_reference(model, vocab_size: int, seed: int) -> tuple[dict[str, torch.Tensor], dict]:
+    """Greedy continuations of a LEFT-padded batch of two prompts (lengths LEN_A and LEN_B).
+
+    The prompts are drawn from a seeded generator, retrying until every greedy choice wins by at
+    least GREEDY_MIN_MARGIN logits, so that f32 rounding differences in another implementation
+    cannot flip a token (random-weight models have near-ties). Cross-checked against the short
+    prompt decoded alone and against `model.generate` (which uses the KV cache).
+    """
+    gen = torch.Generator().manual_seed(3000 + seed)
+    for attempt in range(GREEDY_MAX_TRIES):
+        p_a = torch.randint(0, vocab_size, (1, LEN_A), generator=gen, dtype=torch.int64)
+        p_b = torch.randint(0, vocab_size, (1, LEN_B), generator=gen, dtype=torch.int64)
+        prompt = torch.full((2, LEN_A), PAD_ID, dtype=torch.int64)
+        prompt[0] = p_a[0]
+        prompt[1, LEN_A - LEN_B :] = p_b[0]
+        pmask = torch.zeros((2, LEN_A), dtype=torch.int64)
+        pmask[0] = 1
+        pmask[1, LEN_A - LEN_B :] = 1
+        batch, gap = greedy_run(model, prompt, pmask)
+        if gap >= GREEDY_MIN_MARGIN:
+            break
+    else:
+        raise SystemExit(f"no greedy prompt with margin >= {GREEDY_MIN_MARGIN} in {GREEDY_MAX_TRIES} tries")
+    single, _ = greedy_run(model, p_b, torch.ones_like(p_b))
+    # Row 1 of the left-padded batch must continue exactly like the short prompt alone.
+    assert torch.equal(batch[1, LEN_A:], single[0, LEN_B:]), (batch, single)
+    with torch.no_grad():
+        # A fresh config with repetition_penalty 1: the checkpoint's own generation_config (e.g.
+        # Qwen's repetition_penalty 1.05) must not apply to plain greedy decoding.
+        plain_greedy = GenerationConfig(
+            max_new_tokens=GREEDY_NEW_TOKENS,
+            min_new_tokens=GREEDY_NEW_TOKENS,
+            do_sample=False,
+            repetition_penalty=1.0,
+            pad_token_id=PAD_ID,
+            eos_token_id=None,
+        )
+        generated = model.generate(input_ids=prompt, attention_mask=pmask, generation_config=plain_greedy)
+    assert torch.equal(generated, batch), (generated, batch)
+    tensors = {
+        "greedy_prompt_ids": prompt,
+        "greedy_prompt_mask": pmask,
+        "greedy_output_ids": batch,
+    }
+    meta = {
+        "greedy_new_tokens": GREEDY_NEW_TOKENS,
+        "greedy_min_top2_margin": gap,
+        "greedy_prompt_attempt": attempt,
+    }
+    return tensors, meta
+
+
 def next_token_loss(model, ids: torch.Tensor) -> torch.Tensor:
     logits = model(input_ids=ids).logits
     return F.cross_entropy(logits[0, :-1].float(), ids[0, 1:], reduction="mean")
@@ -800,8 +880,9 @@ def build_model(spec: ModelSpec, tokenizer_dirs: dict[str, Path]) -> Path:
     d_a = (logits["batch_logits"][0] - logits["logits_a"][0]).abs().max().item()
     d_b = (logits["batch_logits"][1, :LEN_B] - logits["logits_b"][0]).abs().max().item()
     assert d_a < 1e-5 and d_b < 1e-5, (d_a, d_b)
+    greedy, greedy_meta = greedy_reference(loaded, vocab, spec.seed)
     loss_a, grad_norms, grad_samples = grad_reference(loaded, inputs["input_ids_a"], spec.seed)
-    tensors = {**inputs, **logits}
+    tensors = {**inputs, **logits, **greedy}
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     save_file(tensors, str(out / "reference.safetensors"), metadata={"format": "pt"})
     effect = rope_effect(spec, out, inputs, logits["logits_a"])
@@ -825,6 +906,7 @@ def build_model(spec: ModelSpec, tokenizer_dirs: dict[str, Path]) -> Path:
         "grad_norms": grad_norms,
         "grad_samples": grad_samples,
         "max_abs_diff_batch_vs_single": max(d_a, d_b),
+        **greedy_meta,
     }
     if effect is not None:
         reference["rope_scaling_effect_max_abs_logit_diff"] = effect
@@ -881,7 +963,16 @@ def verify_all_models() -> None:
 
 def check_saved(src_dir: Path, saved_dir: Path) -> int:
     ref = load_file(str(src_dir / "reference.safetensors"))
-    model = load_f32(saved_dir)
+    # from_pretrained silently random-initializes missing tensors; make that a failure.
+    model, info = AutoModelForCausalLM.from_pretrained(
+        str(saved_dir), dtype=torch.float32, attn_implementation="eager", output_loading_info=True
+    )
+    model.eval()
+    missing = sorted(info.get("missing_keys", []))
+    mismatched = [str(m) for m in info.get("mismatched_keys", [])]
+    unexpected = sorted(info.get("unexpected_keys", []))
+    if unexpected:
+        print(f"note: tensors transformers did not use: {unexpected}")
     inputs = {k: ref[k] for k in ("input_ids_a", "input_ids_b", "batch_input_ids", "batch_attention_mask")}
     logits = forward_logits(model, inputs)
     mask = ref["batch_attention_mask"].bool()
@@ -890,8 +981,12 @@ def check_saved(src_dir: Path, saved_dir: Path) -> int:
         "logits_b": float((logits["logits_b"] - ref["logits_b"]).abs().max()),
         "batch_logits": float((logits["batch_logits"][mask] - ref["batch_logits"][mask]).abs().max()),
     }
-    ok = all(v <= CHECK_SAVED_TOL for v in diffs.values())
-    print(json.dumps({"src": str(src_dir), "saved": str(saved_dir), "max_abs_diff": diffs, "tol": CHECK_SAVED_TOL}))
+    ok = all(v <= CHECK_SAVED_TOL for v in diffs.values()) and not missing and not mismatched
+    report = {"src": str(src_dir), "saved": str(saved_dir), "max_abs_diff": diffs, "tol": CHECK_SAVED_TOL}
+    if missing or mismatched:
+        report["missing_keys"] = missing
+        report["mismatched_keys"] = mismatched
+    print(json.dumps(report))
     print("OK" if ok else "FAIL")
     return 0 if ok else 1
 
