@@ -1,0 +1,265 @@
+//! Gopher quality filter (Rae et al. 2021, "Scaling Language Models", appendix A), following
+//! datatrove's `GopherQualityFilter` rule by rule and with its defaults: 50-100,000 words, mean
+//! word length 3-10, `#` and ellipsis per word <= 0.1, bullet-start lines <= 0.9, ellipsis-end
+//! lines <= 0.3, >= 80% of words with an alphabetic character, >= 2 Gopher stop words.
+//!
+//! What it is not: a tokenizer-exact port; words come from [`super::text::word_tokens`]. The
+//! word counts use non-symbol words (tokens with an alphanumeric char), the ratios use all
+//! tokens, as datatrove does.
+
+use serde::Deserialize;
+
+use super::document::{Document, DropReason, Verdict};
+use super::text::{is_word, word_tokens};
+
+/// The Gopher stop-word list (datatrove's `STOP_WORDS`).
+pub const GOPHER_STOP_WORDS: &[&str] = &["the", "be", "to", "of", "and", "that", "have", "with"];
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GopherQualityFile {
+    pub min_doc_words: Option<usize>,
+    pub max_doc_words: Option<usize>,
+    pub min_avg_word_length: Option<f64>,
+    pub max_avg_word_length: Option<f64>,
+    pub max_symbol_word_ratio: Option<f64>,
+    pub max_bullet_lines_ratio: Option<f64>,
+    pub max_ellipsis_lines_ratio: Option<f64>,
+    pub max_non_alpha_words_ratio: Option<f64>,
+    pub min_stop_words: Option<usize>,
+    pub stop_words: Vec<String>,
+}
+
+impl Default for GopherQualityFile {
+    fn default() -> Self {
+        GopherQualityFile {
+            min_doc_words: Some(50),
+            max_doc_words: Some(100_000),
+            min_avg_word_length: Some(3.0),
+            max_avg_word_length: Some(10.0),
+            max_symbol_word_ratio: Some(0.1),
+            max_bullet_lines_ratio: Some(0.9),
+            max_ellipsis_lines_ratio: Some(0.3),
+            max_non_alpha_words_ratio: Some(0.8),
+            min_stop_words: Some(2),
+            stop_words: GOPHER_STOP_WORDS.iter().map(|w| w.to_string()).collect(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct GopherQuality {
+    file: GopherQualityFile,
+}
+
+impl GopherQualityFile {
+    pub fn validate(self) -> Result<GopherQuality, String> {
+        for (name, ratio) in [
+            ("max_symbol_word_ratio", self.max_symbol_word_ratio),
+            ("max_bullet_lines_ratio", self.max_bullet_lines_ratio),
+            ("max_ellipsis_lines_ratio", self.max_ellipsis_lines_ratio),
+            ("max_non_alpha_words_ratio", self.max_non_alpha_words_ratio),
+        ] {
+            if let Some(r) = ratio
+                && !(0.0..=1.0).contains(&r)
+            {
+                return Err(format!("{name} must be within [0, 1], got {r}"));
+            }
+        }
+        if let (Some(lo), Some(hi)) = (self.min_doc_words, self.max_doc_words)
+            && lo > hi
+        {
+            return Err(format!("min_doc_words {lo} > max_doc_words {hi}"));
+        }
+        let mut file = self;
+        file.stop_words = file.stop_words.iter().map(|w| w.to_lowercase()).collect();
+        Ok(GopherQuality { file })
+    }
+}
+
+impl GopherQuality {
+    pub fn apply(&self, doc: Document) -> Verdict {
+        match self.check(&doc.text) {
+            Some(reason) => Verdict::Drop(doc, reason),
+            None => Verdict::Keep(doc),
+        }
+    }
+
+    /// The first rule the text fails, in datatrove's order.
+    pub fn check(&self, text: &str) -> Option<DropReason> {
+        let f = &self.file;
+        let tokens = word_tokens(text);
+        let n_tokens = tokens.len().max(1) as f64;
+        let words: Vec<&str> = tokens.iter().copied().filter(|t| is_word(t)).collect();
+        let n_words = words.len();
+        if f.min_doc_words.is_some_and(|min| n_words < min) {
+            return Some(DropReason::GopherShortDoc);
+        }
+        if f.max_doc_words.is_some_and(|max| n_words > max) {
+            return Some(DropReason::GopherLongDoc);
+        }
+        let mean_len = if n_words == 0 {
+            0.0
+        } else {
+            words.iter().map(|w| w.chars().count()).sum::<usize>() as f64 / n_words as f64
+        };
+        if f.min_avg_word_length.is_some_and(|min| mean_len < min) {
+            return Some(DropReason::GopherBelowAvgWordLength);
+        }
+        if f.max_avg_word_length.is_some_and(|max| mean_len > max) {
+            return Some(DropReason::GopherAboveAvgWordLength);
+        }
+        if let Some(max) = f.max_symbol_word_ratio {
+            if text.matches('#').count() as f64 / n_tokens > max {
+                return Some(DropReason::GopherTooManyHashes);
+            }
+            let ellipses = text.matches("...").count() + text.matches('\u{2026}').count();
+            if ellipses as f64 / n_tokens > max {
+                return Some(DropReason::GopherTooManyEllipsis);
+            }
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        let n_lines = lines.len().max(1) as f64;
+        if let Some(max) = f.max_bullet_lines_ratio {
+            let bullets = lines
+                .iter()
+                .filter(|l| {
+                    let l = l.trim_start();
+                    l.starts_with('\u{2022}') || l.starts_with('-')
+                })
+                .count();
+            if bullets as f64 / n_lines > max {
+                return Some(DropReason::GopherTooManyBullets);
+            }
+        }
+        if let Some(max) = f.max_ellipsis_lines_ratio {
+            let ends = lines
+                .iter()
+                .filter(|l| {
+                    let l = l.trim_end();
+                    l.ends_with("...") || l.ends_with('\u{2026}')
+                })
+                .count();
+            if ends as f64 / n_lines > max {
+                return Some(DropReason::GopherTooManyEndEllipsis);
+            }
+        }
+        if let Some(min) = f.max_non_alpha_words_ratio {
+            let alpha = tokens
+                .iter()
+                .filter(|t| t.chars().any(char::is_alphabetic))
+                .count();
+            if (alpha as f64) / n_tokens < min {
+                return Some(DropReason::GopherBelowAlphaThreshold);
+            }
+        }
+        if let Some(min) = f.min_stop_words {
+            let mut found = 0;
+            for token in &tokens {
+                if token.len() <= 4 && f.stop_words.iter().any(|s| s.eq_ignore_ascii_case(token)) {
+                    found += 1;
+                    if found >= min {
+                        break;
+                    }
+                }
+            }
+            if found < min {
+                return Some(DropReason::GopherTooFewStopWords);
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filter() -> GopherQuality {
+        GopherQualityFile::default().validate().unwrap()
+    }
+
+    /// `n` words of length 4 holding two stop words ("the", "and" count as words too).
+    fn words(n: usize) -> String {
+        let mut out = vec!["the", "and"];
+        out.extend(std::iter::repeat_n("word", n - 2));
+        out.join(" ")
+    }
+
+    #[test]
+    fn word_count_bounds_are_inclusive() {
+        let f = filter();
+        assert_eq!(f.check(&words(49)), Some(DropReason::GopherShortDoc));
+        assert_eq!(f.check(&words(50)), None);
+        assert_eq!(f.check(&words(100_000)), None);
+        assert_eq!(f.check(&words(100_001)), Some(DropReason::GopherLongDoc));
+    }
+
+    #[test]
+    fn mean_word_length_bounds() {
+        let f = filter();
+        // 2 stop words (3 chars) + 98 words: mean exactly 3 passes, just below fails.
+        let at_three = format!("the and {}", vec!["abc"; 98].join(" "));
+        assert_eq!(f.check(&at_three), None);
+        let below = format!("the and {} ab", vec!["abc"; 97].join(" "));
+        assert_eq!(f.check(&below), Some(DropReason::GopherBelowAvgWordLength));
+        let long = format!("the and {}", vec!["abcdefghijkl"; 98].join(" "));
+        assert_eq!(f.check(&long), Some(DropReason::GopherAboveAvgWordLength));
+    }
+
+    #[test]
+    fn hash_ratio_threshold() {
+        let f = filter();
+        // 100 word tokens + k '#' tokens: ratio k / (100 + k).
+        let with_hashes = |k: usize| format!("{} {}", words(100), vec!["#"; k].join(" "));
+        assert_eq!(f.check(&with_hashes(11)), None); // 11/111 = 0.099
+        assert_eq!(
+            f.check(&with_hashes(12)),
+            Some(DropReason::GopherTooManyHashes)
+        ); // 0.107
+    }
+
+    #[test]
+    fn bullet_and_ellipsis_line_ratios() {
+        let f = filter();
+        let sentence = "the and word word word word word word word word word word";
+        let body = |bullets: usize, plain: usize| {
+            let mut lines = vec![format!("- {sentence}"); bullets];
+            lines.extend(vec![sentence.to_string(); plain]);
+            lines.join("\n")
+        };
+        assert_eq!(f.check(&body(9, 1)), None); // 0.9
+        assert_eq!(
+            f.check(&body(19, 1)),
+            Some(DropReason::GopherTooManyBullets)
+        ); // 0.95
+        let ellipsis = |ending: usize, plain: usize| {
+            let mut lines =
+                vec!["the and word word word word word word word word.".to_string(); plain];
+            lines.extend(vec![
+                "word word word word word word word word word word..."
+                    .to_string();
+                ending
+            ]);
+            lines.join("\n")
+        };
+        assert_eq!(f.check(&ellipsis(3, 7)), None); // 0.3
+        assert_eq!(
+            f.check(&ellipsis(4, 6)),
+            Some(DropReason::GopherTooManyEndEllipsis)
+        );
+    }
+
+    #[test]
+    fn alphabetic_word_ratio_and_stop_words() {
+        let f = filter();
+        let numbers = |k: usize| format!("{} {}", words(80), vec!["1234"; k].join(" "));
+        assert_eq!(f.check(&numbers(20)), None); // 80/100
+        assert_eq!(
+            f.check(&numbers(21)),
+            Some(DropReason::GopherBelowAlphaThreshold)
+        );
+        let one_stop = format!("the {}", vec!["word"; 60].join(" "));
+        assert_eq!(f.check(&one_stop), Some(DropReason::GopherTooFewStopWords));
+    }
+}

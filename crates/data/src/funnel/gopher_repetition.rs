@@ -1,0 +1,292 @@
+//! Gopher repetition filter (Rae et al. 2021, table A1), following datatrove's
+//! `GopherRepetitionFilter` and its defaults: duplicate paragraph and line fractions (0.30 / 0.30
+//! by count, 0.20 / 0.20 by characters), the character share of the most frequent 2/3/4-gram
+//! (0.20, 0.18, 0.16) and the character share of duplicated 5..10-grams (0.15 down to 0.10).
+//!
+//! What it is not: a string-exact port. N-grams are compared by a hash of their word hashes
+//! (xxh3), not by joined strings; a collision would need two different n-grams with equal 64-bit
+//! hashes. Shares are characters over the characters of the whole text, as in datatrove.
+
+use serde::Deserialize;
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::document::{Document, DropReason, Verdict};
+use super::text::{
+    PrehashedMap, PrehashedSet, find_duplicates, hash_words, split_lines_collapsed,
+    split_paragraphs, word_tokens,
+};
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GopherRepetitionFile {
+    pub dup_line_frac: Option<f64>,
+    pub dup_para_frac: Option<f64>,
+    pub dup_line_char_frac: Option<f64>,
+    pub dup_para_char_frac: Option<f64>,
+    /// `[[n, max_share], ...]` for the most frequent n-gram.
+    pub top_n_grams: Vec<(usize, f64)>,
+    /// `[[n, max_share], ...]` for all duplicated n-grams.
+    pub dup_n_grams: Vec<(usize, f64)>,
+}
+
+impl Default for GopherRepetitionFile {
+    fn default() -> Self {
+        GopherRepetitionFile {
+            dup_line_frac: Some(0.3),
+            dup_para_frac: Some(0.3),
+            dup_line_char_frac: Some(0.2),
+            dup_para_char_frac: Some(0.2),
+            top_n_grams: vec![(2, 0.2), (3, 0.18), (4, 0.16)],
+            dup_n_grams: vec![
+                (5, 0.15),
+                (6, 0.14),
+                (7, 0.13),
+                (8, 0.12),
+                (9, 0.11),
+                (10, 0.10),
+            ],
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct GopherRepetition {
+    file: GopherRepetitionFile,
+}
+
+impl GopherRepetitionFile {
+    pub fn validate(self) -> Result<GopherRepetition, String> {
+        for &(n, share) in self.top_n_grams.iter().chain(&self.dup_n_grams) {
+            if n == 0 || n > u8::MAX as usize {
+                return Err(format!("n-gram size must be within 1..=255, got {n}"));
+            }
+            if !(0.0..=1.0).contains(&share) {
+                return Err(format!(
+                    "n-gram share for n={n} must be within [0, 1], got {share}"
+                ));
+            }
+        }
+        Ok(GopherRepetition { file: self })
+    }
+}
+
+impl GopherRepetition {
+    pub fn apply(&self, doc: Document) -> Verdict {
+        match self.check(&doc.text) {
+            Some(reason) => Verdict::Drop(doc, reason),
+            None => Verdict::Keep(doc),
+        }
+    }
+
+    pub fn check(&self, text: &str) -> Option<DropReason> {
+        let f = &self.file;
+        let text_chars = text.chars().count().max(1) as f64;
+        let paragraphs = split_paragraphs(text);
+        let (dup_paras, dup_para_chars) = find_duplicates(paragraphs.iter().copied());
+        if f.dup_para_frac
+            .is_some_and(|max| dup_paras as f64 / paragraphs.len() as f64 > max)
+        {
+            return Some(DropReason::RepetitionDupParaFrac);
+        }
+        if f.dup_para_char_frac
+            .is_some_and(|max| dup_para_chars as f64 / text_chars > max)
+        {
+            return Some(DropReason::RepetitionDupParaCharFrac);
+        }
+        let lines: Vec<&str> = split_lines_collapsed(text).collect();
+        let (dup_lines, dup_line_chars) = find_duplicates(lines.iter().copied());
+        if f.dup_line_frac
+            .is_some_and(|max| dup_lines as f64 / lines.len().max(1) as f64 > max)
+        {
+            return Some(DropReason::RepetitionDupLineFrac);
+        }
+        if f.dup_line_char_frac
+            .is_some_and(|max| dup_line_chars as f64 / text_chars > max)
+        {
+            return Some(DropReason::RepetitionDupLineCharFrac);
+        }
+        let words = word_tokens(text);
+        let hashes: Vec<u64> = words.iter().map(|w| xxh3_64(w.as_bytes())).collect();
+        let lengths: Vec<usize> = words.iter().map(|w| w.chars().count()).collect();
+        for &(n, max_share) in &f.top_n_grams {
+            if words.len() < n {
+                continue;
+            }
+            if self.top_ngram_chars(&hashes, &lengths, n) as f64 / text_chars > max_share {
+                return Some(DropReason::RepetitionTopNGram(n as u8));
+            }
+        }
+        for &(n, max_share) in &f.dup_n_grams {
+            if words.len() < n {
+                continue;
+            }
+            if duplicated_ngram_chars(&hashes, &lengths, n) as f64 / text_chars > max_share {
+                return Some(DropReason::RepetitionDuplicatedNGrams(n as u8));
+            }
+        }
+        None
+    }
+
+    /// Characters of the most frequent n-gram (joined with spaces) times its count; ties go to
+    /// the n-gram seen first, like Python's `Counter.most_common`.
+    fn top_ngram_chars(&self, hashes: &[u64], lengths: &[usize], n: usize) -> usize {
+        let mut counts: PrehashedMap<(usize, usize)> = PrehashedMap::default();
+        let mut best: Option<(usize, usize, usize)> = None; // (count, first index, chars)
+        for i in 0..=hashes.len() - n {
+            let entry = counts
+                .entry(hash_words(&hashes[i..i + n]))
+                .or_insert((0, i));
+            entry.0 += 1;
+            let (count, first) = *entry;
+            let better = match best {
+                None => true,
+                Some((c, f, _)) => count > c || (count == c && first < f),
+            };
+            if better {
+                let chars = lengths[first..first + n].iter().sum::<usize>() + n - 1;
+                best = Some((count, first, chars));
+            }
+        }
+        best.map_or(0, |(count, _, chars)| count * chars)
+    }
+}
+
+/// datatrove's `find_all_duplicate`: walk the n-grams; a repeated one adds its characters
+/// (joined without spaces) and skips ahead by n, a new one is remembered.
+fn duplicated_ngram_chars(hashes: &[u64], lengths: &[usize], n: usize) -> usize {
+    let mut seen = PrehashedSet::default();
+    let (mut repeated_chars, mut i) = (0, 0);
+    while i + n <= hashes.len() {
+        if seen.insert(hash_words(&hashes[i..i + n])) {
+            i += 1;
+        } else {
+            repeated_chars += lengths[i..i + n].iter().sum::<usize>();
+            i += n;
+        }
+    }
+    repeated_chars
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn only(file: GopherRepetitionFile) -> GopherRepetition {
+        file.validate().unwrap()
+    }
+
+    fn off() -> GopherRepetitionFile {
+        GopherRepetitionFile {
+            dup_line_frac: None,
+            dup_para_frac: None,
+            dup_line_char_frac: None,
+            dup_para_char_frac: None,
+            top_n_grams: vec![],
+            dup_n_grams: vec![],
+        }
+    }
+
+    /// Distinct 4-letter words, so no n-gram repeats by accident.
+    fn distinct_words(count: usize, offset: usize) -> Vec<String> {
+        (offset..offset + count)
+            .map(|i| {
+                let b = |k: usize| (b'a' + ((i / 26usize.pow(k as u32)) % 26) as u8) as char;
+                format!("{}{}{}{}", b(3), b(2), b(1), b(0))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn duplicate_line_fraction_threshold() {
+        let f = only(GopherRepetitionFile {
+            dup_line_frac: Some(0.3),
+            ..off()
+        });
+        let doc = |dups: usize, unique: usize| {
+            let mut lines = distinct_words(unique, 0);
+            lines.extend(vec!["aaaa".to_string(); dups]);
+            lines.join("\n")
+        };
+        // "aaaa" is also the first distinct word, so `dups` copies are all duplicates.
+        assert_eq!(f.check(&doc(3, 7)), None); // 3/10
+        assert_eq!(f.check(&doc(4, 7)), Some(DropReason::RepetitionDupLineFrac)); // 4/11
+    }
+
+    #[test]
+    fn duplicate_paragraph_char_fraction_threshold() {
+        let f = only(GopherRepetitionFile {
+            dup_para_char_frac: Some(0.2),
+            ..off()
+        });
+        // 4 paragraphs of 9 chars + a duplicate: text = 5*9 + 4*2 separators.
+        let doc = |extra: &str| {
+            let mut paras: Vec<String> = distinct_words(4, 100)
+                .iter()
+                .map(|w| format!("{w} {w}"))
+                .collect();
+            paras.push(paras[0].clone());
+            paras.push(extra.to_string());
+            paras.join("\n\n")
+        };
+        // dup chars 9; total = 6 paragraphs + 10 separator chars.
+        let long_tail = "x".repeat(8); // total 9*5+8+10 = 63, 9/63 = 0.143 -> keep
+        assert_eq!(f.check(&doc(&long_tail)), None);
+        let short = only(GopherRepetitionFile {
+            dup_para_char_frac: Some(0.14),
+            ..off()
+        });
+        assert_eq!(
+            short.check(&doc(&long_tail)),
+            Some(DropReason::RepetitionDupParaCharFrac)
+        );
+    }
+
+    #[test]
+    fn top_two_gram_share_threshold() {
+        let f = only(GopherRepetitionFile {
+            top_n_grams: vec![(2, 0.2)],
+            ..off()
+        });
+        // "ab cd" repeated k times among distinct words; 2-gram chars = 5 * k over text chars.
+        let doc = |k: usize, fill: usize| {
+            let mut words = distinct_words(fill, 1000);
+            for _ in 0..k {
+                words.push("ab cd".into());
+                words.push(distinct_words(1, 5000 + words.len())[0].clone());
+            }
+            words.join(" ")
+        };
+        let share = |text: &str, k: usize| 5.0 * k as f64 / text.chars().count() as f64;
+        let keep = doc(4, 15);
+        assert!(share(&keep, 4) <= 0.2, "{}", share(&keep, 4));
+        assert_eq!(f.check(&keep), None);
+        let drop = doc(6, 10);
+        assert!(share(&drop, 6) > 0.2, "{}", share(&drop, 6));
+        assert_eq!(f.check(&drop), Some(DropReason::RepetitionTopNGram(2)));
+    }
+
+    #[test]
+    fn duplicated_five_gram_share_threshold() {
+        let f = only(GopherRepetitionFile {
+            dup_n_grams: vec![(5, 0.15)],
+            ..off()
+        });
+        let span = distinct_words(5, 2000).join(" "); // 5 words, 20 chars without spaces
+        let doc = |fill: usize| format!("{span} {} {span}", distinct_words(fill, 3000).join(" "));
+        // repeated chars 20 over text chars 24*2 + 5*fill + 1
+        let keep = doc(20); // 20 / 149 = 0.134
+        assert_eq!(f.check(&keep), None);
+        let drop = doc(15); // 20 / 124 = 0.161
+        assert_eq!(
+            f.check(&drop),
+            Some(DropReason::RepetitionDuplicatedNGrams(5))
+        );
+    }
+
+    #[test]
+    fn natural_prose_passes_defaults() {
+        let f = only(GopherRepetitionFile::default());
+        let text = distinct_words(300, 7).join(" ");
+        assert_eq!(f.check(&text), None);
+    }
+}

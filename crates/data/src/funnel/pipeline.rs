@@ -1,0 +1,361 @@
+//! The run: reads sources in chunks, sends each chunk through the stages, writes what is kept,
+//! counts everything, and writes the report. Reads top to bottom as the algorithm:
+//!
+//! 1. for each source, for each chunk of `chunk_size` documents (bad records counted aside):
+//!    a. per-document stages run in parallel over the chunk (rayon, order preserved), together
+//!       with the parallel half of the next ordered stage (fingerprints, signatures, hashes);
+//!    b. that ordered stage decides document by document in reading order;
+//!    c. repeat from (a) with the stages after it; write the survivors.
+//! 2. stages finish (dedup state persisted);
+//! 3. with a `[mixture]`, the per-source spools are blended into the output;
+//! 4. report.json, funnel.svg and removed samples are written.
+//!
+//! What it is not: distributed. One process, all cores; dedup state lives in memory.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use super::FunnelError;
+use super::config::FunnelPlan;
+use super::document::{Document, DropReason, Events, Verdict};
+use super::input::{ReadItem, SourceReader};
+use super::mixture::Mixture;
+use super::report::{
+    FunnelReport, JsonlWriter, MAX_LISTED_BAD_RECORDS, RemovedSamples, StageReport,
+};
+use super::stage::{Prepared, Stage};
+
+/// Counters handed to the progress callback after every chunk.
+#[derive(Clone, Debug, Default)]
+pub struct Progress {
+    pub documents_read: u64,
+    pub bytes_read: u64,
+    pub documents_kept: u64,
+    pub bad_records: u64,
+}
+
+/// What one stage did to one document inside the parallel part.
+struct Step {
+    stage: usize,
+    bytes_in: u64,
+    outcome: Result<u64, DropReason>,
+    events: Events,
+}
+
+struct Outcome {
+    steps: Vec<Step>,
+    kept: Option<(Document, Option<Prepared>)>,
+    dropped: Option<(usize, DropReason, Document)>,
+}
+
+/// Runs per-document stages `first..first + segment.len()` on one document, then prepares the
+/// ordered stage that follows, if any.
+fn run_segment(
+    segment: &[Stage],
+    first: usize,
+    ordered: Option<&Stage>,
+    mut doc: Document,
+) -> Outcome {
+    let mut steps = Vec::with_capacity(segment.len());
+    for (offset, stage) in segment.iter().enumerate() {
+        let bytes_in = doc.byte_len();
+        let mut events = Events::new();
+        match stage.apply(doc, &mut events) {
+            Verdict::Keep(kept) => {
+                steps.push(Step {
+                    stage: first + offset,
+                    bytes_in,
+                    outcome: Ok(kept.byte_len()),
+                    events,
+                });
+                doc = kept;
+            }
+            Verdict::Drop(dropped, reason) => {
+                steps.push(Step {
+                    stage: first + offset,
+                    bytes_in,
+                    outcome: Err(reason),
+                    events,
+                });
+                return Outcome {
+                    steps,
+                    kept: None,
+                    dropped: Some((first + offset, reason, dropped)),
+                };
+            }
+        }
+    }
+    let prepared = ordered.and_then(|stage| stage.prepare(&doc));
+    Outcome {
+        steps,
+        kept: Some((doc, prepared)),
+        dropped: None,
+    }
+}
+
+/// Sends one chunk through every stage; returns the kept documents in reading order.
+fn process_chunk(
+    stages: &mut [Stage],
+    chunk: Vec<Document>,
+    reports: &mut [StageReport],
+    samples: &mut RemovedSamples,
+) -> Vec<Document> {
+    let mut live = chunk;
+    let mut first = 0;
+    while first < stages.len() {
+        let ordered_at = (first..stages.len())
+            .find(|&i| stages[i].is_ordered())
+            .unwrap_or(stages.len());
+        let outcomes: Vec<Outcome> = {
+            let segment = &stages[first..ordered_at];
+            let ordered = stages.get(ordered_at);
+            live.into_par_iter()
+                .map(|doc| run_segment(segment, first, ordered, doc))
+                .collect()
+        };
+        let mut survivors: Vec<(Document, Option<Prepared>)> = Vec::with_capacity(outcomes.len());
+        for outcome in outcomes {
+            for step in &outcome.steps {
+                let report = &mut reports[step.stage];
+                match step.outcome {
+                    Ok(bytes_out) => report.record_kept(step.bytes_in, bytes_out),
+                    Err(reason) => report.record_removed(step.bytes_in, reason),
+                }
+                report.record_events(&step.events);
+            }
+            if let Some((stage, reason, doc)) = outcome.dropped {
+                samples.offer(stages[stage].name(), reason, doc);
+            }
+            if let Some(kept) = outcome.kept {
+                survivors.push(kept);
+            }
+        }
+        live = Vec::with_capacity(survivors.len());
+        if ordered_at < stages.len() {
+            let stage = &mut stages[ordered_at];
+            let report = &mut reports[ordered_at];
+            for (doc, prepared) in survivors {
+                let bytes_in = doc.byte_len();
+                let mut events = Events::new();
+                let Some(prepared) = prepared else {
+                    live.push(doc);
+                    continue;
+                };
+                match stage.decide(doc, prepared, &mut events) {
+                    Verdict::Keep(doc) => {
+                        report.record_kept(bytes_in, doc.byte_len());
+                        live.push(doc);
+                    }
+                    Verdict::Drop(doc, reason) => {
+                        report.record_removed(bytes_in, reason);
+                        samples.offer(stage.name(), reason, doc);
+                    }
+                }
+                report.record_events(&events);
+            }
+        } else {
+            live.extend(survivors.into_iter().map(|(doc, _)| doc));
+        }
+        first = ordered_at + 1;
+    }
+    live
+}
+
+/// Where kept documents go while the run reads: the output, or one spool per source before a
+/// mixture blends them.
+enum Sink {
+    Direct(JsonlWriter),
+    Spools(Vec<(PathBuf, JsonlWriter)>),
+}
+
+fn spool_path(plan: &FunnelPlan, source: &str) -> PathBuf {
+    plan.report_dir
+        .join("spool")
+        .join(format!("{source}.jsonl"))
+}
+
+/// Runs the funnel; `on_progress` is called after every chunk.
+pub fn run(
+    mut plan: FunnelPlan,
+    on_progress: &dyn Fn(&Progress),
+) -> Result<FunnelReport, FunnelError> {
+    let started = Instant::now();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(plan.threads)
+        .build()
+        .map_err(|e| FunnelError::Config(format!("cannot start {} threads: {e}", plan.threads)))?;
+    let mut report = FunnelReport {
+        threads: pool.current_num_threads(),
+        ..FunnelReport::default()
+    };
+    let mut reports: Vec<StageReport> = plan
+        .stages
+        .iter()
+        .map(|s| StageReport::new(s.name()))
+        .collect();
+    let mut samples = RemovedSamples::new(plan.removed_samples, plan.seed);
+    let mut progress = Progress::default();
+    let mut kept_per_source = vec![0u64; plan.sources.len()];
+    let mut sink = match &plan.mixture {
+        None => Sink::Direct(JsonlWriter::create(&plan.output).map_err(FunnelError::Output)?),
+        Some(_) => Sink::Spools(
+            plan.sources
+                .iter()
+                .map(|s| {
+                    let path = spool_path(&plan, &s.name);
+                    JsonlWriter::create(&path).map(|w| (path, w))
+                })
+                .collect::<Result<_, _>>()
+                .map_err(FunnelError::Output)?,
+        ),
+    };
+
+    for (source_index, source) in plan.sources.iter().enumerate() {
+        report.input.files += source.files.len() as u64;
+        let mut reader = SourceReader::new(source.clone());
+        loop {
+            let mut chunk = Vec::with_capacity(plan.chunk_size);
+            for item in reader.by_ref() {
+                match item {
+                    ReadItem::Document(doc) => {
+                        progress.documents_read += 1;
+                        progress.bytes_read += doc.byte_len();
+                        chunk.push(doc);
+                        if chunk.len() == plan.chunk_size {
+                            break;
+                        }
+                    }
+                    ReadItem::Bad(bad) => {
+                        if plan.strict {
+                            return Err(FunnelError::BadInput {
+                                location: bad.location,
+                                error: bad.error,
+                            });
+                        }
+                        progress.bad_records += 1;
+                        if report.input.bad_record_examples.len() < MAX_LISTED_BAD_RECORDS {
+                            report.input.bad_record_examples.push(bad);
+                        }
+                    }
+                }
+            }
+            if chunk.is_empty() {
+                break;
+            }
+            let kept =
+                pool.install(|| process_chunk(&mut plan.stages, chunk, &mut reports, &mut samples));
+            let writer = match &mut sink {
+                Sink::Direct(w) => w,
+                Sink::Spools(spools) => &mut spools[source_index].1,
+            };
+            for doc in &kept {
+                writer.write(doc).map_err(FunnelError::Output)?;
+            }
+            kept_per_source[source_index] += kept.len() as u64;
+            progress.documents_kept += kept.len() as u64;
+            on_progress(&progress);
+        }
+    }
+    for stage in &mut plan.stages {
+        stage.finish().map_err(FunnelError::Output)?;
+    }
+    for stage in &plan.stages {
+        match stage {
+            Stage::MinhashDedup(s) => {
+                report.near_duplicate_clusters = Some(s.clusters_with_duplicates)
+            }
+            Stage::ExactDedup(s) => report.exact_fingerprints_loaded = Some(s.loaded as u64),
+            _ => {}
+        }
+    }
+
+    let written_per_source = match sink {
+        Sink::Direct(writer) => {
+            report.output.documents = writer.documents;
+            report.output.bytes = writer.bytes;
+            writer.finish().map_err(FunnelError::Output)?;
+            kept_per_source.clone()
+        }
+        Sink::Spools(spools) => {
+            let mut paths = Vec::new();
+            for (path, writer) in spools {
+                writer.finish().map_err(FunnelError::Output)?;
+                paths.push(path);
+            }
+            let mixture = plan
+                .mixture
+                .as_ref()
+                .ok_or_else(|| FunnelError::Output("spools without mixture".into()))?;
+            let written = blend(mixture, &paths, &kept_per_source, &plan.output, &mut report)?;
+            let _ = std::fs::remove_dir_all(plan.report_dir.join("spool"));
+            written
+        }
+    };
+    for (i, source) in plan.sources.iter().enumerate() {
+        report
+            .output
+            .kept_per_source
+            .insert(source.name.clone(), kept_per_source[i]);
+        report
+            .output
+            .written_per_source
+            .insert(source.name.clone(), written_per_source[i]);
+    }
+    report.output.path = plan.output.display().to_string();
+    report.input.documents = progress.documents_read;
+    report.input.bytes = progress.bytes_read;
+    report.input.bad_records = progress.bad_records;
+    report.stages = reports;
+    report.wall_seconds = started.elapsed().as_secs_f64();
+    let seconds = report.wall_seconds.max(1e-9);
+    report.documents_per_second = progress.documents_read as f64 / seconds;
+    report.megabytes_per_second = progress.bytes_read as f64 / 1e6 / seconds;
+    report
+        .write(&plan.report_dir, &samples)
+        .map_err(FunnelError::Output)?;
+    Ok(report)
+}
+
+/// Streams the spools into the output in the mixture's order; returns documents written per
+/// source. The schedule visits each source's documents in order (wrapping for extra epochs), so
+/// each spool is read front to back, reopened at each new epoch.
+fn blend(
+    mixture: &Mixture,
+    spools: &[PathBuf],
+    kept: &[u64],
+    output: &std::path::Path,
+    report: &mut FunnelReport,
+) -> Result<Vec<u64>, FunnelError> {
+    use std::io::BufRead;
+    let out_err = FunnelError::Output;
+    let mut writer = JsonlWriter::create(output).map_err(out_err)?;
+    let open =
+        |path: &PathBuf| -> Result<std::io::Lines<std::io::BufReader<std::fs::File>>, FunnelError> {
+            let file = std::fs::File::open(path)
+                .map_err(|e| FunnelError::Output(format!("{}: {e}", path.display())))?;
+            Ok(std::io::BufReader::new(file).lines())
+        };
+    let mut readers = spools.iter().map(open).collect::<Result<Vec<_>, _>>()?;
+    let mut written = vec![0u64; spools.len()];
+    for (source, index) in mixture.schedule(kept) {
+        if index == 0 && written[source] > 0 {
+            readers[source] = open(&spools[source])?;
+        }
+        let line = readers[source]
+            .next()
+            .ok_or_else(|| {
+                FunnelError::Output(format!("{} ended early", spools[source].display()))
+            })?
+            .map_err(|e| FunnelError::Output(format!("{}: {e}", spools[source].display())))?;
+        let doc: Document = serde_json::from_str(&line)
+            .map_err(|e| FunnelError::Output(format!("{}: {e}", spools[source].display())))?;
+        writer.write(&doc).map_err(FunnelError::Output)?;
+        written[source] += 1;
+    }
+    report.output.documents = writer.documents;
+    report.output.bytes = writer.bytes;
+    writer.finish().map_err(FunnelError::Output)?;
+    Ok(written)
+}
