@@ -24,7 +24,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import shutil
@@ -852,8 +851,8 @@ def build_model(spec: ModelSpec, tokenizer_dirs: dict[str, Path]) -> Path:
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(tok_dir / f, out / f)
         GenerationConfig(**gen_ids, **spec.generation_config).save_pretrained(str(out))
-    elif (out / "generation_config.json").exists():
-        pass  # save_pretrained may write a default one; keep it as transformers wrote it.
+    # Without a tokenizer, generation_config.json is the default one save_pretrained derives
+    # from the config (bos 1 / eos 2 for llama).
 
     if spec.max_shard_size is not None:
         index = json.loads((out / "model.safetensors.index.json").read_text())
