@@ -6,8 +6,8 @@
 //! - `tokenizer_config.json`: `bos_token`, `eos_token`, `pad_token`, `unk_token` (a string or an
 //!   `{"content": ...}` object), `add_bos_token`, `chat_template` (a string, or a list of
 //!   `{"name", "template"}` entries);
-//! - `special_tokens_map.json`: the same token fields; where both files set one, this file wins,
-//!   as in transformers' `from_pretrained`;
+//! - `special_tokens_map.json`: the same token fields, used only where `tokenizer_config.json`
+//!   lacks the key (a key present there, even as null, wins), as transformers 5.24 does;
 //! - `generation_config.json`: `eos_token_id` (an int or a list), `pad_token_id`;
 //! - `chat_template.jinja`: newer transformers save the default template here; it replaces a
 //!   `chat_template` string from `tokenizer_config.json`; `additional_chat_templates/*.jinja` add
@@ -23,7 +23,7 @@
 //! the `tokenizers` crate would skip it).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::Value as Json;
 use stoke_types::TokenId;
@@ -64,6 +64,14 @@ impl Tokenizer {
         let generation_path = dir.join("generation_config.json");
         let generation = read_json_object(&generation_path)?;
 
+        // The file each token field is read from: tokenizer_config.json where it has the key.
+        let file_of = |field: &str| {
+            if config.contains_key(field) {
+                (&config, config_path.as_path())
+            } else {
+                (&special_map, map_path.as_path())
+            }
+        };
         let mut tokens = TemplateTokens::default();
         for (field, slot) in [
             ("bos_token", &mut tokens.bos),
@@ -71,19 +79,16 @@ impl Tokenizer {
             ("pad_token", &mut tokens.pad),
             ("unk_token", &mut tokens.unk),
         ] {
-            let from_config = token_field(&config, &config_path, field)?;
-            let from_map = token_field(&special_map, &map_path, field)?;
-            *slot = from_map.or(from_config);
+            let (map, path) = file_of(field);
+            *slot = token_field(map, path, field)?;
         }
         // bos/eos/pad must name real tokens; unk is only passed to templates as text.
-        let bos_file = source_of(&special_map, &map_path, &config_path, "bos_token");
         if let Some(bos) = &tokens.bos {
-            id_of(&inner, bos, &bos_file, "bos_token")?;
+            id_of(&inner, bos, file_of("bos_token").1, "bos_token")?;
         }
         let mut eos_token_ids = Vec::new();
         if let Some(eos) = &tokens.eos {
-            let file = source_of(&special_map, &map_path, &config_path, "eos_token");
-            eos_token_ids.push(id_of(&inner, eos, &file, "eos_token")?);
+            eos_token_ids.push(id_of(&inner, eos, file_of("eos_token").1, "eos_token")?);
         }
         for id in id_list_field(&generation, &generation_path, "eos_token_id", &inner)? {
             if !eos_token_ids.contains(&id) {
@@ -91,10 +96,7 @@ impl Tokenizer {
             }
         }
         let pad_token_id = match &tokens.pad {
-            Some(pad) => {
-                let file = source_of(&special_map, &map_path, &config_path, "pad_token");
-                Some(id_of(&inner, pad, &file, "pad_token")?)
-            }
+            Some(pad) => Some(id_of(&inner, pad, file_of("pad_token").1, "pad_token")?),
             None => id_list_field(&generation, &generation_path, "pad_token_id", &inner)?
                 .first()
                 .copied(),
@@ -420,19 +422,6 @@ fn token_field(
             other,
             "a string or an object with `content`",
         )),
-    }
-}
-
-/// Which file the value of a token field came from (special_tokens_map.json wins).
-fn source_of(
-    map: &serde_json::Map<String, Json>,
-    map_path: &Path,
-    config_path: &Path,
-    field: &str,
-) -> PathBuf {
-    match map.get(field) {
-        Some(v) if !v.is_null() => map_path.to_path_buf(),
-        _ => config_path.to_path_buf(),
     }
 }
 

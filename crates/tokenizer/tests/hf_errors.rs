@@ -102,7 +102,27 @@ fn eos_token_as_added_token_object_is_read() {
 }
 
 #[test]
-fn special_tokens_map_overrides_tokenizer_config() {
+fn special_tokens_map_fills_only_keys_the_config_lacks() {
+    // transformers 5.24 on the same files: eos from the map (config has no key), pad stays unset
+    // (config says null), bos from the config.
+    let dir = copy_of_qwen2();
+    edit_json(&dir.path().join("tokenizer_config.json"), |v| {
+        v.as_object_mut().unwrap().remove("eos_token");
+        v["pad_token"] = serde_json::Value::Null;
+    });
+    std::fs::write(
+        dir.path().join("special_tokens_map.json"),
+        r#"{"eos_token": {"content": "<|endoftext|>"}, "pad_token": "<|im_start|>", "bos_token": "<|im_start|>"}"#,
+    )
+    .unwrap();
+    let tokenizer = Tokenizer::from_dir(dir.path()).unwrap();
+    assert_eq!(tokenizer.eos_token(), Some("<|endoftext|>"));
+    assert_eq!(tokenizer.pad_token_id(), None);
+    assert_eq!(tokenizer.bos_token(), None);
+}
+
+#[test]
+fn tokenizer_config_wins_over_special_tokens_map() {
     let dir = copy_of_qwen2();
     std::fs::write(
         dir.path().join("special_tokens_map.json"),
@@ -110,7 +130,7 @@ fn special_tokens_map_overrides_tokenizer_config() {
     )
     .unwrap();
     let tokenizer = Tokenizer::from_dir(dir.path()).unwrap();
-    assert_eq!(tokenizer.eos_token(), Some("<|endoftext|>"));
+    assert_eq!(tokenizer.eos_token(), Some("<|im_end|>"));
 }
 
 #[test]
