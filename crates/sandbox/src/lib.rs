@@ -1,1 +1,48 @@
-//! stoke-sandbox (see crates/README.md).
+//! stoke-sandbox: runs untrusted code (model completions in RL with verifiable rewards) on the
+//! local machine, in a jail built from every isolation layer the kernel allows.
+//!
+//! ```no_run
+//! use stoke_sandbox::{Program, Sandbox, SandboxConfig};
+//! let sandbox = Sandbox::new(SandboxConfig::default())?;
+//! let result = sandbox.run_blocking(Program::python("print(6 * 7)"));
+//! assert!(result.status.success());
+//! assert_eq!(result.stdout, b"42\n");
+//! # Ok::<(), stoke_sandbox::SandboxError>(())
+//! ```
+//!
+//! What a run gets (see [`Layer`] and `stoke sandbox probe`): a fresh work dir removed afterwards,
+//! a cleared environment, its own session, a parent-death signal, rlimits (CPU, address space,
+//! file size, open files, processes, no core dumps), a wall-clock limit and capped output; where
+//! available a PID namespace (nothing it starts outlives it), a network namespace (no network),
+//! a private mount namespace with a fresh `/proc`, a per-run uid (as root) or a user namespace
+//! (otherwise), no-new-privileges, Landlock (read-only system dirs, read-write work dir only) and a
+//! seccomp deny-list. [`Sandbox::new`] probes once and refuses to run below
+//! [`SandboxConfig::min_isolation`]; every [`ExecResult`] carries the layers applied.
+//!
+//! What it is not: a VM. Kernel bugs reachable through allowed system calls are not covered,
+//! memory is limited per process (`RLIMIT_AS`) rather than per run, and disk use in the work dir
+//! is bounded only by the file-size limit, the time limit and the file count the time allows.
+//!
+//! Linux only. The caller's async runtime is never blocked: runs execute on the crate's own
+//! two-thread tokio runtime, `workers` at a time.
+
+mod config;
+mod error;
+mod filesystem_rules;
+mod isolation;
+mod jail;
+mod language;
+mod probe;
+mod result;
+mod run_user;
+mod sandbox;
+mod seccomp;
+mod work_dir;
+
+pub use config::{SandboxConfig, SandboxConfigFile};
+pub use error::SandboxError;
+pub use isolation::{IsolationLevel, IsolationReport, Layer, LayerReport};
+pub use language::{Language, Program, Toolchains};
+pub use probe::probe;
+pub use result::{ExecResult, ExitStatusKind};
+pub use sandbox::Sandbox;

@@ -1,0 +1,532 @@
+//! The jail itself: the code that runs in the forked child between `fork` and `exec` (installed as
+//! a `pre_exec` hook on a `std::process::Command`), and the small supervisor process it splits
+//! into. This is the only module with `unsafe` code (system calls through `libc`).
+//!
+//! Process tree of one run:
+//!
+//! ```text
+//! caller ── supervisor (root or caller uid; outside every namespace but the new ones it created)
+//!              └── program (PID 1 of a new PID namespace, own session, own uid, Landlock, seccomp)
+//!                     └── whatever the program starts
+//! ```
+//!
+//! The forked child applies `setsid`, `PR_SET_PDEATHSIG`, `unshare` of the namespaces and rlimits,
+//! then forks once more with a raw `clone` system call: the parent half becomes the supervisor,
+//! which closes every descriptor but a status pipe, waits for the program with `wait4` (for its
+//! CPU time), relays a stop request (SIGTERM from the caller) as SIGKILL to the program, writes a
+//! [`SupervisorRecord`] to the status pipe and exits. The child half is PID 1 of the new PID
+//! namespace: when it dies, the kernel kills every process left in that namespace before `wait4`
+//! returns, so when the supervisor exits, nothing of the run is alive. The child half then mounts
+//! a fresh `/proc`, drops to the run's uid, sets no-new-privileges, restricts itself with Landlock,
+//! installs the seccomp filters, and returns to `std`, which `exec`s the interpreter.
+//!
+//! Invariants of the post-fork code (the caller may be multi-threaded): it allocates nothing,
+//! takes no lock and calls only async-signal-safe system calls on data prepared before the fork
+//! ([`PreparedJail`]). That is why the second fork is a raw `clone` (glibc's `fork` runs atfork
+//! handlers and takes malloc's locks, which another thread of the caller may have held at the
+//! first fork) and why the Landlock ruleset and seccomp programs are built in the parent.
+//!
+//! Not here: choosing layers (probe/sandbox), reading output, timeouts (sandbox.rs).
+#![allow(unsafe_code)]
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::seccomp::SeccompFilters;
+
+/// Which uid the program runs under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UserMode {
+    /// The caller's own uid (no user isolation).
+    Caller,
+    /// As root: switch to a per-run uid and gid after the privileged setup.
+    SeparateUser,
+    /// Not root: a user namespace mapping the caller's uid to itself (owns the other namespaces).
+    UserNamespace,
+}
+
+/// The rlimits of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limits {
+    pub(crate) cpu_seconds: u64,
+    pub(crate) memory_bytes: u64,
+    pub(crate) file_bytes: u64,
+    pub(crate) open_files: u64,
+    pub(crate) processes: u64,
+}
+
+/// The layers a sandbox applies to each run (decided once, from the probe and the config).
+#[derive(Debug, Clone)]
+pub(crate) struct JailSpec {
+    pub(crate) limits: Limits,
+    pub(crate) user: UserMode,
+    pub(crate) pid_namespace: bool,
+    pub(crate) network_namespace: bool,
+    pub(crate) mount_namespace: bool,
+    pub(crate) ipc_namespace: bool,
+    pub(crate) no_new_privs: bool,
+    /// The kernel's Landlock ABI version, when Landlock is applied.
+    pub(crate) landlock_abi: Option<i32>,
+    pub(crate) seccomp: Option<Arc<SeccompFilters>>,
+    pub(crate) allow_network: bool,
+}
+
+#[cfg(target_env = "gnu")]
+type RlimitResource = libc::__rlimit_resource_t;
+#[cfg(not(target_env = "gnu"))]
+type RlimitResource = libc::c_int;
+
+/// A user-namespace id map, written by the child to `/proc/self/{uid,gid}_map`.
+#[derive(Debug)]
+struct IdMaps {
+    uid_map: Vec<u8>,
+    gid_map: Vec<u8>,
+}
+
+/// Everything the post-fork code needs, prepared in the parent for one run.
+#[derive(Debug)]
+pub(crate) struct PreparedJail {
+    parent_pid: libc::pid_t,
+    unshare_flags: libc::c_int,
+    id_maps: Option<IdMaps>,
+    rlimits: Vec<(RlimitResource, libc::rlimit)>,
+    switch_to: Option<(libc::uid_t, libc::gid_t)>,
+    mount_namespace: bool,
+    pid_namespace: bool,
+    no_new_privs: bool,
+    landlock_ruleset: Option<OwnedFd>,
+    seccomp: Option<Arc<SeccompFilters>>,
+    status_writer: OwnedFd,
+}
+
+/// Marks a valid [`SupervisorRecord`].
+const RECORD_MAGIC: u32 = 0x5354_4b31;
+/// Size of an encoded [`SupervisorRecord`].
+const RECORD_BYTES: usize = 32;
+/// Exit code of a jail child that found its parent gone before it could arm the death signal.
+const EXIT_PARENT_GONE: libc::c_int = 121;
+
+/// What the supervisor observed about the program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SupervisorRecord {
+    /// A `wait4` status word.
+    pub(crate) wait_status: i32,
+    pub(crate) cpu_time: Duration,
+    pub(crate) max_rss_kib: u64,
+}
+
+impl SupervisorRecord {
+    fn decode(bytes: &[u8; RECORD_BYTES]) -> Option<SupervisorRecord> {
+        let word = |at: usize| {
+            u32::from_ne_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+        };
+        let long = |at: usize| {
+            let mut raw = [0u8; 8];
+            raw.copy_from_slice(&bytes[at..at + 8]);
+            i64::from_ne_bytes(raw)
+        };
+        if word(0) != RECORD_MAGIC {
+            return None;
+        }
+        let micros = long(8).max(0) as u64 + long(16).max(0) as u64;
+        Some(SupervisorRecord {
+            wait_status: word(4) as i32,
+            cpu_time: Duration::from_micros(micros),
+            max_rss_kib: long(24).max(0) as u64,
+        })
+    }
+
+    /// The exit code, when the program exited.
+    pub(crate) fn exit_code(&self) -> Option<i32> {
+        libc::WIFEXITED(self.wait_status).then(|| libc::WEXITSTATUS(self.wait_status))
+    }
+
+    /// The signal, when the program was killed.
+    pub(crate) fn signal(&self) -> Option<i32> {
+        libc::WIFSIGNALED(self.wait_status).then(|| libc::WTERMSIG(self.wait_status))
+    }
+}
+
+impl PreparedJail {
+    /// Prepares one run: id maps, rlimits, the Landlock ruleset descriptor (from
+    /// `landlock_ruleset`), and a status pipe whose read end is returned.
+    pub(crate) fn new(
+        spec: &JailSpec,
+        run_user: Option<(u32, u32)>,
+        landlock_ruleset: Option<OwnedFd>,
+    ) -> io::Result<(PreparedJail, OwnedFd)> {
+        let mut unshare_flags = 0;
+        let mut id_maps = None;
+        if spec.user == UserMode::UserNamespace {
+            unshare_flags |= libc::CLONE_NEWUSER;
+            // SAFETY: getuid/getgid cannot fail and touch no memory.
+            let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+            id_maps = Some(IdMaps {
+                uid_map: format!("{uid} {uid} 1\n").into_bytes(),
+                gid_map: format!("{gid} {gid} 1\n").into_bytes(),
+            });
+        }
+        for (wanted, flag) in [
+            (spec.pid_namespace, libc::CLONE_NEWPID),
+            (spec.network_namespace, libc::CLONE_NEWNET),
+            (spec.mount_namespace, libc::CLONE_NEWNS),
+            (spec.ipc_namespace, libc::CLONE_NEWIPC | libc::CLONE_NEWUTS),
+        ] {
+            if wanted {
+                unshare_flags |= flag;
+            }
+        }
+        let limits = spec.limits;
+        let rlimit = |soft: u64, hard: u64| libc::rlimit {
+            rlim_cur: soft as libc::rlim_t,
+            rlim_max: hard as libc::rlim_t,
+        };
+        let rlimits = vec![
+            (libc::RLIMIT_CORE, rlimit(0, 0)),
+            // SIGXCPU at the soft limit, SIGKILL one second later.
+            (
+                libc::RLIMIT_CPU,
+                rlimit(limits.cpu_seconds, limits.cpu_seconds + 1),
+            ),
+            (
+                libc::RLIMIT_AS,
+                rlimit(limits.memory_bytes, limits.memory_bytes),
+            ),
+            (
+                libc::RLIMIT_FSIZE,
+                rlimit(limits.file_bytes, limits.file_bytes),
+            ),
+            (
+                libc::RLIMIT_NOFILE,
+                rlimit(limits.open_files, limits.open_files),
+            ),
+            (
+                libc::RLIMIT_NPROC,
+                rlimit(limits.processes, limits.processes),
+            ),
+            (libc::RLIMIT_MEMLOCK, rlimit(0, 0)),
+            (libc::RLIMIT_MSGQUEUE, rlimit(0, 0)),
+        ];
+        let (status_reader, status_writer) = io::pipe()?;
+        let status_reader: OwnedFd = status_reader.into();
+        set_nonblocking(&status_reader)?;
+        let jail = PreparedJail {
+            parent_pid: std::process::id() as libc::pid_t,
+            unshare_flags,
+            id_maps,
+            rlimits,
+            switch_to: run_user,
+            mount_namespace: spec.mount_namespace,
+            pid_namespace: spec.pid_namespace,
+            no_new_privs: spec.no_new_privs,
+            landlock_ruleset,
+            seccomp: spec.seccomp.clone(),
+            status_writer: status_writer.into(),
+        };
+        Ok((jail, status_reader))
+    }
+
+    /// Installs the jail as `command`'s pre-exec hook. The command must be dropped after
+    /// `spawn` (it holds the status pipe's write end).
+    pub(crate) fn install(self, command: &mut Command) {
+        let jail = Arc::new(self);
+        // SAFETY: `enter_jail` is async-signal-safe: it only reads `jail` (prepared before the
+        // fork, never mutated) and makes system calls; see the module invariants.
+        unsafe {
+            command.pre_exec(move || enter_jail(&jail));
+        }
+    }
+}
+
+fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own; F_GETFL/F_SETFL touch no memory.
+    let rc = unsafe {
+        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        if flags < 0 {
+            flags
+        } else {
+            libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK)
+        }
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reads the supervisor's record after it exited (`None` when it died before writing one).
+pub(crate) fn read_record(status_reader: OwnedFd) -> Option<SupervisorRecord> {
+    use std::io::Read;
+    let mut file = std::fs::File::from(status_reader);
+    let mut bytes = [0u8; RECORD_BYTES];
+    file.read_exact(&mut bytes).ok()?;
+    SupervisorRecord::decode(&bytes)
+}
+
+/// Asks the supervisor `pid` to kill the program and everything it started. The caller must
+/// not have reaped `pid` yet (so the pid cannot have been reused).
+pub(crate) fn request_stop(pid: u32) {
+    // SAFETY: kill has no memory effects; the pid is our unreaped child.
+    unsafe {
+        libc::kill(pid as libc::pid_t, libc::SIGTERM);
+    }
+}
+
+/// Whether this process runs as root.
+pub(crate) fn caller_is_root() -> bool {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The kernel's Landlock ABI version, or `None` when Landlock is off or unknown.
+pub(crate) fn landlock_abi_version() -> Option<i32> {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: with a null attribute pointer, size 0 and the VERSION flag the call only returns
+    // a number.
+    let version = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    (version > 0).then_some(version as i32)
+}
+
+fn check(rc: libc::c_long) -> io::Result<()> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Writes `bytes` to the procfs file `path` (user-namespace maps). Async-signal-safe.
+fn write_proc_file(path: &CStr, bytes: &[u8]) -> io::Result<()> {
+    // SAFETY: `path` is NUL-terminated; `bytes` outlives the write; the fd is closed on all paths.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let written = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+        let error = io::Error::last_os_error();
+        libc::close(fd);
+        if written != bytes.len() as isize {
+            return Err(error);
+        }
+    }
+    Ok(())
+}
+
+/// The pre-exec hook: runs in the forked child. Async-signal-safe (see the module doc).
+fn enter_jail(jail: &PreparedJail) -> io::Result<()> {
+    // SAFETY (whole function): every call is a system call on values prepared before the fork or
+    // on the stack; nothing allocates, locks, or unwinds across the fork.
+    unsafe {
+        check(libc::setsid().into())?;
+        check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0).into())?;
+        if libc::getppid() != jail.parent_pid {
+            // The caller died before the death signal was armed.
+            libc::_exit(EXIT_PARENT_GONE);
+        }
+        if jail.unshare_flags != 0 {
+            check(libc::unshare(jail.unshare_flags).into())?;
+        }
+        if let Some(maps) = &jail.id_maps {
+            write_proc_file(c"/proc/self/setgroups", b"deny")?;
+            write_proc_file(c"/proc/self/uid_map", &maps.uid_map)?;
+            write_proc_file(c"/proc/self/gid_map", &maps.gid_map)?;
+        }
+        // After unshare: in a user namespace, RLIMIT_NPROC set earlier would also cap the
+        // namespace as a whole at the caller's current process count.
+        for (resource, limit) in &jail.rlimits {
+            check(libc::setrlimit(*resource, limit).into())?;
+        }
+
+        // Split into supervisor and program. Block the signals the supervisor waits for first,
+        // so that none is lost between clone and sigwaitinfo.
+        let mut waited: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut waited);
+        libc::sigaddset(&mut waited, libc::SIGCHLD);
+        libc::sigaddset(&mut waited, libc::SIGTERM);
+        libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+        check(libc::sigprocmask(libc::SIG_BLOCK, &waited, std::ptr::null_mut()).into())?;
+        let pid = libc::syscall(
+            libc::SYS_clone,
+            libc::SIGCHLD as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        );
+        if pid < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if pid > 0 {
+            supervise(pid as libc::pid_t, jail, &waited);
+        }
+
+        // The program half.
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        check(libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()).into())?;
+        check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0).into())?;
+        // Its own session: the program's kill(0, ...) cannot reach the supervisor.
+        check(libc::setsid().into())?;
+        if jail.mount_namespace {
+            check(
+                libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                )
+                .into(),
+            )?;
+            if jail.pid_namespace {
+                check(
+                    libc::mount(
+                        c"proc".as_ptr(),
+                        c"/proc".as_ptr(),
+                        c"proc".as_ptr(),
+                        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                        std::ptr::null(),
+                    )
+                    .into(),
+                )?;
+            }
+        }
+        if let Some((uid, gid)) = jail.switch_to {
+            check(libc::setgroups(0, std::ptr::null()).into())?;
+            check(libc::setresgid(gid, gid, gid).into())?;
+            check(libc::setresuid(uid, uid, uid).into())?;
+        }
+        if jail.no_new_privs {
+            check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0).into())?;
+        }
+        if let Some(ruleset) = &jail.landlock_ruleset {
+            check(libc::syscall(
+                libc::SYS_landlock_restrict_self,
+                ruleset.as_raw_fd(),
+                0u32,
+            ))?;
+        }
+        if let Some(filters) = &jail.seccomp {
+            for program in &filters.programs {
+                // seccompiler::apply_filter builds the sock_fprog on the stack: no allocation.
+                seccompiler::apply_filter(program).map_err(|_| io::Error::last_os_error())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The supervisor half: waits for `program`, relays stop requests, reports, exits. Never returns.
+///
+/// # Safety
+/// Must run in the forked child only, with `waited` blocked.
+unsafe fn supervise(program: libc::pid_t, jail: &PreparedJail, waited: &libc::sigset_t) -> ! {
+    let status_fd: RawFd = jail.status_writer.as_raw_fd();
+    // SAFETY: system calls on our own descriptors, signal set and stack values only.
+    unsafe {
+        // Hold no copy of the caller's pipes (the caller sees EOF when the program's side closes)
+        // and nothing else the caller opened, except the status pipe.
+        close_all_except(status_fd);
+        let mut wait_status: libc::c_int = 0;
+        let mut usage: libc::rusage = std::mem::zeroed();
+        loop {
+            let signal = libc::sigwaitinfo(waited, std::ptr::null_mut());
+            if signal == libc::SIGTERM {
+                libc::kill(program, libc::SIGKILL);
+                if !jail.pid_namespace {
+                    libc::kill(-program, libc::SIGKILL);
+                }
+            }
+            let reaped = libc::wait4(program, &mut wait_status, libc::WNOHANG, &mut usage);
+            if reaped == program {
+                break;
+            }
+            if reaped < 0 && *libc::__errno_location() != libc::EINTR {
+                libc::_exit(1);
+            }
+        }
+        if !jail.pid_namespace {
+            // Without a PID namespace, kill what the program left in its process group and, when
+            // it ran under a uid of its own, every process of that uid.
+            libc::kill(-program, libc::SIGKILL);
+            if let Some((uid, _)) = jail.switch_to {
+                if libc::setresuid(uid, uid, uid) == 0 {
+                    libc::kill(-1, libc::SIGKILL);
+                }
+            }
+        }
+        let mut record = [0u8; RECORD_BYTES];
+        let micros = |time: libc::timeval| time.tv_sec * 1_000_000 + time.tv_usec;
+        record[0..4].copy_from_slice(&RECORD_MAGIC.to_ne_bytes());
+        record[4..8].copy_from_slice(&wait_status.to_ne_bytes());
+        record[8..16].copy_from_slice(&(micros(usage.ru_utime) as i64).to_ne_bytes());
+        record[16..24].copy_from_slice(&(micros(usage.ru_stime) as i64).to_ne_bytes());
+        record[24..32].copy_from_slice(&(usage.ru_maxrss as i64).to_ne_bytes());
+        libc::write(status_fd, record.as_ptr().cast(), RECORD_BYTES);
+        libc::_exit(0)
+    }
+}
+
+/// Closes every descriptor but `keep`. Async-signal-safe.
+///
+/// # Safety
+/// Closes descriptors other code may hold; only for the supervisor, which owns nothing else.
+unsafe fn close_all_except(keep: RawFd) {
+    let keep = keep as libc::c_uint;
+    // SAFETY: close_range/close take plain integers.
+    unsafe {
+        let low = if keep > 0 {
+            libc::syscall(libc::SYS_close_range, 0u32, keep - 1, 0u32)
+        } else {
+            0
+        };
+        let high = libc::syscall(libc::SYS_close_range, keep + 1, u32::MAX, 0u32);
+        if low < 0 || high < 0 {
+            // Kernels before 5.9: close one by one.
+            for fd in 0..4096 {
+                if fd != keep as libc::c_int {
+                    libc::close(fd);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_round_trips() {
+        let mut bytes = [0u8; RECORD_BYTES];
+        bytes[0..4].copy_from_slice(&RECORD_MAGIC.to_ne_bytes());
+        // Exit status 3 in wait(2) encoding.
+        bytes[4..8].copy_from_slice(&(3i32 << 8).to_ne_bytes());
+        bytes[8..16].copy_from_slice(&1_500_000i64.to_ne_bytes());
+        bytes[16..24].copy_from_slice(&500_000i64.to_ne_bytes());
+        bytes[24..32].copy_from_slice(&2048i64.to_ne_bytes());
+        let record = SupervisorRecord::decode(&bytes).unwrap();
+        assert_eq!(record.exit_code(), Some(3));
+        assert_eq!(record.signal(), None);
+        assert_eq!(record.cpu_time, Duration::from_secs(2));
+        assert_eq!(record.max_rss_kib, 2048);
+    }
+
+    #[test]
+    fn record_without_magic_is_rejected() {
+        assert!(SupervisorRecord::decode(&[0u8; RECORD_BYTES]).is_none());
+    }
+}

@@ -1,0 +1,477 @@
+//! [`Sandbox`]: a pool of jailed runs. Built once from a [`SandboxConfig`] (checks the probed
+//! layers against `min_isolation`), then shared (`Clone`, `Send`, `Sync`) by any number of
+//! callers; at most `workers` programs run at once, the rest wait on a semaphore.
+//!
+//! Every run executes on the crate's own small tokio runtime, so a slow or hanging program, or
+//! the `fork` of a large caller process, never stalls the caller's runtime; `run` can be awaited
+//! from any runtime and `run_blocking` called from any thread.
+//!
+//! A run: acquire a worker, create the work dir, build the per-run Landlock ruleset, spawn the
+//! jail (see `jail.rs`), feed stdin, read stdout and stderr concurrently up to the cap, wait for
+//! exit or the wall-clock limit or the output cap, kill everything on the last two, collect the
+//! supervisor's record, remove the work dir.
+//!
+//! Not here: what the layers do (`jail.rs`), deciding availability (`probe.rs`).
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::runtime::Runtime;
+use tokio::sync::{Notify, Semaphore};
+
+use crate::config::SandboxConfig;
+use crate::error::SandboxError;
+use crate::filesystem_rules;
+use crate::isolation::{IsolationReport, Layer};
+use crate::jail::{self, JailSpec, Limits, PreparedJail, UserMode};
+use crate::language::{Program, Toolchains};
+use crate::probe::{ProbeOutcome, probe_outcome};
+use crate::result::{ExecResult, ExitStatusKind};
+use crate::run_user::RunUser;
+use crate::seccomp::SeccompFilters;
+use crate::work_dir::WorkDir;
+
+/// How long the supervisor gets to kill the run after a stop request before it is killed itself.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+/// How long output readers get after the run ended (the pipes close when its last process dies).
+const OUTPUT_GRACE: Duration = Duration::from_millis(500);
+
+/// A pool of jailed runs with one configuration. Cheap to clone (shared state).
+#[derive(Clone)]
+pub struct Sandbox {
+    inner: Arc<SandboxInner>,
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Sandbox")
+            .field("config", &self.inner.config)
+            .field("level", &self.inner.isolation.level)
+            .finish()
+    }
+}
+
+struct SandboxInner {
+    config: SandboxConfig,
+    spec: JailSpec,
+    isolation: IsolationReport,
+    toolchains: Toolchains,
+    workers: Arc<Semaphore>,
+}
+
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+static RUNTIME_INIT: Mutex<()> = Mutex::new(());
+
+fn runtime() -> Result<&'static Runtime, SandboxError> {
+    if let Some(runtime) = RUNTIME.get() {
+        return Ok(runtime);
+    }
+    let _guard = RUNTIME_INIT.lock().unwrap_or_else(PoisonError::into_inner);
+    if RUNTIME.get().is_none() {
+        let built = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("stoke-sandbox")
+            .enable_all()
+            .build()
+            .map_err(|error| SandboxError::Setup(format!("sandbox runtime: {error}")))?;
+        // Cannot fail: set only here, under the lock.
+        let _ = RUNTIME.set(built);
+    }
+    RUNTIME
+        .get()
+        .ok_or_else(|| SandboxError::Setup("sandbox runtime missing".to_string()))
+}
+
+/// The jail spec and the report of applied layers for `config` on a machine probed as `outcome`.
+pub(crate) fn spec_for(
+    outcome: &ProbeOutcome,
+    config: &SandboxConfig,
+) -> Result<(JailSpec, IsolationReport), String> {
+    let probe = &outcome.report;
+    let on = |layer: Layer| probe.applies(layer);
+    let root = probe.caller_is_root;
+    let user = if root && on(Layer::SeparateUser) {
+        UserMode::SeparateUser
+    } else if !root && on(Layer::UserNamespace) {
+        UserMode::UserNamespace
+    } else {
+        UserMode::Caller
+    };
+    let namespaces = root || user == UserMode::UserNamespace;
+    let pid_namespace = namespaces && on(Layer::PidNamespace);
+    let network_namespace = namespaces && on(Layer::NetworkNamespace) && !config.network;
+    let mount_namespace = pid_namespace && on(Layer::MountNamespace);
+    let ipc_namespace = namespaces && on(Layer::IpcNamespace);
+    let no_new_privs = on(Layer::NoNewPrivileges);
+    let landlock_abi = if no_new_privs && on(Layer::Landlock) {
+        outcome.landlock_abi
+    } else {
+        None
+    };
+    let seccomp = if no_new_privs && on(Layer::Seccomp) {
+        Some(Arc::new(SeccompFilters::compile(config.network)?))
+    } else {
+        None
+    };
+    let spec = JailSpec {
+        limits: Limits {
+            cpu_seconds: config.cpu_seconds,
+            memory_bytes: config.memory_bytes,
+            file_bytes: config.max_file_bytes,
+            open_files: config.max_open_files,
+            processes: config.max_processes,
+        },
+        user,
+        pid_namespace,
+        network_namespace,
+        mount_namespace,
+        ipc_namespace,
+        no_new_privs,
+        landlock_abi,
+        seccomp: seccomp.clone(),
+        allow_network: config.network,
+    };
+    let used = |layer: Layer| match layer {
+        Layer::FreshWorkDir
+        | Layer::ProcessGroup
+        | Layer::ParentDeathSignal
+        | Layer::ResourceLimits => true,
+        Layer::SeparateUser => user == UserMode::SeparateUser,
+        Layer::UserNamespace => user == UserMode::UserNamespace,
+        Layer::PidNamespace => pid_namespace,
+        Layer::NetworkNamespace => network_namespace,
+        Layer::MountNamespace => mount_namespace,
+        Layer::IpcNamespace => ipc_namespace,
+        Layer::NoNewPrivileges => no_new_privs,
+        Layer::Landlock => landlock_abi.is_some(),
+        Layer::Seccomp => seccomp.is_some(),
+    };
+    let layers = probe
+        .layers
+        .iter()
+        .map(|entry| {
+            let mut entry = entry.clone();
+            entry.applied = entry.available && used(entry.layer);
+            if entry.available && !entry.applied && entry.layer == Layer::NetworkNamespace {
+                entry.detail = "off: the config allows network".to_string();
+            }
+            entry
+        })
+        .collect();
+    Ok((spec, IsolationReport::new(root, layers)))
+}
+
+impl Sandbox {
+    /// Validates `config`, probes the machine (once per process) and refuses when it cannot give
+    /// `config.min_isolation`.
+    pub fn new(config: SandboxConfig) -> Result<Sandbox, SandboxError> {
+        config.validate()?;
+        runtime()?;
+        let outcome = probe_outcome();
+        let (spec, isolation) = spec_for(outcome, &config).map_err(SandboxError::Setup)?;
+        if isolation.level < config.min_isolation {
+            let missing = isolation
+                .layers
+                .iter()
+                .filter(|entry| !entry.applied)
+                .map(|entry| entry.layer.name())
+                .collect();
+            return Err(SandboxError::insufficient(
+                config.min_isolation,
+                isolation.level,
+                missing,
+            ));
+        }
+        let workers = Arc::new(Semaphore::new(config.workers));
+        Ok(Sandbox {
+            inner: Arc::new(SandboxInner {
+                config,
+                spec,
+                isolation,
+                toolchains: Toolchains::discover(),
+                workers,
+            }),
+        })
+    }
+
+    /// The layers every run of this sandbox applies.
+    pub fn isolation(&self) -> &IsolationReport {
+        &self.inner.isolation
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SandboxConfig {
+        &self.inner.config
+    }
+
+    /// The languages whose interpreter or compiler is on this machine.
+    pub fn languages(&self) -> Vec<crate::Language> {
+        self.inner.toolchains.available()
+    }
+
+    /// Runs `program` in the jail. Waits for a free worker first. Works from any async runtime.
+    pub async fn run(&self, program: Program) -> ExecResult {
+        let inner = Arc::clone(&self.inner);
+        let runtime = match runtime() {
+            Ok(runtime) => runtime,
+            Err(error) => {
+                return ExecResult::sandbox_error(error.to_string(), self.inner.isolation.clone());
+            }
+        };
+        match runtime
+            .spawn(async move { inner.execute(program).await })
+            .await
+        {
+            Ok(result) => result,
+            Err(error) => ExecResult::sandbox_error(
+                format!("sandbox task failed: {error}"),
+                self.inner.isolation.clone(),
+            ),
+        }
+    }
+
+    /// Runs `program` and blocks the calling thread until it ends. For synchronous callers; in
+    /// async code use [`Sandbox::run`].
+    pub fn run_blocking(&self, program: Program) -> ExecResult {
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let inner = Arc::clone(&self.inner);
+        match runtime() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let _ = sender.send(inner.execute(program).await);
+                });
+            }
+            Err(error) => {
+                return ExecResult::sandbox_error(error.to_string(), self.inner.isolation.clone());
+            }
+        }
+        receiver.recv().unwrap_or_else(|_| {
+            ExecResult::sandbox_error(
+                "sandbox task ended without a result".to_string(),
+                self.inner.isolation.clone(),
+            )
+        })
+    }
+}
+
+/// Output kept from one stream.
+#[derive(Debug, Default)]
+struct Captured {
+    bytes: Vec<u8>,
+    truncated: bool,
+}
+
+/// Reads `pipe` into `sink` until EOF or until more than `cap` bytes arrived (then signals
+/// `over_cap` and stops reading, closing the pipe).
+async fn capture(
+    mut pipe: impl AsyncRead + Unpin,
+    cap: usize,
+    sink: Arc<Mutex<Captured>>,
+    over_cap: Arc<Notify>,
+) {
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let read = match pipe.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(read) => read,
+        };
+        let mut captured = sink.lock().unwrap_or_else(PoisonError::into_inner);
+        let room = cap.saturating_sub(captured.bytes.len());
+        if read > room {
+            captured.bytes.extend_from_slice(&chunk[..room]);
+            captured.truncated = true;
+            over_cap.notify_one();
+            return;
+        }
+        captured.bytes.extend_from_slice(&chunk[..read]);
+    }
+}
+
+fn take(sink: &Arc<Mutex<Captured>>) -> Captured {
+    std::mem::take(&mut *sink.lock().unwrap_or_else(PoisonError::into_inner))
+}
+
+impl SandboxInner {
+    async fn execute(&self, program: Program) -> ExecResult {
+        let error = |message: String| ExecResult::sandbox_error(message, self.isolation.clone());
+        let Ok(_worker) = self.workers.acquire().await else {
+            return error("the sandbox is shut down".to_string());
+        };
+        let (executable, argv) = match self.toolchains.command(
+            program.language,
+            &program.args,
+            self.config.python_site_packages,
+        ) {
+            Ok(command) => command,
+            Err(message) => return error(message),
+        };
+        let run_user = (self.spec.user == UserMode::SeparateUser)
+            .then(|| RunUser::acquire(self.config.uid_base));
+        let owner = run_user.as_ref().map(|user| (user.uid(), user.uid()));
+        let work_dir = match WorkDir::create(&self.config.work_root, &program, owner) {
+            Ok(work_dir) => work_dir,
+            Err(message) => return error(message),
+        };
+        let ruleset = match self.spec.landlock_abi {
+            Some(abi) => {
+                match filesystem_rules::build_ruleset(abi, work_dir.path(), self.spec.allow_network)
+                {
+                    Ok(fd) => Some(fd),
+                    Err(message) => return error(message),
+                }
+            }
+            None => None,
+        };
+        let (prepared, status_reader) = match PreparedJail::new(&self.spec, owner, ruleset) {
+            Ok(prepared) => prepared,
+            Err(io_error) => return error(format!("preparing the jail: {io_error}")),
+        };
+
+        let mut command = std::process::Command::new(&executable);
+        command
+            .args(&argv)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", work_dir.path())
+            .env("TMPDIR", work_dir.path())
+            .env("LANG", "C.UTF-8")
+            .env("LC_ALL", "C.UTF-8")
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .current_dir(work_dir.path())
+            .stdin(if program.stdin.is_empty() {
+                Stdio::null()
+            } else {
+                Stdio::piped()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        prepared.install(&mut command);
+        let mut command = tokio::process::Command::from(command);
+        command.kill_on_drop(true);
+        let started = Instant::now();
+        let spawned = command.spawn();
+        // The command holds the status pipe's write end and the ruleset: close them here.
+        drop(command);
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(io_error) => {
+                return error(format!(
+                    "starting {} in the jail: {io_error}",
+                    executable.display()
+                ));
+            }
+        };
+
+        let over_cap = Arc::new(Notify::new());
+        let cap = self.config.max_output_bytes;
+        let stdout_sink = Arc::new(Mutex::new(Captured::default()));
+        let stderr_sink = Arc::new(Mutex::new(Captured::default()));
+        let mut readers = Vec::new();
+        if let Some(stdout) = child.stdout.take() {
+            readers.push(tokio::spawn(capture(
+                stdout,
+                cap,
+                Arc::clone(&stdout_sink),
+                Arc::clone(&over_cap),
+            )));
+        }
+        if let Some(stderr) = child.stderr.take() {
+            readers.push(tokio::spawn(capture(
+                stderr,
+                cap,
+                Arc::clone(&stderr_sink),
+                Arc::clone(&over_cap),
+            )));
+        }
+        let stdin_writer = child.stdin.take().map(|mut stdin| {
+            let bytes = program.stdin;
+            // A program that never reads its stdin must not block the run: errors are ignored.
+            tokio::spawn(async move {
+                let _ = stdin.write_all(&bytes).await;
+                let _ = stdin.shutdown().await;
+            })
+        });
+
+        let stopped_by = tokio::select! {
+            biased;
+            _ = child.wait() => None,
+            _ = tokio::time::sleep(self.config.wall_timeout) => Some(ExitStatusKind::TimedOut),
+            _ = over_cap.notified() => Some(ExitStatusKind::OutputLimit),
+        };
+        if stopped_by.is_some() {
+            if let Some(pid) = child.id() {
+                jail::request_stop(pid);
+            }
+            if tokio::time::timeout(STOP_GRACE, child.wait())
+                .await
+                .is_err()
+            {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+            }
+        }
+        let supervisor_status = child.wait().await;
+        let wall_time = started.elapsed();
+        let _ = tokio::time::timeout(OUTPUT_GRACE, async {
+            for reader in &mut readers {
+                let _ = reader.await;
+            }
+        })
+        .await;
+        for reader in &readers {
+            reader.abort();
+        }
+        if let Some(writer) = stdin_writer {
+            writer.abort();
+        }
+
+        let record = jail::read_record(status_reader);
+        let status = match (stopped_by, record) {
+            (Some(kind), _) => kind,
+            (None, Some(record)) => {
+                if let Some(code) = record.exit_code() {
+                    ExitStatusKind::Exited(code)
+                } else if let Some(signal) = record.signal() {
+                    let cpu_limit = Duration::from_secs(self.config.cpu_seconds);
+                    if signal == libc::SIGXCPU
+                        || (signal == libc::SIGKILL && record.cpu_time >= cpu_limit)
+                    {
+                        ExitStatusKind::CpuLimit
+                    } else {
+                        ExitStatusKind::Signaled(signal)
+                    }
+                } else {
+                    ExitStatusKind::SandboxError(format!(
+                        "unexpected wait status {}",
+                        record.wait_status
+                    ))
+                }
+            }
+            (None, None) => ExitStatusKind::SandboxError(format!(
+                "the jail supervisor ended without a report ({})",
+                match &supervisor_status {
+                    Ok(status) => status.to_string(),
+                    Err(io_error) => io_error.to_string(),
+                }
+            )),
+        };
+        let stdout = take(&stdout_sink);
+        let stderr = take(&stderr_sink);
+        drop(work_dir);
+        drop(run_user);
+        ExecResult {
+            status,
+            stdout: stdout.bytes,
+            stderr: stderr.bytes,
+            stdout_truncated: stdout.truncated,
+            stderr_truncated: stderr.truncated,
+            wall_time,
+            cpu_time: record.map(|record| record.cpu_time),
+            max_rss_kib: record.map(|record| record.max_rss_kib),
+            isolation: self.isolation.clone(),
+        }
+    }
+}

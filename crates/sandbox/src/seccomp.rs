@@ -1,0 +1,169 @@
+//! The seccomp-bpf filters every jailed program runs under, compiled once per sandbox with
+//! `seccompiler` (installed in the child by `jail.rs`).
+//!
+//! The filters are deny-lists (allow by default): interpreters and compilers use a wide and
+//! changing set of system calls, and the other layers (Landlock, namespaces, a separate uid,
+//! rlimits) already confine files, processes and resources. The filters remove what those layers
+//! do not cover: network sockets, debugging other processes, new namespaces, mounts, kernel
+//! modules, bpf, io_uring (whose operations bypass seccomp), keyrings and clock changes.
+//!
+//! Invariant: denied calls fail with `EPERM` (the program sees an ordinary error and can report
+//! it), except `clone3`, which fails with `ENOSYS` so that glibc falls back to `clone`, whose
+//! flags a classic BPF filter can inspect.
+
+use std::collections::BTreeMap;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+
+/// System calls no untrusted program needs.
+const DENIED_SYSCALLS: &[libc::c_long] = &[
+    libc::SYS_ptrace,
+    libc::SYS_process_vm_readv,
+    libc::SYS_process_vm_writev,
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_pivot_root,
+    libc::SYS_chroot,
+    libc::SYS_swapon,
+    libc::SYS_swapoff,
+    libc::SYS_reboot,
+    libc::SYS_kexec_load,
+    libc::SYS_kexec_file_load,
+    libc::SYS_init_module,
+    libc::SYS_finit_module,
+    libc::SYS_delete_module,
+    libc::SYS_bpf,
+    libc::SYS_perf_event_open,
+    libc::SYS_userfaultfd,
+    libc::SYS_keyctl,
+    libc::SYS_add_key,
+    libc::SYS_request_key,
+    libc::SYS_setns,
+    libc::SYS_unshare,
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+    libc::SYS_open_by_handle_at,
+    libc::SYS_name_to_handle_at,
+    libc::SYS_acct,
+    libc::SYS_quotactl,
+    libc::SYS_settimeofday,
+    libc::SYS_clock_settime,
+    libc::SYS_clock_adjtime,
+    libc::SYS_adjtimex,
+    libc::SYS_sethostname,
+    libc::SYS_setdomainname,
+    libc::SYS_syslog,
+    libc::SYS_vhangup,
+    libc::SYS_fanotify_init,
+    libc::SYS_mount_setattr,
+    libc::SYS_move_mount,
+    libc::SYS_open_tree,
+    libc::SYS_fsopen,
+    libc::SYS_fsmount,
+    libc::SYS_fsconfig,
+    libc::SYS_fspick,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_iopl,
+    #[cfg(target_arch = "x86_64")]
+    libc::SYS_ioperm,
+];
+
+/// `clone` flags that create namespaces (a program inside cannot nest its own jail to escape the
+/// seccomp filter's view, and user namespaces are a large kernel attack surface).
+const NAMESPACE_CLONE_FLAGS: &[libc::c_int] = &[
+    libc::CLONE_NEWUSER,
+    libc::CLONE_NEWNS,
+    libc::CLONE_NEWPID,
+    libc::CLONE_NEWNET,
+    libc::CLONE_NEWIPC,
+    libc::CLONE_NEWUTS,
+    libc::CLONE_NEWCGROUP,
+];
+
+/// The compiled filters, installed in order.
+#[derive(Debug, Clone)]
+pub(crate) struct SeccompFilters {
+    pub(crate) programs: Vec<BpfProgram>,
+}
+
+impl SeccompFilters {
+    /// Compiles the filters; `allow_network` keeps `socket` unrestricted.
+    pub(crate) fn compile(allow_network: bool) -> Result<SeccompFilters, String> {
+        let arch = TargetArch::try_from(std::env::consts::ARCH)
+            .map_err(|error| format!("seccomp: unsupported architecture: {error}"))?;
+        let condition = |arg: u8, op: SeccompCmpOp, value: u64| {
+            SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value)
+                .map_err(|error| format!("seccomp condition: {error}"))
+        };
+        let rule = |conditions: Vec<SeccompCondition>| {
+            SeccompRule::new(conditions).map_err(|error| format!("seccomp rule: {error}"))
+        };
+
+        let mut denied: BTreeMap<i64, Vec<SeccompRule>> = DENIED_SYSCALLS
+            .iter()
+            .map(|syscall| (*syscall, Vec::new()))
+            .collect();
+        if !allow_network {
+            // Only Unix-domain sockets (Python's multiprocessing, socketpair) stay usable.
+            denied.insert(
+                libc::SYS_socket,
+                vec![rule(vec![condition(
+                    0,
+                    SeccompCmpOp::Ne,
+                    libc::AF_UNIX as u64,
+                )?])?],
+            );
+        }
+        let mut clone_rules = Vec::new();
+        for flag in NAMESPACE_CLONE_FLAGS {
+            let flag = *flag as u64;
+            clone_rules.push(rule(vec![condition(
+                0,
+                SeccompCmpOp::MaskedEq(flag),
+                flag,
+            )?])?);
+        }
+        denied.insert(libc::SYS_clone, clone_rules);
+
+        let deny_filter = SeccompFilter::new(
+            denied,
+            SeccompAction::Allow,
+            SeccompAction::Errno(libc::EPERM as u32),
+            arch,
+        )
+        .map_err(|error| format!("seccomp filter: {error}"))?;
+        let clone3_filter = SeccompFilter::new(
+            BTreeMap::from([(libc::SYS_clone3, Vec::new())]),
+            SeccompAction::Allow,
+            SeccompAction::Errno(libc::ENOSYS as u32),
+            arch,
+        )
+        .map_err(|error| format!("seccomp filter: {error}"))?;
+
+        let programs = [deny_filter, clone3_filter]
+            .into_iter()
+            .map(|filter| {
+                BpfProgram::try_from(filter).map_err(|error| format!("seccomp compile: {error}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(SeccompFilters { programs })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_compile_with_and_without_network() {
+        let closed = SeccompFilters::compile(false).unwrap();
+        let open = SeccompFilters::compile(true).unwrap();
+        assert_eq!(closed.programs.len(), 2);
+        // The socket rule adds instructions.
+        assert!(closed.programs[0].len() > open.programs[0].len());
+    }
+}
