@@ -1,0 +1,369 @@
+//! End-to-end runs of the funnel on small hand-made inputs: report accounting, bad input,
+//! strict mode, determinism across thread counts, persisted dedup state, mixtures, HTML/WARC and
+//! Parquet sources.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use stoke_data::funnel::{self, FunnelError, FunnelFile, FunnelReport};
+
+/// A paragraph that passes the Gopher quality filter (60 words, stop words, long enough words).
+fn good_text(i: usize) -> String {
+    let words: Vec<String> = (0..50).map(|k| format!("word{}x{}", i, k)).collect();
+    format!(
+        "The story of the river and that old house with {} ends here.",
+        words.join(" ")
+    )
+}
+
+fn jsonl_line(id: &str, text: &str) -> String {
+    serde_json::json!({ "id": id, "text": text }).to_string() + "\n"
+}
+
+fn run_config(dir: &Path, toml_text: &str) -> Result<FunnelReport, FunnelError> {
+    let plan = FunnelFile::parse(toml_text)?.validate(dir)?;
+    funnel::run(plan, &|_| {})
+}
+
+fn read_output(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn write_input(dir: &Path) -> PathBuf {
+    let mut input = String::new();
+    for i in 0..5 {
+        input += &jsonl_line(&format!("good{i}"), &good_text(i));
+    }
+    input += &jsonl_line("short", "Too short to keep.");
+    input += "{ this line is not json\n";
+    input += &jsonl_line(
+        "pii",
+        &format!("{} Mail jane@example.org today.", good_text(9)),
+    );
+    input += &jsonl_line("dup", &good_text(0).to_uppercase());
+    let path = dir.join("in/docs.jsonl");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, input).unwrap();
+    path
+}
+
+const BASIC: &str = r#"
+[run]
+output = "out/kept.jsonl"
+report_dir = "out/report"
+removed_samples = 2
+
+[[source]]
+name = "web"
+paths = ["in"]
+format = "jsonl"
+
+[[stage]]
+kind = "gopher_quality"
+
+[[stage]]
+kind = "pii"
+
+[[stage]]
+kind = "exact_dedup"
+"#;
+
+#[test]
+fn report_counts_chain_from_stage_to_stage_and_reasons_add_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = write_input(dir.path());
+    let report = run_config(dir.path(), BASIC).unwrap();
+    assert_eq!(report.input.documents, 8);
+    assert_eq!(report.input.bad_records, 1);
+    assert_eq!(
+        report.input.bad_record_examples[0].location,
+        format!("{}:7", input.display())
+    );
+    let mut previous = report.input.documents;
+    for stage in &report.stages {
+        assert_eq!(stage.documents_in, previous, "{}", stage.name);
+        let removed: u64 = stage.removed.values().sum();
+        assert_eq!(
+            stage.documents_in - stage.documents_out,
+            removed,
+            "{}",
+            stage.name
+        );
+        previous = stage.documents_out;
+    }
+    assert_eq!(report.stages[0].removed.get("gopher_short_doc"), Some(&1));
+    assert_eq!(report.stages[1].events.get("emails_redacted"), Some(&1));
+    assert_eq!(report.stages[2].removed.get("exact_duplicate"), Some(&1));
+    let output = read_output(&dir.path().join("out/kept.jsonl"));
+    assert_eq!(output.len() as u64, report.output.documents);
+    let ids: Vec<&str> = output.iter().map(|d| d["id"].as_str().unwrap()).collect();
+    assert_eq!(
+        ids,
+        vec!["good0", "good1", "good2", "good3", "good4", "pii"]
+    );
+    assert!(
+        output[5]["text"]
+            .as_str()
+            .unwrap()
+            .ends_with("Mail <EMAIL> today.")
+    );
+}
+
+#[test]
+fn report_files_and_removed_samples_are_written() {
+    let dir = tempfile::tempdir().unwrap();
+    write_input(dir.path());
+    run_config(dir.path(), BASIC).unwrap();
+    let report_dir = dir.path().join("out/report");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(report_dir.join("report.json")).unwrap())
+            .unwrap();
+    assert_eq!(json["stages"].as_array().unwrap().len(), 3);
+    let svg = std::fs::read_to_string(report_dir.join("funnel.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("exact_dedup"));
+    let short = std::fs::read_to_string(report_dir.join("removed/gopher_short_doc.jsonl")).unwrap();
+    let sample: serde_json::Value = serde_json::from_str(short.lines().next().unwrap()).unwrap();
+    assert_eq!(sample["id"], "short");
+    assert_eq!(sample["stage"], "gopher_quality");
+    assert!(report_dir.join("removed/exact_duplicate.jsonl").exists());
+}
+
+#[test]
+fn strict_mode_stops_at_the_first_bad_record_with_its_location() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = write_input(dir.path());
+    let strict = BASIC.replace("removed_samples = 2", "removed_samples = 2\nstrict = true");
+    match run_config(dir.path(), &strict) {
+        Err(FunnelError::BadInput { location, .. }) => {
+            assert_eq!(location, format!("{}:7", input.display()))
+        }
+        other => panic!("expected a bad-input error, got {other:?}"),
+    }
+}
+
+#[test]
+fn unknown_config_keys_are_rejected_by_name() {
+    let typo = BASIC.replace("removed_samples = 2", "removed_sample = 2");
+    let err = FunnelFile::parse(&typo).unwrap_err().to_string();
+    assert!(err.contains("removed_sample"), "{err}");
+}
+
+#[test]
+fn output_is_identical_for_one_and_many_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut input = String::new();
+    for i in 0..1500 {
+        // Every 7th document repeats an earlier one; every 11th is too short.
+        let text = if i % 11 == 0 {
+            "short".to_string()
+        } else {
+            good_text(if i % 7 == 0 { i / 2 } else { i })
+        };
+        input += &jsonl_line(&format!("d{i}"), &text);
+    }
+    std::fs::create_dir_all(dir.path().join("in")).unwrap();
+    std::fs::write(dir.path().join("in/a.jsonl"), input).unwrap();
+    let config = |threads: usize, out: &str| {
+        format!(
+            "[run]\noutput = \"{out}/kept.jsonl\"\nreport_dir = \"{out}/report\"\nchunk_size = 64\nthreads = {threads}\n\
+             [[source]]\nname = \"web\"\npaths = [\"in\"]\nformat = \"jsonl\"\n\
+             [[stage]]\nkind = \"gopher_quality\"\n[[stage]]\nkind = \"exact_dedup\"\n\
+             [[stage]]\nkind = \"minhash_dedup\"\n[[stage]]\nkind = \"line_dedup\"\n[[stage]]\nkind = \"gopher_repetition\"\n"
+        )
+    };
+    let one = run_config(dir.path(), &config(1, "one")).unwrap();
+    let many = run_config(dir.path(), &config(4, "many")).unwrap();
+    assert_eq!(many.threads, 4);
+    let a = std::fs::read(dir.path().join("one/kept.jsonl")).unwrap();
+    let b = std::fs::read(dir.path().join("many/kept.jsonl")).unwrap();
+    assert!(
+        one.output.documents > 1000 && one.output.documents < 1500,
+        "{}",
+        one.output.documents
+    );
+    assert_eq!(a, b);
+    for (x, y) in one.stages.iter().zip(&many.stages) {
+        assert_eq!((x.documents_out, &x.removed), (y.documents_out, &y.removed));
+    }
+}
+
+#[test]
+fn exact_dedup_state_removes_what_an_earlier_run_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    write_input(dir.path());
+    let config = BASIC.replace(
+        "kind = \"exact_dedup\"",
+        "kind = \"exact_dedup\"\nstate_file = \"state/exact.xxh3\"",
+    );
+    let first = run_config(dir.path(), &config).unwrap();
+    assert_eq!(first.output.documents, 6);
+    let second = run_config(dir.path(), &config).unwrap();
+    assert_eq!(second.exact_fingerprints_loaded, Some(6));
+    assert_eq!(second.output.documents, 0);
+    assert_eq!(second.stages[2].removed.get("exact_duplicate"), Some(&7));
+}
+
+#[test]
+fn mixture_blends_by_weight_and_upsamples_by_epochs() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, count) in [("web", 30), ("books", 5)] {
+        let body: String = (0..count)
+            .map(|i| jsonl_line(&format!("{name}{i}"), &good_text(i + 100 * count)))
+            .collect();
+        std::fs::create_dir_all(dir.path().join(name)).unwrap();
+        std::fs::write(dir.path().join(format!("{name}/part.jsonl")), body).unwrap();
+    }
+    let config = r#"
+[run]
+output = "out/mix.jsonl.zst"
+report_dir = "out/report"
+[[source]]
+name = "web"
+paths = ["web"]
+format = "jsonl"
+[[source]]
+name = "books"
+paths = ["books"]
+format = "jsonl"
+[mixture]
+sources = [{ name = "web", weight = 3.0 }, { name = "books", weight = 1.0, epochs = 2.0 }]
+"#;
+    let report = run_config(dir.path(), config).unwrap();
+    assert_eq!(report.output.written_per_source["books"], 10);
+    assert_eq!(report.output.written_per_source["web"], 30);
+    let compressed = std::fs::read(dir.path().join("out/mix.jsonl.zst")).unwrap();
+    let text = String::from_utf8(zstd::decode_all(&compressed[..]).unwrap()).unwrap();
+    let sources: Vec<String> = text
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["source"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(sources.len(), 40);
+    // Weight 3:1: books once in every 4 documents (at step 2 the deficits tie and the source
+    // listed first wins, so books comes third).
+    assert_eq!(
+        &sources[..8],
+        &["web", "web", "books", "web", "web", "web", "books", "web"]
+    );
+    assert_eq!(sources.iter().filter(|s| *s == "books").count(), 10);
+    assert!(
+        !dir.path().join("out/report/spool").exists(),
+        "spools are cleaned up"
+    );
+}
+
+fn warc_record(id: &str, uri: &str, html: &str) -> String {
+    let http = format!("HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n\r\n{html}");
+    format!(
+        "WARC/1.0\r\nWARC-Type: response\r\nWARC-Record-ID: {id}\r\nWARC-Target-URI: {uri}\r\nContent-Length: {}\r\n\r\n{http}\r\n\r\n",
+        http.len()
+    )
+}
+
+#[test]
+fn warc_html_is_extracted_and_blocked_domains_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let page = |body: &str| {
+        format!(
+            "<html><body><nav><a href='/'>Home</a></nav><p>{body}</p><footer>(c) site</footer></body></html>"
+        )
+    };
+    let warc = warc_record(
+        "<urn:a>",
+        "https://good.example/a",
+        &page("Main text of page A."),
+    ) + &warc_record(
+        "<urn:b>",
+        "https://ads.bad.example/b",
+        &page("Main text of page B."),
+    );
+    std::fs::create_dir_all(dir.path().join("crawl")).unwrap();
+    std::fs::write(dir.path().join("crawl/x.warc"), warc).unwrap();
+    let config = r#"
+[run]
+output = "out/kept.jsonl"
+report_dir = "out/report"
+[[source]]
+name = "crawl"
+paths = ["crawl"]
+format = "warc"
+[[stage]]
+kind = "extract"
+[[stage]]
+kind = "safety"
+blocked_domains = ["bad.example"]
+"#;
+    let report = run_config(dir.path(), config).unwrap();
+    assert_eq!(report.stages[1].removed.get("blocked_url"), Some(&1));
+    let output = read_output(&dir.path().join("out/kept.jsonl"));
+    assert_eq!(output.len(), 1);
+    assert_eq!(output[0]["text"], "Main text of page A.");
+    assert_eq!(output[0]["metadata"]["url"], "https://good.example/a");
+    let without_extract = config.replace("[[stage]]\nkind = \"extract\"\n", "");
+    let err = FunnelFile::parse(&without_extract)
+        .unwrap()
+        .validate(dir.path())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("extract"), "{err}");
+}
+
+#[test]
+fn parquet_rows_become_documents() {
+    use parquet::data_type::{ByteArray, ByteArrayType};
+    use parquet::file::properties::WriterProperties;
+    use parquet::file::writer::SerializedFileWriter;
+    use parquet::schema::parser::parse_message_type;
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("pq")).unwrap();
+    let schema = Arc::new(
+        parse_message_type(
+            "message doc { REQUIRED BYTE_ARRAY id (UTF8); REQUIRED BYTE_ARRAY content (UTF8); }",
+        )
+        .unwrap(),
+    );
+    let file = std::fs::File::create(dir.path().join("pq/part-0.parquet")).unwrap();
+    let mut writer =
+        SerializedFileWriter::new(file, schema, Arc::new(WriterProperties::builder().build()))
+            .unwrap();
+    let mut group = writer.next_row_group().unwrap();
+    let columns: [Vec<ByteArray>; 2] = [
+        vec!["p1".into(), "p2".into()],
+        vec![good_text(1).as_str().into(), "Too short.".into()],
+    ];
+    for values in columns {
+        let mut column = group.next_column().unwrap().unwrap();
+        column
+            .typed::<ByteArrayType>()
+            .write_batch(&values, None, None)
+            .unwrap();
+        column.close().unwrap();
+    }
+    group.close().unwrap();
+    writer.close().unwrap();
+    let config = r#"
+[run]
+output = "out/kept.jsonl"
+report_dir = "out/report"
+[[source]]
+name = "pq"
+paths = ["pq"]
+format = "parquet"
+text_field = "content"
+[[stage]]
+kind = "gopher_quality"
+"#;
+    let report = run_config(dir.path(), config).unwrap();
+    assert_eq!((report.input.documents, report.output.documents), (2, 1));
+    let output = read_output(&dir.path().join("out/kept.jsonl"));
+    assert_eq!(output[0]["id"], "p1");
+}
