@@ -1,1 +1,54 @@
-//! stoke-reward (see crates/README.md).
+//! stoke-reward: reward functions for RL with verifiable rewards, evaluation and `stoke verify`.
+//!
+//! A reward is a `Verifier` (`verifier.rs`): it reads a `RewardInput` (prompt, completion, the
+//! task's `Reference`, token count) and returns a `RewardOutcome` (score, closed-set `Outcome`,
+//! structured `Details`). The set of reward kinds is closed: `RewardConfig` (`config.rs`), a
+//! serde-tagged enum with one options struct per kind, built into `Reward` and matched in one
+//! place. One file (or folder) per reward kind:
+//!
+//! | kind | file | reads |
+//! |---|---|---|
+//! | `math` | `math/` | `answer` |
+//! | `exact_match` | `exact_match.rs` | `answer` |
+//! | `unit_tests` | `unit_tests.rs` | `tests`, `entry_point`, `prompt` |
+//! | `stdio_tests` | `stdio_tests.rs` | `cases` |
+//! | `format_regex` | `format_regex.rs` | completion only |
+//! | `tag_structure` | `tag_structure.rs` | completion only |
+//! | `json_schema` | `json_schema.rs` | `schema` |
+//! | `overlong` | `overlong.rs` | `completion_tokens` |
+//! | `group_length` | `group_length.rs` | `completion_tokens`, `correct` (group-level) |
+//! | `cosine_length` | `cosine_length.rs` | `completion_tokens`, `correct` |
+//! | `repetition` | `repetition.rs` | completion only |
+//! | `instructions` | `instructions.rs` | completion only (constraints in the config) |
+//! | `composite` | `composite.rs` | whatever its components read |
+//!
+//! What this crate is not: a tokenizer (token counts are inputs) or a process jail (code runs
+//! through `stoke-sandbox`). It has no tensor dependency.
+//!
+//! Invariants: no verifier panics on any input or blocks without bound; pure verifiers bound
+//! their work by input size; a reference that cannot be parsed yields `UnparseableGold`, never
+//! a positive score.
+
+pub mod code;
+pub mod composite;
+pub mod config;
+pub mod cosine_length;
+pub mod exact_match;
+pub mod format_regex;
+pub mod group_length;
+pub mod instructions;
+pub mod json_schema;
+pub mod math;
+pub mod overlong;
+pub mod repetition;
+pub mod stats;
+pub mod stdio_tests;
+pub mod tag_structure;
+pub mod unit_tests;
+pub mod verifier;
+
+pub use config::{ConfigError, Reward, RewardConfig, RewardKind};
+pub use stats::RewardStats;
+pub use verifier::{
+    Check, ComponentScore, Details, IoCase, Outcome, Reference, RewardInput, RewardOutcome, Verifier,
+};

@@ -4,3 +4,7 @@
 
 /// A token id in a tokenizer's vocabulary.
 pub type TokenId = u32;
+
+pub mod reward;
+
+pub use reward::RewardOutcomeKind;

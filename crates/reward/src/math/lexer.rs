@@ -1,0 +1,449 @@
+//! Tokenizer for LaTeX and plain-text math answers: turns `\dfrac{1}{2}\text{ cm}`, `1,000`,
+//! `3{,}5`, `x \le 2` into tokens for the parser in `parser.rs`.
+//!
+//! What this is not: a LaTeX engine. Layout commands (`\left`, `\displaystyle`, spacing, `^\circ`,
+//! currency signs) are dropped; unit words and `\text{...}` become `Text` tokens the parser skips
+//! after a number or keeps as a word answer; unknown commands are an error (the answer is then
+//! unparseable, never silently wrong).
+//!
+//! Invariants: one pass over the input, `O(n)`; numbers are limited to `MAX_DIGITS` digits;
+//! thousands separators (`1,000`, `1{,}000`, `1\,000`) need groups of exactly three digits after a
+//! first group of at most three.
+
+use num_bigint::BigInt;
+use num_rational::BigRational;
+use num_traits::{Num, One};
+
+use super::expr::{Func, RelOp};
+
+/// Longest number literal accepted (digits before and after the point together).
+pub const MAX_DIGITS: usize = 1000;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Token {
+    Num(BigRational),
+    Ident(String),
+    Pi,
+    Infinity,
+    Func(Func),
+    Log,
+    Sqrt,
+    Frac,
+    Plus,
+    Minus,
+    PlusMinus,
+    Times,
+    Divide,
+    Caret,
+    Underscore,
+    Bang,
+    Percent,
+    LParen,
+    RParen,
+    LBracket,
+    RBracket,
+    LBrace,
+    RBrace,
+    LSetBrace,
+    RSetBrace,
+    Bar,
+    Comma,
+    Rel(RelOp),
+    Cup,
+    Text(String),
+}
+
+/// Why an answer could not be tokenized.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LexError(pub String);
+
+/// Words that are units or filler after a number, never variables.
+const UNIT_WORDS_SHORT: &[&str] = &["cm", "mm", "km", "kg", "mg", "ml", "ft", "hr", "in", "yd", "mi", "oz", "lb", "am", "pm", "gb", "mb", "kb"];
+
+fn is_layout_command(name: &str) -> bool {
+    matches!(
+        name,
+        "left" | "right" | "big" | "Big" | "bigg" | "Bigg" | "bigl" | "bigr" | "Bigl" | "Bigr"
+            | "displaystyle" | "textstyle" | "quad" | "qquad" | "circ" | "degree" | "boxed"
+            | "mathbb" | "limits" | "nolimits" | "phantom" | "hspace" | "vspace" | "space"
+            | "enspace" | "thinspace" | "medspace" | "thickspace" | "negthinspace" | "cr"
+            | "newline" | "lbrace" | "rbrace"
+    )
+}
+
+fn greek(name: &str) -> bool {
+    matches!(
+        name,
+        "alpha" | "beta" | "gamma" | "delta" | "epsilon" | "varepsilon" | "zeta" | "eta"
+            | "theta" | "vartheta" | "iota" | "kappa" | "lambda" | "mu" | "nu" | "xi" | "rho"
+            | "sigma" | "tau" | "upsilon" | "phi" | "varphi" | "chi" | "psi" | "omega"
+            | "Gamma" | "Delta" | "Theta" | "Lambda" | "Xi" | "Sigma" | "Phi" | "Psi" | "Omega"
+    )
+}
+
+struct Lexer<'a> {
+    text: &'a str,
+    bytes: &'a [u8],
+    pos: usize,
+    tokens: Vec<Token>,
+}
+
+/// Tokenizes one answer.
+pub fn tokenize(text: &str) -> Result<Vec<Token>, LexError> {
+    let mut lexer = Lexer { text, bytes: text.as_bytes(), pos: 0, tokens: Vec::new() };
+    lexer.run()?;
+    Ok(lexer.tokens)
+}
+
+impl<'a> Lexer<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.bytes.get(self.pos).copied()
+    }
+
+    fn starts_with(&self, prefix: &str) -> bool {
+        self.text[self.pos..].starts_with(prefix)
+    }
+
+    fn run(&mut self) -> Result<(), LexError> {
+        while let Some(byte) = self.peek() {
+            match byte {
+                b' ' | b'\t' | b'\n' | b'\r' | b'~' | b'&' | b'$' => self.pos += 1,
+                b'0'..=b'9' => self.number()?,
+                b'.' if self.bytes.get(self.pos + 1).is_some_and(u8::is_ascii_digit) => {
+                    self.number()?
+                }
+                b'a'..=b'z' | b'A'..=b'Z' => self.word(),
+                b'\\' => self.command()?,
+                b'{' if self.starts_with("{,}") => {
+                    self.pos += 3;
+                    self.tokens.push(Token::Comma);
+                }
+                _ => self.symbol(byte)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn symbol(&mut self, byte: u8) -> Result<(), LexError> {
+        let two = |lexer: &Self, second: u8| lexer.bytes.get(lexer.pos + 1) == Some(&second);
+        let (token, width) = match byte {
+            b'+' => (Token::Plus, 1),
+            b'-' => (Token::Minus, 1),
+            b'*' if two(self, b'*') => (Token::Caret, 2),
+            b'*' => (Token::Times, 1),
+            b'/' => (Token::Divide, 1),
+            b'^' => (Token::Caret, 1),
+            b'_' => (Token::Underscore, 1),
+            b'!' if two(self, b'=') => (Token::Rel(RelOp::NotEq), 2),
+            b'!' => (Token::Bang, 1),
+            b'%' => (Token::Percent, 1),
+            b'(' => (Token::LParen, 1),
+            b')' => (Token::RParen, 1),
+            b'[' => (Token::LBracket, 1),
+            b']' => (Token::RBracket, 1),
+            b'{' => (Token::LBrace, 1),
+            b'}' => (Token::RBrace, 1),
+            b'|' => (Token::Bar, 1),
+            b',' | b';' => (Token::Comma, 1),
+            b'=' if two(self, b'=') => (Token::Rel(RelOp::Eq), 2),
+            b'=' => (Token::Rel(RelOp::Eq), 1),
+            b'<' if two(self, b'=') => (Token::Rel(RelOp::LessEq), 2),
+            b'<' => (Token::Rel(RelOp::Less), 1),
+            b'>' if two(self, b'=') => (Token::Rel(RelOp::GreaterEq), 2),
+            b'>' => (Token::Rel(RelOp::Greater), 1),
+            _ if byte >= 0x80 => return self.unicode(),
+            _ => return Err(LexError(format!("unexpected character {:?}", byte as char))),
+        };
+        self.pos += width;
+        self.tokens.push(token);
+        Ok(())
+    }
+
+    fn unicode(&mut self) -> Result<(), LexError> {
+        let ch = self.text[self.pos..].chars().next().unwrap_or('\u{fffd}');
+        self.pos += ch.len_utf8();
+        let token = match ch {
+            '×' | '·' | '⋅' => Token::Times,
+            '÷' => Token::Divide,
+            '−' | '–' => Token::Minus,
+            '±' => Token::PlusMinus,
+            '≤' => Token::Rel(RelOp::LessEq),
+            '≥' => Token::Rel(RelOp::GreaterEq),
+            '≠' => Token::Rel(RelOp::NotEq),
+            '∈' => Token::Rel(RelOp::In),
+            'π' => Token::Pi,
+            '∞' => Token::Infinity,
+            '√' => Token::Sqrt,
+            '∪' => Token::Cup,
+            '°' | '€' | '£' | '¥' | '\u{a0}' => return Ok(()),
+            _ => return Err(LexError(format!("unexpected character {ch:?}"))),
+        };
+        self.tokens.push(token);
+        Ok(())
+    }
+
+    /// Reads `digits[sep ddd]*[.digits]` where `sep` is `,`, `{,}` or `\,`; `{,}` followed by
+    /// anything but a three-digit group is a decimal comma.
+    fn number(&mut self) -> Result<(), LexError> {
+        let mut digits = String::new();
+        let start = self.pos;
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.pos += 1;
+        }
+        digits.push_str(&self.text[start..self.pos]);
+        let first_group = digits.len();
+        let mut fraction = String::new();
+        if (1..=3).contains(&first_group) {
+            loop {
+                let sep_len = if self.starts_with(",") {
+                    1
+                } else if self.starts_with("{,}") {
+                    3
+                } else if self.starts_with("\\,") {
+                    2
+                } else {
+                    0
+                };
+                if sep_len == 0 {
+                    break;
+                }
+                let group_start = self.pos + sep_len;
+                let group_len =
+                    self.bytes[group_start..].iter().take_while(|b| b.is_ascii_digit()).count();
+                if group_len == 3 {
+                    digits.push_str(&self.text[group_start..group_start + 3]);
+                    self.pos = group_start + 3;
+                } else {
+                    if sep_len == 3 && group_len > 0 {
+                        // `3{,}5`: the LaTeX decimal comma.
+                        fraction.push_str(&self.text[group_start..group_start + group_len]);
+                        self.pos = group_start + group_len;
+                    }
+                    break;
+                }
+            }
+        }
+        if fraction.is_empty()
+            && self.peek() == Some(b'.')
+            && self.bytes.get(self.pos + 1).is_some_and(u8::is_ascii_digit)
+        {
+            self.pos += 1;
+            let start = self.pos;
+            while let Some(b'0'..=b'9') = self.peek() {
+                self.pos += 1;
+            }
+            fraction.push_str(&self.text[start..self.pos]);
+        }
+        if digits.len() + fraction.len() > MAX_DIGITS {
+            return Err(LexError(format!("number longer than {MAX_DIGITS} digits")));
+        }
+        let mut all = digits;
+        all.push_str(&fraction);
+        if all.is_empty() {
+            all.push('0');
+        }
+        let numer = BigInt::from_str_radix(&all, 10).map_err(|e| LexError(e.to_string()))?;
+        let denom = num_traits::pow(BigInt::from(10), fraction.len());
+        let value = if fraction.is_empty() {
+            BigRational::from_integer(numer)
+        } else if denom.is_one() {
+            BigRational::from_integer(numer)
+        } else {
+            BigRational::new(numer, denom)
+        };
+        self.tokens.push(Token::Num(value));
+        Ok(())
+    }
+
+    fn subscript(&mut self, name: &mut String) {
+        if self.peek() != Some(b'_') {
+            return;
+        }
+        let rest = &self.bytes[self.pos + 1..];
+        match rest.first() {
+            Some(b) if b.is_ascii_alphanumeric() => {
+                name.push('_');
+                name.push(*b as char);
+                self.pos += 2;
+            }
+            Some(b'{') => {
+                if let Some(close) = rest.iter().position(|b| *b == b'}')
+                    && rest[1..close].iter().all(u8::is_ascii_alphanumeric)
+                {
+                    name.push('_');
+                    name.push_str(&self.text[self.pos + 2..self.pos + 1 + close]);
+                    self.pos += close + 2;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn word(&mut self) {
+        let start = self.pos;
+        while let Some(b'a'..=b'z' | b'A'..=b'Z') = self.peek() {
+            self.pos += 1;
+        }
+        let word = &self.text[start..self.pos];
+        let lower = word.to_ascii_lowercase();
+        let token = match lower.as_str() {
+            "sqrt" => Token::Sqrt,
+            "pi" => Token::Pi,
+            "inf" | "infty" | "infinity" => Token::Infinity,
+            "sin" => Token::Func(Func::Sin),
+            "cos" => Token::Func(Func::Cos),
+            "tan" => Token::Func(Func::Tan),
+            "ln" => Token::Func(Func::Ln),
+            "exp" => Token::Func(Func::Exp),
+            "abs" => Token::Func(Func::Abs),
+            "log" => Token::Log,
+            "and" | "or" => Token::Comma,
+            _ if word.len() == 1 => {
+                let mut name = word.to_string();
+                self.subscript(&mut name);
+                Token::Ident(name)
+            }
+            _ if word.len() == 2 && !UNIT_WORDS_SHORT.contains(&lower.as_str()) => {
+                // `xy`: implicit multiplication of single-letter variables.
+                for ch in word.chars() {
+                    self.tokens.push(Token::Ident(ch.to_string()));
+                }
+                return;
+            }
+            _ => Token::Text(lower),
+        };
+        self.tokens.push(token);
+    }
+
+    /// Reads a `{...}` group's raw text (balanced), after a text command.
+    fn raw_group(&mut self) -> Result<&'a str, LexError> {
+        while self.peek() == Some(b' ') {
+            self.pos += 1;
+        }
+        if self.peek() != Some(b'{') {
+            return Err(LexError("text command without a {group}".into()));
+        }
+        let start = self.pos + 1;
+        let mut depth = 0usize;
+        for (offset, byte) in self.bytes[self.pos..].iter().enumerate() {
+            match byte {
+                b'{' => depth += 1,
+                b'}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        let end = self.pos + offset;
+                        self.pos = end + 1;
+                        return Ok(&self.text[start..end]);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Err(LexError("unbalanced braces in a text command".into()))
+    }
+
+    fn command(&mut self) -> Result<(), LexError> {
+        self.pos += 1;
+        let start = self.pos;
+        while let Some(b'a'..=b'z' | b'A'..=b'Z') = self.peek() {
+            self.pos += 1;
+        }
+        if self.pos == start {
+            // One-character command: `\{`, `\%`, `\,`, `\$`, `\\`.
+            let Some(byte) = self.peek() else {
+                return Err(LexError("trailing backslash".into()));
+            };
+            self.pos += 1;
+            match byte {
+                b'{' => self.tokens.push(Token::LSetBrace),
+                b'}' => self.tokens.push(Token::RSetBrace),
+                b'%' => self.tokens.push(Token::Percent),
+                b'\\' => self.tokens.push(Token::Comma),
+                b'$' | b',' | b';' | b':' | b'!' | b' ' | b'>' => {}
+                _ => return Err(LexError(format!("unknown command \\{}", byte as char))),
+            }
+            return Ok(());
+        }
+        let name = &self.text[start..self.pos];
+        if matches!(name, "circ" | "degree") {
+            // `^\circ`, `^{\circ}`: degrees, dropped like a unit.
+            if self.tokens.last() == Some(&Token::Caret) {
+                self.tokens.pop();
+            } else if self.tokens.ends_with(&[Token::Caret, Token::LBrace]) && self.peek() == Some(b'}') {
+                self.tokens.truncate(self.tokens.len() - 2);
+                self.pos += 1;
+            }
+            return Ok(());
+        }
+        if matches!(name, "frac" | "dfrac" | "tfrac") {
+            let rest = &self.bytes[self.pos..];
+            if rest.len() >= 2 && rest[0].is_ascii_digit() && rest[1].is_ascii_digit() {
+                // `\frac12`: TeX takes one character per argument.
+                let (numer, denom) = (i64::from(rest[0] - b'0'), i64::from(rest[1] - b'0'));
+                self.pos += 2;
+                self.tokens.extend([
+                    Token::Frac,
+                    Token::LBrace,
+                    Token::Num(BigRational::from_integer(numer.into())),
+                    Token::RBrace,
+                    Token::LBrace,
+                    Token::Num(BigRational::from_integer(denom.into())),
+                    Token::RBrace,
+                ]);
+                return Ok(());
+            }
+        }
+        let token = match name {
+            "frac" | "dfrac" | "tfrac" | "cfrac" => Token::Frac,
+            "sqrt" => Token::Sqrt,
+            "pi" => Token::Pi,
+            "infty" | "infin" => Token::Infinity,
+            "cdot" | "times" | "ast" => Token::Times,
+            "div" => Token::Divide,
+            "pm" => Token::PlusMinus,
+            "le" | "leq" | "leqslant" => Token::Rel(RelOp::LessEq),
+            "ge" | "geq" | "geqslant" => Token::Rel(RelOp::GreaterEq),
+            "lt" => Token::Rel(RelOp::Less),
+            "gt" => Token::Rel(RelOp::Greater),
+            "ne" | "neq" => Token::Rel(RelOp::NotEq),
+            "in" => Token::Rel(RelOp::In),
+            "cup" => Token::Cup,
+            "sin" => Token::Func(Func::Sin),
+            "cos" => Token::Func(Func::Cos),
+            "tan" => Token::Func(Func::Tan),
+            "ln" => Token::Func(Func::Ln),
+            "exp" => Token::Func(Func::Exp),
+            "log" => Token::Log,
+            "lvert" | "rvert" | "vert" | "mid" => Token::Bar,
+            "langle" => Token::LParen,
+            "rangle" => Token::RParen,
+            "text" | "textrm" | "mbox" | "mathrm" | "textbf" | "mathbf" | "textit" | "mathit"
+            | "operatorname" | "textnormal" => {
+                let content = self.raw_group()?;
+                if content.bytes().any(|b| b.is_ascii_alphabetic()) {
+                    let words: Vec<&str> = content.split_whitespace().collect();
+                    let joined = words.join(" ").to_ascii_lowercase();
+                    if joined == "and" || joined == "or" {
+                        Token::Comma
+                    } else {
+                        Token::Text(joined)
+                    }
+                } else {
+                    let inner = tokenize(content)?;
+                    self.tokens.extend(inner);
+                    return Ok(());
+                }
+            }
+            _ if greek(name) => Token::Ident(name.to_string()),
+            _ if is_layout_command(name) => return Ok(()),
+            _ => return Err(LexError(format!("unknown command \\{name}"))),
+        };
+        if let Token::Ident(mut ident) = token {
+            self.subscript(&mut ident);
+            self.tokens.push(Token::Ident(ident));
+        } else {
+            self.tokens.push(token);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,401 @@
+//! Recursive-descent parser from the tokens of `lexer.rs` to an `Expr`.
+//!
+//! Hand-written because no Rust crate parses LaTeX math into exact values: the grammar is small
+//! and the parser must enforce limits (depth, token count) that a general tool would not.
+//!
+//! Grammar (lowest precedence first):
+//! ```text
+//! answer   := item (',' item)*                 top-level commas make an unordered List
+//! item     := relation ('\cup' relation)*
+//! relation := sum (relop sum)*                 = < > \le \ge \ne \in
+//! sum      := term (('+' | '-' | '\pm') term)*
+//! term     := unary (('*' | '/' | \cdot | \times | \div) unary | implicit-product unary | unit)*
+//! unary    := ('-' | '+') unary | power
+//! power    := postfix ('^' exponent)?          right-associative
+//! postfix  := primary ('!' | '%')*
+//! primary  := number | variable | \pi | \infty | \frac{a}{b} | \sqrt[n]{a} | function arg
+//!           | (list) | [list] | (list] | [list) | {list} | \{list\} | |sum|
+//! ```
+//! Invariants: at most `MAX_TOKENS` tokens and `MAX_DEPTH` nested constructs, so parse time is
+//! linear in the input and the stack stays small whatever the input.
+
+use num_rational::BigRational;
+use num_traits::Signed;
+
+use super::expr::{Bracket, Expr, Func};
+use super::lexer::{Token, tokenize};
+
+/// Deepest nesting accepted (brackets, groups, unary signs, exponents together).
+pub const MAX_DEPTH: usize = 48;
+/// Most tokens accepted in one answer.
+pub const MAX_TOKENS: usize = 1500;
+
+/// Why an answer could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError(pub String);
+
+/// Parses one answer (already extracted from the completion).
+pub fn parse_answer(text: &str) -> Result<Expr, ParseError> {
+    let tokens = tokenize(text).map_err(|e| ParseError(e.0))?;
+    if tokens.is_empty() {
+        return Err(ParseError("empty answer".into()));
+    }
+    if tokens.len() > MAX_TOKENS {
+        return Err(ParseError(format!("answer longer than {MAX_TOKENS} tokens")));
+    }
+    if tokens.iter().all(|t| matches!(t, Token::Text(_))) {
+        let words: Vec<&str> = tokens
+            .iter()
+            .filter_map(|t| if let Token::Text(w) = t { Some(w.as_str()) } else { None })
+            .collect();
+        return Ok(Expr::Text(words.join(" ")));
+    }
+    let mut parser = Parser { tokens, pos: 0, depth: 0, abs_depth: 0 };
+    let mut items = parser.items()?;
+    if parser.pos != parser.tokens.len() {
+        return Err(ParseError(format!("unexpected {:?}", parser.tokens[parser.pos])));
+    }
+    Ok(if items.len() == 1 { items.remove(0) } else { Expr::List(items) })
+}
+
+struct Parser {
+    tokens: Vec<Token>,
+    pos: usize,
+    depth: usize,
+    abs_depth: usize,
+}
+
+fn err<T>(message: impl Into<String>) -> Result<T, ParseError> {
+    Err(ParseError(message.into()))
+}
+
+fn is_integer_literal(expr: &Expr) -> bool {
+    matches!(expr, Expr::Num(n) if n.is_integer())
+}
+
+impl Parser {
+    fn peek(&self) -> Option<&Token> {
+        self.tokens.get(self.pos)
+    }
+
+    fn eat(&mut self, token: &Token) -> bool {
+        if self.peek() == Some(token) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn enter(&mut self) -> Result<(), ParseError> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH { err(format!("nesting deeper than {MAX_DEPTH}")) } else { Ok(()) }
+    }
+
+    fn leave(&mut self) {
+        self.depth -= 1;
+    }
+
+    /// Comma-separated items up to a closing token or the end (the closer is not consumed).
+    fn items(&mut self) -> Result<Vec<Expr>, ParseError> {
+        let mut items = vec![self.item()?];
+        while self.eat(&Token::Comma) {
+            if matches!(
+                self.peek(),
+                None | Some(Token::RParen | Token::RBracket | Token::RBrace | Token::RSetBrace)
+            ) {
+                break; // trailing comma
+            }
+            items.push(self.item()?);
+        }
+        Ok(items)
+    }
+
+    fn item(&mut self) -> Result<Expr, ParseError> {
+        let first = self.relation()?;
+        if self.peek() != Some(&Token::Cup) {
+            return Ok(first);
+        }
+        let mut parts = vec![first];
+        while self.eat(&Token::Cup) {
+            parts.push(self.relation()?);
+        }
+        Ok(Expr::Union(parts))
+    }
+
+    fn relation(&mut self) -> Result<Expr, ParseError> {
+        // A leading word before a value ("USD 5", "\text{Area} = 5") is a label.
+        while let Some(Token::Text(_)) = self.peek() {
+            self.pos += 1;
+        }
+        let mut operands = vec![self.sum()?];
+        let mut ops = Vec::new();
+        while let Some(Token::Rel(op)) = self.peek() {
+            ops.push(*op);
+            self.pos += 1;
+            operands.push(self.sum()?);
+        }
+        Ok(if ops.is_empty() { operands.remove(0) } else { Expr::Relation(operands, ops) })
+    }
+
+    fn sum(&mut self) -> Result<Expr, ParseError> {
+        let mut left = self.term()?;
+        let mut plus_minus: Option<Expr> = None;
+        loop {
+            match self.peek() {
+                Some(Token::Plus) => {
+                    self.pos += 1;
+                    left = Expr::Add(Box::new(left), Box::new(self.term()?));
+                }
+                Some(Token::Minus) => {
+                    self.pos += 1;
+                    left = Expr::Sub(Box::new(left), Box::new(self.term()?));
+                }
+                Some(Token::PlusMinus) => {
+                    self.pos += 1;
+                    if plus_minus.is_some() {
+                        return err("more than one \\pm");
+                    }
+                    let right = self.term()?;
+                    plus_minus = Some(Expr::Sub(Box::new(left.clone()), Box::new(right.clone())));
+                    left = Expr::Add(Box::new(left), Box::new(right));
+                }
+                _ => break,
+            }
+        }
+        Ok(match plus_minus {
+            // `a \pm b` is the set {a + b, a - b}; terms after the \pm apply to the + branch
+            // only, which is rare enough to accept.
+            Some(minus_branch) => Expr::Set(vec![left, minus_branch]),
+            None => left,
+        })
+    }
+
+    fn starts_primary(&self) -> bool {
+        match self.peek() {
+            Some(
+                Token::Num(_)
+                | Token::Ident(_)
+                | Token::Pi
+                | Token::Infinity
+                | Token::Frac
+                | Token::Sqrt
+                | Token::Func(_)
+                | Token::Log
+                | Token::LParen
+                | Token::LBrace
+                | Token::LSetBrace,
+            ) => true,
+            Some(Token::Bar) => self.abs_depth == 0,
+            _ => false,
+        }
+    }
+
+    fn term(&mut self) -> Result<Expr, ParseError> {
+        let mut left = self.unary()?;
+        loop {
+            match self.peek() {
+                Some(Token::Times) => {
+                    self.pos += 1;
+                    left = Expr::Mul(Box::new(left), Box::new(self.unary()?));
+                }
+                Some(Token::Divide) => {
+                    self.pos += 1;
+                    left = Expr::Div(Box::new(left), Box::new(self.unary()?));
+                }
+                Some(Token::Text(_)) => self.pos += 1, // a unit after a value
+                _ if self.starts_primary() => {
+                    let starts_fraction = self.peek() == Some(&Token::Frac);
+                    let right = self.power()?;
+                    left = match (&left, &right) {
+                        // `2\frac{1}{2}` is the mixed number 5/2.
+                        (Expr::Num(whole), Expr::Div(n, d))
+                            if starts_fraction
+                                && whole.is_integer()
+                                && is_integer_literal(n)
+                                && is_integer_literal(d) =>
+                        {
+                            if whole.is_negative() {
+                                Expr::Sub(Box::new(left), Box::new(right))
+                            } else {
+                                Expr::Add(Box::new(left), Box::new(right))
+                            }
+                        }
+                        _ => Expr::Mul(Box::new(left), Box::new(right)),
+                    };
+                }
+                _ => break,
+            }
+        }
+        Ok(left)
+    }
+
+    fn unary(&mut self) -> Result<Expr, ParseError> {
+        self.enter()?;
+        let result = match self.peek() {
+            Some(Token::Minus) => {
+                self.pos += 1;
+                self.unary().map(|inner| match inner {
+                    Expr::Num(value) => Expr::Num(-value),
+                    other => Expr::Neg(Box::new(other)),
+                })
+            }
+            Some(Token::Plus) => {
+                self.pos += 1;
+                self.unary()
+            }
+            _ => self.power(),
+        };
+        self.leave();
+        result
+    }
+
+    fn power(&mut self) -> Result<Expr, ParseError> {
+        let base = self.postfix()?;
+        if !self.eat(&Token::Caret) {
+            return Ok(base);
+        }
+        self.enter()?;
+        let exponent = match self.peek() {
+            Some(Token::Minus) => {
+                self.pos += 1;
+                self.power().map(|e| Expr::Neg(Box::new(e)))
+            }
+            Some(Token::Plus) => {
+                self.pos += 1;
+                self.power()
+            }
+            _ => self.power(),
+        };
+        self.leave();
+        Ok(Expr::Pow(Box::new(base), Box::new(exponent?)))
+    }
+
+    fn postfix(&mut self) -> Result<Expr, ParseError> {
+        let mut value = self.primary()?;
+        loop {
+            if self.eat(&Token::Bang) {
+                value = Expr::Factorial(Box::new(value));
+            } else if self.eat(&Token::Percent) {
+                value = Expr::Percent(Box::new(value));
+            } else {
+                return Ok(value);
+            }
+        }
+    }
+
+    /// A `{...}` argument, or a single primary when the braces are omitted (`\sqrt 2`).
+    fn argument(&mut self) -> Result<Expr, ParseError> {
+        if self.peek() == Some(&Token::LBrace) { self.primary() } else { self.postfix() }
+    }
+
+    fn primary(&mut self) -> Result<Expr, ParseError> {
+        self.enter()?;
+        let result = self.primary_inner();
+        self.leave();
+        result
+    }
+
+    fn primary_inner(&mut self) -> Result<Expr, ParseError> {
+        let Some(token) = self.peek().cloned() else {
+            return err("unexpected end of answer");
+        };
+        self.pos += 1;
+        match token {
+            Token::Num(value) => Ok(Expr::Num(value)),
+            Token::Ident(name) => Ok(Expr::Var(name)),
+            Token::Pi => Ok(Expr::Pi),
+            Token::Infinity => Ok(Expr::Infinity),
+            Token::Frac => {
+                let numer = self.argument()?;
+                let denom = self.argument()?;
+                Ok(Expr::Div(Box::new(numer), Box::new(denom)))
+            }
+            Token::Sqrt => {
+                let index = if self.eat(&Token::LBracket) {
+                    let index = self.sum()?;
+                    if !self.eat(&Token::RBracket) {
+                        return err("\\sqrt[ without ]");
+                    }
+                    Some(Box::new(index))
+                } else {
+                    None
+                };
+                Ok(Expr::Root(Box::new(self.argument()?), index))
+            }
+            Token::Func(func) => Ok(Expr::Apply(func, Box::new(self.function_argument()?))),
+            Token::Log => {
+                if self.eat(&Token::Underscore) {
+                    let base = self.argument()?;
+                    let value = self.function_argument()?;
+                    Ok(Expr::LogBase(Box::new(base), Box::new(value)))
+                } else {
+                    Ok(Expr::Apply(Func::Log10, Box::new(self.function_argument()?)))
+                }
+            }
+            Token::LParen | Token::LBracket => {
+                let open = if token == Token::LParen { Bracket::Round } else { Bracket::Square };
+                let mut items = self.items()?;
+                let close = match self.peek() {
+                    Some(Token::RParen) => Bracket::Round,
+                    Some(Token::RBracket) => Bracket::Square,
+                    _ => return err("unclosed bracket"),
+                };
+                self.pos += 1;
+                if items.len() == 1 {
+                    if open != close {
+                        return err("mismatched brackets around one value");
+                    }
+                    Ok(items.remove(0))
+                } else {
+                    Ok(Expr::Tuple(items, open, close))
+                }
+            }
+            Token::LBrace => {
+                let mut items = self.items()?;
+                if !self.eat(&Token::RBrace) {
+                    return err("unclosed {");
+                }
+                Ok(if items.len() == 1 { items.remove(0) } else { Expr::Set(items) })
+            }
+            Token::LSetBrace => {
+                let items = self.items()?;
+                if !self.eat(&Token::RSetBrace) {
+                    return err("unclosed \\{");
+                }
+                Ok(Expr::Set(items))
+            }
+            Token::Bar => {
+                self.abs_depth += 1;
+                let inner = self.sum();
+                self.abs_depth -= 1;
+                let inner = inner?;
+                if !self.eat(&Token::Bar) {
+                    return err("unclosed |");
+                }
+                Ok(Expr::Apply(Func::Abs, Box::new(inner)))
+            }
+            other => err(format!("unexpected {other:?}")),
+        }
+    }
+
+    fn function_argument(&mut self) -> Result<Expr, ParseError> {
+        match self.peek() {
+            Some(Token::LParen | Token::LBrace) => self.primary(),
+            _ => self.power(),
+        }
+    }
+}
+
+/// `-x` for a parsed value, folding literal numbers (used when normalizing relations).
+pub fn negate(expr: Expr) -> Expr {
+    match expr {
+        Expr::Num(value) => Expr::Num(-value),
+        other => Expr::Neg(Box::new(other)),
+    }
+}
+
+/// A rational literal (used by tests and the comparison's sample points).
+pub fn rational(numer: i64, denom: i64) -> Expr {
+    Expr::Num(BigRational::new(numer.into(), denom.into()))
+}

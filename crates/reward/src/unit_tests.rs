@@ -1,0 +1,263 @@
+//! Code against unit tests, HumanEval style: the program is `prompt + completion` (or the
+//! completion alone, with the prompt's imports, when it defines the entry point itself), the
+//! tests define `check(candidate)`, and the harness calls `check(entry_point)` in the sandbox.
+//!
+//! Config (`kind = "unit_tests"`):
+//! - `scoring`: `"binary"` (default: 1 only when every assertion passed) or `"fraction"`
+//!   (fraction of assertion sites that passed).
+//! - `extract_fenced_code` (bool, default true): use the last ```python block of the completion
+//!   when there is one.
+//!
+//! Reads `tests`, `entry_point` and `prompt`.
+//!
+//! How a run is judged, and why it cannot be passed by exiting early: the harness (trusted,
+//! written here) reads a random nonce from stdin before any untrusted code runs, rewrites every
+//! `assert` of the tests with Python's `ast` module so that each assertion site reports pass or
+//! fail instead of aborting `check`, runs the solution and the tests in a namespace of their
+//! own, and only at the end writes `nonce passed total` to a duplicate of the stdout descriptor
+//! taken before the solution ran. A program that calls `exit(0)`, `sys.exit(0)` or
+//! `os._exit(0)` before the tests finish never produces that line and scores 0; a `SystemExit`
+//! raised while the solution is loaded also scores 0. Known limit: code running in the same
+//! interpreter can in principle inspect the harness (for example return objects whose `__eq__`
+//! is always true); the sandbox bounds the damage, not the cheating.
+
+use serde::{Deserialize, Serialize};
+use stoke_sandbox::{Program, Sandbox};
+
+use crate::code::{abnormal_outcome, extract_code, nonce, run_all};
+use crate::config::ConfigError;
+use crate::verifier::{Details, Outcome, RewardInput, RewardOutcome, Verifier, clip_detail};
+
+/// The trusted harness. argv[1] is the entry point; the solution and tests are files.
+const HARNESS: &str = r#"import ast as _ast, os as _os, sys as _sys
+def _stoke_main():
+    nonce = _sys.stdin.readline().strip()
+    result_fd = _os.dup(1)
+    entry_point = _sys.argv[1]
+    with open("solution.py") as f:
+        solution = f.read()
+    with open("tests.py") as f:
+        tests = f.read()
+    def report(passed, total, status):
+        _os.write(result_fd, ("\n%s %d %d %s\n" % (nonce, passed, total, status)).encode())
+    try:
+        tree = _ast.parse(tests, "tests.py")
+    except SyntaxError:
+        report(0, 0, "tests_syntax_error")
+        return
+    passed_sites, failed_sites = set(), set()
+    class Rewrite(_ast.NodeTransformer):
+        sites = 0
+        def visit_Assert(self, node):
+            site = Rewrite.sites
+            Rewrite.sites += 1
+            wrapper = _ast.parse(
+                "try:\n    pass\n    _stoke_ok_(%d)\nexcept BaseException:\n    _stoke_bad_(%d)\n" % (site, site)
+            ).body[0]
+            wrapper.body[0] = node
+            return wrapper
+    tree = _ast.fix_missing_locations(Rewrite().visit(tree))
+    total = Rewrite.sites
+    namespace = {"__name__": "solution", "__builtins__": __builtins__}
+    namespace["_stoke_ok_"] = passed_sites.add
+    namespace["_stoke_bad_"] = failed_sites.add
+    try:
+        exec(compile(solution, "solution.py", "exec"), namespace)
+    except SystemExit:
+        report(0, total, "exited_while_loading")
+        return
+    except BaseException as error:
+        report(0, total, "load_error:" + type(error).__name__)
+        return
+    try:
+        exec(compile(tree, "tests.py", "exec"), namespace)
+        check = namespace["check"]
+        candidate = namespace[entry_point]
+    except BaseException as error:
+        report(0, total, "setup_error:" + type(error).__name__)
+        return
+    status = "ok"
+    try:
+        check(candidate)
+    except BaseException as error:
+        status = "check_raised:" + type(error).__name__
+    passed = len(passed_sites - failed_sites)
+    report(passed, total, status)
+_stoke_main()
+"#;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TestScoring {
+    #[default]
+    Binary,
+    Fraction,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UnitTestsConfig {
+    pub scoring: TestScoring,
+    pub extract_fenced_code: bool,
+}
+
+impl Default for UnitTestsConfig {
+    fn default() -> Self {
+        Self { scoring: TestScoring::Binary, extract_fenced_code: true }
+    }
+}
+
+pub struct UnitTestsVerifier {
+    scoring: TestScoring,
+    extract_fenced_code: bool,
+    sandbox: Sandbox,
+}
+
+fn is_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The solution file: `prompt + code`, or the prompt's import lines + `code` when the code
+/// defines the entry point itself.
+pub fn solution_source(prompt: &str, code: &str, entry_point: &str) -> String {
+    if code.contains(&format!("def {entry_point}(")) {
+        let imports: Vec<&str> = prompt
+            .lines()
+            .filter(|line| line.starts_with("import ") || line.starts_with("from "))
+            .collect();
+        format!("{}\n{}", imports.join("\n"), code)
+    } else {
+        format!("{prompt}{code}")
+    }
+}
+
+struct Prepared {
+    program: Program,
+    nonce: String,
+    code: String,
+}
+
+impl UnitTestsVerifier {
+    pub fn new(config: &UnitTestsConfig, sandbox: Sandbox) -> Result<Self, ConfigError> {
+        Ok(Self { scoring: config.scoring, extract_fenced_code: config.extract_fenced_code, sandbox })
+    }
+
+    fn prepare(&self, input: &RewardInput<'_>) -> Result<Prepared, RewardOutcome> {
+        let Some(tests) = input.reference.tests.as_deref() else {
+            return Err(RewardOutcome::missing("tests"));
+        };
+        let Some(entry_point) = input.reference.entry_point.as_deref() else {
+            return Err(RewardOutcome::missing("entry_point"));
+        };
+        if !is_identifier(entry_point) {
+            return Err(RewardOutcome::failed(Outcome::UnparseableGold, "entry_point is not a Python identifier"));
+        }
+        let code = if self.extract_fenced_code { extract_code(input.completion) } else { input.completion };
+        let nonce = nonce();
+        let program = Program {
+            source: HARNESS.to_string(),
+            stdin: format!("{nonce}\n").into_bytes(),
+            files: vec![
+                ("solution.py".into(), solution_source(input.prompt, code, entry_point).into_bytes()),
+                ("tests.py".into(), tests.as_bytes().to_vec()),
+            ],
+            args: vec![entry_point.to_string()],
+            ..Program::python("")
+        };
+        Ok(Prepared { program, nonce, code: code.to_string() })
+    }
+
+    fn judge(&self, prepared: &Prepared, result: &stoke_sandbox::ExecResult) -> RewardOutcome {
+        let mut details = Details {
+            extracted: Some(clip_detail(&prepared.code)),
+            isolation: Some(result.isolation.level.name().to_string()),
+            ..Details::default()
+        };
+        let stdout = result.stdout_text();
+        let report = stdout.lines().rev().find_map(|line| {
+            let rest = line.strip_prefix(prepared.nonce.as_str())?.trim();
+            let mut parts = rest.splitn(3, ' ');
+            let passed: usize = parts.next()?.parse().ok()?;
+            let total: usize = parts.next()?.parse().ok()?;
+            Some((passed, total, parts.next().unwrap_or("").to_string()))
+        });
+        let Some((passed, total, status)) = report else {
+            if let Some((outcome, reason)) = abnormal_outcome(result) {
+                details.reason = Some(reason);
+                return RewardOutcome::new(0.0, outcome, details);
+            }
+            details.reason = Some(format!(
+                "the program ended before the tests finished ({:?}); stderr: {}",
+                result.status,
+                clip_detail(&result.stderr_text())
+            ));
+            return RewardOutcome::wrong(details);
+        };
+        if status == "tests_syntax_error" || status.starts_with("setup_error:") && total == 0 {
+            details.reason = Some(status);
+            return RewardOutcome::new(0.0, Outcome::UnparseableGold, details);
+        }
+        details.passed = Some(passed);
+        details.total = Some(total);
+        let all_passed = status == "ok" && total > 0 && passed == total;
+        if status != "ok" {
+            details.reason = Some(status);
+        }
+        if all_passed {
+            return RewardOutcome::correct(details);
+        }
+        let fraction = if total == 0 { 0.0 } else { passed as f64 / total as f64 };
+        match self.scoring {
+            TestScoring::Binary => RewardOutcome::wrong(details),
+            TestScoring::Fraction if passed > 0 => RewardOutcome::new(fraction, Outcome::Partial, details),
+            TestScoring::Fraction => RewardOutcome::wrong(details),
+        }
+    }
+}
+
+impl Verifier for UnitTestsVerifier {
+    fn score(&self, input: &RewardInput<'_>) -> RewardOutcome {
+        self.score_group(std::slice::from_ref(input)).remove(0)
+    }
+
+    /// Runs the whole group concurrently on the sandbox pool.
+    fn score_group(&self, group: &[RewardInput<'_>]) -> Vec<RewardOutcome> {
+        let prepared: Vec<Result<Prepared, RewardOutcome>> = group.iter().map(|input| self.prepare(input)).collect();
+        let programs: Vec<Program> =
+            prepared.iter().filter_map(|p| p.as_ref().ok()).map(|p| p.program.clone()).collect();
+        let mut results = run_all(&self.sandbox, programs).into_iter();
+        prepared
+            .into_iter()
+            .map(|prepared| match prepared {
+                Err(outcome) => outcome,
+                Ok(prepared) => match results.next() {
+                    Some(result) => self.judge(&prepared, &result),
+                    None => RewardOutcome::failed(Outcome::SandboxError, "no result for this program"),
+                },
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_definitions_replace_the_prompt_but_keep_its_imports() {
+        let prompt = "from typing import List\n\ndef f(x: List[int]) -> int:\n    \"\"\"doc\"\"\"\n";
+        let source = solution_source(prompt, "def f(x):\n    return 1\n", "f");
+        assert_eq!(source, "from typing import List\ndef f(x):\n    return 1\n");
+        let body = solution_source(prompt, "    return 1\n", "f");
+        assert!(body.starts_with(prompt) && body.ends_with("    return 1\n"));
+    }
+
+    #[test]
+    fn entry_points_must_be_identifiers() {
+        assert!(is_identifier("has_close_elements"));
+        assert!(!is_identifier("f); import os; (x"));
+        assert!(!is_identifier(""));
+    }
+}
