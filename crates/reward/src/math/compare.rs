@@ -74,11 +74,26 @@ fn close(a: f64, b: f64, tolerance: &Tolerance) -> PointVerdict {
     }
 }
 
+fn is_infinity_literal(expr: &Expr) -> bool {
+    match expr {
+        Expr::Infinity => true,
+        Expr::Neg(inner) => is_infinity_literal(inner),
+        _ => false,
+    }
+}
+
 fn compare_at(gold: &Expr, pred: &Expr, vars: &dyn Bindings, tolerance: &Tolerance) -> PointVerdict {
     if let (Some(a), Some(b)) = (gold.eval_exact(vars), pred.eval_exact(vars)) {
         return if a == b { PointVerdict::Equal } else { PointVerdict::Different };
     }
-    close(gold.eval_f64(vars), pred.eval_f64(vars), tolerance)
+    let (a, b) = (gold.eval_f64(vars), pred.eval_f64(vars));
+    // Overflow to infinity says nothing about equality (`10^{10^{10}}` vs `10^{10^9}`); only
+    // a written `\infty` (an interval end) is a value.
+    let overflowed = |value: f64, expr: &Expr| value.is_infinite() && !is_infinity_literal(expr);
+    if overflowed(a, gold) || overflowed(b, pred) {
+        return PointVerdict::Undefined;
+    }
+    close(a, b, tolerance)
 }
 
 /// Scalar equality: exact, numeric, or symbolic by evaluation at points.

@@ -134,6 +134,7 @@ impl MathVerifier {
     /// Decides whether `prediction` (an already-extracted answer) matches `gold` (raw gold text).
     pub fn judge(&self, prompt: &str, gold_raw: &str, prediction: &str) -> RewardOutcome {
         let gold = gold_text(gold_raw);
+        let prediction = clean_answer(prediction);
         let mut details = Details {
             extracted: Some(clip_detail(prediction)),
             gold: Some(clip_detail(gold)),

@@ -244,6 +244,11 @@ impl Parser {
                 self.pos += 1;
                 self.unary()
             }
+            Some(Token::PlusMinus) => {
+                // `\pm 2` is the set {2, -2}.
+                self.pos += 1;
+                self.unary().map(|inner| Expr::Set(vec![inner.clone(), negate(inner)]))
+            }
             _ => self.power(),
         };
         self.leave();

@@ -1,0 +1,297 @@
+//! Table-driven test of the math verifier: (gold, prediction, accepted?) across every answer kind
+//! the module doc lists, including cases that must be rejected.
+
+use stoke_reward::math::{MathConfig, MathVerifier};
+use stoke_reward::{Outcome, Reference, RewardInput, Verifier};
+
+/// (gold, extracted prediction, should be accepted)
+const CASES: &[(&str, &str, bool)] = &[
+    // integers and signs
+    ("42", "42", true),
+    ("42", "042", true),
+    ("42", "+42", true),
+    ("-7", "-7", true),
+    ("-7", "−7", true),
+    ("42", "43", false),
+    ("-7", "7", false),
+    ("0", "-0", true),
+    // decimals
+    ("0.5", ".5", true),
+    ("0.5", "0.50", true),
+    ("2.5", "2.50000", true),
+    ("3", "3.0", true),
+    ("0.333", "1/3", false),
+    ("1/3", "0.333", false),
+    ("1/3", "0.3333333333", false),
+    ("0.1", "0.10000001", false),
+    ("2.5", "2.05", false),
+    // thousands separators and decimal comma
+    ("1000", "1,000", true),
+    ("1234567", "1,234,567", true),
+    ("1000", "1{,}000", true),
+    ("1000", "1\\,000", true),
+    ("3.5", "3{,}5", true),
+    ("3.5", "3,5", true),
+    ("1000", "1,00", false),
+    ("1000", "10,00", false),
+    ("3.5", "3,50,1", false),
+    // fractions
+    ("\\frac{1}{2}", "1/2", true),
+    ("\\frac{1}{2}", "0.5", true),
+    ("\\frac{1}{2}", "\\dfrac{1}{2}", true),
+    ("\\frac{1}{2}", "\\tfrac{2}{4}", true),
+    ("\\frac{1}{2}", "\\frac12", true),
+    ("\\frac{3}{4}", "\\frac{6}{8}", true),
+    ("-\\frac{3}{4}", "\\frac{-3}{4}", true),
+    ("-\\frac{3}{4}", "-0.75", true),
+    ("\\frac{3}{4}", "\\frac{4}{3}", false),
+    ("\\frac{1}{2}", "\\frac{1}{3}", false),
+    ("\\frac{7}{2}", "3\\frac{1}{2}", true),
+    ("\\frac{5}{2}", "2\\frac{1}{2}", true),
+    ("\\frac{5}{2}", "2\\frac{1}{3}", false),
+    ("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt{2}}{2}", true),
+    ("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt{3}}{2}", false),
+    // percentages
+    ("50\\%", "50", true),
+    ("50\\%", "50%", true),
+    ("50", "50\\%", true),
+    ("0.5", "50\\%", true),
+    ("50\\%", "0.5", true),
+    ("50\\%", "5", false),
+    ("0.5", "50", false),
+    ("25\\%", "20\\%", false),
+    // units and currency
+    ("5", "5\\text{ cm}", true),
+    ("5", "5 cm", true),
+    ("12", "\\$12", true),
+    ("12", "12 dollars", true),
+    ("12.50", "\\$12.50", true),
+    ("90", "90^\\circ", true),
+    ("90", "90^{\\circ}", true),
+    ("90", "90°", true),
+    ("6", "6\\text{ square units}", true),
+    ("5", "6\\text{ cm}", false),
+    ("12", "\\$13", false),
+    ("90", "180^\\circ", false),
+    // roots and pi
+    ("\\sqrt{2}", "\\sqrt{2}", true),
+    ("2\\sqrt{2}", "\\sqrt{8}", true),
+    ("\\sqrt{8}", "2\\sqrt2", true),
+    ("3\\sqrt{3}", "\\sqrt{27}", true),
+    ("\\sqrt{4}", "2", true),
+    ("\\sqrt[3]{27}", "3", true),
+    ("\\sqrt{2}", "1.414", false),
+    ("\\sqrt{2}", "\\sqrt{3}", false),
+    ("2\\sqrt{2}", "\\sqrt{6}", false),
+    ("\\pi", "\\pi", true),
+    ("2\\pi", "\\pi \\cdot 2", true),
+    ("\\frac{\\pi}{2}", "\\frac{1}{2}\\pi", true),
+    ("4\\pi", "4 pi", true),
+    ("\\pi", "3.14", false),
+    ("2\\pi", "\\pi", false),
+    ("\\frac{\\pi}{3}", "\\frac{\\pi}{6}", false),
+    // powers
+    ("1024", "2^{10}", true),
+    ("1024", "2^10", true),
+    ("\\frac{1}{8}", "2^{-3}", true),
+    ("8", "4^{3/2}", true),
+    ("1000000", "10^6", true),
+    ("1000000", "10^{5}", false),
+    ("9", "3^3", false),
+    ("2^{100}", "2^{100}", true),
+    ("2^{100}", "2^{99}", false),
+    ("10^{10^{10}}", "10^{10^{10}}", true),
+    ("10^{10^{10}}", "10^{10^{9}}", false),
+    ("3!", "6", true),
+    ("5!", "120", true),
+    ("5!", "24", false),
+    // implicit multiplication and symbolic expressions
+    ("2x+2", "2(x+1)", true),
+    ("x^2-1", "(x-1)(x+1)", true),
+    ("(a+b)^2", "a^2+2ab+b^2", true),
+    ("\\frac{x}{2}", "0.5x", true),
+    ("3xy", "3yx", true),
+    ("x^2+2x+1", "(x+1)^2", true),
+    ("\\frac{1}{x}", "x^{-1}", true),
+    ("2x+2", "2x+1", false),
+    ("x^2-1", "(x-1)^2", false),
+    ("(a+b)^2", "a^2+b^2", false),
+    ("3xy", "3x", false),
+    ("x", "y", false),
+    ("2x", "2", false),
+    ("\\sqrt{x^2}", "x", true),
+    ("\\sin x", "\\sin(x)", true),
+    ("\\sin(2x)", "2\\sin(x)\\cos(x)", true),
+    ("\\sin(2x)", "2\\sin(x)", false),
+    ("\\ln(e^2)", "\\ln(e^2)", true),
+    // equations
+    ("3", "x=3", true),
+    ("x=3", "3", true),
+    ("x=3", "x = 3", true),
+    ("y=2x+1", "2x+1", true),
+    ("y=2x+1", "y = 1 + 2x", true),
+    ("y=2x+1", "2x-y=-1", true),
+    ("x+y=1", "2y=2-2x", true),
+    ("3", "x=4", false),
+    ("y=2x+1", "y=2x-1", false),
+    ("x+y=1", "x-y=1", false),
+    // tuples and points (ordered)
+    ("(1,2)", "(1, 2)", true),
+    ("(1,2)", "(2,1)", false),
+    ("(1,2,3)", "(1,2,3)", true),
+    ("(1,2,3)", "(1,2)", false),
+    ("(\\frac{1}{2}, 3)", "(0.5, 3)", true),
+    ("(-1, \\sqrt{2})", "(-1,\\sqrt{2})", true),
+    ("(-1, \\sqrt{2})", "(1,\\sqrt{2})", false),
+    // intervals (brackets matter)
+    ("[1,2)", "[1, 2)", true),
+    ("[1,2)", "(1,2)", false),
+    ("[1,2)", "[1,2]", false),
+    ("(-\\infty, 3]", "(-\\infty,3]", true),
+    ("(-\\infty, 3]", "x \\le 3", true),
+    ("(-\\infty, 3]", "x < 3", false),
+    ("(2, \\infty)", "x > 2", true),
+    ("(2, \\infty)", "2 < x", true),
+    ("[2, \\infty)", "x \\geq 2", true),
+    ("1<x<2", "(1,2)", true),
+    ("1<x<2", "[1,2]", false),
+    ("1 \\le x < 2", "[1,2)", true),
+    ("3 > x > 1", "(1,3)", true),
+    ("x \\in [0, 1]", "[0,1]", true),
+    ("(-\\infty, 0) \\cup (1, \\infty)", "(1,\\infty) \\cup (-\\infty, 0)", true),
+    ("(-\\infty, 0) \\cup (1, \\infty)", "(-\\infty, 0) \\cup [1, \\infty)", false),
+    // sets and lists (unordered)
+    ("\\{1, 2\\}", "\\{2, 1\\}", true),
+    ("\\{1, 2\\}", "\\{1, 3\\}", false),
+    ("\\{1, 2, 3\\}", "\\{1, 2\\}", false),
+    ("1, 2", "2, 1", true),
+    ("1, 2", "1", false),
+    ("1, 2", "x = 1 \\text{ or } x = 2", true),
+    ("-2, 3", "x=3, x=-2", true),
+    ("2, 3", "2 and 3", true),
+    ("\\{3\\}", "3", true),
+    ("\\pm 2", "2, -2", true),
+    ("1 \\pm \\sqrt{2}", "1+\\sqrt{2}, 1-\\sqrt{2}", true),
+    ("\\pm 2", "2", false),
+    // multiple choice and words
+    ("(B)", "B", true),
+    ("B", "\\text{(B)}", true),
+    ("\\text{(C)}", "C", true),
+    ("B", "C", false),
+    ("\\text{Monday}", "Monday", true),
+    ("\\text{Monday}", "\\text{monday}", true),
+    ("\\text{Monday}", "Tuesday", false),
+    ("\\text{yes}", "no", false),
+    // LaTeX layout that must be ignored
+    ("\\left( 1, 2 \\right)", "(1,2)", true),
+    ("\\displaystyle \\frac{1}{2}", "1/2", true),
+    ("$\\frac{1}{2}$", "\\(\\frac{1}{2}\\)", true),
+    ("10", "10.", true),
+    ("|{-3}|", "3", true),
+    ("\\lvert -3 \\rvert", "3", true),
+    // malformed predictions are never accepted
+    ("5", "\\frac{1}{", false),
+    ("5", "((5)", false),
+    ("5", "5)", false),
+    ("5", "\\unknowncommand{5}", false),
+    ("5", "", false),
+    ("\\frac{1}{2}", "\\frac{1}{0}", false),
+    ("1", "0^0^0^0", true),
+    ("1", "0^{-1}", false),
+    ("2^{5000}", "2^{5000}+1", false),
+];
+
+fn verifier() -> MathVerifier {
+    MathVerifier::new(&MathConfig::default()).expect("default config is valid")
+}
+
+#[test]
+fn the_table_has_enough_cases_and_rejections() {
+    assert!(CASES.len() >= 150, "{} cases", CASES.len());
+    let rejections = CASES.iter().filter(|(_, _, accepted)| !accepted).count();
+    assert!(rejections >= 40, "{rejections} rejections");
+}
+
+#[test]
+fn every_table_case_is_judged_as_expected() {
+    let verifier = verifier();
+    let mut failures = Vec::new();
+    for (gold, prediction, accepted) in CASES {
+        let outcome = verifier.judge("", gold, prediction);
+        if outcome.outcome == Outcome::UnparseableGold {
+            failures.push(format!("gold {gold:?} must parse: {:?}", outcome.details.reason));
+            continue;
+        }
+        if (outcome.outcome == Outcome::Correct) != *accepted {
+            failures.push(format!("gold {gold:?} prediction {prediction:?}: expected accepted={accepted}, got {:?} ({:?})", outcome.outcome, outcome.details.reason));
+        }
+    }
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+}
+
+fn score(gold: &str, completion: &str, prompt: &str) -> (f64, Outcome) {
+    let reference = Reference { answer: Some(gold.into()), ..Reference::default() };
+    let outcome = verifier().score(&RewardInput::new(prompt, completion, &reference));
+    (outcome.score, outcome.outcome)
+}
+
+#[test]
+fn answers_are_extracted_from_whole_completions() {
+    assert_eq!(score("\\frac{1}{2}", "Thus $\\boxed{\\dfrac{1}{2}}$.", ""), (1.0, Outcome::Correct));
+    assert_eq!(score("18", "She earns 9 * 2 = 18 dollars.\n#### 18", ""), (1.0, Outcome::Correct));
+    assert_eq!(score("18", "<think>9*2</think><answer>18</answer>", ""), (1.0, Outcome::Correct));
+    assert_eq!(score("18", "So the answer is $18$.", ""), (1.0, Outcome::Correct));
+    assert_eq!(score("18", "9 times 2 gives 18", ""), (1.0, Outcome::Correct));
+    assert_eq!(score("18", "9 times 2 gives 19", ""), (0.0, Outcome::Wrong));
+}
+
+#[test]
+fn gsm8k_and_boxed_gold_solutions_are_read() {
+    assert_eq!(score("Natalia sold 48/2 = 24.\n#### 72", "\\boxed{72}", ""), (1.0, Outcome::Correct));
+    assert_eq!(score("so we get $\\boxed{\\frac{3}{5}}$", "0.6", ""), (1.0, Outcome::Correct));
+}
+
+#[test]
+fn unparseable_gold_never_scores() {
+    assert_eq!(score("\\frac{1}{", "\\boxed{\\frac{1}{}", ""), (0.0, Outcome::UnparseableGold));
+    assert_eq!(score("\\frac{1}{", "no answer at all", ""), (0.0, Outcome::UnparseableGold));
+    assert_eq!(score("", "\\boxed{}", ""), (0.0, Outcome::UnparseableGold));
+}
+
+#[test]
+fn missing_answer_and_missing_prediction_are_distinguished() {
+    let reference = Reference::default();
+    let outcome = verifier().score(&RewardInput::new("", "\\boxed{1}", &reference));
+    assert_eq!(outcome.outcome, Outcome::MissingField);
+    assert_eq!(score("5", "I do not know.", ""), (0.0, Outcome::UnparseablePrediction));
+}
+
+#[test]
+fn restating_the_question_does_not_pass() {
+    let prompt = "Simplify $2(x+1)$ completely.";
+    assert_eq!(score("2x+2", "\\boxed{2(x+1)}", prompt), (0.0, Outcome::Wrong));
+    assert_eq!(score("2x+2", "\\boxed{2x+2}", prompt), (1.0, Outcome::Correct));
+    let prompt = "Compute $3 \\cdot 4 + 5$.";
+    assert_eq!(score("17", "\\boxed{3 \\cdot 4 + 5}", prompt), (0.0, Outcome::Wrong));
+    // A bare number that happens to appear in the prompt is still fine.
+    let prompt = "There are 1,000 apples and none are eaten. How many are left?";
+    assert_eq!(score("1000", "\\boxed{1,000}", prompt), (1.0, Outcome::Correct));
+}
+
+#[test]
+fn require_boxed_and_last_number_fallback_options() {
+    let reference = Reference { answer: Some("18".into()), ..Reference::default() };
+    let strict = MathVerifier::new(&MathConfig { require_boxed: true, ..MathConfig::default() }).unwrap();
+    assert_eq!(strict.score(&RewardInput::new("", "the answer is 18", &reference)).outcome, Outcome::FormatError);
+    assert_eq!(strict.score(&RewardInput::new("", "\\boxed{18}", &reference)).outcome, Outcome::Correct);
+    let no_fallback = MathVerifier::new(&MathConfig { last_number_fallback: false, ..MathConfig::default() }).unwrap();
+    assert_eq!(no_fallback.score(&RewardInput::new("", "we get 18", &reference)).outcome, Outcome::FormatError);
+}
+
+#[test]
+fn invalid_config_values_name_their_field() {
+    let error = MathVerifier::new(&MathConfig { sample_points: 1, ..MathConfig::default() }).unwrap_err();
+    assert!(error.to_string().contains("sample_points"));
+    let error = MathVerifier::new(&MathConfig { relative_tolerance: f64::NAN, ..MathConfig::default() }).unwrap_err();
+    assert!(error.to_string().contains("relative_tolerance"));
+}
