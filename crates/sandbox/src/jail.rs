@@ -108,6 +108,10 @@ pub(crate) struct PreparedJail {
 const RECORD_MAGIC: u32 = 0x5354_4b31;
 /// Size of an encoded [`SupervisorRecord`].
 const RECORD_BYTES: usize = 32;
+/// Marks the namespace init's report of the program's own wait status.
+const PROGRAM_STATUS_MAGIC: u32 = 0x5354_4b32;
+/// Size of that report.
+const PROGRAM_STATUS_BYTES: usize = 8;
 /// Exit code of a jail child that found its parent gone before it could arm the death signal.
 const EXIT_PARENT_GONE: libc::c_int = 121;
 
@@ -260,12 +264,35 @@ fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
 }
 
 /// Reads the supervisor's record after it exited (`None` when it died before writing one).
+///
+/// With a PID namespace the pipe holds first the namespace init's report of the program's wait
+/// status, then the supervisor's record (whose own wait status is the init's); the program's
+/// status wins.
 pub(crate) fn read_record(status_reader: OwnedFd) -> Option<SupervisorRecord> {
     use std::io::Read;
     let mut file = std::fs::File::from(status_reader);
-    let mut bytes = [0u8; RECORD_BYTES];
-    file.read_exact(&mut bytes).ok()?;
-    SupervisorRecord::decode(&bytes)
+    let mut bytes = Vec::with_capacity(PROGRAM_STATUS_BYTES + RECORD_BYTES);
+    let mut chunk = [0u8; PROGRAM_STATUS_BYTES + RECORD_BYTES];
+    loop {
+        match file.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(read) => bytes.extend_from_slice(&chunk[..read]),
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
+    let mut program_status = None;
+    let mut rest = &bytes[..];
+    if rest.len() >= PROGRAM_STATUS_BYTES && rest[0..4] == PROGRAM_STATUS_MAGIC.to_ne_bytes() {
+        program_status = Some(i32::from_ne_bytes([rest[4], rest[5], rest[6], rest[7]]));
+        rest = &rest[PROGRAM_STATUS_BYTES..];
+    }
+    let record_bytes: &[u8; RECORD_BYTES] = rest.get(..RECORD_BYTES)?.try_into().ok()?;
+    let mut record = SupervisorRecord::decode(record_bytes)?;
+    if let Some(wait_status) = program_status {
+        record.wait_status = wait_status;
+    }
+    Some(record)
 }
 
 /// Asks the supervisor `pid` to kill the program and everything it started. The caller must
@@ -358,14 +385,7 @@ fn enter_jail(jail: &PreparedJail) -> io::Result<()> {
         libc::sigaddset(&mut waited, libc::SIGTERM);
         libc::signal(libc::SIGCHLD, libc::SIG_DFL);
         check(libc::sigprocmask(libc::SIG_BLOCK, &waited, std::ptr::null_mut()).into())?;
-        let pid = libc::syscall(
-            libc::SYS_clone,
-            libc::SIGCHLD as libc::c_ulong,
-            0usize,
-            0usize,
-            0usize,
-            0usize,
-        );
+        let pid = fork_raw();
         if pid < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -404,6 +424,20 @@ fn enter_jail(jail: &PreparedJail) -> io::Result<()> {
                 )?;
             }
         }
+        if jail.pid_namespace {
+            // This process is PID 1 of the new namespace. PID 1 ignores every signal it has no
+            // handler for when sent from inside the namespace (so `os.kill(os.getpid(), 9)` would
+            // not kill it), so it stays a minimal init and the program becomes PID 2.
+            let program = fork_raw();
+            if program < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if program > 0 {
+                namespace_init(program as libc::pid_t, jail);
+            }
+            check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0).into())?;
+            check(libc::setsid().into())?;
+        }
         if let Some((uid, gid)) = jail.switch_to {
             check(libc::setgroups(0, std::ptr::null()).into())?;
             check(libc::setresgid(gid, gid, gid).into())?;
@@ -427,6 +461,47 @@ fn enter_jail(jail: &PreparedJail) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `fork` as a raw `clone` system call: no atfork handlers, no malloc locks (see module doc).
+/// Returns the child's pid in the parent, 0 in the child, -1 on error.
+fn fork_raw() -> libc::c_long {
+    // SAFETY: clone without CLONE_VM and without a new stack behaves as fork: the child gets a
+    // copy of this stack and continues from here.
+    unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            libc::SIGCHLD as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    }
+}
+
+/// PID 1 of the run's PID namespace: reaps every orphan, and when `program` ends writes its wait
+/// status to the status pipe and exits, upon which the kernel kills what is left. Never returns.
+fn namespace_init(program: libc::pid_t, jail: &PreparedJail) -> ! {
+    let status_fd = jail.status_writer.as_raw_fd();
+    // SAFETY: system calls on our own descriptor and stack values only.
+    unsafe {
+        close_all_except(status_fd);
+        loop {
+            let mut wait_status: libc::c_int = 0;
+            let reaped = libc::wait4(-1, &mut wait_status, libc::__WALL, std::ptr::null_mut());
+            if reaped == program {
+                let mut message = [0u8; PROGRAM_STATUS_BYTES];
+                message[0..4].copy_from_slice(&PROGRAM_STATUS_MAGIC.to_ne_bytes());
+                message[4..8].copy_from_slice(&wait_status.to_ne_bytes());
+                libc::write(status_fd, message.as_ptr().cast(), PROGRAM_STATUS_BYTES);
+                libc::_exit(0);
+            }
+            if reaped < 0 && *libc::__errno_location() != libc::EINTR {
+                libc::_exit(0);
+            }
+        }
+    }
 }
 
 /// The supervisor half: waits for `program`, relays stop requests, reports, exits. Never returns.
