@@ -6,15 +6,18 @@
 //! methods (`.strip()`, `.items()`, `.startswith()` via minijinja-contrib's pycompat), a `tojson`
 //! filter that is Python's `json.dumps(..., ensure_ascii=False)`, `raise_exception(msg)` and
 //! `strftime_now(fmt)` (local time, as Python's `datetime.now().strftime`). The template sees
-//! `messages`, `add_generation_prompt`, `tools` and `documents` (none), the special tokens
-//! (`bos_token`, `eos_token`, `pad_token`, `unk_token`, those the tokenizer defines) and any extra
-//! variables of [`ChatOptions`] (e.g. `date_string`). Token ids are `encode(text,
+//! `messages`, `add_generation_prompt`, `tools` and `documents` (none unless given as extra
+//! variables), the special tokens (`bos_token`, `eos_token`, `pad_token`, `unk_token`, those the
+//! tokenizer defines) and any extra variables of [`ChatOptions`] (e.g. `date_string`). Messages
+//! are prepared as transformers 5.24 prepares them: keys whose value is null are dropped, and
+//! reasoning under `reasoning_content`, `thinking` or `reasoning` is copied to `reasoning_content`
+//! and `thinking`. An empty conversation is an error, as there. Token ids are `encode(text,
 //! add_special_tokens=false)`, as in transformers, so the template alone decides where BOS goes.
 //!
 //! The assistant mask (`ChatEncoding::assistant_mask`) marks the tokens of assistant turns:
 //! - Templates with `{% generation %}...{% endgeneration %}` blocks: exactly the tokens transformers'
-//!   `return_assistant_tokens_mask=True` marks: for each block's rendered text [start, end), the
-//!   tokens from the one containing its first character through the one containing its last.
+//!   (5.24) `return_assistant_tokens_mask=True` marks: every token whose text overlaps a block's
+//!   rendered text (all byte-level tokens of a character split across tokens included).
 //!   minijinja does not know the tag, so it is rewritten to `{% filter <span-marker> %}` (same
 //!   whitespace control, same position) whose output is wrapped in two noncharacters that are then
 //!   cut out and turned into byte spans.
@@ -35,8 +38,10 @@
 //! `content` as that list (what transformers does), and joined with "\n" into a string for
 //! templates that do not (they would fail in Python; vLLM joins the same way).
 //!
-//! Not here: tool schemas (`tools` is always none), images or other non-text parts,
-//! `continue_final_message`.
+//! Not here: converting Python functions to tool schemas (pass JSON schemas as the `tools`
+//! variable), images or other non-text parts, `continue_final_message`, transformers'
+//! opt-in `sanitize_control_tokens`, and Python's `%` string formatting (minijinja has no `%` on
+//! strings; no template we test uses it).
 
 mod python_json;
 
@@ -73,6 +78,24 @@ pub enum Role {
     Tool,
     Ipython,
 }
+
+impl Role {
+    /// The role as templates compare it (`message.role == "assistant"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::Developer => "developer",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+            Role::Ipython => "ipython",
+        }
+    }
+}
+
+/// Names a message's reasoning may come under; transformers fills `thinking` and
+/// `reasoning_content` from the first of them that is set.
+const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
 
 /// One part of a multi-part message content; only text is supported.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -265,6 +288,7 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         options: &ChatOptions,
     ) -> Result<String, TokenizerError> {
+        self.check_not_empty(messages)?;
         let raw = self.render_raw(messages, options.add_generation_prompt, &options.variables)?;
         Ok(self.split_spans(raw)?.text)
     }
@@ -275,6 +299,7 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         options: &ChatOptions,
     ) -> Result<RenderedChat, TokenizerError> {
+        self.check_not_empty(messages)?;
         let raw = self.render_raw(messages, options.add_generation_prompt, &options.variables)?;
         let rendered = self.split_spans(raw)?;
         match self.mask_source {
@@ -313,9 +338,7 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         variables: &BTreeMap<String, TemplateValue>,
     ) -> Result<String, TokenizerError> {
-        let messages: Vec<ChatMessage> =
-            messages.iter().map(|m| self.normalize_content(m)).collect();
-        let messages_json = serde_json::to_string(&messages).unwrap_or_default();
+        let messages_json = serde_json::to_string(messages).unwrap_or_default();
         let variables_json = serde_json::to_string(variables).unwrap_or_default();
         if [messages_json, variables_json]
             .iter()
@@ -352,7 +375,8 @@ impl ChatTemplate {
             }
             context.insert(key.clone(), value.clone());
         }
-        context.insert("messages".into(), Value::from(Serde(&messages)));
+        let messages: Vec<Value> = messages.iter().map(|m| self.template_message(m)).collect();
+        context.insert("messages".into(), Value::from(messages));
         context.insert(
             "add_generation_prompt".into(),
             Value::from(add_generation_prompt),
@@ -366,14 +390,53 @@ impl ChatTemplate {
             .map_err(|err| template_error(&self.name, &err))
     }
 
-    fn normalize_content(&self, message: &ChatMessage) -> ChatMessage {
-        let mut message = message.clone();
-        if self.content_format == ContentFormat::String
-            && let Some(content @ MessageContent::Parts(_)) = &message.content
-        {
-            message.content = Some(MessageContent::Text(content.joined_text()));
+    /// The message as the template sees it, prepared as transformers 5.24 prepares it: keys whose
+    /// value is none are left out (so `message.content is defined` is false for a null content),
+    /// and reasoning given under any of [`REASONING_FIELDS`] is also set as `reasoning_content`
+    /// and (unless given) `thinking`. Content parts are joined for templates that expect a string.
+    fn template_message(&self, message: &ChatMessage) -> Value {
+        let mut fields: Vec<(String, Value)> =
+            vec![("role".into(), Value::from(message.role.as_str()))];
+        match &message.content {
+            None => {}
+            Some(MessageContent::Text(text)) => {
+                fields.push(("content".into(), Value::from(text.as_str())))
+            }
+            Some(content @ MessageContent::Parts(parts)) => {
+                let value = match self.content_format {
+                    ContentFormat::String => Value::from(content.joined_text()),
+                    ContentFormat::OpenAi => Value::from(Serde(parts)),
+                };
+                fields.push(("content".into(), value));
+            }
         }
-        message
+        let present = |key: &str| {
+            message
+                .extra
+                .get(key)
+                .filter(|v| !v.is_none() && !v.is_undefined())
+        };
+        let reasoning = REASONING_FIELDS
+            .iter()
+            .find_map(|key| present(key))
+            .cloned();
+        for (key, value) in &message.extra {
+            if value.is_none() || value.is_undefined() || key == "role" || key == "content" {
+                continue;
+            }
+            if reasoning.is_some() && (key == "thinking" || key == "reasoning_content") {
+                continue; // set below
+            }
+            fields.push((key.clone(), value.clone()));
+        }
+        if let Some(reasoning) = reasoning {
+            let thinking = present("thinking")
+                .cloned()
+                .unwrap_or_else(|| reasoning.clone());
+            fields.push(("thinking".into(), thinking));
+            fields.push(("reasoning_content".into(), reasoning));
+        }
+        Value::from_pairs(fields)
     }
 
     /// Cuts the generation-span markers out of `raw`, returning their byte spans in the order
@@ -444,6 +507,18 @@ impl ChatTemplate {
         Ok(spans)
     }
 
+    /// transformers refuses to render an empty conversation; so do the public entry points
+    /// (prefix rendering renders empty prefixes internally).
+    fn check_not_empty(&self, messages: &[ChatMessage]) -> Result<(), TokenizerError> {
+        if messages.is_empty() {
+            return Err(TokenizerError::Template {
+                template: self.name.clone(),
+                message: "cannot apply a chat template to an empty conversation".into(),
+            });
+        }
+        Ok(())
+    }
+
     fn mask_error(&self, message: String) -> TokenizerError {
         TokenizerError::AssistantMask {
             template: self.name.clone(),
@@ -452,27 +527,23 @@ impl ChatTemplate {
     }
 }
 
-/// Token mask from byte spans, with transformers' rules: a span covers the token holding its first
-/// byte through the token holding its last; a span whose start lies in no token (past the end of
-/// the text) stops the scan; an end token index of 0 or none extends the span to the end of the
-/// sequence (Python's `end_token + 1 if end_token else len(ids)`).
+/// Token mask from byte spans, with transformers 5.24's rule: a token is marked when its offsets
+/// overlap a span (`token_start < span_end && token_end > span_start`), in one pass over tokens
+/// and spans in order, as `apply_chat_template(return_assistant_tokens_mask=True)` does it. So
+/// every byte-level token of a character split across tokens is marked. Byte offsets give the
+/// same result as Python's character offsets because both are monotone in each other.
 fn spans_to_token_mask(encoding: &tokenizers::Encoding, spans: &[Range<usize>]) -> Vec<bool> {
-    let len = encoding.get_ids().len();
-    let mut mask = vec![false; len];
-    for span in spans {
-        let Some(start_token) = encoding.char_to_token(span.start, 0) else {
+    let mut mask = vec![false; encoding.get_ids().len()];
+    let mut span_index = 0;
+    for (token, &(token_start, token_end)) in encoding.get_offsets().iter().enumerate() {
+        while span_index < spans.len() && token_start >= spans[span_index].end {
+            span_index += 1;
+        }
+        if span_index == spans.len() {
             break;
-        };
-        let end_token = span
-            .end
-            .checked_sub(1)
-            .and_then(|last| encoding.char_to_token(last, 0));
-        let stop = match end_token {
-            Some(end) if end != 0 => end + 1,
-            _ => len,
-        };
-        for slot in mask.iter_mut().take(stop).skip(start_token) {
-            *slot = true;
+        }
+        if token_end > spans[span_index].start {
+            mask[token] = true;
         }
     }
     mask

@@ -16,6 +16,29 @@ use stoke_tokenizer::hf::Tokenizer;
 struct Reference {
     tokenizers: BTreeMap<String, TokenizerCases>,
     jinja_features: FeatureCases,
+    message_preparation: MessagePreparation,
+}
+
+#[derive(Deserialize)]
+struct MessagePreparation {
+    tokenizer_dir: String,
+    fields: FieldsCase,
+    split_char_mask: SplitCharCase,
+}
+
+#[derive(Deserialize)]
+struct FieldsCase {
+    template: String,
+    messages: Vec<ChatMessage>,
+    text: String,
+}
+
+#[derive(Deserialize)]
+struct SplitCharCase {
+    template: String,
+    messages: Vec<ChatMessage>,
+    input_ids: Vec<u32>,
+    assistant_masks: Vec<u8>,
 }
 
 #[derive(Deserialize)]
@@ -185,4 +208,35 @@ fn jinja_features_render_as_jinja2_does() {
             case.name, case.add_generation_prompt
         );
     }
+}
+
+#[test]
+fn null_fields_are_dropped_and_reasoning_fields_aliased_as_in_transformers() {
+    let preparation = load_reference().message_preparation;
+    let tokenizer = Tokenizer::from_dir(&repo_root().join(&preparation.tokenizer_dir)).unwrap();
+    let fields = &preparation.fields;
+    let template = tokenizer
+        .chat_template_from_source("fields", &fields.template)
+        .unwrap();
+    let text = template
+        .render_text(&fields.messages, &ChatOptions::default())
+        .unwrap();
+    assert_eq!(text, fields.text);
+}
+
+#[test]
+fn mask_covers_every_token_of_a_character_split_at_the_end_of_a_block() {
+    // "ok 🦀" ends the generation block; the crab is four byte-level tokens, all marked.
+    let preparation = load_reference().message_preparation;
+    let tokenizer = Tokenizer::from_dir(&repo_root().join(&preparation.tokenizer_dir)).unwrap();
+    let case = &preparation.split_char_mask;
+    let template = tokenizer
+        .chat_template_from_source("split", &case.template)
+        .unwrap();
+    let encoding = template
+        .encode(&tokenizer, &case.messages, &ChatOptions::default())
+        .unwrap();
+    assert_eq!(encoding.ids, case.input_ids);
+    let expected: Vec<bool> = case.assistant_masks.iter().map(|&m| m == 1).collect();
+    assert_eq!(encoding.assistant_mask, expected);
 }

@@ -29,6 +29,10 @@ fn render(
     template(source).render_text(messages, options)
 }
 
+fn one_message() -> Vec<ChatMessage> {
+    vec![ChatMessage::user("x")]
+}
+
 fn conversation() -> Vec<ChatMessage> {
     vec![
         ChatMessage::user("Hi"),
@@ -81,7 +85,12 @@ fn block_tags_trim_the_following_newline_and_leading_indent() {
 
 #[test]
 fn single_trailing_newline_of_the_template_is_dropped() {
-    let text = render("{{ bos_token }}x\n", &[], &ChatOptions::default()).unwrap();
+    let text = render(
+        "{{ bos_token }}x\n",
+        &one_message(),
+        &ChatOptions::default(),
+    )
+    .unwrap();
     assert_eq!(text, "<s>x");
 }
 
@@ -118,25 +127,40 @@ fn tojson_is_python_json_dumps_without_ascii_escaping() {
         ..Default::default()
     };
     assert_eq!(
-        render("{{ obj | tojson }}", &[], &options).unwrap(),
+        render("{{ obj | tojson }}", &one_message(), &options).unwrap(),
         r#"{"name": "café <b>", "n": [1, 2.5, null, true]}"#
     );
     assert_eq!(
-        render("{{ obj.n | tojson(indent=2) }}", &[], &options).unwrap(),
+        render("{{ obj.n | tojson(indent=2) }}", &one_message(), &options).unwrap(),
         "[\n  1,\n  2.5,\n  null,\n  true\n]"
     );
     assert_eq!(
-        render("{{ obj.name | tojson(ensure_ascii=true) }}", &[], &options).unwrap(),
+        render(
+            "{{ obj.name | tojson(ensure_ascii=true) }}",
+            &one_message(),
+            &options
+        )
+        .unwrap(),
         r#""caf\u00e9 <b>""#
     );
 }
 
 #[test]
 fn strftime_now_formats_the_current_date() {
-    let text = render("{{ strftime_now('%Y') }}", &[], &ChatOptions::default()).unwrap();
+    let text = render(
+        "{{ strftime_now('%Y') }}",
+        &one_message(),
+        &ChatOptions::default(),
+    )
+    .unwrap();
     let year: i32 = text.parse().expect("a year");
     assert!((2024..3000).contains(&year), "{text}");
-    let err = render("{{ strftime_now('%Q') }}", &[], &ChatOptions::default()).unwrap_err();
+    let err = render(
+        "{{ strftime_now('%Q') }}",
+        &one_message(),
+        &ChatOptions::default(),
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("strftime_now"), "{err}");
 }
 
@@ -150,7 +174,7 @@ fn extra_variables_reach_the_template_and_tools_is_none() {
         variables,
     };
     assert_eq!(
-        render(source, &[], &options).unwrap(),
+        render(source, &one_message(), &options).unwrap(),
         "26 Jul 2024|True|True"
     );
 }
@@ -164,14 +188,14 @@ fn extra_variable_may_not_replace_messages() {
     );
     let err = render(
         "x",
-        &[],
+        &one_message(),
         &ChatOptions {
             variables,
             ..Default::default()
         },
     )
     .unwrap_err();
-    assert!(err.to_string().contains("messages"), "{err}");
+    assert!(err.to_string().contains("extra variable `messages`"), "{err}");
 }
 
 #[test]
@@ -287,4 +311,10 @@ fn messages_with_span_markers_are_rejected() {
         .render(&[ChatMessage::user("x\u{FDD0}")], &ChatOptions::default())
         .unwrap_err();
     assert!(err.to_string().contains("U+FDD0"), "{err}");
+}
+
+#[test]
+fn empty_conversation_is_an_error_as_in_transformers() {
+    let err = render("x", &[], &ChatOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("empty conversation"), "{err}");
 }

@@ -194,9 +194,12 @@ fn chat_template_list_of_named_templates_is_read() {
     let text = tokenizer
         .chat_template()
         .unwrap()
-        .render_text(&[], &Default::default())
+        .render_text(
+            &[stoke_tokenizer::chat::ChatMessage::user("x")],
+            &Default::default(),
+        )
         .unwrap();
-    assert_eq!(text, "D0");
+    assert_eq!(text, "D1");
     assert!(tokenizer.chat_template_named("tool_use").is_some());
 }
 

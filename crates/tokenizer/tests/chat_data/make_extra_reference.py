@@ -88,6 +88,52 @@ def feature_cases():
     return {"tokenizer_dir": "fixtures/tokenizers/qwen2", "cases": cases}
 
 
+# Message preparation: null-valued keys are dropped, reasoning fields are aliased.
+FIELDS_TEMPLATE = (
+    "{% for m in messages %}{{ m.role }}: content {{ m.content is defined }}, "
+    "tool_calls {{ m.tool_calls is defined }}, reasoning_content {{ m.reasoning_content | default('-') }}, "
+    "thinking {{ m.thinking | default('-') }}, reasoning {{ m.reasoning | default('-') }}\n{% endfor %}"
+)
+FIELDS_MESSAGES = [
+    {"role": "user", "content": "q", "tool_calls": None},
+    {"role": "assistant", "content": None, "thinking": "t1"},
+    {"role": "assistant", "content": "a", "reasoning": "r2"},
+    {"role": "assistant", "content": "a", "reasoning_content": "rc3", "thinking": "t3"},
+    {"role": "assistant", "content": "a", "reasoning_content": None, "reasoning": "r4"},
+]
+
+# A generation block that ends inside a character split over byte-level tokens.
+SPLIT_CHAR_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' %}"
+    "{% generation %}{{ m.content }}{% endgeneration %}{% else %}{{ m.content }}{% endif %}"
+    "<|im_end|>\n{% endfor %}"
+)
+SPLIT_CHAR_MESSAGES = [
+    {"role": "user", "content": "hi"},
+    {"role": "assistant", "content": "ok 🦀"},
+    {"role": "user", "content": "中"},
+    {"role": "assistant", "content": "é"},
+]
+
+
+def message_cases():
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "fixtures" / "tokenizers" / "qwen2"))
+    fields_text = tok.apply_chat_template(FIELDS_MESSAGES, chat_template=FIELDS_TEMPLATE, tokenize=False)
+    masked = tok.apply_chat_template(
+        SPLIT_CHAR_MESSAGES, chat_template=SPLIT_CHAR_TEMPLATE, return_dict=True, return_assistant_tokens_mask=True
+    )
+    return {
+        "tokenizer_dir": "fixtures/tokenizers/qwen2",
+        "fields": {"template": FIELDS_TEMPLATE, "messages": FIELDS_MESSAGES, "text": fields_text},
+        "split_char_mask": {
+            "template": SPLIT_CHAR_TEMPLATE,
+            "messages": SPLIT_CHAR_MESSAGES,
+            "input_ids": list(masked["input_ids"]),
+            "assistant_masks": list(masked["assistant_masks"]),
+        },
+    }
+
+
 def main():
     out = {"transformers_version": transformers.__version__, "tokenizers": {}}
     for name in ["qwen2", "llama3"]:
@@ -116,6 +162,7 @@ def main():
             })
         out["tokenizers"][name] = {"tokenizer_dir": f"fixtures/tokenizers/{name}", "cases": cases}
     out["jinja_features"] = feature_cases()
+    out["message_preparation"] = message_cases()
     OUT.write_text(json.dumps(out, ensure_ascii=False) + "\n")
 
 
