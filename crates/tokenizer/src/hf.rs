@@ -34,6 +34,9 @@ use crate::error::TokenizerError;
 /// Name transformers gives the template stored as a plain string or in `chat_template.jinja`.
 pub const DEFAULT_TEMPLATE_NAME: &str = "default";
 
+/// Name of the template transformers picks when tools are passed and the tokenizer has one.
+pub const TOOL_USE_TEMPLATE_NAME: &str = "tool_use";
+
 /// A loaded tokenizer directory: the `tokenizers` model plus the special tokens and chat templates
 /// named by its config files.
 #[derive(Debug, Clone)]
@@ -214,28 +217,23 @@ impl Tokenizer {
         self.add_bos_token
     }
 
-    /// The default chat template (the one named "default", or the only one there is); `None`
-    /// also when it failed to compile ([`Tokenizer::default_chat_template`] says why).
+    /// The default chat template; `None` also when it failed to compile
+    /// ([`Tokenizer::default_chat_template`] says why).
     pub fn chat_template(&self) -> Option<&ChatTemplate> {
         self.default_chat_template().ok()
     }
 
-    /// The default chat template, or why there is none usable (absent, or a compile error).
+    /// The default chat template (named "default"), or why there is none usable (absent, or a
+    /// compile error). Like transformers, a directory whose templates are all named otherwise
+    /// has no default.
     pub fn default_chat_template(&self) -> Result<&ChatTemplate, TokenizerError> {
-        let name = if self.chat_templates.contains_key(DEFAULT_TEMPLATE_NAME)
-            || self.chat_templates.len() != 1
-        {
-            DEFAULT_TEMPLATE_NAME
-        } else {
-            self.chat_templates
-                .keys()
-                .next()
-                .map_or(DEFAULT_TEMPLATE_NAME, String::as_str)
-        };
-        self.chat_template_checked(name).map_err(|err| match err {
-            TokenizerError::NoChatTemplate { .. } => TokenizerError::NoChatTemplate { name: None },
-            other => other,
-        })
+        self.chat_template_checked(DEFAULT_TEMPLATE_NAME)
+            .map_err(|err| match err {
+                TokenizerError::NoChatTemplate { .. } => {
+                    TokenizerError::NoChatTemplate { name: None }
+                }
+                other => other,
+            })
     }
 
     /// A chat template by name (e.g. "tool_use" in tokenizers that ship several).
@@ -279,14 +277,24 @@ impl Tokenizer {
             .collect()
     }
 
-    /// Renders `messages` with the default chat template and tokenizes the text, as transformers'
-    /// `apply_chat_template(..., tokenize=True, return_assistant_tokens_mask=True)` does.
+    /// Renders `messages` and tokenizes the text, as transformers'
+    /// `apply_chat_template(..., tokenize=True, return_assistant_tokens_mask=True)` does, with the
+    /// template transformers would pick: "tool_use" when the options carry a `tools` variable that
+    /// is not none and the directory has such a template, else the default.
     pub fn apply_chat_template(
         &self,
         messages: &[ChatMessage],
         options: &ChatOptions,
     ) -> Result<ChatEncoding, TokenizerError> {
-        let template = self.default_chat_template()?;
+        let has_tools = options
+            .variables
+            .get("tools")
+            .is_some_and(|tools| !tools.is_none());
+        let template = if has_tools && self.chat_templates.contains_key(TOOL_USE_TEMPLATE_NAME) {
+            self.chat_template_checked(TOOL_USE_TEMPLATE_NAME)?
+        } else {
+            self.default_chat_template()?
+        };
         template.encode(self, messages, options)
     }
 

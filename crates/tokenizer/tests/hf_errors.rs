@@ -201,6 +201,29 @@ fn chat_template_list_of_named_templates_is_read() {
         .unwrap();
     assert_eq!(text, "D1");
     assert!(tokenizer.chat_template_named("tool_use").is_some());
+    // With a `tools` variable, transformers picks the "tool_use" template.
+    let messages = [stoke_tokenizer::chat::ChatMessage::user("x")];
+    let mut options = stoke_tokenizer::chat::ChatOptions::default();
+    let tools = stoke_tokenizer::chat::TemplateValue::from(vec!["t"]);
+    options.variables.insert("tools".into(), tools);
+    assert_eq!(
+        tokenizer
+            .apply_chat_template(&messages, &options)
+            .unwrap()
+            .text,
+        "T"
+    );
+}
+
+#[test]
+fn named_templates_without_a_default_give_no_default() {
+    let dir = copy_of_qwen2();
+    edit_json(&dir.path().join("tokenizer_config.json"), |v| {
+        v["chat_template"] = serde_json::json!([{"name": "rag", "template": "R"}])
+    });
+    let tokenizer = Tokenizer::from_dir(dir.path()).unwrap();
+    assert!(tokenizer.chat_template().is_none());
+    assert!(tokenizer.chat_template_named("rag").is_some());
 }
 
 #[test]
