@@ -43,7 +43,11 @@
 //! opt-in `sanitize_control_tokens`, and Python's `%` string formatting (minijinja has no `%` on
 //! strings; no template we test uses it).
 
+mod message;
 mod python_json;
+
+use message::REASONING_FIELDS;
+pub use message::{ChatMessage, ContentPart, MessageContent, Role, TemplateValue};
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -51,111 +55,15 @@ use std::ops::Range;
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::Serde;
 use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};
-use serde::{Deserialize, Serialize};
 use stoke_types::TokenId;
 
 use crate::error::TokenizerError;
 use crate::hf::Tokenizer;
 
-/// A value handed to a template (extra message fields, extra variables). It is minijinja's value
-/// type so that maps parsed from JSON keep their key order, which `tojson` must reproduce
-/// (serde_json's own map sorts keys). Parse it from JSON with serde, or build it with `From`.
-pub use minijinja::Value as TemplateValue;
-
 /// Wraps the rendered body of a `{% generation %}` block; noncharacters never occur in text.
 const SPAN_START: char = '\u{FDD0}';
 const SPAN_END: char = '\u{FDD1}';
 const SPAN_FILTER: &str = "__stoke_generation_span";
-
-/// Who speaks a message (OpenAI chat roles, plus Llama 3.1's `ipython` tool role).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    System,
-    Developer,
-    User,
-    Assistant,
-    Tool,
-    Ipython,
-}
-
-impl Role {
-    /// The role as templates compare it (`message.role == "assistant"`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::System => "system",
-            Role::Developer => "developer",
-            Role::User => "user",
-            Role::Assistant => "assistant",
-            Role::Tool => "tool",
-            Role::Ipython => "ipython",
-        }
-    }
-}
-
-/// Names a message's reasoning may come under; transformers fills `thinking` and
-/// `reasoning_content` from the first of them that is set.
-const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
-
-/// One part of a multi-part message content; only text is supported.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase")]
-pub enum ContentPart {
-    Text { text: String },
-}
-
-/// Message content: a string or a list of parts (OpenAI format).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum MessageContent {
-    Text(String),
-    Parts(Vec<ContentPart>),
-}
-
-impl MessageContent {
-    /// The text parts joined with "\n".
-    pub fn joined_text(&self) -> String {
-        match self {
-            MessageContent::Text(text) => text.clone(),
-            MessageContent::Parts(parts) => parts
-                .iter()
-                .map(|ContentPart::Text { text }| text.as_str())
-                .collect::<Vec<_>>()
-                .join("\n"),
-        }
-    }
-}
-
-/// A chat message in OpenAI format. Fields other than `role` and `content` (`tool_calls`,
-/// `name`, `tool_call_id`, `reasoning_content`, ...) are passed to the template unchanged, with
-/// the key order of nested maps kept.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ChatMessage {
-    pub role: Role,
-    #[serde(default)]
-    pub content: Option<MessageContent>,
-    #[serde(flatten)]
-    pub extra: BTreeMap<String, TemplateValue>,
-}
-
-impl ChatMessage {
-    pub fn new(role: Role, content: impl Into<String>) -> Self {
-        ChatMessage {
-            role,
-            content: Some(MessageContent::Text(content.into())),
-            extra: Default::default(),
-        }
-    }
-    pub fn system(content: impl Into<String>) -> Self {
-        Self::new(Role::System, content)
-    }
-    pub fn user(content: impl Into<String>) -> Self {
-        Self::new(Role::User, content)
-    }
-    pub fn assistant(content: impl Into<String>) -> Self {
-        Self::new(Role::Assistant, content)
-    }
-}
 
 /// Options of one rendering.
 #[derive(Debug, Clone, Default, PartialEq)]
