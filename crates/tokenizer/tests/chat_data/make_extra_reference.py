@@ -1,8 +1,10 @@
 """Extra chat-template references from transformers (tool calls, tool results, tools lists,
 empty and whitespace-only contents), beyond fixtures/chat/reference.json, and renderings of
 `jinja_features.jinja`, a template that exercises the jinja2 features HF templates use
-(namespace, reverse slices, macros, Python string methods, filters, `%` formatting, tojson
-options, loop.previtem/nextitem, whitespace control).
+(namespace, reverse slices, macros, Python string methods, filters, tojson options,
+loop.previtem/nextitem, whitespace control; not Python's `%` string formatting, which minijinja
+lacks), and message preparation (null keys dropped, reasoning fields aliased, the mask of a
+generation block that ends inside a character split over byte-level tokens).
 
 Run from the repository root with the fixtures venv (see fixtures/README.md):
     /work/venv/bin/python crates/tokenizer/tests/chat_data/make_extra_reference.py
