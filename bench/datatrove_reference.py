@@ -63,8 +63,10 @@ def main():
         pipeline=pipeline, tasks=1, workers=1, logging_dir=os.path.join(work, "logs")
     )
     start = time.perf_counter()
+    cpu_start = time.process_time()
     executor.run()
     seconds = time.perf_counter() - start
+    cpu_seconds = time.process_time() - cpu_start
 
     kept = 0
     for root, _, files in os.walk(os.path.join(work, "out")):
@@ -79,6 +81,8 @@ def main():
                 "megabytes": text_bytes / 1e6,
                 "kept": kept,
                 "seconds": seconds,
+                "cpu_seconds": cpu_seconds,
+                "megabytes_per_cpu_second": text_bytes / 1e6 / cpu_seconds,
                 "documents_per_second": docs / seconds,
                 "megabytes_per_second": text_bytes / 1e6 / seconds,
             },

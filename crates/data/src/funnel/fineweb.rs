@@ -8,7 +8,7 @@
 use serde::Deserialize;
 
 use super::document::{Document, DropReason, Verdict};
-use super::text::{TERMINAL_PUNCTUATION, find_duplicates, word_tokens};
+use super::text::{ends_with_terminal_punctuation, find_duplicates, word_tokens};
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -77,7 +77,7 @@ impl FinewebQuality {
         let n = lines.len() as f64;
         let punct = lines
             .iter()
-            .filter(|l| l.ends_with(TERMINAL_PUNCTUATION))
+            .filter(|l| ends_with_terminal_punctuation(l))
             .count() as f64
             / n;
         if punct < f.line_punct_thr && !(punct == 0.0 && f.line_punct_exclude_zero) {

@@ -1,7 +1,7 @@
 //! Gopher quality filter (Rae et al. 2021, "Scaling Language Models", appendix A), following
 //! datatrove's `GopherQualityFilter` rule by rule and with its defaults: 50-100,000 words, mean
 //! word length 3-10, `#` and ellipsis per word <= 0.1, bullet-start lines <= 0.9, ellipsis-end
-//! lines <= 0.3, >= 80% of words with an alphabetic character, >= 2 Gopher stop words.
+//! lines <= 0.3, >= 80% of words with an alphabetic character, >= 2 distinct Gopher stop words.
 //!
 //! What it is not: a tokenizer-exact port; words come from [`super::text::word_tokens`]. The
 //! word counts use non-symbol words (tokens with an alphanumeric char), the ratios use all
@@ -71,9 +71,7 @@ impl GopherQualityFile {
         {
             return Err(format!("min_doc_words {lo} > max_doc_words {hi}"));
         }
-        let mut file = self;
-        file.stop_words = file.stop_words.iter().map(|w| w.to_lowercase()).collect();
-        Ok(GopherQuality { file })
+        Ok(GopherQuality { file: self })
     }
 }
 
@@ -154,16 +152,18 @@ impl GopherQuality {
             }
         }
         if let Some(min) = f.min_stop_words {
-            let mut found = 0;
+            // Distinct stop words, matched exactly as datatrove's set intersection does ("The"
+            // at a sentence start is not "the").
+            let mut found: Vec<&str> = Vec::new();
             for token in &tokens {
-                if token.len() <= 4 && f.stop_words.iter().any(|s| s.eq_ignore_ascii_case(token)) {
-                    found += 1;
-                    if found >= min {
+                if !found.contains(token) && f.stop_words.iter().any(|s| s == token) {
+                    found.push(token);
+                    if found.len() >= min {
                         break;
                     }
                 }
             }
-            if found < min {
+            if found.len() < min {
                 return Some(DropReason::GopherTooFewStopWords);
             }
         }
@@ -259,7 +259,10 @@ mod tests {
             f.check(&numbers(21)),
             Some(DropReason::GopherBelowAlphaThreshold)
         );
-        let one_stop = format!("the {}", vec!["word"; 60].join(" "));
+        // One distinct stop word, however often, is not enough; case matters as in datatrove.
+        let one_stop = format!("the the The {}", vec!["word"; 60].join(" "));
         assert_eq!(f.check(&one_stop), Some(DropReason::GopherTooFewStopWords));
+        let two_stops = format!("the and {}", vec!["word"; 60].join(" "));
+        assert_eq!(f.check(&two_stops), None);
     }
 }

@@ -108,11 +108,15 @@ impl GopherRepetition {
         let words = word_tokens(text);
         let hashes: Vec<u64> = words.iter().map(|w| xxh3_64(w.as_bytes())).collect();
         let lengths: Vec<usize> = words.iter().map(|w| w.chars().count()).collect();
+        // One table per kind, sized once and cleared between n (rehashing dominated the profile).
+        let mut counts: PrehashedMap<(usize, usize)> =
+            PrehashedMap::with_capacity_and_hasher(words.len(), Default::default());
+        let mut seen = PrehashedSet::with_capacity_and_hasher(words.len(), Default::default());
         for &(n, max_share) in &f.top_n_grams {
             if words.len() < n {
                 continue;
             }
-            if self.top_ngram_chars(&hashes, &lengths, n) as f64 / text_chars > max_share {
+            if top_ngram_chars(&mut counts, &hashes, &lengths, n) as f64 / text_chars > max_share {
                 return Some(DropReason::RepetitionTopNGram(n as u8));
             }
         }
@@ -120,41 +124,53 @@ impl GopherRepetition {
             if words.len() < n {
                 continue;
             }
-            if duplicated_ngram_chars(&hashes, &lengths, n) as f64 / text_chars > max_share {
+            if duplicated_ngram_chars(&mut seen, &hashes, &lengths, n) as f64 / text_chars
+                > max_share
+            {
                 return Some(DropReason::RepetitionDuplicatedNGrams(n as u8));
             }
         }
         None
     }
+}
 
-    /// Characters of the most frequent n-gram (joined with spaces) times its count; ties go to
-    /// the n-gram seen first, like Python's `Counter.most_common`.
-    fn top_ngram_chars(&self, hashes: &[u64], lengths: &[usize], n: usize) -> usize {
-        let mut counts: PrehashedMap<(usize, usize)> = PrehashedMap::default();
-        let mut best: Option<(usize, usize, usize)> = None; // (count, first index, chars)
-        for i in 0..=hashes.len() - n {
-            let entry = counts
-                .entry(hash_words(&hashes[i..i + n]))
-                .or_insert((0, i));
-            entry.0 += 1;
-            let (count, first) = *entry;
-            let better = match best {
-                None => true,
-                Some((c, f, _)) => count > c || (count == c && first < f),
-            };
-            if better {
-                let chars = lengths[first..first + n].iter().sum::<usize>() + n - 1;
-                best = Some((count, first, chars));
-            }
+/// Characters of the most frequent n-gram (joined with spaces) times its count; ties go to the
+/// n-gram seen first, like Python's `Counter.most_common`.
+fn top_ngram_chars(
+    counts: &mut PrehashedMap<(usize, usize)>,
+    hashes: &[u64],
+    lengths: &[usize],
+    n: usize,
+) -> usize {
+    counts.clear();
+    let mut best: Option<(usize, usize, usize)> = None; // (count, first index, chars)
+    for i in 0..=hashes.len() - n {
+        let entry = counts
+            .entry(hash_words(&hashes[i..i + n]))
+            .or_insert((0, i));
+        entry.0 += 1;
+        let (count, first) = *entry;
+        let better = match best {
+            None => true,
+            Some((c, f, _)) => count > c || (count == c && first < f),
+        };
+        if better {
+            let chars = lengths[first..first + n].iter().sum::<usize>() + n - 1;
+            best = Some((count, first, chars));
         }
-        best.map_or(0, |(count, _, chars)| count * chars)
     }
+    best.map_or(0, |(count, _, chars)| count * chars)
 }
 
 /// datatrove's `find_all_duplicate`: walk the n-grams; a repeated one adds its characters
 /// (joined without spaces) and skips ahead by n, a new one is remembered.
-fn duplicated_ngram_chars(hashes: &[u64], lengths: &[usize], n: usize) -> usize {
-    let mut seen = PrehashedSet::default();
+fn duplicated_ngram_chars(
+    seen: &mut PrehashedSet,
+    hashes: &[u64],
+    lengths: &[usize],
+    n: usize,
+) -> usize {
+    seen.clear();
     let (mut repeated_chars, mut i) = (0, 0);
     while i + n <= hashes.len() {
         if seen.insert(hash_words(&hashes[i..i + n])) {
