@@ -44,7 +44,13 @@ fn write_input(dir: &Path) -> PathBuf {
         "pii",
         &format!("{} Mail jane@example.org today.", good_text(9)),
     );
-    input += &jsonl_line("dup", &good_text(0).to_uppercase());
+    // Same text up to case and whitespace (stop words stay lowercase: Gopher matches them exactly).
+    input += &jsonl_line(
+        "dup",
+        &good_text(0)
+            .replacen("story", "STORY", 1)
+            .replace(" house", "\n  house"),
+    );
     let path = dir.join("in/docs.jsonl");
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(&path, input).unwrap();
