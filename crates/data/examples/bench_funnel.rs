@@ -11,6 +11,7 @@
 //!   and IPs): the filters of `bench/datatrove_reference.py`, in the same order, same defaults;
 //! - `all_stages`: every stage, dedups last (language, the four filters, repeated span, full PII,
 //!   safety, exact, MinHash and line dedup).
+//!
 //! Each runs on 1 thread (per-core figure) and on all threads.
 //!
 //! Environment: `STOKE_BENCH_DIR` (work folder), `STOKE_BENCH_CORPUS` (use this JSONL instead of

@@ -533,6 +533,20 @@ mod tests {
     }
 
     #[test]
+    fn unreadable_file_is_a_bad_record_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.jsonl"), "{\"text\": \"fine\"}\n").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("missing"), dir.path().join("b.jsonl")).unwrap();
+        let items: Vec<ReadItem> =
+            SourceReader::new(source(dir.path(), InputFormat::Jsonl)).collect();
+        assert_eq!(items.len(), 2);
+        assert!(matches!(&items[0], ReadItem::Document(d) if d.text == "fine"));
+        assert!(
+            matches!(&items[1], ReadItem::Bad(b) if b.location.ends_with("b.jsonl") && b.error.contains("cannot open"))
+        );
+    }
+
+    #[test]
     fn corrupt_parquet_is_a_bad_record_not_a_failure() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("x.parquet"), b"PAR1 this is not parquet").unwrap();

@@ -105,7 +105,7 @@ pub fn luhn_valid(number: &str) -> bool {
             }
         })
         .sum();
-    sum % 10 == 0
+    sum.is_multiple_of(10)
 }
 
 fn redact(

@@ -3,7 +3,7 @@
 //!
 //! 1. for each source, for each chunk of `chunk_size` documents (bad records counted aside):
 //!    a. per-document stages run in parallel over the chunk (rayon, order preserved), together
-//!       with the parallel half of the next ordered stage (fingerprints, signatures, hashes);
+//!    with the parallel half of the next ordered stage (fingerprints, signatures, hashes);
 //!    b. that ordered stage decides document by document in reading order;
 //!    c. repeat from (a) with the stages after it; write the survivors.
 //! 2. stages finish (dedup state persisted);
