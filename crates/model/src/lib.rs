@@ -1,1 +1,35 @@
-//! stoke-model (see crates/README.md).
+//! stoke-model: the decoder-only transformer family (Hugging Face LlamaForCausalLM,
+//! Qwen2ForCausalLM, Qwen3ForCausalLM) with trainable candle `Var` parameters.
+//!
+//! Layout of the crate (one noun per file):
+//! - `config`: HF config.json (4.x and 5.x styles) -> validated `ModelConfig`; `Architecture`
+//!   is the single place where the families differ.
+//! - `rotary`: RoPE inverse frequencies (default, linear, llama3, yarn) and cos/sin tables,
+//!   reproducing transformers' `modeling_rope_utils`.
+//! - `transformer`: the model and its forward pass, built on stoke-ops' differentiable ops.
+//! - `kv_cache`: the explicit cache for generation (the model holds no mutable state).
+//! - `mask`: additive attention biases (causal with padding, block-diagonal for packing).
+//! - `checkpoint`: safetensors load (single/sharded, f32/bf16/f16) and atomic HF-layout save.
+//! - `error`: `ModelError`, naming the file and field/tensor for every bad-input case.
+//!
+//! Numerics: parameters in f32 on CPU; RMSNorm, softmax and RoPE follow transformers' eager
+//! implementation so logits match to ~1e-5. Call `stoke_ops::numerics::init_compute_threads()`
+//! once before using a model (FTZ/DAZ on every compute thread).
+//!
+//! Known hot spots for later optimisation: the composed (unfused) RMSNorm/softmax/RoPE
+//! allocate several temporaries each; cos/sin are recomputed per forward; the KV cache
+//! concatenates per step; q/k/v and gate/up projections are separate matmuls.
+
+pub mod checkpoint;
+pub mod config;
+pub mod error;
+pub mod kv_cache;
+pub mod mask;
+pub mod rotary;
+pub mod transformer;
+
+pub use config::{Architecture, ModelConfig, Rope, RopeScaling};
+pub use error::ModelError;
+pub use kv_cache::KvCache;
+pub use mask::{causal_bias, document_causal_bias};
+pub use transformer::{Transformer, parameter_shapes};

@@ -1,0 +1,650 @@
+//! Model configuration: Hugging Face `config.json` (file format) -> validated `ModelConfig`.
+//!
+//! Two layers. `HfConfigFile` mirrors the JSON written by transformers 4.x (`rope_theta` +
+//! `rope_scaling`) and 5.x (`rope_parameters`). Unknown keys are accepted on purpose: HF
+//! configs carry dozens of fields irrelevant to the computation (`use_cache`, `torch_dtype`,
+//! `transformers_version`, ...). What is *not* accepted silently: an architecture or
+//! `model_type` we do not implement, a RoPE type we do not implement, and settings that would
+//! change the computation without us honouring them (`hidden_act` other than silu,
+//! `use_sliding_window: true`, `partial_rotary_factor` != 1, per-layer RoPE dictionaries).
+//!
+//! `ModelConfig` is the runtime description the transformer is built from; `Architecture` is
+//! the one place where the differences between Llama, Qwen2 and Qwen3 are decided.
+//! Defaults for missing optional fields follow transformers' config classes; RoPE semantics
+//! follow transformers 5.x `modeling_rope_utils` (see rotary.rs).
+
+use crate::error::ModelError;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The model families this crate implements; matched in one place (`Architecture::traits`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Qwen2,
+    Qwen3,
+}
+
+/// Structural choices implied by the architecture (before config overrides).
+struct ArchitectureTraits {
+    qkv_bias_forced: bool,
+    qk_norm: bool,
+    default_max_position_embeddings: usize,
+    default_head_dim: Option<usize>,
+}
+
+impl Architecture {
+    pub const ALL: [Architecture; 3] = [
+        Architecture::Llama,
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+    ];
+
+    pub fn hf_class_name(self) -> &'static str {
+        match self {
+            Architecture::Llama => "LlamaForCausalLM",
+            Architecture::Qwen2 => "Qwen2ForCausalLM",
+            Architecture::Qwen3 => "Qwen3ForCausalLM",
+        }
+    }
+
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
+        }
+    }
+
+    fn traits(self) -> ArchitectureTraits {
+        match self {
+            // LlamaAttention: q/k/v/o biases follow `attention_bias` (default false).
+            Architecture::Llama => ArchitectureTraits {
+                qkv_bias_forced: false,
+                qk_norm: false,
+                default_max_position_embeddings: 2048,
+                default_head_dim: None,
+            },
+            // Qwen2Attention: q/k/v always have biases, o_proj never.
+            Architecture::Qwen2 => ArchitectureTraits {
+                qkv_bias_forced: true,
+                qk_norm: false,
+                default_max_position_embeddings: 32768,
+                default_head_dim: None,
+            },
+            // Qwen3Attention: RMSNorm over head_dim on q and k before RoPE; head_dim default 128.
+            Architecture::Qwen3 => ArchitectureTraits {
+                qkv_bias_forced: false,
+                qk_norm: true,
+                default_max_position_embeddings: 32768,
+                default_head_dim: Some(128),
+            },
+        }
+    }
+
+    fn from_hf_class(name: &str) -> Option<Architecture> {
+        Architecture::ALL
+            .into_iter()
+            .find(|a| a.hf_class_name() == name)
+    }
+
+    fn from_model_type(name: &str) -> Option<Architecture> {
+        Architecture::ALL
+            .into_iter()
+            .find(|a| a.model_type() == name)
+    }
+}
+
+/// Rotary embedding: base frequency and the frequency-scaling scheme.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rope {
+    pub theta: f64,
+    pub scaling: RopeScaling,
+}
+
+/// The RoPE types of transformers' `ROPE_INIT_FUNCTIONS` that we implement. Values are kept
+/// as written in the config (unresolved options stay `None`) so `save` writes them back.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    Default,
+    Linear {
+        factor: f64,
+    },
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+    Yarn {
+        /// `None`: derived as max_position_embeddings / original_max_position_embeddings.
+        factor: Option<f64>,
+        attention_factor: Option<f64>,
+        mscale: Option<f64>,
+        mscale_all_dim: Option<f64>,
+        beta_fast: Option<f64>,
+        beta_slow: Option<f64>,
+        original_max_position_embeddings: usize,
+        truncate: Option<bool>,
+    },
+}
+
+/// Validated description of one decoder-only transformer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+    pub rope: Rope,
+    /// Biases on q_proj, k_proj, v_proj.
+    pub attention_bias: bool,
+    /// Bias on o_proj (Llama/Qwen3 with `attention_bias: true`; never for Qwen2).
+    pub attention_output_bias: bool,
+    /// Biases on gate/up/down projections (Llama `mlp_bias`).
+    pub mlp_bias: bool,
+    /// Per-head RMSNorm on queries and keys before RoPE (Qwen3).
+    pub qk_norm: bool,
+    pub tie_word_embeddings: bool,
+    pub max_position_embeddings: usize,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    /// The source config.json's fields, kept so `save` preserves what we do not model
+    /// (token ids of pad, `use_cache`, ...). Empty for configs built in code.
+    pub source_fields: Map<String, Value>,
+}
+
+/// transformers' config.json, the fields that matter to the computation.
+#[derive(Debug, Deserialize)]
+struct HfConfigFile {
+    architectures: Option<Vec<String>>,
+    model_type: Option<String>,
+    vocab_size: Option<usize>,
+    hidden_size: Option<usize>,
+    intermediate_size: Option<usize>,
+    num_hidden_layers: Option<usize>,
+    num_attention_heads: Option<usize>,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    rms_norm_eps: Option<f64>,
+    rope_theta: Option<f64>,
+    rope_scaling: Option<HfRopeParameters>,
+    rope_parameters: Option<HfRopeParameters>,
+    partial_rotary_factor: Option<f64>,
+    original_max_position_embeddings: Option<usize>,
+    attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
+    tie_word_embeddings: Option<bool>,
+    max_position_embeddings: Option<usize>,
+    bos_token_id: Option<u32>,
+    eos_token_id: Option<OneOrMany>,
+    hidden_act: Option<String>,
+    use_sliding_window: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+/// `rope_scaling` (4.x) or `rope_parameters` (5.x).
+#[derive(Debug, Deserialize)]
+struct HfRopeParameters {
+    rope_type: Option<String>,
+    #[serde(rename = "type")]
+    legacy_type: Option<String>,
+    rope_theta: Option<f64>,
+    factor: Option<f64>,
+    low_freq_factor: Option<f64>,
+    high_freq_factor: Option<f64>,
+    original_max_position_embeddings: Option<usize>,
+    attention_factor: Option<f64>,
+    mscale: Option<f64>,
+    mscale_all_dim: Option<f64>,
+    beta_fast: Option<f64>,
+    beta_slow: Option<f64>,
+    truncate: Option<bool>,
+    partial_rotary_factor: Option<f64>,
+    #[serde(flatten)]
+    other: BTreeMap<String, Value>,
+}
+
+const SUPPORTED_ARCHITECTURES: &str = "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
+const SUPPORTED_ROPE_TYPES: &str = "default, linear, llama3, yarn";
+
+impl ModelConfig {
+    /// Reads and validates a Hugging Face config.json.
+    pub fn from_file(path: &Path) -> Result<ModelConfig, ModelError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(ModelError::MissingFile {
+                    path: path.to_path_buf(),
+                    hint: String::new(),
+                });
+            }
+            Err(e) => return Err(ModelError::io(path, e)),
+        };
+        Self::from_json_str(&text, path)
+    }
+
+    /// Parses config.json text; `path` is used in error messages only.
+    pub fn from_json_str(text: &str, path: &Path) -> Result<ModelConfig, ModelError> {
+        let malformed = |field: String, message: String| ModelError::MalformedJson {
+            path: path.to_path_buf(),
+            field,
+            message,
+        };
+        let raw: Value = serde_json::from_str(text)
+            .map_err(|e| malformed("<document>".into(), e.to_string()))?;
+        let Value::Object(source_fields) = raw.clone() else {
+            return Err(malformed(
+                "<document>".into(),
+                "expected a JSON object".into(),
+            ));
+        };
+        let file: HfConfigFile = serde_path_to_error::deserialize(raw)
+            .map_err(|e| malformed(e.path().to_string(), e.inner().to_string()))?;
+        Validator { path }.validate(file, source_fields)
+    }
+
+    /// Number of scalar parameters (tied embeddings counted once).
+    pub fn num_parameters(&self) -> usize {
+        crate::transformer::parameter_shapes(self)
+            .iter()
+            .map(|(_, shape)| shape.iter().product::<usize>())
+            .sum()
+    }
+
+    /// Query heads per key/value head.
+    pub fn num_query_groups(&self) -> usize {
+        self.num_attention_heads / self.num_key_value_heads
+    }
+
+    /// The config.json transformers loads back: the source fields we do not model, overwritten
+    /// with ours. RoPE is written in the 4.x form (`rope_theta` + `rope_scaling`), which both
+    /// transformers 4.x and 5.x read; `rope_parameters` is dropped to avoid two sources of truth.
+    pub fn to_hf_json(&self) -> Value {
+        let mut out = self.source_fields.clone();
+        let traits = self.architecture.traits();
+        let mut set = |key: &str, value: Value| {
+            out.insert(key.to_string(), value);
+        };
+        set(
+            "architectures",
+            Value::from(vec![self.architecture.hf_class_name()]),
+        );
+        set("model_type", self.architecture.model_type().into());
+        set("vocab_size", self.vocab_size.into());
+        set("hidden_size", self.hidden_size.into());
+        set("intermediate_size", self.intermediate_size.into());
+        set("num_hidden_layers", self.num_hidden_layers.into());
+        set("num_attention_heads", self.num_attention_heads.into());
+        set("num_key_value_heads", self.num_key_value_heads.into());
+        set("head_dim", self.head_dim.into());
+        set("rms_norm_eps", self.rms_norm_eps.into());
+        set("hidden_act", "silu".into());
+        set(
+            "max_position_embeddings",
+            self.max_position_embeddings.into(),
+        );
+        set("tie_word_embeddings", self.tie_word_embeddings.into());
+        if !traits.qkv_bias_forced {
+            set("attention_bias", self.attention_bias.into());
+        }
+        if self.architecture == Architecture::Llama {
+            set("mlp_bias", self.mlp_bias.into());
+        }
+        set(
+            "bos_token_id",
+            self.bos_token_id.map_or(Value::Null, Value::from),
+        );
+        set(
+            "eos_token_id",
+            match self.eos_token_ids.as_slice() {
+                [] => Value::Null,
+                [one] => (*one).into(),
+                many => Value::from(many.to_vec()),
+            },
+        );
+        set("torch_dtype", "float32".into());
+        set("dtype", "float32".into());
+        set("rope_theta", self.rope.theta.into());
+        set("rope_scaling", rope_scaling_json(&self.rope.scaling));
+        out.remove("rope_parameters");
+        Value::Object(out)
+    }
+}
+
+fn rope_scaling_json(scaling: &RopeScaling) -> Value {
+    let mut map = Map::new();
+    let mut put = |key: &str, value: Option<Value>| {
+        if let Some(value) = value {
+            map.insert(key.to_string(), value);
+        }
+    };
+    match scaling {
+        RopeScaling::Default => return Value::Null,
+        RopeScaling::Linear { factor } => {
+            put("rope_type", Some("linear".into()));
+            put("factor", Some((*factor).into()));
+        }
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            put("rope_type", Some("llama3".into()));
+            put("factor", Some((*factor).into()));
+            put("low_freq_factor", Some((*low_freq_factor).into()));
+            put("high_freq_factor", Some((*high_freq_factor).into()));
+            put(
+                "original_max_position_embeddings",
+                Some((*original_max_position_embeddings).into()),
+            );
+        }
+        RopeScaling::Yarn {
+            factor,
+            attention_factor,
+            mscale,
+            mscale_all_dim,
+            beta_fast,
+            beta_slow,
+            original_max_position_embeddings,
+            truncate,
+        } => {
+            put("rope_type", Some("yarn".into()));
+            put("factor", factor.map(Value::from));
+            put("attention_factor", attention_factor.map(Value::from));
+            put("mscale", mscale.map(Value::from));
+            put("mscale_all_dim", mscale_all_dim.map(Value::from));
+            put("beta_fast", beta_fast.map(Value::from));
+            put("beta_slow", beta_slow.map(Value::from));
+            put(
+                "original_max_position_embeddings",
+                Some((*original_max_position_embeddings).into()),
+            );
+            put("truncate", truncate.map(Value::from));
+        }
+    }
+    Value::Object(map)
+}
+
+/// Carries the file path into every error.
+struct Validator<'a> {
+    path: &'a Path,
+}
+
+impl Validator<'_> {
+    fn invalid(&self, field: &str, message: impl Into<String>) -> ModelError {
+        ModelError::InvalidConfig {
+            path: self.path.to_path_buf(),
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+
+    fn unsupported(&self, field: &str, value: impl Into<String>, supported: &str) -> ModelError {
+        ModelError::Unsupported {
+            path: self.path.to_path_buf(),
+            field: field.to_string(),
+            value: value.into(),
+            supported: supported.to_string(),
+        }
+    }
+
+    fn required(&self, value: Option<usize>, field: &str) -> Result<usize, ModelError> {
+        match value {
+            None => Err(self.invalid(field, "missing (required)")),
+            Some(0) => Err(self.invalid(field, "must be positive, found 0")),
+            Some(v) => Ok(v),
+        }
+    }
+
+    fn architecture(&self, file: &HfConfigFile) -> Result<Architecture, ModelError> {
+        let from_type = match &file.model_type {
+            Some(t) => Some(Architecture::from_model_type(t).ok_or_else(|| {
+                self.unsupported("model_type", format!("{t:?}"), "llama, qwen2, qwen3")
+            })?),
+            None => None,
+        };
+        let from_class = match file.architectures.as_deref() {
+            Some([one]) => Some(Architecture::from_hf_class(one).ok_or_else(|| {
+                self.unsupported("architectures", format!("{one:?}"), SUPPORTED_ARCHITECTURES)
+            })?),
+            Some(other) if !other.is_empty() => {
+                return Err(self.unsupported(
+                    "architectures",
+                    format!("{other:?}"),
+                    "exactly one architecture",
+                ));
+            }
+            _ => None,
+        };
+        match (from_class, from_type) {
+            (Some(a), Some(b)) if a != b => Err(self.invalid(
+                "model_type",
+                format!(
+                    "{:?} contradicts architectures {:?}",
+                    b.model_type(),
+                    a.hf_class_name()
+                ),
+            )),
+            (Some(a), _) | (None, Some(a)) => Ok(a),
+            (None, None) => Err(self.invalid(
+                "architectures",
+                "neither `architectures` nor `model_type` is given",
+            )),
+        }
+    }
+
+    fn validate(
+        &self,
+        file: HfConfigFile,
+        source_fields: Map<String, Value>,
+    ) -> Result<ModelConfig, ModelError> {
+        let architecture = self.architecture(&file)?;
+        let traits = architecture.traits();
+        let vocab_size = self.required(file.vocab_size, "vocab_size")?;
+        let hidden_size = self.required(file.hidden_size, "hidden_size")?;
+        let intermediate_size = self.required(file.intermediate_size, "intermediate_size")?;
+        let num_hidden_layers = self.required(file.num_hidden_layers, "num_hidden_layers")?;
+        let num_attention_heads = self.required(file.num_attention_heads, "num_attention_heads")?;
+        let num_key_value_heads = self.required(
+            Some(file.num_key_value_heads.unwrap_or(num_attention_heads)),
+            "num_key_value_heads",
+        )?;
+        if num_attention_heads % num_key_value_heads != 0 {
+            return Err(self.invalid(
+                "num_key_value_heads",
+                format!("{num_key_value_heads} does not divide num_attention_heads {num_attention_heads}"),
+            ));
+        }
+        let head_dim = file
+            .head_dim
+            .or(traits.default_head_dim)
+            .unwrap_or(hidden_size / num_attention_heads);
+        if head_dim == 0 || head_dim % 2 != 0 {
+            return Err(self.invalid(
+                "head_dim",
+                format!("must be even and positive for RoPE, found {head_dim}"),
+            ));
+        }
+        let rms_norm_eps = file.rms_norm_eps.unwrap_or(1e-6);
+        if !(rms_norm_eps > 0.0 && rms_norm_eps.is_finite()) {
+            return Err(self.invalid(
+                "rms_norm_eps",
+                format!("must be positive, found {rms_norm_eps}"),
+            ));
+        }
+        if let Some(act) = &file.hidden_act
+            && act != "silu"
+        {
+            return Err(self.unsupported("hidden_act", format!("{act:?}"), "silu"));
+        }
+        if file.use_sliding_window == Some(true) {
+            return Err(self.unsupported("use_sliding_window", "true", "false"));
+        }
+        if let Some(f) = file.partial_rotary_factor
+            && f != 1.0
+        {
+            return Err(self.unsupported("partial_rotary_factor", f.to_string(), "1.0"));
+        }
+        let max_position_embeddings = file
+            .max_position_embeddings
+            .unwrap_or(traits.default_max_position_embeddings);
+        let rope = self.rope(&file, max_position_embeddings)?;
+        let attention_bias_flag = file.attention_bias.unwrap_or(false);
+        let attention_bias = traits.qkv_bias_forced || attention_bias_flag;
+        let attention_output_bias = !traits.qkv_bias_forced && attention_bias_flag;
+        let mlp_bias = architecture == Architecture::Llama && file.mlp_bias.unwrap_or(false);
+        let eos_token_ids = match file.eos_token_id {
+            None => Vec::new(),
+            Some(OneOrMany::One(id)) => vec![id],
+            Some(OneOrMany::Many(ids)) => ids,
+        };
+        Ok(ModelConfig {
+            architecture,
+            vocab_size,
+            hidden_size,
+            intermediate_size,
+            num_hidden_layers,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            rms_norm_eps,
+            rope,
+            attention_bias,
+            attention_output_bias,
+            mlp_bias,
+            qk_norm: traits.qk_norm,
+            tie_word_embeddings: file.tie_word_embeddings.unwrap_or(false),
+            max_position_embeddings,
+            bos_token_id: file.bos_token_id,
+            eos_token_ids,
+            source_fields,
+        })
+    }
+
+    fn rope(
+        &self,
+        file: &HfConfigFile,
+        max_position_embeddings: usize,
+    ) -> Result<Rope, ModelError> {
+        // 5.x `rope_parameters` takes precedence over 4.x `rope_scaling`, as in transformers.
+        let (prefix, params) = match (&file.rope_parameters, &file.rope_scaling) {
+            (Some(p), _) => ("rope_parameters", Some(p)),
+            (None, Some(p)) => ("rope_scaling", Some(p)),
+            (None, None) => ("rope_scaling", None),
+        };
+        let field = |name: &str| format!("{prefix}.{name}");
+        if let Some(p) = params {
+            if let Some((key, _)) = p.other.iter().find(|(_, v)| v.is_object()) {
+                return Err(self.unsupported(
+                    &field(key),
+                    "a per-layer-type RoPE dictionary",
+                    "one global RoPE",
+                ));
+            }
+            if let Some(f) = p.partial_rotary_factor
+                && f != 1.0
+            {
+                return Err(self.unsupported(
+                    &field("partial_rotary_factor"),
+                    f.to_string(),
+                    "1.0",
+                ));
+            }
+        }
+        let theta = params
+            .and_then(|p| p.rope_theta)
+            .or(file.rope_theta)
+            .unwrap_or(10_000.0);
+        if !(theta > 0.0 && theta.is_finite()) {
+            return Err(self.invalid("rope_theta", format!("must be positive, found {theta}")));
+        }
+        let Some(p) = params else {
+            return Ok(Rope {
+                theta,
+                scaling: RopeScaling::Default,
+            });
+        };
+        let rope_type = p
+            .rope_type
+            .as_deref()
+            .or(p.legacy_type.as_deref())
+            .unwrap_or("default");
+        let factor = |required: bool| -> Result<Option<f64>, ModelError> {
+            match p.factor {
+                Some(f) if f > 0.0 && f.is_finite() => Ok(Some(f)),
+                Some(f) => {
+                    Err(self.invalid(&field("factor"), format!("must be positive, found {f}")))
+                }
+                None if required => Err(self.invalid(
+                    &field("factor"),
+                    format!("missing (required for {rope_type})"),
+                )),
+                None => Ok(None),
+            }
+        };
+        let original_max = file
+            .original_max_position_embeddings
+            .or(p.original_max_position_embeddings);
+        let original_max = original_max.unwrap_or(max_position_embeddings);
+        let need = |value: Option<f64>, name: &str| {
+            value.ok_or_else(|| {
+                self.invalid(&field(name), format!("missing (required for {rope_type})"))
+            })
+        };
+        let scaling = match rope_type {
+            "default" => RopeScaling::Default,
+            "linear" => RopeScaling::Linear {
+                factor: factor(true)?.unwrap_or(1.0),
+            },
+            "llama3" => {
+                let low_freq_factor = need(p.low_freq_factor, "low_freq_factor")?;
+                let high_freq_factor = need(p.high_freq_factor, "high_freq_factor")?;
+                if low_freq_factor == high_freq_factor {
+                    return Err(self.invalid(
+                        &field("high_freq_factor"),
+                        "must differ from low_freq_factor",
+                    ));
+                }
+                RopeScaling::Llama3 {
+                    factor: factor(true)?.unwrap_or(1.0),
+                    low_freq_factor,
+                    high_freq_factor,
+                    original_max_position_embeddings: original_max,
+                }
+            }
+            "yarn" => RopeScaling::Yarn {
+                factor: factor(false)?,
+                attention_factor: p.attention_factor,
+                mscale: p.mscale,
+                mscale_all_dim: p.mscale_all_dim,
+                beta_fast: p.beta_fast,
+                beta_slow: p.beta_slow,
+                original_max_position_embeddings: original_max,
+                truncate: p.truncate,
+            },
+            other => {
+                return Err(self.unsupported(
+                    &field("rope_type"),
+                    format!("{other:?}"),
+                    SUPPORTED_ROPE_TYPES,
+                ));
+            }
+        };
+        Ok(Rope { theta, scaling })
+    }
+}

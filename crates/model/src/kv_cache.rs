@@ -1,0 +1,102 @@
+//! Key/value cache for incremental decoding, passed explicitly to `Transformer::forward`.
+//!
+//! Holds per layer the keys (after RoPE) and values of every slot processed so far, each
+//! [B, num_kv_heads, T_cached, head_dim]. Stored tensors are detached from the autograd graph:
+//! the cache serves generation, and keeping the graph would pin every step's activations.
+//! The model itself keeps no state, so one `Transformer` can serve many caches.
+//!
+//! Not (yet) preallocated: each step concatenates, which copies the cache (O(T^2) bytes over a
+//! generation). A preallocated buffer written in place is the known next step for speed.
+
+use crate::error::ModelError;
+use candle_core::{D, Tensor};
+
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+}
+
+impl KvCache {
+    pub fn new(num_layers: usize) -> KvCache {
+        KvCache {
+            layers: vec![None; num_layers],
+        }
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Cached sequence length (0 when empty).
+    pub fn len(&self) -> usize {
+        match self.layers.first() {
+            Some(Some((k, _))) => k.dim(D::Minus2).unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Batch size of the cached tensors (None when empty).
+    pub fn batch_size(&self) -> Option<usize> {
+        match self.layers.first() {
+            Some(Some((k, _))) => k.dim(0).ok(),
+            _ => None,
+        }
+    }
+
+    /// A cache whose row i is this cache's row `rows[i]`; rows may repeat (n samples sharing
+    /// one prefill: `rows = [0; n]`) or be dropped (finished sequences).
+    pub fn select_batch(&self, rows: &[usize]) -> Result<KvCache, ModelError> {
+        let Some(batch) = self.batch_size() else {
+            return Ok(self.clone());
+        };
+        if let Some(bad) = rows.iter().find(|&&r| r >= batch) {
+            return Err(ModelError::InvalidArgument(format!(
+                "select_batch: row {bad} out of range for batch {batch}"
+            )));
+        }
+        let Some(Some((k0, _))) = self.layers.first() else {
+            return Ok(self.clone());
+        };
+        let index: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        let index = Tensor::new(index.as_slice(), k0.device())?;
+        let layers = self
+            .layers
+            .iter()
+            .map(|layer| match layer {
+                Some((k, v)) => Ok(Some((
+                    k.index_select(&index, 0)?,
+                    v.index_select(&index, 0)?,
+                ))),
+                None => Ok(None),
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok(KvCache { layers })
+    }
+
+    /// Appends this step's keys and values for `layer` and returns the full (past + new)
+    /// keys and values to attend over.
+    pub(crate) fn append(
+        &mut self,
+        layer: usize,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<(Tensor, Tensor), ModelError> {
+        let slot = self
+            .layers
+            .get_mut(layer)
+            .ok_or_else(|| ModelError::InvalidArgument(format!("KvCache has no layer {layer}")))?;
+        let (k_all, v_all) = match slot.take() {
+            Some((k_past, v_past)) => (
+                Tensor::cat(&[&k_past, k], 2)?,
+                Tensor::cat(&[&v_past, v], 2)?,
+            ),
+            None => (k.clone(), v.clone()),
+        };
+        *slot = Some((k_all.detach(), v_all.detach()));
+        Ok((k_all, v_all))
+    }
+}

@@ -1,0 +1,179 @@
+//! RoPE frequency tables: inverse frequencies per scaling type and cos/sin from absolute
+//! positions, reproducing transformers 5.x `modeling_rope_utils` (`_compute_default_rope_parameters`,
+//! `_compute_linear_scaling_rope_parameters`, `_compute_llama3_parameters`,
+//! `_compute_yarn_parameters`) and `LlamaRotaryEmbedding.forward`.
+//!
+//! Precision follows torch: the frequency arithmetic that torch does on float32 tensors is
+//! done here in f32, the scalar arithmetic it does on Python floats in f64. cos and sin are
+//! multiplied by the attention factor (YaRN's mscale; 1 otherwise) exactly like HF scales
+//! them, which scales both q and k (so the logits by attention_factor^2).
+//!
+//! YaRN follows 5.x: `factor` is used as given; only when it is absent is it derived as
+//! `max_position_embeddings / original_max_position_embeddings`. (Some 4.x releases instead
+//! overrode `factor` with that ratio whenever `original_max_position_embeddings` was present.)
+
+use crate::config::{ModelConfig, RopeScaling};
+use candle_core::{DType, Device, Result, Tensor};
+
+/// Inverse frequencies (head_dim / 2 of them) and the cos/sin scale.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RotaryTable {
+    inv_freq: Vec<f32>,
+    attention_factor: f64,
+}
+
+impl RotaryTable {
+    pub fn new(config: &ModelConfig) -> RotaryTable {
+        let dim = config.head_dim;
+        let base = config.rope.theta;
+        let default_inv_freq = || -> Vec<f32> {
+            (0..dim / 2)
+                .map(|i| 1.0f32 / (base as f32).powf((2 * i) as f32 / dim as f32))
+                .collect()
+        };
+        match &config.rope.scaling {
+            RopeScaling::Default => RotaryTable {
+                inv_freq: default_inv_freq(),
+                attention_factor: 1.0,
+            },
+            RopeScaling::Linear { factor } => RotaryTable {
+                inv_freq: default_inv_freq()
+                    .into_iter()
+                    .map(|f| f / *factor as f32)
+                    .collect(),
+                attention_factor: 1.0,
+            },
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                let factor = *factor as f32;
+                let old_context_len = *original_max_position_embeddings as f64;
+                let low_freq_wavelen = (old_context_len / low_freq_factor) as f32;
+                let high_freq_wavelen = (old_context_len / high_freq_factor) as f32;
+                let inv_freq = default_inv_freq()
+                    .into_iter()
+                    .map(|inv| {
+                        let wavelen = (2.0 * std::f64::consts::PI) as f32 / inv;
+                        let scaled = if wavelen > low_freq_wavelen {
+                            inv / factor
+                        } else {
+                            inv
+                        };
+                        let smooth = (old_context_len as f32 / wavelen - *low_freq_factor as f32)
+                            / (*high_freq_factor as f32 - *low_freq_factor as f32);
+                        let smoothed = (1.0 - smooth) * scaled / factor + smooth * scaled;
+                        let is_medium =
+                            !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+                        if is_medium { smoothed } else { scaled }
+                    })
+                    .collect();
+                RotaryTable {
+                    inv_freq,
+                    attention_factor: 1.0,
+                }
+            }
+            RopeScaling::Yarn {
+                factor,
+                attention_factor,
+                mscale,
+                mscale_all_dim,
+                beta_fast,
+                beta_slow,
+                original_max_position_embeddings,
+                truncate,
+            } => {
+                let original = *original_max_position_embeddings as f64;
+                let factor = factor.unwrap_or(config.max_position_embeddings as f64 / original);
+                let get_mscale = |scale: f64, m: f64| {
+                    if scale <= 1.0 {
+                        1.0
+                    } else {
+                        0.1 * m * scale.ln() + 1.0
+                    }
+                };
+                // Python truthiness: a value of 0 counts as absent.
+                let truthy = |v: Option<f64>| v.filter(|x| *x != 0.0);
+                let attention_factor =
+                    match (attention_factor, truthy(*mscale), truthy(*mscale_all_dim)) {
+                        (Some(a), _, _) => *a,
+                        (None, Some(m), Some(m_all)) => {
+                            get_mscale(factor, m) / get_mscale(factor, m_all)
+                        }
+                        (None, _, _) => get_mscale(factor, 1.0),
+                    };
+                let beta_fast = truthy(*beta_fast).unwrap_or(32.0);
+                let beta_slow = truthy(*beta_slow).unwrap_or(1.0);
+                let d = dim as f64;
+                let correction_dim = |rotations: f64| {
+                    (d * (original / (rotations * 2.0 * std::f64::consts::PI)).ln())
+                        / (2.0 * base.ln())
+                };
+                let (mut low, mut high) = (correction_dim(beta_fast), correction_dim(beta_slow));
+                if truncate.unwrap_or(true) {
+                    low = low.floor();
+                    high = high.ceil();
+                }
+                let low = low.max(0.0);
+                let mut high = high.min(d - 1.0);
+                if low == high {
+                    high += 0.001;
+                }
+                let inv_freq = (0..dim / 2)
+                    .map(|i| {
+                        let pos_freq = (base as f32).powf((2 * i) as f32 / dim as f32);
+                        let extrapolation = 1.0 / pos_freq;
+                        let interpolation = 1.0 / (factor as f32 * pos_freq);
+                        let ramp =
+                            ((i as f32 - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
+                        let extrapolation_factor = 1.0 - ramp;
+                        interpolation * (1.0 - extrapolation_factor)
+                            + extrapolation * extrapolation_factor
+                    })
+                    .collect();
+                RotaryTable {
+                    inv_freq,
+                    attention_factor,
+                }
+            }
+        }
+    }
+
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+
+    pub fn attention_factor(&self) -> f64 {
+        self.attention_factor
+    }
+
+    /// cos and sin for `positions` [B, T] (u32), shaped [B, T, 1, head_dim] in `dtype`, ready
+    /// to broadcast over heads in the [B, T, H, D] layout.
+    pub fn cos_sin(&self, positions: &Tensor, dtype: DType) -> Result<(Tensor, Tensor)> {
+        let (batch, len) = positions.dims2()?;
+        let positions: Vec<u32> = positions.to_dtype(DType::U32)?.flatten_all()?.to_vec1()?;
+        let half = self.inv_freq.len();
+        let scale = self.attention_factor as f32;
+        let mut cos = Vec::with_capacity(batch * len * half * 2);
+        let mut sin = Vec::with_capacity(batch * len * half * 2);
+        let mut row_cos = vec![0f32; half];
+        let mut row_sin = vec![0f32; half];
+        for &p in &positions {
+            for (k, inv) in self.inv_freq.iter().enumerate() {
+                let angle = p as f32 * inv;
+                row_cos[k] = angle.cos() * scale;
+                row_sin[k] = angle.sin() * scale;
+            }
+            cos.extend_from_slice(&row_cos);
+            cos.extend_from_slice(&row_cos);
+            sin.extend_from_slice(&row_sin);
+            sin.extend_from_slice(&row_sin);
+        }
+        let shape = (batch, len, 1, half * 2);
+        let cos = Tensor::from_vec(cos, shape, &Device::Cpu)?.to_dtype(dtype)?;
+        let sin = Tensor::from_vec(sin, shape, &Device::Cpu)?.to_dtype(dtype)?;
+        Ok((cos, sin))
+    }
+}

@@ -1,0 +1,455 @@
+//! The decoder-only transformer (Llama / Qwen2 / Qwen3 family) with trainable parameters.
+//!
+//! What it is: embeddings -> N x [RMSNorm -> attention (GQA, RoPE, optional q/k/v/o biases,
+//! optional per-head q/k RMSNorm) -> residual -> RMSNorm -> MLP (SwiGLU) -> residual] ->
+//! RMSNorm -> LM head (tied to the embeddings or separate). Every parameter is a candle `Var`
+//! named as in Hugging Face checkpoints; `parameters()` lists them sorted by name.
+//! All computation goes through stoke-ops' differentiable compositions, so `loss.backward()`
+//! reaches every parameter.
+//!
+//! What it is not: stateful. The KV cache is passed to `forward`; positions and the attention
+//! bias come from the caller (so left padding, right padding and packed documents are all
+//! expressed by the caller, see mask.rs). No dropout (HF's attention_dropout is 0 for these
+//! models). Variants (MoE MLPs, other norms) extend `Mlp` / `Architecture` locally.
+//!
+//! Invariants: `parameter_shapes(config)` is the single list of tensor names and shapes used
+//! by `init`, `load`, `save` and `num_parameters`; the parameter dtype is uniform (f32
+//! normally; `to_dtype(F64)` exists for finite-difference checks).
+
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::kv_cache::KvCache;
+use crate::rotary::RotaryTable;
+use candle_core::{DType, Device, Tensor, Var};
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use stoke_ops::{apply_rope, attention, rms_norm, swiglu};
+
+/// Standard deviation of the random initialisation of weight matrices (HF `initializer_range`).
+const INIT_STD: f64 = 0.02;
+
+pub const EMBED_TOKENS: &str = "model.embed_tokens.weight";
+pub const FINAL_NORM: &str = "model.norm.weight";
+pub const LM_HEAD: &str = "lm_head.weight";
+
+/// Every parameter tensor of the model described by `config`: HF name and shape. When the
+/// embeddings are tied, `lm_head.weight` is absent (it is `model.embed_tokens.weight`).
+pub fn parameter_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let (h, d, i) = (
+        config.hidden_size,
+        config.head_dim,
+        config.intermediate_size,
+    );
+    let q_out = config.num_attention_heads * d;
+    let kv_out = config.num_key_value_heads * d;
+    let mut shapes = vec![
+        (EMBED_TOKENS.to_string(), vec![config.vocab_size, h]),
+        (FINAL_NORM.to_string(), vec![h]),
+    ];
+    if !config.tie_word_embeddings {
+        shapes.push((LM_HEAD.to_string(), vec![config.vocab_size, h]));
+    }
+    for layer in 0..config.num_hidden_layers {
+        let p = |suffix: &str| format!("model.layers.{layer}.{suffix}");
+        shapes.push((p("input_layernorm.weight"), vec![h]));
+        shapes.push((p("post_attention_layernorm.weight"), vec![h]));
+        for (proj, out) in [("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)] {
+            shapes.push((p(&format!("self_attn.{proj}.weight")), vec![out, h]));
+            if config.attention_bias {
+                shapes.push((p(&format!("self_attn.{proj}.bias")), vec![out]));
+            }
+        }
+        shapes.push((p("self_attn.o_proj.weight"), vec![h, q_out]));
+        if config.attention_output_bias {
+            shapes.push((p("self_attn.o_proj.bias"), vec![h]));
+        }
+        if config.qk_norm {
+            shapes.push((p("self_attn.q_norm.weight"), vec![d]));
+            shapes.push((p("self_attn.k_norm.weight"), vec![d]));
+        }
+        for (proj, shape) in [
+            ("gate_proj", vec![i, h]),
+            ("up_proj", vec![i, h]),
+            ("down_proj", vec![h, i]),
+        ] {
+            let out = shape[0];
+            shapes.push((p(&format!("mlp.{proj}.weight")), shape));
+            if config.mlp_bias {
+                shapes.push((p(&format!("mlp.{proj}.bias")), vec![out]));
+            }
+        }
+    }
+    shapes.sort();
+    shapes
+}
+
+/// `y = x W^T + b` on [N, in] inputs.
+#[derive(Debug, Clone)]
+struct Linear {
+    weight: Var,
+    bias: Option<Var>,
+}
+
+impl Linear {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let y = x.matmul(&self.weight.t()?)?;
+        match &self.bias {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        }
+    }
+}
+
+/// The feed-forward block; an enum so MoE variants can be added next to it.
+#[derive(Debug, Clone)]
+enum Mlp {
+    SwiGlu {
+        gate_proj: Linear,
+        up_proj: Linear,
+        down_proj: Linear,
+    },
+}
+
+impl Mlp {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Mlp::SwiGlu {
+                gate_proj,
+                up_proj,
+                down_proj,
+            } => down_proj.forward(&swiglu(&gate_proj.forward(x)?, &up_proj.forward(x)?)?),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct SelfAttention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: Option<Var>,
+    k_norm: Option<Var>,
+}
+
+#[derive(Debug, Clone)]
+struct DecoderLayer {
+    input_layernorm: Var,
+    self_attn: SelfAttention,
+    post_attention_layernorm: Var,
+    mlp: Mlp,
+}
+
+/// Shapes and constants every layer needs during a forward pass.
+struct ForwardContext<'a> {
+    config: &'a ModelConfig,
+    cos: Tensor,
+    sin: Tensor,
+    bias: Tensor,
+}
+
+#[derive(Debug, Clone)]
+pub struct Transformer {
+    config: ModelConfig,
+    parameters: BTreeMap<String, Var>,
+    embed_tokens: Var,
+    layers: Vec<DecoderLayer>,
+    norm: Var,
+    lm_head: Option<Var>,
+    rotary: RotaryTable,
+}
+
+impl Transformer {
+    /// Random initialisation: weight matrices ~ N(0, 0.02), biases 0, norm weights 1.
+    /// Deterministic in `seed` (ChaCha8 stream over the sorted parameter list).
+    pub fn init(
+        config: ModelConfig,
+        device: &Device,
+        seed: u64,
+    ) -> Result<Transformer, ModelError> {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mut tensors = BTreeMap::new();
+        for (name, shape) in parameter_shapes(&config) {
+            let n: usize = shape.iter().product();
+            let values: Vec<f32> = if name.ends_with("norm.weight") {
+                vec![1.0; n]
+            } else if name.ends_with(".bias") {
+                vec![0.0; n]
+            } else {
+                (0..n)
+                    .map(|_| (standard_normal(&mut rng) * INIT_STD) as f32)
+                    .collect()
+            };
+            tensors.insert(name, Tensor::from_vec(values, shape, device)?);
+        }
+        Transformer::from_tensors(config, tensors)
+    }
+
+    /// Builds the model from named tensors (exactly the names of `parameter_shapes`, any
+    /// float dtype, all the same). Each tensor becomes a fresh `Var`.
+    pub fn from_tensors(
+        config: ModelConfig,
+        tensors: BTreeMap<String, Tensor>,
+    ) -> Result<Transformer, ModelError> {
+        let mut parameters = BTreeMap::new();
+        for (name, shape) in parameter_shapes(&config) {
+            let tensor = tensors
+                .get(&name)
+                .ok_or_else(|| ModelError::MissingTensor {
+                    path: "<in-memory tensors>".into(),
+                    tensor: name.clone(),
+                    detail: String::new(),
+                })?;
+            if tensor.dims() != shape.as_slice() {
+                return Err(ModelError::ShapeMismatch {
+                    path: "<in-memory tensors>".into(),
+                    tensor: name,
+                    expected: shape,
+                    found: tensor.dims().to_vec(),
+                });
+            }
+            parameters.insert(name, Var::from_tensor(tensor)?);
+        }
+        let get = |name: &str| -> Var { parameters[name].clone() };
+        let linear = |prefix: &str, has_bias: bool| Linear {
+            weight: get(&format!("{prefix}.weight")),
+            bias: has_bias.then(|| get(&format!("{prefix}.bias"))),
+        };
+        let layers = (0..config.num_hidden_layers)
+            .map(|layer| {
+                let p = |suffix: &str| format!("model.layers.{layer}.{suffix}");
+                DecoderLayer {
+                    input_layernorm: get(&p("input_layernorm.weight")),
+                    self_attn: SelfAttention {
+                        q_proj: linear(&p("self_attn.q_proj"), config.attention_bias),
+                        k_proj: linear(&p("self_attn.k_proj"), config.attention_bias),
+                        v_proj: linear(&p("self_attn.v_proj"), config.attention_bias),
+                        o_proj: linear(&p("self_attn.o_proj"), config.attention_output_bias),
+                        q_norm: config.qk_norm.then(|| get(&p("self_attn.q_norm.weight"))),
+                        k_norm: config.qk_norm.then(|| get(&p("self_attn.k_norm.weight"))),
+                    },
+                    post_attention_layernorm: get(&p("post_attention_layernorm.weight")),
+                    mlp: Mlp::SwiGlu {
+                        gate_proj: linear(&p("mlp.gate_proj"), config.mlp_bias),
+                        up_proj: linear(&p("mlp.up_proj"), config.mlp_bias),
+                        down_proj: linear(&p("mlp.down_proj"), config.mlp_bias),
+                    },
+                }
+            })
+            .collect();
+        let rotary = RotaryTable::new(&config);
+        Ok(Transformer {
+            embed_tokens: get(EMBED_TOKENS),
+            norm: get(FINAL_NORM),
+            lm_head: (!config.tie_word_embeddings).then(|| get(LM_HEAD)),
+            layers,
+            rotary,
+            parameters,
+            config,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn rotary(&self) -> &RotaryTable {
+        &self.rotary
+    }
+
+    /// All trainable parameters, HF names, sorted by name.
+    pub fn parameters(&self) -> Vec<(String, Var)> {
+        self.parameters
+            .iter()
+            .map(|(n, v)| (n.clone(), v.clone()))
+            .collect()
+    }
+
+    pub fn device(&self) -> &Device {
+        self.embed_tokens.device()
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.embed_tokens.dtype()
+    }
+
+    /// A copy with all parameters converted to `dtype` (new, independent `Var`s).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Transformer, ModelError> {
+        let tensors = self
+            .parameters
+            .iter()
+            .map(|(n, v)| Ok((n.clone(), v.as_tensor().to_dtype(dtype)?)))
+            .collect::<Result<BTreeMap<_, _>, ModelError>>()?;
+        Transformer::from_tensors(self.config.clone(), tensors)
+    }
+
+    /// Logits [B, T, vocab] for `input_ids` [B, T] (u32) at `positions` [B, T] (u32) under the
+    /// additive `attn_bias` [B, 1, T, T_past + T]. With a cache, this step's keys/values are
+    /// appended and attention covers cached + new slots.
+    pub fn forward(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        attn_bias: &Tensor,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor, ModelError> {
+        let hidden = self.forward_hidden(input_ids, positions, attn_bias, cache)?;
+        self.lm_logits(&hidden)
+    }
+
+    /// The final-normed hidden states [B, T, hidden] (what `forward` feeds the LM head);
+    /// lets generation compute logits for the last position only.
+    pub fn forward_hidden(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        attn_bias: &Tensor,
+        mut cache: Option<&mut KvCache>,
+    ) -> Result<Tensor, ModelError> {
+        let (batch, len) = input_ids.dims2()?;
+        if positions.dims() != [batch, len] {
+            return Err(ModelError::InvalidArgument(format!(
+                "positions have shape {:?}, input_ids {:?}",
+                positions.dims(),
+                input_ids.dims()
+            )));
+        }
+        let past = match cache.as_deref() {
+            Some(c) if c.num_layers() != self.layers.len() => {
+                return Err(ModelError::InvalidArgument(format!(
+                    "KvCache has {} layers, model {}",
+                    c.num_layers(),
+                    self.layers.len()
+                )));
+            }
+            Some(c) => c.len(),
+            None => 0,
+        };
+        let bias_dims = attn_bias.dims();
+        if bias_dims.len() != 4
+            || (bias_dims[0] != batch && bias_dims[0] != 1)
+            || bias_dims[2] != len
+            || bias_dims[3] != past + len
+        {
+            return Err(ModelError::InvalidArgument(format!(
+                "attn_bias has shape {bias_dims:?}, expected [{batch}, 1, {len}, {}]",
+                past + len
+            )));
+        }
+        let dtype = self.dtype();
+        let (cos, sin) = self.rotary.cos_sin(positions, dtype)?;
+        let cos = cos.to_device(self.device())?;
+        let sin = sin.to_device(self.device())?;
+        let context = ForwardContext {
+            config: &self.config,
+            cos,
+            sin,
+            bias: attn_bias.to_dtype(dtype)?,
+        };
+        let ids = input_ids.to_dtype(DType::U32)?.flatten_all()?;
+        let mut hidden = self.embed_tokens.index_select(&ids, 0)?.reshape((
+            batch,
+            len,
+            self.config.hidden_size,
+        ))?;
+        for (index, layer) in self.layers.iter().enumerate() {
+            hidden = layer.forward(&hidden, &context, index, cache.as_deref_mut())?;
+        }
+        Ok(rms_norm(&hidden, &self.norm, self.config.rms_norm_eps)?)
+    }
+
+    /// LM head on hidden states [..., hidden] -> logits [..., vocab].
+    pub fn lm_logits(&self, hidden: &Tensor) -> Result<Tensor, ModelError> {
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
+        let dims = hidden.dims().to_vec();
+        let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
+        let logits = hidden
+            .reshape((rows, self.config.hidden_size))?
+            .matmul(&head.t()?)?;
+        let mut out_dims = dims;
+        if let Some(last) = out_dims.last_mut() {
+            *last = self.config.vocab_size;
+        }
+        Ok(logits.reshape(out_dims)?)
+    }
+}
+
+impl DecoderLayer {
+    fn forward(
+        &self,
+        hidden: &Tensor,
+        context: &ForwardContext,
+        index: usize,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor, ModelError> {
+        let eps = context.config.rms_norm_eps;
+        let normed = rms_norm(hidden, &self.input_layernorm, eps)?;
+        let hidden = (hidden + self.self_attn.forward(&normed, context, index, cache)?)?;
+        let normed = rms_norm(&hidden, &self.post_attention_layernorm, eps)?;
+        let (batch, len, width) = normed.dims3()?;
+        let mlp_out = self.mlp.forward(&normed.reshape((batch * len, width))?)?;
+        Ok((hidden + mlp_out.reshape((batch, len, width))?)?)
+    }
+}
+
+impl SelfAttention {
+    fn forward(
+        &self,
+        x: &Tensor,
+        context: &ForwardContext,
+        index: usize,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor, ModelError> {
+        let config = context.config;
+        let (batch, len, width) = x.dims3()?;
+        let (q_heads, kv_heads, head_dim) = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        );
+        let x = x.reshape((batch * len, width))?;
+        let q = self
+            .q_proj
+            .forward(&x)?
+            .reshape((batch, len, q_heads, head_dim))?;
+        let k = self
+            .k_proj
+            .forward(&x)?
+            .reshape((batch, len, kv_heads, head_dim))?;
+        let v = self
+            .v_proj
+            .forward(&x)?
+            .reshape((batch, len, kv_heads, head_dim))?;
+        let (q, k) = match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) => (
+                rms_norm(&q, qn, config.rms_norm_eps)?,
+                rms_norm(&k, kn, config.rms_norm_eps)?,
+            ),
+            _ => (q, k),
+        };
+        // RoPE in the [B, T, H, D] layout (cos/sin are [B, T, 1, D]), then heads first.
+        let q = apply_rope(&q, &context.cos, &context.sin)?
+            .transpose(1, 2)?
+            .contiguous()?;
+        let k = apply_rope(&k, &context.cos, &context.sin)?
+            .transpose(1, 2)?
+            .contiguous()?;
+        let v = v.transpose(1, 2)?.contiguous()?;
+        let (k, v) = match cache {
+            Some(cache) => cache.append(index, &k, &v)?,
+            None => (k, v),
+        };
+        let out = attention(&q, &k, &v, &context.bias)?;
+        let out = out
+            .transpose(1, 2)?
+            .reshape((batch * len, q_heads * head_dim))?;
+        Ok(self.o_proj.forward(&out)?.reshape((batch, len, width))?)
+    }
+}
+
+/// Box-Muller transform: one N(0, 1) sample from two uniforms.
+fn standard_normal(rng: &mut impl Rng) -> f64 {
+    let u1: f64 = rng.random::<f64>().max(f64::MIN_POSITIVE);
+    let u2: f64 = rng.random::<f64>();
+    (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+}
