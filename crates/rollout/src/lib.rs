@@ -1,1 +1,20 @@
-//! stoke-rollout (see crates/README.md).
+//! stoke-rollout: the generation engine. Turns prompts (token ids) into sampled completions with
+//! per-token log-probabilities, using batched prefill and KV-cached decoding.
+//!
+//! The engine knows nothing of text: prompts arrive tokenized, and text comes back only through a
+//! caller-supplied [`Detokenizer`]. Modules: [`sampling`] (one logits row -> one token),
+//! [`stop`] (when a sample ends), [`request`] (typed request/response), [`engine`] (batching and
+//! the KV cache).
+
+pub mod engine;
+pub mod error;
+pub mod request;
+pub mod sampling;
+pub mod score;
+pub mod stop;
+
+pub use engine::Engine;
+pub use error::RolloutError;
+pub use request::{Completion, FinishReason, GenerationOutput, GenerationRequest, SamplingParams};
+pub use sampling::{SampleStream, SampledToken, SamplingRule};
+pub use stop::{Detokenizer, StopCriteria};

@@ -1,0 +1,305 @@
+//! The generation engine: batched prefill and KV-cached decoding of many prompts, `n` samples
+//! each, with seeded sampling and per-token log-probabilities.
+//!
+//! What it is: a borrower of a [`Transformer`] that turns a [`GenerationRequest`] into a
+//! [`GenerationOutput`]. It holds no state between requests (the KV cache lives for one call).
+//! What it is not: a server, a scheduler across requests, or a tokenizer (text goes through the
+//! caller's [`Detokenizer`]).
+//!
+//! How a request runs:
+//! 1. Prefill: all prompts in one batch, LEFT-padded to the longest. Row b's positions start at 0
+//!    at its first real token; padded key slots are masked with `causal_bias(key_valid, q_len)`.
+//!    Each prompt is prefilled once, whatever `n` is.
+//! 2. Fan-out: the prompt rows of the cache are replicated `n` times with
+//!    `KvCache::select_batch`, so the `n` samples of a prompt (a GRPO group) share the prefill.
+//! 3. Decode: one token per live row per step. When rows finish, the cache is compacted to the
+//!    live rows (`select_batch` again), so finished samples cost nothing afterwards.
+//!
+//! Invariants:
+//! - Sample j of prompt i draws from `SampleStream(seed, first_prompt_number + i, j)` only, so its
+//!   tokens do not depend on which other prompts share the batch; batched generation equals
+//!   one-by-one generation up to float rounding in the batched matmuls (padding and batch size
+//!   change summation blocking, not the maths).
+//! - A sample never runs past the model's `max_position_embeddings`: it finishes with `Length`.
+
+use candle_core::{DType, Device, IndexOp, Tensor};
+use stoke_model::{KvCache, Transformer, causal_bias};
+
+use crate::error::RolloutError;
+use crate::request::{Completion, FinishReason, GenerationOutput, GenerationRequest};
+use crate::sampling::{SampleStream, SamplingRule, sample};
+use crate::stop::{Detokenizer, StopCriteria};
+
+/// Id written into padded slots. Any valid id works: padded keys are masked and padded queries'
+/// outputs are ignored.
+const PAD_ID: u32 = 0;
+
+/// Generates with one model. Cheap to build; borrow it for as many requests as you like.
+pub struct Engine<'m> {
+    model: &'m Transformer,
+    device: Device,
+}
+
+impl std::fmt::Debug for Engine<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One sample being generated.
+struct Sequence {
+    prompt_index: usize,
+    sample_index: usize,
+    stream: SampleStream,
+    /// Position of the next token to feed (prompt length + tokens generated so far - 1 for the
+    /// newest sampled token, which is fed at this position).
+    next_position: usize,
+    token_ids: Vec<u32>,
+    logprobs: Vec<f32>,
+    finish_reason: Option<FinishReason>,
+}
+
+impl<'m> Engine<'m> {
+    /// Also sets flush-to-zero / denormals-are-zero on this thread and the compute pool
+    /// (denormals slow the CPU matmul kernels about tenfold).
+    pub fn new(model: &'m Transformer, device: Device) -> Self {
+        stoke_ops::numerics::init_compute_threads();
+        Engine { model, device }
+    }
+
+    pub fn generate(
+        &self,
+        request: &GenerationRequest,
+        detokenizer: Option<&dyn Detokenizer>,
+    ) -> Result<GenerationOutput, RolloutError> {
+        let params = &request.params;
+        let rule = params.validate()?;
+        let stop = StopCriteria::new(
+            params.stop_token_ids.clone(),
+            params.stop_strings.clone(),
+            params.max_new_tokens,
+            detokenizer.is_some(),
+        )?;
+        self.check_prompts(&request.prompts)?;
+        let max_positions = self.model.config().max_position_embeddings;
+
+        // 1. Prefill every prompt once.
+        let (prompt_logits, prompt_cache, prompt_key_valid) = self.prefill(&request.prompts)?;
+
+        // 2. Fan out n samples per prompt and draw each sample's first token.
+        let n = params.n;
+        let fan_out: Vec<usize> = (0..request.prompts.len())
+            .flat_map(|i| std::iter::repeat_n(i, n))
+            .collect();
+        let mut cache = if n == 1 {
+            prompt_cache
+        } else {
+            prompt_cache.select_batch(&fan_out)?
+        };
+        let mut key_valid: Vec<Vec<bool>> = fan_out
+            .iter()
+            .map(|&i| prompt_key_valid[i].clone())
+            .collect();
+        let mut sequences: Vec<Sequence> = fan_out
+            .iter()
+            .enumerate()
+            .map(|(row, &prompt_index)| Sequence {
+                prompt_index,
+                sample_index: row % n,
+                stream: SampleStream::new(
+                    params.seed,
+                    request.first_prompt_number + prompt_index as u64,
+                    (row % n) as u64,
+                ),
+                next_position: request.prompts[prompt_index].len(),
+                token_ids: Vec::new(),
+                logprobs: Vec::new(),
+                finish_reason: None,
+            })
+            .collect();
+        for sequence in &mut sequences {
+            let logits = &prompt_logits[sequence.prompt_index];
+            self.advance(sequence, logits, &rule, &stop, detokenizer, max_positions)?;
+        }
+
+        // 3. Decode. `live` maps cache rows to sequences.
+        let mut live: Vec<usize> = (0..sequences.len()).collect();
+        loop {
+            let still_live: Vec<usize> = (0..live.len())
+                .filter(|&row| sequences[live[row]].finish_reason.is_none())
+                .collect();
+            if still_live.is_empty() {
+                break;
+            }
+            if still_live.len() < live.len() {
+                cache = cache.select_batch(&still_live)?;
+                key_valid = still_live
+                    .iter()
+                    .map(|&row| key_valid[row].clone())
+                    .collect();
+                live = still_live.iter().map(|&row| live[row]).collect();
+            }
+            let rows = live.len();
+            let input: Vec<u32> = live
+                .iter()
+                .map(|&s| *sequences[s].token_ids.last().unwrap_or(&PAD_ID))
+                .collect();
+            let positions: Vec<u32> = live
+                .iter()
+                .map(|&s| sequences[s].next_position as u32)
+                .collect();
+            for valid in &mut key_valid {
+                valid.push(true);
+            }
+            let input = Tensor::from_vec(input, (rows, 1), &self.device)?;
+            let positions = Tensor::from_vec(positions, (rows, 1), &self.device)?;
+            let bias = causal_bias(&key_valid, 1, &self.device)?;
+            let logits = self
+                .model
+                .forward(&input, &positions, &bias, Some(&mut cache))?;
+            let logits = logits
+                .i((.., 0, ..))?
+                .to_dtype(DType::F32)?
+                .to_vec2::<f32>()?;
+            for (row, &s) in live.iter().enumerate() {
+                let sequence = &mut sequences[s];
+                sequence.next_position += 1;
+                self.advance(
+                    sequence,
+                    &logits[row],
+                    &rule,
+                    &stop,
+                    detokenizer,
+                    max_positions,
+                )?;
+            }
+        }
+
+        // 4. Assemble per-prompt completions in sample order.
+        let prefill_tokens = request.prompts.iter().map(Vec::len).sum();
+        let generated_tokens = sequences.iter().map(|s| s.token_ids.len()).sum();
+        let mut completions: Vec<Vec<Completion>> =
+            vec![Vec::with_capacity(n); request.prompts.len()];
+        for sequence in sequences {
+            let finish_reason = sequence.finish_reason.unwrap_or(FinishReason::Length);
+            let text = match detokenizer {
+                Some(detokenizer) => {
+                    Some(stop.final_text(&sequence.token_ids, &finish_reason, detokenizer)?)
+                }
+                None => None,
+            };
+            completions[sequence.prompt_index].push(Completion {
+                prompt_index: sequence.prompt_index,
+                sample_index: sequence.sample_index,
+                token_ids: sequence.token_ids,
+                logprobs: sequence.logprobs,
+                text,
+                finish_reason,
+            });
+        }
+        Ok(GenerationOutput {
+            completions,
+            prefill_tokens,
+            generated_tokens,
+        })
+    }
+
+    /// Samples the next token of `sequence` from `logits` and records whether it finished.
+    fn advance(
+        &self,
+        sequence: &mut Sequence,
+        logits: &[f32],
+        rule: &SamplingRule,
+        stop: &StopCriteria,
+        detokenizer: Option<&dyn Detokenizer>,
+        max_positions: usize,
+    ) -> Result<(), RolloutError> {
+        let token = sample(logits, rule, &mut sequence.stream)?;
+        sequence.token_ids.push(token.id);
+        sequence.logprobs.push(token.logprob);
+        sequence.finish_reason = stop.check(&sequence.token_ids, detokenizer)?;
+        // The newest token would be fed at `next_position`; past the model's range it cannot be.
+        if sequence.finish_reason.is_none() && sequence.next_position >= max_positions {
+            sequence.finish_reason = Some(FinishReason::Length);
+        }
+        Ok(())
+    }
+
+    /// Runs all prompts through the model once, left-padded. Returns each prompt's last-position
+    /// logits, the cache (one row per prompt) and the key-validity mask of the cached slots.
+    fn prefill(
+        &self,
+        prompts: &[Vec<u32>],
+    ) -> Result<(Vec<Vec<f32>>, KvCache, Vec<Vec<bool>>), RolloutError> {
+        let batch = prompts.len();
+        let width = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        let mut ids = Vec::with_capacity(batch * width);
+        let mut positions = Vec::with_capacity(batch * width);
+        let mut key_valid = Vec::with_capacity(batch);
+        for prompt in prompts {
+            let padding = width - prompt.len();
+            ids.extend(std::iter::repeat_n(PAD_ID, padding).chain(prompt.iter().copied()));
+            positions.extend((0..width).map(|slot| slot.saturating_sub(padding) as u32));
+            key_valid.push(
+                (0..width)
+                    .map(|slot| slot >= padding)
+                    .collect::<Vec<bool>>(),
+            );
+        }
+        let ids = Tensor::from_vec(ids, (batch, width), &self.device)?;
+        let positions = Tensor::from_vec(positions, (batch, width), &self.device)?;
+        let bias = causal_bias(&key_valid, width, &self.device)?;
+        let mut cache = KvCache::new(self.model.config().num_hidden_layers);
+        // Only the last position's logits are needed: the LM head runs on one row per prompt.
+        let hidden = self
+            .model
+            .forward_hidden(&ids, &positions, &bias, Some(&mut cache))?;
+        let last_hidden = hidden.i((.., width - 1, ..))?.contiguous()?;
+        let last = self
+            .model
+            .lm_logits(&last_hidden)?
+            .to_dtype(DType::F32)?
+            .to_vec2::<f32>()?;
+        Ok((last, cache, key_valid))
+    }
+
+    fn check_prompts(&self, prompts: &[Vec<u32>]) -> Result<(), RolloutError> {
+        let config = self.model.config();
+        if prompts.is_empty() {
+            return Err(RolloutError::InvalidParam {
+                field: "prompts",
+                reason: "the request has no prompts".into(),
+            });
+        }
+        for (prompt_index, prompt) in prompts.iter().enumerate() {
+            if prompt.is_empty() {
+                return Err(RolloutError::InvalidPrompt {
+                    prompt_index,
+                    reason: "is empty (a prompt needs at least one token, e.g. BOS)".into(),
+                });
+            }
+            if let Some(&id) = prompt.iter().find(|&&id| id as usize >= config.vocab_size) {
+                return Err(RolloutError::InvalidPrompt {
+                    prompt_index,
+                    reason: format!(
+                        "token id {id} is outside the vocabulary (size {})",
+                        config.vocab_size
+                    ),
+                });
+            }
+            if prompt.len() >= config.max_position_embeddings {
+                return Err(RolloutError::InvalidPrompt {
+                    prompt_index,
+                    reason: format!(
+                        "has {} tokens, leaving no room below max_position_embeddings = {}",
+                        prompt.len(),
+                        config.max_position_embeddings
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}
