@@ -51,7 +51,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
             if let Some(out) = out {
                 std::fs::create_dir_all(&out)?;
-                tokenizer.save(out.join("tokenizer.json"), true)?;
+                tokenizer
+                    .save(out.join("tokenizer.json"), true)
+                    .map_err(|e| e.to_string())?;
             }
         }
         other => return Err(format!("unknown trainer {other}").into()),
