@@ -187,7 +187,7 @@ fn run_probe() -> ProbeOutcome {
     };
     let pid = namespace(
         &|spec| spec.pid_namespace = true,
-        "program is PID 1; orphans die with it",
+        "own PID 1 (a minimal init); nothing outlives the program",
     );
     let network = namespace(&|spec| spec.network_namespace = true, "no interfaces");
     let mount = namespace(

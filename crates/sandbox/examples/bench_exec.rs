@@ -1,0 +1,114 @@
+//! Executions per second of a trivial Python program (`print(1)`) through the sandbox at 1, 2 and
+//! 8 concurrent workers, against bare `python3` subprocesses (no sandbox) at the same
+//! concurrency, reported as ratios.
+//!
+//! `cargo run --release -p stoke-sandbox --example bench_exec [-- RUNS_PER_SETTING]`
+//!
+//! Two references: `python3 -c 'print(1)'` as a framework would start it, and
+//! `python3 -S -E -B -c 'print(1)'` with the flags the sandbox uses (so the ratio against it
+//! isolates the cost of the jail itself).
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use stoke_sandbox::{ExitStatusKind, Program, Sandbox, SandboxConfig};
+
+fn sandbox_rate(workers: usize, runs: usize) -> f64 {
+    let sandbox = Sandbox::new(SandboxConfig {
+        workers,
+        wall_timeout: Duration::from_secs(10),
+        ..SandboxConfig::default()
+    })
+    .expect("sandbox");
+    // Warm-up (probe, runtime, page cache).
+    let warm = sandbox.run_blocking(Program::python("print(1)"));
+    assert_eq!(
+        warm.status,
+        ExitStatusKind::Exited(0),
+        "{}",
+        warm.stderr_text()
+    );
+    let remaining = Arc::new(AtomicUsize::new(runs));
+    let started = Instant::now();
+    let threads: Vec<_> = (0..workers)
+        .map(|_| {
+            let sandbox = sandbox.clone();
+            let remaining = Arc::clone(&remaining);
+            std::thread::spawn(move || {
+                while remaining
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                        left.checked_sub(1)
+                    })
+                    .is_ok()
+                {
+                    let result = sandbox.run_blocking(Program::python("print(1)"));
+                    assert_eq!(result.stdout, b"1\n", "{:?}", result.status);
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().expect("bench thread");
+    }
+    runs as f64 / started.elapsed().as_secs_f64()
+}
+
+fn bare_rate(workers: usize, runs: usize, flags: &'static [&'static str]) -> f64 {
+    let remaining = Arc::new(AtomicUsize::new(runs));
+    let started = Instant::now();
+    let threads: Vec<_> = (0..workers)
+        .map(|_| {
+            let remaining = Arc::clone(&remaining);
+            std::thread::spawn(move || {
+                while remaining
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                        left.checked_sub(1)
+                    })
+                    .is_ok()
+                {
+                    let output = Command::new("/usr/bin/python3")
+                        .args(flags)
+                        .args(["-c", "print(1)"])
+                        .stdin(Stdio::null())
+                        .output()
+                        .expect("python3");
+                    assert_eq!(output.stdout, b"1\n");
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().expect("bench thread");
+    }
+    runs as f64 / started.elapsed().as_secs_f64()
+}
+
+fn main() {
+    let runs: usize = std::env::args()
+        .nth(1)
+        .and_then(|arg| arg.parse().ok())
+        .unwrap_or(200);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    println!("{}", stoke_sandbox::probe().to_table());
+    println!("{runs} runs per setting, {cores} cores");
+    println!(
+        "{:>7} {:>12} {:>12} {:>12} {:>10} {:>10} {:>14}",
+        "workers", "sandbox/s", "bare -S/s", "bare/s", "vs -S", "vs bare", "sandbox/s/core"
+    );
+    for workers in [1, 2, 8] {
+        let sandboxed = sandbox_rate(workers, runs);
+        let bare_fast = bare_rate(workers, runs, &["-S", "-E", "-B"]);
+        let bare = bare_rate(workers, runs, &[]);
+        let used_cores = workers.min(cores) as f64;
+        println!(
+            "{workers:>7} {sandboxed:>12.1} {bare_fast:>12.1} {bare:>12.1} {:>10.2} {:>10.2} {:>14.1}",
+            sandboxed / bare_fast,
+            sandboxed / bare,
+            sandboxed / used_cores
+        );
+    }
+}
