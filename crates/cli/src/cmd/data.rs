@@ -1,13 +1,125 @@
-//! `stoke data ...`.
+//! `stoke data ...`: the data funnel from the command line.
+//!
+//! `stoke data run CONFIG.toml` reads the funnel config (relative paths in it are taken from the
+//! config file's folder), runs it with a progress bar (documents/s, MB/s), and prints the
+//! per-stage summary; the full report lands in `run.report_dir`.
 
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
 use clap::Subcommand;
+use indicatif::{ProgressBar, ProgressStyle};
+use stoke_data::funnel::{self, FunnelFile, FunnelReport, Progress};
 
 #[derive(Subcommand)]
 pub enum DataCommand {
     /// Run the data funnel described by a TOML file.
-    Run { config: std::path::PathBuf },
+    Run { config: PathBuf },
+    /// Tokenize documents (JSONL) into token shards.
+    Tokenize(crate::cmd::tokenizer::DataTokenizeArgs),
+    /// Documents, tokens and a length histogram of shards; documents and bytes of JSONL files.
+    Stats(crate::cmd::tokenizer::DataStatsArgs),
 }
 
-pub fn run(_command: DataCommand) -> anyhow::Result<()> {
-    anyhow::bail!("`stoke data` is under construction")
+pub fn run(command: DataCommand) -> anyhow::Result<()> {
+    match command {
+        DataCommand::Run { config } => run_funnel(&config),
+        DataCommand::Tokenize(args) => crate::cmd::tokenizer::data_tokenize(args),
+        DataCommand::Stats(args) => crate::cmd::tokenizer::data_stats(args),
+    }
+}
+
+fn run_funnel(config: &Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(config)
+        .with_context(|| format!("cannot read funnel config {}", config.display()))?;
+    let base_dir = config
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let plan = FunnelFile::parse(&text)
+        .and_then(|file| file.validate(base_dir))
+        .with_context(|| format!("in {}", config.display()))?;
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {elapsed_precise} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let started = Instant::now();
+    let on_progress = |p: &Progress| {
+        let seconds = started.elapsed().as_secs_f64().max(1e-9);
+        bar.set_message(format!(
+            "{} docs read, {} kept, {} bad | {:.0} docs/s, {:.1} MB/s",
+            p.documents_read,
+            p.documents_kept,
+            p.bad_records,
+            p.documents_read as f64 / seconds,
+            p.bytes_read as f64 / 1e6 / seconds
+        ));
+    };
+    let report = funnel::run(plan, &on_progress)?;
+    bar.finish_and_clear();
+    print!("{}", summary(&report));
+    Ok(())
+}
+
+/// The per-stage table printed at the end of a run.
+fn summary(report: &FunnelReport) -> String {
+    let mut out = String::new();
+    let input = &report.input;
+    out.push_str(&format!(
+        "input: {} documents, {:.1} MB from {} files, {} bad records\n",
+        input.documents,
+        input.bytes as f64 / 1e6,
+        input.files,
+        input.bad_records
+    ));
+    for bad in input.bad_record_examples.iter().take(5) {
+        out.push_str(&format!("  bad: {}: {}\n", bad.location, bad.error));
+    }
+    out.push_str(&format!(
+        "{:<20} {:>10} {:>10} {:>8}  removed by reason\n",
+        "stage", "in", "out", "kept%"
+    ));
+    for stage in &report.stages {
+        let pct = 100.0 * stage.documents_out as f64 / stage.documents_in.max(1) as f64;
+        let reasons: Vec<String> = stage
+            .removed
+            .iter()
+            .map(|(r, n)| format!("{r}={n}"))
+            .collect();
+        let events: Vec<String> = stage
+            .events
+            .iter()
+            .map(|(e, n)| format!("{e}={n}"))
+            .collect();
+        out.push_str(&format!(
+            "{:<20} {:>10} {:>10} {:>7.1}%  {}{}\n",
+            stage.name,
+            stage.documents_in,
+            stage.documents_out,
+            pct,
+            reasons.join(" "),
+            if events.is_empty() {
+                String::new()
+            } else {
+                format!(" [{}]", events.join(" "))
+            }
+        ));
+    }
+    out.push_str(&format!(
+        "output: {} documents, {:.1} MB -> {}\n",
+        report.output.documents,
+        report.output.bytes as f64 / 1e6,
+        report.output.path
+    ));
+    out.push_str(&format!(
+        "{:.1} s on {} threads: {:.0} docs/s, {:.1} MB/s\n",
+        report.wall_seconds,
+        report.threads,
+        report.documents_per_second,
+        report.megabytes_per_second
+    ));
+    out
 }
