@@ -36,19 +36,34 @@ fn reasoning(seed: usize) -> String {
     let mut text = String::new();
     for step in 0..12 {
         text.push_str(sentence);
-        text.push_str(&format!("Step {}: {} + {} = {}. ", step, seed + step, step * 3, seed + step * 4));
+        text.push_str(&format!(
+            "Step {}: {} + {} = {}. ",
+            step,
+            seed + step,
+            step * 3,
+            seed + step * 4
+        ));
     }
     text
 }
 
 fn main() {
-    let seconds: f64 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(3.0);
+    let seconds: f64 = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3.0);
     let verifier = MathVerifier::new(&MathConfig::default()).expect("default config");
     let samples: Vec<(Reference, String)> = PAIRS
         .iter()
         .enumerate()
         .map(|(i, (gold, ending))| {
-            (Reference { answer: Some(gold.to_string()), ..Reference::default() }, format!("{}{}", reasoning(i), ending))
+            (
+                Reference {
+                    answer: Some(gold.to_string()),
+                    ..Reference::default()
+                },
+                format!("{}{}", reasoning(i), ending),
+            )
         })
         .collect();
     let bytes: usize = samples.iter().map(|(_, c)| c.len()).sum::<usize>() / samples.len();

@@ -18,7 +18,9 @@ pub fn extract_code(completion: &str) -> &str {
     let mut rest = completion;
     while let Some(open) = rest.find("```") {
         let after = &rest[open + 3..];
-        let Some(newline) = after.find('\n') else { break };
+        let Some(newline) = after.find('\n') else {
+            break;
+        };
         let tag = after[..newline].trim().to_ascii_lowercase();
         let body = &after[newline + 1..];
         let Some(close) = body.find("```") else {
@@ -61,7 +63,10 @@ pub fn abnormal_outcome(result: &ExecResult) -> Option<(Outcome, String)> {
 /// `run_blocking` parks its caller until the program ends.
 pub fn run_all(sandbox: &Sandbox, programs: Vec<Program>) -> Vec<ExecResult> {
     if programs.len() == 1 {
-        return programs.into_iter().map(|p| sandbox.run_blocking(p)).collect();
+        return programs
+            .into_iter()
+            .map(|p| sandbox.run_blocking(p))
+            .collect();
     }
     std::thread::scope(|scope| {
         let handles: Vec<_> = programs
@@ -108,12 +113,18 @@ mod tests {
     fn untagged_fence_then_raw_completion() {
         assert_eq!(extract_code("see\n```\nx = 1\n```"), "x = 1\n");
         assert_eq!(extract_code("    return a + b\n"), "    return a + b\n");
-        assert_eq!(extract_code("```rust\nfn main(){}\n```"), "```rust\nfn main(){}\n```");
+        assert_eq!(
+            extract_code("```rust\nfn main(){}\n```"),
+            "```rust\nfn main(){}\n```"
+        );
     }
 
     #[test]
     fn unclosed_python_fence_keeps_its_body() {
-        assert_eq!(extract_code("```python\ndef f():\n    return 1\n"), "def f():\n    return 1\n");
+        assert_eq!(
+            extract_code("```python\ndef f():\n    return 1\n"),
+            "def f():\n    return 1\n"
+        );
     }
 
     #[test]

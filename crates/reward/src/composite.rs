@@ -96,33 +96,59 @@ pub struct CompositeVerifier {
 impl CompositeVerifier {
     pub fn new(config: &CompositeConfig, sandbox: Option<Sandbox>) -> Result<Self, ConfigError> {
         if config.components.is_empty() {
-            return Err(ConfigError::invalid("components", "at least one component is required"));
+            return Err(ConfigError::invalid(
+                "components",
+                "at least one component is required",
+            ));
         }
         let mut components = Vec::new();
         let mut correctness = None;
         for (index, component) in config.components.iter().enumerate() {
             let field = |name: &str| format!("components[{index}].{name}");
             if component.reward.kind() == RewardKind::Composite {
-                return Err(ConfigError::invalid(field("reward"), "components cannot be composite"));
+                return Err(ConfigError::invalid(
+                    field("reward"),
+                    "components cannot be composite",
+                ));
             }
             if !component.weight.is_finite() {
                 return Err(ConfigError::invalid(field("weight"), "must be finite"));
             }
             if component.correctness {
                 if correctness.is_some() {
-                    return Err(ConfigError::invalid(field("correctness"), "only one component decides correctness"));
+                    return Err(ConfigError::invalid(
+                        field("correctness"),
+                        "only one component decides correctness",
+                    ));
                 }
                 if component.gate != Gate::Always {
-                    return Err(ConfigError::invalid(field("gate"), "the correctness component cannot be gated"));
+                    return Err(ConfigError::invalid(
+                        field("gate"),
+                        "the correctness component cannot be gated",
+                    ));
                 }
                 correctness = Some(index);
             }
-            let reward = component.reward.build(sandbox.clone()).map_err(|error| match error {
-                ConfigError::Invalid { field: inner, message } => ConfigError::invalid(field(&format!("reward.{inner}")), message),
-                other => other,
-            })?;
-            let name = component.name.clone().unwrap_or_else(|| component.reward.kind().name().to_string());
-            components.push(Component { name, weight: component.weight, gate: component.gate, reward });
+            let reward = component
+                .reward
+                .build(sandbox.clone())
+                .map_err(|error| match error {
+                    ConfigError::Invalid {
+                        field: inner,
+                        message,
+                    } => ConfigError::invalid(field(&format!("reward.{inner}")), message),
+                    other => other,
+                })?;
+            let name = component
+                .name
+                .clone()
+                .unwrap_or_else(|| component.reward.kind().name().to_string());
+            components.push(Component {
+                name,
+                weight: component.weight,
+                gate: component.gate,
+                reward,
+            });
         }
         if correctness.is_none()
             && let Some(index) = components.iter().position(|c| c.gate != Gate::Always)
@@ -132,7 +158,11 @@ impl CompositeVerifier {
                 "gating needs a component with `correctness = true`",
             ));
         }
-        Ok(Self { components, correctness, skip_on_unparseable_gold: config.skip_on_unparseable_gold })
+        Ok(Self {
+            components,
+            correctness,
+            skip_on_unparseable_gold: config.skip_on_unparseable_gold,
+        })
     }
 
     pub fn runs_code(&self) -> bool {
@@ -150,19 +180,26 @@ impl Verifier for CompositeVerifier {
     }
 
     fn score_group(&self, group: &[RewardInput<'_>]) -> Vec<RewardOutcome> {
-        let correctness_outcomes = self.correctness.map(|index| self.components[index].reward.score_group(group));
+        let correctness_outcomes = self
+            .correctness
+            .map(|index| self.components[index].reward.score_group(group));
         let inputs: Vec<RewardInput<'_>> = match &correctness_outcomes {
             Some(outcomes) => group
                 .iter()
                 .zip(outcomes)
-                .map(|(input, outcome)| RewardInput { correct: Some(outcome.outcome == Outcome::Correct), ..*input })
+                .map(|(input, outcome)| RewardInput {
+                    correct: Some(outcome.outcome == Outcome::Correct),
+                    ..*input
+                })
                 .collect(),
             None => group.to_vec(),
         };
         let mut per_component: Vec<Vec<RewardOutcome>> = Vec::with_capacity(self.components.len());
         for (index, component) in self.components.iter().enumerate() {
             match (&correctness_outcomes, self.correctness) {
-                (Some(outcomes), Some(correctness)) if correctness == index => per_component.push(outcomes.clone()),
+                (Some(outcomes), Some(correctness)) if correctness == index => {
+                    per_component.push(outcomes.clone())
+                }
                 _ => per_component.push(component.reward.score_group(&inputs)),
             }
         }
@@ -177,7 +214,9 @@ impl Verifier for CompositeVerifier {
                     let applied = component.gate.applies(correct);
                     if applied {
                         total += component.weight * outcome.score;
-                        if outcome.outcome.is_dataset_problem() && problem != Some(Outcome::UnparseableGold) {
+                        if outcome.outcome.is_dataset_problem()
+                            && problem != Some(Outcome::UnparseableGold)
+                        {
                             problem = Some(outcome.outcome);
                         }
                     }
@@ -189,11 +228,18 @@ impl Verifier for CompositeVerifier {
                         applied,
                     });
                 }
-                let correctness_details =
-                    correctness_outcomes.as_ref().map(|outcomes| outcomes[sample].details.clone()).unwrap_or_default();
-                let details = Details { components: scores, ..correctness_details };
+                let correctness_details = correctness_outcomes
+                    .as_ref()
+                    .map(|outcomes| outcomes[sample].details.clone())
+                    .unwrap_or_default();
+                let details = Details {
+                    components: scores,
+                    ..correctness_details
+                };
                 match problem {
-                    Some(problem) if self.skip_on_unparseable_gold => RewardOutcome::new(0.0, problem, details),
+                    Some(problem) if self.skip_on_unparseable_gold => {
+                        RewardOutcome::new(0.0, problem, details)
+                    }
                     _ => {
                         let outcome = correctness_outcomes
                             .as_ref()

@@ -9,9 +9,9 @@
 //! Invariants: `RewardConfig::build` validates every field (ranges, regexes, schemas that need
 //! no input) and fails with the field's name; a built `Reward` never fails on configuration.
 
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
-use serde::{Deserialize, Serialize};
 use stoke_sandbox::Sandbox;
 
 use crate::composite::{CompositeConfig, CompositeVerifier};
@@ -42,7 +42,10 @@ pub enum ConfigError {
 
 impl ConfigError {
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
-        ConfigError::Invalid { field: field.into(), message: message.into() }
+        ConfigError::Invalid {
+            field: field.into(),
+            message: message.into(),
+        }
     }
 }
 
@@ -175,12 +178,17 @@ impl RewardConfig {
 
     /// Validates the options and builds the verifier. Code rewards need `sandbox`.
     pub fn build(&self, sandbox: Option<Sandbox>) -> Result<Reward, ConfigError> {
-        let need_sandbox = |name: &'static str| sandbox.clone().ok_or(ConfigError::NeedsSandbox(name));
+        let need_sandbox =
+            |name: &'static str| sandbox.clone().ok_or(ConfigError::NeedsSandbox(name));
         Ok(match self {
             Self::Math(c) => Reward::Math(MathVerifier::new(c)?),
             Self::ExactMatch(c) => Reward::ExactMatch(ExactMatchVerifier::new(c)?),
-            Self::UnitTests(c) => Reward::UnitTests(UnitTestsVerifier::new(c, need_sandbox("unit_tests")?)?),
-            Self::StdioTests(c) => Reward::StdioTests(StdioTestsVerifier::new(c, need_sandbox("stdio_tests")?)?),
+            Self::UnitTests(c) => {
+                Reward::UnitTests(UnitTestsVerifier::new(c, need_sandbox("unit_tests")?)?)
+            }
+            Self::StdioTests(c) => {
+                Reward::StdioTests(StdioTestsVerifier::new(c, need_sandbox("stdio_tests")?)?)
+            }
             Self::FormatRegex(c) => Reward::FormatRegex(FormatRegexVerifier::new(c)?),
             Self::TagStructure(c) => Reward::TagStructure(TagStructureVerifier::new(c)?),
             Self::JsonSchema(c) => Reward::JsonSchema(JsonSchemaVerifier::new(c)?),
@@ -197,7 +205,10 @@ impl RewardConfig {
     /// all its options (format_regex, tag_structure, instructions and composite need a file).
     pub fn default_for(kind: RewardKind) -> Result<RewardConfig, ConfigError> {
         let needs_file = |field: &str| {
-            Err(ConfigError::invalid(field, format!("reward kind `{kind}` needs a --config file")))
+            Err(ConfigError::invalid(
+                field,
+                format!("reward kind `{kind}` needs a --config file"),
+            ))
         };
         Ok(match kind {
             RewardKind::Math => Self::Math(MathConfig::default()),

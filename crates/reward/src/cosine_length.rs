@@ -87,7 +87,9 @@ impl CosineLengthVerifier {
         if let Some((field, _)) = values.iter().find(|(_, v)| !v.is_finite()) {
             return Err(ConfigError::invalid(*field, "must be finite"));
         }
-        Ok(Self { config: config.clone() })
+        Ok(Self {
+            config: config.clone(),
+        })
     }
 
     /// The reward for a completion of `tokens` tokens.
@@ -96,8 +98,11 @@ impl CosineLengthVerifier {
         if tokens >= c.max_tokens {
             return c.exceed_score;
         }
-        let (at_zero, at_max) =
-            if correct { (c.correct_at_zero, c.correct_at_max) } else { (c.wrong_at_zero, c.wrong_at_max) };
+        let (at_zero, at_max) = if correct {
+            (c.correct_at_zero, c.correct_at_max)
+        } else {
+            (c.wrong_at_zero, c.wrong_at_max)
+        };
         let progress = std::f64::consts::PI * tokens as f64 / c.max_tokens as f64;
         at_max + 0.5 * (at_zero - at_max) * (1.0 + progress.cos())
     }
@@ -121,7 +126,8 @@ mod tests {
 
     #[test]
     fn endpoints_match_the_configured_ranges() {
-        let verifier = CosineLengthVerifier::new(&CosineLengthConfig::with_max_tokens(1000)).unwrap();
+        let verifier =
+            CosineLengthVerifier::new(&CosineLengthConfig::with_max_tokens(1000)).unwrap();
         assert!((verifier.value(0, true) - 2.0).abs() < 1e-12);
         assert!((verifier.value(500, true) - 1.5).abs() < 1e-12);
         assert!((verifier.value(999, true) - 1.0).abs() < 1e-4);
@@ -132,7 +138,8 @@ mod tests {
 
     #[test]
     fn correct_reward_falls_and_wrong_penalty_shrinks_with_length() {
-        let verifier = CosineLengthVerifier::new(&CosineLengthConfig::with_max_tokens(1000)).unwrap();
+        let verifier =
+            CosineLengthVerifier::new(&CosineLengthConfig::with_max_tokens(1000)).unwrap();
         assert!(verifier.value(100, true) > verifier.value(800, true));
         assert!(verifier.value(100, false) < verifier.value(800, false));
     }

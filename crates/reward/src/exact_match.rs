@@ -45,7 +45,10 @@ pub struct ExactMatchConfig {
 
 impl Default for ExactMatchConfig {
     fn default() -> Self {
-        Self { mode: MatchMode::Normalized, extract_answer: true }
+        Self {
+            mode: MatchMode::Normalized,
+            extract_answer: true,
+        }
     }
 }
 
@@ -60,7 +63,11 @@ pub struct ExactMatchVerifier {
 
 /// Lowercase, whitespace collapsed, wrapping punctuation removed.
 pub fn normalize_text(text: &str) -> String {
-    let collapsed = text.split_whitespace().collect::<Vec<_>>().join(" ").to_lowercase();
+    let collapsed = text
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_lowercase();
     let trimmed = collapsed
         .trim_matches(|c: char| matches!(c, '"' | '\'' | '`' | '$' | '(' | ')' | '[' | ']' | '*'))
         .trim_end_matches('.')
@@ -70,8 +77,12 @@ pub fn normalize_text(text: &str) -> String {
 
 /// A decimal number with thousands separators, `$` and a trailing period removed.
 fn parse_decimal(text: &str) -> Option<BigRational> {
-    let cleaned: String =
-        text.trim().trim_end_matches('.').chars().filter(|c| !matches!(c, ',' | '$' | ' ')).collect();
+    let cleaned: String = text
+        .trim()
+        .trim_end_matches('.')
+        .chars()
+        .filter(|c| !matches!(c, ',' | '$' | ' '))
+        .collect();
     let (negative, digits) = match cleaned.strip_prefix('-') {
         Some(rest) => (true, rest),
         None => (false, cleaned.as_str()),
@@ -136,12 +147,17 @@ impl Verifier for ExactMatchVerifier {
         let Some(gold_raw) = input.reference.answer.as_deref() else {
             return RewardOutcome::missing("answer");
         };
-        let unparseable_gold = |why: &str| RewardOutcome::failed(Outcome::UnparseableGold, why.to_string());
+        let unparseable_gold =
+            |why: &str| RewardOutcome::failed(Outcome::UnparseableGold, why.to_string());
         let (gold, prediction, equal): (String, Option<String>, bool) = match self.mode {
             MatchMode::String => {
                 let prediction = self.answer_text(input.completion);
                 let gold = gold_raw.trim();
-                (gold.to_string(), Some(prediction.to_string()), prediction == gold)
+                (
+                    gold.to_string(),
+                    Some(prediction.to_string()),
+                    prediction == gold,
+                )
             }
             MatchMode::Normalized => {
                 let gold = normalize_text(clean_answer(gold_raw));
@@ -201,46 +217,100 @@ mod tests {
     use crate::verifier::Reference;
 
     fn score(mode: MatchMode, gold: &str, completion: &str) -> Outcome {
-        let verifier = ExactMatchVerifier::new(&ExactMatchConfig { mode, extract_answer: true }).unwrap();
-        let reference = Reference { answer: Some(gold.into()), ..Reference::default() };
-        verifier.score(&RewardInput::new("", completion, &reference)).outcome
+        let verifier = ExactMatchVerifier::new(&ExactMatchConfig {
+            mode,
+            extract_answer: true,
+        })
+        .unwrap();
+        let reference = Reference {
+            answer: Some(gold.into()),
+            ..Reference::default()
+        };
+        verifier
+            .score(&RewardInput::new("", completion, &reference))
+            .outcome
     }
 
     #[test]
     fn normalized_ignores_case_space_and_wrapping() {
-        assert_eq!(score(MatchMode::Normalized, "Paris", "The answer is \"paris\"."), Outcome::Correct);
-        assert_eq!(score(MatchMode::Normalized, "New  York", "new york"), Outcome::Correct);
-        assert_eq!(score(MatchMode::Normalized, "Paris", "London"), Outcome::Wrong);
+        assert_eq!(
+            score(MatchMode::Normalized, "Paris", "The answer is \"paris\"."),
+            Outcome::Correct
+        );
+        assert_eq!(
+            score(MatchMode::Normalized, "New  York", "new york"),
+            Outcome::Correct
+        );
+        assert_eq!(
+            score(MatchMode::Normalized, "Paris", "London"),
+            Outcome::Wrong
+        );
     }
 
     #[test]
     fn string_mode_is_case_sensitive() {
         assert_eq!(score(MatchMode::String, "Paris", "paris"), Outcome::Wrong);
-        assert_eq!(score(MatchMode::String, "Paris", " Paris\n"), Outcome::Correct);
+        assert_eq!(
+            score(MatchMode::String, "Paris", " Paris\n"),
+            Outcome::Correct
+        );
     }
 
     #[test]
     fn integer_mode_reads_separators() {
-        assert_eq!(score(MatchMode::Integer, "1234", "so \\boxed{1,234}"), Outcome::Correct);
-        assert_eq!(score(MatchMode::Integer, "1234", "so \\boxed{1235}"), Outcome::Wrong);
-        assert_eq!(score(MatchMode::Integer, "12.5", "12.5"), Outcome::UnparseableGold);
+        assert_eq!(
+            score(MatchMode::Integer, "1234", "so \\boxed{1,234}"),
+            Outcome::Correct
+        );
+        assert_eq!(
+            score(MatchMode::Integer, "1234", "so \\boxed{1235}"),
+            Outcome::Wrong
+        );
+        assert_eq!(
+            score(MatchMode::Integer, "12.5", "12.5"),
+            Outcome::UnparseableGold
+        );
     }
 
     #[test]
     fn choice_mode_reads_letters_in_many_shapes() {
-        assert_eq!(score(MatchMode::Choice, "(B)", "The answer is (B)."), Outcome::Correct);
-        assert_eq!(score(MatchMode::Choice, "B", "\\boxed{B}"), Outcome::Correct);
-        assert_eq!(score(MatchMode::Choice, "B", "The answer is C"), Outcome::Wrong);
-        assert_eq!(score(MatchMode::Choice, "banana", "B"), Outcome::UnparseableGold);
+        assert_eq!(
+            score(MatchMode::Choice, "(B)", "The answer is (B)."),
+            Outcome::Correct
+        );
+        assert_eq!(
+            score(MatchMode::Choice, "B", "\\boxed{B}"),
+            Outcome::Correct
+        );
+        assert_eq!(
+            score(MatchMode::Choice, "B", "The answer is C"),
+            Outcome::Wrong
+        );
+        assert_eq!(
+            score(MatchMode::Choice, "banana", "B"),
+            Outcome::UnparseableGold
+        );
     }
 
     #[test]
     fn gsm8k_mode_reads_hashes_on_both_sides() {
         let gold = "Natalia sold 48/2 = 24 clips.\n#### 72";
-        assert_eq!(score(MatchMode::Gsm8k, gold, "She sold 72 clips.\n#### 72"), Outcome::Correct);
-        assert_eq!(score(MatchMode::Gsm8k, gold, "total $72.00"), Outcome::Correct);
+        assert_eq!(
+            score(MatchMode::Gsm8k, gold, "She sold 72 clips.\n#### 72"),
+            Outcome::Correct
+        );
+        assert_eq!(
+            score(MatchMode::Gsm8k, gold, "total $72.00"),
+            Outcome::Correct
+        );
         assert_eq!(score(MatchMode::Gsm8k, gold, "#### 1,072"), Outcome::Wrong);
-        assert_eq!(score(MatchMode::Gsm8k, gold, "no number"), Outcome::UnparseablePrediction);
-        assert_eq!(score(MatchMode::Gsm8k, "#### seventy", "72"), Outcome::UnparseableGold);
+        assert_eq!(
+            score(MatchMode::Gsm8k, gold, "no number"),
+            Outcome::UnparseablePrediction
+        );
+        assert_eq!(
+            score(MatchMode::Gsm8k, "#### seventy", "72"),
+            Outcome::UnparseableGold
+        );
     }
 }

@@ -47,17 +47,27 @@ impl FormatRegexVerifier {
             .dot_matches_new_line(config.dot_matches_newline)
             .build()
             .map_err(|e| ConfigError::invalid("pattern", e.to_string()))?;
-        Ok(Self { full_match, trim: config.trim })
+        Ok(Self {
+            full_match,
+            trim: config.trim,
+        })
     }
 }
 
 impl Verifier for FormatRegexVerifier {
     fn score(&self, input: &RewardInput<'_>) -> RewardOutcome {
-        let text = if self.trim { input.completion.trim() } else { input.completion };
+        let text = if self.trim {
+            input.completion.trim()
+        } else {
+            input.completion
+        };
         if self.full_match.is_match(text) {
             RewardOutcome::correct(Details::default())
         } else {
-            RewardOutcome::failed(Outcome::FormatError, "completion does not match the format pattern")
+            RewardOutcome::failed(
+                Outcome::FormatError,
+                "completion does not match the format pattern",
+            )
         }
     }
 }
@@ -69,32 +79,53 @@ mod tests {
 
     fn outcome(config: &FormatRegexConfig, completion: &str) -> Outcome {
         let reference = Reference::default();
-        FormatRegexVerifier::new(config).unwrap().score(&RewardInput::new("", completion, &reference)).outcome
+        FormatRegexVerifier::new(config)
+            .unwrap()
+            .score(&RewardInput::new("", completion, &reference))
+            .outcome
     }
 
     #[test]
     fn think_answer_format_matches_across_lines() {
         let config = FormatRegexConfig::default();
-        assert_eq!(outcome(&config, "<think>a\nb</think>\n<answer>4</answer>\n"), Outcome::Correct);
+        assert_eq!(
+            outcome(&config, "<think>a\nb</think>\n<answer>4</answer>\n"),
+            Outcome::Correct
+        );
     }
 
     #[test]
     fn match_is_anchored_at_both_ends() {
         let config = FormatRegexConfig::default();
-        assert_eq!(outcome(&config, "preamble <think>a</think><answer>4</answer>"), Outcome::FormatError);
-        assert_eq!(outcome(&config, "<think>a</think><answer>4</answer> trailing"), Outcome::FormatError);
+        assert_eq!(
+            outcome(&config, "preamble <think>a</think><answer>4</answer>"),
+            Outcome::FormatError
+        );
+        assert_eq!(
+            outcome(&config, "<think>a</think><answer>4</answer> trailing"),
+            Outcome::FormatError
+        );
         assert_eq!(outcome(&config, "<answer>4</answer>"), Outcome::FormatError);
     }
 
     #[test]
     fn dot_newline_flag_is_honoured() {
-        let config = FormatRegexConfig { dot_matches_newline: false, ..FormatRegexConfig::default() };
-        assert_eq!(outcome(&config, "<think>a\nb</think><answer>4</answer>"), Outcome::FormatError);
+        let config = FormatRegexConfig {
+            dot_matches_newline: false,
+            ..FormatRegexConfig::default()
+        };
+        assert_eq!(
+            outcome(&config, "<think>a\nb</think><answer>4</answer>"),
+            Outcome::FormatError
+        );
     }
 
     #[test]
     fn invalid_pattern_names_the_field() {
-        let config = FormatRegexConfig { pattern: "(".into(), ..FormatRegexConfig::default() };
+        let config = FormatRegexConfig {
+            pattern: "(".into(),
+            ..FormatRegexConfig::default()
+        };
         let error = FormatRegexVerifier::new(&config).unwrap_err().to_string();
         assert!(error.contains("`pattern`"), "{error}");
     }

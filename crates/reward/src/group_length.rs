@@ -48,7 +48,9 @@ pub struct GroupLengthVerifier {
 
 impl GroupLengthVerifier {
     pub fn new(config: &GroupLengthConfig) -> Result<Self, ConfigError> {
-        Ok(Self { length_unit: config.length_unit })
+        Ok(Self {
+            length_unit: config.length_unit,
+        })
     }
 }
 
@@ -66,8 +68,14 @@ impl Verifier for GroupLengthVerifier {
     }
 
     fn score_group(&self, group: &[RewardInput<'_>]) -> Vec<RewardOutcome> {
-        let lengths: Vec<Result<usize, &str>> = group.iter().map(|input| self.length_unit.length(input)).collect();
-        let known: Vec<usize> = lengths.iter().filter_map(|l| l.as_ref().ok().copied()).collect();
+        let lengths: Vec<Result<usize, &str>> = group
+            .iter()
+            .map(|input| self.length_unit.length(input))
+            .collect();
+        let known: Vec<usize> = lengths
+            .iter()
+            .filter_map(|l| l.as_ref().ok().copied())
+            .collect();
         let min_len = known.iter().copied().min().unwrap_or(0);
         let max_len = known.iter().copied().max().unwrap_or(0);
         group
@@ -83,7 +91,12 @@ impl Verifier for GroupLengthVerifier {
                 };
                 let lambda = length_lambda(length, min_len, max_len);
                 let score = if correct { lambda } else { lambda.min(0.0) };
-                let details = Details { reason: Some(format!("length {length} in group range [{min_len}, {max_len}]")), ..Details::default() };
+                let details = Details {
+                    reason: Some(format!(
+                        "length {length} in group range [{min_len}, {max_len}]"
+                    )),
+                    ..Details::default()
+                };
                 RewardOutcome::shaped(score, details)
             })
             .collect()
@@ -100,15 +113,31 @@ mod tests {
         let reference = Reference::default();
         let verifier = GroupLengthVerifier::new(&GroupLengthConfig::default()).unwrap();
         let group = [
-            RewardInput::new("", "", &reference).with_tokens(10).with_correct(true),
-            RewardInput::new("", "", &reference).with_tokens(30).with_correct(true),
-            RewardInput::new("", "", &reference).with_tokens(10).with_correct(false),
-            RewardInput::new("", "", &reference).with_tokens(20).with_correct(false),
+            RewardInput::new("", "", &reference)
+                .with_tokens(10)
+                .with_correct(true),
+            RewardInput::new("", "", &reference)
+                .with_tokens(30)
+                .with_correct(true),
+            RewardInput::new("", "", &reference)
+                .with_tokens(10)
+                .with_correct(false),
+            RewardInput::new("", "", &reference)
+                .with_tokens(20)
+                .with_correct(false),
         ];
-        let scores: Vec<f64> = verifier.score_group(&group).iter().map(|o| o.score).collect();
+        let scores: Vec<f64> = verifier
+            .score_group(&group)
+            .iter()
+            .map(|o| o.score)
+            .collect();
         assert_eq!(scores, vec![0.5, -0.5, 0.0, 0.0]);
         let long_wrong = [group[0], group[3].with_tokens(30)];
-        let scores: Vec<f64> = verifier.score_group(&long_wrong).iter().map(|o| o.score).collect();
+        let scores: Vec<f64> = verifier
+            .score_group(&long_wrong)
+            .iter()
+            .map(|o| o.score)
+            .collect();
         assert_eq!(scores, vec![0.5, -0.5]);
     }
 
@@ -117,7 +146,9 @@ mod tests {
         let reference = Reference::default();
         let verifier = GroupLengthVerifier::new(&GroupLengthConfig::default()).unwrap();
         let group = [
-            RewardInput::new("", "", &reference).with_tokens(5).with_correct(true),
+            RewardInput::new("", "", &reference)
+                .with_tokens(5)
+                .with_correct(true),
             RewardInput::new("", "", &reference).with_tokens(5),
         ];
         let outcomes = verifier.score_group(&group);

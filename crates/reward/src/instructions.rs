@@ -76,7 +76,9 @@ pub struct InstructionsVerifier {
 }
 
 fn word_count(text: &str) -> usize {
-    text.split_whitespace().filter(|w| w.chars().any(char::is_alphanumeric)).count()
+    text.split_whitespace()
+        .filter(|w| w.chars().any(char::is_alphanumeric))
+        .count()
 }
 
 fn sentence_count(text: &str) -> usize {
@@ -123,7 +125,8 @@ fn contains_word(text_lower: &str, keyword: &str) -> bool {
     }
     let is_word = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
     text_lower.match_indices(&keyword).any(|(at, _)| {
-        !is_word(text_lower[..at].chars().next_back()) && !is_word(text_lower[at + keyword.len()..].chars().next())
+        !is_word(text_lower[..at].chars().next_back())
+            && !is_word(text_lower[at + keyword.len()..].chars().next())
     })
 }
 
@@ -131,11 +134,19 @@ impl Constraint {
     fn name(&self) -> String {
         match self {
             Constraint::WordCount { relation, value } => format!("word_count {relation:?} {value}"),
-            Constraint::SentenceCount { relation, value } => format!("sentence_count {relation:?} {value}"),
-            Constraint::ParagraphCount { relation, value } => format!("paragraph_count {relation:?} {value}"),
-            Constraint::BulletCount { relation, value } => format!("bullet_count {relation:?} {value}"),
+            Constraint::SentenceCount { relation, value } => {
+                format!("sentence_count {relation:?} {value}")
+            }
+            Constraint::ParagraphCount { relation, value } => {
+                format!("paragraph_count {relation:?} {value}")
+            }
+            Constraint::BulletCount { relation, value } => {
+                format!("bullet_count {relation:?} {value}")
+            }
             Constraint::KeywordsRequired { keywords } => format!("keywords_required {keywords:?}"),
-            Constraint::KeywordsForbidden { keywords } => format!("keywords_forbidden {keywords:?}"),
+            Constraint::KeywordsForbidden { keywords } => {
+                format!("keywords_forbidden {keywords:?}")
+            }
             Constraint::Lowercase {} => "lowercase".into(),
             Constraint::Uppercase {} => "uppercase".into(),
             Constraint::StartsWith { text } => format!("starts_with {text:?}"),
@@ -147,11 +158,21 @@ impl Constraint {
     pub fn holds(&self, text: &str, lower: &str) -> bool {
         match self {
             Constraint::WordCount { relation, value } => relation.holds(word_count(text), *value),
-            Constraint::SentenceCount { relation, value } => relation.holds(sentence_count(text), *value),
-            Constraint::ParagraphCount { relation, value } => relation.holds(paragraph_count(text), *value),
-            Constraint::BulletCount { relation, value } => relation.holds(bullet_count(text), *value),
-            Constraint::KeywordsRequired { keywords } => keywords.iter().all(|k| contains_word(lower, k)),
-            Constraint::KeywordsForbidden { keywords } => !keywords.iter().any(|k| contains_word(lower, k)),
+            Constraint::SentenceCount { relation, value } => {
+                relation.holds(sentence_count(text), *value)
+            }
+            Constraint::ParagraphCount { relation, value } => {
+                relation.holds(paragraph_count(text), *value)
+            }
+            Constraint::BulletCount { relation, value } => {
+                relation.holds(bullet_count(text), *value)
+            }
+            Constraint::KeywordsRequired { keywords } => {
+                keywords.iter().all(|k| contains_word(lower, k))
+            }
+            Constraint::KeywordsForbidden { keywords } => {
+                !keywords.iter().any(|k| contains_word(lower, k))
+            }
             Constraint::Lowercase {} => !text.chars().any(char::is_uppercase),
             Constraint::Uppercase {} => !text.chars().any(char::is_lowercase),
             Constraint::StartsWith { text: start } => text.trim_start().starts_with(start.as_str()),
@@ -162,20 +183,30 @@ impl Constraint {
 
 impl InstructionsVerifier {
     pub fn new(config: &InstructionsConfig) -> Result<Self, ConfigError> {
-        Ok(Self { constraints: config.constraints.clone(), scoring: config.scoring })
+        Ok(Self {
+            constraints: config.constraints.clone(),
+            scoring: config.scoring,
+        })
     }
 }
 
 impl Verifier for InstructionsVerifier {
     fn score(&self, input: &RewardInput<'_>) -> RewardOutcome {
-        let constraints = input.reference.constraints.as_deref().unwrap_or(&self.constraints);
+        let constraints = input
+            .reference
+            .constraints
+            .as_deref()
+            .unwrap_or(&self.constraints);
         if constraints.is_empty() {
             return RewardOutcome::missing("constraints");
         }
         let lower = input.completion.to_lowercase();
         let checks: Vec<Check> = constraints
             .iter()
-            .map(|c| Check { name: c.name(), passed: c.holds(input.completion, &lower) })
+            .map(|c| Check {
+                name: c.name(),
+                passed: c.holds(input.completion, &lower),
+            })
             .collect();
         let passed = checks.iter().filter(|c| c.passed).count();
         let total = checks.len();
@@ -188,8 +219,21 @@ impl Verifier for InstructionsVerifier {
             ConstraintScoring::Fraction => passed as f64 / total as f64,
             ConstraintScoring::All => f64::from(u8::from(passed == total)),
         };
-        let outcome = if self.scoring == ConstraintScoring::All && outcome == Outcome::Partial { Outcome::Wrong } else { outcome };
-        RewardOutcome::new(score, outcome, Details { passed: Some(passed), total: Some(total), checks, ..Details::default() })
+        let outcome = if self.scoring == ConstraintScoring::All && outcome == Outcome::Partial {
+            Outcome::Wrong
+        } else {
+            outcome
+        };
+        RewardOutcome::new(
+            score,
+            outcome,
+            Details {
+                passed: Some(passed),
+                total: Some(total),
+                checks,
+                ..Details::default()
+            },
+        )
     }
 }
 
@@ -205,54 +249,153 @@ mod tests {
     #[test]
     fn counts_respect_at_least_and_at_most() {
         let text = "One two three. Four five!\n\nSecond paragraph here?";
-        assert!(holds(Constraint::WordCount { relation: Relation::AtLeast, value: 8 }, text));
-        assert!(!holds(Constraint::WordCount { relation: Relation::AtMost, value: 7 }, text));
-        assert!(holds(Constraint::SentenceCount { relation: Relation::AtLeast, value: 3 }, text));
-        assert!(!holds(Constraint::SentenceCount { relation: Relation::AtLeast, value: 4 }, text));
-        assert!(holds(Constraint::ParagraphCount { relation: Relation::AtMost, value: 2 }, text));
-        assert!(!holds(Constraint::ParagraphCount { relation: Relation::AtMost, value: 1 }, text));
+        assert!(holds(
+            Constraint::WordCount {
+                relation: Relation::AtLeast,
+                value: 8
+            },
+            text
+        ));
+        assert!(!holds(
+            Constraint::WordCount {
+                relation: Relation::AtMost,
+                value: 7
+            },
+            text
+        ));
+        assert!(holds(
+            Constraint::SentenceCount {
+                relation: Relation::AtLeast,
+                value: 3
+            },
+            text
+        ));
+        assert!(!holds(
+            Constraint::SentenceCount {
+                relation: Relation::AtLeast,
+                value: 4
+            },
+            text
+        ));
+        assert!(holds(
+            Constraint::ParagraphCount {
+                relation: Relation::AtMost,
+                value: 2
+            },
+            text
+        ));
+        assert!(!holds(
+            Constraint::ParagraphCount {
+                relation: Relation::AtMost,
+                value: 1
+            },
+            text
+        ));
     }
 
     #[test]
     fn keywords_match_whole_words_case_insensitively() {
         let text = "The Cat sat.";
-        assert!(holds(Constraint::KeywordsRequired { keywords: vec!["cat".into()] }, text));
-        assert!(!holds(Constraint::KeywordsRequired { keywords: vec!["ca".into()] }, text));
-        assert!(!holds(Constraint::KeywordsForbidden { keywords: vec!["SAT".into()] }, text));
+        assert!(holds(
+            Constraint::KeywordsRequired {
+                keywords: vec!["cat".into()]
+            },
+            text
+        ));
+        assert!(!holds(
+            Constraint::KeywordsRequired {
+                keywords: vec!["ca".into()]
+            },
+            text
+        ));
+        assert!(!holds(
+            Constraint::KeywordsForbidden {
+                keywords: vec!["SAT".into()]
+            },
+            text
+        ));
     }
 
     #[test]
     fn case_start_end_and_bullets() {
         assert!(holds(Constraint::Lowercase {}, "all lower 123"));
         assert!(!holds(Constraint::Uppercase {}, "MOSTLY upper"));
-        assert!(holds(Constraint::StartsWith { text: "Dear".into() }, "  Dear Sir"));
-        assert!(holds(Constraint::EndsWith { text: "Thanks.".into() }, "ok. Thanks.\n"));
+        assert!(holds(
+            Constraint::StartsWith {
+                text: "Dear".into()
+            },
+            "  Dear Sir"
+        ));
+        assert!(holds(
+            Constraint::EndsWith {
+                text: "Thanks.".into()
+            },
+            "ok. Thanks.\n"
+        ));
         let bullets = "* one\n* two\n- three\nnot one";
-        assert!(holds(Constraint::BulletCount { relation: Relation::AtLeast, value: 3 }, bullets));
-        assert!(!holds(Constraint::BulletCount { relation: Relation::AtLeast, value: 4 }, bullets));
+        assert!(holds(
+            Constraint::BulletCount {
+                relation: Relation::AtLeast,
+                value: 3
+            },
+            bullets
+        ));
+        assert!(!holds(
+            Constraint::BulletCount {
+                relation: Relation::AtLeast,
+                value: 4
+            },
+            bullets
+        ));
     }
 
     #[test]
     fn fraction_and_all_scoring_and_per_sample_constraints() {
         let config = InstructionsConfig {
-            constraints: vec![Constraint::Lowercase {}, Constraint::EndsWith { text: "bye".into() }],
+            constraints: vec![
+                Constraint::Lowercase {},
+                Constraint::EndsWith { text: "bye".into() },
+            ],
             scoring: ConstraintScoring::Fraction,
         };
         let reference = Reference::default();
         let fraction = InstructionsVerifier::new(&config).unwrap();
         let outcome = fraction.score(&RewardInput::new("", "hello", &reference));
         assert_eq!((outcome.score, outcome.outcome), (0.5, Outcome::Partial));
-        let all = InstructionsVerifier::new(&InstructionsConfig { scoring: ConstraintScoring::All, ..config }).unwrap();
-        assert_eq!(all.score(&RewardInput::new("", "hello", &reference)).score, 0.0);
-        let per_sample = Reference { constraints: Some(vec![Constraint::Lowercase {}]), ..Reference::default() };
-        assert_eq!(all.score(&RewardInput::new("", "hello", &per_sample)).outcome, Outcome::Correct);
+        let all = InstructionsVerifier::new(&InstructionsConfig {
+            scoring: ConstraintScoring::All,
+            ..config
+        })
+        .unwrap();
+        assert_eq!(
+            all.score(&RewardInput::new("", "hello", &reference)).score,
+            0.0
+        );
+        let per_sample = Reference {
+            constraints: Some(vec![Constraint::Lowercase {}]),
+            ..Reference::default()
+        };
+        assert_eq!(
+            all.score(&RewardInput::new("", "hello", &per_sample))
+                .outcome,
+            Outcome::Correct
+        );
     }
 
     #[test]
     fn constraint_tables_reject_unknown_keys() {
-        let parsed: Result<Constraint, _> = serde_json::from_str(r#"{"type":"lowercase","extra":1}"#);
+        let parsed: Result<Constraint, _> =
+            serde_json::from_str(r#"{"type":"lowercase","extra":1}"#);
         assert!(parsed.is_err());
-        let parsed: Constraint = serde_json::from_str(r#"{"type":"word_count","relation":"at_most","value":3}"#).unwrap();
-        assert_eq!(parsed, Constraint::WordCount { relation: Relation::AtMost, value: 3 });
+        let parsed: Constraint =
+            serde_json::from_str(r#"{"type":"word_count","relation":"at_most","value":3}"#)
+                .unwrap();
+        assert_eq!(
+            parsed,
+            Constraint::WordCount {
+                relation: Relation::AtMost,
+                value: 3
+            }
+        );
     }
 }

@@ -59,7 +59,10 @@ pub fn first_balanced_json(text: &str) -> Option<&str> {
     let bytes = text.as_bytes();
     let mut search_from = 0;
     let mut attempts = 0;
-    while let Some(offset) = bytes[search_from..].iter().position(|b| *b == b'{' || *b == b'[') {
+    while let Some(offset) = bytes[search_from..]
+        .iter()
+        .position(|b| *b == b'{' || *b == b'[')
+    {
         let start = search_from + offset;
         attempts += 1;
         if attempts > MAX_CANDIDATES {
@@ -135,7 +138,10 @@ impl JsonSchemaVerifier {
         if let Some(schema) = &config.schema {
             compile(schema).map_err(|e| ConfigError::invalid("schema", e))?;
         }
-        Ok(Self { scoring: config.scoring, schema: config.schema.clone() })
+        Ok(Self {
+            scoring: config.scoring,
+            schema: config.schema.clone(),
+        })
     }
 
     /// Per-property checks for `fraction` scoring.
@@ -153,9 +159,14 @@ impl JsonSchemaVerifier {
             let value = document.get(name);
             let passed = match value {
                 None => !required.contains(&name.as_str()),
-                Some(value) => compile(subschema).map(|v| v.is_valid(value)).unwrap_or(false),
+                Some(value) => compile(subschema)
+                    .map(|v| v.is_valid(value))
+                    .unwrap_or(false),
             };
-            checks.push(Check { name: format!("property {name}"), passed });
+            checks.push(Check {
+                name: format!("property {name}"),
+                passed,
+            });
         }
         checks
     }
@@ -168,12 +179,17 @@ impl Verifier for JsonSchemaVerifier {
         };
         let validator = match compile(schema) {
             Ok(validator) => validator,
-            Err(error) => return RewardOutcome::failed(Outcome::UnparseableGold, format!("schema: {error}")),
+            Err(error) => {
+                return RewardOutcome::failed(Outcome::UnparseableGold, format!("schema: {error}"));
+            }
         };
         let Some(json_text) = extract_json(input.completion) else {
             return RewardOutcome::failed(Outcome::FormatError, "no JSON object or array found");
         };
-        let mut details = Details { extracted: Some(clip_detail(json_text)), ..Details::default() };
+        let mut details = Details {
+            extracted: Some(clip_detail(json_text)),
+            ..Details::default()
+        };
         let document: Value = match serde_json::from_str(json_text) {
             Ok(document) => document,
             Err(error) => {
@@ -181,14 +197,24 @@ impl Verifier for JsonSchemaVerifier {
                 return RewardOutcome::new(0.0, Outcome::FormatError, details);
             }
         };
-        let errors: Vec<String> = validator.iter_errors(&document).take(20).map(|e| e.to_string()).collect();
+        let errors: Vec<String> = validator
+            .iter_errors(&document)
+            .take(20)
+            .map(|e| e.to_string())
+            .collect();
         let valid = errors.is_empty();
         if !valid {
             details.reason = Some(errors.join("; "));
         }
-        let mut checks = vec![Check { name: "parses".into(), passed: true }];
+        let mut checks = vec![Check {
+            name: "parses".into(),
+            passed: true,
+        }];
         checks.extend(Self::property_checks(schema, &document));
-        checks.push(Check { name: "schema".into(), passed: valid });
+        checks.push(Check {
+            name: "schema".into(),
+            passed: valid,
+        });
         let passed = checks.iter().filter(|c| c.passed).count();
         let total = checks.len();
         details.passed = Some(passed);
@@ -219,20 +245,33 @@ mod tests {
     }
 
     fn score(scoring: JsonScoring, completion: &str) -> RewardOutcome {
-        let reference = Reference { schema: Some(schema()), ..Reference::default() };
-        let verifier = JsonSchemaVerifier::new(&JsonSchemaConfig { scoring, schema: None }).unwrap();
+        let reference = Reference {
+            schema: Some(schema()),
+            ..Reference::default()
+        };
+        let verifier = JsonSchemaVerifier::new(&JsonSchemaConfig {
+            scoring,
+            schema: None,
+        })
+        .unwrap();
         verifier.score(&RewardInput::new("", completion, &reference))
     }
 
     #[test]
     fn fenced_json_is_extracted_and_validated() {
-        let outcome = score(JsonScoring::Binary, "Here:\n```json\n{\"name\": \"a\", \"age\": 3}\n```");
+        let outcome = score(
+            JsonScoring::Binary,
+            "Here:\n```json\n{\"name\": \"a\", \"age\": 3}\n```",
+        );
         assert_eq!(outcome.outcome, Outcome::Correct);
     }
 
     #[test]
     fn first_balanced_object_is_found_in_prose() {
-        let outcome = score(JsonScoring::Binary, "sure {\"name\": \"}{\", \"age\": 1} done {");
+        let outcome = score(
+            JsonScoring::Binary,
+            "sure {\"name\": \"}{\", \"age\": 1} done {",
+        );
         assert_eq!(outcome.outcome, Outcome::Correct, "{outcome:?}");
     }
 
@@ -247,13 +286,22 @@ mod tests {
 
     #[test]
     fn syntax_errors_and_missing_json_are_format_errors() {
-        assert_eq!(score(JsonScoring::Binary, "{\"name\": 'a'}").outcome, Outcome::FormatError);
-        assert_eq!(score(JsonScoring::Binary, "no json here").outcome, Outcome::FormatError);
+        assert_eq!(
+            score(JsonScoring::Binary, "{\"name\": 'a'}").outcome,
+            Outcome::FormatError
+        );
+        assert_eq!(
+            score(JsonScoring::Binary, "no json here").outcome,
+            Outcome::FormatError
+        );
     }
 
     #[test]
     fn broken_schema_is_unparseable_gold() {
-        let reference = Reference { schema: Some(json!({"type": 12})), ..Reference::default() };
+        let reference = Reference {
+            schema: Some(json!({"type": 12})),
+            ..Reference::default()
+        };
         let verifier = JsonSchemaVerifier::new(&JsonSchemaConfig::default()).unwrap();
         let outcome = verifier.score(&RewardInput::new("", "{}", &reference));
         assert_eq!(outcome.outcome, Outcome::UnparseableGold);

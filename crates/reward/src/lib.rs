@@ -50,5 +50,6 @@ pub mod verifier;
 pub use config::{ConfigError, Reward, RewardConfig, RewardKind};
 pub use stats::RewardStats;
 pub use verifier::{
-    Check, ComponentScore, Details, IoCase, Outcome, Reference, RewardInput, RewardOutcome, Verifier,
+    Check, ComponentScore, Details, IoCase, Outcome, Reference, RewardInput, RewardOutcome,
+    Verifier,
 };

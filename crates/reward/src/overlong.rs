@@ -50,7 +50,10 @@ impl OverlongVerifier {
             return Err(ConfigError::invalid("max_tokens", "must be > 0"));
         }
         if config.cache_tokens > config.max_tokens {
-            return Err(ConfigError::invalid("cache_tokens", "must be <= max_tokens"));
+            return Err(ConfigError::invalid(
+                "cache_tokens",
+                "must be <= max_tokens",
+            ));
         }
         if config.hard_cap_tokens == Some(0) {
             return Err(ConfigError::invalid("hard_cap_tokens", "must be > 0"));
@@ -96,8 +99,13 @@ mod tests {
     use super::*;
 
     fn verifier(cache_tokens: usize, hard_cap_tokens: Option<usize>) -> OverlongVerifier {
-        OverlongVerifier::new(&OverlongConfig { max_tokens: 100, cache_tokens, hard_cap_tokens, hard_cap_score: -2.0 })
-            .unwrap()
+        OverlongVerifier::new(&OverlongConfig {
+            max_tokens: 100,
+            cache_tokens,
+            hard_cap_tokens,
+            hard_cap_score: -2.0,
+        })
+        .unwrap()
     }
 
     #[test]
@@ -125,7 +133,17 @@ mod tests {
 
     #[test]
     fn cache_larger_than_max_is_rejected() {
-        let config = OverlongConfig { max_tokens: 10, cache_tokens: 11, hard_cap_tokens: None, hard_cap_score: -1.0 };
-        assert!(OverlongVerifier::new(&config).unwrap_err().to_string().contains("cache_tokens"));
+        let config = OverlongConfig {
+            max_tokens: 10,
+            cache_tokens: 11,
+            hard_cap_tokens: None,
+            hard_cap_score: -1.0,
+        };
+        assert!(
+            OverlongVerifier::new(&config)
+                .unwrap_err()
+                .to_string()
+                .contains("cache_tokens")
+        );
     }
 }

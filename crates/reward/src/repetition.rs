@@ -27,7 +27,11 @@ pub struct RepetitionConfig {
 
 impl Default for RepetitionConfig {
     fn default() -> Self {
-        Self { ngram_size: 3, max_penalty: -1.0, max_words: 100_000 }
+        Self {
+            ngram_size: 3,
+            max_penalty: -1.0,
+            max_words: 100_000,
+        }
     }
 }
 
@@ -42,17 +46,25 @@ impl RepetitionVerifier {
             return Err(ConfigError::invalid("ngram_size", "must be in 1..=64"));
         }
         if !(config.max_penalty <= 0.0 && config.max_penalty.is_finite()) {
-            return Err(ConfigError::invalid("max_penalty", "must be a finite value <= 0"));
+            return Err(ConfigError::invalid(
+                "max_penalty",
+                "must be a finite value <= 0",
+            ));
         }
         if config.max_words == 0 {
             return Err(ConfigError::invalid("max_words", "must be > 0"));
         }
-        Ok(Self { config: config.clone() })
+        Ok(Self {
+            config: config.clone(),
+        })
     }
 
     /// Fraction of n-grams that repeat an earlier one.
     pub fn repeated_fraction(&self, text: &str) -> f64 {
-        let words: Vec<&str> = text.split_whitespace().take(self.config.max_words).collect();
+        let words: Vec<&str> = text
+            .split_whitespace()
+            .take(self.config.max_words)
+            .collect();
         let n = self.config.ngram_size;
         if words.len() < n {
             return 0.0;
@@ -75,7 +87,13 @@ impl RepetitionVerifier {
 impl Verifier for RepetitionVerifier {
     fn score(&self, input: &RewardInput<'_>) -> RewardOutcome {
         let fraction = self.repeated_fraction(input.completion);
-        let details = Details { reason: Some(format!("{:.3} of {}-grams repeated", fraction, self.config.ngram_size)), ..Details::default() };
+        let details = Details {
+            reason: Some(format!(
+                "{:.3} of {}-grams repeated",
+                fraction, self.config.ngram_size
+            )),
+            ..Details::default()
+        };
         RewardOutcome::shaped(fraction * self.config.max_penalty, details)
     }
 }
@@ -85,7 +103,11 @@ mod tests {
     use super::*;
 
     fn verifier(ngram_size: usize) -> RepetitionVerifier {
-        RepetitionVerifier::new(&RepetitionConfig { ngram_size, ..RepetitionConfig::default() }).unwrap()
+        RepetitionVerifier::new(&RepetitionConfig {
+            ngram_size,
+            ..RepetitionConfig::default()
+        })
+        .unwrap()
     }
 
     #[test]

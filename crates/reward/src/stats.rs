@@ -48,17 +48,27 @@ impl RewardStats {
 
     /// Mean score over every verdict (0 when empty).
     pub fn mean_score(&self) -> f64 {
-        if self.total == 0 { 0.0 } else { self.score_sum / self.total as f64 }
+        if self.total == 0 {
+            0.0
+        } else {
+            self.score_sum / self.total as f64
+        }
     }
 
     /// Records whose reference was broken or incomplete (excluded from training by the caller).
     pub fn dataset_problems(&self) -> u64 {
-        self.counts.iter().filter(|(o, _)| o.is_dataset_problem()).map(|(_, c)| *c).sum()
+        self.counts
+            .iter()
+            .filter(|(o, _)| o.is_dataset_problem())
+            .map(|(_, c)| *c)
+            .sum()
     }
 
     /// `(outcome name, count)` for every outcome seen, in a fixed order.
     pub fn counts(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
-        self.counts.iter().map(|(outcome, count)| (outcome.name(), *count))
+        self.counts
+            .iter()
+            .map(|(outcome, count)| (outcome.name(), *count))
     }
 
     /// One-line summary for logs: `n=10 mean=0.400 correct=4 wrong=6`.
@@ -88,6 +98,9 @@ mod tests {
         assert_eq!(first.count(Outcome::Correct), 1);
         assert_eq!(first.dataset_problems(), 1);
         assert!((first.mean_score() - 1.0 / 3.0).abs() < 1e-12);
-        assert_eq!(first.summary(), "n=3 mean=0.3333 correct=1 wrong=1 unparseable_gold=1");
+        assert_eq!(
+            first.summary(),
+            "n=3 mean=0.3333 correct=1 wrong=1 unparseable_gold=1"
+        );
     }
 }

@@ -85,7 +85,10 @@ impl StdioTestsVerifier {
         if config.max_cases == Some(0) {
             return Err(ConfigError::invalid("max_cases", "must be > 0"));
         }
-        Ok(Self { config: config.clone(), sandbox })
+        Ok(Self {
+            config: config.clone(),
+            sandbox,
+        })
     }
 }
 
@@ -97,8 +100,16 @@ impl Verifier for StdioTestsVerifier {
         if cases.is_empty() {
             return RewardOutcome::failed(Outcome::UnparseableGold, "`cases` is empty");
         }
-        let cases = &cases[..self.config.max_cases.unwrap_or(cases.len()).min(cases.len())];
-        let code = if self.config.extract_fenced_code { extract_code(input.completion) } else { input.completion };
+        let cases = &cases[..self
+            .config
+            .max_cases
+            .unwrap_or(cases.len())
+            .min(cases.len())];
+        let code = if self.config.extract_fenced_code {
+            extract_code(input.completion)
+        } else {
+            input.completion
+        };
         let programs = cases
             .iter()
             .map(|case| Program::python(code).with_stdin(case.input.as_bytes().to_vec()))
@@ -107,11 +118,18 @@ impl Verifier for StdioTestsVerifier {
         let mut checks = Vec::with_capacity(cases.len());
         let mut abnormal: Option<(Outcome, String)> = None;
         for (index, (case, result)) in cases.iter().zip(&results).enumerate() {
-            let passed = result.status.success() && self.config.comparison.matches(&result.stdout_text(), &case.output);
+            let passed = result.status.success()
+                && self
+                    .config
+                    .comparison
+                    .matches(&result.stdout_text(), &case.output);
             if !passed && abnormal.is_none() {
                 abnormal = abnormal_outcome(result);
             }
-            checks.push(Check { name: format!("case {index}"), passed });
+            checks.push(Check {
+                name: format!("case {index}"),
+                passed,
+            });
         }
         let passed = checks.iter().filter(|c| c.passed).count();
         let total = checks.len();
@@ -119,7 +137,9 @@ impl Verifier for StdioTestsVerifier {
             extracted: Some(clip_detail(code)),
             passed: Some(passed),
             total: Some(total),
-            isolation: results.first().map(|r| r.isolation.level.name().to_string()),
+            isolation: results
+                .first()
+                .map(|r| r.isolation.level.name().to_string()),
             checks,
             ..Details::default()
         };
@@ -135,7 +155,9 @@ impl Verifier for StdioTestsVerifier {
             return RewardOutcome::new(score, outcome, details);
         }
         match self.config.scoring {
-            CaseScoring::Fraction if passed > 0 => RewardOutcome::new(passed as f64 / total as f64, Outcome::Partial, details),
+            CaseScoring::Fraction if passed > 0 => {
+                RewardOutcome::new(passed as f64 / total as f64, Outcome::Partial, details)
+            }
             _ => RewardOutcome::wrong(details),
         }
     }

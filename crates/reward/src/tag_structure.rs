@@ -20,7 +20,9 @@ pub struct TagStructureConfig {
 
 impl Default for TagStructureConfig {
     fn default() -> Self {
-        Self { tags: vec!["think".into(), "answer".into()] }
+        Self {
+            tags: vec!["think".into(), "answer".into()],
+        }
     }
 }
 
@@ -37,8 +39,15 @@ impl TagStructureVerifier {
         }
         let mut tags = Vec::new();
         for name in &config.tags {
-            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
-                return Err(ConfigError::invalid("tags", format!("{name:?} is not a tag name")));
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                return Err(ConfigError::invalid(
+                    "tags",
+                    format!("{name:?} is not a tag name"),
+                ));
             }
             tags.push((name.clone(), format!("<{name}>"), format!("</{name}>")));
         }
@@ -52,11 +61,15 @@ impl Verifier for TagStructureVerifier {
         let mut previous_close_end = 0usize;
         let mut checks = Vec::with_capacity(self.tags.len());
         for (name, open, close) in &self.tags {
-            let passed = match (text.matches(open.as_str()).count(), text.matches(close.as_str()).count()) {
+            let passed = match (
+                text.matches(open.as_str()).count(),
+                text.matches(close.as_str()).count(),
+            ) {
                 (1, 1) => {
                     let open_at = text.find(open.as_str()).unwrap_or(0);
                     let close_at = text.find(close.as_str()).unwrap_or(0);
-                    let in_order = open_at >= previous_close_end && close_at >= open_at + open.len();
+                    let in_order =
+                        open_at >= previous_close_end && close_at >= open_at + open.len();
                     if in_order {
                         previous_close_end = close_at + close.len();
                     }
@@ -64,7 +77,10 @@ impl Verifier for TagStructureVerifier {
                 }
                 _ => false,
             };
-            checks.push(Check { name: name.clone(), passed });
+            checks.push(Check {
+                name: name.clone(),
+                passed,
+            });
         }
         let passed = checks.iter().filter(|c| c.passed).count();
         let total = checks.len();
@@ -73,7 +89,12 @@ impl Verifier for TagStructureVerifier {
             p if p == total => Outcome::Correct,
             _ => Outcome::Partial,
         };
-        let details = Details { passed: Some(passed), total: Some(total), checks, ..Details::default() };
+        let details = Details {
+            passed: Some(passed),
+            total: Some(total),
+            checks,
+            ..Details::default()
+        };
         RewardOutcome::new(passed as f64 / total as f64, outcome, details)
     }
 }
@@ -92,7 +113,10 @@ mod tests {
 
     #[test]
     fn both_tags_once_in_order_is_full_credit() {
-        assert_eq!(score("<think>x</think> <answer>1</answer>"), (1.0, Outcome::Correct));
+        assert_eq!(
+            score("<think>x</think> <answer>1</answer>"),
+            (1.0, Outcome::Correct)
+        );
     }
 
     #[test]
@@ -102,12 +126,18 @@ mod tests {
 
     #[test]
     fn repeated_tags_do_not_count() {
-        assert_eq!(score("<think>x</think><think>y</think><answer>1</answer>"), (0.5, Outcome::Partial));
+        assert_eq!(
+            score("<think>x</think><think>y</think><answer>1</answer>"),
+            (0.5, Outcome::Partial)
+        );
     }
 
     #[test]
     fn out_of_order_tags_do_not_count() {
-        assert_eq!(score("<answer>1</answer><think>x</think>"), (0.5, Outcome::Partial));
+        assert_eq!(
+            score("<answer>1</answer><think>x</think>"),
+            (0.5, Outcome::Partial)
+        );
         assert_eq!(score("</think>x<think>"), (0.0, Outcome::FormatError));
     }
 }

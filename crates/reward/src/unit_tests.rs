@@ -103,7 +103,10 @@ pub struct UnitTestsConfig {
 
 impl Default for UnitTestsConfig {
     fn default() -> Self {
-        Self { scoring: TestScoring::Binary, extract_fenced_code: true }
+        Self {
+            scoring: TestScoring::Binary,
+            extract_fenced_code: true,
+        }
     }
 }
 
@@ -115,7 +118,9 @@ pub struct UnitTestsVerifier {
 
 fn is_identifier(name: &str) -> bool {
     let mut chars = name.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
@@ -141,32 +146,50 @@ struct Prepared {
 
 impl UnitTestsVerifier {
     pub fn new(config: &UnitTestsConfig, sandbox: Sandbox) -> Result<Self, ConfigError> {
-        Ok(Self { scoring: config.scoring, extract_fenced_code: config.extract_fenced_code, sandbox })
+        Ok(Self {
+            scoring: config.scoring,
+            extract_fenced_code: config.extract_fenced_code,
+            sandbox,
+        })
     }
 
-    fn prepare(&self, input: &RewardInput<'_>) -> Result<Prepared, RewardOutcome> {
+    fn prepare(&self, input: &RewardInput<'_>) -> Result<Prepared, Box<RewardOutcome>> {
         let Some(tests) = input.reference.tests.as_deref() else {
-            return Err(RewardOutcome::missing("tests"));
+            return Err(Box::new(RewardOutcome::missing("tests")));
         };
         let Some(entry_point) = input.reference.entry_point.as_deref() else {
-            return Err(RewardOutcome::missing("entry_point"));
+            return Err(Box::new(RewardOutcome::missing("entry_point")));
         };
         if !is_identifier(entry_point) {
-            return Err(RewardOutcome::failed(Outcome::UnparseableGold, "entry_point is not a Python identifier"));
+            return Err(Box::new(RewardOutcome::failed(
+                Outcome::UnparseableGold,
+                "entry_point is not a Python identifier",
+            )));
         }
-        let code = if self.extract_fenced_code { extract_code(input.completion) } else { input.completion };
+        let code = if self.extract_fenced_code {
+            extract_code(input.completion)
+        } else {
+            input.completion
+        };
         let nonce = nonce();
         let program = Program {
             source: HARNESS.to_string(),
             stdin: format!("{nonce}\n").into_bytes(),
             files: vec![
-                ("solution.py".into(), solution_source(input.prompt, code, entry_point).into_bytes()),
+                (
+                    "solution.py".into(),
+                    solution_source(input.prompt, code, entry_point).into_bytes(),
+                ),
                 ("tests.py".into(), tests.as_bytes().to_vec()),
             ],
             args: vec![entry_point.to_string()],
             ..Program::python("")
         };
-        Ok(Prepared { program, nonce, code: code.to_string() })
+        Ok(Prepared {
+            program,
+            nonce,
+            code: code.to_string(),
+        })
     }
 
     fn judge(&self, prepared: &Prepared, result: &stoke_sandbox::ExecResult) -> RewardOutcome {
@@ -208,10 +231,16 @@ impl UnitTestsVerifier {
         if all_passed {
             return RewardOutcome::correct(details);
         }
-        let fraction = if total == 0 { 0.0 } else { passed as f64 / total as f64 };
+        let fraction = if total == 0 {
+            0.0
+        } else {
+            passed as f64 / total as f64
+        };
         match self.scoring {
             TestScoring::Binary => RewardOutcome::wrong(details),
-            TestScoring::Fraction if passed > 0 => RewardOutcome::new(fraction, Outcome::Partial, details),
+            TestScoring::Fraction if passed > 0 => {
+                RewardOutcome::new(fraction, Outcome::Partial, details)
+            }
             TestScoring::Fraction => RewardOutcome::wrong(details),
         }
     }
@@ -224,17 +253,23 @@ impl Verifier for UnitTestsVerifier {
 
     /// Runs the whole group concurrently on the sandbox pool.
     fn score_group(&self, group: &[RewardInput<'_>]) -> Vec<RewardOutcome> {
-        let prepared: Vec<Result<Prepared, RewardOutcome>> = group.iter().map(|input| self.prepare(input)).collect();
-        let programs: Vec<Program> =
-            prepared.iter().filter_map(|p| p.as_ref().ok()).map(|p| p.program.clone()).collect();
+        let prepared: Vec<Result<Prepared, Box<RewardOutcome>>> =
+            group.iter().map(|input| self.prepare(input)).collect();
+        let programs: Vec<Program> = prepared
+            .iter()
+            .filter_map(|p| p.as_ref().ok())
+            .map(|p| p.program.clone())
+            .collect();
         let mut results = run_all(&self.sandbox, programs).into_iter();
         prepared
             .into_iter()
             .map(|prepared| match prepared {
-                Err(outcome) => outcome,
+                Err(outcome) => *outcome,
                 Ok(prepared) => match results.next() {
                     Some(result) => self.judge(&prepared, &result),
-                    None => RewardOutcome::failed(Outcome::SandboxError, "no result for this program"),
+                    None => {
+                        RewardOutcome::failed(Outcome::SandboxError, "no result for this program")
+                    }
                 },
             })
             .collect()
@@ -247,7 +282,8 @@ mod tests {
 
     #[test]
     fn full_definitions_replace_the_prompt_but_keep_its_imports() {
-        let prompt = "from typing import List\n\ndef f(x: List[int]) -> int:\n    \"\"\"doc\"\"\"\n";
+        let prompt =
+            "from typing import List\n\ndef f(x: List[int]) -> int:\n    \"\"\"doc\"\"\"\n";
         let source = solution_source(prompt, "def f(x):\n    return 1\n", "f");
         assert_eq!(source, "from typing import List\ndef f(x):\n    return 1\n");
         let body = solution_source(prompt, "    return 1\n", "f");

@@ -67,7 +67,13 @@ pub struct RewardInput<'a> {
 impl<'a> RewardInput<'a> {
     /// An input with no token count and no external correctness.
     pub fn new(prompt: &'a str, completion: &'a str, reference: &'a Reference) -> Self {
-        Self { prompt, completion, reference, completion_tokens: None, correct: None }
+        Self {
+            prompt,
+            completion,
+            reference,
+            completion_tokens: None,
+            correct: None,
+        }
     }
 
     /// The same input with a token count.
@@ -158,7 +164,11 @@ pub struct RewardOutcome {
 
 impl RewardOutcome {
     pub fn new(score: f64, outcome: Outcome, details: Details) -> Self {
-        Self { score, outcome, details }
+        Self {
+            score,
+            outcome,
+            details,
+        }
     }
 
     /// Score 1, `Correct`.
@@ -173,12 +183,22 @@ impl RewardOutcome {
 
     /// Score 0 with a verdict and a reason and nothing else.
     pub fn failed(outcome: Outcome, reason: impl Into<String>) -> Self {
-        Self::new(0.0, outcome, Details { reason: Some(reason.into()), ..Details::default() })
+        Self::new(
+            0.0,
+            outcome,
+            Details {
+                reason: Some(reason.into()),
+                ..Details::default()
+            },
+        )
     }
 
     /// Score 0, `MissingField`, naming the field.
     pub fn missing(field: &str) -> Self {
-        Self::failed(Outcome::MissingField, format!("the sample has no `{field}`"))
+        Self::failed(
+            Outcome::MissingField,
+            format!("the sample has no `{field}`"),
+        )
     }
 
     /// A shaping term's value (length, repetition): no verdict of its own.

@@ -158,8 +158,16 @@ const CASES: &[(&str, &str, bool)] = &[
     ("1 \\le x < 2", "[1,2)", true),
     ("3 > x > 1", "(1,3)", true),
     ("x \\in [0, 1]", "[0,1]", true),
-    ("(-\\infty, 0) \\cup (1, \\infty)", "(1,\\infty) \\cup (-\\infty, 0)", true),
-    ("(-\\infty, 0) \\cup (1, \\infty)", "(-\\infty, 0) \\cup [1, \\infty)", false),
+    (
+        "(-\\infty, 0) \\cup (1, \\infty)",
+        "(1,\\infty) \\cup (-\\infty, 0)",
+        true,
+    ),
+    (
+        "(-\\infty, 0) \\cup (1, \\infty)",
+        "(-\\infty, 0) \\cup [1, \\infty)",
+        false,
+    ),
     // sets and lists (unordered)
     ("\\{1, 2\\}", "\\{2, 1\\}", true),
     ("\\{1, 2\\}", "\\{1, 3\\}", false),
@@ -219,42 +227,80 @@ fn every_table_case_is_judged_as_expected() {
     for (gold, prediction, accepted) in CASES {
         let outcome = verifier.judge("", gold, prediction);
         if outcome.outcome == Outcome::UnparseableGold {
-            failures.push(format!("gold {gold:?} must parse: {:?}", outcome.details.reason));
+            failures.push(format!(
+                "gold {gold:?} must parse: {:?}",
+                outcome.details.reason
+            ));
             continue;
         }
         if (outcome.outcome == Outcome::Correct) != *accepted {
             failures.push(format!("gold {gold:?} prediction {prediction:?}: expected accepted={accepted}, got {:?} ({:?})", outcome.outcome, outcome.details.reason));
         }
     }
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 fn score(gold: &str, completion: &str, prompt: &str) -> (f64, Outcome) {
-    let reference = Reference { answer: Some(gold.into()), ..Reference::default() };
+    let reference = Reference {
+        answer: Some(gold.into()),
+        ..Reference::default()
+    };
     let outcome = verifier().score(&RewardInput::new(prompt, completion, &reference));
     (outcome.score, outcome.outcome)
 }
 
 #[test]
 fn answers_are_extracted_from_whole_completions() {
-    assert_eq!(score("\\frac{1}{2}", "Thus $\\boxed{\\dfrac{1}{2}}$.", ""), (1.0, Outcome::Correct));
-    assert_eq!(score("18", "She earns 9 * 2 = 18 dollars.\n#### 18", ""), (1.0, Outcome::Correct));
-    assert_eq!(score("18", "<think>9*2</think><answer>18</answer>", ""), (1.0, Outcome::Correct));
-    assert_eq!(score("18", "So the answer is $18$.", ""), (1.0, Outcome::Correct));
-    assert_eq!(score("18", "9 times 2 gives 18", ""), (1.0, Outcome::Correct));
+    assert_eq!(
+        score("\\frac{1}{2}", "Thus $\\boxed{\\dfrac{1}{2}}$.", ""),
+        (1.0, Outcome::Correct)
+    );
+    assert_eq!(
+        score("18", "She earns 9 * 2 = 18 dollars.\n#### 18", ""),
+        (1.0, Outcome::Correct)
+    );
+    assert_eq!(
+        score("18", "<think>9*2</think><answer>18</answer>", ""),
+        (1.0, Outcome::Correct)
+    );
+    assert_eq!(
+        score("18", "So the answer is $18$.", ""),
+        (1.0, Outcome::Correct)
+    );
+    assert_eq!(
+        score("18", "9 times 2 gives 18", ""),
+        (1.0, Outcome::Correct)
+    );
     assert_eq!(score("18", "9 times 2 gives 19", ""), (0.0, Outcome::Wrong));
 }
 
 #[test]
 fn gsm8k_and_boxed_gold_solutions_are_read() {
-    assert_eq!(score("Natalia sold 48/2 = 24.\n#### 72", "\\boxed{72}", ""), (1.0, Outcome::Correct));
-    assert_eq!(score("so we get $\\boxed{\\frac{3}{5}}$", "0.6", ""), (1.0, Outcome::Correct));
+    assert_eq!(
+        score("Natalia sold 48/2 = 24.\n#### 72", "\\boxed{72}", ""),
+        (1.0, Outcome::Correct)
+    );
+    assert_eq!(
+        score("so we get $\\boxed{\\frac{3}{5}}$", "0.6", ""),
+        (1.0, Outcome::Correct)
+    );
 }
 
 #[test]
 fn unparseable_gold_never_scores() {
-    assert_eq!(score("\\frac{1}{", "\\boxed{\\frac{1}{}", ""), (0.0, Outcome::UnparseableGold));
-    assert_eq!(score("\\frac{1}{", "no answer at all", ""), (0.0, Outcome::UnparseableGold));
+    assert_eq!(
+        score("\\frac{1}{", "\\boxed{\\frac{1}{}", ""),
+        (0.0, Outcome::UnparseableGold)
+    );
+    assert_eq!(
+        score("\\frac{1}{", "no answer at all", ""),
+        (0.0, Outcome::UnparseableGold)
+    );
     assert_eq!(score("", "\\boxed{}", ""), (0.0, Outcome::UnparseableGold));
 }
 
@@ -263,35 +309,84 @@ fn missing_answer_and_missing_prediction_are_distinguished() {
     let reference = Reference::default();
     let outcome = verifier().score(&RewardInput::new("", "\\boxed{1}", &reference));
     assert_eq!(outcome.outcome, Outcome::MissingField);
-    assert_eq!(score("5", "I do not know.", ""), (0.0, Outcome::UnparseablePrediction));
+    assert_eq!(
+        score("5", "I do not know.", ""),
+        (0.0, Outcome::UnparseablePrediction)
+    );
 }
 
 #[test]
 fn restating_the_question_does_not_pass() {
     let prompt = "Simplify $2(x+1)$ completely.";
-    assert_eq!(score("2x+2", "\\boxed{2(x+1)}", prompt), (0.0, Outcome::Wrong));
-    assert_eq!(score("2x+2", "\\boxed{2x+2}", prompt), (1.0, Outcome::Correct));
+    assert_eq!(
+        score("2x+2", "\\boxed{2(x+1)}", prompt),
+        (0.0, Outcome::Wrong)
+    );
+    assert_eq!(
+        score("2x+2", "\\boxed{2x+2}", prompt),
+        (1.0, Outcome::Correct)
+    );
     let prompt = "Compute $3 \\cdot 4 + 5$.";
-    assert_eq!(score("17", "\\boxed{3 \\cdot 4 + 5}", prompt), (0.0, Outcome::Wrong));
+    assert_eq!(
+        score("17", "\\boxed{3 \\cdot 4 + 5}", prompt),
+        (0.0, Outcome::Wrong)
+    );
     // A bare number that happens to appear in the prompt is still fine.
     let prompt = "There are 1,000 apples and none are eaten. How many are left?";
-    assert_eq!(score("1000", "\\boxed{1,000}", prompt), (1.0, Outcome::Correct));
+    assert_eq!(
+        score("1000", "\\boxed{1,000}", prompt),
+        (1.0, Outcome::Correct)
+    );
 }
 
 #[test]
 fn require_boxed_and_last_number_fallback_options() {
-    let reference = Reference { answer: Some("18".into()), ..Reference::default() };
-    let strict = MathVerifier::new(&MathConfig { require_boxed: true, ..MathConfig::default() }).unwrap();
-    assert_eq!(strict.score(&RewardInput::new("", "the answer is 18", &reference)).outcome, Outcome::FormatError);
-    assert_eq!(strict.score(&RewardInput::new("", "\\boxed{18}", &reference)).outcome, Outcome::Correct);
-    let no_fallback = MathVerifier::new(&MathConfig { last_number_fallback: false, ..MathConfig::default() }).unwrap();
-    assert_eq!(no_fallback.score(&RewardInput::new("", "we get 18", &reference)).outcome, Outcome::FormatError);
+    let reference = Reference {
+        answer: Some("18".into()),
+        ..Reference::default()
+    };
+    let strict = MathVerifier::new(&MathConfig {
+        require_boxed: true,
+        ..MathConfig::default()
+    })
+    .unwrap();
+    assert_eq!(
+        strict
+            .score(&RewardInput::new("", "the answer is 18", &reference))
+            .outcome,
+        Outcome::FormatError
+    );
+    assert_eq!(
+        strict
+            .score(&RewardInput::new("", "\\boxed{18}", &reference))
+            .outcome,
+        Outcome::Correct
+    );
+    let no_fallback = MathVerifier::new(&MathConfig {
+        last_number_fallback: false,
+        ..MathConfig::default()
+    })
+    .unwrap();
+    assert_eq!(
+        no_fallback
+            .score(&RewardInput::new("", "we get 18", &reference))
+            .outcome,
+        Outcome::FormatError
+    );
 }
 
 #[test]
 fn invalid_config_values_name_their_field() {
-    let error = MathVerifier::new(&MathConfig { sample_points: 1, ..MathConfig::default() }).unwrap_err();
+    let error = MathVerifier::new(&MathConfig {
+        sample_points: 1,
+        ..MathConfig::default()
+    })
+    .unwrap_err();
     assert!(error.to_string().contains("sample_points"));
-    let error = MathVerifier::new(&MathConfig { relative_tolerance: f64::NAN, ..MathConfig::default() }).unwrap_err();
+    let error = MathVerifier::new(&MathConfig {
+        relative_tolerance: f64::NAN,
+        ..MathConfig::default()
+    })
+    .unwrap_err();
     assert!(error.to_string().contains("relative_tolerance"));
 }

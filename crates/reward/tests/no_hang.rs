@@ -31,8 +31,20 @@ fn adversarial() -> Vec<String> {
         format!("\\boxed{{{}}}", "1+".repeat(900) + "1"),
         format!("\\boxed{{{}}}", "-".repeat(1_900) + "1"),
         format!("\\boxed{{{}}}", "1/".repeat(900) + "1"),
-        format!("\\boxed{{{}}}", (0..60).map(|i| format!("{i}x^{i}")).collect::<Vec<_>>().join(",")),
-        format!("\\boxed{{\\{{{}\\}}}}", (0..64).map(|i| format!("\\sqrt{{{i}}}")).collect::<Vec<_>>().join(",")),
+        format!(
+            "\\boxed{{{}}}",
+            (0..60)
+                .map(|i| format!("{i}x^{i}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+        format!(
+            "\\boxed{{\\{{{}\\}}}}",
+            (0..64)
+                .map(|i| format!("\\sqrt{{{i}}}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
         "a b ".repeat(1 << 18),
         "<think>".repeat(100_000),
         format!("<answer>{}</answer>", "1".repeat(500_000)),
@@ -50,15 +62,23 @@ fn adversarial() -> Vec<String> {
         String::new(),
     ];
     let mut rng = StdRng::seed_from_u64(20_261_129);
-    let alphabet: Vec<char> = "0123456789+-*/^(){}[]\\,.=<> xyzabc!%$_|frac sqrt boxed text pi".chars().collect();
+    let alphabet: Vec<char> = "0123456789+-*/^(){}[]\\,.=<> xyzabc!%$_|frac sqrt boxed text pi"
+        .chars()
+        .collect();
     while texts.len() < 1_000 {
         let len = match rng.random_range(0..100) {
             0..=79 => rng.random_range(0..200),
             80..=97 => rng.random_range(200..20_000),
             _ => rng.random_range(100_000..300_000),
         };
-        let body: String = (0..len).map(|_| alphabet[rng.random_range(0..alphabet.len())]).collect();
-        texts.push(if rng.random_bool(0.5) { format!("\\boxed{{{body}}}") } else { body });
+        let body: String = (0..len)
+            .map(|_| alphabet[rng.random_range(0..alphabet.len())])
+            .collect();
+        texts.push(if rng.random_bool(0.5) {
+            format!("\\boxed{{{body}}}")
+        } else {
+            body
+        });
     }
     texts
 }
@@ -86,7 +106,12 @@ fn rewards() -> Vec<Reward> {
     ];
     let rewards: Vec<Reward> = configs
         .iter()
-        .map(|text| serde_json::from_str::<RewardConfig>(text).unwrap().build(None).unwrap())
+        .map(|text| {
+            serde_json::from_str::<RewardConfig>(text)
+                .unwrap()
+                .build(None)
+                .unwrap()
+        })
         .collect();
     let kinds: Vec<RewardKind> = rewards.iter().map(Reward::kind).collect();
     for kind in RewardKind::ALL.into_iter().filter(|k| !k.runs_code()) {
@@ -100,10 +125,20 @@ fn adversarial_completions_finish_in_bounded_time() {
     let texts = adversarial();
     assert_eq!(texts.len(), 1_000);
     let rewards = rewards();
-    let golds = ["\\frac{1}{2}", "x^2+1", "(1,2]", "B", "#### 42", "\\text{yes}", "\\{1,2,3\\}"];
+    let golds = [
+        "\\frac{1}{2}",
+        "x^2+1",
+        "(1,2]",
+        "B",
+        "#### 42",
+        "\\text{yes}",
+        "\\{1,2,3\\}",
+    ];
     let reference_for = |index: usize| Reference {
         answer: Some(golds[index % golds.len()].to_string()),
-        schema: Some(json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "^(a+)+$"}}})),
+        schema: Some(
+            json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "^(a+)+$"}}}),
+        ),
         ..Reference::default()
     };
     let references: Vec<Reference> = (0..texts.len()).map(reference_for).collect();
@@ -111,34 +146,62 @@ fn adversarial_completions_finish_in_bounded_time() {
     let mut slowest = (Duration::ZERO, String::new());
     for reward in &rewards {
         for (index, (text, reference)) in texts.iter().zip(&references).enumerate() {
-            let input = RewardInput::new("prompt", text, reference).with_tokens(text.len() / 4).with_correct(index % 2 == 0);
+            let input = RewardInput::new("prompt", text, reference)
+                .with_tokens(text.len() / 4)
+                .with_correct(index % 2 == 0);
             let call = Instant::now();
             let outcome = reward.score(&input);
             let elapsed = call.elapsed();
-            assert!(outcome.score.is_finite(), "{:?} gave a non-finite score on input {index}", reward.kind());
+            assert!(
+                outcome.score.is_finite(),
+                "{:?} gave a non-finite score on input {index}",
+                reward.kind()
+            );
             if elapsed > slowest.0 {
-                slowest = (elapsed, format!("{} on input {index} ({} bytes)", reward.kind(), text.len()));
+                slowest = (
+                    elapsed,
+                    format!("{} on input {index} ({} bytes)", reward.kind(), text.len()),
+                );
             }
         }
         let group: Vec<RewardInput<'_>> = texts[..64]
             .iter()
             .zip(&references)
-            .map(|(text, reference)| RewardInput::new("", text, reference).with_tokens(text.len()).with_correct(true))
+            .map(|(text, reference)| {
+                RewardInput::new("", text, reference)
+                    .with_tokens(text.len())
+                    .with_correct(true)
+            })
             .collect();
         assert_eq!(reward.score_group(&group).len(), 64);
     }
     let total = started.elapsed();
-    eprintln!("{} calls in {:.2} s; slowest {:.1} ms: {}", rewards.len() * texts.len(), total.as_secs_f64(), slowest.0.as_secs_f64() * 1e3, slowest.1);
+    eprintln!(
+        "{} calls in {:.2} s; slowest {:.1} ms: {}",
+        rewards.len() * texts.len(),
+        total.as_secs_f64(),
+        slowest.0.as_secs_f64() * 1e3,
+        slowest.1
+    );
     // Generous bounds for a loaded 2-core CI machine in the test profile; typical figures are
     // printed above and are far lower.
     assert!(total < Duration::from_secs(120), "total {total:?}");
-    assert!(slowest.0 < Duration::from_secs(2), "slowest call {slowest:?}");
+    assert!(
+        slowest.0 < Duration::from_secs(2),
+        "slowest call {slowest:?}"
+    );
 }
 
 #[test]
 fn a_pathological_100kb_math_completion_returns_quickly() {
-    let reward = RewardConfig::default_for(RewardKind::Math).unwrap().build(None).unwrap();
-    let reference = Reference { answer: Some("\\frac{1}{2}".into()), ..Reference::default() };
+    let reward = RewardConfig::default_for(RewardKind::Math)
+        .unwrap()
+        .build(None)
+        .unwrap();
+    let reference = Reference {
+        answer: Some("\\frac{1}{2}".into()),
+        ..Reference::default()
+    };
     let texts = [
         format!("\\boxed{{{}}}", "{".repeat(100_000)),
         format!("{} \\boxed{{1/2}}", "\\frac{".repeat(16_000)),
@@ -149,6 +212,10 @@ fn a_pathological_100kb_math_completion_returns_quickly() {
         let started = Instant::now();
         let _ = reward.score(&RewardInput::new("", text, &reference));
         let elapsed = started.elapsed();
-        assert!(elapsed < Duration::from_millis(500), "{elapsed:?} for a {} byte completion", text.len());
+        assert!(
+            elapsed < Duration::from_millis(500),
+            "{elapsed:?} for a {} byte completion",
+            text.len()
+        );
     }
 }

@@ -45,7 +45,8 @@ impl PointBindings<'_> {
 
 impl Bindings for PointBindings<'_> {
     fn exact(&self, name: &str) -> Option<BigRational> {
-        self.value(name).map(|(n, d)| BigRational::new(n.into(), d.into()))
+        self.value(name)
+            .map(|(n, d)| BigRational::new(n.into(), d.into()))
     }
     fn approx(&self, name: &str) -> Option<f64> {
         self.value(name).map(|(n, d)| n as f64 / d as f64)
@@ -64,7 +65,11 @@ fn close(a: f64, b: f64, tolerance: &Tolerance) -> PointVerdict {
         return PointVerdict::Undefined;
     }
     if a.is_infinite() || b.is_infinite() {
-        return if a == b { PointVerdict::Equal } else { PointVerdict::Different };
+        return if a == b {
+            PointVerdict::Equal
+        } else {
+            PointVerdict::Different
+        };
     }
     let scale = a.abs().max(b.abs()).max(1e-12);
     if (a - b).abs() <= tolerance.relative * scale {
@@ -82,9 +87,18 @@ fn is_infinity_literal(expr: &Expr) -> bool {
     }
 }
 
-fn compare_at(gold: &Expr, pred: &Expr, vars: &dyn Bindings, tolerance: &Tolerance) -> PointVerdict {
+fn compare_at(
+    gold: &Expr,
+    pred: &Expr,
+    vars: &dyn Bindings,
+    tolerance: &Tolerance,
+) -> PointVerdict {
     if let (Some(a), Some(b)) = (gold.eval_exact(vars), pred.eval_exact(vars)) {
-        return if a == b { PointVerdict::Equal } else { PointVerdict::Different };
+        return if a == b {
+            PointVerdict::Equal
+        } else {
+            PointVerdict::Different
+        };
     }
     let (a, b) = (gold.eval_f64(vars), pred.eval_f64(vars));
     // Overflow to infinity says nothing about equality (`10^{10^{10}}` vs `10^{10^9}`); only
@@ -105,11 +119,17 @@ fn scalar_equal(gold: &Expr, pred: &Expr, tolerance: &Tolerance) -> bool {
     gold.variables(&mut names);
     pred.variables(&mut names);
     if names.is_empty() {
-        return matches!(compare_at(gold, pred, &NoBindings, tolerance), PointVerdict::Equal);
+        return matches!(
+            compare_at(gold, pred, &NoBindings, tolerance),
+            PointVerdict::Equal
+        );
     }
     let mut defined = 0;
     for point in 0..tolerance.sample_points {
-        let bindings = PointBindings { names: &names, point };
+        let bindings = PointBindings {
+            names: &names,
+            point,
+        };
         match compare_at(gold, pred, &bindings, tolerance) {
             PointVerdict::Equal => defined += 1,
             PointVerdict::Different => return false,
@@ -140,7 +160,11 @@ fn is_open(op: RelOp) -> Option<bool> {
 }
 
 fn bracket(open: bool) -> Bracket {
-    if open { Bracket::Round } else { Bracket::Square }
+    if open {
+        Bracket::Round
+    } else {
+        Bracket::Square
+    }
 }
 
 fn interval(lo: Expr, lo_open: bool, hi: Expr, hi_open: bool) -> Expr {
@@ -227,7 +251,8 @@ fn unordered_equal(gold: &[Expr], pred: &[Expr], tolerance: &Tolerance) -> bool 
 /// Both sides are `lhs = rhs` equations; equal when `lhs - rhs` of one is a non-zero multiple
 /// of the other at every sample point (`x + y = 1` matches `2y = 2 - 2x`).
 fn equations_equal(gold: &[Expr], pred: &[Expr], tolerance: &Tolerance) -> bool {
-    let difference = |sides: &[Expr]| Expr::Sub(Box::new(sides[0].clone()), Box::new(sides[1].clone()));
+    let difference =
+        |sides: &[Expr]| Expr::Sub(Box::new(sides[0].clone()), Box::new(sides[1].clone()));
     let (gold_diff, pred_diff) = (difference(gold), difference(pred));
     let mut names = Vec::new();
     gold_diff.variables(&mut names);
@@ -235,7 +260,10 @@ fn equations_equal(gold: &[Expr], pred: &[Expr], tolerance: &Tolerance) -> bool 
     let mut ratio: Option<f64> = None;
     let mut defined = 0;
     for point in 0..tolerance.sample_points {
-        let bindings = PointBindings { names: &names, point };
+        let bindings = PointBindings {
+            names: &names,
+            point,
+        };
         let (g, p) = (gold_diff.eval_f64(&bindings), pred_diff.eval_f64(&bindings));
         if !g.is_finite() || !p.is_finite() {
             continue;
@@ -290,14 +318,18 @@ fn structurally_equal(gold: &Expr, pred: &Expr, tolerance: &Tolerance) -> bool {
             g_open == p_open
                 && g_close == p_close
                 && g.len() == p.len()
-                && g.iter().zip(p).all(|(a, b)| structurally_equal(a, b, tolerance))
+                && g.iter()
+                    .zip(p)
+                    .all(|(a, b)| structurally_equal(a, b, tolerance))
         }
         (Expr::Relation(g, g_ops), Expr::Relation(p, p_ops)) => {
             if g_ops == &[RelOp::Eq] && p_ops == &[RelOp::Eq] {
                 return equations_equal(g, p, tolerance);
             }
             g_ops == p_ops
-                && g.iter().zip(p).all(|(a, b)| structurally_equal(a, b, tolerance))
+                && g.iter()
+                    .zip(p)
+                    .all(|(a, b)| structurally_equal(a, b, tolerance))
         }
         (a, b) if a.is_scalar() && b.is_scalar() => scalar_equivalent(a, b, tolerance),
         _ => false,

@@ -245,7 +245,10 @@ impl Expr {
                         if !index.is_integer() {
                             return None;
                         }
-                        index.to_integer().to_u32().filter(|i| (1..=64).contains(i))?
+                        index
+                            .to_integer()
+                            .to_u32()
+                            .filter(|i| (1..=64).contains(i))?
                     }
                 };
                 exact_root(&a.eval_exact(vars)?, index)

@@ -82,7 +82,9 @@ pub fn last_boxed(text: &str) -> Option<&str> {
     }
     if rest.starts_with(' ') {
         // `\boxed 5`: up to the next `$` or whitespace.
-        let end = trimmed.find(|c: char| c == '$' || c.is_whitespace()).unwrap_or(trimmed.len());
+        let end = trimmed
+            .find(|c: char| c == '$' || c.is_whitespace())
+            .unwrap_or(trimmed.len());
         return Some(&trimmed[..end]).filter(|s| !s.is_empty());
     }
     None
@@ -94,13 +96,19 @@ pub fn clean_answer(answer: &str) -> &str {
     loop {
         let before = text;
         for (open, close) in [("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")] {
-            if text.len() >= open.len() + close.len() && text.starts_with(open) && text.ends_with(close) {
+            if text.len() >= open.len() + close.len()
+                && text.starts_with(open)
+                && text.ends_with(close)
+            {
                 text = text[open.len()..text.len() - close.len()].trim();
             }
         }
         text = text.trim_end_matches(['.', '。']).trim();
         text = text.strip_prefix(':').unwrap_or(text).trim();
-        if let Some(inner) = text.strip_prefix("\\boxed{").and_then(|t| t.strip_suffix('}')) {
+        if let Some(inner) = text
+            .strip_prefix("\\boxed{")
+            .and_then(|t| t.strip_suffix('}'))
+        {
             text = inner.trim();
         }
         if text == before {
@@ -134,12 +142,17 @@ impl Extractor {
         }
         if let Some(open) = completion.rfind("<answer>") {
             let inner = &completion[open + "<answer>".len()..];
-            let inner = inner.find("</answer>").map_or(inner, |close| &inner[..close]);
+            let inner = inner
+                .find("</answer>")
+                .map_or(inner, |close| &inner[..close]);
             return Some((inner, AnswerSource::AnswerTag));
         }
         if let Some(found) = self.answer_phrase.find_iter(completion).last() {
             let rest = &completion[found.end()..];
-            let line = rest.split('\n').find(|l| !l.trim().is_empty()).unwrap_or("");
+            let line = rest
+                .split('\n')
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
             // Up to the end of the sentence: a period followed by a space.
             let sentence = line.find(". ").map_or(line, |end| &line[..end]);
             return Some((sentence, AnswerSource::AnswerPhrase));
@@ -150,7 +163,10 @@ impl Extractor {
             return Some((line, AnswerSource::Hashes));
         }
         let number = self.last_number.find_iter(completion).last()?;
-        Some((number.as_str().trim_end_matches(','), AnswerSource::LastNumber))
+        Some((
+            number.as_str().trim_end_matches(','),
+            AnswerSource::LastNumber,
+        ))
     }
 }
 
@@ -177,10 +193,16 @@ mod tests {
     fn answer_tags_then_phrases_then_hashes_then_last_number() {
         let extractor = Extractor::new();
         assert_eq!(extractor.extract("<answer> 12 </answer>").unwrap().0, "12");
-        assert_eq!(extractor.extract("so the answer is $5$. Done").unwrap().0, "5");
+        assert_eq!(
+            extractor.extract("so the answer is $5$. Done").unwrap().0,
+            "5"
+        );
         assert_eq!(extractor.extract("Final Answer: 7\n").unwrap().0, "7");
         assert_eq!(extractor.extract("work\n#### 1,234").unwrap().0, "1,234");
-        assert_eq!(extractor.extract("we get 3 then 4.5 apples").unwrap(), ("4.5", AnswerSource::LastNumber));
+        assert_eq!(
+            extractor.extract("we get 3 then 4.5 apples").unwrap(),
+            ("4.5", AnswerSource::LastNumber)
+        );
         assert_eq!(extractor.extract("no digits here"), None);
     }
 

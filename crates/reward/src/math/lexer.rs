@@ -58,26 +58,87 @@ pub enum Token {
 pub struct LexError(pub String);
 
 /// Words that are units or filler after a number, never variables.
-const UNIT_WORDS_SHORT: &[&str] = &["cm", "mm", "km", "kg", "mg", "ml", "ft", "hr", "in", "yd", "mi", "oz", "lb", "am", "pm", "gb", "mb", "kb"];
+const UNIT_WORDS_SHORT: &[&str] = &[
+    "cm", "mm", "km", "kg", "mg", "ml", "ft", "hr", "in", "yd", "mi", "oz", "lb", "am", "pm", "gb",
+    "mb", "kb",
+];
 
 fn is_layout_command(name: &str) -> bool {
     matches!(
         name,
-        "left" | "right" | "big" | "Big" | "bigg" | "Bigg" | "bigl" | "bigr" | "Bigl" | "Bigr"
-            | "displaystyle" | "textstyle" | "quad" | "qquad" | "circ" | "degree" | "boxed"
-            | "mathbb" | "limits" | "nolimits" | "phantom" | "hspace" | "vspace" | "space"
-            | "enspace" | "thinspace" | "medspace" | "thickspace" | "negthinspace" | "cr"
-            | "newline" | "lbrace" | "rbrace"
+        "left"
+            | "right"
+            | "big"
+            | "Big"
+            | "bigg"
+            | "Bigg"
+            | "bigl"
+            | "bigr"
+            | "Bigl"
+            | "Bigr"
+            | "displaystyle"
+            | "textstyle"
+            | "quad"
+            | "qquad"
+            | "circ"
+            | "degree"
+            | "boxed"
+            | "mathbb"
+            | "limits"
+            | "nolimits"
+            | "phantom"
+            | "hspace"
+            | "vspace"
+            | "space"
+            | "enspace"
+            | "thinspace"
+            | "medspace"
+            | "thickspace"
+            | "negthinspace"
+            | "cr"
+            | "newline"
+            | "lbrace"
+            | "rbrace"
     )
 }
 
 fn greek(name: &str) -> bool {
     matches!(
         name,
-        "alpha" | "beta" | "gamma" | "delta" | "epsilon" | "varepsilon" | "zeta" | "eta"
-            | "theta" | "vartheta" | "iota" | "kappa" | "lambda" | "mu" | "nu" | "xi" | "rho"
-            | "sigma" | "tau" | "upsilon" | "phi" | "varphi" | "chi" | "psi" | "omega"
-            | "Gamma" | "Delta" | "Theta" | "Lambda" | "Xi" | "Sigma" | "Phi" | "Psi" | "Omega"
+        "alpha"
+            | "beta"
+            | "gamma"
+            | "delta"
+            | "epsilon"
+            | "varepsilon"
+            | "zeta"
+            | "eta"
+            | "theta"
+            | "vartheta"
+            | "iota"
+            | "kappa"
+            | "lambda"
+            | "mu"
+            | "nu"
+            | "xi"
+            | "rho"
+            | "sigma"
+            | "tau"
+            | "upsilon"
+            | "phi"
+            | "varphi"
+            | "chi"
+            | "psi"
+            | "omega"
+            | "Gamma"
+            | "Delta"
+            | "Theta"
+            | "Lambda"
+            | "Xi"
+            | "Sigma"
+            | "Phi"
+            | "Psi"
+            | "Omega"
     )
 }
 
@@ -90,7 +151,12 @@ struct Lexer<'a> {
 
 /// Tokenizes one answer.
 pub fn tokenize(text: &str) -> Result<Vec<Token>, LexError> {
-    let mut lexer = Lexer { text, bytes: text.as_bytes(), pos: 0, tokens: Vec::new() };
+    let mut lexer = Lexer {
+        text,
+        bytes: text.as_bytes(),
+        pos: 0,
+        tokens: Vec::new(),
+    };
     lexer.run()?;
     Ok(lexer.tokens)
 }
@@ -208,8 +274,10 @@ impl<'a> Lexer<'a> {
                     break;
                 }
                 let group_start = self.pos + sep_len;
-                let group_len =
-                    self.bytes[group_start..].iter().take_while(|b| b.is_ascii_digit()).count();
+                let group_len = self.bytes[group_start..]
+                    .iter()
+                    .take_while(|b| b.is_ascii_digit())
+                    .count();
                 if group_len == 3 {
                     digits.push_str(&self.text[group_start..group_start + 3]);
                     self.pos = group_start + 3;
@@ -244,9 +312,7 @@ impl<'a> Lexer<'a> {
         }
         let numer = BigInt::from_str_radix(&all, 10).map_err(|e| LexError(e.to_string()))?;
         let denom = num_traits::pow(BigInt::from(10), fraction.len());
-        let value = if fraction.is_empty() {
-            BigRational::from_integer(numer)
-        } else if denom.is_one() {
+        let value = if denom.is_one() {
             BigRational::from_integer(numer)
         } else {
             BigRational::new(numer, denom)
@@ -369,7 +435,9 @@ impl<'a> Lexer<'a> {
             // `^\circ`, `^{\circ}`: degrees, dropped like a unit.
             if self.tokens.last() == Some(&Token::Caret) {
                 self.tokens.pop();
-            } else if self.tokens.ends_with(&[Token::Caret, Token::LBrace]) && self.peek() == Some(b'}') {
+            } else if self.tokens.ends_with(&[Token::Caret, Token::LBrace])
+                && self.peek() == Some(b'}')
+            {
                 self.tokens.truncate(self.tokens.len() - 2);
                 self.pos += 1;
             }

@@ -94,7 +94,10 @@ fn gold_text(raw: &str) -> &str {
 }
 
 fn squash(text: &str) -> String {
-    text.chars().filter(|c| !c.is_whitespace()).collect::<String>().to_lowercase()
+    text.chars()
+        .filter(|c| !c.is_whitespace())
+        .collect::<String>()
+        .to_lowercase()
 }
 
 /// `3,5` written by a model whose gold is one number: the decimal comma.
@@ -109,7 +112,10 @@ fn decimal_comma(text: &str) -> Option<String> {
 impl MathVerifier {
     pub fn new(config: &MathConfig) -> Result<Self, ConfigError> {
         if !(config.relative_tolerance >= 0.0 && config.relative_tolerance < 1.0) {
-            return Err(ConfigError::invalid("relative_tolerance", "must be in [0, 1)"));
+            return Err(ConfigError::invalid(
+                "relative_tolerance",
+                "must be in [0, 1)",
+            ));
         }
         if !(2..=32).contains(&config.sample_points) {
             return Err(ConfigError::invalid("sample_points", "must be in 2..=32"));
@@ -150,8 +156,11 @@ impl MathVerifier {
         if squash(prediction) == squash(gold) {
             return RewardOutcome::correct(details);
         }
-        let comma_fixed =
-            if gold_expr.is_scalar() { decimal_comma(prediction.trim()) } else { None };
+        let comma_fixed = if gold_expr.is_scalar() {
+            decimal_comma(prediction.trim())
+        } else {
+            None
+        };
         let parsed = parse_answer(comma_fixed.as_deref().unwrap_or(prediction));
         let pred_expr = match parsed {
             Ok(expr) => expr,
@@ -166,7 +175,8 @@ impl MathVerifier {
         if self.reject_restated_question && !pred_expr.is_literal() {
             let restated = squash(prediction);
             if restated.len() >= 3 && squash(prompt).contains(&restated) {
-                details.reason = Some("the prediction restates an expression from the prompt".into());
+                details.reason =
+                    Some("the prediction restates an expression from the prompt".into());
                 return RewardOutcome::wrong(details);
             }
         }
@@ -182,7 +192,10 @@ impl Verifier for MathVerifier {
         let Some((prediction, source)) = self.extractor.extract(input.completion) else {
             // The gold is still checked so a broken dataset shows even when the model rambles.
             if let Err(error) = parse_answer(gold_text(gold_raw)) {
-                return RewardOutcome::failed(Outcome::UnparseableGold, format!("gold answer: {}", error.0));
+                return RewardOutcome::failed(
+                    Outcome::UnparseableGold,
+                    format!("gold answer: {}", error.0),
+                );
             }
             return RewardOutcome::failed(Outcome::UnparseablePrediction, "no final answer found");
         };
@@ -190,9 +203,15 @@ impl Verifier for MathVerifier {
             || (!self.last_number_fallback && source == AnswerSource::LastNumber)
         {
             if let Err(error) = parse_answer(gold_text(gold_raw)) {
-                return RewardOutcome::failed(Outcome::UnparseableGold, format!("gold answer: {}", error.0));
+                return RewardOutcome::failed(
+                    Outcome::UnparseableGold,
+                    format!("gold answer: {}", error.0),
+                );
             }
-            return RewardOutcome::failed(Outcome::FormatError, format!("answer found by {source:?}, not accepted"));
+            return RewardOutcome::failed(
+                Outcome::FormatError,
+                format!("answer found by {source:?}, not accepted"),
+            );
         }
         self.judge(input.prompt, gold_raw, prediction)
     }

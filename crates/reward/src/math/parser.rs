@@ -41,21 +41,41 @@ pub fn parse_answer(text: &str) -> Result<Expr, ParseError> {
         return Err(ParseError("empty answer".into()));
     }
     if tokens.len() > MAX_TOKENS {
-        return Err(ParseError(format!("answer longer than {MAX_TOKENS} tokens")));
+        return Err(ParseError(format!(
+            "answer longer than {MAX_TOKENS} tokens"
+        )));
     }
     if tokens.iter().all(|t| matches!(t, Token::Text(_))) {
         let words: Vec<&str> = tokens
             .iter()
-            .filter_map(|t| if let Token::Text(w) = t { Some(w.as_str()) } else { None })
+            .filter_map(|t| {
+                if let Token::Text(w) = t {
+                    Some(w.as_str())
+                } else {
+                    None
+                }
+            })
             .collect();
         return Ok(Expr::Text(words.join(" ")));
     }
-    let mut parser = Parser { tokens, pos: 0, depth: 0, abs_depth: 0 };
+    let mut parser = Parser {
+        tokens,
+        pos: 0,
+        depth: 0,
+        abs_depth: 0,
+    };
     let mut items = parser.items()?;
     if parser.pos != parser.tokens.len() {
-        return Err(ParseError(format!("unexpected {:?}", parser.tokens[parser.pos])));
+        return Err(ParseError(format!(
+            "unexpected {:?}",
+            parser.tokens[parser.pos]
+        )));
     }
-    Ok(if items.len() == 1 { items.remove(0) } else { Expr::List(items) })
+    Ok(if items.len() == 1 {
+        items.remove(0)
+    } else {
+        Expr::List(items)
+    })
 }
 
 struct Parser {
@@ -89,7 +109,11 @@ impl Parser {
 
     fn enter(&mut self) -> Result<(), ParseError> {
         self.depth += 1;
-        if self.depth > MAX_DEPTH { err(format!("nesting deeper than {MAX_DEPTH}")) } else { Ok(()) }
+        if self.depth > MAX_DEPTH {
+            err(format!("nesting deeper than {MAX_DEPTH}"))
+        } else {
+            Ok(())
+        }
     }
 
     fn leave(&mut self) {
@@ -135,7 +159,11 @@ impl Parser {
             self.pos += 1;
             operands.push(self.sum()?);
         }
-        Ok(if ops.is_empty() { operands.remove(0) } else { Expr::Relation(operands, ops) })
+        Ok(if ops.is_empty() {
+            operands.remove(0)
+        } else {
+            Expr::Relation(operands, ops)
+        })
     }
 
     fn sum(&mut self) -> Result<Expr, ParseError> {
@@ -247,7 +275,8 @@ impl Parser {
             Some(Token::PlusMinus) => {
                 // `\pm 2` is the set {2, -2}.
                 self.pos += 1;
-                self.unary().map(|inner| Expr::Set(vec![inner.clone(), negate(inner)]))
+                self.unary()
+                    .map(|inner| Expr::Set(vec![inner.clone(), negate(inner)]))
             }
             _ => self.power(),
         };
@@ -291,7 +320,11 @@ impl Parser {
 
     /// A `{...}` argument, or a single primary when the braces are omitted (`\sqrt 2`).
     fn argument(&mut self) -> Result<Expr, ParseError> {
-        if self.peek() == Some(&Token::LBrace) { self.primary() } else { self.postfix() }
+        if self.peek() == Some(&Token::LBrace) {
+            self.primary()
+        } else {
+            self.postfix()
+        }
     }
 
     fn primary(&mut self) -> Result<Expr, ParseError> {
@@ -335,11 +368,18 @@ impl Parser {
                     let value = self.function_argument()?;
                     Ok(Expr::LogBase(Box::new(base), Box::new(value)))
                 } else {
-                    Ok(Expr::Apply(Func::Log10, Box::new(self.function_argument()?)))
+                    Ok(Expr::Apply(
+                        Func::Log10,
+                        Box::new(self.function_argument()?),
+                    ))
                 }
             }
             Token::LParen | Token::LBracket => {
-                let open = if token == Token::LParen { Bracket::Round } else { Bracket::Square };
+                let open = if token == Token::LParen {
+                    Bracket::Round
+                } else {
+                    Bracket::Square
+                };
                 let mut items = self.items()?;
                 let close = match self.peek() {
                     Some(Token::RParen) => Bracket::Round,
@@ -361,7 +401,11 @@ impl Parser {
                 if !self.eat(&Token::RBrace) {
                     return err("unclosed {");
                 }
-                Ok(if items.len() == 1 { items.remove(0) } else { Expr::Set(items) })
+                Ok(if items.len() == 1 {
+                    items.remove(0)
+                } else {
+                    Expr::Set(items)
+                })
             }
             Token::LSetBrace => {
                 let items = self.items()?;
