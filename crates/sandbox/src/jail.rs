@@ -2,23 +2,34 @@
 //! a `pre_exec` hook on a `std::process::Command`), and the small supervisor process it splits
 //! into. This is the only module with `unsafe` code (system calls through `libc`).
 //!
-//! Process tree of one run:
+//! Process tree of one run (with a PID namespace):
 //!
 //! ```text
-//! caller ── supervisor (root or caller uid; outside every namespace but the new ones it created)
-//!              └── program (PID 1 of a new PID namespace, own session, own uid, Landlock, seccomp)
-//!                     └── whatever the program starts
+//! caller ── supervisor (root or caller uid; outside the new PID namespace)
+//!              └── init (PID 1 of the new PID namespace: reaps orphans, reports the program)
+//!                     └── program (PID 2; own session, own uid, Landlock, seccomp)
+//!                            └── whatever the program starts
 //! ```
 //!
 //! The forked child applies `setsid`, `PR_SET_PDEATHSIG`, `unshare` of the namespaces and rlimits,
-//! then forks once more with a raw `clone` system call: the parent half becomes the supervisor,
-//! which closes every descriptor but a status pipe, waits for the program with `wait4` (for its
-//! CPU time), relays a stop request (SIGTERM from the caller) as SIGKILL to the program, writes a
-//! [`SupervisorRecord`] to the status pipe and exits. The child half is PID 1 of the new PID
-//! namespace: when it dies, the kernel kills every process left in that namespace before `wait4`
-//! returns, so when the supervisor exits, nothing of the run is alive. The child half then mounts
-//! a fresh `/proc`, drops to the run's uid, sets no-new-privileges, restricts itself with Landlock,
-//! installs the seccomp filters, and returns to `std`, which `exec`s the interpreter.
+//! then forks with a raw `clone` system call: the parent half becomes the supervisor, which closes
+//! every descriptor but a status pipe, waits for init with `wait4` (for CPU time), relays a stop
+//! request (SIGTERM from the caller) as SIGKILL, writes a [`SupervisorRecord`] to the status pipe
+//! and exits. The child half is PID 1 of the new namespace: it makes the mounts private, mounts a
+//! fresh `/proc`, and forks the program. It stays a minimal init because PID 1 ignores signals it
+//! has no handler for when they come from inside its namespace (a program that is PID 1 could not
+//! even kill itself). When the program ends, init writes its wait status to the status pipe and
+//! exits; the kernel then kills every process left in the namespace before init's `wait4` in the
+//! supervisor returns, so when the supervisor exits, nothing of the run is alive. The program
+//! drops to the run's uid, sets no-new-privileges, restricts itself with Landlock, installs the
+//! seccomp filters, and returns to `std`, which `exec`s the interpreter.
+//!
+//! Without a PID namespace there is no init: the supervisor waits for the program directly and
+//! afterwards kills its process group and, when it ran under a uid of its own, every process of
+//! that uid (`kill(-1)` after switching to it).
+//!
+//! Cost: three forks of the caller's address space per run (std's, supervisor/init, init/program).
+//! Page-table copies grow with the caller's mapped memory; a fork server would remove that cost.
 //!
 //! Invariants of the post-fork code (the caller may be multi-threaded): it allocates nothing,
 //! takes no lock and calls only async-signal-safe system calls on data prepared before the fork
@@ -354,8 +365,8 @@ fn write_proc_file(path: &CStr, bytes: &[u8]) -> io::Result<()> {
 
 /// The pre-exec hook: runs in the forked child. Async-signal-safe (see the module doc).
 fn enter_jail(jail: &PreparedJail) -> io::Result<()> {
-    // SAFETY (whole function): every call is a system call on values prepared before the fork or
-    // on the stack; nothing allocates, locks, or unwinds across the fork.
+    // SAFETY: (whole function) every call is a system call on values prepared before the fork
+    // or on the stack; nothing allocates, locks, or unwinds across the fork.
     unsafe {
         check(libc::setsid().into())?;
         check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0).into())?;
@@ -537,10 +548,10 @@ unsafe fn supervise(program: libc::pid_t, jail: &PreparedJail, waited: &libc::si
             // Without a PID namespace, kill what the program left in its process group and, when
             // it ran under a uid of its own, every process of that uid.
             libc::kill(-program, libc::SIGKILL);
-            if let Some((uid, _)) = jail.switch_to {
-                if libc::setresuid(uid, uid, uid) == 0 {
-                    libc::kill(-1, libc::SIGKILL);
-                }
+            if let Some((uid, _)) = jail.switch_to
+                && libc::setresuid(uid, uid, uid) == 0
+            {
+                libc::kill(-1, libc::SIGKILL);
             }
         }
         let mut record = [0u8; RECORD_BYTES];

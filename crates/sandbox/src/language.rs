@@ -12,10 +12,11 @@ use serde::{Deserialize, Serialize};
 
 /// A language the sandbox can run. Each needs its interpreter or compiler on the machine; see
 /// [`Toolchains::available`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Language {
     /// Python 3 (`python3 -S -E -B main.py`; `-S` dropped with `python_site_packages`).
+    #[default]
     Python,
     /// Bash (`bash main.sh`).
     Bash,
@@ -67,12 +68,6 @@ pub struct Program {
     pub files: Vec<(String, Vec<u8>)>,
     /// Command-line arguments after the source file.
     pub args: Vec<String>,
-}
-
-impl Default for Language {
-    fn default() -> Language {
-        Language::Python
-    }
 }
 
 impl Program {
