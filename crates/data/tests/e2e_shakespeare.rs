@@ -108,10 +108,9 @@ fn signature_agreement_estimates_the_measured_jaccard() {
     assert!(plays < 0.05, "{plays}");
 }
 
-#[test]
-fn full_stack_over_paragraphs_accounts_for_every_document() {
-    let out = tempfile::tempdir().unwrap();
-    // Paragraphs as documents, written as JSONL.
+/// Writes every paragraph of the fixture as one JSONL document; returns the file and how many
+/// paragraphs belong to the second copies of the duplicated Milton works.
+fn write_paragraphs(out: &Path) -> (PathBuf, u64) {
     let mut jsonl = String::new();
     let mut milton_duplicate_paragraphs = 0;
     for dir in ["shksprdata", "miltondata"] {
@@ -136,15 +135,21 @@ fn full_stack_over_paragraphs_accounts_for_every_document() {
             }
         }
     }
-    std::fs::write(out.path().join("paragraphs.jsonl"), jsonl).unwrap();
-    let report = run(&format!(
+    let path = out.join("paragraphs.jsonl");
+    std::fs::write(&path, jsonl).unwrap();
+    (path, milton_duplicate_paragraphs)
+}
+
+/// The full filter stack over paragraphs-as-documents; kept documents in `out/kept.jsonl.zst`.
+fn run_full_stack(out: &Path, input: &Path) -> FunnelReport {
+    run(&format!(
         r#"
 [run]
 output = "{out}/kept.jsonl.zst"
 report_dir = "{out}/report"
 [[source]]
 name = "paragraphs"
-paths = ["{out}/paragraphs.jsonl"]
+paths = ["{input}"]
 format = "jsonl"
 [[stage]]
 kind = "exact_dedup"
@@ -165,8 +170,16 @@ kind = "minhash_dedup"
 [[stage]]
 kind = "line_dedup"
 "#,
-        out = out.path().display()
-    ));
+        out = out.display(),
+        input = input.display()
+    ))
+}
+
+#[test]
+fn full_stack_over_paragraphs_accounts_for_every_document() {
+    let out = tempfile::tempdir().unwrap();
+    let (input, milton_duplicate_paragraphs) = write_paragraphs(out.path());
+    let report = run_full_stack(out.path(), &input);
     assert!(report.input.documents > 5000, "{}", report.input.documents);
     let exact = report.stages[0]
         .removed
@@ -192,4 +205,126 @@ kind = "line_dedup"
     assert_eq!(report.output.documents, previous);
     assert!(report.output.documents > 500, "{}", report.output.documents);
     assert!(report.stages[2].removed.contains_key("gopher_short_doc"));
+}
+
+/// Funnel output -> tokenizer training and evaluation -> token shards -> read back -> packing:
+/// the path from raw text to training rows, on real text.
+#[test]
+fn funnel_output_trains_a_tokenizer_and_becomes_packed_shards() {
+    use stoke_data::packing::{Packer, PackingPolicy, build_batch};
+    use stoke_data::shard::{ShardWriter, ShardWriterConfig, open_dir};
+    use stoke_tokenizer::metrics::{TokenizerMetrics, WordSegmentation};
+    use stoke_tokenizer::train::{CL100K_PATTERN, TrainerConfig, WordCounts, train_bpe};
+
+    let out = tempfile::tempdir().unwrap();
+    let (input, _) = write_paragraphs(out.path());
+    let report = run_full_stack(out.path(), &input);
+    let compressed = std::fs::read(out.path().join("kept.jsonl.zst")).unwrap();
+    let kept: Vec<String> = String::from_utf8(zstd::decode_all(&compressed[..]).unwrap())
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(kept.len() as u64, report.output.documents);
+
+    // Every fifth kept document is held out for evaluation (same mix of works as training).
+    let pick = |held: bool| -> Vec<&str> {
+        kept.iter()
+            .enumerate()
+            .filter(|(i, _)| (i % 5 == 4) == held)
+            .map(|(_, t)| t.as_str())
+            .collect()
+    };
+    let (training, held_out) = (pick(false), pick(true));
+    let mut words = WordCounts::new(CL100K_PATTERN).unwrap();
+    words.add_texts(&training);
+    let eos = "<|endoftext|>";
+    let trained = train_bpe(
+        &words,
+        &TrainerConfig::new(1024, vec![eos.to_string()]),
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(trained.vocab_size(), 1024);
+    trained.save(&out.path().join("tok")).unwrap();
+    let tokenizer = stoke_tokenizer::hf::Tokenizer::from_dir(&out.path().join("tok")).unwrap();
+    let mut metrics = TokenizerMetrics::default();
+    for text in &held_out {
+        let encoding = tokenizer.encode_with_offsets(text, false).unwrap();
+        metrics.add_text(text, encoding.get_offsets(), WordSegmentation::UnicodeWords);
+    }
+    // A 1k-token English BPE compresses well beyond one byte per token on held-out text.
+    assert!(
+        metrics.bytes_per_token() > 2.5,
+        "{}",
+        metrics.bytes_per_token()
+    );
+    assert!(metrics.fertility() < 2.0, "{}", metrics.fertility());
+    assert_eq!(
+        tokenizer.encode(held_out[0], false).unwrap(),
+        trained.encode(held_out[0]).unwrap()
+    );
+
+    // Shards: every kept document, EOS-terminated, across several shards.
+    let eos_id = tokenizer.token_to_id(eos).unwrap();
+    let shard_dir = out.path().join("shards");
+    let mut writer = ShardWriter::new(ShardWriterConfig {
+        dir: shard_dir.clone(),
+        prefix: "shakespeare".into(),
+        vocab_size: trained.vocab_size() as u64,
+        max_tokens_per_shard: 100_000,
+    })
+    .unwrap();
+    let mut encoded: Vec<Vec<u32>> = Vec::new();
+    for text in &kept {
+        let mut ids = tokenizer.encode(text, false).unwrap();
+        ids.push(eos_id);
+        writer.push_document(&ids).unwrap();
+        encoded.push(ids);
+    }
+    let summaries = writer.finish().unwrap();
+    assert!(summaries.len() >= 2, "{} shards", summaries.len());
+    let readers = open_dir(&shard_dir).unwrap();
+    let mut read_back: Vec<Vec<u32>> = Vec::new();
+    for reader in &readers {
+        for doc in 0..reader.num_docs() {
+            read_back.push(reader.document(doc).unwrap().to_vec());
+        }
+    }
+    assert_eq!(read_back, encoded);
+
+    // Packing: best-fit rows of 257 tokens lose no token and waste little.
+    let seq_len = 256;
+    let mut packer = Packer::new(
+        PackingPolicy::BestFitDecreasing { window_docs: 256 },
+        seq_len,
+    );
+    for (doc, ids) in encoded.iter().enumerate() {
+        packer.push_document(doc as u64, ids.len());
+    }
+    packer.flush();
+    let mut rows = Vec::new();
+    while let Some(row) = packer.pop_row() {
+        rows.push(row);
+    }
+    let total: usize = encoded.iter().map(Vec::len).sum();
+    assert_eq!(rows.iter().map(|r| r.used()).sum::<usize>(), total);
+    assert!(
+        packer.stats().efficiency() > 0.9,
+        "{}",
+        packer.stats().efficiency()
+    );
+    let batch = build_batch(&rows[..4], seq_len, eos_id, |piece, buf: &mut Vec<u32>| {
+        let ids = &encoded[piece.doc as usize];
+        buf.extend_from_slice(&ids[piece.start as usize..(piece.start + piece.len) as usize]);
+        Ok::<(), ()>(())
+    })
+    .unwrap();
+    assert_eq!(batch.tokens.len(), 4 * seq_len);
+    assert!(batch.num_loss_tokens() > 3 * seq_len);
 }
