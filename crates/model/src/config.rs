@@ -474,7 +474,7 @@ impl Validator<'_> {
             .head_dim
             .or(traits.default_head_dim)
             .unwrap_or(hidden_size / num_attention_heads);
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(self.invalid(
                 "head_dim",
                 format!("must be even and positive for RoPE, found {head_dim}"),

@@ -65,8 +65,8 @@ impl RotaryTable {
                         let smooth = (old_context_len as f32 / wavelen - *low_freq_factor as f32)
                             / (*high_freq_factor as f32 - *low_freq_factor as f32);
                         let smoothed = (1.0 - smooth) * scaled / factor + smooth * scaled;
-                        let is_medium =
-                            !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+                        // transformers: ~(wavelen < high) * ~(wavelen > low); wavelen is never NaN.
+                        let is_medium = wavelen >= high_freq_wavelen && wavelen <= low_freq_wavelen;
                         if is_medium { smoothed } else { scaled }
                     })
                     .collect();

@@ -16,8 +16,20 @@ fn assert_identical(a: &Transformer, b: &Transformer, context: &str) {
         "{context}: parameter names differ"
     );
     for ((name, va), (_, vb)) in pa.iter().zip(&pb) {
-        let x: Vec<u32> = va.flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("a").iter().map(|v| v.to_bits()).collect();
-        let y: Vec<u32> = vb.flatten_all().and_then(|t| t.to_vec1::<f32>()).expect("b").iter().map(|v| v.to_bits()).collect();
+        let x: Vec<u32> = va
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<f32>())
+            .expect("a")
+            .iter()
+            .map(|v| v.to_bits())
+            .collect();
+        let y: Vec<u32> = vb
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<f32>())
+            .expect("b")
+            .iter()
+            .map(|v| v.to_bits())
+            .collect();
         assert_eq!(va.dims(), vb.dims(), "{context}: {name} shape");
         assert!(x == y, "{context}: {name} differs after round trip");
     }
@@ -30,7 +42,8 @@ fn without_source(config: &stoke_model::ModelConfig) -> stoke_model::ModelConfig
 }
 
 fn saved_tensor_names(dir: &Path) -> Vec<String> {
-    let tensors = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).expect("saved weights");
+    let tensors = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu)
+        .expect("saved weights");
     let mut names: Vec<String> = tensors.into_keys().collect();
     names.sort();
     names
@@ -45,9 +58,17 @@ fn every_fixture_round_trips_bit_identically() {
         original.save(&out).expect("save");
         let reloaded = load(&out);
         assert_identical(&original, &reloaded, &name(&dir));
-        assert_eq!(without_source(original.config()), without_source(reloaded.config()), "{}: config", name(&dir));
+        assert_eq!(
+            without_source(original.config()),
+            without_source(reloaded.config()),
+            "{}: config",
+            name(&dir)
+        );
         let names = saved_tensor_names(&out);
-        assert_eq!(names.contains(&"lm_head.weight".to_string()), !original.config().tie_word_embeddings);
+        assert_eq!(
+            names.contains(&"lm_head.weight".to_string()),
+            !original.config().tie_word_embeddings
+        );
         assert!(out.join("generation_config.json").is_file());
     }
 }
@@ -58,16 +79,33 @@ fn random_init_round_trips_and_is_deterministic_in_the_seed() {
     let tmp = tempfile::tempdir().expect("tempdir");
     for json in [TINY_LLAMA, TINY_QWEN3_TIED] {
         let model = Transformer::init(tiny_config(json), &Device::Cpu, 42).expect("init");
-        assert_identical(&model, &Transformer::init(tiny_config(json), &Device::Cpu, 42).expect("init"), "same seed");
+        assert_identical(
+            &model,
+            &Transformer::init(tiny_config(json), &Device::Cpu, 42).expect("init"),
+            "same seed",
+        );
         let other = Transformer::init(tiny_config(json), &Device::Cpu, 43).expect("init");
         let (a, b) = (&model.parameters()[0].1, &other.parameters()[0].1);
-        assert!(max_abs_diff(a, b) > 0.0, "different seeds must give different weights");
+        assert!(
+            max_abs_diff(a, b) > 0.0,
+            "different seeds must give different weights"
+        );
         let out = tmp.path().join("init");
         model.save(&out).expect("save");
         let reloaded = load(&out);
         assert_identical(&model, &reloaded, "init");
-        assert_eq!(without_source(model.config()), without_source(reloaded.config()));
-        assert_eq!(model.config().num_parameters(), reloaded.parameters().iter().map(|(_, v)| v.elem_count()).sum::<usize>());
+        assert_eq!(
+            without_source(model.config()),
+            without_source(reloaded.config())
+        );
+        assert_eq!(
+            model.config().num_parameters(),
+            reloaded
+                .parameters()
+                .iter()
+                .map(|(_, v)| v.elem_count())
+                .sum::<usize>()
+        );
     }
 }
 
@@ -77,12 +115,25 @@ fn save_with_tokenizer_copies_tokenizer_files_and_generation_config() {
     let model = load(&source);
     let tmp = tempfile::tempdir().expect("tempdir");
     let out = tmp.path().join("with_tokenizer");
-    model.save_with_tokenizer(&out, Some(&source)).expect("save");
-    for file in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+    model
+        .save_with_tokenizer(&out, Some(&source))
+        .expect("save");
+    for file in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
         let copied = std::fs::read(out.join(file)).unwrap_or_else(|_| panic!("{file} not copied"));
-        assert_eq!(copied, std::fs::read(source.join(file)).expect("source"), "{file} differs");
+        assert_eq!(
+            copied,
+            std::fs::read(source.join(file)).expect("source"),
+            "{file} differs"
+        );
     }
-    assert!(!out.join("reference.json").exists(), "only tokenizer files are copied");
+    assert!(
+        !out.join("reference.json").exists(),
+        "only tokenizer files are copied"
+    );
 }
 
 #[test]
@@ -96,11 +147,17 @@ fn saving_over_an_existing_directory_replaces_it_and_leaves_no_temporaries() {
     std::fs::write(out.join("stale.txt"), "old").expect("write");
     second.save(&out).expect("second save");
     assert_identical(&second, &load(&out), "replaced");
-    assert!(!out.join("stale.txt").exists(), "the old directory must be replaced, not merged");
+    assert!(
+        !out.join("stale.txt").exists(),
+        "the old directory must be replaced, not merged"
+    );
     let leftovers: Vec<String> = std::fs::read_dir(tmp.path())
         .expect("list")
         .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
         .filter(|n| n != "ckpt")
         .collect();
-    assert!(leftovers.is_empty(), "temporaries left behind: {leftovers:?}");
+    assert!(
+        leftovers.is_empty(),
+        "temporaries left behind: {leftovers:?}"
+    );
 }

@@ -14,7 +14,10 @@ fn valid_checkpoint() -> (tempfile::TempDir, PathBuf) {
     stoke_ops::numerics::init_compute_threads();
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("ckpt");
-    Transformer::init(tiny_config(TINY_LLAMA), &Device::Cpu, 5).expect("init").save(&dir).expect("save");
+    Transformer::init(tiny_config(TINY_LLAMA), &Device::Cpu, 5)
+        .expect("init")
+        .save(&dir)
+        .expect("save");
     (tmp, dir)
 }
 
@@ -30,7 +33,8 @@ fn load_error(dir: &Path) -> (ModelError, String) {
 
 fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
     let path = dir.join("config.json");
-    let mut value: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
+    let mut value: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("read")).expect("json");
     edit(value.as_object_mut().expect("object"));
     std::fs::write(&path, serde_json::to_string(&value).expect("serialize")).expect("write");
 }
@@ -75,7 +79,10 @@ fn wrongly_typed_config_field_is_named() {
         c.insert("hidden_size".into(), "sixteen".into());
     });
     let (_, message) = load_error(&dir);
-    assert!(message.contains("config.json") && message.contains("hidden_size"), "{message}");
+    assert!(
+        message.contains("config.json") && message.contains("hidden_size"),
+        "{message}"
+    );
 }
 
 #[test]
@@ -86,30 +93,45 @@ fn missing_required_config_field_is_named() {
     });
     let (err, message) = load_error(&dir);
     assert!(matches!(err, ModelError::InvalidConfig { .. }), "{err:?}");
-    assert!(message.contains("config.json") && message.contains("vocab_size"), "{message}");
+    assert!(
+        message.contains("config.json") && message.contains("vocab_size"),
+        "{message}"
+    );
 }
 
 #[test]
 fn unsupported_architecture_is_named() {
     let (_tmp, dir) = valid_checkpoint();
     edit_config(&dir, |c| {
-        c.insert("architectures".into(), serde_json::json!(["MistralForCausalLM"]));
+        c.insert(
+            "architectures".into(),
+            serde_json::json!(["MistralForCausalLM"]),
+        );
         c.remove("model_type");
     });
     let (err, message) = load_error(&dir);
     assert!(matches!(err, ModelError::Unsupported { .. }), "{err:?}");
-    assert!(message.contains("architectures") && message.contains("MistralForCausalLM"), "{message}");
+    assert!(
+        message.contains("architectures") && message.contains("MistralForCausalLM"),
+        "{message}"
+    );
 }
 
 #[test]
 fn unsupported_rope_type_is_named() {
     let (_tmp, dir) = valid_checkpoint();
     edit_config(&dir, |c| {
-        c.insert("rope_scaling".into(), serde_json::json!({"rope_type": "dynamic", "factor": 2.0}));
+        c.insert(
+            "rope_scaling".into(),
+            serde_json::json!({"rope_type": "dynamic", "factor": 2.0}),
+        );
     });
     let (err, message) = load_error(&dir);
     assert!(matches!(err, ModelError::Unsupported { .. }), "{err:?}");
-    assert!(message.contains("config.json") && message.contains("rope_scaling.rope_type"), "{message}");
+    assert!(
+        message.contains("config.json") && message.contains("rope_scaling.rope_type"),
+        "{message}"
+    );
     assert!(message.contains("dynamic"), "{message}");
 }
 
@@ -117,10 +139,16 @@ fn unsupported_rope_type_is_named() {
 fn missing_rope_parameter_is_named() {
     let (_tmp, dir) = valid_checkpoint();
     edit_config(&dir, |c| {
-        c.insert("rope_parameters".into(), serde_json::json!({"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}));
+        c.insert(
+            "rope_parameters".into(),
+            serde_json::json!({"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}),
+        );
     });
     let (_, message) = load_error(&dir);
-    assert!(message.contains("rope_parameters.low_freq_factor"), "{message}");
+    assert!(
+        message.contains("rope_parameters.low_freq_factor"),
+        "{message}"
+    );
 }
 
 #[test]
@@ -131,40 +159,70 @@ fn missing_tensor_is_named() {
     });
     let (err, message) = load_error(&dir);
     assert!(matches!(err, ModelError::MissingTensor { .. }), "{err:?}");
-    assert!(message.contains("model.safetensors") && message.contains("model.layers.1.mlp.up_proj.weight"), "{message}");
+    assert!(
+        message.contains("model.safetensors")
+            && message.contains("model.layers.1.mlp.up_proj.weight"),
+        "{message}"
+    );
 }
 
 #[test]
 fn shape_mismatch_names_tensor_and_both_shapes() {
     let (_tmp, dir) = valid_checkpoint();
     edit_weights(&dir, |t| {
-        t.insert("model.norm.weight".into(), Tensor::ones(17, DType::F32, &Device::Cpu).expect("ones"));
+        t.insert(
+            "model.norm.weight".into(),
+            Tensor::ones(17, DType::F32, &Device::Cpu).expect("ones"),
+        );
     });
     let (err, message) = load_error(&dir);
     assert!(matches!(err, ModelError::ShapeMismatch { .. }), "{err:?}");
-    assert!(message.contains("model.norm.weight") && message.contains("[17]") && message.contains("[16]"), "{message}");
+    assert!(
+        message.contains("model.norm.weight")
+            && message.contains("[17]")
+            && message.contains("[16]"),
+        "{message}"
+    );
 }
 
 #[test]
 fn integer_weight_is_an_unsupported_dtype() {
     let (_tmp, dir) = valid_checkpoint();
     edit_weights(&dir, |t| {
-        t.insert("model.norm.weight".into(), Tensor::ones(16, DType::I64, &Device::Cpu).expect("ones"));
+        t.insert(
+            "model.norm.weight".into(),
+            Tensor::ones(16, DType::I64, &Device::Cpu).expect("ones"),
+        );
     });
     let (err, message) = load_error(&dir);
-    assert!(matches!(err, ModelError::UnsupportedDtype { .. }), "{err:?}");
-    assert!(message.contains("model.norm.weight") && message.contains("I64"), "{message}");
+    assert!(
+        matches!(err, ModelError::UnsupportedDtype { .. }),
+        "{err:?}"
+    );
+    assert!(
+        message.contains("model.norm.weight") && message.contains("I64"),
+        "{message}"
+    );
 }
 
 #[test]
 fn unexpected_tensor_is_named() {
     let (_tmp, dir) = valid_checkpoint();
     edit_weights(&dir, |t| {
-        t.insert("model.layers.0.mlp.experts.0.weight".into(), Tensor::ones(4, DType::F32, &Device::Cpu).expect("ones"));
+        t.insert(
+            "model.layers.0.mlp.experts.0.weight".into(),
+            Tensor::ones(4, DType::F32, &Device::Cpu).expect("ones"),
+        );
     });
     let (err, message) = load_error(&dir);
-    assert!(matches!(err, ModelError::UnexpectedTensor { .. }), "{err:?}");
-    assert!(message.contains("model.layers.0.mlp.experts.0.weight"), "{message}");
+    assert!(
+        matches!(err, ModelError::UnexpectedTensor { .. }),
+        "{err:?}"
+    );
+    assert!(
+        message.contains("model.layers.0.mlp.experts.0.weight"),
+        "{message}"
+    );
 }
 
 #[test]
@@ -174,12 +232,18 @@ fn truncated_safetensors_names_the_file() {
     let bytes = std::fs::read(&path).expect("read");
     std::fs::write(&path, &bytes[..bytes.len() - 100]).expect("truncate");
     let (err, message) = load_error(&dir);
-    assert!(matches!(err, ModelError::CorruptSafetensors { .. }), "{err:?}");
+    assert!(
+        matches!(err, ModelError::CorruptSafetensors { .. }),
+        "{err:?}"
+    );
     assert!(message.contains("model.safetensors"), "{message}");
     // A header cut short is reported the same way.
     std::fs::write(&path, &bytes[..20]).expect("truncate header");
     let (err, _) = load_error(&dir);
-    assert!(matches!(err, ModelError::CorruptSafetensors { .. }), "{err:?}");
+    assert!(
+        matches!(err, ModelError::CorruptSafetensors { .. }),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -192,5 +256,8 @@ fn missing_weights_and_missing_shards_are_named() {
     let index = serde_json::json!({"metadata": {}, "weight_map": {"model.norm.weight": "model-00001-of-00002.safetensors"}});
     std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).expect("index");
     let (_, message) = load_error(&dir);
-    assert!(message.contains("model-00001-of-00002.safetensors"), "{message}");
+    assert!(
+        message.contains("model-00001-of-00002.safetensors"),
+        "{message}"
+    );
 }

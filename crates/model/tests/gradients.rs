@@ -12,7 +12,8 @@ use stoke_ops::gradcheck::check_gradients;
 /// positions 0..L-2 predict tokens 1..L-1 (the fixtures' `loss_definition`).
 fn next_token_loss(model: &Transformer, ids: &Tensor) -> candle_core::Result<Tensor> {
     let (_, len) = ids.dims2()?;
-    let bias = causal_bias(&[vec![true; len]], len, &Device::Cpu).map_err(candle_core::Error::wrap)?;
+    let bias =
+        causal_bias(&[vec![true; len]], len, &Device::Cpu).map_err(candle_core::Error::wrap)?;
     let logits = model
         .forward(&ids_u32(ids), &arange_positions(1, len), &bias, None)
         .map_err(candle_core::Error::wrap)?;
@@ -38,18 +39,38 @@ fn loss_and_gradients_match_transformers_on_every_fixture() {
         let loss = next_token_loss(&model, &reference["input_ids_a"]).expect("loss");
         let loss_value = loss.to_scalar::<f32>().expect("scalar") as f64;
         let want_loss = expected["loss_a"].as_f64().expect("loss_a");
-        assert!(close(loss_value, want_loss, 1e-3, 0.0), "{fixture}: loss {loss_value} vs {want_loss}");
+        assert!(
+            close(loss_value, want_loss, 1e-3, 0.0),
+            "{fixture}: loss {loss_value} vs {want_loss}"
+        );
 
         let grads = loss.backward().expect("backward");
-        let params: std::collections::BTreeMap<String, Var> = model.parameters().into_iter().collect();
+        let params: std::collections::BTreeMap<String, Var> =
+            model.parameters().into_iter().collect();
         let norms = expected["grad_norms"].as_object().expect("grad_norms");
-        assert_eq!(norms.len(), params.len(), "{fixture}: parameter count differs from transformers");
+        assert_eq!(
+            norms.len(),
+            params.len(),
+            "{fixture}: parameter count differs from transformers"
+        );
         for (param_name, want) in norms {
-            let var = params.get(param_name).unwrap_or_else(|| panic!("{fixture}: no parameter {param_name}"));
-            let grad = grads.get(var.as_tensor()).unwrap_or_else(|| panic!("{fixture}: no grad for {param_name}"));
-            let norm = grad.sqr().and_then(|g| g.sum_all()).and_then(|g| g.to_scalar::<f32>()).expect("norm") as f64;
+            let var = params
+                .get(param_name)
+                .unwrap_or_else(|| panic!("{fixture}: no parameter {param_name}"));
+            let grad = grads
+                .get(var.as_tensor())
+                .unwrap_or_else(|| panic!("{fixture}: no grad for {param_name}"));
+            let norm = grad
+                .sqr()
+                .and_then(|g| g.sum_all())
+                .and_then(|g| g.to_scalar::<f32>())
+                .expect("norm") as f64;
             let want = want.as_f64().expect("norm value");
-            assert!(close(norm.sqrt(), want, 1e-3, 0.0), "{fixture}: |grad {param_name}| {} vs {want}", norm.sqrt());
+            assert!(
+                close(norm.sqrt(), want, 1e-3, 0.0),
+                "{fixture}: |grad {param_name}| {} vs {want}",
+                norm.sqrt()
+            );
         }
         let samples = expected["grad_samples"].as_object().expect("grad_samples");
         for (param_name, entries) in samples {
@@ -59,7 +80,10 @@ fn loss_and_gradients_match_transformers_on_every_fixture() {
                 let index = entry[0].as_u64().expect("index") as usize;
                 let want = entry[1].as_f64().expect("value");
                 let got = flat[index] as f64;
-                assert!(close(got, want, 1e-3, 1e-6), "{fixture}: {param_name}[{index}] {got} vs {want}");
+                assert!(
+                    close(got, want, 1e-3, 1e-6),
+                    "{fixture}: {param_name}[{index}] {got} vs {want}"
+                );
             }
         }
     }
@@ -71,12 +95,25 @@ fn every_parameter_receives_a_finite_nonzero_gradient() {
     let ids = Tensor::new(&[[5u32, 17, 3, 40, 22, 9, 31, 2]], &Device::Cpu).expect("ids");
     for (label, json) in [("llama", TINY_LLAMA), ("qwen3 tied yarn", TINY_QWEN3_TIED)] {
         let model = Transformer::init(tiny_config(json), &Device::Cpu, 7).expect("init");
-        let grads = next_token_loss(&model, &ids).and_then(|l| l.backward()).expect("backward");
+        let grads = next_token_loss(&model, &ids)
+            .and_then(|l| l.backward())
+            .expect("backward");
         for (param_name, var) in model.parameters() {
-            let grad = grads.get(var.as_tensor()).unwrap_or_else(|| panic!("{label}: {param_name} has no gradient"));
-            let values: Vec<f32> = grad.flatten_all().and_then(|g| g.to_vec1()).expect("values");
-            assert!(values.iter().all(|v| v.is_finite()), "{label}: {param_name} has a non-finite gradient");
-            assert!(values.iter().any(|v| *v != 0.0), "{label}: {param_name} has an all-zero gradient");
+            let grad = grads
+                .get(var.as_tensor())
+                .unwrap_or_else(|| panic!("{label}: {param_name} has no gradient"));
+            let values: Vec<f32> = grad
+                .flatten_all()
+                .and_then(|g| g.to_vec1())
+                .expect("values");
+            assert!(
+                values.iter().all(|v| v.is_finite()),
+                "{label}: {param_name} has a non-finite gradient"
+            );
+            assert!(
+                values.iter().any(|v| *v != 0.0),
+                "{label}: {param_name} has an all-zero gradient"
+            );
         }
     }
 }
@@ -94,7 +131,8 @@ fn gradients_agree_with_finite_differences_in_f64() {
             .map(|(n, v)| {
                 let t = v.as_tensor().to_dtype(DType::F64).expect("f64");
                 let t = if n.ends_with("norm.weight") || n.ends_with(".bias") {
-                    (t + Tensor::randn(0f64, 0.1, v.dims(), &Device::Cpu).expect("noise")).expect("add")
+                    (t + Tensor::randn(0f64, 0.1, v.dims(), &Device::Cpu).expect("noise"))
+                        .expect("add")
                 } else {
                     (t * 10.0).expect("scale")
                 };
@@ -116,7 +154,11 @@ fn gradients_agree_with_finite_differences_in_f64() {
         let loss_fn = |_: &[Var]| next_token_loss(&model, &ids);
         let points = check_gradients(&vars, &loss_fn, &coords, 1e-5).expect("gradcheck");
         for p in points {
-            assert!(p.relative_error(1e-6) < 1e-2, "{label}: {} {p:?}", params[p.var_index].0);
+            assert!(
+                p.relative_error(1e-6) < 1e-2,
+                "{label}: {} {p:?}",
+                params[p.var_index].0
+            );
         }
     }
 }

@@ -14,7 +14,12 @@ fn models() -> Vec<(&'static str, Transformer)> {
     stoke_ops::numerics::init_compute_threads();
     [("llama", TINY_LLAMA), ("qwen3 tied yarn", TINY_QWEN3_TIED)]
         .into_iter()
-        .map(|(label, json)| (label, Transformer::init(tiny_config(json), &Device::Cpu, 3).expect("init")))
+        .map(|(label, json)| {
+            (
+                label,
+                Transformer::init(tiny_config(json), &Device::Cpu, 3).expect("init"),
+            )
+        })
         .collect()
 }
 
@@ -29,7 +34,9 @@ fn positions_for(key_valid: &[Vec<bool>]) -> Vec<Vec<u32>> {
         .iter()
         .map(|row| {
             let pad = row.iter().take_while(|v| !**v).count();
-            (0..row.len()).map(|t| t.saturating_sub(pad) as u32).collect()
+            (0..row.len())
+                .map(|t| t.saturating_sub(pad) as u32)
+                .collect()
         })
         .collect()
 }
@@ -37,30 +44,46 @@ fn positions_for(key_valid: &[Vec<bool>]) -> Vec<Vec<u32>> {
 #[test]
 fn prefill_then_decode_equals_full_forward_with_left_padding() {
     let pad = 2;
-    let ids = vec![vec![0, 0, 7, 3, 12, 44, 5, 9, 30], vec![4, 8, 15, 16, 23, 42, 1, 11, 19]];
+    let ids = vec![
+        vec![0, 0, 7, 3, 12, 44, 5, 9, 30],
+        vec![4, 8, 15, 16, 23, 42, 1, 11, 19],
+    ];
     let key_valid: Vec<Vec<bool>> = vec![(0..9).map(|t| t >= pad).collect(), vec![true; 9]];
     let positions = positions_for(&key_valid);
     let prefill = 5;
     for (label, model) in models() {
         let full_bias = causal_bias(&key_valid, 9, &Device::Cpu).expect("bias");
-        let full = model.forward(&tensor_u32(&ids), &tensor_u32(&positions), &full_bias, None).expect("full");
+        let full = model
+            .forward(&tensor_u32(&ids), &tensor_u32(&positions), &full_bias, None)
+            .expect("full");
 
         let mut cache = KvCache::new(model.config().num_hidden_layers);
         let slice = |rows: &[Vec<u32>], from: usize, to: usize| -> Vec<Vec<u32>> {
             rows.iter().map(|r| r[from..to].to_vec()).collect()
         };
-        let valid_prefix: Vec<Vec<bool>> = key_valid.iter().map(|r| r[..prefill].to_vec()).collect();
+        let valid_prefix: Vec<Vec<bool>> =
+            key_valid.iter().map(|r| r[..prefill].to_vec()).collect();
         let bias = causal_bias(&valid_prefix, prefill, &Device::Cpu).expect("bias");
         let mut pieces = vec![
             model
-                .forward(&tensor_u32(&slice(&ids, 0, prefill)), &tensor_u32(&slice(&positions, 0, prefill)), &bias, Some(&mut cache))
+                .forward(
+                    &tensor_u32(&slice(&ids, 0, prefill)),
+                    &tensor_u32(&slice(&positions, 0, prefill)),
+                    &bias,
+                    Some(&mut cache),
+                )
                 .expect("prefill"),
         ];
         for t in prefill..9 {
             let valid: Vec<Vec<bool>> = key_valid.iter().map(|r| r[..=t].to_vec()).collect();
             let bias = causal_bias(&valid, 1, &Device::Cpu).expect("bias");
             let step = model
-                .forward(&tensor_u32(&slice(&ids, t, t + 1)), &tensor_u32(&slice(&positions, t, t + 1)), &bias, Some(&mut cache))
+                .forward(
+                    &tensor_u32(&slice(&ids, t, t + 1)),
+                    &tensor_u32(&slice(&positions, t, t + 1)),
+                    &bias,
+                    Some(&mut cache),
+                )
                 .expect("decode");
             pieces.push(step);
         }
@@ -69,8 +92,14 @@ fn prefill_then_decode_equals_full_forward_with_left_padding() {
         // Compare the real (non-padding) positions.
         for (b, row) in key_valid.iter().enumerate() {
             let start = row.iter().take_while(|v| !**v).count();
-            let got = incremental.get(b).and_then(|r| r.narrow(0, start, 9 - start)).expect("row");
-            let want = full.get(b).and_then(|r| r.narrow(0, start, 9 - start)).expect("row");
+            let got = incremental
+                .get(b)
+                .and_then(|r| r.narrow(0, start, 9 - start))
+                .expect("row");
+            let want = full
+                .get(b)
+                .and_then(|r| r.narrow(0, start, 9 - start))
+                .expect("row");
             let diff = max_abs_diff(&got, &want);
             assert!(diff < CACHE_TOLERANCE, "{label}: row {b}: diff {diff}");
         }
@@ -84,14 +113,26 @@ fn select_batch_replicates_one_prefill_for_several_continuations() {
     for (label, model) in models() {
         let mut cache = KvCache::new(model.config().num_hidden_layers);
         let bias = causal_bias(&[vec![true; 5]], 5, &Device::Cpu).expect("bias");
-        model.forward(&tensor_u32(&prompt), &tensor_u32(&[vec![0, 1, 2, 3, 4]]), &bias, Some(&mut cache)).expect("prefill");
+        model
+            .forward(
+                &tensor_u32(&prompt),
+                &tensor_u32(&[vec![0, 1, 2, 3, 4]]),
+                &bias,
+                Some(&mut cache),
+            )
+            .expect("prefill");
         let mut replicated = cache.select_batch(&[0, 0, 0]).expect("select");
         assert_eq!(replicated.batch_size(), Some(3));
         assert_eq!(replicated.len(), 5);
         let step_ids: Vec<Vec<u32>> = continuations.iter().map(|&c| vec![c]).collect();
         let bias = causal_bias(&vec![vec![true; 6]; 3], 1, &Device::Cpu).expect("bias");
         let step = model
-            .forward(&tensor_u32(&step_ids), &tensor_u32(&[vec![5], vec![5], vec![5]]), &bias, Some(&mut replicated))
+            .forward(
+                &tensor_u32(&step_ids),
+                &tensor_u32(&[vec![5], vec![5], vec![5]]),
+                &bias,
+                Some(&mut replicated),
+            )
             .expect("step");
         for (row, &c) in continuations.iter().enumerate() {
             let mut full_ids = prompt[0].clone();
@@ -100,9 +141,15 @@ fn select_batch_replicates_one_prefill_for_several_continuations() {
             let want = full.get(0).and_then(|r| r.get(5)).expect("last");
             let got = step.get(row).and_then(|r| r.get(0)).expect("row");
             let diff = max_abs_diff(&got, &want);
-            assert!(diff < CACHE_TOLERANCE, "{label}: continuation {row}: diff {diff}");
+            assert!(
+                diff < CACHE_TOLERANCE,
+                "{label}: continuation {row}: diff {diff}"
+            );
         }
-        assert!(cache.select_batch(&[1]).is_err(), "out-of-range row must be rejected");
+        assert!(
+            cache.select_batch(&[1]).is_err(),
+            "out-of-range row must be rejected"
+        );
     }
 }
 
@@ -115,11 +162,21 @@ fn packed_documents_equal_separate_forward_passes() {
     let doc_ids = vec![vec![0, 0, 0, 0, 1, 1, 1]];
     for (label, model) in models() {
         let bias = document_causal_bias(&doc_ids, &Device::Cpu).expect("bias");
-        let logits = model.forward(&tensor_u32(&[packed.clone()]), &tensor_u32(&[positions.clone()]), &bias, None).expect("packed");
-        let a = forward_full(&model, &tensor_u32(&[doc_a.clone()]));
-        let b = forward_full(&model, &tensor_u32(&[doc_b.clone()]));
+        let logits = model
+            .forward(
+                &tensor_u32(std::slice::from_ref(&packed)),
+                &tensor_u32(std::slice::from_ref(&positions)),
+                &bias,
+                None,
+            )
+            .expect("packed");
+        let a = forward_full(&model, &tensor_u32(std::slice::from_ref(&doc_a)));
+        let b = forward_full(&model, &tensor_u32(std::slice::from_ref(&doc_b)));
         let diff_a = max_abs_diff(&logits.narrow(1, 0, 4).expect("a"), &a);
         let diff_b = max_abs_diff(&logits.narrow(1, 4, 3).expect("b"), &b);
-        assert!(diff_a < CACHE_TOLERANCE && diff_b < CACHE_TOLERANCE, "{label}: {diff_a} {diff_b}");
+        assert!(
+            diff_a < CACHE_TOLERANCE && diff_b < CACHE_TOLERANCE,
+            "{label}: {diff_a} {diff_b}"
+        );
     }
 }

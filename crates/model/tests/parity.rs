@@ -14,7 +14,10 @@ const LOGIT_TOLERANCE: f32 = 1e-4;
 fn the_expected_fixture_set_exists() {
     let names: Vec<String> = fixture_dirs().iter().map(|d| name(d)).collect();
     for required in REQUIRED_FIXTURES {
-        assert!(names.iter().any(|n| n == required), "missing fixture {required}; found {names:?}");
+        assert!(
+            names.iter().any(|n| n == required),
+            "missing fixture {required}; found {names:?}"
+        );
     }
 }
 
@@ -26,7 +29,11 @@ fn single_sequence_logits_match_transformers_on_every_fixture() {
         for which in ["a", "b"] {
             let logits = forward_full(&model, &reference[&format!("input_ids_{which}")]);
             let diff = max_abs_diff(&logits, &reference[&format!("logits_{which}")]);
-            assert!(diff < LOGIT_TOLERANCE, "{}: logits_{which} max abs diff {diff}", name(&dir));
+            assert!(
+                diff < LOGIT_TOLERANCE,
+                "{}: logits_{which} max abs diff {diff}",
+                name(&dir)
+            );
         }
     }
 }
@@ -39,17 +46,25 @@ fn right_padded_batch_logits_match_on_valid_positions() {
         let ids = &reference["batch_input_ids"];
         let mask: Vec<Vec<i64>> = reference["batch_attention_mask"].to_vec2().expect("mask");
         let (batch, len) = ids.dims2().expect("rank 2");
-        let key_valid: Vec<Vec<bool>> = mask.iter().map(|row| row.iter().map(|&m| m == 1).collect()).collect();
+        let key_valid: Vec<Vec<bool>> = mask
+            .iter()
+            .map(|row| row.iter().map(|&m| m == 1).collect())
+            .collect();
         let bias = causal_bias(&key_valid, len, &Device::Cpu).expect("bias");
-        let logits =
-            model.forward(&ids_u32(ids), &arange_positions(batch, len), &bias, None).expect("forward");
+        let logits = model
+            .forward(&ids_u32(ids), &arange_positions(batch, len), &bias, None)
+            .expect("forward");
         let expected = &reference["batch_logits"];
-        for b in 0..batch {
-            for t in (0..len).filter(|&t| key_valid[b][t]) {
+        for (b, valid) in key_valid.iter().enumerate() {
+            for t in (0..len).filter(|&t| valid[t]) {
                 let got = logits.get(b).and_then(|r| r.get(t)).expect("row");
                 let want = expected.get(b).and_then(|r| r.get(t)).expect("row");
                 let diff = max_abs_diff(&got, &want);
-                assert!(diff < LOGIT_TOLERANCE, "{}: batch row {b} position {t}: diff {diff}", name(&dir));
+                assert!(
+                    diff < LOGIT_TOLERANCE,
+                    "{}: batch row {b} position {t}: diff {diff}",
+                    name(&dir)
+                );
             }
         }
     }
@@ -71,7 +86,10 @@ fn greedy_generation_with_cache_from_left_padded_prompts_matches_transformers() 
         let model = load(&dir);
         let (batch, prompt_len) = prompt.dims2().expect("rank 2");
         let mask: Vec<Vec<i64>> = prompt_mask.to_vec2().expect("mask");
-        let mut key_valid: Vec<Vec<bool>> = mask.iter().map(|r| r.iter().map(|&m| m == 1).collect()).collect();
+        let mut key_valid: Vec<Vec<bool>> = mask
+            .iter()
+            .map(|r| r.iter().map(|&m| m == 1).collect())
+            .collect();
         // Positions count real tokens only: 0 at each row's first real token.
         let positions: Vec<u32> = key_valid
             .iter()
@@ -80,29 +98,50 @@ fn greedy_generation_with_cache_from_left_padded_prompts_matches_transformers() 
                 (0..row.len()).map(move |t| t.saturating_sub(pad) as u32)
             })
             .collect();
-        let mut next_position: Vec<u32> = key_valid.iter().map(|r| r.iter().filter(|v| **v).count() as u32).collect();
-        let positions = Tensor::from_vec(positions, (batch, prompt_len), &Device::Cpu).expect("positions");
+        let mut next_position: Vec<u32> = key_valid
+            .iter()
+            .map(|r| r.iter().filter(|v| **v).count() as u32)
+            .collect();
+        let positions =
+            Tensor::from_vec(positions, (batch, prompt_len), &Device::Cpu).expect("positions");
         let mut cache = KvCache::new(model.config().num_hidden_layers);
         let bias = causal_bias(&key_valid, prompt_len, &Device::Cpu).expect("bias");
-        let mut logits = model.forward(&ids_u32(prompt), &positions, &bias, Some(&mut cache)).expect("prefill");
+        let mut logits = model
+            .forward(&ids_u32(prompt), &positions, &bias, Some(&mut cache))
+            .expect("prefill");
         let total = expected.dim(1).expect("dims");
         let mut generated: Vec<Vec<u32>> = vec![Vec::new(); batch];
         for _ in prompt_len..total {
-            let last = logits.narrow(1, logits.dim(1).expect("len") - 1, 1).expect("last");
-            let next: Vec<u32> = last.argmax(D::Minus1).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1()).expect("argmax");
+            let last = logits
+                .narrow(1, logits.dim(1).expect("len") - 1, 1)
+                .expect("last");
+            let next: Vec<u32> = last
+                .argmax(D::Minus1)
+                .and_then(|t| t.flatten_all())
+                .and_then(|t| t.to_vec1())
+                .expect("argmax");
             for (b, &token) in next.iter().enumerate() {
                 generated[b].push(token);
                 key_valid[b].push(true);
             }
             let ids = Tensor::from_vec(next, (batch, 1), &Device::Cpu).expect("ids");
-            let pos = Tensor::from_vec(next_position.clone(), (batch, 1), &Device::Cpu).expect("pos");
+            let pos =
+                Tensor::from_vec(next_position.clone(), (batch, 1), &Device::Cpu).expect("pos");
             next_position.iter_mut().for_each(|p| *p += 1);
             let bias = causal_bias(&key_valid, 1, &Device::Cpu).expect("bias");
-            logits = model.forward(&ids, &pos, &bias, Some(&mut cache)).expect("decode");
+            logits = model
+                .forward(&ids, &pos, &bias, Some(&mut cache))
+                .expect("decode");
         }
-        let expected: Vec<Vec<i64>> = expected.to_dtype(DType::I64).and_then(|t| t.to_vec2()).expect("ids");
+        let expected: Vec<Vec<i64>> = expected
+            .to_dtype(DType::I64)
+            .and_then(|t| t.to_vec2())
+            .expect("ids");
         for b in 0..batch {
-            let want: Vec<u32> = expected[b][prompt_len..].iter().map(|&t| t as u32).collect();
+            let want: Vec<u32> = expected[b][prompt_len..]
+                .iter()
+                .map(|&t| t as u32)
+                .collect();
             assert_eq!(generated[b], want, "{}: row {b}", name(&dir));
         }
     }
@@ -111,10 +150,17 @@ fn greedy_generation_with_cache_from_left_padded_prompts_matches_transformers() 
 #[test]
 fn v4_and_v5_config_styles_describe_the_same_model() {
     let root = fixtures_root();
-    let v5 = stoke_model::ModelConfig::from_file(&root.join("llama_gqa_rope_llama3/config.json")).expect("5.x");
-    let v4 = stoke_model::ModelConfig::from_file(&root.join("llama_gqa_rope_llama3_v4config/config.json")).expect("4.x");
+    let v5 = stoke_model::ModelConfig::from_file(&root.join("llama_gqa_rope_llama3/config.json"))
+        .expect("5.x");
+    let v4 = stoke_model::ModelConfig::from_file(
+        &root.join("llama_gqa_rope_llama3_v4config/config.json"),
+    )
+    .expect("4.x");
     assert_eq!(v4.rope, v5.rope);
-    assert!(matches!(v5.rope.scaling, stoke_model::RopeScaling::Llama3 { .. }));
+    assert!(matches!(
+        v5.rope.scaling,
+        stoke_model::RopeScaling::Llama3 { .. }
+    ));
     let strip = |mut c: stoke_model::ModelConfig| {
         c.source_fields.clear();
         c

@@ -39,7 +39,7 @@ mod tests {
     #[test]
     fn cross_entropy_matches_reference_and_ignores_masked_rows() -> Result<()> {
         let dev = Device::Cpu;
-        let logits = vec![
+        let logits = [
             vec![1.0f64, 2.0, 0.5],
             vec![-1.0, 0.0, 3.0],
             vec![9.0, 9.0, 9.0],

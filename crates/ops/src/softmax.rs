@@ -66,7 +66,7 @@ mod tests {
         let probe = Tensor::randn(0f64, 1.0, (3, 6), &dev)?;
         let coords: Vec<(usize, usize)> = (0..18).step_by(4).map(|i| (0, i)).collect();
         let sm_loss = |v: &[Var]| softmax(v[0].as_tensor(), D::Minus1)?.mul(&probe)?.sum_all();
-        for p in check_gradients(&[x.clone()], &sm_loss, &coords, 1e-6)? {
+        for p in check_gradients(std::slice::from_ref(&x), &sm_loss, &coords, 1e-6)? {
             assert!(p.relative_error(1e-6) < 1e-5, "softmax {p:?}");
         }
         let lsm_loss = |v: &[Var]| {

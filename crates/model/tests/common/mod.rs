@@ -35,7 +35,9 @@ pub fn fixture_dirs() -> Vec<PathBuf> {
 }
 
 pub fn name(dir: &Path) -> String {
-    dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    dir.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 pub fn reference_tensors(dir: &Path) -> HashMap<String, Tensor> {
@@ -68,12 +70,18 @@ pub fn arange_positions(batch: usize, len: usize) -> Tensor {
 pub fn forward_full(model: &Transformer, ids: &Tensor) -> Tensor {
     let (batch, len) = ids.dims2().expect("ids rank 2");
     let bias = causal_bias(&vec![vec![true; len]; batch], len, &Device::Cpu).expect("bias");
-    model.forward(&ids_u32(ids), &arange_positions(batch, len), &bias, None).expect("forward")
+    model
+        .forward(&ids_u32(ids), &arange_positions(batch, len), &bias, None)
+        .expect("forward")
 }
 
 pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
     assert_eq!(a.dims(), b.dims(), "shape mismatch");
-    (a - b).and_then(|d| d.abs()).and_then(|d| d.flatten_all()).and_then(|d| d.max(0)).and_then(|d| d.to_scalar())
+    (a - b)
+        .and_then(|d| d.abs())
+        .and_then(|d| d.flatten_all())
+        .and_then(|d| d.max(0))
+        .and_then(|d| d.to_scalar())
         .expect("diff")
 }
 
