@@ -21,7 +21,7 @@ fn probe_json_lists_every_layer_with_a_level() {
     let level = report["level"].as_str().unwrap();
     assert!(["basic", "confined", "full"].contains(&level), "{level}");
     let layers = report["layers"].as_array().unwrap();
-    assert_eq!(layers.len(), 13);
+    assert_eq!(layers.len(), stoke_sandbox::Layer::ALL.len());
     let fresh = layers
         .iter()
         .find(|entry| entry["layer"] == "fresh_work_dir")
@@ -39,7 +39,7 @@ fn probe_table_has_a_header_and_a_line_per_layer() {
         table.lines().any(|line| line.starts_with("seccomp ")),
         "{table}"
     );
-    assert_eq!(table.lines().count(), 2 + 13);
+    assert_eq!(table.lines().count(), 2 + stoke_sandbox::Layer::ALL.len());
 }
 
 #[test]

@@ -33,6 +33,9 @@ pub struct SandboxConfig {
     /// Processes (threads included) under the run's uid (`RLIMIT_NPROC`). Enforced only when the
     /// program runs as a non-root uid (see `Layer::SeparateUser`).
     pub max_processes: u64,
+    /// Bytes the work dir may hold (size of its private tmpfs, when `Layer::WorkDirTmpfs` is
+    /// applied; otherwise only `max_file_bytes` per file bounds the disk use).
+    pub max_disk_bytes: u64,
     /// Bytes kept of stdout and of stderr, each; more output stops the run with
     /// [`crate::ExitStatusKind::OutputLimit`].
     pub max_output_bytes: usize,
@@ -60,6 +63,7 @@ impl Default for SandboxConfig {
             max_file_bytes: 16 << 20,
             max_open_files: 64,
             max_processes: 32,
+            max_disk_bytes: 64 << 20,
             max_output_bytes: 1 << 20,
             min_isolation: IsolationLevel::Confined,
             workers: std::thread::available_parallelism()
@@ -82,6 +86,7 @@ impl SandboxConfig {
             ("max_file_bytes", self.max_file_bytes),
             ("max_open_files", self.max_open_files),
             ("max_processes", self.max_processes),
+            ("max_disk_bytes", self.max_disk_bytes),
             ("max_output_bytes", self.max_output_bytes as u64),
             ("workers", self.workers as u64),
         ];
@@ -120,6 +125,7 @@ pub struct SandboxConfigFile {
     pub max_file_mib: Option<u64>,
     pub max_open_files: Option<u64>,
     pub max_processes: Option<u64>,
+    pub max_disk_mib: Option<u64>,
     pub max_output_kib: Option<usize>,
     pub min_isolation: Option<IsolationLevel>,
     pub workers: Option<usize>,
@@ -156,6 +162,7 @@ impl SandboxConfigFile {
             max_file_bytes: mib(self.max_file_mib, defaults.max_file_bytes, "max_file_mib")?,
             max_open_files: self.max_open_files.unwrap_or(defaults.max_open_files),
             max_processes: self.max_processes.unwrap_or(defaults.max_processes),
+            max_disk_bytes: mib(self.max_disk_mib, defaults.max_disk_bytes, "max_disk_mib")?,
             max_output_bytes: match self.max_output_kib {
                 None => defaults.max_output_bytes,
                 Some(kib) => kib.checked_mul(1024).ok_or_else(|| {

@@ -70,3 +70,8 @@ pub(crate) fn build_ruleset(
     let fd: Option<OwnedFd> = created.into();
     fd.ok_or_else(|| "landlock: the kernel does not support it".to_string())
 }
+
+/// The Landlock rights a work dir gets (everything this ABI knows), as the kernel's bit mask.
+pub(crate) fn work_dir_access_bits(abi_version: i32) -> u64 {
+    AccessFs::from_all(ABI::from(abi_version)).bits()
+}

@@ -35,6 +35,9 @@ pub enum Layer {
     NetworkNamespace,
     /// A private mount namespace with a fresh `/proc` that shows only the jail's processes.
     MountNamespace,
+    /// The work dir is a private, size-limited tmpfs (`max_disk_bytes`): a program cannot fill
+    /// the caller's disk, and what it writes vanishes with the run.
+    WorkDirTmpfs,
     /// An IPC namespace: no System V IPC or POSIX message queues shared with the host.
     IpcNamespace,
     /// `PR_SET_NO_NEW_PRIVS`: set-uid binaries cannot raise privileges.
@@ -49,7 +52,7 @@ pub enum Layer {
 
 impl Layer {
     /// Every layer, in report order.
-    pub const ALL: [Layer; 13] = [
+    pub const ALL: [Layer; 14] = [
         Layer::FreshWorkDir,
         Layer::ProcessGroup,
         Layer::ParentDeathSignal,
@@ -59,6 +62,7 @@ impl Layer {
         Layer::PidNamespace,
         Layer::NetworkNamespace,
         Layer::MountNamespace,
+        Layer::WorkDirTmpfs,
         Layer::IpcNamespace,
         Layer::NoNewPrivileges,
         Layer::Landlock,
@@ -77,6 +81,7 @@ impl Layer {
             Layer::PidNamespace => "pid_namespace",
             Layer::NetworkNamespace => "network_namespace",
             Layer::MountNamespace => "mount_namespace",
+            Layer::WorkDirTmpfs => "work_dir_tmpfs",
             Layer::IpcNamespace => "ipc_namespace",
             Layer::NoNewPrivileges => "no_new_privileges",
             Layer::Landlock => "landlock",
@@ -101,7 +106,8 @@ pub enum IsolationLevel {
     #[default]
     Confined,
     /// Confined plus a PID namespace (nothing survives the run), a network namespace, a private
-    /// mount namespace, and a uid not the caller's (root) or a user namespace (non-root).
+    /// mount namespace with a size-limited tmpfs work dir, and a uid not the caller's (root) or a
+    /// user namespace (non-root).
     Full,
 }
 
@@ -180,6 +186,7 @@ impl IsolationReport {
             Layer::PidNamespace,
             Layer::NetworkNamespace,
             Layer::MountNamespace,
+            Layer::WorkDirTmpfs,
         ];
         let own_user = if self.caller_is_root {
             Layer::SeparateUser

@@ -40,15 +40,18 @@
 //! Not here: choosing layers (probe/sandbox), reading output, timeouts (sandbox.rs).
 #![allow(unsafe_code)]
 
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::seccomp::SeccompFilters;
+use crate::work_dir::LayoutEntry;
 
 /// Which uid the program runs under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +88,19 @@ pub(crate) struct JailSpec {
     pub(crate) landlock_abi: Option<i32>,
     pub(crate) seccomp: Option<Arc<SeccompFilters>>,
     pub(crate) allow_network: bool,
+    /// Size in bytes of the private tmpfs mounted over the work dir (needs the mount namespace).
+    pub(crate) work_dir_tmpfs_bytes: Option<u64>,
+}
+
+/// A private tmpfs over the work dir, filled by the namespace init before the program starts.
+#[derive(Debug)]
+struct TmpfsWorkDir {
+    path: CString,
+    options: CString,
+    /// Relative paths, parents first; `None` contents make a directory.
+    entries: Vec<(CString, Option<Vec<u8>>)>,
+    /// Landlock rights for the tmpfs root (a new inode, unknown to the parent's ruleset).
+    landlock_access: u64,
 }
 
 #[cfg(target_env = "gnu")]
@@ -113,10 +129,13 @@ pub(crate) struct PreparedJail {
     landlock_ruleset: Option<OwnedFd>,
     seccomp: Option<Arc<SeccompFilters>>,
     status_writer: OwnedFd,
+    tmpfs: Option<TmpfsWorkDir>,
 }
 
 /// Marks a valid [`SupervisorRecord`].
 const RECORD_MAGIC: u32 = 0x5354_4b31;
+/// Inodes of the work dir's tmpfs (files plus directories the program may create).
+const TMPFS_INODES: u64 = 16_384;
 /// Size of an encoded [`SupervisorRecord`].
 const RECORD_BYTES: usize = 32;
 /// Marks the namespace init's report of the program's own wait status.
@@ -174,7 +193,36 @@ impl PreparedJail {
         spec: &JailSpec,
         run_user: Option<(u32, u32)>,
         landlock_ruleset: Option<OwnedFd>,
+        work_dir: &Path,
+        layout: Vec<LayoutEntry>,
     ) -> io::Result<(PreparedJail, OwnedFd)> {
+        let c_string = |bytes: Vec<u8>| {
+            CString::new(bytes).map_err(|_| io::Error::other("a path holds a NUL byte"))
+        };
+        let tmpfs = match spec.work_dir_tmpfs_bytes {
+            None => None,
+            Some(bytes) => {
+                let mut entries = Vec::with_capacity(layout.len());
+                for entry in layout {
+                    entries.push((
+                        c_string(entry.path.into_os_string().into_vec())?,
+                        entry.contents,
+                    ));
+                }
+                let landlock_access = spec
+                    .landlock_abi
+                    .map(crate::filesystem_rules::work_dir_access_bits)
+                    .unwrap_or(0);
+                Some(TmpfsWorkDir {
+                    path: c_string(work_dir.as_os_str().as_bytes().to_vec())?,
+                    options: c_string(
+                        format!("size={bytes},nr_inodes={TMPFS_INODES},mode=0700").into_bytes(),
+                    )?,
+                    entries,
+                    landlock_access,
+                })
+            }
+        };
         let mut unshare_flags = 0;
         let mut id_maps = None;
         if spec.user == UserMode::UserNamespace {
@@ -242,6 +290,7 @@ impl PreparedJail {
             landlock_ruleset,
             seccomp: spec.seccomp.clone(),
             status_writer: status_writer.into(),
+            tmpfs,
         };
         Ok((jail, status_reader))
     }
@@ -382,11 +431,6 @@ fn enter_jail(jail: &PreparedJail) -> io::Result<()> {
             write_proc_file(c"/proc/self/uid_map", &maps.uid_map)?;
             write_proc_file(c"/proc/self/gid_map", &maps.gid_map)?;
         }
-        // After unshare: in a user namespace, RLIMIT_NPROC set earlier would also cap the
-        // namespace as a whole at the caller's current process count.
-        for (resource, limit) in &jail.rlimits {
-            check(libc::setrlimit(*resource, limit).into())?;
-        }
 
         // Split into supervisor and program. Block the signals the supervisor waits for first,
         // so that none is lost between clone and sigwaitinfo.
@@ -434,6 +478,9 @@ fn enter_jail(jail: &PreparedJail) -> io::Result<()> {
                     .into(),
                 )?;
             }
+            if let Some(tmpfs) = &jail.tmpfs {
+                fill_tmpfs_work_dir(tmpfs, jail)?;
+            }
         }
         if jail.pid_namespace {
             // This process is PID 1 of the new namespace. PID 1 ignores every signal it has no
@@ -448,6 +495,12 @@ fn enter_jail(jail: &PreparedJail) -> io::Result<()> {
             }
             check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0).into())?;
             check(libc::setsid().into())?;
+        }
+        // Limits apply to the program only (init must be able to write the work dir), and come
+        // after unshare: in a user namespace, RLIMIT_NPROC set before it would also cap the
+        // namespace as a whole at the caller's current process count.
+        for (resource, limit) in &jail.rlimits {
+            check(libc::setrlimit(*resource, limit).into())?;
         }
         if let Some((uid, gid)) = jail.switch_to {
             check(libc::setgroups(0, std::ptr::null()).into())?;
@@ -468,6 +521,94 @@ fn enter_jail(jail: &PreparedJail) -> io::Result<()> {
             for program in &filters.programs {
                 // seccompiler::apply_filter builds the sock_fprog on the stack: no allocation.
                 seccompiler::apply_filter(program).map_err(|_| io::Error::last_os_error())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Mounts a private tmpfs over the work dir, enters it, writes the program's files into it,
+/// hands them to the run's uid and lets Landlock allow the new directory. Async-signal-safe.
+fn fill_tmpfs_work_dir(tmpfs: &TmpfsWorkDir, jail: &PreparedJail) -> io::Result<()> {
+    /// `struct landlock_path_beneath_attr` of the kernel ABI (packed).
+    #[repr(C, packed)]
+    struct PathBeneathAttr {
+        allowed_access: u64,
+        parent_fd: i32,
+    }
+    const LANDLOCK_RULE_PATH_BENEATH: libc::c_int = 1;
+    // SAFETY: system calls on NUL-terminated strings and byte buffers prepared before the fork,
+    // and on descriptors opened here and closed on every path.
+    unsafe {
+        check(
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                tmpfs.path.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                tmpfs.options.as_ptr().cast(),
+            )
+            .into(),
+        )?;
+        check(libc::chdir(tmpfs.path.as_ptr()).into())?;
+        let give = |path: *const libc::c_char| -> io::Result<()> {
+            if let Some((uid, gid)) = jail.switch_to {
+                check(libc::lchown(path, uid, gid).into())?;
+            }
+            Ok(())
+        };
+        give(c".".as_ptr())?;
+        for (path, contents) in &tmpfs.entries {
+            match contents {
+                None => check(libc::mkdir(path.as_ptr(), 0o755).into())?,
+                Some(bytes) => {
+                    let fd = libc::open(
+                        path.as_ptr(),
+                        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                        0o644,
+                    );
+                    if fd < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    let mut written = 0;
+                    while written < bytes.len() {
+                        let rest = &bytes[written..];
+                        let count = libc::write(fd, rest.as_ptr().cast(), rest.len());
+                        if count < 0 {
+                            let error = io::Error::last_os_error();
+                            if error.kind() == io::ErrorKind::Interrupted {
+                                continue;
+                            }
+                            libc::close(fd);
+                            return Err(error);
+                        }
+                        written += count as usize;
+                    }
+                    libc::close(fd);
+                }
+            }
+            give(path.as_ptr())?;
+        }
+        if let Some(ruleset) = &jail.landlock_ruleset {
+            let root = libc::open(c".".as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+            if root < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let attr = PathBeneathAttr {
+                allowed_access: tmpfs.landlock_access,
+                parent_fd: root,
+            };
+            let added = libc::syscall(
+                libc::SYS_landlock_add_rule,
+                ruleset.as_raw_fd(),
+                LANDLOCK_RULE_PATH_BENEATH,
+                &attr as *const PathBeneathAttr,
+                0u32,
+            );
+            let error = io::Error::last_os_error();
+            libc::close(root);
+            if added < 0 {
+                return Err(error);
             }
         }
     }

@@ -16,7 +16,7 @@ use crate::jail::{self, JailSpec, Limits, PreparedJail, UserMode};
 use crate::language::{Program, TRUSTED_BIN_DIRS};
 use crate::run_user::RunUser;
 use crate::seccomp::SeccompFilters;
-use crate::work_dir::WorkDir;
+use crate::work_dir::{WorkDir, layout};
 use crate::{SandboxConfig, filesystem_rules};
 
 /// What the probe found, with what a sandbox needs to apply it.
@@ -56,6 +56,7 @@ fn base_spec() -> JailSpec {
         landlock_abi: None,
         seccomp: None,
         allow_network: false,
+        work_dir_tmpfs_bytes: None,
     }
 }
 
@@ -72,7 +73,8 @@ pub(crate) fn try_spec(spec: &JailSpec) -> Result<(), String> {
     let config = SandboxConfig::default();
     let run_user = (spec.user == UserMode::SeparateUser).then(|| RunUser::acquire(config.uid_base));
     let owner = run_user.as_ref().map(|user| (user.uid(), user.uid()));
-    let work_dir = WorkDir::create(&config.work_root, &Program::bash(""), owner)?;
+    let layout = layout(&Program::bash("exit 0"))?;
+    let work_dir = WorkDir::create(&config.work_root, &layout, owner)?;
     let ruleset = match spec.landlock_abi {
         Some(abi) => Some(filesystem_rules::build_ruleset(
             abi,
@@ -82,7 +84,8 @@ pub(crate) fn try_spec(spec: &JailSpec) -> Result<(), String> {
         None => None,
     };
     let (prepared, status_reader) =
-        PreparedJail::new(spec, owner, ruleset).map_err(|error| error.to_string())?;
+        PreparedJail::new(spec, owner, ruleset, work_dir.path(), layout)
+            .map_err(|error| error.to_string())?;
     let mut command = Command::new(truth);
     command
         .env_clear()
@@ -197,6 +200,14 @@ fn run_probe() -> ProbeOutcome {
         },
         "private mounts, fresh /proc",
     );
+    let tmpfs = namespace(
+        &|spec| {
+            spec.mount_namespace = true;
+            spec.pid_namespace = true;
+            spec.work_dir_tmpfs_bytes = Some(1 << 20);
+        },
+        "size = max_disk_bytes",
+    );
     let ipc = namespace(&|spec| spec.ipc_namespace = true, "IPC and UTS");
     let pid_ok = pid.is_ok();
     note(Layer::PidNamespace, unless_base(pid));
@@ -208,6 +219,14 @@ fn run_probe() -> ProbeOutcome {
             mount
         } else {
             Err("needs a PID namespace".into())
+        }),
+    );
+    note(
+        Layer::WorkDirTmpfs,
+        unless_base(if pid_ok {
+            tmpfs
+        } else {
+            Err("needs a mount namespace".into())
         }),
     );
     note(Layer::IpcNamespace, unless_base(ipc));

@@ -31,7 +31,7 @@ use crate::probe::{ProbeOutcome, probe_outcome};
 use crate::result::{ExecResult, ExitStatusKind};
 use crate::run_user::RunUser;
 use crate::seccomp::SeccompFilters;
-use crate::work_dir::WorkDir;
+use crate::work_dir::{WorkDir, layout};
 
 /// How long the supervisor gets to kill the run after a stop request before it is killed itself.
 const STOP_GRACE: Duration = Duration::from_secs(2);
@@ -104,6 +104,7 @@ pub(crate) fn spec_for(
     let pid_namespace = namespaces && on(Layer::PidNamespace);
     let network_namespace = namespaces && on(Layer::NetworkNamespace) && !config.network;
     let mount_namespace = pid_namespace && on(Layer::MountNamespace);
+    let work_dir_tmpfs = mount_namespace && on(Layer::WorkDirTmpfs);
     let ipc_namespace = namespaces && on(Layer::IpcNamespace);
     let no_new_privs = on(Layer::NoNewPrivileges);
     let landlock_abi = if no_new_privs && on(Layer::Landlock) {
@@ -133,6 +134,7 @@ pub(crate) fn spec_for(
         landlock_abi,
         seccomp: seccomp.clone(),
         allow_network: config.network,
+        work_dir_tmpfs_bytes: work_dir_tmpfs.then_some(config.max_disk_bytes),
     };
     let used = |layer: Layer| match layer {
         Layer::FreshWorkDir
@@ -144,6 +146,7 @@ pub(crate) fn spec_for(
         Layer::PidNamespace => pid_namespace,
         Layer::NetworkNamespace => network_namespace,
         Layer::MountNamespace => mount_namespace,
+        Layer::WorkDirTmpfs => work_dir_tmpfs,
         Layer::IpcNamespace => ipc_namespace,
         Layer::NoNewPrivileges => no_new_privs,
         Layer::Landlock => landlock_abi.is_some(),
@@ -311,7 +314,11 @@ impl SandboxInner {
         let run_user = (self.spec.user == UserMode::SeparateUser)
             .then(|| RunUser::acquire(self.config.uid_base));
         let owner = run_user.as_ref().map(|user| (user.uid(), user.uid()));
-        let work_dir = match WorkDir::create(&self.config.work_root, &program, owner) {
+        let layout = match layout(&program) {
+            Ok(layout) => layout,
+            Err(message) => return error(message),
+        };
+        let work_dir = match WorkDir::create(&self.config.work_root, &layout, owner) {
             Ok(work_dir) => work_dir,
             Err(message) => return error(message),
         };
@@ -325,10 +332,11 @@ impl SandboxInner {
             }
             None => None,
         };
-        let (prepared, status_reader) = match PreparedJail::new(&self.spec, owner, ruleset) {
-            Ok(prepared) => prepared,
-            Err(io_error) => return error(format!("preparing the jail: {io_error}")),
-        };
+        let (prepared, status_reader) =
+            match PreparedJail::new(&self.spec, owner, ruleset, work_dir.path(), layout) {
+                Ok(prepared) => prepared,
+                Err(io_error) => return error(format!("preparing the jail: {io_error}")),
+            };
 
         let mut command = std::process::Command::new(&executable);
         command

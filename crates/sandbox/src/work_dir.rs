@@ -11,6 +11,52 @@ use std::path::{Path, PathBuf};
 
 use crate::language::{Program, validate_file_name};
 
+/// One entry of a work dir's initial contents: a directory (`contents: None`) or a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LayoutEntry {
+    /// Relative to the work dir; parents come before their children.
+    pub(crate) path: PathBuf,
+    pub(crate) contents: Option<Vec<u8>>,
+}
+
+/// The initial contents of `program`'s work dir, directories first along each path. Fails on
+/// an extra file name that is absolute, has `..`, or collides with the source file.
+pub(crate) fn layout(program: &Program) -> Result<Vec<LayoutEntry>, String> {
+    let mut files: Vec<(PathBuf, &[u8])> = vec![(
+        PathBuf::from(program.language.source_file()),
+        program.source.as_bytes(),
+    )];
+    for (name, contents) in &program.files {
+        files.push((validate_file_name(name, program.language)?, contents));
+    }
+    let mut entries: Vec<LayoutEntry> = Vec::new();
+    for (relative, contents) in files {
+        if let Some(parent) = relative.parent() {
+            let mut partial = PathBuf::new();
+            for component in parent.components() {
+                partial.push(component);
+                if !entries.iter().any(|entry| entry.path == partial) {
+                    entries.push(LayoutEntry {
+                        path: partial.clone(),
+                        contents: None,
+                    });
+                }
+            }
+        }
+        if entries.iter().any(|entry| entry.path == relative) {
+            return Err(format!(
+                "extra file {} is given twice or is also a directory",
+                relative.display()
+            ));
+        }
+        entries.push(LayoutEntry {
+            path: relative,
+            contents: Some(contents.to_vec()),
+        });
+    }
+    Ok(entries)
+}
+
 /// A run's directory; removed on drop.
 #[derive(Debug)]
 pub(crate) struct WorkDir {
@@ -21,7 +67,7 @@ impl WorkDir {
     /// Creates the directory and writes the program's files. `owner` is the run's uid/gid.
     pub(crate) fn create(
         work_root: &Path,
-        program: &Program,
+        layout: &[LayoutEntry],
         owner: Option<(u32, u32)>,
     ) -> Result<WorkDir, String> {
         let dir = tempfile::Builder::new()
@@ -41,29 +87,14 @@ impl WorkDir {
             .map_err(|error| format!("chmod {}: {error}", root.display()))?;
         give(&root)?;
 
-        let mut files: Vec<(PathBuf, &[u8])> = vec![(
-            PathBuf::from(program.language.source_file()),
-            program.source.as_bytes(),
-        )];
-        for (name, contents) in &program.files {
-            files.push((validate_file_name(name, program.language)?, contents));
-        }
-        for (relative, contents) in files {
-            let path = root.join(&relative);
-            // Create (and hand over) each missing parent directory.
-            let mut partial = root.clone();
-            if let Some(parent) = relative.parent() {
-                for component in parent.components() {
-                    partial.push(component);
-                    if !partial.exists() {
-                        fs::create_dir(&partial)
-                            .map_err(|error| format!("mkdir {}: {error}", partial.display()))?;
-                        give(&partial)?;
-                    }
-                }
+        for entry in layout {
+            let path = root.join(&entry.path);
+            match &entry.contents {
+                None => fs::create_dir(&path)
+                    .map_err(|error| format!("mkdir {}: {error}", path.display()))?,
+                Some(contents) => fs::write(&path, contents)
+                    .map_err(|error| format!("writing {}: {error}", path.display()))?,
             }
-            fs::write(&path, contents)
-                .map_err(|error| format!("writing {}: {error}", path.display()))?;
             give(&path)?;
         }
         Ok(work_dir)
@@ -114,7 +145,7 @@ mod tests {
             files: vec![("data/in.txt".to_string(), b"42".to_vec())],
             ..Program::python("print(1)")
         };
-        let work_dir = WorkDir::create(root.path(), &program, None).unwrap();
+        let work_dir = WorkDir::create(root.path(), &layout(&program).unwrap(), None).unwrap();
         let path = work_dir.path().to_path_buf();
         assert_eq!(fs::read(path.join("main.py")).unwrap(), b"print(1)");
         assert_eq!(fs::read(path.join("data/in.txt")).unwrap(), b"42");
@@ -125,7 +156,8 @@ mod tests {
     #[test]
     fn unreadable_directories_are_removed_too() {
         let root = tempfile::tempdir().unwrap();
-        let work_dir = WorkDir::create(root.path(), &Program::python(""), None).unwrap();
+        let work_dir =
+            WorkDir::create(root.path(), &layout(&Program::python("")).unwrap(), None).unwrap();
         let locked = work_dir.path().join("locked");
         fs::create_dir(&locked).unwrap();
         fs::write(locked.join("f"), b"x").unwrap();
@@ -142,6 +174,6 @@ mod tests {
             files: vec![("../x".to_string(), Vec::new())],
             ..Program::python("")
         };
-        assert!(WorkDir::create(root.path(), &program, None).is_err());
+        assert!(layout(&program).is_err());
     }
 }

@@ -409,3 +409,38 @@ fn process_limit_holds_even_for_a_root_caller() {
     // max_processes is 16 and the program itself counts.
     assert!(forks < 16, "{forks} forks succeeded");
 }
+
+#[test]
+fn filling_the_disk_stops_at_the_work_dir_quota() {
+    let sandbox = Sandbox::new(SandboxConfig {
+        wall_timeout: Duration::from_secs(5),
+        max_disk_bytes: 24 << 20,
+        max_file_bytes: 8 << 20,
+        ..SandboxConfig::default()
+    })
+    .unwrap();
+    if !sandbox
+        .isolation()
+        .applies(stoke_sandbox::Layer::WorkDirTmpfs)
+    {
+        // Without the tmpfs layer only the per-file limit applies; nothing to measure here.
+        return;
+    }
+    let source = "import errno, sys\n\
+        written = 0\n\
+        block = b'x' * (1 << 20)\n\
+        for index in range(1000):\n    try:\n        with open(f'fill{index}', 'wb') as out:\n            for _ in range(4):\n                out.write(block)\n                out.flush()\n                written += len(block)\n    except OSError as error:\n        print(written >> 20, errno.errorcode[error.errno])\n        sys.exit(0)\n\
+        print(written >> 20, 'no error')\n";
+    let result = sandbox.run_blocking(Program::python(source));
+    assert_eq!(
+        result.status,
+        ExitStatusKind::Exited(0),
+        "{}",
+        result.stderr_text()
+    );
+    let stdout = result.stdout_text();
+    let mut fields = stdout.split_whitespace();
+    let mebibytes: u64 = fields.next().unwrap().parse().unwrap();
+    assert!(mebibytes <= 24, "{stdout}");
+    assert_eq!(fields.next(), Some("ENOSPC"), "{stdout}");
+}
