@@ -169,11 +169,27 @@ mod tests {
 
     #[test]
     fn escaping_file_names_are_refused() {
-        let root = tempfile::tempdir().unwrap();
         let program = Program {
             files: vec![("../x".to_string(), Vec::new())],
             ..Program::python("")
         };
         assert!(layout(&program).is_err());
+    }
+
+    #[test]
+    fn layout_lists_parent_directories_once_and_first() {
+        let program = Program {
+            files: vec![
+                ("a/b/x".to_string(), b"1".to_vec()),
+                ("a/y".to_string(), b"2".to_vec()),
+            ],
+            ..Program::python("")
+        };
+        let paths: Vec<String> = layout(&program)
+            .unwrap()
+            .iter()
+            .map(|entry| entry.path.display().to_string())
+            .collect();
+        assert_eq!(paths, ["main.py", "a", "a/b", "a/b/x", "a/y"]);
     }
 }
