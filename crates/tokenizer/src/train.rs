@@ -23,10 +23,12 @@
 mod bpe;
 mod corpus;
 mod export;
+mod split;
 
 pub use bpe::{TrainProgress, WordCounts, train_bpe};
 pub use corpus::{BadRecord, CorpusReader, CorpusStats};
 pub use export::byte_to_char;
+pub use split::cl100k_pieces;
 
 use std::path::{Path, PathBuf};
 

@@ -28,7 +28,7 @@ use super::{TrainError, TrainedBpe, TrainerConfig};
 /// Unique pre-split pieces and how often each occurs.
 #[derive(Debug)]
 pub struct WordCounts {
-    regex: fancy_regex::Regex,
+    splitter: Splitter,
     pub counts: AHashMap<String, u64>,
     /// Texts whose splitting failed (the regex engine's backtrack limit); their rest is skipped.
     pub split_errors: u64,
@@ -36,10 +36,15 @@ pub struct WordCounts {
 
 impl WordCounts {
     pub fn new(pattern: &str) -> Result<Self, TrainError> {
-        let regex =
-            fancy_regex::Regex::new(pattern).map_err(|e| TrainError::Pattern(e.to_string()))?;
+        let splitter = if pattern == super::CL100K_PATTERN {
+            Splitter::Cl100k
+        } else {
+            Splitter::Regex(
+                fancy_regex::Regex::new(pattern).map_err(|e| TrainError::Pattern(e.to_string()))?,
+            )
+        };
         Ok(WordCounts {
-            regex,
+            splitter,
             counts: AHashMap::new(),
             split_errors: 0,
         })
@@ -47,18 +52,27 @@ impl WordCounts {
 
     /// Splits and counts a batch of texts in parallel (one rayon task per text).
     pub fn add_texts<S: AsRef<str> + Sync>(&mut self, texts: &[S]) {
-        let regex = &self.regex;
+        let splitter = &self.splitter;
         let (counts, errors) = texts
             .par_iter()
             .fold(
                 || (AHashMap::<String, u64>::new(), 0u64),
                 |(mut counts, mut errors), text| {
-                    for piece in regex.find_iter(text.as_ref()) {
-                        match piece {
-                            Ok(m) => bump(&mut counts, m.as_str(), 1),
-                            Err(_) => {
-                                errors += 1;
-                                break;
+                    match splitter {
+                        Splitter::Cl100k => {
+                            for piece in super::split::cl100k_pieces(text.as_ref()) {
+                                bump(&mut counts, piece, 1);
+                            }
+                        }
+                        Splitter::Regex(regex) => {
+                            for piece in regex.find_iter(text.as_ref()) {
+                                match piece {
+                                    Ok(m) => bump(&mut counts, m.as_str(), 1),
+                                    Err(_) => {
+                                        errors += 1;
+                                        break;
+                                    }
+                                }
                             }
                         }
                     }
@@ -80,6 +94,14 @@ impl WordCounts {
     pub fn total(&self) -> u64 {
         self.counts.values().sum()
     }
+}
+
+/// How texts are pre-split: the hand-written cl100k splitter, or any other pattern through
+/// `fancy-regex`.
+#[derive(Debug)]
+enum Splitter {
+    Cl100k,
+    Regex(fancy_regex::Regex),
 }
 
 fn bump(counts: &mut AHashMap<String, u64>, word: &str, n: u64) {
