@@ -207,7 +207,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
             let plan = FunnelFile::parse(&config)?.validate(&work)?;
             let cpu_before = cpu_seconds();
-            let report = funnel::run(plan, &|_| {})?;
+            let report = funnel::run(plan, None, &|_| {})?;
             let cpu_used = cpu_seconds()
                 .zip(cpu_before)
                 .map(|(after, before)| after - before);

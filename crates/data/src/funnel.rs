@@ -12,8 +12,9 @@
 //! (32+ repeats of a 1-13 token span), `pii` (redaction), `safety` (Aho-Corasick blocklists),
 //! `exact_dedup` (xxh3-128, persisted), `minhash_dedup` (LSH, 14x8), `line_dedup`.
 //!
-//! What it is not: a tokenizer or shard writer. The kept JSONL is the input of `stoke_data::shard`
-//! and `stoke tokenizer`; the funnel has no tensor dependency.
+//! What it is not: a tokenizer. With a `[tokenize]` table the run ends by writing the kept
+//! documents as token shards through a [`DocumentTokenizer`] the caller supplies (`stoke data
+//! run` loads a `tokenizer.json`); the funnel has no tensor or tokenizer dependency.
 //!
 //! Invariants: output order is reading order (parallel work is per chunk, order preserved), so a
 //! run is deterministic for a given config and input; bad input is counted with its location and
@@ -39,12 +40,14 @@ pub mod report;
 pub mod safety;
 pub mod stage;
 pub mod text;
+pub mod tokenize;
 pub mod warc;
 
 pub use config::{FunnelFile, FunnelPlan};
 pub use document::{ContentType, Document, DropReason, Metadata};
 pub use pipeline::{Progress, run};
 pub use report::FunnelReport;
+pub use tokenize::DocumentTokenizer;
 
 /// Why a funnel run could not start or finish.
 #[derive(Debug, thiserror::Error)]

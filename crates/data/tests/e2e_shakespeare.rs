@@ -17,7 +17,7 @@ fn run(toml_text: &str) -> FunnelReport {
         .unwrap()
         .validate(&fixtures())
         .unwrap();
-    funnel::run(plan, &|_| {}).unwrap()
+    funnel::run(plan, None, &|_| {}).unwrap()
 }
 
 fn kept_ids(path: &Path) -> Vec<String> {

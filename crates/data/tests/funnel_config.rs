@@ -16,6 +16,8 @@ fn example_config_parses_and_every_stage_validates() {
     let mixture = file.mixture.clone().unwrap().validate(&names).unwrap();
     assert!((mixture.sources.iter().map(|s| s.weight).sum::<f64>() - 1.0).abs() < 1e-12);
     let dir = path.parent().unwrap();
+    let tokenize = file.tokenize.clone().unwrap().validate(dir).unwrap();
+    assert_eq!(tokenize.end_of_text, "<|endoftext|>");
     let kinds: Vec<&str> = file
         .stages
         .into_iter()

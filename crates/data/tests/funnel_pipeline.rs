@@ -22,7 +22,7 @@ fn jsonl_line(id: &str, text: &str) -> String {
 
 fn run_config(dir: &Path, toml_text: &str) -> Result<FunnelReport, FunnelError> {
     let plan = FunnelFile::parse(toml_text)?.validate(dir)?;
-    funnel::run(plan, &|_| {})
+    funnel::run(plan, None, &|_| {})
 }
 
 fn read_output(path: &Path) -> Vec<serde_json::Value> {
@@ -372,4 +372,84 @@ kind = "gopher_quality"
     assert_eq!((report.input.documents, report.output.documents), (2, 1));
     let output = read_output(&dir.path().join("out/kept.jsonl"));
     assert_eq!(output[0]["id"], "p1");
+}
+
+/// Byte-level stand-in for a real tokenizer: ids 0-255 are bytes, 256 ends a document.
+struct ByteTokenizer;
+
+impl funnel::DocumentTokenizer for ByteTokenizer {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        Ok(text.bytes().map(u32::from).collect())
+    }
+    fn vocab_size(&self) -> u64 {
+        257
+    }
+    fn end_of_text(&self) -> u32 {
+        256
+    }
+}
+
+const TOKENIZE: &str = r#"
+[tokenize]
+tokenizer = "tok"
+end_of_text = "<eot>"
+output_dir = "out/shards"
+prefix = "web"
+max_tokens_per_shard = 2000
+"#;
+
+#[test]
+fn tokenize_step_writes_the_output_as_shards_in_output_order() {
+    let dir = tempfile::tempdir().unwrap();
+    write_input(dir.path());
+    let config = format!("{BASIC}{TOKENIZE}").replace("out/kept.jsonl", "out/kept.jsonl.zst");
+    let plan = FunnelFile::parse(&config)
+        .unwrap()
+        .validate(dir.path())
+        .unwrap();
+    let report = funnel::run(plan, Some(&ByteTokenizer), &|_| {}).unwrap();
+    let tokenized = report.tokenized.unwrap();
+    assert_eq!(tokenized.documents, 6);
+    assert!(
+        tokenized.shards.len() >= 2,
+        "{} shards",
+        tokenized.shards.len()
+    );
+    let compressed = std::fs::read(dir.path().join("out/kept.jsonl.zst")).unwrap();
+    let texts: Vec<String> = String::from_utf8(zstd::decode_all(&compressed[..]).unwrap())
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let mut read_back = Vec::new();
+    for reader in stoke_data::shard::open_dir(&dir.path().join("out/shards")).unwrap() {
+        for doc in 0..reader.num_docs() {
+            read_back.push(reader.document(doc).unwrap().to_vec());
+        }
+    }
+    let expected: Vec<Vec<u32>> = texts
+        .iter()
+        .map(|t| t.bytes().map(u32::from).chain([256]).collect())
+        .collect();
+    assert_eq!(read_back, expected);
+}
+
+#[test]
+fn tokenize_step_without_a_tokenizer_is_a_config_error() {
+    let dir = tempfile::tempdir().unwrap();
+    write_input(dir.path());
+    let plan = FunnelFile::parse(&format!("{BASIC}{TOKENIZE}"))
+        .unwrap()
+        .validate(dir.path())
+        .unwrap();
+    let err = funnel::run(plan, None, &|_| {}).unwrap_err();
+    assert!(
+        matches!(err, FunnelError::Config(ref m) if m.contains("tokenize")),
+        "{err}"
+    );
 }

@@ -13,6 +13,7 @@ use super::FunnelError;
 use super::input::{InputFormat, Source, SourceFile};
 use super::mixture::{Mixture, MixtureFile};
 use super::stage::{Stage, StageFile};
+use super::tokenize::{TokenizeFile, TokenizeOutput};
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -24,6 +25,9 @@ pub struct FunnelFile {
     pub stages: Vec<StageFile>,
     #[serde(default)]
     pub mixture: Option<MixtureFile>,
+    /// Optional last step: the output as token shards (see [`super::tokenize`]).
+    #[serde(default)]
+    pub tokenize: Option<TokenizeFile>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -61,6 +65,7 @@ pub struct FunnelPlan {
     pub sources: Vec<Source>,
     pub stages: Vec<Stage>,
     pub mixture: Option<Mixture>,
+    pub tokenize: Option<TokenizeOutput>,
     pub output: PathBuf,
     pub report_dir: PathBuf,
     pub removed_samples: usize,
@@ -122,10 +127,15 @@ impl FunnelFile {
             .mixture
             .map(|m| m.validate(&names).map_err(config))
             .transpose()?;
+        let tokenize = self
+            .tokenize
+            .map(|t| t.validate(base_dir).map_err(config))
+            .transpose()?;
         Ok(FunnelPlan {
             sources,
             stages,
             mixture,
+            tokenize,
             output: base_dir.join(self.run.output),
             report_dir: base_dir.join(self.run.report_dir),
             removed_samples: self.run.removed_samples,

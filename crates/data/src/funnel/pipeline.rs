@@ -8,7 +8,8 @@
 //!    c. repeat from (a) with the stages after it; write the survivors.
 //! 2. stages finish (dedup state persisted);
 //! 3. with a `[mixture]`, the per-source spools are blended into the output;
-//! 4. report.json, funnel.svg and removed samples are written.
+//! 4. with a `[tokenize]` table, the output becomes token shards;
+//! 5. report.json, funnel.svg and removed samples are written.
 //!
 //! What it is not: distributed. One process, all cores; dedup state lives in memory.
 
@@ -26,6 +27,7 @@ use super::report::{
     FunnelReport, JsonlWriter, MAX_LISTED_BAD_RECORDS, RemovedSamples, StageReport,
 };
 use super::stage::{Prepared, Stage};
+use super::tokenize::{DocumentTokenizer, tokenize_output};
 
 /// Counters handed to the progress callback after every chunk.
 #[derive(Clone, Debug, Default)]
@@ -176,11 +178,18 @@ fn spool_path(plan: &FunnelPlan, source: &str) -> PathBuf {
         .join(format!("{source}.jsonl"))
 }
 
-/// Runs the funnel; `on_progress` is called after every chunk.
+/// Runs the funnel; `on_progress` is called after every chunk. A plan with a `[tokenize]` step
+/// needs a `tokenizer`; without one that step is an error.
 pub fn run(
     mut plan: FunnelPlan,
+    tokenizer: Option<&dyn DocumentTokenizer>,
     on_progress: &dyn Fn(&Progress),
 ) -> Result<FunnelReport, FunnelError> {
+    if plan.tokenize.is_some() && tokenizer.is_none() {
+        return Err(FunnelError::Config(
+            "[tokenize] is set but no tokenizer was given to the run".into(),
+        ));
+    }
     let started = Instant::now();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(plan.threads)
@@ -304,6 +313,12 @@ pub fn run(
             .insert(source.name.clone(), written_per_source[i]);
     }
     report.output.path = plan.output.display().to_string();
+    if let (Some(settings), Some(tokenizer)) = (&plan.tokenize, tokenizer) {
+        let tokenized = pool
+            .install(|| tokenize_output(&plan.output, settings, tokenizer, plan.chunk_size))
+            .map_err(FunnelError::Output)?;
+        report.tokenized = Some(tokenized);
+    }
     report.input.documents = progress.documents_read;
     report.input.bytes = progress.bytes_read;
     report.input.bad_records = progress.bad_records;

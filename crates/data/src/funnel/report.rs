@@ -91,6 +91,8 @@ pub struct FunnelReport {
     pub near_duplicate_clusters: Option<u64>,
     /// Fingerprints loaded from an earlier run's exact-dedup state, if any.
     pub exact_fingerprints_loaded: Option<u64>,
+    /// Token shards written by the `[tokenize]` step, if configured.
+    pub tokenized: Option<super::tokenize::TokenizeReport>,
     pub threads: usize,
     pub wall_seconds: f64,
     pub documents_per_second: f64,
