@@ -54,6 +54,8 @@ pub fn abnormal_outcome(result: &ExecResult) -> Option<(Outcome, String)> {
         ExitStatusKind::CpuLimit => Some((Outcome::Timeout, "CPU-time limit".into())),
         ExitStatusKind::OutputLimit => Some((Outcome::SandboxError, "output limit".into())),
         ExitStatusKind::SandboxError(message) => Some((Outcome::SandboxError, message.clone())),
+        // SIGXCPU (24 on Linux): RLIMIT_CPU's soft limit, when reported as a signal.
+        ExitStatusKind::Signaled(24) => Some((Outcome::Timeout, "CPU-time limit (SIGXCPU)".into())),
         ExitStatusKind::Exited(_) | ExitStatusKind::Signaled(_) => None,
     }
 }

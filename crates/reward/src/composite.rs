@@ -251,3 +251,150 @@ impl Verifier for CompositeVerifier {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verifier::Reference;
+
+    fn composite(toml_like_json: &str) -> CompositeVerifier {
+        let config: CompositeConfig = serde_json::from_str(toml_like_json).unwrap();
+        CompositeVerifier::new(&config, None).unwrap()
+    }
+
+    const GATED: &str = r#"{"components": [
+        {"name": "accuracy", "correctness": true, "reward": {"kind": "math"}},
+        {"name": "length", "weight": 0.5, "gate": "when_correct",
+         "reward": {"kind": "cosine_length", "max_tokens": 100, "correct_at_zero": 1.0, "correct_at_max": 0.0}},
+        {"name": "format", "weight": 0.25, "reward": {"kind": "tag_structure", "tags": ["answer"]}}
+    ]}"#;
+
+    fn score(
+        verifier: &CompositeVerifier,
+        gold: &str,
+        completion: &str,
+        tokens: usize,
+    ) -> RewardOutcome {
+        let reference = Reference {
+            answer: Some(gold.into()),
+            ..Reference::default()
+        };
+        verifier.score(&RewardInput::new("", completion, &reference).with_tokens(tokens))
+    }
+
+    #[test]
+    fn gated_terms_count_only_when_the_correctness_component_says_so() {
+        let verifier = composite(GATED);
+        let right = score(&verifier, "4", "<answer>4</answer>", 0);
+        // 1 (accuracy) + 0.5 * 1.0 (length at 0 tokens) + 0.25 * 1 (tag present).
+        assert!((right.score - 1.75).abs() < 1e-12, "{right:?}");
+        assert_eq!(right.outcome, Outcome::Correct);
+        let wrong = score(&verifier, "4", "<answer>5</answer>", 0);
+        // Length gated off; format still counts.
+        assert!((wrong.score - 0.25).abs() < 1e-12, "{wrong:?}");
+        assert_eq!(wrong.outcome, Outcome::Wrong);
+        let length = &wrong.details.components[1];
+        assert_eq!((length.name.as_str(), length.applied), ("length", false));
+    }
+
+    #[test]
+    fn every_component_value_is_reported() {
+        let outcome = score(&composite(GATED), "4", "<answer>4</answer>", 50);
+        let names: Vec<&str> = outcome
+            .details
+            .components
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(names, ["accuracy", "length", "format"]);
+        assert!((outcome.details.components[1].score - 0.5).abs() < 1e-12);
+        assert_eq!(outcome.details.extracted.as_deref(), Some("4"));
+    }
+
+    #[test]
+    fn unparseable_gold_makes_the_whole_sample_unparseable_gold() {
+        let outcome = score(&composite(GATED), "\\frac{1}{", "<answer>4</answer>", 0);
+        assert_eq!(
+            (outcome.score, outcome.outcome),
+            (0.0, Outcome::UnparseableGold)
+        );
+        let keep = composite(&GATED.replacen(
+            "{\"components\"",
+            "{\"skip_on_unparseable_gold\": false, \"components\"",
+            1,
+        ));
+        let outcome = score(&keep, "\\frac{1}{", "<answer>4</answer>", 0);
+        assert_eq!(outcome.outcome, Outcome::UnparseableGold);
+        assert!(
+            (outcome.score - 0.25).abs() < 1e-12,
+            "format term still counts: {outcome:?}"
+        );
+    }
+
+    #[test]
+    fn missing_token_counts_mark_the_sample_as_a_dataset_problem() {
+        let verifier = composite(GATED);
+        let reference = Reference {
+            answer: Some("4".into()),
+            ..Reference::default()
+        };
+        let outcome = verifier.score(&RewardInput::new("", "<answer>4</answer>", &reference));
+        assert_eq!(outcome.outcome, Outcome::MissingField);
+    }
+
+    #[test]
+    fn group_components_see_correctness_from_the_correctness_component() {
+        let verifier = composite(
+            r#"{"components": [{"correctness": true, "reward": {"kind": "math"}},
+                {"reward": {"kind": "group_length"}}]}"#,
+        );
+        assert!(verifier.is_group_level());
+        let reference = Reference {
+            answer: Some("4".into()),
+            ..Reference::default()
+        };
+        let group = [
+            RewardInput::new("", "\\boxed{4}", &reference).with_tokens(10),
+            RewardInput::new("", "\\boxed{4}", &reference).with_tokens(20),
+            RewardInput::new("", "\\boxed{5}", &reference).with_tokens(10),
+        ];
+        let scores: Vec<f64> = verifier
+            .score_group(&group)
+            .iter()
+            .map(|o| o.score)
+            .collect();
+        assert_eq!(scores, [1.5, 0.5, 0.0]);
+    }
+
+    #[test]
+    fn invalid_composites_are_rejected_with_the_field() {
+        let gate_without_correctness =
+            r#"{"components": [{"gate": "when_correct", "reward": {"kind": "repetition"}}]}"#;
+        let config: CompositeConfig = serde_json::from_str(gate_without_correctness).unwrap();
+        let error = CompositeVerifier::new(&config, None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(error.contains("components[0].gate"), "{error}");
+        let two = r#"{"components": [{"correctness": true, "reward": {"kind": "math"}},
+            {"correctness": true, "reward": {"kind": "math"}}]}"#;
+        let config: CompositeConfig = serde_json::from_str(two).unwrap();
+        assert!(CompositeVerifier::new(&config, None).is_err());
+        let nested_bad = r#"{"components": [{"reward": {"kind": "overlong", "max_tokens": 0}}]}"#;
+        let config: CompositeConfig = serde_json::from_str(nested_bad).unwrap();
+        let error = CompositeVerifier::new(&config, None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(error.contains("components[0].reward.max_tokens"), "{error}");
+        let code = r#"{"components": [{"reward": {"kind": "unit_tests"}}]}"#;
+        let config: CompositeConfig = serde_json::from_str(code).unwrap();
+        assert!(
+            CompositeVerifier::new(&config, None)
+                .err()
+                .unwrap()
+                .to_string()
+                .contains("sandbox")
+        );
+    }
+}

@@ -261,7 +261,10 @@ impl<'a> Lexer<'a> {
         let mut fraction = String::new();
         if (1..=3).contains(&first_group) {
             loop {
-                let sep_len = if self.starts_with(",") {
+                let sep_len = if self.starts_with(",\\!") {
+                    // `10,\!000`: MATH's thousands separator.
+                    3
+                } else if self.starts_with(",") {
                     1
                 } else if self.starts_with("{,}") {
                     3

@@ -231,7 +231,13 @@ impl Parser {
                     self.pos += 1;
                     left = Expr::Div(Box::new(left), Box::new(self.unary()?));
                 }
-                Some(Token::Text(_)) => self.pos += 1, // a unit after a value
+                Some(Token::Text(_)) => {
+                    // A unit after a value, possibly with a power (`\text{cm}^2`).
+                    self.pos += 1;
+                    if self.eat(&Token::Caret) {
+                        self.argument()?;
+                    }
+                }
                 _ if self.starts_primary() => {
                     let starts_fraction = self.peek() == Some(&Token::Frac);
                     let right = self.power()?;
