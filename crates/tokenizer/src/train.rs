@@ -1,8 +1,9 @@
 //! Byte-level BPE training: from a corpus to a Hugging Face `tokenizer.json`.
 //!
 //! The pipeline: texts are pre-split with a GPT-4-style pattern ([`CL100K_PATTERN`]) into pieces
-//! that are counted ([`WordCounts`], parallel with rayon); BPE merges are learned on the unique
-//! pieces with their counts ([`train_bpe`]); the result ([`TrainedBpe`]) is saved as a
+//! that are counted ([`WordCounts`], parallel with rayon; for the cl100k pattern a hand-written
+//! splitter, [`cl100k_pieces`], replaces the regex engine, which was the bottleneck); BPE merges
+//! are learned on the unique pieces with their counts ([`train_bpe`]); the result ([`TrainedBpe`]) is saved as a
 //! `tokenizer.json` with a `Split` + `ByteLevel` pre-tokenizer, a `ByteLevel` decoder, the BPE
 //! vocabulary and merges, and the special tokens as added tokens.
 //!
