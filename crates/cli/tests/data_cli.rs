@@ -96,3 +96,90 @@ fn data_run_names_a_missing_config_file() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("/nonexistent/funnel.toml"));
 }
+
+#[test]
+fn data_run_with_tokenize_ends_in_shards_encoded_by_the_named_tokenizer() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("in")).unwrap();
+    let text = long_text();
+    std::fs::write(
+        dir.path().join("in/a.jsonl"),
+        format!("{}\n", serde_json::json!({"text": text})),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("train.txt"), format!("{text}\n{text}\n")).unwrap();
+    let trained = stoke()
+        .args([
+            "tokenizer",
+            "train",
+            "--vocab-size",
+            "300",
+            "--special-tokens",
+            "<|endoftext|>",
+        ])
+        .arg("--input")
+        .arg(dir.path().join("train.txt"))
+        .arg("--output")
+        .arg(dir.path().join("tok"))
+        .output()
+        .unwrap();
+    assert!(
+        trained.status.success(),
+        "{}",
+        String::from_utf8_lossy(&trained.stderr)
+    );
+    let config = format!(
+        "{CONFIG}\n[tokenize]\ntokenizer = \"tok\"\nend_of_text = \"<|endoftext|>\"\noutput_dir = \"out/shards\"\n"
+    );
+    std::fs::write(dir.path().join("funnel.toml"), config).unwrap();
+    let output = stoke()
+        .arg("data")
+        .arg("run")
+        .arg(dir.path().join("funnel.toml"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("tokenized: 1 documents"), "{stdout}");
+    let readers = stoke_data::shard::open_dir(&dir.path().join("out/shards")).unwrap();
+    let tokens = readers[0].document(0).unwrap().to_vec();
+    let tokenizer = stoke_tokenizer::hf::Tokenizer::from_dir(&dir.path().join("tok")).unwrap();
+    let mut expected = tokenizer.encode(&text, false).unwrap();
+    expected.push(tokenizer.token_to_id("<|endoftext|>").unwrap());
+    assert_eq!(tokens, expected);
+}
+
+#[test]
+fn data_run_names_a_tokenize_token_missing_from_the_tokenizer() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("in")).unwrap();
+    std::fs::write(dir.path().join("train.txt"), long_text()).unwrap();
+    let trained = stoke()
+        .args(["tokenizer", "train", "--vocab-size", "300", "--input"])
+        .arg(dir.path().join("train.txt"))
+        .arg("--output")
+        .arg(dir.path().join("tok"))
+        .output()
+        .unwrap();
+    assert!(
+        trained.status.success(),
+        "{}",
+        String::from_utf8_lossy(&trained.stderr)
+    );
+    let config = format!(
+        "{CONFIG}\n[tokenize]\ntokenizer = \"tok\"\nend_of_text = \"<eot>\"\noutput_dir = \"out/shards\"\n"
+    );
+    std::fs::write(dir.path().join("funnel.toml"), config).unwrap();
+    let output = stoke()
+        .arg("data")
+        .arg("run")
+        .arg(dir.path().join("funnel.toml"))
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("<eot>"));
+}

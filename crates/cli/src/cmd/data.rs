@@ -2,7 +2,8 @@
 //!
 //! `stoke data run CONFIG.toml` reads the funnel config (relative paths in it are taken from the
 //! config file's folder), runs it with a progress bar (documents/s, MB/s), and prints the
-//! per-stage summary; the full report lands in `run.report_dir`.
+//! per-stage summary; the full report lands in `run.report_dir`. With a `[tokenize]` table the
+//! kept documents also become token shards, encoded by the `tokenizer.json` it names.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressStyle};
-use stoke_data::funnel::{self, FunnelFile, FunnelReport, Progress};
+use stoke_data::funnel::{self, DocumentTokenizer, FunnelFile, FunnelReport, Progress};
 
 #[derive(Subcommand)]
 pub enum DataCommand {
@@ -58,10 +59,59 @@ fn run_funnel(config: &Path) -> anyhow::Result<()> {
             p.bytes_read as f64 / 1e6 / seconds
         ));
     };
-    let report = funnel::run(plan, &on_progress)?;
+    let tokenizer = match &plan.tokenize {
+        Some(settings) => Some(HfDocumentTokenizer::load(
+            &settings.tokenizer,
+            &settings.end_of_text,
+        )?),
+        None => None,
+    };
+    let report = funnel::run(
+        plan,
+        tokenizer.as_ref().map(|t| t as &dyn DocumentTokenizer),
+        &on_progress,
+    )?;
     bar.finish_and_clear();
     print!("{}", summary(&report));
     Ok(())
+}
+
+/// The `[tokenize]` step's tokenizer: a Hugging Face `tokenizer.json` folder.
+struct HfDocumentTokenizer {
+    inner: stoke_tokenizer::hf::Tokenizer,
+    end_of_text: u32,
+    vocab_size: u64,
+}
+
+impl HfDocumentTokenizer {
+    fn load(dir: &Path, end_of_text: &str) -> anyhow::Result<Self> {
+        let inner = stoke_tokenizer::hf::Tokenizer::from_dir(dir)
+            .with_context(|| format!("[tokenize] tokenizer {}", dir.display()))?;
+        let end_id = inner.token_to_id(end_of_text).with_context(|| {
+            format!(
+                "[tokenize] tokenizer {} has no token {end_of_text:?}",
+                dir.display()
+            )
+        })?;
+        let vocab_size = (inner.vocab_size() as u64).max(u64::from(end_id) + 1);
+        Ok(HfDocumentTokenizer {
+            inner,
+            end_of_text: end_id,
+            vocab_size,
+        })
+    }
+}
+
+impl DocumentTokenizer for HfDocumentTokenizer {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        self.inner.encode(text, false).map_err(|e| e.to_string())
+    }
+    fn vocab_size(&self) -> u64 {
+        self.vocab_size
+    }
+    fn end_of_text(&self) -> u32 {
+        self.end_of_text
+    }
 }
 
 /// The per-stage table printed at the end of a run.
@@ -114,6 +164,14 @@ fn summary(report: &FunnelReport) -> String {
         report.output.bytes as f64 / 1e6,
         report.output.path
     ));
+    if let Some(tokenized) = &report.tokenized {
+        out.push_str(&format!(
+            "tokenized: {} documents, {} tokens in {} shards\n",
+            tokenized.documents,
+            tokenized.tokens,
+            tokenized.shards.len()
+        ));
+    }
     out.push_str(&format!(
         "{:.1} s on {} threads: {:.0} docs/s, {:.1} MB/s\n",
         report.wall_seconds,
