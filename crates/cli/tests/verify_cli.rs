@@ -211,3 +211,52 @@ fn stdio_tests_run_in_the_sandbox() {
     assert_eq!(lines[1]["reward"], 0.5);
     assert!(lines[0]["details"]["isolation"].is_string());
 }
+
+#[test]
+fn large_inputs_stream_in_order_and_non_utf8_lines_are_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut input = Vec::new();
+    for id in 0..5_000 {
+        input.extend_from_slice(
+            format!(
+                "{{\"id\": {id}, \"completion\": \"\\\\boxed{{{id}}}\", \"answer\": \"{}\"}}\n",
+                id % 7
+            )
+            .as_bytes(),
+        );
+        if id == 4_500 {
+            input.extend_from_slice(b"{\"completion\": \"\xff\xfe\"}\n");
+        }
+    }
+    let input_path = dir.path().join("big.jsonl");
+    let output_path = dir.path().join("big.out.jsonl");
+    std::fs::write(&input_path, &input).unwrap();
+    let output = stoke()
+        .args(["verify", "--reward", "math", "--input"])
+        .arg(&input_path)
+        .arg("--output")
+        .arg(&output_path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("big.jsonl:4502: skipped: not UTF-8"),
+        "{stderr}"
+    );
+    let text = std::fs::read_to_string(&output_path).unwrap();
+    let ids: Vec<i64> = text
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["id"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(ids, (0..5_000).collect::<Vec<_>>());
+    let correct = text
+        .lines()
+        .filter(|l| l.contains("\"outcome\":\"correct\""))
+        .count();
+    assert_eq!(correct, 7);
+}

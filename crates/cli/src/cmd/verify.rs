@@ -10,10 +10,11 @@
 //! Pure rewards are scored on rayon's pool (`--threads`); rewards that run code block a thread
 //! per program, so they get a pool sized for processes (twice the sandbox's workers) and the
 //! sandbox admits `workers` programs at a time. Group-level rewards (`group_length`, composites
-//! holding one) score the samples sharing a `--group-by` value together.
+//! holding one) score the samples sharing a `--group-by` value together, so they read the whole
+//! file; the other kinds stream it in chunks of `CHUNK_LINES` lines, in order.
 
 use std::collections::HashMap;
-use std::io::{BufWriter, Write};
+use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -215,6 +216,30 @@ fn score_samples(reward: &Reward, samples: &[Sample], group_by: &str) -> Vec<Rew
         .collect()
 }
 
+/// Lines scored per chunk when streaming.
+const CHUNK_LINES: usize = 4096;
+
+/// Reads up to `max_lines` non-blank lines as `(line number, bytes)`.
+fn read_chunk(
+    reader: &mut impl BufRead,
+    line_number: &mut usize,
+    max_lines: usize,
+) -> std::io::Result<Vec<(usize, Vec<u8>)>> {
+    let mut chunk = Vec::new();
+    while chunk.len() < max_lines {
+        let mut bytes = Vec::new();
+        if reader.read_until(b'\n', &mut bytes)? == 0 {
+            break;
+        }
+        *line_number += 1;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        chunk.push((*line_number, bytes));
+    }
+    Ok(chunk)
+}
+
 pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
     let kind: RewardKind = args.reward.parse()?;
     let config = load_reward_config(kind, args.config.as_deref())?;
@@ -228,8 +253,9 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
         .build(sandbox)
         .with_context(|| format!("building the {kind} reward"))?;
 
-    let text = std::fs::read_to_string(&args.input)
-        .with_context(|| format!("reading {}", args.input.display()))?;
+    let input = std::fs::File::open(&args.input)
+        .with_context(|| format!("opening {}", args.input.display()))?;
+    let mut reader = BufReader::new(input);
     let started = Instant::now();
     let threads = match code_workers {
         Some(workers) => (workers * 2).max(4),
@@ -239,31 +265,6 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
         .num_threads(threads)
         .build()?;
     let input_name = args.input.display().to_string();
-    let (samples, malformed) = pool.install(|| {
-        let parsed: Vec<Result<Sample, (usize, String)>> = text
-            .lines()
-            .enumerate()
-            .filter(|(_, line)| !line.trim().is_empty())
-            .collect::<Vec<_>>()
-            .into_par_iter()
-            .map(|(index, line)| parse_line(line).map_err(|e| (index + 1, e)))
-            .collect();
-        let mut samples = Vec::with_capacity(parsed.len());
-        let mut malformed = 0usize;
-        for result in parsed {
-            match result {
-                Ok(sample) => samples.push(sample),
-                Err((line, error)) => {
-                    malformed += 1;
-                    eprintln!("{input_name}:{line}: skipped: {error}");
-                }
-            }
-        }
-        (samples, malformed)
-    });
-    let outcomes = pool.install(|| score_samples(&reward, &samples, &args.group_by));
-
-    let mut stats = RewardStats::new();
     let output: Box<dyn Write> = if args.output.as_os_str() == "-" {
         Box::new(std::io::stdout().lock())
     } else {
@@ -272,16 +273,55 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
         Box::new(file)
     };
     let mut output = BufWriter::new(output);
-    for (sample, outcome) in samples.into_iter().zip(outcomes) {
-        stats.record(&outcome);
-        let mut object = sample.object;
-        object.insert("reward".into(), Value::from(outcome.score));
-        object.insert("outcome".into(), Value::from(outcome.outcome.name()));
-        object.insert("details".into(), serde_json::to_value(&outcome.details)?);
-        serde_json::to_writer(&mut output, &object)?;
-        output
-            .write_all(b"\n")
-            .with_context(|| format!("writing {}", args.output.display()))?;
+    let mut stats = RewardStats::new();
+    let mut malformed = 0usize;
+    // Group-level rewards need every member of a group at once, so they read the whole file;
+    // the others stream it in chunks, keeping memory bounded on large files.
+    let chunk_lines = if reward.is_group_level() {
+        usize::MAX
+    } else {
+        CHUNK_LINES
+    };
+    let mut line_number = 0usize;
+    loop {
+        let chunk = read_chunk(&mut reader, &mut line_number, chunk_lines)
+            .with_context(|| format!("reading {input_name}"))?;
+        if chunk.is_empty() {
+            break;
+        }
+        let (samples, outcomes) = pool.install(|| {
+            let parsed: Vec<Result<Sample, (usize, String)>> = chunk
+                .into_par_iter()
+                .map(|(line, bytes)| {
+                    let text =
+                        String::from_utf8(bytes).map_err(|_| (line, "not UTF-8".to_string()))?;
+                    parse_line(&text).map_err(|e| (line, e))
+                })
+                .collect();
+            let mut samples = Vec::with_capacity(parsed.len());
+            for result in parsed {
+                match result {
+                    Ok(sample) => samples.push(sample),
+                    Err((line, error)) => {
+                        malformed += 1;
+                        eprintln!("{input_name}:{line}: skipped: {error}");
+                    }
+                }
+            }
+            let outcomes = score_samples(&reward, &samples, &args.group_by);
+            (samples, outcomes)
+        });
+        for (sample, outcome) in samples.into_iter().zip(outcomes) {
+            stats.record(&outcome);
+            let mut object = sample.object;
+            object.insert("reward".into(), Value::from(outcome.score));
+            object.insert("outcome".into(), Value::from(outcome.outcome.name()));
+            object.insert("details".into(), serde_json::to_value(&outcome.details)?);
+            serde_json::to_writer(&mut output, &object)?;
+            output
+                .write_all(b"\n")
+                .with_context(|| format!("writing {}", args.output.display()))?;
+        }
     }
     output
         .flush()
