@@ -33,6 +33,7 @@ pub mod langid;
 pub mod line_dedup;
 pub mod minhash;
 pub mod mixture;
+pub mod output;
 pub mod pii;
 pub mod pipeline;
 pub mod repeated_span;

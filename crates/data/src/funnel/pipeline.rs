@@ -23,9 +23,8 @@ use super::config::FunnelPlan;
 use super::document::{Document, DropReason, Events, Verdict};
 use super::input::{ReadItem, SourceReader};
 use super::mixture::Mixture;
-use super::report::{
-    FunnelReport, JsonlWriter, MAX_LISTED_BAD_RECORDS, RemovedSamples, StageReport,
-};
+use super::output::JsonlWriter;
+use super::report::{FunnelReport, MAX_LISTED_BAD_RECORDS, RemovedSamples, StageReport};
 use super::stage::{Prepared, Stage};
 use super::tokenize::{DocumentTokenizer, tokenize_output};
 
