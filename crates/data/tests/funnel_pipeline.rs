@@ -453,3 +453,55 @@ fn tokenize_step_without_a_tokenizer_is_a_config_error() {
         "{err}"
     );
 }
+
+#[test]
+fn html_files_and_gzipped_warc_are_read_and_extracted() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("pages")).unwrap();
+    std::fs::write(
+        dir.path().join("pages/a.html"),
+        "<html><body><nav>Menu</nav><p>An article paragraph.</p></body></html>",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("pages/b.htm"),
+        "<html><body><nav><a href='/'>Only a menu</a></nav></body></html>",
+    )
+    .unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(
+        warc_record(
+            "<urn:z>",
+            "https://z.example/",
+            "<p>From a gzipped WARC.</p>",
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.path().join("crawl")).unwrap();
+    std::fs::write(dir.path().join("crawl/c.warc.gz"), gz.finish().unwrap()).unwrap();
+    let config = r#"
+[run]
+output = "out/kept.jsonl"
+report_dir = "out/report"
+[[source]]
+name = "pages"
+paths = ["pages"]
+format = "html"
+[[source]]
+name = "crawl"
+paths = ["crawl"]
+format = "warc"
+[[stage]]
+kind = "extract"
+"#;
+    let report = run_config(dir.path(), config).unwrap();
+    assert_eq!(report.input.documents, 3);
+    assert_eq!(report.stages[0].removed.get("extraction_empty"), Some(&1));
+    let texts: Vec<String> = read_output(&dir.path().join("out/kept.jsonl"))
+        .iter()
+        .map(|d| d["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(texts, vec!["An article paragraph.", "From a gzipped WARC."]);
+}

@@ -220,6 +220,18 @@ mod tests {
     }
 
     #[test]
+    fn ellipsis_ratio_threshold() {
+        let f = filter();
+        // 101 word tokens + k "..." tokens mid-line: ratio k / (101 + k).
+        let with_ellipses = |k: usize| format!("{} {} end", words(100), vec!["..."; k].join(" "));
+        assert_eq!(f.check(&with_ellipses(11)), None); // 11/112 = 0.098
+        assert_eq!(
+            f.check(&with_ellipses(12)),
+            Some(DropReason::GopherTooManyEllipsis)
+        ); // 0.106
+    }
+
+    #[test]
     fn bullet_and_ellipsis_line_ratios() {
         let f = filter();
         let sentence = "the and word word word word word word word word word word";
