@@ -136,6 +136,11 @@ impl Loader {
                 "seq_len and batch_size must be positive".into(),
             ));
         }
+        if config.max_epochs == Some(0) {
+            return Err(LoaderError::BadConfig(
+                "max_epochs must be at least 1".into(),
+            ));
+        }
         let data = fingerprint(&shards);
         if cursor.data_fingerprint != data || cursor.seed != config.seed {
             return Err(LoaderError::CursorMismatch {
