@@ -16,8 +16,10 @@
 //! resume; no hidden RNG state exists. The cursor also stores the packer (pending pieces, packed
 //! rows not yet served) and the buffered document ids, so nothing needs replaying.
 //!
-//! What this is not: no data-parallel sharding by rank yet (a trainer can take every n-th batch),
-//! no background prefetch thread; it never tokenizes.
+//! Data parallelism: rank `r` of `n` ([`DataParallel`]) serves epoch positions `p % n == r`.
+//!
+//! What this is not: no background prefetch thread (a batch costs a copy of its tokens out of
+//! the mapped shards); it never tokenizes.
 
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -45,6 +47,46 @@ pub struct LoaderConfig {
     pub max_epochs: Option<u64>,
     /// Token id written into padding slots (never a trained target).
     pub pad_token: u32,
+    /// Which share of each epoch this loader serves.
+    #[serde(default)]
+    pub data_parallel: DataParallel,
+}
+
+/// Data-parallel split: rank `r` of `world_size` serves the documents at positions
+/// `p % world_size == r` of each epoch's order, so the ranks together read every document once
+/// per epoch, in disjoint sets, each with its own packer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataParallel {
+    pub rank: usize,
+    pub world_size: usize,
+}
+
+impl Default for DataParallel {
+    fn default() -> Self {
+        DataParallel {
+            rank: 0,
+            world_size: 1,
+        }
+    }
+}
+
+impl LoaderConfig {
+    /// Shuffled, unbounded epochs, a 1,024-document shuffle buffer, best-fit-decreasing packing
+    /// over 1,024-document windows with splitting, pad token 0, a single rank.
+    pub fn new(seq_len: usize, batch_size: usize, seed: u64) -> Self {
+        LoaderConfig {
+            seq_len,
+            batch_size,
+            policy: PackingPolicy::BestFitDecreasingSplit { window_docs: 1024 },
+            seed,
+            shuffle: true,
+            shuffle_buffer: 1024,
+            max_epochs: None,
+            pad_token: 0,
+            data_parallel: DataParallel::default(),
+        }
+    }
 }
 
 /// Everything needed to continue a loader exactly where it stopped.
@@ -135,6 +177,13 @@ impl Loader {
             return Err(LoaderError::BadConfig(
                 "seq_len and batch_size must be positive".into(),
             ));
+        }
+        let dp = config.data_parallel;
+        if dp.world_size == 0 || dp.rank >= dp.world_size {
+            return Err(LoaderError::BadConfig(format!(
+                "rank {} is outside world size {}",
+                dp.rank, dp.world_size
+            )));
         }
         if config.max_epochs == Some(0) {
             return Err(LoaderError::BadConfig(
@@ -287,6 +336,17 @@ impl Loader {
 
     /// Next document of the epoch order, moving to the next epoch when one ends.
     fn next_in_order(&mut self) -> Option<u64> {
+        let DataParallel { rank, world_size } = self.config.data_parallel;
+        loop {
+            let (position, doc) = self.next_position()?;
+            if position % world_size as u64 == rank as u64 {
+                return Some(doc);
+            }
+        }
+    }
+
+    /// The next position of the epoch order (any rank's) and its document.
+    fn next_position(&mut self) -> Option<(u64, u64)> {
         let total = self.num_docs();
         if self.cursor.position >= total {
             let next_epoch = self.cursor.epoch + 1;
@@ -305,9 +365,10 @@ impl Loader {
             );
             self.order_epoch = Some(self.cursor.epoch);
         }
-        let doc = self.order.get(self.cursor.position as usize).copied();
+        let position = self.cursor.position;
+        let doc = self.order.get(position as usize).copied();
         self.cursor.position += 1;
-        doc
+        doc.map(|doc| (position, doc))
     }
 }
 

@@ -1,6 +1,6 @@
 //! Loader: reproducible order, exact resume from a stored cursor (also across epochs), epochs.
 
-use stoke_data::loader::{Loader, LoaderConfig, LoaderCursor};
+use stoke_data::loader::{DataParallel, Loader, LoaderConfig, LoaderCursor};
 use stoke_data::packing::{PackedBatch, PackingPolicy};
 use stoke_data::shard::{ShardWriter, ShardWriterConfig, open_dir};
 
@@ -37,6 +37,7 @@ fn config(policy: PackingPolicy, max_epochs: Option<u64>) -> LoaderConfig {
         shuffle_buffer: 16,
         max_epochs,
         pad_token: 0,
+        data_parallel: DataParallel::default(),
     }
 }
 
@@ -126,4 +127,53 @@ fn cursor_for_other_data_is_rejected() {
     let mut cursor = loader.cursor().clone();
     cursor.data_fingerprint ^= 1;
     assert!(Loader::resume(open_dir(dir.path()).unwrap(), config(policy, None), cursor).is_err());
+}
+
+#[test]
+fn ranks_read_disjoint_documents_that_cover_the_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let total = write_shards(dir.path());
+    let policy = PackingPolicy::BestFitDecreasingSplit { window_docs: 8 };
+    let mut seen: Vec<(u64, u32, u32)> = Vec::new();
+    let mut served_tokens = 0;
+    for rank in 0..3 {
+        let mut cfg = config(policy, Some(1));
+        cfg.data_parallel = DataParallel {
+            rank,
+            world_size: 3,
+        };
+        let mut loader = Loader::new(open_dir(dir.path()).unwrap(), cfg).unwrap();
+        let batches = run(&mut loader, 10_000);
+        assert!(!batches.is_empty(), "rank {rank} got nothing");
+        for row in batches.iter().flat_map(|b| &b.rows) {
+            served_tokens += row.used();
+            seen.extend(row.pieces.iter().map(|p| (p.doc, p.start, p.len)));
+        }
+    }
+    assert_eq!(served_tokens, total);
+    seen.sort();
+    let pieces = seen.len();
+    seen.dedup();
+    assert_eq!(seen.len(), pieces, "a piece was served twice");
+}
+
+#[test]
+fn rank_outside_world_is_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    write_shards(dir.path());
+    let mut cfg = config(PackingPolicy::ConcatChunk, None);
+    cfg.data_parallel = DataParallel {
+        rank: 2,
+        world_size: 2,
+    };
+    assert!(Loader::new(open_dir(dir.path()).unwrap(), cfg).is_err());
+}
+
+#[test]
+fn default_config_round_trips_through_json() {
+    let cfg = LoaderConfig::new(128, 8, 7);
+    let text = serde_json::to_string(&cfg).unwrap();
+    assert_eq!(serde_json::from_str::<LoaderConfig>(&text).unwrap(), cfg);
+    let bad = text.replace("\"seed\"", "\"sead\"");
+    assert!(serde_json::from_str::<LoaderConfig>(&bad).is_err());
 }
