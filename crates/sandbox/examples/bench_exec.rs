@@ -2,7 +2,13 @@
 //! 8 concurrent workers, against bare `python3` subprocesses (no sandbox) at the same
 //! concurrency, reported as ratios.
 //!
-//! `cargo run --release -p stoke-sandbox --example bench_exec [-- RUNS_PER_SETTING]`
+//! `cargo run --release -p stoke-sandbox --example bench_exec [-- RUNS_PER_SETTING [CALLER_MIB]]`
+//!
+//! `CALLER_MIB` first fills that much memory in the benchmark process, to show how the cost of
+//! the jail's forks grows with the caller's resident memory (as in a trainer holding a model).
+//!
+//! Two sandbox columns: runs started through the helper process (the default; a fresh exec of
+//! this binary builds the jail) and by forking the caller (`spawn_via_helper: false`).
 //!
 //! Two references: `python3 -c 'print(1)'` as a framework would start it, and
 //! `python3 -S -E -B -c 'print(1)'` with the flags the sandbox uses (so the ratio against it
@@ -15,13 +21,15 @@ use std::time::{Duration, Instant};
 
 use stoke_sandbox::{ExitStatusKind, Program, Sandbox, SandboxConfig};
 
-fn sandbox_rate(workers: usize, runs: usize) -> f64 {
+fn sandbox_rate(workers: usize, runs: usize, via_helper: bool) -> f64 {
     let sandbox = Sandbox::new(SandboxConfig {
         workers,
+        spawn_via_helper: via_helper,
         wall_timeout: Duration::from_secs(10),
         ..SandboxConfig::default()
     })
     .expect("sandbox");
+    assert_eq!(sandbox.spawns_via_helper(), via_helper);
     // Warm-up (probe, runtime, page cache).
     let warm = sandbox.run_blocking(Program::python("print(1)"));
     assert_eq!(
@@ -90,25 +98,36 @@ fn main() {
         .nth(1)
         .and_then(|arg| arg.parse().ok())
         .unwrap_or(200);
+    let caller_mib: usize = std::env::args()
+        .nth(2)
+        .and_then(|arg| arg.parse().ok())
+        .unwrap_or(0);
+    // Touched, so every page is mapped and its page-table entry must be copied by fork.
+    let ballast = vec![1u8; caller_mib << 20];
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
     println!("{}", stoke_sandbox::probe().to_table());
-    println!("{runs} runs per setting, {cores} cores");
     println!(
-        "{:>7} {:>12} {:>12} {:>12} {:>10} {:>10} {:>14}",
-        "workers", "sandbox/s", "bare -S/s", "bare/s", "vs -S", "vs bare", "sandbox/s/core"
+        "{runs} runs per setting, {cores} cores, caller holds {} MiB",
+        ballast.len() >> 20
+    );
+    println!(
+        "{:>7} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7} {:>13}",
+        "workers", "helper/s", "fork/s", "bare-S/s", "bare/s", "vs -S", "vs bare", "helper/s/core"
     );
     for workers in [1, 2, 8] {
-        let sandboxed = sandbox_rate(workers, runs);
+        let helper = sandbox_rate(workers, runs, true);
+        let forked = sandbox_rate(workers, runs, false);
         let bare_fast = bare_rate(workers, runs, &["-S", "-E", "-B"]);
         let bare = bare_rate(workers, runs, &[]);
         let used_cores = workers.min(cores) as f64;
         println!(
-            "{workers:>7} {sandboxed:>12.1} {bare_fast:>12.1} {bare:>12.1} {:>10.2} {:>10.2} {:>14.1}",
-            sandboxed / bare_fast,
-            sandboxed / bare,
-            sandboxed / used_cores
+            "{workers:>7} {helper:>10.1} {forked:>10.1} {bare_fast:>10.1} {bare:>10.1} {:>7.2} {:>7.2} {:>13.1}",
+            helper / bare_fast,
+            helper / bare,
+            helper / used_cores
         );
     }
+    drop(ballast);
 }

@@ -48,6 +48,10 @@ pub struct SandboxConfig {
     /// Keep Python's `site` module (site-packages importable). Off by default: `python3 -S`
     /// starts in about a third of the time and untrusted code gets the standard library only.
     pub python_site_packages: bool,
+    /// Start each run from a fresh `exec` of this binary (the helper process) instead of a fork
+    /// of the caller, whose cost grows with the caller's memory. On by default; the sandbox falls
+    /// back to forking when the helper does not work in this binary.
+    pub spawn_via_helper: bool,
     /// Where work dirs are created (default: the system temp dir).
     pub work_root: PathBuf,
     /// First uid of the per-run uids used when the caller is root (uid = base + slot).
@@ -71,6 +75,7 @@ impl Default for SandboxConfig {
                 .unwrap_or(1),
             network: false,
             python_site_packages: false,
+            spawn_via_helper: true,
             work_root: std::env::temp_dir(),
             uid_base: 2_000_000_000,
         }
@@ -175,6 +180,7 @@ impl SandboxConfigFile {
             python_site_packages: self
                 .python_site_packages
                 .unwrap_or(defaults.python_site_packages),
+            spawn_via_helper: defaults.spawn_via_helper,
             work_root: self.work_root.unwrap_or(defaults.work_root),
             uid_base: defaults.uid_base,
         };

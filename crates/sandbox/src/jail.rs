@@ -54,7 +54,7 @@ use crate::seccomp::SeccompFilters;
 use crate::work_dir::LayoutEntry;
 
 /// Which uid the program runs under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum UserMode {
     /// The caller's own uid (no user isolation).
     Caller,
@@ -65,7 +65,7 @@ pub(crate) enum UserMode {
 }
 
 /// The rlimits of a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Limits {
     pub(crate) cpu_seconds: u64,
     pub(crate) memory_bytes: u64,
@@ -187,15 +187,18 @@ impl SupervisorRecord {
 }
 
 impl PreparedJail {
-    /// Prepares one run: id maps, rlimits, the Landlock ruleset descriptor (from
-    /// `landlock_ruleset`), and a status pipe whose read end is returned.
+    /// Prepares one run: id maps, rlimits, the tmpfs contents; `landlock_ruleset` is the run's
+    /// ruleset, `status_writer` the write end of [`status_pipe`], `parent_pid` the process that
+    /// starts the jail child (whose death kills the run).
     pub(crate) fn new(
         spec: &JailSpec,
         run_user: Option<(u32, u32)>,
         landlock_ruleset: Option<OwnedFd>,
         work_dir: &Path,
         layout: Vec<LayoutEntry>,
-    ) -> io::Result<(PreparedJail, OwnedFd)> {
+        status_writer: OwnedFd,
+        parent_pid: u32,
+    ) -> io::Result<PreparedJail> {
         let c_string = |bytes: Vec<u8>| {
             CString::new(bytes).map_err(|_| io::Error::other("a path holds a NUL byte"))
         };
@@ -275,11 +278,8 @@ impl PreparedJail {
             (libc::RLIMIT_MEMLOCK, rlimit(0, 0)),
             (libc::RLIMIT_MSGQUEUE, rlimit(0, 0)),
         ];
-        let (status_reader, status_writer) = io::pipe()?;
-        let status_reader: OwnedFd = status_reader.into();
-        set_nonblocking(&status_reader)?;
         let jail = PreparedJail {
-            parent_pid: std::process::id() as libc::pid_t,
+            parent_pid: parent_pid as libc::pid_t,
             unshare_flags,
             id_maps,
             rlimits,
@@ -289,10 +289,19 @@ impl PreparedJail {
             no_new_privs: spec.no_new_privs,
             landlock_ruleset,
             seccomp: spec.seccomp.clone(),
-            status_writer: status_writer.into(),
+            status_writer,
             tmpfs,
         };
-        Ok((jail, status_reader))
+        Ok(jail)
+    }
+
+    /// Enters the jail in this very process and `exec`s `command` (for the helper process,
+    /// which is single-threaded). Returns only on failure.
+    pub(crate) fn enter_and_exec(self, command: &mut Command) -> io::Error {
+        match enter_jail(&self) {
+            Ok(()) => command.exec(),
+            Err(error) => error,
+        }
     }
 
     /// Installs the jail as `command`'s pre-exec hook. The command must be dropped after
@@ -304,6 +313,37 @@ impl PreparedJail {
         unsafe {
             command.pre_exec(move || enter_jail(&jail));
         }
+    }
+}
+
+/// A pipe for the supervisor's record: (read end, non-blocking; write end). Both close on exec.
+pub(crate) fn status_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (reader, writer) = io::pipe()?;
+    let reader: OwnedFd = reader.into();
+    set_nonblocking(&reader)?;
+    Ok((reader, writer.into()))
+}
+
+/// Lets `fd` survive `exec` (for handing the status pipe to the helper process).
+pub(crate) fn make_inheritable(fd: &OwnedFd) -> io::Result<()> {
+    // SAFETY: fcntl F_SETFD on a descriptor we own.
+    let rc = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Closes every descriptor above 2 except `keep` (the helper's first step, so that no descriptor
+/// another run leaked into it reaches its program).
+pub(crate) fn close_inherited_except(keep: RawFd) {
+    let keep = keep as libc::c_uint;
+    // SAFETY: close_range takes plain integers; the helper owns no other descriptors yet.
+    unsafe {
+        if keep > 3 {
+            libc::syscall(libc::SYS_close_range, 3u32, keep - 1, 0u32);
+        }
+        libc::syscall(libc::SYS_close_range, keep.max(2) + 1, u32::MAX, 0u32);
     }
 }
 
@@ -517,6 +557,11 @@ fn enter_jail(jail: &PreparedJail) -> io::Result<()> {
                 0u32,
             ))?;
         }
+        // No descriptor above 2 reaches the program: the ruleset, the status pipe, anything the
+        // caller opened without CLOEXEC. (CLOSE_RANGE_CLOEXEC instead of closing keeps std's
+        // exec-error pipe working; kernels before 5.11 lack the flag and keep inherited fds.)
+        const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC);
         if let Some(filters) = &jail.seccomp {
             for program in &filters.programs {
                 // seccompiler::apply_filter builds the sock_fprog on the stack: no allocation.

@@ -29,6 +29,7 @@
 mod config;
 mod error;
 mod filesystem_rules;
+mod helper;
 mod isolation;
 mod jail;
 mod language;

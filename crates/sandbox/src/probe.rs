@@ -7,10 +7,14 @@
 //! Invariant: a layer reported available has been applied successfully at least once, together
 //! with every other available layer (the final combined check), on this machine, by this process.
 
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
+use crate::helper::{self, HelperRequest};
 use crate::isolation::{IsolationReport, Layer, LayerReport};
 use crate::jail::{self, JailSpec, Limits, PreparedJail, UserMode};
 use crate::language::{Program, TRUSTED_BIN_DIRS};
@@ -83,9 +87,17 @@ pub(crate) fn try_spec(spec: &JailSpec) -> Result<(), String> {
         )?),
         None => None,
     };
-    let (prepared, status_reader) =
-        PreparedJail::new(spec, owner, ruleset, work_dir.path(), layout)
-            .map_err(|error| error.to_string())?;
+    let (status_reader, status_writer) = jail::status_pipe().map_err(|error| error.to_string())?;
+    let prepared = PreparedJail::new(
+        spec,
+        owner,
+        ruleset,
+        work_dir.path(),
+        layout,
+        status_writer,
+        std::process::id(),
+    )
+    .map_err(|error| error.to_string())?;
     let mut command = Command::new(truth);
     command
         .env_clear()
@@ -103,6 +115,75 @@ pub(crate) fn try_spec(spec: &JailSpec) -> Result<(), String> {
         return Err(format!(
             "test child failed: supervisor {status}, program status word {}",
             record.wait_status
+        ));
+    }
+    Ok(())
+}
+
+static HELPER: OnceLock<Result<(), String>> = OnceLock::new();
+
+/// Whether the helper process (see `helper.rs`) works in this binary: tried once, with a bare
+/// jail running `true`.
+pub(crate) fn helper_check() -> &'static Result<(), String> {
+    HELPER.get_or_init(try_helper)
+}
+
+fn try_helper() -> Result<(), String> {
+    let truth = true_binary().ok_or("no `true` in /usr/bin or /bin")?;
+    let config = SandboxConfig::default();
+    let layout = layout(&Program::bash("exit 0"))?;
+    let work_dir = WorkDir::create(&config.work_root, &layout, None)?;
+    let (status_reader, status_writer) = jail::status_pipe().map_err(|error| error.to_string())?;
+    jail::make_inheritable(&status_writer).map_err(|error| error.to_string())?;
+    let request = HelperRequest::new(
+        &base_spec(),
+        None,
+        work_dir.path().to_path_buf(),
+        layout,
+        truth,
+        Vec::new(),
+        Vec::new(),
+    );
+    let framed = request.frame()?;
+    let mut command = helper::helper_command(status_writer.as_raw_fd());
+    command
+        .current_dir(work_dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let spawned = command.spawn();
+    drop(command);
+    drop(status_writer);
+    let mut child = spawned.map_err(|error| error.to_string())?;
+    if let Some(mut stdin) = child.stdin.take() {
+        // A binary without the constructor may not read its stdin; that is reported below.
+        let _ = stdin.write_all(&framed);
+    }
+    // A binary without the constructor runs its `main` with the helper arguments; give it a
+    // moment, then give up on the helper.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match child.try_wait().map_err(|error| error.to_string())? {
+            Some(_) => break,
+            None if Instant::now() > deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err("the helper did not finish within 5 s".to_string());
+            }
+            None => std::thread::sleep(Duration::from_millis(2)),
+        }
+    }
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    let record = jail::read_record(status_reader)
+        .ok_or_else(|| format!("the helper reported nothing: {}", stderr.trim()))?;
+    if record.exit_code() != Some(0) {
+        return Err(format!(
+            "the helper's test child failed (status word {}): {}",
+            record.wait_status,
+            stderr.trim()
         ));
     }
     Ok(())

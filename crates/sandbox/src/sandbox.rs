@@ -13,17 +13,22 @@
 //!
 //! Not here: what the layers do (`jail.rs`), deciding availability (`probe.rs`).
 
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::Child;
 use tokio::runtime::Runtime;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::config::SandboxConfig;
 use crate::error::SandboxError;
 use crate::filesystem_rules;
+use crate::helper::{self, HelperRequest};
 use crate::isolation::{IsolationReport, Layer};
 use crate::jail::{self, JailSpec, Limits, PreparedJail, UserMode};
 use crate::language::{Program, Toolchains};
@@ -31,7 +36,7 @@ use crate::probe::{ProbeOutcome, probe_outcome};
 use crate::result::{ExecResult, ExitStatusKind};
 use crate::run_user::RunUser;
 use crate::seccomp::SeccompFilters;
-use crate::work_dir::{WorkDir, layout};
+use crate::work_dir::{LayoutEntry, WorkDir, layout};
 
 /// How long the supervisor gets to kill the run after a stop request before it is killed itself.
 const STOP_GRACE: Duration = Duration::from_secs(2);
@@ -60,6 +65,8 @@ struct SandboxInner {
     isolation: IsolationReport,
     toolchains: Toolchains,
     workers: Arc<Semaphore>,
+    /// Start runs through the helper process (see `helper.rs`) rather than forking the caller.
+    via_helper: bool,
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
@@ -189,6 +196,7 @@ impl Sandbox {
             ));
         }
         let workers = Arc::new(Semaphore::new(config.workers));
+        let via_helper = config.spawn_via_helper && crate::probe::helper_check().is_ok();
         Ok(Sandbox {
             inner: Arc::new(SandboxInner {
                 config,
@@ -196,8 +204,16 @@ impl Sandbox {
                 isolation,
                 toolchains: Toolchains::discover(),
                 workers,
+                via_helper,
             }),
         })
+    }
+
+    /// Whether runs start from the helper process (a fresh `exec` of this binary, cost
+    /// independent of the caller's memory) rather than from a fork of the caller. False when
+    /// `spawn_via_helper` is off or the helper does not work in this binary.
+    pub fn spawns_via_helper(&self) -> bool {
+        self.inner.via_helper
     }
 
     /// The layers every run of this sandbox applies.
@@ -297,6 +313,103 @@ fn take(sink: &Arc<Mutex<Captured>>) -> Captured {
     std::mem::take(&mut *sink.lock().unwrap_or_else(PoisonError::into_inner))
 }
 
+/// Everything needed to start one jailed run, by either path.
+struct Launch<'a> {
+    spec: &'a JailSpec,
+    owner: Option<(u32, u32)>,
+    work_dir: &'a Path,
+    layout: Vec<LayoutEntry>,
+    executable: &'a Path,
+    argv: Vec<OsString>,
+    env: Vec<(String, OsString)>,
+    status_writer: OwnedFd,
+}
+
+impl Launch<'_> {
+    fn tokio_command(command: std::process::Command) -> tokio::process::Command {
+        let mut command = tokio::process::Command::from(command);
+        command.kill_on_drop(true);
+        command
+    }
+
+    /// Forks the caller and builds the jail in the child (`pre_exec`). Returns the child and
+    /// the bytes for its stdin.
+    fn spawn_forked(self, stdin: Vec<u8>) -> Result<(Child, Vec<u8>), String> {
+        let ruleset = match self.spec.landlock_abi {
+            Some(abi) => Some(filesystem_rules::build_ruleset(
+                abi,
+                self.work_dir,
+                self.spec.allow_network,
+            )?),
+            None => None,
+        };
+        let prepared = PreparedJail::new(
+            self.spec,
+            self.owner,
+            ruleset,
+            self.work_dir,
+            self.layout,
+            self.status_writer,
+            std::process::id(),
+        )
+        .map_err(|io_error| format!("preparing the jail: {io_error}"))?;
+        let mut command = std::process::Command::new(self.executable);
+        command
+            .args(&self.argv)
+            .env_clear()
+            .envs(self.env.iter().map(|(key, value)| (key, value)))
+            .current_dir(self.work_dir)
+            .stdin(if stdin.is_empty() {
+                Stdio::null()
+            } else {
+                Stdio::piped()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        prepared.install(&mut command);
+        let mut command = Self::tokio_command(command);
+        let spawned = command.spawn();
+        // The command holds the status pipe's write end and the ruleset: close them now.
+        drop(command);
+        let child = spawned.map_err(|io_error| {
+            format!(
+                "starting {} in the jail: {io_error}",
+                self.executable.display()
+            )
+        })?;
+        Ok((child, stdin))
+    }
+
+    /// Starts a helper (a fresh exec of this binary) that builds the jail; the request goes
+    /// first into its stdin, the program's stdin after it.
+    fn spawn_via_helper(self, stdin: Vec<u8>) -> Result<(Child, Vec<u8>), String> {
+        let request = HelperRequest::new(
+            self.spec,
+            self.owner,
+            self.work_dir.to_path_buf(),
+            self.layout,
+            self.executable.to_path_buf(),
+            self.argv,
+            self.env,
+        );
+        let mut framed = request.frame()?;
+        framed.extend_from_slice(&stdin);
+        jail::make_inheritable(&self.status_writer)
+            .map_err(|io_error| format!("status pipe: {io_error}"))?;
+        let mut command = helper::helper_command(self.status_writer.as_raw_fd());
+        command
+            .current_dir(self.work_dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let spawned = Self::tokio_command(command).spawn();
+        drop(self.status_writer);
+        let child =
+            spawned.map_err(|io_error| format!("starting the sandbox helper: {io_error}"))?;
+        Ok((child, framed))
+    }
+}
+
 impl SandboxInner {
     async fn execute(&self, program: Program) -> ExecResult {
         let error = |message: String| ExecResult::sandbox_error(message, self.isolation.clone());
@@ -322,55 +435,37 @@ impl SandboxInner {
             Ok(work_dir) => work_dir,
             Err(message) => return error(message),
         };
-        let ruleset = match self.spec.landlock_abi {
-            Some(abi) => {
-                match filesystem_rules::build_ruleset(abi, work_dir.path(), self.spec.allow_network)
-                {
-                    Ok(fd) => Some(fd),
-                    Err(message) => return error(message),
-                }
-            }
-            None => None,
+        let env: Vec<(String, OsString)> = vec![
+            ("PATH".into(), "/usr/bin:/bin".into()),
+            ("HOME".into(), work_dir.path().into()),
+            ("TMPDIR".into(), work_dir.path().into()),
+            ("LANG".into(), "C.UTF-8".into()),
+            ("LC_ALL".into(), "C.UTF-8".into()),
+            ("PYTHONDONTWRITEBYTECODE".into(), "1".into()),
+        ];
+        let (status_reader, status_writer) = match jail::status_pipe() {
+            Ok(pipe) => pipe,
+            Err(io_error) => return error(format!("status pipe: {io_error}")),
         };
-        let (prepared, status_reader) =
-            match PreparedJail::new(&self.spec, owner, ruleset, work_dir.path(), layout) {
-                Ok(prepared) => prepared,
-                Err(io_error) => return error(format!("preparing the jail: {io_error}")),
-            };
-
-        let mut command = std::process::Command::new(&executable);
-        command
-            .args(&argv)
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", work_dir.path())
-            .env("TMPDIR", work_dir.path())
-            .env("LANG", "C.UTF-8")
-            .env("LC_ALL", "C.UTF-8")
-            .env("PYTHONDONTWRITEBYTECODE", "1")
-            .current_dir(work_dir.path())
-            .stdin(if program.stdin.is_empty() {
-                Stdio::null()
-            } else {
-                Stdio::piped()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        prepared.install(&mut command);
-        let mut command = tokio::process::Command::from(command);
-        command.kill_on_drop(true);
         let started = Instant::now();
-        let spawned = command.spawn();
-        // The command holds the status pipe's write end and the ruleset: close them here.
-        drop(command);
-        let mut child = match spawned {
-            Ok(child) => child,
-            Err(io_error) => {
-                return error(format!(
-                    "starting {} in the jail: {io_error}",
-                    executable.display()
-                ));
-            }
+        let launch = Launch {
+            spec: &self.spec,
+            owner,
+            work_dir: work_dir.path(),
+            layout,
+            executable: &executable,
+            argv,
+            env,
+            status_writer,
+        };
+        let spawned = if self.via_helper {
+            launch.spawn_via_helper(program.stdin)
+        } else {
+            launch.spawn_forked(program.stdin)
+        };
+        let (mut child, stdin_bytes) = match spawned {
+            Ok(spawned) => spawned,
+            Err(message) => return error(message),
         };
 
         let over_cap = Arc::new(Notify::new());
@@ -395,7 +490,7 @@ impl SandboxInner {
             )));
         }
         let stdin_writer = child.stdin.take().map(|mut stdin| {
-            let bytes = program.stdin;
+            let bytes = stdin_bytes;
             // A program that never reads its stdin must not block the run: errors are ignored.
             tokio::spawn(async move {
                 let _ = stdin.write_all(&bytes).await;

@@ -218,3 +218,23 @@ fn bad_file_names_fail_the_run_not_the_caller() {
     });
     assert!(matches!(result.status, ExitStatusKind::SandboxError(_)));
 }
+
+#[test]
+fn runs_start_from_the_helper_process() {
+    // The constructor that turns a re-executed copy of this test binary into the jail's helper
+    // must be linked in; without it every run would fork the (possibly large) caller.
+    assert!(sandbox().spawns_via_helper());
+}
+
+#[test]
+fn forking_path_works_too() {
+    let sandbox = Sandbox::new(SandboxConfig {
+        spawn_via_helper: false,
+        ..SandboxConfig::default()
+    })
+    .unwrap();
+    assert!(!sandbox.spawns_via_helper());
+    let result = sandbox
+        .run_blocking(Program::python("import sys\nprint(sys.stdin.read())").with_stdin("in"));
+    assert_eq!(result.stdout, b"in\n", "{}", result.stderr_text());
+}
