@@ -195,6 +195,30 @@ const CASES: &[(&str, &str, bool)] = &[
     ("\\text{Monday}", "\\text{monday}", true),
     ("\\text{Monday}", "Tuesday", false),
     ("\\text{yes}", "no", false),
+    // vectors and matrices, binomials, the empty set, ratios
+    ("\\begin{pmatrix} 1 \\\\ -2 \\end{pmatrix}", "(1, -2)", true),
+    (
+        "\\begin{pmatrix} 1 \\\\ -2 \\end{pmatrix}",
+        "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}",
+        false,
+    ),
+    (
+        "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+        "\\begin{bmatrix} 1 & 2 \\\\ 3 & 4 \\end{bmatrix}",
+        true,
+    ),
+    (
+        "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+        "\\begin{pmatrix} 2 & 1 \\\\ 3 & 4 \\end{pmatrix}",
+        false,
+    ),
+    ("\\binom{5}{2}", "10", true),
+    ("\\dbinom{6}{3}", "\\binom{6}{3}", true),
+    ("\\binom{5}{2}", "5", false),
+    ("\\emptyset", "\\varnothing", true),
+    ("\\emptyset", "\\{0\\}", false),
+    ("3:2", "\\frac{3}{2}", true),
+    ("3:2", "2:3", false),
     // LaTeX layout that must be ignored
     ("\\left( 1, 2 \\right)", "(1,2)", true),
     ("\\displaystyle \\frac{1}{2}", "1/2", true),
@@ -213,6 +237,69 @@ const CASES: &[(&str, &str, bool)] = &[
     ("1", "0^{-1}", false),
     ("2^{5000}", "2^{5000}+1", false),
 ];
+
+/// Gold answers in the shapes MATH-style datasets use; each must parse (a gold that fails to
+/// parse drops its sample from training).
+const TYPICAL_GOLDS: &[&str] = &[
+    "\\frac{\\sqrt{3}}{2}",
+    "\\text{(E)}",
+    "6\\sqrt{2}",
+    "\\$1.25",
+    "x^2+7x+10",
+    "(-\\infty,-2)\\cup(-2,\\infty)",
+    "\\left(\\frac{1}{2}, 3\\right)",
+    "\\dfrac{9}{4}\\pi",
+    "\\frac{1}{2}\\ln 2",
+    "\\text{Devon}",
+    "\\text{(A)}, \\text{(C)}",
+    "1.2 \\times 10^{-3}",
+    "\\frac{a+b}{2}",
+    "-\\frac{1}{3}, \\frac{1}{2}",
+    "\\{-1, 2\\}",
+    "\\cos \\theta",
+    "10,\\!080",
+    "9\\pi \\text{ sq units}",
+    "\\sqrt{\\frac{1}{2}}",
+    "\\left[ 0, 1 \\right]",
+    "\\left\\{ 1 \\right\\}",
+    "3+4i",
+    "\\frac{\\sqrt{2}}2",
+    "\\$ 1,000.50",
+    "2 \\text{ and } 3",
+    "x \\neq 5",
+    "30^\\circ",
+    "100\\%",
+    "\\text{even}",
+    "k = 5",
+    "\\mbox{Devon}",
+    "\\begin{pmatrix} 3 \\\\ 5 \\end{pmatrix}",
+    "\\binom{10}{3}",
+    "\\emptyset",
+    "5:3",
+    "\\frac{1}{4}\\%",
+    "y = -\\frac{1}{2}x + 3",
+    "\\sqrt[3]{2}",
+    "2^{\\frac{1}{3}}",
+    "\\log_2 5",
+    "e^{2}",
+    "-\\infty",
+    "[-2, 5)",
+    "\\pm 3",
+    "\\text{yes}",
+];
+
+#[test]
+fn typical_gold_answers_parse() {
+    let failures: Vec<String> = TYPICAL_GOLDS
+        .iter()
+        .filter_map(|gold| {
+            MathVerifier::parse_gold(gold)
+                .err()
+                .map(|e| format!("{gold:?}: {e}"))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
 
 fn verifier() -> MathVerifier {
     MathVerifier::new(&MathConfig::default()).expect("default config is valid")

@@ -29,6 +29,8 @@ pub enum Token {
     Log,
     Sqrt,
     Frac,
+    Binom,
+    EmptySet,
     Plus,
     Minus,
     PlusMinus,
@@ -147,6 +149,8 @@ struct Lexer<'a> {
     bytes: &'a [u8],
     pos: usize,
     tokens: Vec<Token>,
+    /// Open `\begin{...matrix}` environments: inside them `&` and `\\` separate entries.
+    matrix_depth: usize,
 }
 
 /// Tokenizes one answer.
@@ -156,6 +160,7 @@ pub fn tokenize(text: &str) -> Result<Vec<Token>, LexError> {
         bytes: text.as_bytes(),
         pos: 0,
         tokens: Vec::new(),
+        matrix_depth: 0,
     };
     lexer.run()?;
     Ok(lexer.tokens)
@@ -173,6 +178,10 @@ impl<'a> Lexer<'a> {
     fn run(&mut self) -> Result<(), LexError> {
         while let Some(byte) = self.peek() {
             match byte {
+                b'&' if self.matrix_depth > 0 => {
+                    self.pos += 1;
+                    self.tokens.push(Token::Comma);
+                }
                 b' ' | b'\t' | b'\n' | b'\r' | b'~' | b'&' | b'$' => self.pos += 1,
                 b'0'..=b'9' => self.number()?,
                 b'.' if self.bytes.get(self.pos + 1).is_some_and(u8::is_ascii_digit) => {
@@ -211,6 +220,8 @@ impl<'a> Lexer<'a> {
             b'}' => (Token::RBrace, 1),
             b'|' => (Token::Bar, 1),
             b',' | b';' => (Token::Comma, 1),
+            // `3:2`, a ratio, read as the quotient.
+            b':' => (Token::Divide, 1),
             b'=' if two(self, b'=') => (Token::Rel(RelOp::Eq), 2),
             b'=' => (Token::Rel(RelOp::Eq), 1),
             b'<' if two(self, b'=') => (Token::Rel(RelOp::LessEq), 2),
@@ -466,6 +477,24 @@ impl<'a> Lexer<'a> {
         }
         let token = match name {
             "frac" | "dfrac" | "tfrac" | "cfrac" => Token::Frac,
+            "binom" | "dbinom" | "tbinom" | "choose" => Token::Binom,
+            "emptyset" | "varnothing" => Token::EmptySet,
+            "begin" | "end" => {
+                let environment = self.raw_group()?;
+                if !environment.ends_with("matrix") && environment != "array" {
+                    return Err(LexError(format!("unsupported environment {environment}")));
+                }
+                if name == "begin" {
+                    if environment == "array" {
+                        self.raw_group()?; // the column specification `{cc}`
+                    }
+                    self.matrix_depth += 1;
+                    Token::LParen
+                } else {
+                    self.matrix_depth = self.matrix_depth.saturating_sub(1);
+                    Token::RParen
+                }
+            }
             "sqrt" => Token::Sqrt,
             "pi" => Token::Pi,
             "infty" | "infin" => Token::Infinity,

@@ -15,8 +15,14 @@
 //! `^\circ`), `\sqrt`, `\sqrt[n]`, `\pi`, powers, implicit multiplication, factorials, tuples
 //! and intervals (brackets must match: `[1,2)` is not `(1,2)`), sets and top-level lists
 //! (unordered), equations (`x = 3` matches `3`; general equations match up to a non-zero factor),
-//! inequalities as intervals (a gold `1<x<2` accepts `(1,2)`), unions, multiple-choice letters
-//! and word answers (`\text{Monday}`).
+//! inequalities as intervals (a gold `1<x<2` accepts `(1,2)`), unions, vectors and matrices
+//! (`\begin{pmatrix}`, compared entry by entry in order), `\binom`, `\emptyset`, ratios (`3:2`),
+//! multiple-choice letters and word answers (`\text{Monday}`).
+//!
+//! Not accepted: repeating decimals (`0.\overline{3}`), `\dots`, floor/ceiling, `\approx`,
+//! scientific `1.5e3` (read as `1.5 e 3`), complex arithmetic (`i` is a variable), and decimal
+//! approximations of irrational answers (`1.414` for `\sqrt{2}`) unless `relative_tolerance` is
+//! raised.
 //!
 //! Config (`[reward]` table with `kind = "math"`; every field optional):
 //! - `relative_tolerance` (f64, default 1e-9): relative tolerance for irrational values only;

@@ -148,9 +148,27 @@ impl Parser {
     }
 
     fn relation(&mut self) -> Result<Expr, ParseError> {
-        // A leading word before a value ("USD 5", "\text{Area} = 5") is a label.
-        while let Some(Token::Text(_)) = self.peek() {
+        // A leading word before a value ("USD 5", "\\text{Area} = 5") is a label; a word with no
+        // value after it is a word answer in a list (`\\text{(A)}, \\text{(C)}`).
+        let mut words = Vec::new();
+        while let Some(Token::Text(word)) = self.peek() {
+            words.push(word.clone());
             self.pos += 1;
+        }
+        if !words.is_empty()
+            && matches!(
+                self.peek(),
+                None | Some(
+                    Token::Comma
+                        | Token::Cup
+                        | Token::RParen
+                        | Token::RBracket
+                        | Token::RBrace
+                        | Token::RSetBrace
+                )
+            )
+        {
+            return Ok(Expr::Text(words.join(" ")));
         }
         let mut operands = vec![self.sum()?];
         let mut ops = Vec::new();
@@ -207,6 +225,8 @@ impl Parser {
                 | Token::Pi
                 | Token::Infinity
                 | Token::Frac
+                | Token::Binom
+                | Token::EmptySet
                 | Token::Sqrt
                 | Token::Func(_)
                 | Token::Log
@@ -355,6 +375,20 @@ impl Parser {
                 let denom = self.argument()?;
                 Ok(Expr::Div(Box::new(numer), Box::new(denom)))
             }
+            Token::Binom => {
+                let n = self.argument()?;
+                let k = self.argument()?;
+                let n_minus_k = Expr::Sub(Box::new(n.clone()), Box::new(k.clone()));
+                let denominator = Expr::Mul(
+                    Box::new(Expr::Factorial(Box::new(k))),
+                    Box::new(Expr::Factorial(Box::new(n_minus_k))),
+                );
+                Ok(Expr::Div(
+                    Box::new(Expr::Factorial(Box::new(n))),
+                    Box::new(denominator),
+                ))
+            }
+            Token::EmptySet => Ok(Expr::Set(Vec::new())),
             Token::Sqrt => {
                 let index = if self.eat(&Token::LBracket) {
                     let index = self.sum()?;
