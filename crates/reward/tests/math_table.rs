@@ -364,6 +364,12 @@ fn answers_are_extracted_from_whole_completions() {
         score("18", "So the answer is $18$.", ""),
         (1.0, Outcome::Correct)
     );
+    let tagged = "<answer>The answer is 18 apples</answer>";
+    assert_eq!(score("18", tagged, ""), (1.0, Outcome::Correct));
+    assert_eq!(
+        score("18", "\\boxed{\\text{it is } 18}", ""),
+        (1.0, Outcome::Correct)
+    );
     assert_eq!(
         score("18", "9 times 2 gives 18", ""),
         (1.0, Outcome::Correct)

@@ -145,6 +145,10 @@ impl Extractor {
             let inner = inner
                 .find("</answer>")
                 .map_or(inner, |close| &inner[..close]);
+            // `<answer>The answer is 5</answer>`: the phrase inside the tag still marks it.
+            if let Some(found) = self.answer_phrase.find_iter(inner).last() {
+                return Some((&inner[found.end()..], AnswerSource::AnswerTag));
+            }
             return Some((inner, AnswerSource::AnswerTag));
         }
         if let Some(found) = self.answer_phrase.find_iter(completion).last() {
@@ -193,6 +197,8 @@ mod tests {
     fn answer_tags_then_phrases_then_hashes_then_last_number() {
         let extractor = Extractor::new();
         assert_eq!(extractor.extract("<answer> 12 </answer>").unwrap().0, "12");
+        let tagged_phrase = "<answer>The final answer is 12.</answer>";
+        assert_eq!(extractor.extract(tagged_phrase).unwrap().0, "12");
         assert_eq!(
             extractor.extract("so the answer is $5$. Done").unwrap().0,
             "5"

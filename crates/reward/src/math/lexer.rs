@@ -60,6 +60,10 @@ pub enum Token {
 pub struct LexError(pub String);
 
 /// Words that are units or filler after a number, never variables.
+/// Two-letter English words that are filler, never a product of two variables.
+const FILLER_WORDS_SHORT: &[&str] = &[
+    "is", "to", "of", "so", "be", "it", "we", "as", "at", "by", "on", "if",
+];
 const UNIT_WORDS_SHORT: &[&str] = &[
     "cm", "mm", "km", "kg", "mg", "ml", "ft", "hr", "in", "yd", "mi", "oz", "lb", "am", "pm", "gb",
     "mb", "kb",
@@ -383,7 +387,10 @@ impl<'a> Lexer<'a> {
                 self.subscript(&mut name);
                 Token::Ident(name)
             }
-            _ if word.len() == 2 && !UNIT_WORDS_SHORT.contains(&lower.as_str()) => {
+            _ if word.len() == 2
+                && !UNIT_WORDS_SHORT.contains(&lower.as_str())
+                && !FILLER_WORDS_SHORT.contains(&lower.as_str()) =>
+            {
                 // `xy`: implicit multiplication of single-letter variables.
                 for ch in word.chars() {
                     self.tokens.push(Token::Ident(ch.to_string()));
