@@ -12,6 +12,55 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 /// Splits text into word and symbol tokens (see the module doc).
 pub fn word_tokens(text: &str) -> Vec<&str> {
+    if text.is_ascii() {
+        ascii_word_tokens(text)
+    } else {
+        unicode_word_tokens(text)
+    }
+}
+
+/// `char::is_whitespace` restricted to ASCII.
+fn is_ascii_space(b: u8) -> bool {
+    matches!(b, b'\t' | b'\n' | b'\x0B' | b'\x0C' | b'\r' | b' ')
+}
+
+/// [`word_tokens`] on bytes, for ASCII text (most of a web corpus): the same rules without
+/// decoding characters, about twice as fast.
+fn ascii_word_tokens(text: &str) -> Vec<&str> {
+    let bytes = text.as_bytes();
+    let mut tokens = Vec::with_capacity(bytes.len() / 5);
+    let mut i = 0;
+    while i < bytes.len() {
+        if is_ascii_space(bytes[i]) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        let is_word = bytes[i].is_ascii_alphanumeric();
+        i += 1;
+        while i < bytes.len() {
+            let next = bytes[i];
+            if is_ascii_space(next) {
+                break;
+            }
+            let continues = if is_word {
+                next.is_ascii_alphanumeric()
+                    || (matches!(next, b'\'' | b'-' | b'_')
+                        && bytes.get(i + 1).is_some_and(u8::is_ascii_alphanumeric))
+            } else {
+                !next.is_ascii_alphanumeric()
+            };
+            if !continues {
+                break;
+            }
+            i += 1;
+        }
+        tokens.push(&text[start..i]);
+    }
+    tokens
+}
+
+fn unicode_word_tokens(text: &str) -> Vec<&str> {
     let mut tokens = Vec::with_capacity(text.len() / 5);
     let mut chars = text.char_indices().peekable();
     while let Some((start, c)) = chars.next() {
@@ -308,6 +357,14 @@ mod tests {
             word_tokens("Hello, world... it's re-done #1"),
             vec!["Hello", ",", "world", "...", "it's", "re-done", "#", "1"]
         );
+    }
+
+    #[test]
+    fn ascii_fast_path_matches_the_unicode_path() {
+        let text = "It's a re-done #1 test... (really)! \t\x0Bx_y -- 'q' a-";
+        assert!(text.is_ascii());
+        assert_eq!(ascii_word_tokens(text), unicode_word_tokens(text));
+        assert_eq!(word_tokens("café, naïve"), vec!["café", ",", "naïve"]);
     }
 
     #[test]
