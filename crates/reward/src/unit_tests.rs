@@ -5,6 +5,11 @@
 //! Config (`kind = "unit_tests"`):
 //! - `scoring`: `"binary"` (default: 1 only when every assertion passed) or `"fraction"`
 //!   (fraction of assertion sites that passed).
+//! - `builtin_results_only` (bool, default true): every value the function under test returns
+//!   must be built from Python's builtin data types (numbers, strings, bytes, None, lists,
+//!   tuples, sets, dicts), checked recursively with exact type tests; this stops the
+//!   "always-equal object" hack (returning an instance whose `__eq__` is always true). Turn it
+//!   off for tasks whose functions legitimately return other objects.
 //! - `extract_fenced_code` (bool, default true): use the last ```python block of the completion
 //!   when there is one.
 //!
@@ -18,8 +23,8 @@
 //! taken before the solution ran. A program that calls `exit(0)`, `sys.exit(0)` or
 //! `os._exit(0)` before the tests finish never produces that line and scores 0; a `SystemExit`
 //! raised while the solution is loaded also scores 0. Known limit: code running in the same
-//! interpreter can in principle inspect the harness (for example return objects whose `__eq__`
-//! is always true); the sandbox bounds the damage, not the cheating.
+//! interpreter can in principle still inspect and tamper with the harness (its frames, its
+//! counters); the sandbox bounds the damage, not every such cheat.
 
 use serde::{Deserialize, Serialize};
 use stoke_sandbox::{Program, Sandbox};
@@ -34,6 +39,30 @@ def _stoke_main():
     nonce = _sys.stdin.readline().strip()
     result_fd = _os.dup(1)
     entry_point = _sys.argv[1]
+    builtin_results_only = _sys.argv[2] == "builtin"
+    plain_types = (int, float, complex, str, bytes, bool, type(None))
+    def check_plain(value, depth=0):
+        kind = type(value)
+        if depth > 50:
+            raise TypeError("result nested too deeply")
+        if kind in plain_types:
+            return
+        if kind in (list, tuple, set, frozenset):
+            for item in value:
+                check_plain(item, depth + 1)
+            return
+        if kind is dict:
+            for key, item in value.items():
+                check_plain(key, depth + 1)
+                check_plain(item, depth + 1)
+            return
+        raise TypeError("result of type %s is not a builtin data type" % kind.__name__)
+    def guard(function):
+        def guarded(*args, **kwargs):
+            result = function(*args, **kwargs)
+            check_plain(result)
+            return result
+        return guarded
     with open("solution.py") as f:
         solution = f.read()
     with open("tests.py") as f:
@@ -73,6 +102,8 @@ def _stoke_main():
         exec(compile(tree, "tests.py", "exec"), namespace)
         check = namespace["check"]
         candidate = namespace[entry_point]
+        if builtin_results_only:
+            candidate = guard(candidate)
     except BaseException as error:
         report(0, total, "setup_error:" + type(error).__name__)
         return
@@ -98,6 +129,7 @@ pub enum TestScoring {
 #[serde(deny_unknown_fields, default)]
 pub struct UnitTestsConfig {
     pub scoring: TestScoring,
+    pub builtin_results_only: bool,
     pub extract_fenced_code: bool,
 }
 
@@ -105,6 +137,7 @@ impl Default for UnitTestsConfig {
     fn default() -> Self {
         Self {
             scoring: TestScoring::Binary,
+            builtin_results_only: true,
             extract_fenced_code: true,
         }
     }
@@ -112,6 +145,7 @@ impl Default for UnitTestsConfig {
 
 pub struct UnitTestsVerifier {
     scoring: TestScoring,
+    builtin_results_only: bool,
     extract_fenced_code: bool,
     sandbox: Sandbox,
 }
@@ -148,6 +182,7 @@ impl UnitTestsVerifier {
     pub fn new(config: &UnitTestsConfig, sandbox: Sandbox) -> Result<Self, ConfigError> {
         Ok(Self {
             scoring: config.scoring,
+            builtin_results_only: config.builtin_results_only,
             extract_fenced_code: config.extract_fenced_code,
             sandbox,
         })
@@ -182,7 +217,15 @@ impl UnitTestsVerifier {
                 ),
                 ("tests.py".into(), tests.as_bytes().to_vec()),
             ],
-            args: vec![entry_point.to_string()],
+            args: vec![
+                entry_point.to_string(),
+                if self.builtin_results_only {
+                    "builtin"
+                } else {
+                    "any"
+                }
+                .to_string(),
+            ],
             ..Program::python("")
         };
         Ok(Prepared {

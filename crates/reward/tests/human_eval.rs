@@ -222,3 +222,39 @@ fn missing_fields_and_bad_entry_points_are_dataset_problems() {
         Outcome::UnparseableGold
     );
 }
+
+#[test]
+fn always_equal_objects_do_not_pass_unless_allowed() {
+    let hack = "    class AlwaysEqual:\n        def __eq__(self, other):\n            return True\n    return AlwaysEqual()\n";
+    let reference = Reference {
+        tests: Some("def check(f):\n    assert f(2) == 4\n    assert f(3) == 9\n".into()),
+        entry_point: Some("square".into()),
+        ..Reference::default()
+    };
+    let strict = UnitTestsVerifier::new(&UnitTestsConfig::default(), sandbox()).unwrap();
+    let outcome = strict.score(&RewardInput::new("def square(x):\n", hack, &reference));
+    assert_eq!(
+        (outcome.score, outcome.details.passed),
+        (0.0, Some(0)),
+        "{outcome:?}"
+    );
+    // A subclass of int overriding equality is caught by the exact type test too.
+    let int_hack = "    class Sneaky(int):\n        def __eq__(self, other):\n            return True\n    return Sneaky(0)\n";
+    assert_eq!(
+        strict
+            .score(&RewardInput::new("def square(x):\n", int_hack, &reference))
+            .score,
+        0.0
+    );
+    let lenient_config = UnitTestsConfig {
+        builtin_results_only: false,
+        ..UnitTestsConfig::default()
+    };
+    let lenient = UnitTestsVerifier::new(&lenient_config, sandbox()).unwrap();
+    let outcome = lenient.score(&RewardInput::new("def square(x):\n", hack, &reference));
+    assert_eq!(
+        outcome.outcome,
+        Outcome::Correct,
+        "the option really switches the guard off"
+    );
+}
