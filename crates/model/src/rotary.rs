@@ -177,3 +177,91 @@ impl RotaryTable {
         Ok((cos, sin))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn table(rope_parameters: &str) -> RotaryTable {
+        let json = format!(
+            r#"{{"architectures": ["LlamaForCausalLM"], "vocab_size": 10, "hidden_size": 64,
+                "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 4,
+                "head_dim": 16, "max_position_embeddings": 256, "rope_parameters": {rope_parameters}}}"#
+        );
+        RotaryTable::new(&ModelConfig::from_json_str(&json, Path::new("test")).expect("config"))
+    }
+
+    fn assert_close(got: &[f32], want: &[f64]) {
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            assert!((*g as f64 - w).abs() <= 1e-6 * w.abs(), "{got:?} vs {want:?}");
+        }
+    }
+
+    // Expected values printed by transformers 5.24.0 `ROPE_INIT_FUNCTIONS[...](config, "cpu")`
+    // for the same config (the fixtures cover the common settings end to end; these pin the
+    // rarer yarn options: mscale/mscale_all_dim, truncate=false, custom betas).
+    #[test]
+    fn yarn_with_mscale_and_no_truncation_matches_transformers() {
+        let t = table(
+            r#"{"rope_type": "yarn", "factor": 4.0, "mscale": 0.707, "mscale_all_dim": 1.0, "truncate": false,
+                "beta_fast": 16.0, "beta_slow": 2.0, "original_max_position_embeddings": 64, "rope_theta": 500.0}"#,
+        );
+        assert_close(
+            t.inv_freq(),
+            &[
+                1.0,
+                0.2952757477760315,
+                0.060098692774772644,
+                0.02431231178343296,
+                0.011180340312421322,
+                0.005141428206115961,
+                0.0023643539752811193,
+                0.0010872796410694718,
+            ],
+        );
+        assert!((t.attention_factor() - 0.964326914892074).abs() < 1e-12);
+    }
+
+    #[test]
+    fn llama3_bands_match_transformers() {
+        let t = table(
+            r#"{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64, "rope_theta": 500.0}"#,
+        );
+        assert_close(
+            t.inv_freq(),
+            &[
+                1.0,
+                0.4598632752895355,
+                0.09761662781238556,
+                0.01215615589171648,
+                0.005590170156210661,
+                0.0025707141030579805,
+                0.0011821769876405597,
+                0.0005436398205347359,
+            ],
+        );
+        assert_eq!(t.attention_factor(), 1.0);
+    }
+
+    #[test]
+    fn cos_sin_are_scaled_by_the_attention_factor_and_duplicated_over_halves() -> Result<()> {
+        let t = table(r#"{"rope_type": "yarn", "factor": 4.0, "rope_theta": 500.0}"#);
+        let positions = Tensor::new(&[[0u32, 3]], &Device::Cpu)?;
+        let (cos, sin) = t.cos_sin(&positions, DType::F32)?;
+        assert_eq!(cos.dims(), [1, 2, 1, 16]);
+        let cos: Vec<f32> = cos.flatten_all()?.to_vec1()?;
+        let sin: Vec<f32> = sin.flatten_all()?.to_vec1()?;
+        let scale = (0.1 * 4f64.ln() + 1.0) as f32;
+        assert!((cos[0] - scale).abs() < 1e-6 && sin[0] == 0.0);
+        for k in 0..8 {
+            let angle = 3.0 * t.inv_freq()[k];
+            assert!((cos[16 + k] - angle.cos() * scale).abs() < 1e-6);
+            assert_eq!(cos[16 + k], cos[16 + k + 8]);
+            assert_eq!(sin[16 + k], sin[16 + k + 8]);
+        }
+        Ok(())
+    }
+}

@@ -11,8 +11,8 @@
 //! where not; every query row must allow at least one key (see stoke-model `causal_bias`),
 //! otherwise that row's softmax is NaN.
 
-use crate::softmax::softmax;
-use candle_core::{D, Result, Tensor};
+use crate::kernels::softmax_last_dim;
+use candle_core::{Result, Tensor};
 
 /// `q`: [B, Hq, Tq, D]; `k`, `v`: [B, Hkv, Tk, D] with `Hq % Hkv == 0`;
 /// `bias`: broadcastable to [B, Hq, Tq, Tk] (usually [B, 1, Tq, Tk]). Returns [B, Hq, Tq, D].
@@ -33,7 +33,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor) -> Result<Te
     let scores = scores
         .reshape((batch, q_heads, q_len, k_len))?
         .broadcast_add(bias)?;
-    let probs = softmax(&scores, D::Minus1)?.reshape((batch, kv_heads, n_rep * q_len, k_len))?;
+    let probs = softmax_last_dim(&scores)?.reshape((batch, kv_heads, n_rep * q_len, k_len))?;
     probs
         .matmul(&v.contiguous()?)?
         .reshape((batch, q_heads, q_len, head_dim))

@@ -6,8 +6,10 @@
 //! `reshape`/`transpose`, `sum`, `max` (detached here), `index_select`, `gather`, `to_dtype`).
 //! candle's own fused `softmax_last_dim`, `rms_norm`, `layer_norm`, rotary and sdpa kernels
 //! build their outputs without a backward and silently cut the graph, so they are not used.
-//! Later, fused kernels with hand-written backward (candle `CustomOp` with `bwd`) can replace
-//! a composition here without changing any signature; the tests pin the semantics.
+//! Where the compositions were the bottleneck, `kernels` holds fused CPU kernels with
+//! hand-written backward (candle `CustomOp1` with `bwd`): the softmax inside `attention` and
+//! the target log-probabilities inside `token_logprobs`/`cross_entropy`. The composed
+//! `softmax`/`log_softmax` remain for any dimension and as the reference in tests.
 //!
 //! Dtypes: operations keep the input dtype (f32 in training, f64 in gradient checks);
 //! `rms_norm` computes in f32 when given f16/bf16, as transformers does.
@@ -15,6 +17,7 @@
 pub mod activation;
 pub mod attention;
 pub mod gradcheck;
+pub mod kernels;
 pub mod loss;
 pub mod norm;
 pub mod numerics;

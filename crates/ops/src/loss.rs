@@ -1,22 +1,15 @@
 //! Token-level log-probabilities and masked cross-entropy, as differentiable compositions.
 //!
-//! `token_logprobs` computes `logit[target] - logsumexp(logits)` per row without materialising
-//! the full log-softmax matrix twice; it is the building block for next-token loss, DPO and
-//! GRPO. The log-sum-exp's inner maximum is detached (shift invariance, see softmax.rs).
+//! `token_logprobs` computes `logit[target] - logsumexp(logits)` per row in one fused pass
+//! (kernels.rs) without materialising the log-softmax matrix; it is the building block for
+//! next-token loss, DPO and GRPO.
 
-use candle_core::{D, DType, Result, Tensor};
+use candle_core::{DType, Result, Tensor};
 
 /// `logits`: [N, V] float; `targets`: [N] u32 (any value < V). Returns [N] log p(target).
+/// Fused kernel with closed-form backward (see kernels.rs).
 pub fn token_logprobs(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
-    let max = logits.max_keepdim(D::Minus1)?.detach();
-    let log_sum_exp = logits
-        .broadcast_sub(&max)?
-        .exp()?
-        .sum_keepdim(D::Minus1)?
-        .log()?
-        .add(&max)?;
-    let target_logit = logits.gather(&targets.unsqueeze(1)?.contiguous()?, 1)?;
-    (target_logit - log_sum_exp)?.squeeze(1)
+    crate::kernels::target_logprobs(logits, targets)
 }
 
 /// Mean negative log-likelihood over the rows where `mask` is non-zero:
