@@ -138,6 +138,9 @@ const CASES: &[(&str, &str, bool)] = &[
     ("y=2x+1", "2x-y=-1", true),
     ("x+y=1", "2y=2-2x", true),
     ("3", "x=4", false),
+    ("x=3", "2x=6", false),
+    ("3", "2x=6", false),
+    ("x=3", "x-3=0", false),
     ("y=2x+1", "y=2x-1", false),
     ("x+y=1", "x-y=1", false),
     // tuples and points (ordered)

@@ -336,16 +336,30 @@ fn structurally_equal(gold: &Expr, pred: &Expr, tolerance: &Tolerance) -> bool {
     }
 }
 
+/// `x = 3` (or `3 = x`): a variable equal to a value without variables.
+fn is_solved_value(sides: &[Expr]) -> bool {
+    let constant = |e: &Expr| {
+        let mut names = Vec::new();
+        e.variables(&mut names);
+        names.is_empty()
+    };
+    match sides {
+        [Expr::Var(_), value] | [value, Expr::Var(_)] => constant(value),
+        _ => false,
+    }
+}
+
 /// True when `pred` is an acceptable answer for `gold`.
 pub fn equivalent(gold: &Expr, pred: &Expr, tolerance: &Tolerance) -> bool {
     let (gold_canonical, pred_canonical) = (canonical(gold), canonical(pred));
     if structurally_equal(&gold_canonical, &pred_canonical, tolerance) {
         return true;
     }
-    // `y = 2x + 1` against `2x - y = -1`: compare as equations when both were equations.
+    // `y = 2x + 1` against `2x - y = -1`: compare as equations when both were equations, unless
+    // the gold is a solved value (`x = 3`), which an unsolved `2x = 6` must not match.
     match (gold, pred) {
         (Expr::Relation(g, g_ops), Expr::Relation(p, p_ops))
-            if g_ops == &[RelOp::Eq] && p_ops == &[RelOp::Eq] =>
+            if g_ops == &[RelOp::Eq] && p_ops == &[RelOp::Eq] && !is_solved_value(g) =>
         {
             equations_equal(g, p, tolerance)
         }
