@@ -102,6 +102,10 @@ fn report_counts_chain_from_stage_to_stage_and_reasons_add_up() {
         previous = stage.documents_out;
     }
     assert_eq!(report.stages[0].removed.get("gopher_short_doc"), Some(&1));
+    assert!(
+        report.stages.iter().all(|s| s.cpu_seconds > 0.0),
+        "every stage did timed work"
+    );
     assert_eq!(report.stages[1].events.get("emails_redacted"), Some(&1));
     assert_eq!(report.stages[2].removed.get("exact_duplicate"), Some(&1));
     let output = read_output(&dir.path().join("out/kept.jsonl"));

@@ -129,8 +129,8 @@ fn summary(report: &FunnelReport) -> String {
         out.push_str(&format!("  bad: {}: {}\n", bad.location, bad.error));
     }
     out.push_str(&format!(
-        "{:<20} {:>10} {:>10} {:>8}  removed by reason\n",
-        "stage", "in", "out", "kept%"
+        "{:<20} {:>10} {:>10} {:>8} {:>8}  removed by reason\n",
+        "stage", "in", "out", "kept%", "cpu s"
     ));
     for stage in &report.stages {
         let pct = 100.0 * stage.documents_out as f64 / stage.documents_in.max(1) as f64;
@@ -145,11 +145,12 @@ fn summary(report: &FunnelReport) -> String {
             .map(|(e, n)| format!("{e}={n}"))
             .collect();
         out.push_str(&format!(
-            "{:<20} {:>10} {:>10} {:>7.1}%  {}{}\n",
+            "{:<20} {:>10} {:>10} {:>7.1}% {:>8.2}  {}{}\n",
             stage.name,
             stage.documents_in,
             stage.documents_out,
             pct,
+            stage.cpu_seconds,
             reasons.join(" "),
             if events.is_empty() {
                 String::new()

@@ -40,6 +40,8 @@ pub struct Progress {
 /// What one stage did to one document inside the parallel part.
 struct Step {
     stage: usize,
+    /// Time spent in the stage on this document (for the report's per-stage CPU time).
+    nanos: u64,
     bytes_in: u64,
     outcome: Result<u64, DropReason>,
     events: Events,
@@ -47,6 +49,8 @@ struct Step {
 
 struct Outcome {
     steps: Vec<Step>,
+    /// Time spent preparing the ordered stage that follows (hashing, signatures).
+    prepare_nanos: u64,
     kept: Option<(Document, Option<Prepared>)>,
     dropped: Option<(usize, DropReason, Document)>,
 }
@@ -63,10 +67,14 @@ fn run_segment(
     for (offset, stage) in segment.iter().enumerate() {
         let bytes_in = doc.byte_len();
         let mut events = Events::new();
-        match stage.apply(doc, &mut events) {
+        let started = Instant::now();
+        let verdict = stage.apply(doc, &mut events);
+        let nanos = started.elapsed().as_nanos() as u64;
+        match verdict {
             Verdict::Keep(kept) => {
                 steps.push(Step {
                     stage: first + offset,
+                    nanos,
                     bytes_in,
                     outcome: Ok(kept.byte_len()),
                     events,
@@ -76,23 +84,27 @@ fn run_segment(
             Verdict::Drop(dropped, reason) => {
                 steps.push(Step {
                     stage: first + offset,
+                    nanos,
                     bytes_in,
                     outcome: Err(reason),
                     events,
                 });
                 return Outcome {
                     steps,
+                    prepare_nanos: 0,
                     kept: None,
                     dropped: Some((first + offset, reason, dropped)),
                 };
             }
         }
     }
+    let started = Instant::now();
     let prepared = ordered.and_then(|stage| stage.prepare(&doc));
     Outcome {
         steps,
         kept: Some((doc, prepared)),
         dropped: None,
+        prepare_nanos: started.elapsed().as_nanos() as u64,
     }
 }
 
@@ -117,9 +129,12 @@ fn process_chunk(
                 .collect()
         };
         let mut survivors: Vec<(Document, Option<Prepared>)> = Vec::with_capacity(outcomes.len());
+        let mut prepare_nanos = 0u64;
         for outcome in outcomes {
+            prepare_nanos += outcome.prepare_nanos;
             for step in &outcome.steps {
                 let report = &mut reports[step.stage];
+                report.cpu_seconds += step.nanos as f64 * 1e-9;
                 match step.outcome {
                     Ok(bytes_out) => report.record_kept(step.bytes_in, bytes_out),
                     Err(reason) => report.record_removed(step.bytes_in, reason),
@@ -137,6 +152,7 @@ fn process_chunk(
         if ordered_at < stages.len() {
             let stage = &mut stages[ordered_at];
             let report = &mut reports[ordered_at];
+            let started = Instant::now();
             for (doc, prepared) in survivors {
                 let bytes_in = doc.byte_len();
                 let mut events = Events::new();
@@ -156,6 +172,7 @@ fn process_chunk(
                 }
                 report.record_events(&events);
             }
+            report.cpu_seconds += prepare_nanos as f64 * 1e-9 + started.elapsed().as_secs_f64();
         } else {
             live.extend(survivors.into_iter().map(|(doc, _)| doc));
         }

@@ -30,6 +30,8 @@ pub struct StageReport {
     pub bytes_out: u64,
     pub removed: BTreeMap<String, u64>,
     pub events: BTreeMap<String, u64>,
+    /// Time spent in this stage summed over threads (parallel work counts once per thread).
+    pub cpu_seconds: f64,
 }
 
 impl StageReport {
