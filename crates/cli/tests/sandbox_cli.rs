@@ -61,6 +61,8 @@ fn run_prints_the_result_as_json() {
     let result: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(result["status"]["exited"], 4);
     assert_eq!(result["stdout"], "hello\n");
+    // The stoke binary carries the helper constructor: runs do not fork the CLI process.
+    assert_eq!(result["via_helper"], true);
     let _ = std::fs::remove_dir_all(dir);
 }
 

@@ -14,17 +14,18 @@
 //! a cleared environment, its own session, a parent-death signal, rlimits (CPU, address space,
 //! file size, open files, processes, no core dumps), a wall-clock limit and capped output; where
 //! available a PID namespace (nothing it starts outlives it), a network namespace (no network),
-//! a private mount namespace with a fresh `/proc`, a per-run uid (as root) or a user namespace
-//! (otherwise), no-new-privileges, Landlock (read-only system dirs, read-write work dir only) and a
-//! seccomp deny-list. [`Sandbox::new`] probes once and refuses to run below
+//! a private mount namespace with a fresh `/proc` and the work dir on a size-limited tmpfs, a
+//! per-run uid (as root) or a user namespace (otherwise), no-new-privileges, Landlock (read-only
+//! system dirs, read-write work dir only) and a seccomp deny-list. [`Sandbox::new`] probes once and refuses to run below
 //! [`SandboxConfig::min_isolation`]; every [`ExecResult`] carries the layers applied.
 //!
-//! What it is not: a VM. Kernel bugs reachable through allowed system calls are not covered,
-//! memory is limited per process (`RLIMIT_AS`) rather than per run, and disk use in the work dir
-//! is bounded only by the file-size limit, the time limit and the file count the time allows.
+//! What it is not: a VM. Kernel bugs reachable through allowed system calls are not covered, and
+//! memory is limited per process (`RLIMIT_AS`) rather than per run.
 //!
 //! Linux only. The caller's async runtime is never blocked: runs execute on the crate's own
-//! two-thread tokio runtime, `workers` at a time.
+//! two-thread tokio runtime, `workers` at a time. Each run starts from a fresh `exec` of the
+//! caller's binary (`helper.rs`), so its cost does not grow with the caller's memory. See
+//! `README.md` for the layer table, the adversarial results and the benchmark.
 
 mod config;
 mod error;

@@ -155,6 +155,7 @@ fn run_file(args: RunArgs) -> anyhow::Result<()> {
         "cpu_time_s": result.cpu_time.map(|time| time.as_secs_f64()),
         "max_rss_kib": result.max_rss_kib,
         "isolation_level": result.isolation.level,
+        "via_helper": sandbox.spawns_via_helper(),
     });
     println!("{}", serde_json::to_string_pretty(&summary)?);
     Ok(())
