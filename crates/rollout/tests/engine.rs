@@ -16,6 +16,19 @@ use stoke_rollout::{
 
 const LOGPROB_TOLERANCE: f32 = 1e-5;
 
+/// Every fixture checkpoint; each has transformers' greedy continuations in reference.safetensors.
+const FIXTURES: [&str; 9] = [
+    "llama_bf16",
+    "llama_gqa_rope_llama3",
+    "llama_gqa_rope_llama3_v4config",
+    "llama_mqa_tied",
+    "llama_rope_linear",
+    "llama_rope_yarn",
+    "llama_sharded",
+    "qwen2_bias_tied",
+    "qwen3_qknorm",
+];
+
 fn fixture(name: &str) -> Transformer {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../fixtures/models")
@@ -106,6 +119,68 @@ fn kv_cached_greedy_and_sampled_decoding_equal_full_recomputation() {
             let reference = generate_without_cache(&model, &prompts()[0], &params, 0, 0);
             let what = format!("{name}, temperature {}", params.temperature);
             assert_matches_reference(&output.completions[0][0], &reference, &what);
+        }
+    }
+}
+
+/// An int64 tensor of the fixture's reference.safetensors as rows of u32.
+fn reference_rows(name: &str, tensor: &str) -> Vec<Vec<u32>> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/models")
+        .join(name)
+        .join("reference.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let view = tensors.tensor(tensor).unwrap();
+    assert_eq!(view.dtype(), safetensors::Dtype::I64);
+    let values: Vec<u32> = view
+        .data()
+        .chunks(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32)
+        .collect();
+    values
+        .chunks(view.shape()[1])
+        .map(<[u32]>::to_vec)
+        .collect()
+}
+
+#[test]
+fn batched_greedy_generation_equals_transformers_generate() {
+    // transformers' greedy continuations of two prompts (12 and 8 tokens; the fixture stores the
+    // short one left-padded with its mask), chosen so every greedy pick wins by >= 0.02 logits.
+    for name in FIXTURES {
+        let model = fixture(name);
+        let engine = Engine::new(&model, Device::Cpu);
+        let padded = reference_rows(name, "greedy_prompt_ids");
+        let mask = reference_rows(name, "greedy_prompt_mask");
+        let outputs = reference_rows(name, "greedy_output_ids");
+        let prompts: Vec<Vec<u32>> = padded
+            .iter()
+            .zip(&mask)
+            .map(|(ids, mask)| {
+                ids.iter()
+                    .zip(mask)
+                    .filter(|(_, m)| **m == 1)
+                    .map(|(id, _)| *id)
+                    .collect()
+            })
+            .collect();
+        let width = padded[0].len();
+        let new_tokens = outputs[0].len() - width;
+        let params = SamplingParams {
+            temperature: 0.0,
+            max_new_tokens: new_tokens,
+            ..Default::default()
+        };
+        let output = engine
+            .generate(&GenerationRequest::new(prompts, params), None)
+            .unwrap();
+        for (row, expected) in outputs.iter().enumerate() {
+            assert_eq!(
+                output.completions[row][0].token_ids,
+                expected[width..],
+                "{name} row {row}"
+            );
         }
     }
 }
