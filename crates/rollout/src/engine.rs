@@ -48,6 +48,15 @@ impl std::fmt::Debug for Engine<'_> {
     }
 }
 
+/// The result of prefilling the prompts: one row per prompt.
+struct Prefill {
+    /// Logits at each prompt's last position.
+    last_logits: Vec<Vec<f32>>,
+    cache: KvCache,
+    /// Which cached key slots are real tokens (false on left padding).
+    key_valid: Vec<Vec<bool>>,
+}
+
 /// One sample being generated.
 struct Sequence {
     prompt_index: usize,
@@ -86,7 +95,11 @@ impl<'m> Engine<'m> {
         let max_positions = self.model.config().max_position_embeddings;
 
         // 1. Prefill every prompt once.
-        let (prompt_logits, prompt_cache, prompt_key_valid) = self.prefill(&request.prompts)?;
+        let Prefill {
+            last_logits: prompt_logits,
+            cache: prompt_cache,
+            key_valid: prompt_key_valid,
+        } = self.prefill(&request.prompts)?;
 
         // 2. Fan out n samples per prompt and draw each sample's first token.
         let n = params.n;
@@ -229,10 +242,7 @@ impl<'m> Engine<'m> {
 
     /// Runs all prompts through the model once, left-padded. Returns each prompt's last-position
     /// logits, the cache (one row per prompt) and the key-validity mask of the cached slots.
-    fn prefill(
-        &self,
-        prompts: &[Vec<u32>],
-    ) -> Result<(Vec<Vec<f32>>, KvCache, Vec<Vec<bool>>), RolloutError> {
+    fn prefill(&self, prompts: &[Vec<u32>]) -> Result<Prefill, RolloutError> {
         let batch = prompts.len();
         let width = prompts.iter().map(Vec::len).max().unwrap_or(0);
         let mut ids = Vec::with_capacity(batch * width);
@@ -262,7 +272,11 @@ impl<'m> Engine<'m> {
             .lm_logits(&last_hidden)?
             .to_dtype(DType::F32)?
             .to_vec2::<f32>()?;
-        Ok((last, cache, key_valid))
+        Ok(Prefill {
+            last_logits: last,
+            cache,
+            key_valid,
+        })
     }
 
     fn check_prompts(&self, prompts: &[Vec<u32>]) -> Result<(), RolloutError> {

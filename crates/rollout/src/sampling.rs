@@ -365,12 +365,12 @@ mod tests {
         for _ in 0..draws {
             counts[sample(&logits, &r, &mut stream).unwrap().id as usize] += 1;
         }
-        for id in 0..logits.len() {
+        for (id, &count) in counts.iter().enumerate() {
             let expected = dist
                 .iter()
                 .find(|c| c.id == id as u32)
                 .map_or(0.0, |c| c.logprob.exp());
-            let observed = counts[id] as f64 / draws as f64;
+            let observed = count as f64 / draws as f64;
             let standard_error = (expected * (1.0 - expected) / draws as f64).sqrt();
             assert!(
                 (observed - expected).abs() <= 4.0 * standard_error,
