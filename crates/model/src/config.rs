@@ -662,15 +662,27 @@ mod tests {
 
     #[test]
     fn architecture_implies_biases_norms_and_defaults() {
-        let qwen2 = parse(&format!(r#"{{"architectures": ["Qwen2ForCausalLM"], {BASE}}}"#)).expect("qwen2");
+        let qwen2 = parse(&format!(
+            r#"{{"architectures": ["Qwen2ForCausalLM"], {BASE}}}"#
+        ))
+        .expect("qwen2");
         assert!(qwen2.attention_bias && !qwen2.attention_output_bias && !qwen2.qk_norm);
         assert_eq!((qwen2.head_dim, qwen2.num_key_value_heads), (8, 4));
         let qwen3 = parse(&format!(r#"{{"model_type": "qwen3", {BASE}}}"#)).expect("qwen3");
         assert!(qwen3.qk_norm && !qwen3.attention_bias);
         assert_eq!(qwen3.head_dim, 128, "Qwen3Config's head_dim default");
-        let llama = parse(&format!(r#"{{"model_type": "llama", "attention_bias": true, {BASE}}}"#)).expect("llama");
+        let llama = parse(&format!(
+            r#"{{"model_type": "llama", "attention_bias": true, {BASE}}}"#
+        ))
+        .expect("llama");
         assert!(llama.attention_bias && llama.attention_output_bias);
-        assert_eq!(llama.rope, Rope { theta: 10_000.0, scaling: RopeScaling::Default });
+        assert_eq!(
+            llama.rope,
+            Rope {
+                theta: 10_000.0,
+                scaling: RopeScaling::Default
+            }
+        );
     }
 
     #[test]
@@ -680,26 +692,55 @@ mod tests {
                 "rope_scaling": {{"type": "linear", "factor": 2.0}}, "eos_token_id": [5, 7], "bos_token_id": null}}"#
         ))
         .expect("config");
-        assert_eq!(c.rope, Rope { theta: 50.0, scaling: RopeScaling::Linear { factor: 2.0 } });
-        assert_eq!((c.eos_token_ids.clone(), c.bos_token_id), (vec![5, 7], None));
+        assert_eq!(
+            c.rope,
+            Rope {
+                theta: 50.0,
+                scaling: RopeScaling::Linear { factor: 2.0 }
+            }
+        );
+        assert_eq!(
+            (c.eos_token_ids.clone(), c.bos_token_id),
+            (vec![5, 7], None)
+        );
     }
 
     #[test]
     fn contradictions_and_unmodelled_settings_are_rejected_by_name() {
         let cases = [
-            (r#""architectures": ["LlamaForCausalLM"], "model_type": "qwen2""#, "model_type"),
-            (r#""model_type": "llama", "hidden_act": "gelu""#, "hidden_act"),
-            (r#""model_type": "qwen2", "use_sliding_window": true"#, "use_sliding_window"),
-            (r#""model_type": "llama", "num_key_value_heads": 3"#, "num_key_value_heads"),
+            (
+                r#""architectures": ["LlamaForCausalLM"], "model_type": "qwen2""#,
+                "model_type",
+            ),
+            (
+                r#""model_type": "llama", "hidden_act": "gelu""#,
+                "hidden_act",
+            ),
+            (
+                r#""model_type": "qwen2", "use_sliding_window": true"#,
+                "use_sliding_window",
+            ),
+            (
+                r#""model_type": "llama", "num_key_value_heads": 3"#,
+                "num_key_value_heads",
+            ),
             (
                 r#""model_type": "llama", "rope_parameters": {"full_attention": {"rope_type": "default"}}"#,
                 "rope_parameters.full_attention",
             ),
-            (r#""model_type": "llama", "rope_scaling": {"rope_type": "linear"}"#, "rope_scaling.factor"),
+            (
+                r#""model_type": "llama", "rope_scaling": {"rope_type": "linear"}"#,
+                "rope_scaling.factor",
+            ),
         ];
         for (fields, field) in cases {
-            let err = parse(&format!("{{{fields}, {BASE}}}")).expect_err(fields).to_string();
-            assert!(err.contains("config.json") && err.contains(field), "{fields}: {err}");
+            let err = parse(&format!("{{{fields}, {BASE}}}"))
+                .expect_err(fields)
+                .to_string();
+            assert!(
+                err.contains("config.json") && err.contains(field),
+                "{fields}: {err}"
+            );
         }
     }
 
@@ -713,6 +754,13 @@ mod tests {
         let json = c.to_hf_json();
         assert_eq!(json["pad_token_id"], 3, "unmodelled fields are preserved");
         let again = parse(&json.to_string()).expect("reparse");
-        assert_eq!((again.rope.clone(), again.head_dim, again.tie_word_embeddings), (c.rope.clone(), 16, true));
+        assert_eq!(
+            (
+                again.rope.clone(),
+                again.head_dim,
+                again.tie_word_embeddings
+            ),
+            (c.rope.clone(), 16, true)
+        );
     }
 }

@@ -156,21 +156,42 @@ impl RotaryTable {
         let positions: Vec<u32> = positions.to_dtype(DType::U32)?.flatten_all()?.to_vec1()?;
         let half = self.inv_freq.len();
         let scale = self.attention_factor as f32;
-        let mut cos = Vec::with_capacity(batch * len * half * 2);
-        let mut sin = Vec::with_capacity(batch * len * half * 2);
+        // One [cos | cos] / [sin | sin] row per distinct position: a table over 0..=max when
+        // that is no larger than the batch (the usual case), else a row per element.
+        let max_position = positions.iter().copied().max().unwrap_or(0) as usize;
+        let table_rows: Vec<u32> = if max_position < positions.len() {
+            (0..=max_position as u32).collect()
+        } else {
+            positions.clone()
+        };
+        let mut cos_table = Vec::with_capacity(table_rows.len() * half * 2);
+        let mut sin_table = Vec::with_capacity(table_rows.len() * half * 2);
         let mut row_cos = vec![0f32; half];
         let mut row_sin = vec![0f32; half];
-        for &p in &positions {
+        for &p in &table_rows {
             for (k, inv) in self.inv_freq.iter().enumerate() {
                 let angle = p as f32 * inv;
                 row_cos[k] = angle.cos() * scale;
                 row_sin[k] = angle.sin() * scale;
             }
-            cos.extend_from_slice(&row_cos);
-            cos.extend_from_slice(&row_cos);
-            sin.extend_from_slice(&row_sin);
-            sin.extend_from_slice(&row_sin);
+            cos_table.extend_from_slice(&row_cos);
+            cos_table.extend_from_slice(&row_cos);
+            sin_table.extend_from_slice(&row_sin);
+            sin_table.extend_from_slice(&row_sin);
         }
+        let (cos, sin) = if table_rows.len() == positions.len() && max_position >= positions.len() {
+            (cos_table, sin_table)
+        } else {
+            let width = half * 2;
+            let mut cos = Vec::with_capacity(positions.len() * width);
+            let mut sin = Vec::with_capacity(positions.len() * width);
+            for &p in &positions {
+                let at = p as usize * width;
+                cos.extend_from_slice(&cos_table[at..at + width]);
+                sin.extend_from_slice(&sin_table[at..at + width]);
+            }
+            (cos, sin)
+        };
         let shape = (batch, len, 1, half * 2);
         let cos = Tensor::from_vec(cos, shape, &Device::Cpu)?.to_dtype(dtype)?;
         let sin = Tensor::from_vec(sin, shape, &Device::Cpu)?.to_dtype(dtype)?;
@@ -195,7 +216,10 @@ mod tests {
     fn assert_close(got: &[f32], want: &[f64]) {
         assert_eq!(got.len(), want.len());
         for (g, w) in got.iter().zip(want) {
-            assert!((*g as f64 - w).abs() <= 1e-6 * w.abs(), "{got:?} vs {want:?}");
+            assert!(
+                (*g as f64 - w).abs() <= 1e-6 * w.abs(),
+                "{got:?} vs {want:?}"
+            );
         }
     }
 

@@ -1,16 +1,20 @@
-//! Fused CPU kernels with hand-written backward (candle `CustomOp1` with `bwd`): softmax over
-//! the last dimension and per-row target log-probabilities.
+//! Fused CPU kernels with hand-written backward (candle `CustomOp1`/`CustomOp2` with `bwd`):
+//! softmax over the last dimension, per-row target log-probabilities, and RMSNorm.
 //!
 //! Why: the compositions in softmax.rs / loss.rs build five or six full-size temporaries in
 //! the forward pass and about twice that in backward; for attention probabilities and
 //! [tokens, vocab] logits these dominate a training step. Each kernel here makes one pass per
 //! row (rayon over rows) forward, and its backward is the closed form:
-//! softmax: `dx = y * (dy - sum(dy * y))`; log p(target): `dlogits = g * (onehot - softmax)`.
+//! softmax: `dx = y * (dy - sum(dy * y))`; log p(target): `dlogits = g * (onehot - softmax)`;
+//! RMSNorm `y = w * x * r`, `r = (mean(x^2) + eps)^-1/2`:
+//! `dx = r * (g * w) - x * r^3 * mean(g * w * x)`, `dw = sum_rows(g * x * r)`.
 //! What it is not: a GPU kernel (CPU f32/f64 only; other devices/dtypes return an error) or
 //! a second-order derivative (the backward output is detached, as everywhere in candle).
 //! Tests pin both kernels to the compositions and to finite differences.
 
-use candle_core::{CpuStorage, CustomOp1, D, DType, Layout, Result, Shape, Tensor, WithDType};
+use candle_core::{
+    CpuStorage, CustomOp1, CustomOp2, D, DType, Layout, Result, Shape, Tensor, WithDType,
+};
 use num_traits::Float;
 use rayon::prelude::*;
 
@@ -178,6 +182,154 @@ impl CustomOp1 for TargetLogprobs {
     }
 }
 
+/// RMSNorm over the last dimension for f32/f64 inputs: `weight * x * rsqrt(mean(x^2) + eps)`.
+pub fn rms_norm_fused(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    x.contiguous()?
+        .apply_op2(&weight.contiguous()?, RmsNorm { eps })
+}
+
+struct RmsNorm {
+    eps: f64,
+}
+
+fn inv_rms<T: Float>(row: &[T], eps: f64) -> T {
+    let sum_sq = row.iter().fold(T::zero(), |s, &v| s + v * v);
+    let n = T::from(row.len()).unwrap_or_else(T::one);
+    let eps = T::from(eps).unwrap_or_else(T::zero);
+    T::one() / (sum_sq / n + eps).sqrt()
+}
+
+fn rms_norm_rows<T: WithDType + Float + Send + Sync>(x: &[T], w: &[T], eps: f64) -> Vec<T> {
+    let width = w.len();
+    let mut out = vec![T::zero(); x.len()];
+    out.par_chunks_mut(width)
+        .zip(x.par_chunks(width))
+        .for_each(|(y, row)| {
+            let r = inv_rms(row, eps);
+            for ((o, &v), &wi) in y.iter_mut().zip(row).zip(w) {
+                *o = v * r * wi;
+            }
+        });
+    out
+}
+
+/// Returns (dx, dw) for RMSNorm; dw is summed over rows.
+fn rms_norm_grad<T: WithDType + Float + Send + Sync>(
+    x: &[T],
+    w: &[T],
+    g: &[T],
+    eps: f64,
+) -> (Vec<T>, Vec<T>) {
+    let width = w.len();
+    let n = T::from(width).unwrap_or_else(T::one);
+    let mut dx = vec![T::zero(); x.len()];
+    let dw_rows: Vec<Vec<T>> = dx
+        .par_chunks_mut(width)
+        .zip(x.par_chunks(width).zip(g.par_chunks(width)))
+        .fold(
+            || vec![T::zero(); width],
+            |mut dw, (dxr, (row, gr))| {
+                let r = inv_rms(row, eps);
+                let dot = row
+                    .iter()
+                    .zip(gr)
+                    .zip(w)
+                    .fold(T::zero(), |s, ((&xv, &gv), &wv)| s + gv * wv * xv);
+                let coef = r * r * r * dot / n;
+                for i in 0..width {
+                    dxr[i] = r * gr[i] * w[i] - row[i] * coef;
+                    dw[i] = dw[i] + gr[i] * row[i] * r;
+                }
+                dw
+            },
+        )
+        .collect();
+    let mut dw = vec![T::zero(); width];
+    for part in dw_rows {
+        for (acc, v) in dw.iter_mut().zip(part) {
+            *acc = *acc + v;
+        }
+    }
+    (dx, dw)
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "stoke-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let width = l1.shape().dims().last().copied().unwrap_or(0);
+        if l2.shape().elem_count() != width || width == 0 {
+            candle_core::bail!(
+                "{}: weight of {} elements for rows of {width}",
+                self.name(),
+                l2.shape().elem_count()
+            )
+        }
+        let out = match (s1, s2) {
+            (CpuStorage::F32(x), CpuStorage::F32(w)) => CpuStorage::F32(rms_norm_rows(
+                contiguous_slice(x, l1, self.name())?,
+                contiguous_slice(w, l2, self.name())?,
+                self.eps,
+            )),
+            (CpuStorage::F64(x), CpuStorage::F64(w)) => CpuStorage::F64(rms_norm_rows(
+                contiguous_slice(x, l1, self.name())?,
+                contiguous_slice(w, l2, self.name())?,
+                self.eps,
+            )),
+            _ => candle_core::bail!(
+                "{}: only f32 and f64 (same dtype for x and weight)",
+                self.name()
+            ),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (dx, dw) = match x.dtype() {
+            DType::F32 => {
+                let (dx, dw) = rms_norm_grad::<f32>(
+                    &x.flatten_all()?.to_vec1()?,
+                    &w.flatten_all()?.to_vec1()?,
+                    &grad.flatten_all()?.to_vec1()?,
+                    self.eps,
+                );
+                (
+                    Tensor::from_vec(dx, x.shape(), x.device())?,
+                    Tensor::from_vec(dw, w.shape(), w.device())?,
+                )
+            }
+            DType::F64 => {
+                let (dx, dw) = rms_norm_grad::<f64>(
+                    &x.flatten_all()?.to_vec1()?,
+                    &w.flatten_all()?.to_vec1()?,
+                    &grad.flatten_all()?.to_vec1()?,
+                    self.eps,
+                );
+                (
+                    Tensor::from_vec(dx, x.shape(), x.device())?,
+                    Tensor::from_vec(dw, w.shape(), w.device())?,
+                )
+            }
+            other => candle_core::bail!("{}: unsupported dtype {other:?}", self.name()),
+        };
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,6 +399,29 @@ mod tests {
             )
             .is_err()
         );
+        Ok(())
+    }
+
+    #[test]
+    fn fused_rms_norm_matches_composition_and_finite_differences() -> Result<()> {
+        let x = Var::from_tensor(&Tensor::randn(0f64, 1.0, (2, 3, 5), &Device::Cpu)?)?;
+        let w = Var::from_tensor(&Tensor::randn(1f64, 0.3, 5, &Device::Cpu)?)?;
+        let fused = rms_norm_fused(x.as_tensor(), w.as_tensor(), 1e-5)?;
+        let composed = x
+            .as_tensor()
+            .broadcast_div(&(x.as_tensor().sqr()?.mean_keepdim(D::Minus1)? + 1e-5)?.sqrt()?)?
+            .broadcast_mul(w.as_tensor())?;
+        assert!(max_diff(&fused, &composed)? < 1e-14);
+        let probe = Tensor::randn(0f64, 1.0, (2, 3, 5), &Device::Cpu)?;
+        let loss = |v: &[Var]| {
+            rms_norm_fused(v[0].as_tensor(), v[1].as_tensor(), 1e-5)?
+                .mul(&probe)?
+                .sum_all()
+        };
+        let coords = [(0, 0), (0, 7), (0, 29), (1, 0), (1, 2), (1, 4)];
+        for p in check_gradients(&[x, w], &loss, &coords, 1e-6)? {
+            assert!(p.relative_error(1e-6) < 1e-5, "{p:?}");
+        }
         Ok(())
     }
 }

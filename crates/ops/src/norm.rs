@@ -1,11 +1,18 @@
 //! RMSNorm as transformers computes it: `weight * (x * rsqrt(mean(x^2, -1) + eps))`, with the
 //! normalisation done in f32 for half-precision inputs and the result cast back before the
-//! weight multiply (LlamaRMSNorm.forward). Differentiable composition (no fused kernel).
+//! weight multiply (LlamaRMSNorm.forward). f32/f64 CPU inputs use the fused kernel with
+//! closed-form backward (kernels.rs); other dtypes/devices use a differentiable composition.
 
 use candle_core::{D, DType, Result, Tensor};
 
 /// Normalises over the last dimension. `weight` has the size of that dimension.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    let fused_ok = x.device().is_cpu()
+        && matches!(x.dtype(), DType::F32 | DType::F64)
+        && weight.dtype() == x.dtype();
+    if fused_ok {
+        return crate::kernels::rms_norm_fused(x, weight, eps);
+    }
     let input_dtype = x.dtype();
     let compute_dtype = match input_dtype {
         DType::F16 | DType::BF16 => DType::F32,
@@ -61,6 +68,23 @@ mod tests {
         for p in check_gradients(&[x, w], &loss, &coords, 1e-6)? {
             assert!(p.relative_error(1e-6) < 1e-5, "{p:?}");
         }
+        Ok(())
+    }
+
+    #[test]
+    fn half_precision_inputs_take_the_composed_path_and_agree_with_f32() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = Tensor::randn(0f32, 1.0, (3, 8), &dev)?;
+        let w = Tensor::randn(1f32, 0.2, 8, &dev)?;
+        let reference = rms_norm(&x, &w, 1e-6)?;
+        let half = rms_norm(&x.to_dtype(DType::BF16)?, &w.to_dtype(DType::BF16)?, 1e-6)?;
+        assert_eq!(half.dtype(), DType::BF16);
+        let diff = (half.to_dtype(DType::F32)? - reference)?
+            .abs()?
+            .flatten_all()?
+            .max(0)?
+            .to_scalar::<f32>()?;
+        assert!(diff < 0.05, "bf16 vs f32 diff {diff}");
         Ok(())
     }
 }
