@@ -17,7 +17,7 @@
 //! anything else, so a descriptor leaked from a concurrent run cannot reach its program.
 #![allow(unsafe_code)]
 
-use std::ffi::OsString;
+use std::ffi::{CString, OsString};
 use std::io::{Read, Write};
 use std::mem::ManuallyDrop;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
@@ -61,6 +61,9 @@ pub(crate) struct HelperRequest {
     executable: PathBuf,
     argv: Vec<OsString>,
     env: Vec<(String, OsString)>,
+    /// The run's memory cgroup's `cgroup.procs`, as bytes.
+    cgroup_procs: Option<Vec<u8>>,
+    memory_cgroup_bytes: Option<u64>,
 }
 
 impl HelperRequest {
@@ -73,6 +76,7 @@ impl HelperRequest {
         executable: PathBuf,
         argv: Vec<OsString>,
         env: Vec<(String, OsString)>,
+        cgroup_procs: Option<CString>,
     ) -> HelperRequest {
         HelperRequest {
             caller_pid: std::process::id(),
@@ -96,6 +100,8 @@ impl HelperRequest {
             executable,
             argv,
             env,
+            cgroup_procs: cgroup_procs.map(CString::into_bytes),
+            memory_cgroup_bytes: spec.memory_cgroup_bytes,
         }
     }
 
@@ -167,6 +173,7 @@ fn run_helper(status_fd: RawFd) -> String {
         seccomp,
         allow_network: request.allow_network,
         work_dir_tmpfs_bytes: request.work_dir_tmpfs_bytes,
+        memory_cgroup_bytes: request.memory_cgroup_bytes,
     };
     let ruleset = match spec.landlock_abi {
         Some(abi) => {
@@ -182,7 +189,7 @@ fn run_helper(status_fd: RawFd) -> String {
         .into_iter()
         .map(|(path, contents)| LayoutEntry { path, contents })
         .collect();
-    let prepared = match PreparedJail::new(
+    let mut prepared = match PreparedJail::new(
         &spec,
         request.run_user,
         ruleset,
@@ -194,6 +201,12 @@ fn run_helper(status_fd: RawFd) -> String {
         Ok(prepared) => prepared,
         Err(error) => return format!("preparing the jail: {error}"),
     };
+    if let Some(procs) = request.cgroup_procs {
+        match CString::new(procs) {
+            Ok(procs) => prepared.join_cgroup(procs),
+            Err(_) => return "cgroup path holds a NUL byte".to_string(),
+        }
+    }
     let mut command = Command::new(&request.executable);
     command
         .args(&request.argv)

@@ -23,6 +23,10 @@ pub enum Layer {
     ParentDeathSignal,
     /// rlimits: CPU seconds, address space, file size, open files, processes, no core dumps.
     ResourceLimits,
+    /// A memory cgroup per run: all its processes and its tmpfs together stay under
+    /// `memory_bytes + max_disk_bytes` (rlimits bound each process alone). Needs write access to
+    /// the caller's memory cgroup (root, in practice). Not required by any level.
+    MemoryCgroup,
     /// The program runs under a uid of its own (not the caller's), so file permissions protect the
     /// caller's files and the process limit is counted for this run alone. Needs root.
     SeparateUser,
@@ -52,11 +56,12 @@ pub enum Layer {
 
 impl Layer {
     /// Every layer, in report order.
-    pub const ALL: [Layer; 14] = [
+    pub const ALL: [Layer; 15] = [
         Layer::FreshWorkDir,
         Layer::ProcessGroup,
         Layer::ParentDeathSignal,
         Layer::ResourceLimits,
+        Layer::MemoryCgroup,
         Layer::SeparateUser,
         Layer::UserNamespace,
         Layer::PidNamespace,
@@ -76,6 +81,7 @@ impl Layer {
             Layer::ProcessGroup => "process_group",
             Layer::ParentDeathSignal => "parent_death_signal",
             Layer::ResourceLimits => "resource_limits",
+            Layer::MemoryCgroup => "memory_cgroup",
             Layer::SeparateUser => "separate_user",
             Layer::UserNamespace => "user_namespace",
             Layer::PidNamespace => "pid_namespace",

@@ -90,6 +90,8 @@ pub(crate) struct JailSpec {
     pub(crate) allow_network: bool,
     /// Size in bytes of the private tmpfs mounted over the work dir (needs the mount namespace).
     pub(crate) work_dir_tmpfs_bytes: Option<u64>,
+    /// Memory limit in bytes of the run's cgroup, when one is made.
+    pub(crate) memory_cgroup_bytes: Option<u64>,
 }
 
 /// A private tmpfs over the work dir, filled by the namespace init before the program starts.
@@ -130,6 +132,8 @@ pub(crate) struct PreparedJail {
     seccomp: Option<Arc<SeccompFilters>>,
     status_writer: OwnedFd,
     tmpfs: Option<TmpfsWorkDir>,
+    /// The run's memory cgroup's `cgroup.procs`, joined first thing.
+    cgroup_procs: Option<CString>,
 }
 
 /// Marks a valid [`SupervisorRecord`].
@@ -291,8 +295,15 @@ impl PreparedJail {
             seccomp: spec.seccomp.clone(),
             status_writer,
             tmpfs,
+            cgroup_procs: None,
         };
         Ok(jail)
+    }
+
+    /// Makes the jail child join the cgroup whose `cgroup.procs` is `procs` (before anything
+    /// else, so every process of the run is charged to it).
+    pub(crate) fn join_cgroup(&mut self, procs: CString) {
+        self.cgroup_procs = Some(procs);
     }
 
     /// Enters the jail in this very process and `exec`s `command` (for the helper process,
@@ -457,6 +468,9 @@ fn enter_jail(jail: &PreparedJail) -> io::Result<()> {
     // SAFETY: (whole function) every call is a system call on values prepared before the fork
     // or on the stack; nothing allocates, locks, or unwinds across the fork.
     unsafe {
+        if let Some(procs) = &jail.cgroup_procs {
+            write_proc_file(procs, b"0")?;
+        }
         check(libc::setsid().into())?;
         check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0).into())?;
         if libc::getppid() != jail.parent_pid {

@@ -34,6 +34,7 @@ mod helper;
 mod isolation;
 mod jail;
 mod language;
+mod memory_cgroup;
 mod probe;
 mod result;
 mod run_user;

@@ -21,7 +21,7 @@ use crate::language::{Program, TRUSTED_BIN_DIRS};
 use crate::run_user::RunUser;
 use crate::seccomp::SeccompFilters;
 use crate::work_dir::{WorkDir, layout};
-use crate::{SandboxConfig, filesystem_rules};
+use crate::{SandboxConfig, filesystem_rules, memory_cgroup};
 
 /// What the probe found, with what a sandbox needs to apply it.
 #[derive(Debug, Clone)]
@@ -61,6 +61,7 @@ fn base_spec() -> JailSpec {
         seccomp: None,
         allow_network: false,
         work_dir_tmpfs_bytes: None,
+        memory_cgroup_bytes: None,
     }
 }
 
@@ -87,8 +88,12 @@ pub(crate) fn try_spec(spec: &JailSpec) -> Result<(), String> {
         )?),
         None => None,
     };
+    let cgroup = match spec.memory_cgroup_bytes {
+        Some(bytes) => Some(memory_cgroup::discover()?.create(bytes)?),
+        None => None,
+    };
     let (status_reader, status_writer) = jail::status_pipe().map_err(|error| error.to_string())?;
-    let prepared = PreparedJail::new(
+    let mut prepared = PreparedJail::new(
         spec,
         owner,
         ruleset,
@@ -98,6 +103,9 @@ pub(crate) fn try_spec(spec: &JailSpec) -> Result<(), String> {
         std::process::id(),
     )
     .map_err(|error| error.to_string())?;
+    if let Some(cgroup) = &cgroup {
+        prepared.join_cgroup(cgroup.procs_path()?);
+    }
     let mut command = Command::new(truth);
     command
         .env_clear()
@@ -143,6 +151,7 @@ fn try_helper() -> Result<(), String> {
         truth,
         Vec::new(),
         Vec::new(),
+        None,
     );
     let framed = request.frame()?;
     let mut command = helper::helper_command(status_writer.as_raw_fd());
@@ -189,6 +198,10 @@ fn try_helper() -> Result<(), String> {
     Ok(())
 }
 
+fn parent_dir_name(parent: &memory_cgroup::CgroupParent) -> String {
+    parent.dir().display().to_string()
+}
+
 fn run_probe() -> ProbeOutcome {
     let root = jail::caller_is_root();
     let mut entries: Vec<LayerReport> = Vec::new();
@@ -223,6 +236,13 @@ fn run_probe() -> ProbeOutcome {
             }),
         );
     }
+    let memory_cgroup = memory_cgroup::discover().and_then(|parent| {
+        try_spec(&JailSpec {
+            memory_cgroup_bytes: Some(1 << 30),
+            ..base_spec()
+        })
+        .map(|()| format!("under {}", parent_dir_name(&parent)))
+    });
     let unless_base = |result: Result<String, String>| {
         if base_ok {
             result
@@ -230,6 +250,8 @@ fn run_probe() -> ProbeOutcome {
             Err("the basic jail failed".to_string())
         }
     };
+
+    note(Layer::MemoryCgroup, unless_base(memory_cgroup));
 
     let separate_user = if root {
         try_spec(&JailSpec {

@@ -13,7 +13,7 @@
 //!
 //! Not here: what the layers do (`jail.rs`), deciding availability (`probe.rs`).
 
-use std::ffi::OsString;
+use std::ffi::{CString, OsString};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::process::Stdio;
@@ -32,6 +32,7 @@ use crate::helper::{self, HelperRequest};
 use crate::isolation::{IsolationReport, Layer};
 use crate::jail::{self, JailSpec, Limits, PreparedJail, UserMode};
 use crate::language::{Program, Toolchains};
+use crate::memory_cgroup::{self, CgroupParent, RunCgroup};
 use crate::probe::{ProbeOutcome, probe_outcome};
 use crate::result::{ExecResult, ExitStatusKind};
 use crate::run_user::RunUser;
@@ -67,6 +68,8 @@ struct SandboxInner {
     workers: Arc<Semaphore>,
     /// Start runs through the helper process (see `helper.rs`) rather than forking the caller.
     via_helper: bool,
+    /// Where per-run memory cgroups are made, when the spec asks for them.
+    cgroup_parent: Option<CgroupParent>,
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
@@ -112,6 +115,15 @@ pub(crate) fn spec_for(
     let network_namespace = namespaces && on(Layer::NetworkNamespace) && !config.network;
     let mount_namespace = pid_namespace && on(Layer::MountNamespace);
     let work_dir_tmpfs = mount_namespace && on(Layer::WorkDirTmpfs);
+    // The tmpfs's pages are charged to the run's cgroup too.
+    let memory_cgroup_bytes = on(Layer::MemoryCgroup).then(|| {
+        let disk = if work_dir_tmpfs {
+            config.max_disk_bytes
+        } else {
+            0
+        };
+        config.memory_bytes.saturating_add(disk)
+    });
     let ipc_namespace = namespaces && on(Layer::IpcNamespace);
     let no_new_privs = on(Layer::NoNewPrivileges);
     let landlock_abi = if no_new_privs && on(Layer::Landlock) {
@@ -142,12 +154,14 @@ pub(crate) fn spec_for(
         seccomp: seccomp.clone(),
         allow_network: config.network,
         work_dir_tmpfs_bytes: work_dir_tmpfs.then_some(config.max_disk_bytes),
+        memory_cgroup_bytes,
     };
     let used = |layer: Layer| match layer {
         Layer::FreshWorkDir
         | Layer::ProcessGroup
         | Layer::ParentDeathSignal
         | Layer::ResourceLimits => true,
+        Layer::MemoryCgroup => memory_cgroup_bytes.is_some(),
         Layer::SeparateUser => user == UserMode::SeparateUser,
         Layer::UserNamespace => user == UserMode::UserNamespace,
         Layer::PidNamespace => pid_namespace,
@@ -197,6 +211,10 @@ impl Sandbox {
         }
         let workers = Arc::new(Semaphore::new(config.workers));
         let via_helper = config.spawn_via_helper && crate::probe::helper_check().is_ok();
+        let cgroup_parent = match spec.memory_cgroup_bytes {
+            Some(_) => Some(memory_cgroup::discover().map_err(SandboxError::Setup)?),
+            None => None,
+        };
         Ok(Sandbox {
             inner: Arc::new(SandboxInner {
                 config,
@@ -205,6 +223,7 @@ impl Sandbox {
                 toolchains: Toolchains::discover(),
                 workers,
                 via_helper,
+                cgroup_parent,
             }),
         })
     }
@@ -323,6 +342,7 @@ struct Launch<'a> {
     argv: Vec<OsString>,
     env: Vec<(String, OsString)>,
     status_writer: OwnedFd,
+    cgroup_procs: Option<CString>,
 }
 
 impl Launch<'_> {
@@ -343,7 +363,7 @@ impl Launch<'_> {
             )?),
             None => None,
         };
-        let prepared = PreparedJail::new(
+        let mut prepared = PreparedJail::new(
             self.spec,
             self.owner,
             ruleset,
@@ -353,6 +373,9 @@ impl Launch<'_> {
             std::process::id(),
         )
         .map_err(|io_error| format!("preparing the jail: {io_error}"))?;
+        if let Some(procs) = self.cgroup_procs {
+            prepared.join_cgroup(procs);
+        }
         let mut command = std::process::Command::new(self.executable);
         command
             .args(&self.argv)
@@ -391,6 +414,7 @@ impl Launch<'_> {
             self.executable.to_path_buf(),
             self.argv,
             self.env,
+            self.cgroup_procs,
         );
         let mut framed = request.frame()?;
         framed.extend_from_slice(&stdin);
@@ -447,8 +471,20 @@ impl SandboxInner {
             Ok(pipe) => pipe,
             Err(io_error) => return error(format!("status pipe: {io_error}")),
         };
+        let cgroup = match (&self.cgroup_parent, self.spec.memory_cgroup_bytes) {
+            (Some(parent), Some(bytes)) => match parent.create(bytes) {
+                Ok(cgroup) => Some(cgroup),
+                Err(message) => return error(message),
+            },
+            _ => None,
+        };
+        let cgroup_procs = match cgroup.as_ref().map(RunCgroup::procs_path).transpose() {
+            Ok(path) => path,
+            Err(message) => return error(message),
+        };
         let started = Instant::now();
         let launch = Launch {
+            cgroup_procs,
             spec: &self.spec,
             owner,
             work_dir: work_dir.path(),
@@ -564,6 +600,7 @@ impl SandboxInner {
         let stdout = take(&stdout_sink);
         let stderr = take(&stderr_sink);
         drop(work_dir);
+        drop(cgroup);
         drop(run_user);
         ExecResult {
             status,

@@ -444,3 +444,37 @@ fn filling_the_disk_stops_at_the_work_dir_quota() {
     assert!(mebibytes <= 24, "{stdout}");
     assert_eq!(fields.next(), Some("ENOSPC"), "{stdout}");
 }
+
+#[test]
+fn memory_spread_over_processes_is_bounded_by_the_run_cgroup() {
+    // Eight children each touch 96 MiB: every one is under the 128 MiB per-process limit, the
+    // sum (768 MiB) is far over the run's 128 + 16 MiB cgroup.
+    let sandbox = Sandbox::new(SandboxConfig {
+        wall_timeout: Duration::from_secs(10),
+        memory_bytes: 128 << 20,
+        max_disk_bytes: 16 << 20,
+        max_processes: 16,
+        ..SandboxConfig::default()
+    })
+    .unwrap();
+    if !sandbox
+        .isolation()
+        .applies(stoke_sandbox::Layer::MemoryCgroup)
+    {
+        // Needs write access to this process's memory cgroup (root); RLIMIT_AS still applies.
+        return;
+    }
+    let source = "import os, time\n\
+        children = []\n\
+        for _ in range(8):\n    pid = os.fork()\n    if pid == 0:\n        block = b'x' * (96 << 20)\n        time.sleep(1.5)\n        os._exit(0)\n    children.append(pid)\n\
+        survived = sum(1 for pid in children if os.waitpid(pid, 0)[1] == 0)\n\
+        print(survived)\n";
+    let result = sandbox.run_blocking(Program::python(source));
+    let survived: u32 = result.stdout_text().trim().parse().unwrap_or(0);
+    assert!(
+        survived < 8,
+        "all eight 96 MiB children survived: {:?} {}",
+        result.status,
+        result.stderr_text()
+    );
+}
