@@ -13,12 +13,19 @@
 //! - `error`: `ModelError`, naming the file and field/tensor for every bad-input case.
 //!
 //! Numerics: parameters in f32 on CPU; RMSNorm, softmax and RoPE follow transformers' eager
-//! implementation so logits match to ~1e-5. Call `stoke_ops::numerics::init_compute_threads()`
+//! implementation: fixture logits match transformers within 5e-6 (max abs). Call `stoke_ops::numerics::init_compute_threads()`
 //! once before using a model (FTZ/DAZ on every compute thread).
 //!
-//! Known hot spots for later optimisation: the composed (unfused) RMSNorm/softmax/RoPE
-//! allocate several temporaries each; cos/sin are recomputed per forward; the KV cache
-//! concatenates per step; q/k/v and gate/up projections are separate matmuls.
+//! Performance (examples/train_step_bench.rs; hidden 256, 4 layers, batch 4 x 256 tokens,
+//! vocab 8192, one thread): about 510 ms CPU per forward+backward step against about 400 ms
+//! for PyTorch 2.15 eager (transformers LlamaForCausalLM) on the same machine. gemm is ~43%
+//! of the time. Known hot spots: candle's backward allocates a zero tensor per node and adds
+//! into it (memset ~4%); weight gradients arrive transposed (`x @ W^T`) and are accumulated
+//! with a strided add; RoPE and the attention-bias add are broadcast binary ops (~15% in
+//! `binary_map_vec_par`); the KV cache concatenates per step; q/k/v and gate/up projections
+//! are separate matmuls. Softmax, RMSNorm and the target log-probabilities are already fused
+//! kernels with closed-form backward (stoke-ops `kernels`).
+//!
 
 pub mod checkpoint;
 pub mod config;

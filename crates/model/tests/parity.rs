@@ -29,6 +29,7 @@ fn single_sequence_logits_match_transformers_on_every_fixture() {
         for which in ["a", "b"] {
             let logits = forward_full(&model, &reference[&format!("input_ids_{which}")]);
             let diff = max_abs_diff(&logits, &reference[&format!("logits_{which}")]);
+            eprintln!("{}: logits_{which} max abs diff {diff:.2e}", name(&dir));
             assert!(
                 diff < LOGIT_TOLERANCE,
                 "{}: logits_{which} max abs diff {diff}",
