@@ -183,7 +183,7 @@ fn bench_decode(
     let (prefill, decode, first_row) = bare_decode(model, &prompt, device)?;
     let cpu = process_cpu_seconds() - cpu_start;
 
-    let engine = Engine::new(model, device.clone());
+    let engine = Engine::new(model);
     let params = SamplingParams {
         max_new_tokens: NEW_TOKENS,
         temperature: 0.0,

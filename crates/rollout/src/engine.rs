@@ -73,9 +73,12 @@ struct Sequence {
 impl<'m> Engine<'m> {
     /// Also sets flush-to-zero / denormals-are-zero on this thread and the compute pool
     /// (denormals slow the CPU matmul kernels about tenfold).
-    pub fn new(model: &'m Transformer, device: Device) -> Self {
+    pub fn new(model: &'m Transformer) -> Self {
         stoke_ops::numerics::init_compute_threads();
-        Engine { model, device }
+        Engine {
+            model,
+            device: model.device().clone(),
+        }
     }
 
     pub fn generate(

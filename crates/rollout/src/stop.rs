@@ -35,6 +35,13 @@ where
     }
 }
 
+/// Decodes with special tokens skipped (a stop token's text never reaches the output).
+impl Detokenizer for stoke_tokenizer::hf::Tokenizer {
+    fn decode(&self, ids: &[u32]) -> Result<String, String> {
+        stoke_tokenizer::hf::Tokenizer::decode(self, ids, true).map_err(|error| error.to_string())
+    }
+}
+
 /// The stop conditions of one request.
 #[derive(Debug, Clone)]
 pub struct StopCriteria {

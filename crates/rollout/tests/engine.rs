@@ -105,7 +105,7 @@ fn sampled_params() -> SamplingParams {
 fn kv_cached_greedy_and_sampled_decoding_equal_full_recomputation() {
     for name in ["llama_gqa_rope_llama3", "qwen3_qknorm"] {
         let model = fixture(name);
-        let engine = Engine::new(&model, Device::Cpu);
+        let engine = Engine::new(&model);
         let greedy = SamplingParams {
             temperature: 0.0,
             max_new_tokens: 10,
@@ -150,7 +150,7 @@ fn batched_greedy_generation_equals_transformers_generate() {
     // short one left-padded with its mask), chosen so every greedy pick wins by >= 0.02 logits.
     for name in FIXTURES {
         let model = fixture(name);
-        let engine = Engine::new(&model, Device::Cpu);
+        let engine = Engine::new(&model);
         let padded = reference_rows(name, "greedy_prompt_ids");
         let mask = reference_rows(name, "greedy_prompt_mask");
         let outputs = reference_rows(name, "greedy_output_ids");
@@ -188,7 +188,7 @@ fn batched_greedy_generation_equals_transformers_generate() {
 #[test]
 fn batched_left_padded_generation_equals_one_by_one() {
     let model = fixture("llama_gqa_rope_llama3");
-    let engine = Engine::new(&model, Device::Cpu);
+    let engine = Engine::new(&model);
     // Many stop ids so rows finish at different steps and the cache gets compacted mid-batch.
     let params = SamplingParams {
         max_new_tokens: 12,
@@ -230,7 +230,7 @@ fn batched_left_padded_generation_equals_one_by_one() {
 #[test]
 fn n_samples_share_one_prefill_and_equal_separate_seeded_runs() {
     let model = fixture("llama_gqa_rope_llama3");
-    let engine = Engine::new(&model, Device::Cpu);
+    let engine = Engine::new(&model);
     let params = SamplingParams {
         n: 4,
         temperature: 1.0,
@@ -264,7 +264,7 @@ fn n_samples_share_one_prefill_and_equal_separate_seeded_runs() {
 #[test]
 fn same_seed_repeats_and_another_seed_differs() {
     let model = fixture("llama_gqa_rope_llama3");
-    let engine = Engine::new(&model, Device::Cpu);
+    let engine = Engine::new(&model);
     let run = |seed| {
         let params = SamplingParams {
             seed,
@@ -287,7 +287,7 @@ fn angle_decode(ids: &[u32]) -> Result<String, String> {
 #[test]
 fn stop_string_spanning_two_tokens_ends_the_sample_and_is_cut_from_the_text() {
     let model = fixture("llama_gqa_rope_llama3");
-    let engine = Engine::new(&model, Device::Cpu);
+    let engine = Engine::new(&model);
     let greedy = SamplingParams {
         temperature: 0.0,
         max_new_tokens: 10,
@@ -323,7 +323,7 @@ fn stop_string_spanning_two_tokens_ends_the_sample_and_is_cut_from_the_text() {
 fn generation_stops_at_the_model_position_limit() {
     let model = fixture("llama_gqa_rope_llama3");
     let limit = model.config().max_position_embeddings;
-    let engine = Engine::new(&model, Device::Cpu);
+    let engine = Engine::new(&model);
     let prompt: Vec<u32> = (0..limit - 3).map(|i| (i % 250) as u32).collect();
     let params = SamplingParams {
         temperature: 0.0,
@@ -342,7 +342,7 @@ fn generation_stops_at_the_model_position_limit() {
 #[test]
 fn bad_requests_are_errors_naming_the_problem() {
     let model = fixture("llama_gqa_rope_llama3");
-    let engine = Engine::new(&model, Device::Cpu);
+    let engine = Engine::new(&model);
     let error = |prompts: Vec<Vec<u32>>, params: SamplingParams| {
         engine
             .generate(&GenerationRequest::new(prompts, params), None)

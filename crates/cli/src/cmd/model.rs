@@ -167,15 +167,10 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         stop_token_ids,
         stop_strings: args.stop.clone(),
     };
-    let detokenizer = tokenizer.as_ref().map(|tokenizer| {
-        move |ids: &[u32]| {
-            tokenizer
-                .decode(ids, true)
-                .map_err(|error| error.to_string())
-        }
-    });
-    let detokenizer = detokenizer.as_ref().map(|d| d as &dyn Detokenizer);
-    let engine = Engine::new(&model, Device::Cpu);
+    let detokenizer = tokenizer
+        .as_ref()
+        .map(|tokenizer| tokenizer as &dyn Detokenizer);
+    let engine = Engine::new(&model);
     let output = engine
         .generate(
             &GenerationRequest::new(vec![prompt_ids], params),
