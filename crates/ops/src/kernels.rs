@@ -15,7 +15,7 @@
 use candle_core::{
     CpuStorage, CustomOp1, CustomOp2, D, DType, Layout, Result, Shape, Tensor, WithDType,
 };
-use num_traits::Float;
+use num_traits::{Float, NumAssign};
 use rayon::prelude::*;
 
 /// Softmax over the last dimension with a fused forward and closed-form backward.
@@ -36,6 +36,10 @@ pub fn target_logprobs(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     logits.contiguous()?.apply_op1(TargetLogprobs { targets })
 }
 
+/// The element types the kernels run on (f32, f64).
+trait Real: WithDType + Float + NumAssign + Send + Sync {}
+impl<T: WithDType + Float + NumAssign + Send + Sync> Real for T {}
+
 struct SoftmaxLastDim;
 
 fn contiguous_slice<'a, T: WithDType>(data: &'a [T], layout: &Layout, op: &str) -> Result<&'a [T]> {
@@ -45,7 +49,7 @@ fn contiguous_slice<'a, T: WithDType>(data: &'a [T], layout: &Layout, op: &str) 
     }
 }
 
-fn softmax_rows<T: WithDType + Float + Send + Sync>(x: &[T], width: usize) -> Vec<T> {
+fn softmax_rows<T: Real>(x: &[T], width: usize) -> Vec<T> {
     let mut out = vec![T::zero(); x.len()];
     out.par_chunks_mut(width)
         .zip(x.par_chunks(width))
@@ -54,10 +58,10 @@ fn softmax_rows<T: WithDType + Float + Send + Sync>(x: &[T], width: usize) -> Ve
             let mut sum = T::zero();
             for (o, &v) in y.iter_mut().zip(row) {
                 *o = (v - max).exp();
-                sum = sum + *o;
+                sum += *o;
             }
             let inv = T::one() / sum;
-            y.iter_mut().for_each(|o| *o = *o * inv);
+            y.iter_mut().for_each(|o| *o *= inv);
         });
     out
 }
@@ -100,11 +104,7 @@ fn row_logsumexp<T: Float>(row: &[T]) -> T {
     max + sum.ln()
 }
 
-fn target_logprobs_rows<T: WithDType + Float + Send + Sync>(
-    x: &[T],
-    width: usize,
-    targets: &[u32],
-) -> Vec<T> {
+fn target_logprobs_rows<T: Real>(x: &[T], width: usize, targets: &[u32]) -> Vec<T> {
     x.par_chunks(width)
         .zip(targets.par_iter())
         .map(|(row, &t)| row[t as usize] - row_logsumexp(row))
@@ -112,12 +112,7 @@ fn target_logprobs_rows<T: WithDType + Float + Send + Sync>(
 }
 
 /// d logp[n] / d logits[n, v] = onehot(v == t_n) - softmax(logits[n])[v], times grad[n].
-fn target_logprobs_grad<T: WithDType + Float + Send + Sync>(
-    x: &[T],
-    width: usize,
-    targets: &[u32],
-    grad: &[T],
-) -> Vec<T> {
+fn target_logprobs_grad<T: Real>(x: &[T], width: usize, targets: &[u32], grad: &[T]) -> Vec<T> {
     let mut out = vec![T::zero(); x.len()];
     out.par_chunks_mut(width)
         .zip(x.par_chunks(width))
@@ -127,7 +122,7 @@ fn target_logprobs_grad<T: WithDType + Float + Send + Sync>(
             for (d, &v) in dx.iter_mut().zip(row) {
                 *d = -g * (v - lse).exp();
             }
-            dx[t as usize] = dx[t as usize] + g;
+            dx[t as usize] += g;
         });
     out
 }
@@ -199,7 +194,7 @@ fn inv_rms<T: Float>(row: &[T], eps: f64) -> T {
     T::one() / (sum_sq / n + eps).sqrt()
 }
 
-fn rms_norm_rows<T: WithDType + Float + Send + Sync>(x: &[T], w: &[T], eps: f64) -> Vec<T> {
+fn rms_norm_rows<T: Real>(x: &[T], w: &[T], eps: f64) -> Vec<T> {
     let width = w.len();
     let mut out = vec![T::zero(); x.len()];
     out.par_chunks_mut(width)
@@ -214,12 +209,7 @@ fn rms_norm_rows<T: WithDType + Float + Send + Sync>(x: &[T], w: &[T], eps: f64)
 }
 
 /// Returns (dx, dw) for RMSNorm; dw is summed over rows.
-fn rms_norm_grad<T: WithDType + Float + Send + Sync>(
-    x: &[T],
-    w: &[T],
-    g: &[T],
-    eps: f64,
-) -> (Vec<T>, Vec<T>) {
+fn rms_norm_grad<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> (Vec<T>, Vec<T>) {
     let width = w.len();
     let n = T::from(width).unwrap_or_else(T::one);
     let mut dx = vec![T::zero(); x.len()];
@@ -238,7 +228,7 @@ fn rms_norm_grad<T: WithDType + Float + Send + Sync>(
                 let coef = r * r * r * dot / n;
                 for i in 0..width {
                     dxr[i] = r * gr[i] * w[i] - row[i] * coef;
-                    dw[i] = dw[i] + gr[i] * row[i] * r;
+                    dw[i] += gr[i] * row[i] * r;
                 }
                 dw
             },
@@ -247,7 +237,7 @@ fn rms_norm_grad<T: WithDType + Float + Send + Sync>(
     let mut dw = vec![T::zero(); width];
     for part in dw_rows {
         for (acc, v) in dw.iter_mut().zip(part) {
-            *acc = *acc + v;
+            *acc += v;
         }
     }
     (dx, dw)
