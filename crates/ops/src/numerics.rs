@@ -5,10 +5,12 @@
 //! subnormal, which happens routinely late in training (tiny gradients, Adam second moments).
 //! Treating subnormals as zero costs nothing measurable in accuracy for f32 training.
 //!
-//! What it is: `init_compute_threads` sets FTZ/DAZ on the calling thread and makes sure every
-//! thread of rayon's global pool (which candle's CPU matmul and our kernels run on) has them
-//! too: it builds the global pool with a `start_handler`, or, when some code already built
-//! the pool, sets the flags on each existing worker with `rayon::broadcast`.
+//! What it is: `init_compute_threads` sets FTZ/DAZ on the calling thread and on every thread
+//! candle 0.11 computes on: rayon's global pool (candle's gemm and our kernels; built with a
+//! `start_handler`, or, when some code already built it, reached with `rayon::broadcast`),
+//! candle's own `BarrierPool` of persistent `candle-bp-N` threads (its elementwise and
+//! broadcast binary/unary maps; reached with `BarrierPool::execute`, which runs a closure on
+//! every worker), and candle's private rayon pool used by `Device::with_context`.
 //! What it is not: it does not reach threads spawned elsewhere (tokio, `std::thread`); code
 //! that computes on such threads calls `set_ftz_daz_on_this_thread` itself.
 //!
@@ -48,6 +50,9 @@ pub fn init_compute_threads() {
             // for the whole process, so setting the flags on each of them once suffices.
             rayon::broadcast(|_| set_ftz_daz_on_this_thread());
         }
+        // candle's persistent pools: their threads also live for the whole process.
+        candle_core::utils::barrier_pool().execute(|_| set_ftz_daz_on_this_thread());
+        candle_core::utils::with_threadpool(|| rayon::broadcast(|_| set_ftz_daz_on_this_thread()));
     });
 }
 
@@ -143,6 +148,30 @@ mod tests {
         let per_worker: Vec<bool> = rayon::broadcast(|_| ftz_daz_enabled());
         assert_eq!(per_worker.len(), rayon::current_num_threads());
         assert!(per_worker.iter().all(|&on| on), "workers: {per_worker:?}");
+    }
+
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    #[test]
+    fn ftz_daz_is_set_on_candles_own_worker_pools() {
+        init_compute_threads();
+        let pool = candle_core::utils::barrier_pool();
+        let flags = std::sync::Mutex::new(vec![false; pool.n_workers() + 1]);
+        pool.execute(|tid| {
+            if let Ok(mut f) = flags.lock() {
+                f[tid] = ftz_daz_enabled();
+            }
+        });
+        let flags = flags.into_inner().expect("lock");
+        assert!(
+            flags.iter().all(|&on| on),
+            "barrier pool workers: {flags:?}"
+        );
+        let private: Vec<bool> =
+            candle_core::utils::with_threadpool(|| rayon::broadcast(|_| ftz_daz_enabled()));
+        assert!(
+            private.iter().all(|&on| on),
+            "candle's private rayon pool: {private:?}"
+        );
     }
 
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
