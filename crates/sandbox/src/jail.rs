@@ -24,6 +24,10 @@
 //! drops to the run's uid, sets no-new-privileges, restricts itself with Landlock, installs the
 //! seccomp filters, and returns to `std`, which `exec`s the interpreter.
 //!
+//! "The forked child" is either a fork of the caller (`install`, a `pre_exec` hook) or, by
+//! default, the helper process itself (`enter_and_exec`, see `helper.rs`), a fresh and small
+//! `exec` of the caller's binary whose inner forks are cheap.
+//!
 //! Without a PID namespace there is no init: the supervisor waits for the program directly and
 //! afterwards kills its process group and, when it ran under a uid of its own, every process of
 //! that uid (`kill(-1)` after switching to it).
