@@ -7,24 +7,45 @@
 //!   (fraction of assertion sites that passed).
 //! - `builtin_results_only` (bool, default true): every value the function under test returns
 //!   must be built from Python's builtin data types (numbers, strings, bytes, None, lists,
-//!   tuples, sets, dicts), checked recursively with exact type tests; this stops the
-//!   "always-equal object" hack (returning an instance whose `__eq__` is always true). Turn it
-//!   off for tasks whose functions legitimately return other objects.
+//!   tuples, sets, dicts; exact types, no subclasses), and the solution runs in a process of
+//!   its own (see below); this stops the "always-equal object" hack and every other way of
+//!   tampering with the tests from inside the interpreter. Turn it off only for trusted
+//!   completions whose functions legitimately return other objects.
 //! - `extract_fenced_code` (bool, default true): use the last ```python block of the completion
 //!   when there is one.
 //!
 //! Reads `tests`, `entry_point` and `prompt`.
 //!
-//! How a run is judged, and why it cannot be passed by exiting early: the harness (trusted,
-//! written here) reads a random nonce from stdin before any untrusted code runs, rewrites every
-//! `assert` of the tests with Python's `ast` module so that each assertion site reports pass or
-//! fail instead of aborting `check`, runs the solution and the tests in a namespace of their
-//! own, and only at the end writes `nonce passed total` to a duplicate of the stdout descriptor
-//! taken before the solution ran. A program that calls `exit(0)`, `sys.exit(0)` or
-//! `os._exit(0)` before the tests finish never produces that line and scores 0; a `SystemExit`
-//! raised while the solution is loaded also scores 0. Known limit: code running in the same
-//! interpreter can in principle still inspect and tamper with the harness (its frames, its
-//! counters); the sandbox bounds the damage, not every such cheat.
+//! How a run is judged (`builtin_results_only = true`, the default): two processes. The judge
+//! (`unit_tests_judge.py`, trusted, written here) reads a random nonce from stdin and closes it,
+//! marks itself non-dumpable (so a same-uid process cannot read its memory through `/proc`),
+//! rewrites every `assert` of the tests with Python's `ast` module so that each assertion site
+//! reports pass or fail instead of aborting `check`, and only then starts the solution process
+//! (`unit_tests_solution_process.py`, a fresh `exec`, so it never holds the nonce) with stdin
+//! closed and stdout sent to stderr. The untrusted solution runs only there. The judge executes
+//! the tests (and the prompt, trusted, for helpers such as HumanEval's `poly`) in its own
+//! interpreter; `candidate` is a proxy that sends the arguments over a pipe and decodes the
+//! reply into plain Python data built by the judge itself (ints, floats, complex, str, bytes,
+//! None, bool, lists, tuples, sets, frozensets, dicts; an exception comes back as its builtin
+//! class by name). So every comparison an assertion makes runs on objects the solution never
+//! touched, with builtins it never patched: the always-equal object, patched `builtins`, forged
+//! counters, `sys.settrace`, frame or `gc` inspection and forged report lines all have nothing
+//! to reach. The judge writes `nonce passed total status` to its own stdout at the end; a
+//! solution that exits, crashes or hangs makes its calls fail (or the run time out).
+//!
+//! What remains (the two-process threat model): the solution process may kill or stop the
+//! judge (same uid), which scores 0 or times out, never 1; it may answer calls by any means
+//! (the judge deletes `tests.py` and `prompt.py` before the solution starts, so the expected
+//! outputs are not on disk to replay, but a solution may still special-case the inputs it is
+//! called with); and where the sandbox runs without seccomp and the kernel lets a
+//! same-uid process trace another, memory inspection of the judge is only as hard as
+//! `PR_SET_DUMPABLE` makes it. Arguments must be plain data too: a test that passes a function
+//! or another object to the candidate fails that call.
+//!
+//! With `builtin_results_only = false` the solution and the tests share one interpreter (the
+//! older in-process harness, needed when results are arbitrary objects): the nonce is still
+//! read before the solution runs, but code in the same interpreter can find it (frames, `gc`)
+//! or tamper with the counters and builtins. Use it only for trusted completions.
 
 use serde::{Deserialize, Serialize};
 use stoke_sandbox::{Program, Sandbox};
@@ -33,8 +54,15 @@ use crate::code::{abnormal_outcome, extract_code, nonce, run_all};
 use crate::config::ConfigError;
 use crate::verifier::{Details, Outcome, RewardInput, RewardOutcome, Verifier, clip_detail};
 
-/// The trusted harness. argv[1] is the entry point; the solution and tests are files.
-const HARNESS: &str = r#"import ast as _ast, os as _os, sys as _sys
+/// The trusted judge of the two-process harness; argv[1] is the entry point.
+const JUDGE: &str = include_str!("unit_tests_judge.py");
+
+/// The untrusted side of the two-process harness: loads `solution.py` and answers calls.
+const SOLUTION_PROCESS: &str = include_str!("unit_tests_solution_process.py");
+
+/// The in-process harness (`builtin_results_only = false`): trusts the solution not to tamper.
+/// argv[1] is the entry point; the solution and tests are files.
+const IN_PROCESS_HARNESS: &str = r#"import ast as _ast, os as _os, sys as _sys
 def _stoke_main():
     nonce = _sys.stdin.readline().strip()
     result_fd = _os.dup(1)
@@ -207,26 +235,31 @@ impl UnitTestsVerifier {
             input.completion
         };
         let nonce = nonce();
-        let program = Program {
-            source: HARNESS.to_string(),
-            stdin: format!("{nonce}\n").into_bytes(),
-            files: vec![
-                (
-                    "solution.py".into(),
-                    solution_source(input.prompt, code, entry_point).into_bytes(),
-                ),
-                ("tests.py".into(), tests.as_bytes().to_vec()),
-            ],
-            args: vec![
-                entry_point.to_string(),
-                if self.builtin_results_only {
-                    "builtin"
-                } else {
-                    "any"
-                }
-                .to_string(),
-            ],
-            ..Program::python("")
+        let solution = solution_source(input.prompt, code, entry_point).into_bytes();
+        let program = if self.builtin_results_only {
+            Program {
+                source: JUDGE.to_string(),
+                stdin: format!("{nonce}\n").into_bytes(),
+                files: vec![
+                    ("solution.py".into(), solution),
+                    ("tests.py".into(), tests.as_bytes().to_vec()),
+                    ("prompt.py".into(), input.prompt.as_bytes().to_vec()),
+                    ("child.py".into(), SOLUTION_PROCESS.as_bytes().to_vec()),
+                ],
+                args: vec![entry_point.to_string()],
+                ..Program::python("")
+            }
+        } else {
+            Program {
+                source: IN_PROCESS_HARNESS.to_string(),
+                stdin: format!("{nonce}\n").into_bytes(),
+                files: vec![
+                    ("solution.py".into(), solution),
+                    ("tests.py".into(), tests.as_bytes().to_vec()),
+                ],
+                args: vec![entry_point.to_string(), "any".to_string()],
+                ..Program::python("")
+            }
         };
         Ok(Prepared {
             program,

@@ -1,0 +1,165 @@
+import ast as _ast, builtins as _builtins, json as _json, os as _os, subprocess as _subprocess, sys as _sys
+def _stoke_main():
+    chunks = []
+    while True:
+        chunk = _os.read(0, 4096)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    nonce = b"".join(chunks).decode().strip()
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+    except BaseException:
+        pass
+    entry_point = _sys.argv[1]
+    def report(passed, total, status):
+        _os.write(1, ("\n%s %d %d %s\n" % (nonce, passed, total, status)).encode())
+    with open("tests.py") as f:
+        tests = f.read()
+    try:
+        with open("prompt.py") as f:
+            prompt = f.read()
+    except OSError:
+        prompt = ""
+    for name in ("tests.py", "prompt.py"):
+        try:
+            _os.remove(name)
+        except OSError:
+            pass
+    try:
+        tree = _ast.parse(tests, "tests.py")
+    except SyntaxError:
+        report(0, 0, "tests_syntax_error")
+        return
+    passed_sites, failed_sites = set(), set()
+    class Rewrite(_ast.NodeTransformer):
+        sites = 0
+        def visit_Assert(self, node):
+            site = Rewrite.sites
+            Rewrite.sites += 1
+            wrapper = _ast.parse(
+                "try:\n    pass\n    _stoke_ok_(%d)\nexcept BaseException:\n    _stoke_bad_(%d)\n" % (site, site)
+            ).body[0]
+            wrapper.body[0] = node
+            return wrapper
+    tree = _ast.fix_missing_locations(Rewrite().visit(tree))
+    total = Rewrite.sites
+    request_read, request_write = _os.pipe()
+    reply_read, reply_write = _os.pipe()
+    flags = [f for f, on in (("-S", _sys.flags.no_site), ("-E", _sys.flags.ignore_environment), ("-B", _sys.flags.dont_write_bytecode)) if on]
+    child = _subprocess.Popen(
+        [_sys.executable] + flags + ["child.py", entry_point, str(request_read), str(reply_write)],
+        stdin=_subprocess.DEVNULL, stdout=2, pass_fds=(request_read, reply_write), close_fds=True,
+    )
+    _os.close(request_read)
+    _os.close(reply_write)
+    requests = _os.fdopen(request_write, "w")
+    replies = _os.fdopen(reply_read, "r")
+    def receive():
+        line = replies.readline(1 << 26)
+        if not line.endswith("\n"):
+            raise RuntimeError("the solution process ended")
+        return _json.loads(line)
+    def encode(value, depth=0):
+        kind = type(value)
+        if depth > 100:
+            raise TypeError("nested too deeply")
+        if value is None or kind is bool or kind is str:
+            return value
+        if kind is int:
+            return {"i": hex(value)}
+        if kind is float:
+            return {"f": float.hex(value)}
+        if kind is complex:
+            return {"c": [float.hex(value.real), float.hex(value.imag)]}
+        if kind is bytes:
+            return {"b": value.hex()}
+        if kind is list:
+            return [encode(v, depth + 1) for v in value]
+        if kind is tuple:
+            return {"t": [encode(v, depth + 1) for v in value]}
+        if kind is set:
+            return {"s": [encode(v, depth + 1) for v in value]}
+        if kind is frozenset:
+            return {"z": [encode(v, depth + 1) for v in value]}
+        if kind is dict:
+            return {"d": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]}
+        raise TypeError("a value of type %s cannot cross to the solution process" % kind.__name__)
+    def decode(data, depth=0):
+        kind = type(data)
+        if depth > 100:
+            raise TypeError("nested too deeply")
+        if data is None or kind is bool or kind is str:
+            return data
+        if kind is list:
+            return [decode(v, depth + 1) for v in data]
+        if kind is not dict or len(data) != 1:
+            raise TypeError("malformed value from the solution process")
+        (tag, body), = data.items()
+        if tag == "i" and type(body) is str:
+            return int(body, 16)
+        if tag == "f" and type(body) is str:
+            return float.fromhex(body)
+        if tag == "c" and type(body) is list and len(body) == 2 and all(type(p) is str for p in body):
+            return complex(float.fromhex(body[0]), float.fromhex(body[1]))
+        if tag == "b" and type(body) is str:
+            return bytes.fromhex(body)
+        if type(body) is not list:
+            raise TypeError("malformed value from the solution process")
+        if tag == "t":
+            return tuple(decode(v, depth + 1) for v in body)
+        if tag == "s":
+            return set(decode(v, depth + 1) for v in body)
+        if tag == "z":
+            return frozenset(decode(v, depth + 1) for v in body)
+        if tag == "d":
+            result = {}
+            for pair in body:
+                if type(pair) is not list or len(pair) != 2:
+                    raise TypeError("malformed value from the solution process")
+                result[decode(pair[0], depth + 1)] = decode(pair[1], depth + 1)
+            return result
+        raise TypeError("malformed value from the solution process")
+    try:
+        hello = receive()
+    except BaseException:
+        report(0, total, "exited_while_loading")
+        return
+    if hello != {"ready": True}:
+        status = hello.get("load_error") if type(hello) is dict else None
+        report(0, total, "load_error:" + (status if type(status) is str else "malformed")[:100])
+        return
+    builtin_exceptions = {name: value for name, value in vars(_builtins).items() if type(value) is type and issubclass(value, Exception)}
+    def candidate(*args, **kwargs):
+        requests.write(_json.dumps({"a": encode(list(args)), "k": encode(kwargs)}) + "\n")
+        requests.flush()
+        reply = receive()
+        if type(reply) is dict and "r" in reply:
+            return decode(reply["r"])
+        name = reply.get("x") if type(reply) is dict else None
+        raise builtin_exceptions.get(name, RuntimeError)("raised in the solution: %s" % name)
+    namespace = {"__name__": "tests", "__builtins__": _builtins}
+    if prompt:
+        try:
+            exec(compile(prompt, "prompt.py", "exec"), namespace)
+        except BaseException:
+            pass
+    namespace["_stoke_ok_"] = passed_sites.add
+    namespace["_stoke_bad_"] = failed_sites.add
+    try:
+        exec(compile(tree, "tests.py", "exec"), namespace)
+        check = namespace["check"]
+    except BaseException as error:
+        report(0, total, "setup_error:" + type(error).__name__)
+        return
+    namespace[entry_point] = candidate
+    status = "ok"
+    try:
+        check(candidate)
+    except BaseException as error:
+        status = "check_raised:" + type(error).__name__
+    passed = len(passed_sites - failed_sites)
+    report(passed, total, status)
+    child.kill()
+_stoke_main()
