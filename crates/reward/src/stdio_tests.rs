@@ -9,7 +9,8 @@
 //!   equal after trimming trailing whitespace, trailing blank lines ignored).
 //! - `extract_fenced_code` (bool, default true).
 //!
-//! Reads `cases` (`[{input, output}]`). Cases run concurrently on the sandbox pool; a case that
+//! Reads `cases` (`[{input, output}]`); a reference whose expected outputs are all blank is
+//! `UnparseableGold` (the empty program would pass it). Cases run concurrently on the sandbox pool; a case that
 //! times out counts as failed and makes the outcome `Timeout` unless every other case passed.
 
 use serde::{Deserialize, Serialize};
@@ -99,6 +100,14 @@ impl Verifier for StdioTestsVerifier {
         };
         if cases.is_empty() {
             return RewardOutcome::failed(Outcome::UnparseableGold, "`cases` is empty");
+        }
+        // A program that prints nothing matches blank expected outputs; if every case is
+        // blank, the empty program would be rewarded in full.
+        if cases.iter().all(|case| case.output.trim().is_empty()) {
+            return RewardOutcome::failed(
+                Outcome::UnparseableGold,
+                "every case expects blank output (an empty program would pass)",
+            );
         }
         let cases = &cases[..self
             .config

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use stoke_reward::stdio_tests::{CaseScoring, StdioTestsConfig, StdioTestsVerifier};
+use stoke_reward::stdio_tests::{
+    CaseScoring, OutputComparison, StdioTestsConfig, StdioTestsVerifier,
+};
 use stoke_reward::{IoCase, Outcome, Reference, RewardInput, Verifier};
 use stoke_sandbox::{IsolationLevel, Sandbox, SandboxConfig};
 
@@ -108,5 +110,59 @@ fn crashing_programs_are_wrong_and_missing_cases_are_reported() {
             .score(&RewardInput::new("", "print(1)", &empty))
             .outcome,
         Outcome::UnparseableGold
+    );
+}
+
+fn one_case(output: &str) -> Reference {
+    Reference {
+        cases: Some(vec![IoCase {
+            input: "2\n".into(),
+            output: output.into(),
+        }]),
+        ..Reference::default()
+    }
+}
+
+#[test]
+fn stdio_tests_rejects_empty_whitespace_and_extra_output() {
+    for comparison in [OutputComparison::Tokens, OutputComparison::Lines] {
+        let config = StdioTestsConfig {
+            comparison,
+            ..StdioTestsConfig::default()
+        };
+        let verifier = StdioTestsVerifier::new(&config, sandbox()).unwrap();
+        for program in [
+            "pass",
+            "print()",
+            "print('   \\n\\t')",
+            "print(4)\nprint(4)",
+            "print('4 extra')",
+            "print(4.0)",
+            "import sys; print(4); sys.exit(1)",
+        ] {
+            let outcome = verifier.score(&RewardInput::new("", program, &one_case("4\n")));
+            assert_eq!(
+                outcome.score, 0.0,
+                "{comparison:?} {program:?}: {outcome:?}"
+            );
+        }
+        let right = verifier.score(&RewardInput::new(
+            "",
+            "print(int(input())**2)",
+            &one_case("4\n"),
+        ));
+        assert_eq!(right.outcome, Outcome::Correct, "{comparison:?}");
+    }
+}
+
+#[test]
+fn stdio_tests_rejects_cases_whose_expected_outputs_are_all_blank() {
+    // A program that prints nothing would match every case: a dataset problem, not a reward.
+    let verifier = StdioTestsVerifier::new(&StdioTestsConfig::default(), sandbox()).unwrap();
+    let outcome = verifier.score(&RewardInput::new("", "pass", &one_case(" \n")));
+    assert_eq!(
+        (outcome.outcome, outcome.score),
+        (Outcome::UnparseableGold, 0.0),
+        "{outcome:?}"
     );
 }
