@@ -54,7 +54,8 @@ pub struct SandboxConfig {
     pub spawn_via_helper: bool,
     /// Where work dirs are created (default: the system temp dir).
     pub work_root: PathBuf,
-    /// First uid of the per-run uids used when the caller is root (uid = base + slot).
+    /// First uid of the per-run uids used when the caller is root: a run gets
+    /// `uid_base + (pid mod 65536) * 4096 + slot` (a block per process, a slot per run).
     pub uid_base: u32,
 }
 
@@ -110,10 +111,16 @@ impl SandboxConfig {
                 "`max_open_files` below 8 leaves no room for an interpreter".to_string(),
             ));
         }
-        if self.uid_base == 0 || self.uid_base.checked_add(1 << 16).is_none() {
-            return Err(SandboxError::Config(
-                "`uid_base` must be non-zero and leave room for 65536 slots".to_string(),
-            ));
+        let uid_span = crate::run_user::SLOTS_PER_PROCESS * crate::run_user::PROCESS_BLOCKS;
+        if self.uid_base == 0
+            || self
+                .uid_base
+                .checked_add(uid_span)
+                .is_none_or(|end| end >= u32::MAX - 1)
+        {
+            return Err(SandboxError::Config(format!(
+                "`uid_base` must be non-zero and leave room for {uid_span} uids below 2^32 - 1"
+            )));
         }
         Ok(())
     }

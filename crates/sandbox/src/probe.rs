@@ -258,7 +258,7 @@ fn run_probe() -> ProbeOutcome {
             user: UserMode::SeparateUser,
             ..base_spec()
         })
-        .map(|()| format!("per-run uid from {}", SandboxConfig::default().uid_base))
+        .map(|()| format!("per-run uid above {}", SandboxConfig::default().uid_base))
     } else {
         Err("needs root".to_string())
     };

@@ -192,7 +192,13 @@ fn a_hanging_program_does_not_block_others() {
     let quick = sandbox.run_blocking(Program::python("print(1)"));
     assert_eq!(quick.stdout, b"1\n");
     assert!(started.elapsed() < Duration::from_secs(2));
-    assert_eq!(hanging.join().unwrap().status, ExitStatusKind::TimedOut);
+    let hanging = hanging.join().unwrap();
+    assert_eq!(
+        hanging.status,
+        ExitStatusKind::TimedOut,
+        "{}",
+        hanging.stderr_text()
+    );
 }
 
 #[test]
