@@ -36,9 +36,20 @@ where
 }
 
 /// Decodes with special tokens skipped (a stop token's text never reaches the output).
+///
+/// Ids the tokenizer does not know decode to no text, as Hugging Face's decoders do: model
+/// vocabularies are often padded past the tokenizer's (Qwen2.5: 151,936 rows for 151,665
+/// tokens), and an untrained or lightly trained model can sample such a row. The ids stay in the
+/// completion's `token_ids`; only the text omits them.
 impl Detokenizer for stoke_tokenizer::hf::Tokenizer {
     fn decode(&self, ids: &[u32]) -> Result<String, String> {
-        stoke_tokenizer::hf::Tokenizer::decode(self, ids, true).map_err(|error| error.to_string())
+        let known: Vec<u32> = ids
+            .iter()
+            .copied()
+            .filter(|&id| self.id_to_token(id).is_some())
+            .collect();
+        stoke_tokenizer::hf::Tokenizer::decode(self, &known, true)
+            .map_err(|error| error.to_string())
     }
 }
 

@@ -1,0 +1,70 @@
+//! The crate dependency graph follows `crates/README.md`: dependencies point from later crates to
+//! earlier ones only, and each crate depends only on the crates its row allows. Read from
+//! `cargo metadata`, so a new `stoke-*` dependency that breaks the layering fails here.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+
+/// Allowed normal (non-dev) dependencies between stoke crates; mirrors the table in
+/// `crates/README.md` and `../shared/design/architecture.md`.
+fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
+    let table: &[(&str, &[&str])] = &[
+        ("stoke-types", &[]),
+        ("stoke-sandbox", &["stoke-types"]),
+        ("stoke-reward", &["stoke-types", "stoke-sandbox"]),
+        ("stoke-data", &["stoke-types"]),
+        ("stoke-tokenizer", &["stoke-types"]),
+        ("stoke-ops", &[]),
+        ("stoke-model", &["stoke-types", "stoke-ops"]),
+        ("stoke-rollout", &["stoke-types", "stoke-ops", "stoke-model", "stoke-tokenizer"]),
+        (
+            "stoke-cli",
+            &[
+                "stoke-types",
+                "stoke-sandbox",
+                "stoke-reward",
+                "stoke-data",
+                "stoke-tokenizer",
+                "stoke-ops",
+                "stoke-model",
+                "stoke-rollout",
+            ],
+        ),
+    ];
+    table.iter().map(|(krate, deps)| (*krate, deps.iter().copied().collect())).collect()
+}
+
+#[test]
+fn stoke_crates_depend_only_on_allowed_crates() {
+    let output = Command::new(env!("CARGO"))
+        .args(["metadata", "--no-deps", "--format-version", "1", "--offline"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let metadata: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("cargo metadata prints JSON");
+    let allowed = allowed();
+    let packages = metadata["packages"].as_array().expect("packages array");
+    let mut seen = BTreeSet::new();
+    for package in packages {
+        let name = package["name"].as_str().expect("package name");
+        seen.insert(name.to_string());
+        let permitted = allowed
+            .get(name)
+            .unwrap_or_else(|| panic!("crate {name} is not in the layering table; add it"));
+        for dep in package["dependencies"].as_array().expect("dependencies array") {
+            let dep_name = dep["name"].as_str().expect("dependency name");
+            let is_normal = dep["kind"].is_null();
+            if dep_name.starts_with("stoke-") && is_normal {
+                assert!(
+                    permitted.contains(dep_name),
+                    "{name} depends on {dep_name}, which the layering does not allow"
+                );
+            }
+        }
+    }
+    for krate in allowed.keys() {
+        assert!(seen.contains(*krate), "layering table names {krate}, which is not in the workspace");
+    }
+}
