@@ -124,7 +124,26 @@ const CASES: &[(&str, &str, bool)] = &[
     ("3xy", "3x", false),
     ("x", "y", false),
     ("2x", "2", false),
-    ("\\sqrt{x^2}", "x", true),
+    // Sample points of both signs: \sqrt{x^2} is |x|, not x (this row used to expect
+    // acceptance, which the positive-only sample points allowed).
+    ("\\sqrt{x^2}", "x", false),
+    ("\\sqrt{x^2}", "|x|", true),
+    ("|x|", "x", false),
+    ("x", "|x|", false),
+    ("x^3", "|x|^3", false),
+    ("2x", "x+|x|", false),
+    ("1", "\\frac{x}{|x|}", false),
+    ("x^3", "x|x|^2", true),
+    ("\\sqrt{x}", "x^{1/2}", true),
+    ("2\\sqrt{x}", "\\sqrt{4x}", true),
+    ("\\sqrt{1-x}", "\\sqrt{1-x}+0", true),
+    // an answer that is a bare variable never matches a constant or another expression
+    ("3", "x", false),
+    ("x^2", "x", false),
+    ("x^2", "a", false),
+    ("2x", "x", false),
+    ("\\frac{\\sqrt{3}}{2}", "x", false),
+    ("x+1", "x+1.0000000001", false),
     ("\\sin x", "\\sin(x)", true),
     ("\\sin(2x)", "2\\sin(x)\\cos(x)", true),
     ("\\sin(2x)", "2\\sin(x)", false),
@@ -189,6 +208,57 @@ const CASES: &[(&str, &str, bool)] = &[
     ("\\pm 2", "2, -2", true),
     ("1 \\pm \\sqrt{2}", "1+\\sqrt{2}, 1-\\sqrt{2}", true),
     ("\\pm 2", "2", false),
+    // red-team rows: tuples vs intervals vs sets vs lists
+    ("(1,2)", "[1,2]", false),
+    ("(1,2)", "(2,1)", false),
+    ("(1,2)", "\\{1,2\\}", false),
+    ("\\{1,2\\}", "(1,2)", false),
+    ("(1,2)", "(1,2) \\cup (1,2)", false),
+    ("\\{1,2\\}", "\\{2,1\\}", true),
+    // repeated elements: compared as multisets, so a padded answer never matches (a
+    // mathematically equal set written with repeats is a rare false negative)
+    ("\\{1,2\\}", "\\{1,1,2\\}", false),
+    ("1,2", "1,1,2", false),
+    ("3", "3, 3", false),
+    ("3", "\\{3, 3\\}", false),
+    ("3", "\\pm 3", false),
+    ("-3, 3", "\\pm 3", true),
+    // percent rule: `P\%` matches P (face value, as math-verify) and P/100 (its value); a
+    // bare number never matches a 100x scaled gold (Qwen2.5-Math's grader accepts 50 for 0.5,
+    // this verifier does not)
+    ("0.5", "0.5\\%", true),
+    ("50", "0.5", false),
+    ("0.5", "50", false),
+    ("50\\%", "5000", false),
+    ("50\\%", "0.5\\%", false),
+    // negative zero, decimal comma ambiguity
+    ("0", "-0.0", true),
+    ("1000", "1.000", false),
+    ("1", "1,000", false),
+    ("1.5", "1,500", false),
+    // huge exponents: exact where bounded, never equal by overflow
+    ("1000", "10^{10^{10}}", false),
+    ("10^{10^{10}}", "10^{10^{10}}+1", false),
+    ("2^{1000}", "2^{1000}+1", false),
+    ("2", "10^{-100000000}+2", false),
+    // infinity
+    ("\\infty", "-\\infty", false),
+    ("\\infty", "10^{400}", false),
+    ("\\infty", "1/0", false),
+    ("1/0", "2/0", false),
+    // text answers
+    ("\\text{Monday}", "\\text{Tuesday}", false),
+    ("\\text{even}", "\\text{even or odd}", false),
+    ("\\text{yes}", "\\text{yes or no}", false),
+    ("5", "5\\text{ or }6", false),
+    ("5", "5 \\text{ and } 6", false),
+    // multiple-choice letters vs numbers and hedged letters
+    ("\\text{(A)}", "1", false),
+    ("5", "A", false),
+    ("\\text{(B)}", "\\text{(A)(B)(C)}", false),
+    ("\\text{(B)}", "\\text{(B) or (C)}", false),
+    ("\\text{B}", "\\text{ABCD}", false),
+    ("\\text{(C)}", "C, D", false),
     // multiple choice and words
     ("(B)", "B", true),
     ("B", "\\text{(B)}", true),
@@ -490,4 +560,40 @@ fn invalid_config_values_name_their_field() {
     })
     .unwrap_err();
     assert!(error.to_string().contains("relative_tolerance"));
+}
+
+#[test]
+fn several_boxed_answers_take_the_last_and_hedging_does_not_pay() {
+    // The last box is the answer: boxing every candidate scores only when the last is right.
+    assert_eq!(
+        score("3", "\\boxed{3} or \\boxed{4}", ""),
+        (0.0, Outcome::Wrong)
+    );
+    assert_eq!(
+        score("4", "\\boxed{3} or \\boxed{4}", ""),
+        (1.0, Outcome::Correct)
+    );
+    // An empty last box is no answer, even after a right one.
+    assert_eq!(
+        score("3", "\\boxed{3}\\boxed{}", ""),
+        (0.0, Outcome::UnparseablePrediction)
+    );
+    // Several candidates in one box are a list, not the gold scalar.
+    assert_eq!(score("3", "\\boxed{3, 4}", "").0, 0.0);
+    assert_eq!(score("3", "\\boxed{3 \\text{ or } 4}", "").0, 0.0);
+    // A later answer phrase replaces an earlier one; an answer tag outranks a bare number.
+    assert_eq!(score("3", "answer: 3. Actually the answer is 4", "").0, 0.0);
+    assert_eq!(score("18", "18\n\n<answer>20</answer>", "").0, 0.0);
+}
+
+#[test]
+fn boxing_a_number_from_the_question_is_wrong() {
+    assert_eq!(
+        score("42", "\\boxed{12}", "What is 12 + 30?"),
+        (0.0, Outcome::Wrong)
+    );
+    assert_eq!(
+        score("42", "\\boxed{12 + 30}", "What is 12 + 30?"),
+        (0.0, Outcome::Wrong)
+    );
 }

@@ -8,12 +8,14 @@
 //! so a gold `1 < x < 2` accepts `(1, 2)`.
 //!
 //! What this is not: a proof of equivalence. Evaluation at points can be fooled by expressions
-//! that agree on every sample point; the points are fixed, positive, non-integer rationals chosen
-//! to make coincidences unlikely for answer-sized expressions.
+//! that agree on every sample point; the points are fixed non-integer rationals chosen to make
+//! coincidences unlikely for answer-sized expressions, of both signs (`point_sign`), so `|x|` is
+//! not `x`. Fixed points are knowable, but a policy cannot aim at them: it sees only the
+//! question, never the points.
 
 use num_rational::BigRational;
 
-use super::expr::{Bindings, Bracket, Expr, NoBindings, RelOp};
+use super::expr::{Bindings, Bracket, Expr, Func, NoBindings, RelOp};
 
 /// How close two irrational values must be (relative), and how many sample points decide
 /// symbolic equivalence.
@@ -29,6 +31,22 @@ const MAX_ITEMS: usize = 64;
 const NUMERATORS: [i64; 8] = [13, 29, 41, 17, 53, 37, 61, 23];
 const DENOMINATORS: [i64; 5] = [7, 11, 5, 13, 3];
 
+/// The sign of variable `index` at sample point `point`. The first two points are positive
+/// (so expressions defined only for positive values, `\sqrt{x}` or `\ln x`, still get two
+/// defined points); the rest walk through sign patterns (`x` negative at every other point, `y`
+/// every other pair, ...), because with only positive points `|x|` equals `x`, `\sqrt{x^2}`
+/// equals `x` and `\frac{x}{|x|}` equals 1.
+fn point_sign(point: usize, index: usize) -> i64 {
+    let Some(pattern) = point.checked_sub(2) else {
+        return 1;
+    };
+    if (pattern >> (index % 3)) & 1 == 1 {
+        -1
+    } else {
+        1
+    }
+}
+
 struct PointBindings<'a> {
     names: &'a [String],
     point: usize,
@@ -39,7 +57,7 @@ impl PointBindings<'_> {
         let index = self.names.iter().position(|n| n == name)?;
         let numer = NUMERATORS[(index * 3 + self.point) % NUMERATORS.len()] + self.point as i64;
         let denom = DENOMINATORS[(index + 2 * self.point) % DENOMINATORS.len()];
-        Some((numer, denom))
+        Some((numer * point_sign(self.point, index), denom))
     }
 }
 
@@ -87,6 +105,28 @@ fn is_infinity_literal(expr: &Expr) -> bool {
     }
 }
 
+/// Whether `expr` is built only from rationals, variables and operations that keep values
+/// rational (integer powers, `|.|`, factorials, percentages), so that its value is exact
+/// whenever it can be computed at all.
+fn rational_form(expr: &Expr) -> bool {
+    match expr {
+        Expr::Num(_) | Expr::Var(_) => true,
+        Expr::Neg(a) | Expr::Factorial(a) | Expr::Percent(a) | Expr::Apply(Func::Abs, a) => {
+            rational_form(a)
+        }
+        Expr::Add(a, b) | Expr::Sub(a, b) | Expr::Mul(a, b) | Expr::Div(a, b) => {
+            rational_form(a) && rational_form(b)
+        }
+        Expr::Pow(base, exponent) => {
+            rational_form(base)
+                && exponent
+                    .eval_exact(&NoBindings)
+                    .is_some_and(|value| value.is_integer())
+        }
+        _ => false,
+    }
+}
+
 fn compare_at(
     gold: &Expr,
     pred: &Expr,
@@ -99,6 +139,12 @@ fn compare_at(
         } else {
             PointVerdict::Different
         };
+    }
+    // Both sides rational by form, yet one has no exact value (too many bits, a factorial
+    // past the limit, a division by zero): f64 would call `2 + 10^{-10^8}` equal to 2, so
+    // there is no verdict here rather than a tolerance match.
+    if rational_form(gold) && rational_form(pred) {
+        return PointVerdict::Undefined;
     }
     let (a, b) = (gold.eval_f64(vars), pred.eval_f64(vars));
     // Overflow to infinity says nothing about equality (`10^{10^{10}}` vs `10^{10^9}`); only
@@ -139,12 +185,18 @@ fn scalar_equal(gold: &Expr, pred: &Expr, tolerance: &Tolerance) -> bool {
     defined >= 2.min(tolerance.sample_points)
 }
 
-/// Scalar equality that also reads a percentage as its number: `50\%` matches `50` and `0.5`.
+/// Scalar equality that also reads a percentage as its number: `50\%` matches `50` (face
+/// value, the rule of HuggingFace's math-verify, which drops the sign) and `0.5` (its value).
+/// So a prediction `P\%` matches gold P and gold P/100, never 100P; a bare number never matches
+/// a gold scaled by 100 (Qwen2.5-Math's grader accepts gold 50 for 0.5 and 5000; this does
+/// not).
 fn scalar_equivalent(gold: &Expr, pred: &Expr, tolerance: &Tolerance) -> bool {
     if scalar_equal(gold, pred, tolerance) {
         return true;
     }
     match (gold, pred) {
+        // Both written as percentages: their values already compared (`50\%` is not `0.5\%`).
+        (Expr::Percent(_), Expr::Percent(_)) => false,
         (_, Expr::Percent(inner)) => scalar_equal(gold, inner, tolerance),
         (Expr::Percent(inner), _) => scalar_equal(inner, pred, tolerance),
         _ => false,

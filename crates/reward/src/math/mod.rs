@@ -11,7 +11,8 @@
 //! Accepted answer forms: integers, decimals, thousands separators (`1,000`, `1{,}000`,
 //! `1\,000`), the LaTeX decimal comma (`3{,}5`, and a bare `3,5` when the gold is one number),
 //! fractions (`a/b`, `\frac`, `\dfrac`, `\tfrac`, `\frac12`), mixed numbers (`2\frac{1}{2}`),
-//! percentages (`50\%` matches `50` and `0.5`), units and currency (`\text{cm}`, `\$`, `dollars`,
+//! percentages (`P\%` matches `P` at face value, as math-verify, and `P/100`, its value; two
+//! percentages compare by value; a bare number never matches a gold 100 times it), units and currency (`\text{cm}`, `\$`, `dollars`,
 //! `^\circ`), `\sqrt`, `\sqrt[n]`, `\pi`, powers, implicit multiplication, factorials, tuples
 //! and intervals (brackets must match: `[1,2)` is not `(1,2)`), sets and top-level lists
 //! (unordered), equations (`x = 3` matches `3`; general equations match up to a non-zero factor),
