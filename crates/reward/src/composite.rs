@@ -21,6 +21,8 @@
 //! gate = "when_correct"                  # "always" (default) | "when_correct" | "when_wrong"
 //! reward = { kind = "overlong", max_tokens = 4096, cache_tokens = 512 }
 //! ```
+//! Weights must be finite; the correctness component's must be >= 0 (other components may be
+//! negative: penalty terms). A sum that overflows is reported as 0 (`RewardOutcome::new`).
 //! Components are not themselves composite. Every component's value is reported in
 //! `details.components`, with `applied` telling whether gating let it count.
 
@@ -119,6 +121,12 @@ impl CompositeVerifier {
                     return Err(ConfigError::invalid(
                         field("correctness"),
                         "only one component decides correctness",
+                    ));
+                }
+                if component.weight < 0.0 {
+                    return Err(ConfigError::invalid(
+                        field("weight"),
+                        "the correctness component's weight must be >= 0 (a negative one pays for wrong answers)",
                     ));
                 }
                 if component.gate != Gate::Always {

@@ -8,7 +8,8 @@
 //!
 //! Invariants: a verdict of `UnparseableGold` or `MissingField` always has score 0 and marks a
 //! broken dataset record (callers exclude it from training); `Correct` is never produced from a
-//! reference that could not be parsed.
+//! reference that could not be parsed; every score is finite (`RewardOutcome::new` replaces
+//! NaN and infinities by 0 and says so in `details.reason`).
 
 use serde::{Deserialize, Serialize};
 
@@ -163,7 +164,22 @@ pub struct RewardOutcome {
 }
 
 impl RewardOutcome {
-    pub fn new(score: f64, outcome: Outcome, details: Details) -> Self {
+    /// A non-finite score (an overflowing weighted sum, an extreme configured range) becomes 0
+    /// with the reason recorded: one NaN or infinity in a GRPO group poisons the whole group's
+    /// mean and standard deviation, and with them every advantage of the batch.
+    pub fn new(score: f64, outcome: Outcome, mut details: Details) -> Self {
+        if !score.is_finite() {
+            let note = format!("non-finite score {score} replaced by 0");
+            details.reason = Some(match details.reason.take() {
+                Some(reason) => format!("{reason}; {note}"),
+                None => note,
+            });
+            return Self {
+                score: 0.0,
+                outcome,
+                details,
+            };
+        }
         Self {
             score,
             outcome,
