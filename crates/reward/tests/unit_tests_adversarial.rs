@@ -179,3 +179,40 @@ fn unit_tests_exceptions_cross_as_their_builtin_class() {
     let outcome = verifier().score(&RewardInput::new("def root(x):\n", completion, &reference));
     assert_eq!(outcome.outcome, Outcome::Correct, "{outcome:?}");
 }
+
+#[test]
+fn unit_tests_rejects_solution_that_reads_the_judge_memory_and_kills_it() {
+    // Scans the judge's memory through /proc for the nonce, writes a forged report to the
+    // judge's stdout through /proc/<ppid>/fd/1, then kills the judge so its real report never
+    // comes. The judge makes itself non-dumpable, so /proc refuses both.
+    assert_unrewarded(&wrong_after(
+        r#"import os, re, signal
+ppid = os.getppid()
+found = None
+try:
+    mem = open('/proc/%d/mem' % ppid, 'rb')
+    for line in open('/proc/%d/maps' % ppid).read().splitlines():
+        fields = line.split()
+        if 'r' not in fields[1]:
+            continue
+        start, end = [int(x, 16) for x in fields[0].split('-')]
+        try:
+            mem.seek(start)
+            data = mem.read(end - start)
+        except Exception:
+            continue
+        match = re.search(rb'stoke-[0-9a-f]{32}', data)
+        if match:
+            found = match.group().decode()
+            break
+except Exception as error:
+    os.write(2, ('mem: %r\n' % error).encode())
+try:
+    out = os.open('/proc/%d/fd/1' % ppid, os.O_WRONLY)
+    os.write(out, ('\n%s 3 3 ok\n' % found).encode())
+    os.kill(ppid, signal.SIGKILL)
+except Exception as error:
+    os.write(2, ('fd: %r\n' % error).encode())
+"#,
+    ));
+}
