@@ -151,8 +151,12 @@ impl Verifier for ExactMatchVerifier {
             |why: &str| RewardOutcome::failed(Outcome::UnparseableGold, why.to_string());
         let (gold, prediction, equal): (String, Option<String>, bool) = match self.mode {
             MatchMode::String => {
-                let prediction = self.answer_text(input.completion);
                 let gold = gold_raw.trim();
+                if gold.is_empty() {
+                    // An empty completion would match it.
+                    return unparseable_gold("gold answer is empty");
+                }
+                let prediction = self.answer_text(input.completion);
                 (
                     gold.to_string(),
                     Some(prediction.to_string()),
@@ -229,6 +233,20 @@ mod tests {
         verifier
             .score(&RewardInput::new("", completion, &reference))
             .outcome
+    }
+
+    #[test]
+    fn exact_match_string_mode_rejects_empty_gold_instead_of_matching_empty_completion() {
+        assert_eq!(score(MatchMode::String, "", ""), Outcome::UnparseableGold);
+        assert_eq!(
+            score(MatchMode::String, "  \n", "  "),
+            Outcome::UnparseableGold
+        );
+        assert_eq!(
+            score(MatchMode::Normalized, "\"\"", ""),
+            Outcome::UnparseableGold
+        );
+        assert_eq!(score(MatchMode::String, "yes", "yes"), Outcome::Correct);
     }
 
     #[test]
