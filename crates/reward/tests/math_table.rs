@@ -597,3 +597,48 @@ fn boxing_a_number_from_the_question_is_wrong() {
         (0.0, Outcome::Wrong)
     );
 }
+
+/// Gold answers as MATH and GSM8K write them, against the plain form a model would box.
+const COMMON_GOLD_FORMATS: &[(&str, &str)] = &[
+    ("10,\\!080", "10080"),
+    ("2,\\!500", "2500"),
+    ("\\$1.50", "1.50"),
+    ("\\$18.90", "18.9"),
+    ("25\\text{ dollars}", "\\$25"),
+    ("5\\text{ cm}", "5"),
+    ("2.5\\text{ hours}", "2.5"),
+    ("3\\sqrt{2}", "\\sqrt{18}"),
+    ("4\\sqrt{3}", "4\\sqrt3"),
+    ("\\text{(E)}", "E"),
+    ("\\dfrac{3}{2}", "1.5"),
+    ("\\frac{5}{3}", "1\\frac{2}{3}"),
+    ("90^\\circ", "90"),
+    ("\\left(3, \\frac{\\pi}{2}\\right)", "(3, \\frac{\\pi}{2})"),
+    ("-\\frac{1}{2}, 1", "1, -\\frac12"),
+    ("x \\in [-2,7]", "[-2,7]"),
+    ("\\text{Devon}", "Devon"),
+    ("11\\%", "11"),
+    (
+        "(-\\infty,-2)\\cup(2,\\infty)",
+        "(-\\infty, -2) \\cup (2, \\infty)",
+    ),
+    ("#### 1,000", "1000"),
+    ("#### 72", "72"),
+    ("x^2+7x+10", "(x+2)(x+5)"),
+    ("\\frac{\\sqrt{3}}{3}", "\\frac{1}{\\sqrt{3}}"),
+    ("\\{-1, 3\\}", "-1, 3"),
+    ("1 \\pm \\sqrt{2}", "1+\\sqrt{2}, 1-\\sqrt{2}"),
+    ("-2", "x = -2"),
+];
+
+#[test]
+fn common_math_and_gsm8k_gold_formats_accept_plain_predictions() {
+    let misses: Vec<String> = COMMON_GOLD_FORMATS
+        .iter()
+        .filter_map(|(gold, prediction)| {
+            let (value, outcome) = score(gold, &format!("\\boxed{{{prediction}}}"), "");
+            (value != 1.0).then(|| format!("gold {gold:?} prediction {prediction:?}: {outcome:?}"))
+        })
+        .collect();
+    assert!(misses.is_empty(), "{}", misses.join("\n"));
+}
