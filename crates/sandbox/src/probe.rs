@@ -374,7 +374,7 @@ fn run_probe() -> ProbeOutcome {
             ..base_spec()
         })
         .map(|()| {
-            "deny-list: non-Unix sockets, ptrace, mount, namespaces, bpf, io_uring, ...".to_string()
+            "deny-list: sockets (but stream socketpairs), ptrace, mount, namespaces, bpf, io_uring, ...".to_string()
         })
     });
     note(Layer::Seccomp, unless_base(seccomp));

@@ -4,7 +4,7 @@
 //! The filters are deny-lists (allow by default): interpreters and compilers use a wide and
 //! changing set of system calls, and the other layers (Landlock, namespaces, a separate uid,
 //! rlimits) already confine files, processes and resources. The filters remove what those layers
-//! do not cover: network sockets, debugging other processes, new namespaces, mounts, kernel
+//! do not cover: sockets (without network, only stream `socketpair`s), debugging other processes, new namespaces, mounts, kernel
 //! modules, bpf, io_uring (whose operations bypass seccomp), keyrings and clock changes.
 //!
 //! Invariant: denied calls fail with `EPERM` (the program sees an ordinary error and can report
@@ -84,6 +84,10 @@ const NAMESPACE_CLONE_FLAGS: &[libc::c_int] = &[
     libc::CLONE_NEWCGROUP,
 ];
 
+/// The bits of `socket`/`socketpair`'s type argument that hold the type (the others are
+/// `SOCK_NONBLOCK` and `SOCK_CLOEXEC`).
+const SOCKET_TYPE_MASK: u64 = 0xf;
+
 /// The compiled filters, installed in order.
 #[derive(Debug, Clone)]
 pub(crate) struct SeccompFilters {
@@ -91,7 +95,8 @@ pub(crate) struct SeccompFilters {
 }
 
 impl SeccompFilters {
-    /// Compiles the filters; `allow_network` keeps `socket` unrestricted.
+    /// Compiles the filters; `allow_network` keeps `socket`, `connect` and `socketpair`
+    /// unrestricted.
     pub(crate) fn compile(allow_network: bool) -> Result<SeccompFilters, String> {
         let arch = TargetArch::try_from(std::env::consts::ARCH)
             .map_err(|error| format!("seccomp: unsupported architecture: {error}"))?;
@@ -108,13 +113,20 @@ impl SeccompFilters {
             .map(|syscall| (*syscall, Vec::new()))
             .collect();
         if !allow_network {
-            // Only Unix-domain sockets (Python's multiprocessing, socketpair) stay usable.
+            // No socket() at all, not even AF_UNIX: Landlock (ABI <= 7) does not govern
+            // connecting to a named Unix socket, so a program could reach any host service whose
+            // socket file its uid may write (journald, the D-Bus buses, a caller's own agents)
+            // through the shared filesystem. Without `socket` and `connect`, the only Unix sockets
+            // are `socketpair`s: stream and seqpacket pairs refuse a destination address, and
+            // datagram pairs (which accept one in `sendto`/`sendmsg`) are denied too.
+            denied.insert(libc::SYS_socket, Vec::new());
+            denied.insert(libc::SYS_connect, Vec::new());
             denied.insert(
-                libc::SYS_socket,
+                libc::SYS_socketpair,
                 vec![rule(vec![condition(
-                    0,
-                    SeccompCmpOp::Ne,
-                    libc::AF_UNIX as u64,
+                    1,
+                    SeccompCmpOp::MaskedEq(SOCKET_TYPE_MASK),
+                    libc::SOCK_DGRAM as u64,
                 )?])?],
             );
         }

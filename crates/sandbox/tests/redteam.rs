@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use stoke_sandbox::{ExecResult, ExitStatusKind, Language, Program, Sandbox, SandboxConfig};
+use stoke_sandbox::{ExecResult, ExitStatusKind, Program, Sandbox, SandboxConfig};
 
 const WALL: Duration = Duration::from_millis(3000);
 
@@ -72,7 +72,10 @@ fn run_contained(name: &str, mut program: Program) -> ExecResult {
     let result = sandbox().run_blocking(program);
     let elapsed = started.elapsed();
     let survivors = processes_with(&marker);
-    assert!(survivors.is_empty(), "{name}: processes survived: {survivors:?}");
+    assert!(
+        survivors.is_empty(),
+        "{name}: processes survived: {survivors:?}"
+    );
     assert!(
         elapsed < WALL + Duration::from_secs(10),
         "{name}: the run took {elapsed:?}"
@@ -166,19 +169,25 @@ def unlink():
     return 'unlinked'
 attempt('unlink', unlink)
 "#;
-    let result = run_contained(
-        "indirect-read",
-        python(source, &[path.to_str().unwrap()]),
-    );
+    let result = run_contained("indirect-read", python(source, &[path.to_str().unwrap()]));
     assert_no_leak("indirect read", &result, &secret);
-    assert!(result.stdout_text().contains("denied unlink"), "{}", result.stdout_text());
+    assert!(
+        result.stdout_text().contains("denied unlink"),
+        "{}",
+        result.stdout_text()
+    );
     assert_eq!(std::fs::read_to_string(&path).unwrap(), secret);
 }
 
 #[test]
 fn secret_under_home_is_unreachable() {
-    let home = std::env::var_os("HOME").map(std::path::PathBuf::from).unwrap_or("/root".into());
-    let Ok(dir) = tempfile::Builder::new().prefix(".stoke-redteam-").tempdir_in(&home) else {
+    let home = std::env::var_os("HOME")
+        .map(std::path::PathBuf::from)
+        .unwrap_or("/root".into());
+    let Ok(dir) = tempfile::Builder::new()
+        .prefix(".stoke-redteam-")
+        .tempdir_in(&home)
+    else {
         return; // no writable home: nothing to protect there
     };
     let secret = format!("HOMESECRET-{}", marker("h"));
@@ -443,7 +452,12 @@ fn cleanup_does_not_follow_symlinks_out_of_the_work_dir() {
         args: vec![outside.path().to_str().unwrap().to_string()],
         ..Program::python(source)
     });
-    assert!(result.status.success(), "{:?} {}", result.status, result.stderr_text());
+    assert!(
+        result.status.success(),
+        "{:?} {}",
+        result.status,
+        result.stderr_text()
+    );
     assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep");
     assert_eq!(std::fs::read_dir(work_root.path()).unwrap().count(), 0);
 }
@@ -500,7 +514,9 @@ fn run_contained_with(sandbox: &Sandbox, name: &str, mut program: Program) -> Ex
 fn unread_large_stdin_and_huge_lines_do_not_deadlock() {
     let program = Program {
         stdin: vec![b'x'; 16 << 20],
-        ..Program::python("import sys, os\nos.write(1, b'y' * (1 << 22))\nsys.stderr.write('z' * (1 << 22))\n")
+        ..Program::python(
+            "import sys, os\nos.write(1, b'y' * (1 << 22))\nsys.stderr.write('z' * (1 << 22))\n",
+        )
     };
     let result = run_contained("stdin", program);
     assert!(result.stdout.len() <= 64 << 10);
@@ -528,7 +544,11 @@ for fd in range(3, 64):
 "#;
     let result = run_contained("marker", python(source, &[]));
     assert_no_leak("helper marker", &result, "STOKE_SANDBOX");
-    assert!(result.stdout_text().contains("env []"), "{}", result.stdout_text());
+    assert!(
+        result.stdout_text().contains("env []"),
+        "{}",
+        result.stdout_text()
+    );
 }
 
 #[test]
@@ -542,4 +562,17 @@ fn the_helper_marker_in_a_normal_environment_does_not_hijack_children() {
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(125), "{:?}", output);
+}
+
+#[test]
+fn stream_socketpairs_still_work_without_network() {
+    // What the socket rules keep: multiprocessing.Pipe and asyncio use stream socketpairs.
+    let source = "import socket\na, b = socket.socketpair()\na.sendall(b'ping')\nprint(b.recv(4).decode())\nfrom multiprocessing import Pipe\nx, y = Pipe()\nx.send(7)\nprint(y.recv())\n";
+    let result = run_contained("socketpair", python(source, &[]));
+    assert_eq!(
+        result.stdout_text(),
+        "ping\n7\n",
+        "{}",
+        result.stderr_text()
+    );
 }
