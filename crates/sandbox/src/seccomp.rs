@@ -177,7 +177,7 @@ const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 /// (`272 | X32_SYSCALL_BIT`, same audit arch as x86_64) would slip past every rule above. Other
 /// architectures and the i386 ABI are already killed by the arch check of the filters above.
 fn x32_filter() -> BpfProgram {
-    const LOAD_NR: u16 = 0x00 | 0x00 | 0x20; // BPF_LD | BPF_W | BPF_ABS, seccomp_data.nr at 0
+    const LOAD_NR: u16 = 0x20; // BPF_LD (0) | BPF_W (0) | BPF_ABS; seccomp_data.nr is at offset 0
     const JUMP_GE: u16 = 0x05 | 0x30; // BPF_JMP | BPF_JGE | BPF_K
     const RETURN: u16 = 0x06; // BPF_RET | BPF_K
     let instruction = |code, jt, jf, k| seccompiler::sock_filter { code, jt, jf, k };

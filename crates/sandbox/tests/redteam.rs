@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use stoke_sandbox::{ExecResult, ExitStatusKind, Program, Sandbox, SandboxConfig};
+use stoke_sandbox::{ExecResult, ExitStatusKind, Language, Program, Sandbox, SandboxConfig};
 
 const WALL: Duration = Duration::from_millis(3000);
 
@@ -582,4 +582,39 @@ fn stream_socketpairs_still_work_without_network() {
         "{}",
         result.stderr_text()
     );
+}
+
+#[test]
+fn i386_system_calls_do_not_bypass_the_filter() {
+    // `int 0x80` enters the i386 ABI, whose numbers differ from x86_64's (310 is unshare there):
+    // the filters' arch check kills the process instead of letting it past the deny-list.
+    let sandbox = sandbox();
+    if !cfg!(target_arch = "x86_64") || !sandbox.languages().contains(&Language::C) {
+        return;
+    }
+    let source = r#"
+#include <stdio.h>
+int main(void) {
+    long result;
+    __asm__ volatile ("int $0x80" : "=a"(result) : "a"(310L), "b"(0x10000000L) : "memory");
+    printf(result == 0 ? "ESCAPED unshare\n" : "denied %ld\n", result);
+    return 0;
+}
+"#;
+    let result = run_contained(
+        "i386",
+        Program {
+            language: Language::C,
+            ..Program::python(source)
+        },
+    );
+    assert_no_leak("i386 ABI", &result, "never-printed");
+}
+
+#[test]
+fn the_terminal_is_unreachable() {
+    // TIOCSTI on a controlling terminal would type commands into the caller's shell.
+    let source = "import os\ntry:\n    fd = os.open('/dev/tty', os.O_RDWR)\n    print('ESCAPED tty', fd)\nexcept OSError as e:\n    print('denied', e)\nprint('sid', os.getsid(0) == os.getpid())\n";
+    let result = run_contained("tty", python(source, &[]));
+    assert_no_leak("terminal", &result, "never-printed");
 }
