@@ -497,6 +497,7 @@ except OSError as e:
     print('sparse stopped', e)
 "#;
     let result = run_contained_with(&sandbox, "nesting", python(source, &[]));
+    assert_no_leak("nesting", &result, "never-printed");
     assert!(!matches!(result.status, ExitStatusKind::SandboxError(_)));
     assert_eq!(
         std::fs::read_dir(work_root.path()).unwrap().count(),
