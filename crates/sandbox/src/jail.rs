@@ -285,6 +285,10 @@ impl PreparedJail {
             ),
             (libc::RLIMIT_MEMLOCK, rlimit(0, 0)),
             (libc::RLIMIT_MSGQUEUE, rlimit(0, 0)),
+            // No real-time scheduling and no raised priority, whatever the caller was granted
+            // (limits.conf may give a user rtprio): a SCHED_FIFO spinner starves the machine.
+            (libc::RLIMIT_RTPRIO, rlimit(0, 0)),
+            (libc::RLIMIT_NICE, rlimit(0, 0)),
         ];
         let jail = PreparedJail {
             parent_pid: parent_pid as libc::pid_t,

@@ -619,3 +619,46 @@ fn the_terminal_is_unreachable() {
     let result = run_contained("tty", python(source, &[]));
     assert_no_leak("terminal", &result, "never-printed");
 }
+
+#[test]
+#[allow(unsafe_code)] // setrlimit on the test process itself
+fn real_time_scheduling_and_raised_priority_are_refused() {
+    // A caller allowed real-time priority (RLIMIT_RTPRIO > 0, e.g. by limits.conf) must not pass
+    // it on: a SCHED_FIFO spinner starves the machine's other work.
+    let raised = libc::rlimit {
+        rlim_cur: 50,
+        rlim_max: 50,
+    };
+    // SAFETY: plain setrlimit on this test process; failing (non-root) leaves the default 0.
+    unsafe {
+        libc::setrlimit(libc::RLIMIT_RTPRIO, &raised);
+        libc::setrlimit(
+            libc::RLIMIT_NICE,
+            &libc::rlimit {
+                rlim_cur: 40,
+                rlim_max: 40,
+            },
+        );
+    }
+    let source = r#"
+import os, resource
+print('rtprio', resource.getrlimit(resource.RLIMIT_RTPRIO)[1], 'nice', resource.getrlimit(resource.RLIMIT_NICE)[1])
+try:
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    print('ESCAPED fifo')
+except OSError as e:
+    print('denied fifo', e)
+try:
+    os.setpriority(os.PRIO_PROCESS, 0, -10)
+    print('ESCAPED nice')
+except OSError as e:
+    print('denied nice', e)
+"#;
+    let result = run_contained("realtime", python(source, &[]));
+    assert_no_leak("real-time scheduling", &result, "never-printed");
+    assert!(
+        result.stdout_text().contains("denied fifo"),
+        "{}",
+        result.stderr_text()
+    );
+}
