@@ -662,3 +662,37 @@ except OSError as e:
         result.stderr_text()
     );
 }
+
+#[test]
+fn the_fork_start_path_has_the_same_filters() {
+    // Runs started by forking the caller (`spawn_via_helper: false`, also the automatic
+    // fallback) must get the same socket and namespace rules as helper runs.
+    let sandbox = Sandbox::new(SandboxConfig {
+        wall_timeout: WALL,
+        spawn_via_helper: false,
+        ..SandboxConfig::default()
+    })
+    .unwrap();
+    assert!(!sandbox.spawns_via_helper());
+    let source = r#"
+import socket, os, ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+for label, fn in [('unix', lambda: socket.socket(socket.AF_UNIX)), ('inet', lambda: socket.socket()),
+                  ('dgram-pair', lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM))]:
+    try:
+        fn(); print('ESCAPED', label)
+    except OSError as e:
+        print('denied', label, e)
+if os.uname().machine == 'x86_64' and libc.syscall(272, ctypes.c_long(0x10000000)) == 0:
+    print('ESCAPED unshare')
+"#;
+    let result = run_contained_with(&sandbox, "fork-path", python(source, &[]));
+    assert!(
+        result.status.success(),
+        "{:?} {}",
+        result.status,
+        result.stderr_text()
+    );
+    assert_no_leak("fork path", &result, "never-printed");
+    assert_eq!(result.stdout_text().matches("denied").count(), 3);
+}
