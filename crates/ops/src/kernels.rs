@@ -37,12 +37,16 @@ pub fn target_logprobs(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
 }
 
 /// The element types the kernels run on (f32, f64).
-trait Real: WithDType + Float + NumAssign + Send + Sync {}
+pub(crate) trait Real: WithDType + Float + NumAssign + Send + Sync {}
 impl<T: WithDType + Float + NumAssign + Send + Sync> Real for T {}
 
 struct SoftmaxLastDim;
 
-fn contiguous_slice<'a, T: WithDType>(data: &'a [T], layout: &Layout, op: &str) -> Result<&'a [T]> {
+pub(crate) fn contiguous_slice<'a, T: WithDType>(
+    data: &'a [T],
+    layout: &Layout,
+    op: &str,
+) -> Result<&'a [T]> {
     match layout.contiguous_offsets() {
         Some((start, end)) => Ok(&data[start..end]),
         None => candle_core::bail!("{op}: input must be contiguous"),
@@ -365,7 +369,13 @@ mod tests {
 
     #[test]
     fn target_logprobs_match_composition_and_finite_differences() -> Result<()> {
-        let logits = Var::from_tensor(&Tensor::randn(0f64, 2.0, (4, 9), &Device::Cpu)?)?;
+        // Fixed logits (spread like N(0, 2) but reproducible): with unseeded random logits a
+        // probed coordinate occasionally had a gradient ~1e-6, where the central difference's
+        // rounding noise (~1e-10) alone exceeded the 1e-5 relative tolerance (flaky test).
+        let values: Vec<f64> = (0..36)
+            .map(|i| 2.0 * (i as f64 * 1.7 + 0.3).sin())
+            .collect();
+        let logits = Var::from_tensor(&Tensor::from_vec(values, (4, 9), &Device::Cpu)?)?;
         let targets = Tensor::new(&[3u32, 0, 8, 2], &Device::Cpu)?;
         let fused = target_logprobs(logits.as_tensor(), &targets)?;
         let composed = crate::log_softmax(logits.as_tensor(), D::Minus1)?

@@ -19,6 +19,7 @@ pub mod attention;
 pub mod gradcheck;
 pub mod kernels;
 pub mod loss;
+pub mod masked_softmax;
 pub mod norm;
 pub mod numerics;
 pub mod rope;
