@@ -15,6 +15,7 @@
 //! `rms_norm` computes in f32 when given f16/bf16, as transformers does.
 
 pub mod activation;
+pub mod allocator;
 pub mod attention;
 pub mod gradcheck;
 pub mod kernels;

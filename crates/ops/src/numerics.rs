@@ -18,7 +18,7 @@
 //! (the CLI does so first thing in `main`, tests call it at their start). Calling it again
 //! is cheap and harmless.
 //!
-//! This is the one module of stoke-ops that uses `unsafe`: reading and writing the
+//! One of the two modules of stoke-ops that use `unsafe` (with allocator.rs): reading and writing the
 //! floating-point control register needs inline assembly.
 #![allow(unsafe_code)]
 
@@ -42,6 +42,9 @@ static GLOBAL_POOL: Once = Once::new();
 pub fn init_compute_threads() {
     set_ftz_daz_on_this_thread();
     GLOBAL_POOL.call_once(|| {
+        // Process setup for training belongs here too: see allocator.rs (a ~20% faster
+        // training step from not page-faulting the working set every step).
+        crate::allocator::keep_freed_memory();
         let built = rayon::ThreadPoolBuilder::new()
             .start_handler(|_| set_ftz_daz_on_this_thread())
             .build_global();
