@@ -13,7 +13,7 @@
 //! Tests pin both kernels to the compositions and to finite differences.
 
 use candle_core::{
-    CpuStorage, CustomOp1, CustomOp2, D, DType, Layout, Result, Shape, Tensor, WithDType,
+    CpuStorage, CustomOp1, CustomOp2, CustomOp3, D, DType, Layout, Result, Shape, Tensor, WithDType,
 };
 use num_traits::{Float, NumAssign};
 use rayon::prelude::*;
@@ -116,19 +116,78 @@ fn target_logprobs_rows<T: Real>(x: &[T], width: usize, targets: &[u32]) -> Vec<
 }
 
 /// d logp[n] / d logits[n, v] = onehot(v == t_n) - softmax(logits[n])[v], times grad[n].
-fn target_logprobs_grad<T: Real>(x: &[T], width: usize, targets: &[u32], grad: &[T]) -> Vec<T> {
+/// The row's log-sum-exp is not recomputed: the forward output gives it as
+/// `lse = logits[n, t_n] - logp[n]` (one pass over the row instead of two).
+fn target_logprobs_grad<T: Real>(
+    x: &[T],
+    width: usize,
+    targets: &[u32],
+    logp: &[T],
+    grad: &[T],
+) -> Vec<T> {
     let mut out = vec![T::zero(); x.len()];
     out.par_chunks_mut(width)
         .zip(x.par_chunks(width))
-        .zip(targets.par_iter().zip(grad.par_iter()))
-        .for_each(|((dx, row), (&t, &g))| {
-            let lse = row_logsumexp(row);
+        .zip(targets.par_iter().zip(logp.par_iter().zip(grad.par_iter())))
+        .for_each(|((dx, row), (&t, (&lp, &g)))| {
+            let lse = row[t as usize] - lp;
             for (d, &v) in dx.iter_mut().zip(row) {
                 *d = -g * (v - lse).exp();
             }
             dx[t as usize] += g;
         });
     out
+}
+
+/// The backward of `TargetLogprobs` on raw storage (logits, forward output, its gradient),
+/// so the [N, V] logits are read in place rather than copied out.
+struct TargetLogprobsBackward<'a> {
+    targets: &'a [u32],
+}
+
+impl CustomOp3 for TargetLogprobsBackward<'_> {
+    fn name(&self) -> &'static str {
+        "stoke-target-logprobs-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let width = l1.shape().dims().last().copied().unwrap_or(1).max(1);
+        let rows = self.targets.len();
+        if l2.shape().elem_count() != rows || l3.shape().elem_count() != rows {
+            candle_core::bail!("{}: expected {rows} rows of output/gradient", self.name())
+        }
+        let name = self.name();
+        let out = match (s1, s2, s3) {
+            (CpuStorage::F32(x), CpuStorage::F32(lp), CpuStorage::F32(g)) => {
+                CpuStorage::F32(target_logprobs_grad(
+                    contiguous_slice(x, l1, name)?,
+                    width,
+                    self.targets,
+                    contiguous_slice(lp, l2, name)?,
+                    contiguous_slice(g, l3, name)?,
+                ))
+            }
+            (CpuStorage::F64(x), CpuStorage::F64(lp), CpuStorage::F64(g)) => {
+                CpuStorage::F64(target_logprobs_grad(
+                    contiguous_slice(x, l1, name)?,
+                    width,
+                    self.targets,
+                    contiguous_slice(lp, l2, name)?,
+                    contiguous_slice(g, l3, name)?,
+                ))
+            }
+            _ => candle_core::bail!("{name}: only f32 and f64 (same dtype)"),
+        };
+        Ok((out, l1.shape().clone()))
+    }
 }
 
 impl CustomOp1 for TargetLogprobs {
@@ -154,29 +213,14 @@ impl CustomOp1 for TargetLogprobs {
         Ok((out, Shape::from(self.targets.len())))
     }
 
-    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
-        let (_, width) = arg.dims2()?;
-        let grad = match arg.dtype() {
-            DType::F32 => {
-                let x: Vec<f32> = arg.flatten_all()?.to_vec1()?;
-                let g: Vec<f32> = grad_res.flatten_all()?.to_vec1()?;
-                Tensor::from_vec(
-                    target_logprobs_grad(&x, width, &self.targets, &g),
-                    arg.shape(),
-                    arg.device(),
-                )?
-            }
-            DType::F64 => {
-                let x: Vec<f64> = arg.flatten_all()?.to_vec1()?;
-                let g: Vec<f64> = grad_res.flatten_all()?.to_vec1()?;
-                Tensor::from_vec(
-                    target_logprobs_grad(&x, width, &self.targets, &g),
-                    arg.shape(),
-                    arg.device(),
-                )?
-            }
-            other => candle_core::bail!("{}: unsupported dtype {other:?}", self.name()),
-        };
+    fn bwd(&self, arg: &Tensor, res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
+        let grad = arg.contiguous()?.apply_op3_no_bwd(
+            &res.contiguous()?,
+            &grad_res.contiguous()?,
+            &TargetLogprobsBackward {
+                targets: &self.targets,
+            },
+        )?;
         Ok(Some(grad))
     }
 }
