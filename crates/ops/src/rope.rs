@@ -41,7 +41,7 @@ pub fn apply_rope_composed(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Ten
 fn fused_applies(x: &Tensor, cos: &Tensor, sin: &Tensor) -> bool {
     let dims = x.dims();
     dims.len() == 4
-        && dims[3] % 2 == 0
+        && dims[3].is_multiple_of(2)
         && x.device().is_cpu()
         && matches!(x.dtype(), DType::F32 | DType::F64)
         && cos.dtype() == x.dtype()
