@@ -10,9 +10,11 @@
 
 use std::os::unix::net::{UnixDatagram, UnixListener};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+mod common;
+
+use common::processes_with;
 use stoke_sandbox::{ExecResult, ExitStatusKind, Language, Program, Sandbox, SandboxConfig};
 
 const WALL: Duration = Duration::from_millis(3000);
@@ -31,36 +33,7 @@ fn sandbox() -> Sandbox {
 }
 
 fn marker(name: &str) -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|elapsed| elapsed.subsec_nanos())
-        .unwrap_or(0);
-    format!(
-        "stoke-redteam-{name}-{}-{nanos}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// Pids of live processes whose command line holds `marker`.
-fn processes_with(marker: &str) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|cmdline| {
-                    cmdline
-                        .windows(marker.len())
-                        .any(|window| window == marker.as_bytes())
-                })
-                .unwrap_or(false)
-        })
-        .collect()
+    common::marker("redteam", name)
 }
 
 /// Runs `program` (the marker becomes its first argument) and checks that nothing survives, the
