@@ -16,7 +16,24 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("stoke-tokenizer", &["stoke-types"]),
         ("stoke-ops", &[]),
         ("stoke-model", &["stoke-types", "stoke-ops"]),
+        ("stoke-optim", &[]),
+        (
+            "stoke-train",
+            &["stoke-types", "stoke-ops", "stoke-model", "stoke-optim", "stoke-data", "stoke-tokenizer"],
+        ),
         ("stoke-rollout", &["stoke-types", "stoke-ops", "stoke-model", "stoke-tokenizer"]),
+        (
+            "stoke-eval",
+            &[
+                "stoke-types",
+                "stoke-ops",
+                "stoke-model",
+                "stoke-tokenizer",
+                "stoke-rollout",
+                "stoke-reward",
+                "stoke-data",
+            ],
+        ),
         (
             "stoke-cli",
             &[
@@ -28,6 +45,9 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "stoke-ops",
                 "stoke-model",
                 "stoke-rollout",
+                "stoke-optim",
+                "stoke-train",
+                "stoke-eval",
             ],
         ),
     ];

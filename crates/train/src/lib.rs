@@ -1,0 +1,3 @@
+//! stoke-train: one trainer loop for every objective. The loop owns gradient accumulation,
+//! clipping, schedules, loss-spike and NaN handling, evaluation, checkpoints/resume and monitoring;
+//! an objective turns a batch into a loss and metrics.
