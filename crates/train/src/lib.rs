@@ -1,3 +1,5 @@
 //! stoke-train: one trainer loop for every objective. The loop owns gradient accumulation,
 //! clipping, schedules, loss-spike and NaN handling, evaluation, checkpoints/resume and monitoring;
 //! an objective turns a batch into a loss and metrics.
+
+pub mod source;

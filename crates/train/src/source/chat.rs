@@ -1,0 +1,650 @@
+//! [`ChatSource`]: the SFT batch source. It reads chat JSONL (one
+//! `{"messages": [{"role": .., "content": ..}, ..]}` per line, OpenAI format; other top-level
+//! fields are ignored), renders every conversation with the tokenizer's chat template
+//! (`Tokenizer::apply_chat_template`, which also returns the assistant-token mask), keeps the
+//! (ids, mask) documents in memory, and packs them into rows with document masking.
+//!
+//! Loss mask, precisely: position `i` of a row is trained only when input `i` and target `i + 1`
+//! belong to the same document piece (the packer's rule) AND the target token is an assistant
+//! token of that conversation. So system and user tokens, role headers, padding and the first
+//! token of the next conversation are never targets.
+//!
+//! Order: epoch `e` visits every conversation once, in `stoke_data::loader::epoch_order` for
+//! `(seed, e)` (file order when `shuffle` is off); with `shuffle` on, the rows each packing window
+//! produces are also permuted by a seeded permutation (a counter, `draws`, in the cursor), so
+//! best-fit's length-sorted rows are not batched together. The cursor ([`ChatCursor`]) stores the
+//! epoch, the position in its order, the draw counter and the whole packer, so a restored source
+//! continues exactly; it also stores a fingerprint of the rendered documents and the packing
+//! settings, and a cursor from other data or settings is refused.
+//!
+//! Over-long conversations: a conversation longer than a row (`seq_len + 1` tokens) is truncated
+//! to its first `seq_len + 1` tokens (counted in [`ChatLoadReport`]); the rest is dropped. It is
+//! truncated rather than split because a tail piece would train without the system prompt and
+//! the turns it answers. If nothing trainable is left, the line is skipped (and reported).
+//!
+//! Packing policy: `BestFitDecreasing` keeps every conversation whole inside one row (the
+//! default of [`ChatSourceConfig::new`]). `ConcatChunk` and `BestFitDecreasingSplit` may cut a
+//! conversation across two rows; the second piece then starts at position 0 without its head as
+//! context. They are accepted (they waste no slots) but are worse SFT data.
+//!
+//! Bad lines (blank, invalid JSON or UTF-8, no `messages` list, an unknown role, no messages, no
+//! assistant turn, a template error such as roles that do not alternate) never stop the source:
+//! each is recorded with its file and line in [`ChatSource::skipped`]. Only a file in which no
+//! line is usable is an error.
+//!
+//! What this is not: no streaming of files too big for memory (documents are held as token ids,
+//! 5 bytes per token), no data-parallel split, no tool schemas (`tools` is not passed).
+
+use std::fmt;
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use stoke_data::loader::epoch_order;
+use stoke_data::packing::{
+    DocPiece, PackedBatch, PackedRow, Packer, PackingPolicy, PackingStats, build_batch,
+};
+use stoke_tokenizer::chat::{ChatMessage, ChatOptions, Role};
+use stoke_tokenizer::hf::Tokenizer;
+
+use super::{BatchSource, SourceError};
+
+const SOURCE_KIND: &str = "chat source";
+/// Mixed into the seed for the row permutations, so they do not repeat the epoch orders.
+const ROW_STREAM: u64 = 0xbf58_476d_1ce4_e5b9;
+
+/// SFT source settings (validated by [`ChatSource::open`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatSourceConfig {
+    /// Tokens per row fed to the model (rows hold `seq_len + 1` to make the targets).
+    pub seq_len: usize,
+    /// Rows per micro-batch.
+    pub batch_size: usize,
+    pub seed: u64,
+    /// Permute conversations every epoch and rows within each packing window.
+    pub shuffle: bool,
+    /// Stop after this many passes; `None` runs forever.
+    pub max_epochs: Option<u64>,
+    pub policy: PackingPolicy,
+}
+
+impl ChatSourceConfig {
+    /// Shuffled, unbounded epochs, best-fit-decreasing packing over 256-conversation windows
+    /// (conversations are never cut across rows).
+    pub fn new(seq_len: usize, batch_size: usize, seed: u64) -> Self {
+        ChatSourceConfig {
+            seq_len,
+            batch_size,
+            seed,
+            shuffle: true,
+            max_epochs: None,
+            policy: PackingPolicy::BestFitDecreasing { window_docs: 256 },
+        }
+    }
+
+    fn validate(&self) -> Result<(), SourceError> {
+        if self.seq_len == 0 || self.batch_size == 0 {
+            return Err(SourceError::BadConfig(
+                "seq_len and batch_size must be positive".into(),
+            ));
+        }
+        if u32::try_from(self.seq_len + 1).is_err() {
+            return Err(SourceError::BadConfig(format!(
+                "seq_len {} does not fit a row",
+                self.seq_len
+            )));
+        }
+        if self.max_epochs == Some(0) {
+            return Err(SourceError::BadConfig(
+                "max_epochs must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Why a JSONL line was not used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SkipReason {
+    BlankLine,
+    InvalidUtf8,
+    InvalidJson(String),
+    NotAnObject,
+    MissingMessages,
+    MessagesNotAList,
+    UnknownRole {
+        message: usize,
+        role: String,
+    },
+    BadMessage(String),
+    EmptyConversation,
+    NoAssistantTurn,
+    /// The chat template refused the conversation (e.g. roles that do not alternate).
+    Template(String),
+    /// After truncation to `seq_len + 1` tokens no assistant token is left as a target.
+    NoTrainableTokens {
+        tokens: usize,
+    },
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SkipReason::BlankLine => write!(f, "blank line"),
+            SkipReason::InvalidUtf8 => write!(f, "not valid UTF-8"),
+            SkipReason::InvalidJson(err) => write!(f, "invalid JSON: {err}"),
+            SkipReason::NotAnObject => write!(f, "not a JSON object"),
+            SkipReason::MissingMessages => write!(f, "no `messages` field"),
+            SkipReason::MessagesNotAList => write!(f, "`messages` is not a list"),
+            SkipReason::UnknownRole { message, role } => {
+                write!(f, "messages[{message}]: unknown role {role}")
+            }
+            SkipReason::BadMessage(err) => write!(f, "malformed message: {err}"),
+            SkipReason::EmptyConversation => write!(f, "`messages` is empty"),
+            SkipReason::NoAssistantTurn => write!(f, "no assistant message (nothing to train on)"),
+            SkipReason::Template(err) => write!(f, "chat template: {err}"),
+            SkipReason::NoTrainableTokens { tokens } => write!(
+                f,
+                "no assistant token within the first row ({tokens} tokens rendered)"
+            ),
+        }
+    }
+}
+
+/// One unused line, with where it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SkippedLine {
+    pub path: PathBuf,
+    /// 1-based line number.
+    pub line: usize,
+    pub reason: SkipReason,
+}
+
+impl fmt::Display for SkippedLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}: {}", self.path.display(), self.line, self.reason)
+    }
+}
+
+/// What loading the JSONL found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ChatLoadReport {
+    pub path: PathBuf,
+    pub lines: usize,
+    pub conversations: usize,
+    pub skipped: Vec<SkippedLine>,
+    /// 1-based lines of the conversations cut to `seq_len + 1` tokens.
+    pub truncated_lines: Vec<usize>,
+    /// Tokens dropped by truncation.
+    pub truncated_tokens: u64,
+    /// Tokens kept over all conversations.
+    pub tokens: u64,
+    /// Targets trained per epoch (assistant tokens that follow a token of the same conversation).
+    pub trained_tokens: u64,
+}
+
+impl ChatLoadReport {
+    /// One line for logs: counts, plus the first skipped lines.
+    pub fn summary(&self) -> String {
+        let mut text = format!(
+            "{}: {} conversations from {} lines, {} skipped, {} truncated ({} tokens dropped); {} tokens, {} trained",
+            self.path.display(),
+            self.conversations,
+            self.lines,
+            self.skipped.len(),
+            self.truncated_lines.len(),
+            self.truncated_tokens,
+            self.tokens,
+            self.trained_tokens
+        );
+        for skipped in self.skipped.iter().take(3) {
+            text.push_str(&format!("; {skipped}"));
+        }
+        text
+    }
+}
+
+/// Everything needed to continue a chat source exactly where it stopped.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatCursor {
+    pub seed: u64,
+    /// FNV-1a over the rendered documents: a cursor only resumes the same data.
+    pub data_fingerprint: u64,
+    pub seq_len: usize,
+    pub shuffle: bool,
+    pub policy: PackingPolicy,
+    pub epoch: u64,
+    /// Next index into this epoch's conversation order.
+    pub position: u64,
+    /// Row permutations drawn so far.
+    pub draws: u64,
+    /// Batches served so far.
+    pub batches: u64,
+    pub packer: Packer,
+    /// Set once the last epoch has been read and the packer flushed.
+    pub exhausted: bool,
+}
+
+/// A rendered conversation, truncated to one row.
+struct Conversation {
+    ids: Vec<u32>,
+    assistant: Vec<bool>,
+}
+
+/// SFT: chat JSONL rendered with the chat template; loss only on assistant tokens; packed with
+/// document masking. See the module doc.
+pub struct ChatSource {
+    config: ChatSourceConfig,
+    conversations: Vec<Conversation>,
+    report: ChatLoadReport,
+    pad_token: u32,
+    order: Vec<u64>,
+    order_epoch: Option<u64>,
+    cursor: ChatCursor,
+}
+
+impl fmt::Debug for ChatSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ChatSource")
+            .field("config", &self.config)
+            .field("conversations", &self.conversations.len())
+            .field("epoch", &self.cursor.epoch)
+            .field("position", &self.cursor.position)
+            .finish()
+    }
+}
+
+/// The typed form of one line; unknown top-level fields are ignored.
+#[derive(Deserialize)]
+struct ChatRecord {
+    messages: Vec<ChatMessage>,
+}
+
+impl ChatSource {
+    /// Reads and renders every line of `jsonl`; bad lines are recorded, not fatal.
+    pub fn open(
+        jsonl: &Path,
+        tokenizer: &Tokenizer,
+        config: ChatSourceConfig,
+    ) -> Result<Self, SourceError> {
+        config.validate()?;
+        // A missing template would fail every line; say so once.
+        tokenizer.default_chat_template()?;
+        let (conversations, report) = load(jsonl, tokenizer, config.seq_len + 1)?;
+        if conversations.is_empty() {
+            let first_problems = report
+                .skipped
+                .iter()
+                .take(3)
+                .map(|s| format!("line {}: {}", s.line, s.reason))
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(SourceError::NoConversations {
+                path: jsonl.to_path_buf(),
+                lines: report.lines,
+                skipped: report.skipped.len(),
+                first_problems,
+            });
+        }
+        let pad_token = tokenizer
+            .pad_token_id()
+            .or_else(|| tokenizer.eos_token_ids().first().copied())
+            .unwrap_or(0);
+        let cursor = ChatCursor {
+            seed: config.seed,
+            data_fingerprint: fingerprint(&conversations),
+            seq_len: config.seq_len,
+            shuffle: config.shuffle,
+            policy: config.policy,
+            epoch: 0,
+            position: 0,
+            draws: 0,
+            batches: 0,
+            packer: Packer::new(config.policy, config.seq_len),
+            exhausted: false,
+        };
+        Ok(ChatSource {
+            config,
+            conversations,
+            report,
+            pad_token,
+            order: Vec::new(),
+            order_epoch: None,
+            cursor,
+        })
+    }
+
+    /// Lines that were not used, with file, line and reason.
+    pub fn skipped(&self) -> &[SkippedLine] {
+        &self.report.skipped
+    }
+    pub fn report(&self) -> &ChatLoadReport {
+        &self.report
+    }
+    pub fn config(&self) -> &ChatSourceConfig {
+        &self.config
+    }
+    pub fn num_conversations(&self) -> usize {
+        self.conversations.len()
+    }
+    /// The position as its typed record.
+    pub fn chat_cursor(&self) -> &ChatCursor {
+        &self.cursor
+    }
+    /// Real versus emitted tokens of the rows packed so far.
+    pub fn packing_stats(&self) -> PackingStats {
+        self.cursor.packer.stats()
+    }
+
+    /// Next conversation of the epoch order, moving to the next epoch when one ends; `None` at
+    /// the end of the last epoch.
+    fn next_conversation(&mut self) -> Option<u64> {
+        let total = self.conversations.len() as u64;
+        if self.cursor.position >= total {
+            let next_epoch = self.cursor.epoch + 1;
+            if self.config.max_epochs.is_some_and(|max| next_epoch >= max) {
+                return None;
+            }
+            self.cursor.epoch = next_epoch;
+            self.cursor.position = 0;
+        }
+        if self.order_epoch != Some(self.cursor.epoch) {
+            self.order = epoch_order(
+                total,
+                self.config.seed,
+                self.cursor.epoch,
+                self.config.shuffle,
+            );
+            self.order_epoch = Some(self.cursor.epoch);
+        }
+        let doc = self.order.get(self.cursor.position as usize).copied();
+        self.cursor.position += 1;
+        doc
+    }
+
+    /// Permutes the rows added to the ready queue since it held `before` rows.
+    fn shuffle_new_rows(&mut self, before: usize) {
+        let draw = self.cursor.draws;
+        self.cursor.draws += 1;
+        let seed = self.config.seed ^ ROW_STREAM;
+        self.cursor.packer.permute_ready(|rows| {
+            let fresh = &mut rows[before..];
+            // epoch_order is a seeded permutation of 0..n; the draw counter plays the epoch.
+            let permutation = epoch_order(fresh.len() as u64, seed, draw, true);
+            let original = fresh.to_vec();
+            for (slot, &from) in fresh.iter_mut().zip(&permutation) {
+                *slot = original[from as usize].clone();
+            }
+        });
+    }
+
+    fn conversation(&self, piece: &DocPiece) -> Result<(&[u32], &[bool]), SourceError> {
+        let mismatch = || SourceError::CursorMismatch {
+            source_kind: SOURCE_KIND,
+            message: format!(
+                "packed piece {piece:?} lies outside the {} conversations",
+                self.conversations.len()
+            ),
+        };
+        let conversation = usize::try_from(piece.doc)
+            .ok()
+            .and_then(|doc| self.conversations.get(doc))
+            .ok_or_else(mismatch)?;
+        let range = piece.start as usize..piece.start as usize + piece.len as usize;
+        match (
+            conversation.ids.get(range.clone()),
+            conversation.assistant.get(range),
+        ) {
+            (Some(ids), Some(mask)) => Ok((ids, mask)),
+            _ => Err(mismatch()),
+        }
+    }
+
+    /// Keeps a position's loss only where its target is an assistant token (the packer already
+    /// cleared targets in another piece and padding).
+    fn mask_to_assistant_targets(
+        &self,
+        rows: &[PackedRow],
+        batch: &mut PackedBatch,
+    ) -> Result<(), SourceError> {
+        let seq_len = self.config.seq_len;
+        let mut assistant_slots = Vec::with_capacity(seq_len + 1);
+        for (r, row) in rows.iter().enumerate() {
+            assistant_slots.clear();
+            for piece in &row.pieces {
+                assistant_slots.extend_from_slice(self.conversation(piece)?.1);
+            }
+            assistant_slots.resize(seq_len + 1, false);
+            let mask = &mut batch.loss_mask[r * seq_len..(r + 1) * seq_len];
+            for (i, trained) in mask.iter_mut().enumerate() {
+                *trained &= assistant_slots[i + 1];
+            }
+        }
+        Ok(())
+    }
+}
+
+impl BatchSource for ChatSource {
+    fn next_batch(&mut self) -> Result<Option<PackedBatch>, SourceError> {
+        let batch_size = self.config.batch_size;
+        while self.cursor.packer.ready_rows() < batch_size && !self.cursor.exhausted {
+            let before = self.cursor.packer.ready_rows();
+            match self.next_conversation() {
+                Some(doc) => {
+                    let len = self.conversations[doc as usize].ids.len();
+                    self.cursor.packer.push_document(doc, len);
+                }
+                None => {
+                    self.cursor.packer.flush();
+                    self.cursor.exhausted = true;
+                }
+            }
+            if self.config.shuffle && self.cursor.packer.ready_rows() > before + 1 {
+                self.shuffle_new_rows(before);
+            }
+        }
+        let take = batch_size.min(self.cursor.packer.ready_rows());
+        if take == 0 {
+            return Ok(None);
+        }
+        let rows: Vec<PackedRow> = (0..take)
+            .filter_map(|_| self.cursor.packer.pop_row())
+            .collect();
+        let mut batch = build_batch(&rows, self.config.seq_len, self.pad_token, |piece, out| {
+            out.extend_from_slice(self.conversation(piece)?.0);
+            Ok::<(), SourceError>(())
+        })?;
+        self.mask_to_assistant_targets(&rows, &mut batch)?;
+        self.cursor.batches += 1;
+        Ok(Some(batch))
+    }
+
+    fn cursor(&self) -> serde_json::Value {
+        // Plain numbers, booleans, enums and the packer's vectors: serialising cannot fail.
+        serde_json::to_value(&self.cursor).expect("a ChatCursor always serialises")
+    }
+
+    fn restore(&mut self, cursor: serde_json::Value) -> Result<(), SourceError> {
+        let cursor: ChatCursor =
+            serde_json::from_value(cursor).map_err(|err| SourceError::BadCursor {
+                source_kind: SOURCE_KIND,
+                message: err.to_string(),
+            })?;
+        let mismatch = |message: String| SourceError::CursorMismatch {
+            source_kind: SOURCE_KIND,
+            message,
+        };
+        let ours = &self.cursor;
+        if cursor.data_fingerprint != ours.data_fingerprint {
+            return Err(mismatch(format!(
+                "data fingerprint {:#x}, this data {:#x}",
+                cursor.data_fingerprint, ours.data_fingerprint
+            )));
+        }
+        if (cursor.seed, cursor.seq_len, cursor.shuffle, cursor.policy)
+            != (ours.seed, ours.seq_len, ours.shuffle, ours.policy)
+            || cursor.packer.capacity() != self.config.seq_len + 1
+        {
+            return Err(mismatch(format!(
+                "cursor has seed {}, seq_len {}, shuffle {}, {:?}; this source {}, {}, {}, {:?}",
+                cursor.seed,
+                cursor.seq_len,
+                cursor.shuffle,
+                cursor.policy,
+                ours.seed,
+                ours.seq_len,
+                ours.shuffle,
+                ours.policy
+            )));
+        }
+        if cursor.position > self.conversations.len() as u64 {
+            return Err(mismatch(format!(
+                "position {} is past the {} conversations",
+                cursor.position,
+                self.conversations.len()
+            )));
+        }
+        self.cursor = cursor;
+        Ok(())
+    }
+}
+
+/// Reads, renders and truncates every line; returns the usable conversations and the report.
+fn load(
+    path: &Path,
+    tokenizer: &Tokenizer,
+    row_tokens: usize,
+) -> Result<(Vec<Conversation>, ChatLoadReport), SourceError> {
+    let io_error = |source| SourceError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut reader = BufReader::new(File::open(path).map_err(io_error)?);
+    let mut report = ChatLoadReport {
+        path: path.to_path_buf(),
+        ..Default::default()
+    };
+    let mut conversations = Vec::new();
+    let mut bytes = Vec::new();
+    loop {
+        bytes.clear();
+        if reader.read_until(b'\n', &mut bytes).map_err(io_error)? == 0 {
+            break;
+        }
+        report.lines += 1;
+        let line = report.lines;
+        let rendered = std::str::from_utf8(&bytes)
+            .map_err(|_| SkipReason::InvalidUtf8)
+            .and_then(|text| render_line(text, tokenizer));
+        let (mut ids, mut assistant) = match rendered {
+            Ok(encoded) => encoded,
+            Err(reason) => {
+                report.skipped.push(SkippedLine {
+                    path: path.to_path_buf(),
+                    line,
+                    reason,
+                });
+                continue;
+            }
+        };
+        let rendered_tokens = ids.len();
+        if rendered_tokens > row_tokens {
+            ids.truncate(row_tokens);
+            assistant.truncate(row_tokens);
+        }
+        // Position 0 is never a target; a conversation needs an assistant token after it.
+        let trained = assistant.iter().skip(1).filter(|&&a| a).count();
+        if trained == 0 {
+            report.skipped.push(SkippedLine {
+                path: path.to_path_buf(),
+                line,
+                reason: SkipReason::NoTrainableTokens {
+                    tokens: rendered_tokens,
+                },
+            });
+            continue;
+        }
+        if rendered_tokens > row_tokens {
+            report.truncated_lines.push(line);
+            report.truncated_tokens += (rendered_tokens - row_tokens) as u64;
+        }
+        report.tokens += ids.len() as u64;
+        report.trained_tokens += trained as u64;
+        conversations.push(Conversation { ids, assistant });
+    }
+    report.conversations = conversations.len();
+    Ok((conversations, report))
+}
+
+/// One line to (ids, assistant mask), or why it cannot be used.
+fn render_line(text: &str, tokenizer: &Tokenizer) -> Result<(Vec<u32>, Vec<bool>), SkipReason> {
+    let text = text.trim_end_matches(['\n', '\r']);
+    if text.trim().is_empty() {
+        return Err(SkipReason::BlankLine);
+    }
+    let record: ChatRecord = serde_json::from_str(text).map_err(|err| classify(text, err))?;
+    if record.messages.is_empty() {
+        return Err(SkipReason::EmptyConversation);
+    }
+    if !record.messages.iter().any(|m| m.role == Role::Assistant) {
+        return Err(SkipReason::NoAssistantTurn);
+    }
+    let encoding = tokenizer
+        .apply_chat_template(&record.messages, &ChatOptions::default())
+        .map_err(|err| SkipReason::Template(err.to_string()))?;
+    Ok((encoding.ids, encoding.assistant_mask))
+}
+
+/// Names what is wrong with a line that does not parse as a chat record.
+fn classify(text: &str, typed_error: serde_json::Error) -> SkipReason {
+    let value: serde_json::Value = match serde_json::from_str(text) {
+        Ok(value) => value,
+        Err(err) => return SkipReason::InvalidJson(err.to_string()),
+    };
+    let Some(object) = value.as_object() else {
+        return SkipReason::NotAnObject;
+    };
+    let Some(messages) = object.get("messages") else {
+        return SkipReason::MissingMessages;
+    };
+    let Some(messages) = messages.as_array() else {
+        return SkipReason::MessagesNotAList;
+    };
+    for (index, message) in messages.iter().enumerate() {
+        let Some(role) = message.get("role") else {
+            return SkipReason::BadMessage(format!("messages[{index}] has no role"));
+        };
+        if serde_json::from_value::<Role>(role.clone()).is_err() {
+            return SkipReason::UnknownRole {
+                message: index,
+                role: role.to_string(),
+            };
+        }
+    }
+    SkipReason::BadMessage(typed_error.to_string())
+}
+
+/// FNV-1a (64-bit) over every conversation's length, ids and mask. A resume check, not a
+/// security hash; hand-written to keep a hashing crate out of stoke-train for twenty lines.
+fn fingerprint(conversations: &[Conversation]) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut hash = OFFSET;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            hash ^= u64::from(b);
+            hash = hash.wrapping_mul(PRIME);
+        }
+    };
+    for conversation in conversations {
+        eat(&(conversation.ids.len() as u64).to_le_bytes());
+        for (&id, &assistant) in conversation.ids.iter().zip(&conversation.assistant) {
+            eat(&id.to_le_bytes());
+            eat(&[u8::from(assistant)]);
+        }
+    }
+    hash
+}
