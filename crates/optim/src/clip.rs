@@ -1,0 +1,57 @@
+//! Global-norm gradient clipping, PyTorch's `clip_grad_norm_` rule.
+//!
+//! What it is: the L2 norm over all gradients taken together, and rescaling them by
+//! `max_norm / (norm + 1e-6)` when that norm exceeds `max_norm`.
+//! What it is not: a spike detector (the trainer decides what a non-finite or huge norm means;
+//! this module reports it and leaves such gradients untouched).
+//! Invariants: the sum of squares is accumulated in f64 (a 100M-element f32 sum loses digits);
+//! gradients are replaced by scaled copies, never scaled in place, because candle's backward
+//! pass may hand out one storage as the gradient of several tensors.
+
+use candle_core::Tensor;
+use rayon::prelude::*;
+
+use crate::error::OptimError;
+use crate::inplace::{CHUNK, with_f32_slice};
+
+/// PyTorch's guard against division by a zero norm in the clip coefficient.
+const CLIP_EPS: f64 = 1e-6;
+
+/// Global L2 norm over all grads (f64 accumulation).
+pub fn global_grad_norm(grads: &[Tensor]) -> Result<f64, OptimError> {
+    let mut sum_sq = 0.0f64;
+    for grad in grads {
+        sum_sq += with_f32_slice(grad, |values| {
+            values
+                .par_chunks(CHUNK)
+                .map(|chunk| {
+                    chunk
+                        .iter()
+                        .map(|&x| f64::from(x) * f64::from(x))
+                        .sum::<f64>()
+                })
+                .sum::<f64>()
+        })?;
+    }
+    Ok(sum_sq.sqrt())
+}
+
+/// Global L2 norm over all grads; if > max_norm, scales them by max_norm / (norm + 1e-6)
+/// (PyTorch's rule). Returns the norm before clipping. Non-finite norms are returned, not
+/// clipped. A non-finite or negative `max_norm` is a configuration error.
+pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64, OptimError> {
+    if !(max_norm.is_finite() && max_norm > 0.0) {
+        return Err(OptimError::InvalidConfig {
+            field: "max_grad_norm".into(),
+            reason: format!("{max_norm} is not a finite number > 0"),
+        });
+    }
+    let norm = global_grad_norm(grads)?;
+    if norm.is_finite() && norm > max_norm {
+        let scale = max_norm / (norm + CLIP_EPS);
+        for grad in grads.iter_mut() {
+            *grad = grad.affine(scale, 0.0)?;
+        }
+    }
+    Ok(norm)
+}

@@ -1,0 +1,339 @@
+//! `Optimizer`: the one optimizer object the trainer holds, combining AdamW and Muon by
+//! parameter kind.
+//!
+//! What it is: the owner of every parameter's f32 optimizer state and of the step count. Groups
+//! are implicit in `ParamKind` (`param.rs`):
+//! - `OptimizerConfig::AdamW`: AdamW everywhere; weight decay on `Matrix` and `OutputHead` only.
+//! - `OptimizerConfig::Muon`: Muon for `Matrix`; AdamW (`muon.adamw`) for `Embedding`,
+//!   `OutputHead` and `NormOrBias`, again without weight decay on `Embedding`/`NormOrBias`.
+//!
+//! What it is not: a gradient producer (the trainer passes gradients in `params()` order), a
+//! clipper (`clip.rs`) or a schedule (`schedule.rs`: the trainer passes its `lr_factor`).
+//! Invariants: `params()` order is fixed at construction; a failed check (gradient count,
+//! shape, lr factor) leaves parameters, state and step count untouched; parameters are
+//! contiguous f32 CPU tensors, updated in place (their `Var`s stay the model's).
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use candle_core::{Device, Tensor, Var};
+use serde::{Deserialize, Serialize};
+
+use crate::adamw::{AdamWConfig, AdamWScalars, AdamWState, adamw_update};
+use crate::error::OptimError;
+use crate::inplace::{CHUNK, is_writable_f32, update_in_place, with_f32_slice};
+use crate::muon::{
+    MuonConfig, MuonState, match_rms_factor, matrix_dims, momentum_update, newton_schulz5,
+};
+use crate::param::{ParamKind, classify};
+use crate::state::{StateFile, StateHeader, StateTensorRef};
+
+/// Which optimizer a run uses (TOML: `kind = "adamw"` or `kind = "muon"` plus the fields).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum OptimizerConfig {
+    #[serde(rename = "adamw")]
+    AdamW(AdamWConfig),
+    Muon(MuonConfig),
+}
+
+impl Default for OptimizerConfig {
+    /// AdamW with the GPT-3/Llama recipe (see `AdamWConfig::default`).
+    fn default() -> Self {
+        OptimizerConfig::AdamW(AdamWConfig::default())
+    }
+}
+
+impl OptimizerConfig {
+    pub fn validate(&self) -> Result<(), OptimError> {
+        match self {
+            OptimizerConfig::AdamW(adamw) => adamw.validate("adamw"),
+            OptimizerConfig::Muon(muon) => muon.validate(),
+        }
+    }
+
+    /// `"adamw"` or `"muon"`, as in the file format.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            OptimizerConfig::AdamW(_) => "adamw",
+            OptimizerConfig::Muon(_) => "muon",
+        }
+    }
+
+    /// The AdamW settings used for parameters Muon does not take (all of them under AdamW).
+    fn adamw(&self) -> &AdamWConfig {
+        match self {
+            OptimizerConfig::AdamW(adamw) => adamw,
+            OptimizerConfig::Muon(muon) => &muon.adamw,
+        }
+    }
+}
+
+/// The rule one parameter follows, with its state.
+#[derive(Clone, Debug)]
+enum Rule {
+    AdamW {
+        weight_decay: f64,
+        state: AdamWState,
+    },
+    Muon {
+        rows: usize,
+        cols: usize,
+        state: MuonState,
+    },
+}
+
+/// Names of a parameter's state tensors in the state file (PyTorch's state keys).
+const EXP_AVG: &str = "exp_avg";
+const EXP_AVG_SQ: &str = "exp_avg_sq";
+const MOMENTUM_BUFFER: &str = "momentum_buffer";
+
+pub struct Optimizer {
+    config: OptimizerConfig,
+    params: Vec<(String, Var)>,
+    kinds: Vec<ParamKind>,
+    rules: Vec<Rule>,
+    steps: u64,
+}
+
+impl std::fmt::Debug for Optimizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Optimizer")
+            .field("config", &self.config)
+            .field("params", &self.params.len())
+            .field("steps", &self.steps)
+            .finish()
+    }
+}
+
+impl Optimizer {
+    /// Checks the config and the parameters (contiguous f32 on the CPU, unique names) and
+    /// creates zeroed state for each.
+    pub fn new(
+        config: OptimizerConfig,
+        params: Vec<(String, Var)>,
+    ) -> Result<Optimizer, OptimError> {
+        config.validate()?;
+        let mut seen = HashSet::new();
+        let mut kinds = Vec::with_capacity(params.len());
+        let mut rules = Vec::with_capacity(params.len());
+        for (name, var) in &params {
+            if !seen.insert(name.as_str()) {
+                return Err(param_error(name, "appears twice in the parameter list"));
+            }
+            if !is_writable_f32(var.as_tensor()) {
+                return Err(param_error(
+                    name,
+                    &format!(
+                        "must be a contiguous f32 tensor on the CPU (got {:?} on {:?})",
+                        var.dtype(),
+                        var.device().location()
+                    ),
+                ));
+            }
+            let kind = classify(name, var.dims());
+            let len = var.elem_count();
+            let rule = match (&config, kind) {
+                (OptimizerConfig::Muon(_), ParamKind::Matrix) => {
+                    let (rows, cols) = matrix_dims(var.dims());
+                    Rule::Muon {
+                        rows,
+                        cols,
+                        state: MuonState::zeros(len),
+                    }
+                }
+                _ => {
+                    let weight_decay = if kind.takes_weight_decay() {
+                        config.adamw().weight_decay
+                    } else {
+                        0.0
+                    };
+                    Rule::AdamW {
+                        weight_decay,
+                        state: AdamWState::zeros(len),
+                    }
+                }
+            };
+            kinds.push(kind);
+            rules.push(rule);
+        }
+        Ok(Optimizer {
+            config,
+            params,
+            kinds,
+            rules,
+            steps: 0,
+        })
+    }
+
+    pub fn params(&self) -> &[(String, Var)] {
+        &self.params
+    }
+
+    /// The kind of each parameter, in `params()` order.
+    pub fn param_kinds(&self) -> &[ParamKind] {
+        &self.kinds
+    }
+
+    pub fn config(&self) -> &OptimizerConfig {
+        &self.config
+    }
+
+    pub fn steps_taken(&self) -> u64 {
+        self.steps
+    }
+
+    /// One update. `grads[i]` is the gradient of `params()[i]` (same shape, f32). `lr_factor`
+    /// multiplies every group's configured lr (the schedule's value; 1.0 = peak). Steps counted
+    /// internally (bias correction).
+    pub fn step(&mut self, grads: &[Tensor], lr_factor: f64) -> Result<(), OptimError> {
+        if grads.len() != self.params.len() {
+            return Err(OptimError::GradCount {
+                expected: self.params.len(),
+                got: grads.len(),
+            });
+        }
+        if !(lr_factor.is_finite() && lr_factor >= 0.0) {
+            return Err(OptimError::InvalidLrFactor(lr_factor));
+        }
+        for ((name, var), grad) in self.params.iter().zip(grads) {
+            if var.dims() != grad.dims() {
+                return Err(OptimError::GradShape {
+                    name: name.clone(),
+                    expected: var.dims().to_vec(),
+                    got: grad.dims().to_vec(),
+                });
+            }
+        }
+        self.steps += 1;
+        let step = self.steps;
+        let adamw = self.config.adamw().clone();
+        let muon = match &self.config {
+            OptimizerConfig::Muon(muon) => Some(muon.clone()),
+            OptimizerConfig::AdamW(_) => None,
+        };
+        for (((name, var), grad), rule) in self.params.iter().zip(grads).zip(self.rules.iter_mut())
+        {
+            match rule {
+                Rule::AdamW {
+                    weight_decay,
+                    state,
+                } => {
+                    let scalars =
+                        AdamWScalars::new(&adamw, adamw.lr * lr_factor, *weight_decay, step);
+                    update_in_place(var.as_tensor(), grad, |param, grad| {
+                        adamw_update(param, grad, state, &scalars)
+                    })?;
+                }
+                Rule::Muon { rows, cols, state } => {
+                    // Muon rules are only built under a Muon config (`new`); checked, not assumed.
+                    let Some(muon) = &muon else {
+                        return Err(param_error(name, "has a Muon rule under an AdamW config"));
+                    };
+                    let update = with_f32_slice(grad, |grad| {
+                        momentum_update(grad, state, muon.momentum, muon.nesterov)
+                    })?;
+                    let update = Tensor::from_vec(update, (*rows, *cols), &Device::Cpu)?;
+                    let orthogonal = newton_schulz5(&update, muon.ns_steps)?;
+                    let lr = muon.lr * lr_factor;
+                    let decay = (1.0 - lr * muon.weight_decay) as f32;
+                    let scale = (lr * match_rms_factor(*rows, *cols)) as f32;
+                    update_in_place(var.as_tensor(), &orthogonal, |param, orthogonal| {
+                        apply_scaled(param, orthogonal, decay, scale)
+                    })?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Exact state: every moment/momentum buffer bit-for-bit plus step counts and the config.
+    /// One safetensors file (written to a temporary sibling, then renamed), metadata in its header.
+    pub fn save_state(&self, path: &Path) -> Result<(), OptimError> {
+        let mut tensors = Vec::new();
+        for ((name, var), rule) in self.params.iter().zip(&self.rules) {
+            let shape = var.dims();
+            match rule {
+                Rule::AdamW { state, .. } => {
+                    tensors.push(StateTensorRef::new(name, EXP_AVG, shape, &state.exp_avg));
+                    tensors.push(StateTensorRef::new(
+                        name,
+                        EXP_AVG_SQ,
+                        shape,
+                        &state.exp_avg_sq,
+                    ));
+                }
+                Rule::Muon { state, .. } => {
+                    tensors.push(StateTensorRef::new(
+                        name,
+                        MOMENTUM_BUFFER,
+                        shape,
+                        &state.momentum_buffer,
+                    ));
+                }
+            }
+        }
+        let header = StateHeader::new(self.steps, self.config.clone());
+        crate::state::write_state(path, header, tensors)
+    }
+
+    /// Restores state written by `save_state` for the same parameters (names, shapes, optimizer
+    /// kind). The hyperparameters of this optimizer's config stay in force (a resumed run may
+    /// change them); the saved config is only checked for the optimizer kind. On any error the
+    /// optimizer is unchanged; errors name the file and, where one is involved, the tensor.
+    pub fn load_state(&mut self, path: &Path) -> Result<(), OptimError> {
+        let mut file = StateFile::read(path)?;
+        let saved_kind = file.header().config.kind_name();
+        if saved_kind != self.config.kind_name() {
+            return Err(file.format_error(format!(
+                "written by a {saved_kind} optimizer, this run uses {}",
+                self.config.kind_name()
+            )));
+        }
+        let mut restored = Vec::with_capacity(self.rules.len());
+        for ((name, var), rule) in self.params.iter().zip(&self.rules) {
+            let shape = var.dims();
+            let rule = match rule {
+                Rule::AdamW { weight_decay, .. } => Rule::AdamW {
+                    weight_decay: *weight_decay,
+                    state: AdamWState {
+                        exp_avg: file.take(name, EXP_AVG, shape)?,
+                        exp_avg_sq: file.take(name, EXP_AVG_SQ, shape)?,
+                    },
+                },
+                Rule::Muon { rows, cols, .. } => Rule::Muon {
+                    rows: *rows,
+                    cols: *cols,
+                    state: MuonState {
+                        momentum_buffer: file.take(name, MOMENTUM_BUFFER, shape)?,
+                    },
+                },
+            };
+            restored.push(rule);
+        }
+        file.expect_all_taken()?;
+        self.steps = file.header().steps;
+        self.rules = restored;
+        Ok(())
+    }
+}
+
+/// `p <- p * decay - scale * o`, fused and parallel (Muon's decoupled decay and update).
+fn apply_scaled(param: &mut [f32], update: &[f32], decay: f32, scale: f32) {
+    use rayon::prelude::*;
+    param
+        .par_chunks_mut(CHUNK)
+        .zip(update.par_chunks(CHUNK))
+        .for_each(|(p, o)| {
+            for (p, &o) in p.iter_mut().zip(o) {
+                *p = *p * decay - scale * o;
+            }
+        });
+}
+
+fn param_error(name: &str, reason: &str) -> OptimError {
+    OptimError::InvalidParam {
+        name: name.to_string(),
+        reason: reason.to_string(),
+    }
+}
