@@ -20,11 +20,13 @@
 //! pretraining text (shards hold token ids already), no background prefetch.
 
 mod chat;
+mod chat_jsonl;
 mod shards;
 
 use std::path::PathBuf;
 
-pub use chat::{ChatCursor, ChatLoadReport, ChatSource, ChatSourceConfig, SkipReason, SkippedLine};
+pub use chat::{ChatCursor, ChatSource, ChatSourceConfig};
+pub use chat_jsonl::{ChatLoadReport, SkipReason, SkippedLine};
 pub use shards::ShardSource;
 pub use stoke_data::packing::PackedBatch;
 

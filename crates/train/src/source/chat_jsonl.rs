@@ -1,0 +1,248 @@
+//! Reading chat JSONL for [`super::ChatSource`]: each line is parsed as a chat record
+//! (`{"messages": [...]}`, other top-level fields ignored), rendered with the tokenizer's chat
+//! template into token ids and an assistant-token mask, and truncated to one row. A line that
+//! cannot be used becomes a [`SkippedLine`] naming the file, the 1-based line and the reason;
+//! nothing is dropped silently and nothing panics. [`ChatLoadReport`] counts what was kept,
+//! skipped and truncated.
+//!
+//! What this is not: no packing, order or masks of batches (`chat.rs`), no streaming of files too
+//! big for memory.
+
+use std::fmt;
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use stoke_tokenizer::chat::{ChatMessage, ChatOptions, Role};
+use stoke_tokenizer::hf::Tokenizer;
+
+use super::SourceError;
+
+/// Why a JSONL line was not used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SkipReason {
+    BlankLine,
+    InvalidUtf8,
+    InvalidJson(String),
+    NotAnObject,
+    MissingMessages,
+    MessagesNotAList,
+    UnknownRole {
+        message: usize,
+        role: String,
+    },
+    BadMessage(String),
+    EmptyConversation,
+    NoAssistantTurn,
+    /// The chat template refused the conversation (e.g. roles that do not alternate).
+    Template(String),
+    /// After truncation to `seq_len + 1` tokens no assistant token is left as a target.
+    NoTrainableTokens {
+        tokens: usize,
+    },
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SkipReason::BlankLine => write!(f, "blank line"),
+            SkipReason::InvalidUtf8 => write!(f, "not valid UTF-8"),
+            SkipReason::InvalidJson(err) => write!(f, "invalid JSON: {err}"),
+            SkipReason::NotAnObject => write!(f, "not a JSON object"),
+            SkipReason::MissingMessages => write!(f, "no `messages` field"),
+            SkipReason::MessagesNotAList => write!(f, "`messages` is not a list"),
+            SkipReason::UnknownRole { message, role } => {
+                write!(f, "messages[{message}]: unknown role {role}")
+            }
+            SkipReason::BadMessage(err) => write!(f, "malformed message: {err}"),
+            SkipReason::EmptyConversation => write!(f, "`messages` is empty"),
+            SkipReason::NoAssistantTurn => write!(f, "no assistant message (nothing to train on)"),
+            SkipReason::Template(err) => write!(f, "chat template: {err}"),
+            SkipReason::NoTrainableTokens { tokens } => write!(
+                f,
+                "no assistant token within the first row ({tokens} tokens rendered)"
+            ),
+        }
+    }
+}
+
+/// One unused line, with where it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SkippedLine {
+    pub path: PathBuf,
+    /// 1-based line number.
+    pub line: usize,
+    pub reason: SkipReason,
+}
+
+impl fmt::Display for SkippedLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}: {}", self.path.display(), self.line, self.reason)
+    }
+}
+
+/// What loading the JSONL found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ChatLoadReport {
+    pub path: PathBuf,
+    pub lines: usize,
+    pub conversations: usize,
+    pub skipped: Vec<SkippedLine>,
+    /// 1-based lines of the conversations cut to `seq_len + 1` tokens.
+    pub truncated_lines: Vec<usize>,
+    /// Tokens dropped by truncation.
+    pub truncated_tokens: u64,
+    /// Tokens kept over all conversations.
+    pub tokens: u64,
+    /// Targets trained per epoch (assistant tokens that follow a token of the same conversation).
+    pub trained_tokens: u64,
+}
+
+impl ChatLoadReport {
+    /// One line for logs: counts, plus the first skipped lines.
+    pub fn summary(&self) -> String {
+        let mut text = format!(
+            "{}: {} conversations from {} lines, {} skipped, {} truncated ({} tokens dropped); {} tokens, {} trained",
+            self.path.display(),
+            self.conversations,
+            self.lines,
+            self.skipped.len(),
+            self.truncated_lines.len(),
+            self.truncated_tokens,
+            self.tokens,
+            self.trained_tokens
+        );
+        for skipped in self.skipped.iter().take(3) {
+            text.push_str(&format!("; {skipped}"));
+        }
+        text
+    }
+}
+
+/// A rendered conversation, truncated to one row.
+pub(super) struct Conversation {
+    pub(super) ids: Vec<u32>,
+    pub(super) assistant: Vec<bool>,
+}
+
+/// The typed form of one line; unknown top-level fields are ignored.
+#[derive(Deserialize)]
+struct ChatRecord {
+    messages: Vec<ChatMessage>,
+}
+
+/// Reads, renders and truncates every line; returns the usable conversations and the report.
+pub(super) fn load(
+    path: &Path,
+    tokenizer: &Tokenizer,
+    row_tokens: usize,
+) -> Result<(Vec<Conversation>, ChatLoadReport), SourceError> {
+    let io_error = |source| SourceError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut reader = BufReader::new(File::open(path).map_err(io_error)?);
+    let mut report = ChatLoadReport {
+        path: path.to_path_buf(),
+        ..Default::default()
+    };
+    let mut conversations = Vec::new();
+    let mut bytes = Vec::new();
+    loop {
+        bytes.clear();
+        if reader.read_until(b'\n', &mut bytes).map_err(io_error)? == 0 {
+            break;
+        }
+        report.lines += 1;
+        let line = report.lines;
+        let rendered = std::str::from_utf8(&bytes)
+            .map_err(|_| SkipReason::InvalidUtf8)
+            .and_then(|text| render_line(text, tokenizer));
+        let (mut ids, mut assistant) = match rendered {
+            Ok(encoded) => encoded,
+            Err(reason) => {
+                report.skipped.push(SkippedLine {
+                    path: path.to_path_buf(),
+                    line,
+                    reason,
+                });
+                continue;
+            }
+        };
+        let rendered_tokens = ids.len();
+        if rendered_tokens > row_tokens {
+            ids.truncate(row_tokens);
+            assistant.truncate(row_tokens);
+        }
+        // Position 0 is never a target; a conversation needs an assistant token after it.
+        let trained = assistant.iter().skip(1).filter(|&&a| a).count();
+        if trained == 0 {
+            report.skipped.push(SkippedLine {
+                path: path.to_path_buf(),
+                line,
+                reason: SkipReason::NoTrainableTokens {
+                    tokens: rendered_tokens,
+                },
+            });
+            continue;
+        }
+        if rendered_tokens > row_tokens {
+            report.truncated_lines.push(line);
+            report.truncated_tokens += (rendered_tokens - row_tokens) as u64;
+        }
+        report.tokens += ids.len() as u64;
+        report.trained_tokens += trained as u64;
+        conversations.push(Conversation { ids, assistant });
+    }
+    report.conversations = conversations.len();
+    Ok((conversations, report))
+}
+
+/// One line to (ids, assistant mask), or why it cannot be used.
+fn render_line(text: &str, tokenizer: &Tokenizer) -> Result<(Vec<u32>, Vec<bool>), SkipReason> {
+    let text = text.trim_end_matches(['\n', '\r']);
+    if text.trim().is_empty() {
+        return Err(SkipReason::BlankLine);
+    }
+    let record: ChatRecord = serde_json::from_str(text).map_err(|err| classify(text, err))?;
+    if record.messages.is_empty() {
+        return Err(SkipReason::EmptyConversation);
+    }
+    if !record.messages.iter().any(|m| m.role == Role::Assistant) {
+        return Err(SkipReason::NoAssistantTurn);
+    }
+    let encoding = tokenizer
+        .apply_chat_template(&record.messages, &ChatOptions::default())
+        .map_err(|err| SkipReason::Template(err.to_string()))?;
+    Ok((encoding.ids, encoding.assistant_mask))
+}
+
+/// Names what is wrong with a line that does not parse as a chat record.
+fn classify(text: &str, typed_error: serde_json::Error) -> SkipReason {
+    let value: serde_json::Value = match serde_json::from_str(text) {
+        Ok(value) => value,
+        Err(err) => return SkipReason::InvalidJson(err.to_string()),
+    };
+    let Some(object) = value.as_object() else {
+        return SkipReason::NotAnObject;
+    };
+    let Some(messages) = object.get("messages") else {
+        return SkipReason::MissingMessages;
+    };
+    let Some(messages) = messages.as_array() else {
+        return SkipReason::MessagesNotAList;
+    };
+    for (index, message) in messages.iter().enumerate() {
+        let Some(role) = message.get("role") else {
+            return SkipReason::BadMessage(format!("messages[{index}] has no role"));
+        };
+        if serde_json::from_value::<Role>(role.clone()).is_err() {
+            return SkipReason::UnknownRole {
+                message: index,
+                role: role.to_string(),
+            };
+        }
+    }
+    SkipReason::BadMessage(typed_error.to_string())
+}
