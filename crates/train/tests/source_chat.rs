@@ -117,22 +117,61 @@ fn loss_mask_covers_exactly_the_assistant_turns() {
     assert_eq!(checked, 30, "every conversation checked once");
 }
 
+/// Under every policy, including those that cut conversations across rows (pieces starting
+/// mid-conversation), only assistant tokens are targets, and each cut loses at most one.
 #[test]
 fn system_and_user_tokens_are_never_targets() {
     let dir = tempfile::tempdir().unwrap();
     let (path, _) = sample(dir.path(), 30);
     let tokenizer = qwen2();
-    let mut source = ChatSource::open(&path, &tokenizer, config(Some(1))).unwrap();
     let im_start = tokenizer.token_to_id("<|im_start|>").unwrap();
-    for batch in all_batches(&mut source) {
-        for i in (0..batch.tokens.len()).filter(|&i| batch.loss_mask[i]) {
-            let target = tokenizer.decode(&[batch.targets[i]], false).unwrap();
-            // System and user contents are digits only; assistant contents letters and spaces.
+    for policy in [
+        PackingPolicy::BestFitDecreasing { window_docs: 8 },
+        PackingPolicy::BestFitDecreasingSplit { window_docs: 8 },
+        PackingPolicy::ConcatChunk,
+    ] {
+        let mut source = ChatSource::open(
+            &path,
+            &tokenizer,
+            ChatSourceConfig {
+                policy,
+                ..config(Some(1))
+            },
+        )
+        .unwrap();
+        let mut trained = 0u64;
+        let mut cut_pieces = 0u64;
+        for batch in all_batches(&mut source) {
+            cut_pieces += batch
+                .rows
+                .iter()
+                .flat_map(|r| &r.pieces)
+                .filter(|p| p.start > 0)
+                .count() as u64;
+            for i in (0..batch.tokens.len()).filter(|&i| batch.loss_mask[i]) {
+                trained += 1;
+                let target = tokenizer.decode(&[batch.targets[i]], false).unwrap();
+                // System and user contents are digits only; assistant contents letters and spaces.
+                assert!(
+                    !target.chars().any(|c| c.is_ascii_digit()),
+                    "{policy:?}: trained target {target:?}"
+                );
+                assert_ne!(
+                    batch.targets[i], im_start,
+                    "{policy:?}: a role header was trained"
+                );
+            }
+        }
+        let per_epoch = source.report().trained_tokens;
+        assert!(
+            trained <= per_epoch && trained + cut_pieces >= per_epoch,
+            "{policy:?}: {trained} of {per_epoch}, {cut_pieces} cuts"
+        );
+        if !matches!(policy, PackingPolicy::BestFitDecreasing { .. }) {
             assert!(
-                !target.chars().any(|c| c.is_ascii_digit()),
-                "trained target {target:?}"
+                cut_pieces > 0,
+                "{policy:?} should cut some conversation in this sample"
             );
-            assert_ne!(batch.targets[i], im_start, "a role header was trained");
         }
     }
 }
@@ -463,4 +502,18 @@ fn packing_efficiency_on_a_sample() {
         efficiencies[1] > 0.99 && efficiencies[2] > 0.99,
         "{efficiencies:?}"
     );
+}
+
+#[test]
+fn tokenizer_without_chat_template_is_one_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tokenizers/qwen2");
+    let bare = dir.path().join("bare-tokenizer");
+    std::fs::create_dir_all(&bare).unwrap();
+    std::fs::copy(fixture.join("tokenizer.json"), bare.join("tokenizer.json")).unwrap();
+    let tokenizer = Tokenizer::from_dir(&bare).unwrap();
+    let (path, _) = sample(dir.path(), 3);
+    let err = ChatSource::open(&path, &tokenizer, config(None)).unwrap_err();
+    assert!(matches!(err, SourceError::Tokenizer(_)), "{err}");
+    assert!(err.to_string().contains("chat template"), "{err}");
 }
