@@ -480,13 +480,15 @@ fn packing_efficiency_on_a_sample() {
             max_epochs: Some(1),
             ..ChatSourceConfig::new(1024, 4, 3)
         };
+        let started = std::time::Instant::now();
         let mut source = ChatSource::open(&path, &tokenizer, config).unwrap();
+        let open_s = started.elapsed().as_secs_f64();
         let batches = all_batches(&mut source);
         let stats = source.packing_stats();
         let slots: usize = batches.iter().map(|b| b.tokens.len()).sum();
         let trained: usize = batches.iter().map(|b| b.num_loss_tokens()).sum();
         eprintln!(
-            "{policy:?}: {} conversations, mean {:.0} tokens; rows {}, packing efficiency {:.3}, trained targets / slots {:.3}",
+            "{policy:?}: {} conversations rendered in {open_s:.3} s, mean {:.0} tokens; rows {}, packing efficiency {:.3}, trained targets / slots {:.3}",
             source.num_conversations(),
             source.report().tokens as f64 / source.num_conversations() as f64,
             stats.rows,
