@@ -37,6 +37,8 @@ enum Command {
     /// Tokenizer training and evaluation.
     #[command(subcommand)]
     Tokenizer(cmd::tokenizer::TokenizerCommand),
+    /// Train a model (pretraining or SFT) from a TOML run config.
+    Train(cmd::train::TrainArgs),
 }
 
 fn main() -> ExitCode {
@@ -49,6 +51,7 @@ fn main() -> ExitCode {
         Command::Sandbox(command) => cmd::sandbox::run(command),
         Command::Data(command) => cmd::data::run(command),
         Command::Tokenizer(command) => cmd::tokenizer::run(command),
+        Command::Train(args) => cmd::train::run_command(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

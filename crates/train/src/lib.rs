@@ -2,4 +2,13 @@
 //! clipping, schedules, loss-spike and NaN handling, evaluation, checkpoints/resume and monitoring;
 //! an objective turns a batch into a loss and metrics.
 
+pub mod metrics;
 pub mod source;
+pub mod checkpoint;
+pub mod config;
+pub mod error;
+pub mod eval;
+pub mod objective;
+pub mod spike;
+pub mod trainer;
+pub mod run;

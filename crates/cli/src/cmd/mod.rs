@@ -5,4 +5,5 @@ pub mod data;
 pub mod model;
 pub mod sandbox;
 pub mod tokenizer;
+pub mod train;
 pub mod verify;

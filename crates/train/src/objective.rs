@@ -1,0 +1,204 @@
+//! Objectives: small types that turn a micro-batch into a differentiable loss *sum* and the
+//! figures that go with it. The trainer loop owns everything else (accumulation, clipping,
+//! schedules, checkpoints).
+//!
+//! Normalisation contract: an objective returns the loss summed over the micro-batch's loss
+//! tokens and says how many tokens that is ([`Objective::loss_tokens`] is answered before any
+//! forward pass). The trainer divides every micro-batch's sum by the total token count of the
+//! whole optimizer step, so accumulating micro-batches equals one large batch.
+//!
+//! [`NextTokenObjective`] serves pretraining and SFT alike (SFT differs only in which targets the
+//! batch's loss mask keeps): a forward with the block-diagonal document mask and the batch's
+//! per-document position ids, the LM head applied to the loss positions only, optional logit
+//! soft-capping `c * tanh(logits / c)`, cross-entropy from the fused `stoke_ops::token_logprobs`,
+//! and optional z-loss `coef * logsumexp(logits)^2` per token (PaLM), summed like the
+//! cross-entropy so it normalises the same way.
+//!
+//! What this is not: no optimizer, no data reading; preference and RL objectives will implement
+//! the same trait over their own batch types later.
+
+use candle_core::{D, DType, Device, Tensor};
+use stoke_data::packing::PackedBatch;
+use stoke_model::{Transformer, document_causal_bias};
+
+use crate::error::TrainError;
+
+/// A micro-batch's loss, summed over its loss tokens (not yet normalised).
+#[derive(Debug)]
+pub struct ObjectiveOutput {
+    /// Differentiable scalar: sum over loss tokens of (cross-entropy + z-loss term).
+    pub loss_sum: Tensor,
+    /// Sum of the per-token cross-entropy in nats (no z-loss), for metrics.
+    pub nll_sum: f64,
+    /// Sum of the z-loss terms (already multiplied by the coefficient); 0 when off.
+    pub z_loss_sum: f64,
+    /// Number of tokens the sums run over.
+    pub loss_tokens: usize,
+}
+
+/// Turns a batch into a loss sum and figures.
+pub trait Objective: Send {
+    /// Tokens this batch contributes to the step's normaliser; known before any forward pass.
+    fn loss_tokens(&self, batch: &PackedBatch) -> usize;
+    /// Forward pass and loss. A batch without loss tokens returns a zero loss without a graph.
+    fn loss(&self, model: &Transformer, batch: &PackedBatch)
+    -> Result<ObjectiveOutput, TrainError>;
+    /// Whether the objective adds a z-loss term (so metrics report it).
+    fn reports_z_loss(&self) -> bool {
+        false
+    }
+}
+
+/// Next-token cross-entropy over the loss-masked targets of packed batches.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NextTokenObjective {
+    /// z-loss coefficient (PaLM uses 1e-4); 0 turns it off.
+    pub z_loss: f64,
+    /// Logit soft-cap `c` (Gemma 2 uses 30); `None` turns it off.
+    pub logit_softcap: Option<f64>,
+}
+
+impl NextTokenObjective {
+    pub fn plain() -> NextTokenObjective {
+        NextTokenObjective {
+            z_loss: 0.0,
+            logit_softcap: None,
+        }
+    }
+}
+
+impl Objective for NextTokenObjective {
+    fn loss_tokens(&self, batch: &PackedBatch) -> usize {
+        batch.num_loss_tokens()
+    }
+
+    fn loss(
+        &self,
+        model: &Transformer,
+        batch: &PackedBatch,
+    ) -> Result<ObjectiveOutput, TrainError> {
+        let device = model.device().clone();
+        let Some(scored) = score_loss_tokens(model, batch, self.logit_softcap)? else {
+            return Ok(ObjectiveOutput {
+                loss_sum: Tensor::zeros((), DType::F32, &device)?,
+                nll_sum: 0.0,
+                z_loss_sum: 0.0,
+                loss_tokens: 0,
+            });
+        };
+        let nll = scored.logprobs.neg()?;
+        let nll_total = nll.sum_all()?;
+        let nll_sum = scalar(&nll_total)?;
+        let (loss_sum, z_loss_sum) = if self.z_loss > 0.0 {
+            // logsumexp = logit[target] - log p(target): reuses the fused kernel's output, and
+            // the gather keeps it differentiable without a second softmax pass.
+            let target_logits = scored
+                .logits
+                .gather(&scored.targets.unsqueeze(1)?, 1)?
+                .squeeze(1)?;
+            let lse = (target_logits - &scored.logprobs)?;
+            let z_total = (lse.sqr()?.sum_all()? * self.z_loss)?;
+            let z_sum = scalar(&z_total)?;
+            ((nll_total + z_total)?, z_sum)
+        } else {
+            (nll_total, 0.0)
+        };
+        Ok(ObjectiveOutput {
+            loss_sum,
+            nll_sum,
+            z_loss_sum,
+            loss_tokens: scored.targets.dim(0)?,
+        })
+    }
+
+    fn reports_z_loss(&self) -> bool {
+        self.z_loss > 0.0
+    }
+}
+
+/// The loss positions of a batch after a forward pass.
+#[derive(Debug)]
+pub struct ScoredTokens {
+    /// [M, V] logits at the loss positions (soft-capped when asked).
+    pub logits: Tensor,
+    /// [M] u32 targets.
+    pub targets: Tensor,
+    /// [M] log p(target).
+    pub logprobs: Tensor,
+    /// The target ids, host side (for per-token byte counts in evaluation).
+    pub target_ids: Vec<u32>,
+}
+
+/// The model's input tensors for a packed batch: ids and positions [B, T] and the
+/// block-diagonal causal bias [B, 1, T, T] from the document ids.
+pub fn batch_inputs(
+    batch: &PackedBatch,
+    device: &Device,
+) -> Result<(Tensor, Tensor, Tensor), TrainError> {
+    let shape = (batch.batch_size, batch.seq_len);
+    let ids = Tensor::from_slice(&batch.tokens, shape, device)?;
+    let positions = Tensor::from_slice(&batch.position_ids, shape, device)?;
+    let doc_rows: Vec<Vec<u32>> = batch
+        .doc_ids
+        .chunks(batch.seq_len.max(1))
+        .map(|row| row.to_vec())
+        .collect();
+    let bias = document_causal_bias(&doc_rows, device)?;
+    Ok((ids, positions, bias))
+}
+
+/// Forward pass over `batch` and log-probabilities of its loss-masked targets; `None` when the
+/// batch has no loss token. The LM head runs on the loss positions only, which saves most of its
+/// cost on SFT batches where only assistant tokens count.
+pub fn score_loss_tokens(
+    model: &Transformer,
+    batch: &PackedBatch,
+    logit_softcap: Option<f64>,
+) -> Result<Option<ScoredTokens>, TrainError> {
+    let device = model.device();
+    let loss_positions: Vec<u32> = batch
+        .loss_mask
+        .iter()
+        .enumerate()
+        .filter(|(_, keep)| **keep)
+        .map(|(i, _)| i as u32)
+        .collect();
+    if loss_positions.is_empty() {
+        return Ok(None);
+    }
+    let target_ids: Vec<u32> = loss_positions
+        .iter()
+        .map(|&i| batch.targets[i as usize])
+        .collect();
+    let (ids, positions, bias) = batch_inputs(batch, device)?;
+    let hidden = model.forward_hidden(&ids, &positions, &bias, None)?;
+    let width = hidden.dim(D::Minus1)?;
+    let hidden = hidden.reshape((batch.batch_size * batch.seq_len, width))?;
+    let hidden = if loss_positions.len() == batch.loss_mask.len() {
+        hidden
+    } else {
+        let index = Tensor::from_slice(&loss_positions, loss_positions.len(), device)?;
+        hidden.index_select(&index, 0)?
+    };
+    let mut logits = model.lm_logits(&hidden)?;
+    if let Some(cap) = logit_softcap {
+        logits = soft_cap(&logits, cap)?;
+    }
+    let targets = Tensor::from_slice(&target_ids, target_ids.len(), device)?;
+    let logprobs = stoke_ops::token_logprobs(&logits, &targets)?;
+    Ok(Some(ScoredTokens {
+        logits,
+        targets,
+        logprobs,
+        target_ids,
+    }))
+}
+
+/// `cap * tanh(logits / cap)`: logits stay inside (-cap, cap) and stay differentiable.
+pub fn soft_cap(logits: &Tensor, cap: f64) -> Result<Tensor, TrainError> {
+    Ok(((logits / cap)?.tanh()? * cap)?)
+}
+
+fn scalar(t: &Tensor) -> Result<f64, TrainError> {
+    Ok(t.to_dtype(DType::F64)?.to_scalar::<f64>()?)
+}

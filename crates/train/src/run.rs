@@ -1,0 +1,410 @@
+//! `run`: one training run from a validated [`TrainConfig`], the entry point of `stoke train`
+//! and of the speedrun's training stages.
+//!
+//! It reads as the recipe: set up the compute threads, create the run folder, resume from the
+//! newest verified checkpoint or build the model, open the tokenizer and batch sources, build the
+//! optimizer and the fixed evaluation set, run the loop, then write the final model folder
+//! (`<run>/model`, Hugging Face layout with the tokenizer files) and the run report.
+//!
+//! Run folder layout: `config.toml` (the resolved config), `metrics.jsonl`, `checkpoints/step-*`,
+//! `model/`, `report.html`.
+//!
+//! Resume rules: `resume = true` continues from the newest checkpoint that verifies (older ones
+//! are tried when the newest is corrupt); with no checkpoint the run starts fresh. The saved
+//! config must agree with this one in every field that changes what is trained
+//! (`config::math_fields_differ`); the first difference is named in the error. A fresh start
+//! into a folder that already has checkpoints is refused, so a run is never silently mixed with
+//! another.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::Device;
+use stoke_data::loader::LoaderConfig;
+use stoke_data::packing::PackedBatch;
+use stoke_model::{ModelConfig, Transformer};
+use stoke_optim::Optimizer;
+use stoke_tokenizer::hf::Tokenizer;
+
+use crate::checkpoint::{CheckpointStore, load_checkpoint};
+use crate::config::{DataSource, ModelSource, TrainConfig, math_fields_differ};
+use crate::error::TrainError;
+use crate::eval::{EvalResult, Evaluator, bytes_per_token};
+use crate::metrics::{MetricsLog, measure_peak_flops};
+use crate::objective::NextTokenObjective;
+use crate::source::{BatchSource, ChatSource, ChatSourceConfig, ShardSource};
+use crate::trainer::{StopReason, Trainer};
+
+/// How to run (not what to train: that is the config).
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Continue from the newest verified checkpoint of the run folder.
+    pub resume: bool,
+    /// No progress bar or console lines.
+    pub quiet: bool,
+    /// Time a matmul at start for the MFU figure (about 0.2 s).
+    pub measure_mfu: bool,
+    /// Write `report.html` at the end.
+    pub write_report: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            resume: false,
+            quiet: false,
+            measure_mfu: true,
+            write_report: true,
+        }
+    }
+}
+
+/// What a finished run produced.
+#[derive(Clone, Debug)]
+pub struct RunSummary {
+    pub run_dir: PathBuf,
+    /// The final model folder (`<run>/model`).
+    pub model_dir: PathBuf,
+    pub resumed_from: Option<PathBuf>,
+    pub stop: StopReason,
+    pub steps: u64,
+    pub tokens_seen: u64,
+    pub final_loss: Option<f64>,
+    pub final_eval: Option<EvalResult>,
+    pub last_checkpoint: Option<PathBuf>,
+    pub report: Option<PathBuf>,
+    pub skipped_steps: u64,
+    pub spikes: u64,
+    pub tokens_per_s: f64,
+    pub elapsed_s: f64,
+}
+
+/// Trains as `config` says; see the module doc.
+pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, TrainError> {
+    stoke_ops::numerics::init_compute_threads();
+    let started = Instant::now();
+    config.validate()?;
+    let run_dir = config.output_dir.clone();
+    std::fs::create_dir_all(&run_dir).map_err(|e| TrainError::io(&run_dir, e))?;
+    let config_toml = config.to_toml()?;
+    let device = Device::Cpu;
+    let tokenizer = match &config.model.tokenizer {
+        Some(dir) => Some(Tokenizer::from_dir(dir)?),
+        None => None,
+    };
+
+    let store = CheckpointStore::new(&run_dir.join("checkpoints"), config.training.keep_last);
+    let resume_path = if options.resume {
+        store.latest()?
+    } else {
+        None
+    };
+    if !options.resume && !store.list()?.is_empty() {
+        return Err(TrainError::Other(format!(
+            "{} already holds checkpoints of a run; pass --resume to continue it, or choose another output_dir",
+            store.dir().display()
+        )));
+    }
+    let (model, resumed) = match &resume_path {
+        Some(path) => {
+            let loaded = load_checkpoint(path, &device)?;
+            let saved = TrainConfig::from_toml(
+                &loaded.config_toml,
+                &path.join("config.toml").display().to_string(),
+            )?;
+            if let Some((field, saved_value, current)) =
+                math_fields_differ(&saved, &config, loaded.state.step)
+                    .into_iter()
+                    .next()
+            {
+                return Err(TrainError::ResumeMismatch {
+                    run_dir,
+                    field,
+                    saved: saved_value,
+                    current,
+                });
+            }
+            (loaded.model, Some((loaded.state, loaded.optimizer_state)))
+        }
+        None => (build_model(&config, tokenizer.as_ref(), &device)?, None),
+    };
+    let config_path = run_dir.join("config.toml");
+    std::fs::write(&config_path, &config_toml).map_err(|e| TrainError::io(&config_path, e))?;
+
+    let mut optimizer = Optimizer::new(config.optimizer.clone(), model.parameters())?;
+    if let Some((_, optimizer_state)) = &resumed {
+        optimizer.load_state(optimizer_state)?;
+    }
+    let vocab_size = model.config().vocab_size;
+    let source = open_train_source(&config, tokenizer.as_ref(), vocab_size)?;
+    let evaluator = build_evaluator(&config, tokenizer.as_ref(), vocab_size)?;
+    let objective = NextTokenObjective {
+        z_loss: config.training.z_loss,
+        logit_softcap: config.training.logit_softcap,
+    };
+    let metrics_path = run_dir.join("metrics.jsonl");
+    let metrics_log =
+        MetricsLog::open(&metrics_path, resumed.as_ref().map(|(state, _)| state.step))?;
+
+    let mut trainer = Trainer::new(
+        config.clone(),
+        model,
+        optimizer,
+        Box::new(objective),
+        source,
+    )
+    .with_checkpoints(store, config_toml, config.model.tokenizer.clone())
+    .with_metrics_log(metrics_log);
+    if let Some(evaluator) = evaluator {
+        trainer = trainer.with_evaluator(evaluator);
+    }
+    if options.measure_mfu {
+        trainer = trainer.with_peak_flops(measure_peak_flops()?);
+    }
+    if !options.quiet {
+        trainer = trainer.with_observer(Box::new(ConsoleLines::new(config.training.steps)));
+    }
+    if let Some((state, _)) = resumed {
+        trainer.restore(state)?;
+    }
+    let outcome = trainer.run()?;
+
+    let model_dir = run_dir.join("model");
+    trainer
+        .model()
+        .save_with_tokenizer(&model_dir, config.model.tokenizer.as_deref())?;
+    Ok(RunSummary {
+        run_dir,
+        model_dir,
+        resumed_from: resume_path,
+        stop: outcome.stop,
+        steps: outcome.steps,
+        tokens_seen: outcome.tokens_seen,
+        final_loss: outcome.last_loss,
+        final_eval: outcome.last_eval,
+        last_checkpoint: outcome.last_checkpoint,
+        report: None,
+        skipped_steps: outcome.skipped_steps,
+        spikes: outcome.spikes,
+        tokens_per_s: outcome.tokens_per_s,
+        elapsed_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// The model a fresh run starts from.
+pub fn build_model(
+    config: &TrainConfig,
+    tokenizer: Option<&Tokenizer>,
+    device: &Device,
+) -> Result<Transformer, TrainError> {
+    let model_config = match &config.model.source {
+        ModelSource::Pretrained(dir) => return Ok(Transformer::load(dir, device)?),
+        ModelSource::ConfigJson(path) => ModelConfig::from_file(path)?,
+        ModelSource::Preset { preset, vocab_size } => {
+            let vocab = match (vocab_size, tokenizer) {
+                (Some(v), _) => *v,
+                (None, Some(t)) => t.vocab_size(),
+                (None, None) => {
+                    return Err(TrainError::Other(
+                        "model.vocab_size: a preset needs a vocab_size or a tokenizer".into(),
+                    ));
+                }
+            };
+            let mut json = preset.config_json(vocab, config.data.seq_len);
+            if let Some(t) = tokenizer {
+                json["bos_token_id"] = serde_json::json!(t.bos_token_id());
+                json["eos_token_id"] = serde_json::json!(t.eos_token_ids());
+                if let Some(pad) = t.pad_token_id() {
+                    json["pad_token_id"] = serde_json::json!(pad);
+                }
+            }
+            ModelConfig::from_json_str(&json.to_string(), Path::new("<model preset>"))?
+        }
+    };
+    Ok(Transformer::init(
+        model_config,
+        device,
+        config.model.init_seed,
+    )?)
+}
+
+/// Shard files named directly, or every `*.shard` of a named folder.
+fn expand_shards(paths: &[PathBuf]) -> Result<Vec<PathBuf>, TrainError> {
+    let mut shards = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            let found =
+                stoke_data::shard::list_shards(path).map_err(|e| TrainError::Source(e.into()))?;
+            if found.is_empty() {
+                return Err(TrainError::Other(format!(
+                    "{}: no *.shard files in this folder",
+                    path.display()
+                )));
+            }
+            shards.extend(found);
+        } else {
+            shards.push(path.clone());
+        }
+    }
+    Ok(shards)
+}
+
+fn loader_config(config: &TrainConfig, tokenizer: Option<&Tokenizer>, eval: bool) -> LoaderConfig {
+    let data = &config.data;
+    let mut loader = LoaderConfig::new(data.seq_len, data.micro_batch_size, config.training.seed);
+    loader.policy = data.packing;
+    loader.pad_token = tokenizer.and_then(|t| t.pad_token_id()).unwrap_or(0);
+    if eval {
+        loader.shuffle = false;
+        loader.max_epochs = Some(1);
+    } else {
+        loader.shuffle = data.shuffle;
+        loader.max_epochs = data.max_epochs;
+    }
+    loader
+}
+
+fn chat_config(config: &TrainConfig, eval: bool) -> ChatSourceConfig {
+    let data = &config.data;
+    let mut chat = ChatSourceConfig::new(data.seq_len, data.micro_batch_size, config.training.seed);
+    chat.policy = data.packing;
+    if eval {
+        chat.shuffle = false;
+        chat.max_epochs = Some(1);
+    } else {
+        chat.shuffle = data.shuffle;
+        chat.max_epochs = data.max_epochs;
+    }
+    chat
+}
+
+fn check_shard_vocab(shards: &[PathBuf], vocab_size: usize) -> Result<(), TrainError> {
+    for path in shards {
+        let reader =
+            stoke_data::shard::ShardReader::open(path).map_err(|e| TrainError::Source(e.into()))?;
+        if reader.vocab_size() > vocab_size as u64 {
+            return Err(TrainError::Other(format!(
+                "{}: shard vocabulary has {} ids but the model has {vocab_size}",
+                path.display(),
+                reader.vocab_size()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The training batch source the config names.
+pub fn open_train_source(
+    config: &TrainConfig,
+    tokenizer: Option<&Tokenizer>,
+    vocab_size: usize,
+) -> Result<Box<dyn BatchSource>, TrainError> {
+    Ok(match &config.data.source {
+        DataSource::Shards { train, .. } => {
+            let shards = expand_shards(train)?;
+            check_shard_vocab(&shards, vocab_size)?;
+            Box::new(ShardSource::open(
+                &shards,
+                loader_config(config, tokenizer, false),
+            )?)
+        }
+        DataSource::Chat { train, .. } => {
+            let tokenizer = tokenizer
+                .ok_or_else(|| TrainError::Other("chat data needs model.tokenizer".into()))?;
+            Box::new(ChatSource::open(
+                train,
+                tokenizer,
+                chat_config(config, false),
+            )?)
+        }
+    })
+}
+
+/// The fixed evaluation set: the first `eval_batches` micro-batches of the eval data in order.
+pub fn build_evaluator(
+    config: &TrainConfig,
+    tokenizer: Option<&Tokenizer>,
+    vocab_size: usize,
+) -> Result<Option<Evaluator>, TrainError> {
+    let mut source: Box<dyn BatchSource> = match &config.data.source {
+        DataSource::Shards { eval, .. } if !eval.is_empty() => {
+            let shards = expand_shards(eval)?;
+            check_shard_vocab(&shards, vocab_size)?;
+            Box::new(ShardSource::open(
+                &shards,
+                loader_config(config, tokenizer, true),
+            )?)
+        }
+        DataSource::Chat {
+            eval: Some(eval), ..
+        } => {
+            let tokenizer = tokenizer
+                .ok_or_else(|| TrainError::Other("chat data needs model.tokenizer".into()))?;
+            Box::new(ChatSource::open(
+                eval,
+                tokenizer,
+                chat_config(config, true),
+            )?)
+        }
+        _ => return Ok(None),
+    };
+    let mut batches: Vec<PackedBatch> = Vec::new();
+    while batches.len() < config.training.eval_batches {
+        match source.next_batch()? {
+            Some(batch) => batches.push(batch),
+            None => break,
+        }
+    }
+    let bytes = tokenizer.map(|t| bytes_per_token(t, vocab_size));
+    Ok(Some(Evaluator::new(
+        batches,
+        bytes,
+        config.training.logit_softcap,
+    )))
+}
+
+/// Plain progress lines on stderr (used until a richer monitor is attached).
+struct ConsoleLines {
+    total_steps: u64,
+    every: u64,
+}
+
+impl ConsoleLines {
+    fn new(total_steps: u64) -> ConsoleLines {
+        ConsoleLines {
+            total_steps,
+            every: (total_steps / 20).max(1),
+        }
+    }
+}
+
+impl crate::trainer::StepObserver for ConsoleLines {
+    fn on_step(
+        &mut self,
+        report: &crate::trainer::StepReport,
+        metrics: &crate::metrics::StepMetrics,
+    ) {
+        if report.step.is_multiple_of(self.every)
+            || report.step == self.total_steps
+            || metrics.skipped
+        {
+            eprintln!(
+                "step {}/{} loss {:.4} lr {:.2e} grad norm {:.3} {:.0} tok/s{}",
+                report.step,
+                self.total_steps,
+                report.loss,
+                report.lr,
+                report.grad_norm,
+                metrics.tokens_per_s,
+                if metrics.skipped { " (skipped)" } else { "" }
+            );
+        }
+    }
+
+    fn on_eval(&mut self, metrics: &crate::metrics::EvalMetrics) {
+        eprintln!(
+            "eval at step {}: loss {:.4}, {:.4} bits/byte over {} tokens",
+            metrics.step, metrics.loss, metrics.bits_per_byte, metrics.tokens
+        );
+    }
+}

@@ -1,0 +1,559 @@
+//! The training loop shared by every objective.
+//!
+//! One trainer step, top to bottom:
+//! 1. fetch this step's micro-batches (`grad_accum_steps`, fewer while batch-size warmup ramps);
+//! 2. count the step's loss tokens *before* any forward pass, then per micro-batch run the
+//!    objective, scale its loss sum by `1 / total_tokens`, backpropagate, and add the gradients
+//!    into one buffer per parameter (aligned with `Optimizer::params()`): accumulation equals one
+//!    large batch;
+//! 3. refuse a non-finite loss or gradient norm: the step is skipped, and after
+//!    `max_bad_steps` consecutive bad steps the run stops with [`TrainError::NonFinite`];
+//! 4. ask the spike detector (skip the batch and/or tighten the clip), clip the global norm,
+//!    take the learning-rate factor from the schedule and step the optimizer;
+//! 5. record metrics, evaluate every `eval_every` steps, checkpoint every `checkpoint_every`.
+//!
+//! Determinism: everything that decides what is trained (batches, skips, clip thresholds, lr)
+//! is a function of the data, the seed and computed values, never of the wall clock; all of it
+//! is restored from a checkpoint (step, tokens seen, source cursor, spike state, optimizer
+//! moments), so a resumed run produces the weights of an uninterrupted one bit for bit.
+//! Throughput figures and alerts are reported only.
+//!
+//! A checkpoint is never written from a non-finite state: every parameter is checked before
+//! saving, and bad steps never touch the weights.
+//!
+//! What this is not: no file layout decisions beyond what it is handed (run.rs builds the
+//! model, sources, store and logs), no objective-specific code.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::{DType, Tensor};
+use serde::{Deserialize, Serialize};
+use stoke_model::Transformer;
+use stoke_optim::{Optimizer, clip_grad_norm, global_grad_norm};
+
+use crate::checkpoint::{CheckpointStore, TrainerState};
+use crate::config::TrainConfig;
+use crate::error::TrainError;
+use crate::eval::{EvalResult, Evaluator};
+use crate::metrics::{EvalMetrics, MetricRecord, MetricsLog, StepMetrics, mfu};
+use crate::objective::Objective;
+use crate::source::BatchSource;
+use crate::spike::SpikeDetector;
+
+/// What happened in one trainer step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepReport {
+    /// Trainer steps completed, counting this one.
+    pub step: u64,
+    /// Mean cross-entropy over the step's loss tokens (nats; no z-loss).
+    pub loss: f64,
+    /// Mean z-loss term, when the objective has one.
+    pub z_loss: Option<f64>,
+    /// Global gradient norm before clipping (NaN when the loss was already non-finite).
+    pub grad_norm: f64,
+    /// Learning rate the update used (peak times schedule factor; reported also when skipped).
+    pub lr: f64,
+    pub loss_tokens: u64,
+    /// Input tokens of the step's micro-batches.
+    pub step_tokens: u64,
+    pub tokens_seen: u64,
+    pub outcome: StepOutcome,
+    pub seconds: f64,
+}
+
+/// Whether the update was applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepOutcome {
+    Applied,
+    /// The loss spiked and the policy skips such batches.
+    SkippedSpike,
+    /// Loss or gradient norm was NaN/Inf.
+    SkippedNonFinite,
+    /// No micro-batch had a loss token.
+    SkippedEmpty,
+}
+
+/// The trainer's own part of `TrainerState.extra`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TrainerExtra {
+    spike: serde_json::Value,
+    consecutive_bad_steps: u64,
+}
+
+/// Why the loop ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StopReason {
+    /// `training.steps` reached.
+    Completed,
+    /// The batch source ran out (its `max_epochs`).
+    DataExhausted,
+}
+
+/// The loop's result.
+#[derive(Clone, Debug)]
+pub struct TrainOutcome {
+    pub stop: StopReason,
+    pub steps: u64,
+    pub tokens_seen: u64,
+    pub last_loss: Option<f64>,
+    pub last_eval: Option<EvalResult>,
+    pub last_checkpoint: Option<PathBuf>,
+    pub skipped_steps: u64,
+    pub spikes: u64,
+    /// Mean tokens/s over this process's steps.
+    pub tokens_per_s: f64,
+}
+
+/// Where a finished step is reported (the progress bar, alerts). Never influences training.
+pub trait StepObserver {
+    fn on_step(&mut self, _report: &StepReport, _metrics: &StepMetrics) {}
+    fn on_eval(&mut self, _metrics: &EvalMetrics) {}
+    fn on_checkpoint(&mut self, _step: u64, _path: &Path) {}
+    /// Alerts to record in the metrics log, drained after every step.
+    fn take_alerts(&mut self) -> Vec<MetricRecord> {
+        Vec::new()
+    }
+}
+
+struct Checkpointing {
+    store: CheckpointStore,
+    config_toml: String,
+    tokenizer_dir: Option<PathBuf>,
+}
+
+/// The loop and everything it owns.
+pub struct Trainer {
+    config: TrainConfig,
+    model: Transformer,
+    optimizer: Optimizer,
+    objective: Box<dyn Objective>,
+    source: Box<dyn BatchSource>,
+    evaluator: Option<Evaluator>,
+    checkpointing: Option<Checkpointing>,
+    metrics_log: Option<MetricsLog>,
+    observer: Option<Box<dyn StepObserver>>,
+    spike: SpikeDetector,
+    peak_flops: Option<f64>,
+    num_params: u64,
+    step: u64,
+    tokens_seen: u64,
+    consecutive_bad_steps: u64,
+    skipped_steps: u64,
+    last_checkpoint: Option<(u64, PathBuf)>,
+}
+
+impl Trainer {
+    pub fn new(
+        config: TrainConfig,
+        model: Transformer,
+        optimizer: Optimizer,
+        objective: Box<dyn Objective>,
+        source: Box<dyn BatchSource>,
+    ) -> Trainer {
+        let num_params = model.config().num_parameters() as u64;
+        let spike = SpikeDetector::new(config.training.spike.clone());
+        Trainer {
+            config,
+            model,
+            optimizer,
+            objective,
+            source,
+            evaluator: None,
+            checkpointing: None,
+            metrics_log: None,
+            observer: None,
+            spike,
+            peak_flops: None,
+            num_params,
+            step: 0,
+            tokens_seen: 0,
+            consecutive_bad_steps: 0,
+            skipped_steps: 0,
+            last_checkpoint: None,
+        }
+    }
+
+    pub fn with_evaluator(mut self, evaluator: Evaluator) -> Trainer {
+        self.evaluator = Some(evaluator);
+        self
+    }
+
+    /// Checkpoints go to `store`, each with the resolved config text and the tokenizer files.
+    pub fn with_checkpoints(
+        mut self,
+        store: CheckpointStore,
+        config_toml: String,
+        tokenizer_dir: Option<PathBuf>,
+    ) -> Trainer {
+        self.checkpointing = Some(Checkpointing {
+            store,
+            config_toml,
+            tokenizer_dir,
+        });
+        self
+    }
+
+    pub fn with_metrics_log(mut self, log: MetricsLog) -> Trainer {
+        self.metrics_log = Some(log);
+        self
+    }
+
+    pub fn with_observer(mut self, observer: Box<dyn StepObserver>) -> Trainer {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// The machine's measured matmul FLOP/s, for the MFU figure (0 is reported without it).
+    pub fn with_peak_flops(mut self, peak_flops: f64) -> Trainer {
+        self.peak_flops = Some(peak_flops);
+        self
+    }
+
+    pub fn model(&self) -> &Transformer {
+        &self.model
+    }
+
+    pub fn optimizer(&self) -> &Optimizer {
+        &self.optimizer
+    }
+
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    pub fn tokens_seen(&self) -> u64 {
+        self.tokens_seen
+    }
+
+    /// Continues from a checkpoint's state (the optimizer state is loaded by the caller).
+    pub fn restore(&mut self, state: TrainerState) -> Result<(), TrainError> {
+        let extra: TrainerExtra = serde_json::from_value(state.extra)
+            .map_err(|e| TrainError::Resume(format!("trainer state `extra`: {e}")))?;
+        self.spike
+            .restore(extra.spike)
+            .map_err(TrainError::Resume)?;
+        self.source.restore(state.source)?;
+        self.consecutive_bad_steps = extra.consecutive_bad_steps;
+        self.step = state.step;
+        self.tokens_seen = state.tokens_seen;
+        self.last_checkpoint = None;
+        Ok(())
+    }
+
+    /// The state a checkpoint taken now would hold.
+    pub fn state(&self) -> TrainerState {
+        let extra = TrainerExtra {
+            spike: self.spike.to_json(),
+            consecutive_bad_steps: self.consecutive_bad_steps,
+        };
+        TrainerState {
+            step: self.step,
+            tokens_seen: self.tokens_seen,
+            source: self.source.cursor(),
+            extra: serde_json::to_value(extra).unwrap_or(serde_json::Value::Null),
+        }
+    }
+
+    /// Runs until `training.steps` (or the data runs out), with evaluations and checkpoints,
+    /// and a final evaluation and checkpoint.
+    pub fn run(&mut self) -> Result<TrainOutcome, TrainError> {
+        let total_steps = self.config.training.steps;
+        let mut stop = StopReason::Completed;
+        let mut last_loss = None;
+        let mut last_eval = None;
+        let mut last_eval_step = None;
+        let (mut timed_tokens, mut timed_seconds) = (0u64, 0.0f64);
+        let started = Instant::now();
+        while self.step < total_steps {
+            let Some(report) = self.train_step()? else {
+                stop = StopReason::DataExhausted;
+                break;
+            };
+            timed_tokens += report.step_tokens;
+            timed_seconds += report.seconds;
+            if report.loss.is_finite() && report.outcome != StepOutcome::SkippedEmpty {
+                last_loss = Some(report.loss);
+            }
+            self.record_step(&report, started.elapsed().as_secs_f64())?;
+            let eval_every = self.config.training.eval_every;
+            if eval_every > 0 && self.step.is_multiple_of(eval_every) && self.step < total_steps {
+                last_eval = self.evaluate_and_record()?;
+                last_eval_step = Some(self.step);
+            }
+            // During a streak of non-finite steps the checkpoint waits: the streak either ends
+            // (the next good step is saved at the next multiple) or stops the run.
+            let every = self.config.training.checkpoint_every;
+            if every > 0 && self.step.is_multiple_of(every) && self.consecutive_bad_steps == 0 {
+                self.checkpoint()?;
+            }
+        }
+        if last_eval_step != Some(self.step) {
+            last_eval = self.evaluate_and_record()?.or(last_eval);
+        }
+        if self.last_checkpoint.as_ref().map(|(s, _)| *s) != Some(self.step) {
+            self.checkpoint()?;
+        }
+        if let Some(log) = &mut self.metrics_log {
+            log.flush()?;
+        }
+        Ok(TrainOutcome {
+            stop,
+            steps: self.step,
+            tokens_seen: self.tokens_seen,
+            last_loss,
+            last_eval,
+            last_checkpoint: self.last_checkpoint.as_ref().map(|(_, p)| p.clone()),
+            skipped_steps: self.skipped_steps,
+            spikes: self.spike.spikes,
+            tokens_per_s: if timed_seconds > 0.0 {
+                timed_tokens as f64 / timed_seconds
+            } else {
+                0.0
+            },
+        })
+    }
+
+    /// One trainer step; `None` when the source has no full step of batches left.
+    pub fn train_step(&mut self) -> Result<Option<StepReport>, TrainError> {
+        let started = Instant::now();
+        let accum = self.config.grad_accum_at(self.tokens_seen);
+        let mut batches = Vec::with_capacity(accum);
+        for _ in 0..accum {
+            match self.source.next_batch()? {
+                Some(batch) => batches.push(batch),
+                None => return Ok(None),
+            }
+        }
+        let step_tokens: u64 = batches
+            .iter()
+            .map(|b| (b.batch_size * b.seq_len) as u64)
+            .sum();
+        let loss_tokens: usize = batches.iter().map(|b| self.objective.loss_tokens(b)).sum();
+        // The schedule is indexed by trainer steps completed before this one, so skipped steps
+        // keep the learning rate on the planned curve.
+        let lr = self.config.peak_lr() * self.config.schedule.lr_factor(self.step);
+        self.step += 1;
+        self.tokens_seen += step_tokens;
+        let mut report = StepReport {
+            step: self.step,
+            loss: 0.0,
+            z_loss: None,
+            grad_norm: 0.0,
+            lr,
+            loss_tokens: loss_tokens as u64,
+            step_tokens,
+            tokens_seen: self.tokens_seen,
+            outcome: StepOutcome::SkippedEmpty,
+            seconds: 0.0,
+        };
+        if loss_tokens == 0 {
+            self.skipped_steps += 1;
+            report.seconds = started.elapsed().as_secs_f64();
+            return Ok(Some(report));
+        }
+
+        let scale = 1.0 / loss_tokens as f64;
+        let params: Vec<candle_core::Var> = self
+            .optimizer
+            .params()
+            .iter()
+            .map(|(_, v)| v.clone())
+            .collect();
+        let mut grads: Vec<Option<Tensor>> = vec![None; params.len()];
+        let (mut nll_sum, mut z_sum, mut finite) = (0.0f64, 0.0f64, true);
+        for batch in &batches {
+            let output = self.objective.loss(&self.model, batch)?;
+            if output.loss_tokens == 0 {
+                continue;
+            }
+            nll_sum += output.nll_sum;
+            z_sum += output.z_loss_sum;
+            if !(output.nll_sum.is_finite() && output.z_loss_sum.is_finite()) {
+                finite = false;
+                break;
+            }
+            let store = (output.loss_sum * scale)?.backward()?;
+            for (slot, var) in grads.iter_mut().zip(&params) {
+                if let Some(grad) = store.get(var.as_tensor()) {
+                    *slot = Some(match slot.take() {
+                        None => grad.clone(),
+                        Some(sum) => (sum + grad)?,
+                    });
+                }
+            }
+        }
+        report.loss = nll_sum * scale;
+        report.z_loss = self.objective.reports_z_loss().then_some(z_sum * scale);
+        let objective_loss = (nll_sum + z_sum) * scale;
+        let mut grads: Vec<Tensor> = grads
+            .into_iter()
+            .zip(&params)
+            .map(|(grad, var)| match grad {
+                Some(grad) => Ok(grad),
+                None => var.as_tensor().zeros_like(),
+            })
+            .collect::<Result<_, candle_core::Error>>()?;
+        report.grad_norm = if finite && objective_loss.is_finite() {
+            global_grad_norm(&grads)?
+        } else {
+            f64::NAN
+        };
+
+        if !(objective_loss.is_finite() && report.grad_norm.is_finite()) {
+            self.consecutive_bad_steps += 1;
+            self.skipped_steps += 1;
+            report.outcome = StepOutcome::SkippedNonFinite;
+            report.seconds = started.elapsed().as_secs_f64();
+            if self.consecutive_bad_steps >= self.config.training.max_bad_steps {
+                // Leave a record of the failing step before stopping.
+                self.record_step(&report, 0.0)?;
+                return Err(TrainError::NonFinite {
+                    step: self.step,
+                    consecutive: self.consecutive_bad_steps,
+                    loss: objective_loss,
+                    grad_norm: report.grad_norm,
+                });
+            }
+            return Ok(Some(report));
+        }
+        self.consecutive_bad_steps = 0;
+
+        let configured_clip = self.config.training.clip_norm;
+        let decision = self.spike.decide(objective_loss, configured_clip);
+        let applied = !decision.skip;
+        self.spike.record(objective_loss, report.grad_norm, applied);
+        if applied {
+            if let Some(max_norm) = decision.clip_override.or(configured_clip) {
+                clip_grad_norm(&mut grads, max_norm)?;
+            }
+            let factor = self.config.schedule.lr_factor(self.step - 1);
+            self.optimizer.step(&grads, factor)?;
+            report.outcome = StepOutcome::Applied;
+        } else {
+            self.skipped_steps += 1;
+            report.outcome = StepOutcome::SkippedSpike;
+        }
+        report.seconds = started.elapsed().as_secs_f64();
+        Ok(Some(report))
+    }
+
+    fn record_step(&mut self, report: &StepReport, elapsed_s: f64) -> Result<(), TrainError> {
+        let tokens_per_s = if report.seconds > 0.0 {
+            report.step_tokens as f64 / report.seconds
+        } else {
+            0.0
+        };
+        let metrics = StepMetrics {
+            step: report.step,
+            loss: report.loss,
+            lr: report.lr,
+            grad_norm: report.grad_norm,
+            tokens_per_s,
+            tokens_seen: report.tokens_seen,
+            mfu: self
+                .peak_flops
+                .map_or(0.0, |peak| mfu(self.num_params, tokens_per_s, peak)),
+            elapsed_s,
+            skipped: report.outcome != StepOutcome::Applied,
+            z_loss: report.z_loss,
+        };
+        let mut records = vec![MetricRecord::Step(metrics.clone())];
+        if report.outcome == StepOutcome::SkippedSpike {
+            let (mean, std) = self.spike.loss_stats();
+            records.push(MetricRecord::Alert {
+                step: report.step,
+                message: format!(
+                    "loss spike: {:.4} vs running mean {mean:.4} (std {std:.4}); batch skipped",
+                    report.loss
+                ),
+            });
+        }
+        if report.outcome == StepOutcome::SkippedNonFinite {
+            records.push(MetricRecord::Alert {
+                step: report.step,
+                message: format!(
+                    "non-finite loss or gradient norm (loss {}, grad norm {}); step skipped",
+                    report.loss, report.grad_norm
+                ),
+            });
+        }
+        if let Some(observer) = &mut self.observer {
+            observer.on_step(report, &metrics);
+            records.extend(observer.take_alerts());
+        }
+        if let Some(log) = &mut self.metrics_log {
+            for record in &records {
+                log.append(record)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Evaluates on the held-out set (if any) and records the figures.
+    pub fn evaluate_and_record(&mut self) -> Result<Option<EvalResult>, TrainError> {
+        let Some(evaluator) = &self.evaluator else {
+            return Ok(None);
+        };
+        if evaluator.num_batches() == 0 {
+            return Ok(None);
+        }
+        let result = evaluator.evaluate(&self.model)?;
+        let metrics = EvalMetrics {
+            step: self.step,
+            loss: result.loss,
+            bits_per_byte: result.bits_per_byte.unwrap_or(f64::NAN),
+            tokens: result.tokens,
+        };
+        if let Some(observer) = &mut self.observer {
+            observer.on_eval(&metrics);
+        }
+        if let Some(log) = &mut self.metrics_log {
+            log.append(&MetricRecord::Eval(metrics))?;
+        }
+        Ok(Some(result))
+    }
+
+    /// Writes a checkpoint of the current state (no-op without a store). Refuses when any
+    /// parameter is non-finite.
+    pub fn checkpoint(&mut self) -> Result<Option<PathBuf>, TrainError> {
+        let Some(checkpointing) = &self.checkpointing else {
+            return Ok(None);
+        };
+        for (name, var) in self.optimizer.params() {
+            if !all_finite(var.as_tensor())? {
+                return Err(TrainError::NonFiniteParameters {
+                    step: self.step,
+                    parameter: name.clone(),
+                });
+            }
+        }
+        if let Some(log) = &mut self.metrics_log {
+            log.flush()?;
+        }
+        let state = self.state();
+        let path = checkpointing.store.save(
+            &self.model,
+            checkpointing.tokenizer_dir.as_deref(),
+            &self.optimizer,
+            &state,
+            &checkpointing.config_toml,
+            &self.config.training.keep_steps,
+        )?;
+        if let Some(observer) = &mut self.observer {
+            observer.on_checkpoint(self.step, &path);
+        }
+        self.last_checkpoint = Some((self.step, path.clone()));
+        Ok(Some(path))
+    }
+}
+
+/// Whether every value of `t` is finite (one pass; `0 * x` is 0 for finite x and NaN otherwise).
+fn all_finite(t: &Tensor) -> Result<bool, TrainError> {
+    let sum = (t * 0.0)?
+        .sum_all()?
+        .to_dtype(DType::F64)?
+        .to_scalar::<f64>()?;
+    Ok(sum == 0.0)
+}

@@ -1,0 +1,158 @@
+//! The next-token objective: document masking in packed batches, soft-capping, z-loss.
+
+mod common;
+
+use common::{Rng, VOCAB, batch_from_docs, nano_model};
+use stoke_train::objective::{NextTokenObjective, Objective, score_loss_tokens, soft_cap};
+
+fn doc(rng: &mut Rng, len: usize) -> Vec<u32> {
+    (0..len).map(|_| rng.below(VOCAB as u64) as u32).collect()
+}
+
+/// A packed row [A | B | C | pad] scores every target exactly as separate forwards of A, B and C
+/// do: no token attends across documents, and positions restart per document.
+#[test]
+fn packed_forward_equals_separate_forwards_per_document() {
+    let model = nano_model(7);
+    let mut rng = Rng(11);
+    let docs = [doc(&mut rng, 9), doc(&mut rng, 14), doc(&mut rng, 6)];
+    let packed = batch_from_docs(&[docs.to_vec()], 32);
+    let packed_logprobs: Vec<f32> = score_loss_tokens(&model, &packed, None)
+        .unwrap()
+        .unwrap()
+        .logprobs
+        .to_vec1()
+        .unwrap();
+    let mut separate = Vec::new();
+    for d in &docs {
+        let alone = batch_from_docs(&[vec![d.clone()]], d.len() - 1);
+        let lp: Vec<f32> = score_loss_tokens(&model, &alone, None)
+            .unwrap()
+            .unwrap()
+            .logprobs
+            .to_vec1()
+            .unwrap();
+        assert_eq!(lp.len(), d.len() - 1);
+        separate.extend(lp);
+    }
+    // Targets across a document boundary are masked out: 8 + 13 + 5 loss tokens.
+    assert_eq!(packed_logprobs.len(), separate.len());
+    for (i, (a, b)) in packed_logprobs.iter().zip(&separate).enumerate() {
+        assert!(
+            (a - b).abs() < 1e-4,
+            "token {i}: packed {a} vs separate {b}"
+        );
+    }
+    // The summed loss is the sum of the per-document losses.
+    let objective = NextTokenObjective::plain();
+    let out = objective.loss(&model, &packed).unwrap();
+    let expected: f64 = separate.iter().map(|&lp| -(lp as f64)).sum();
+    assert!(
+        (out.nll_sum - expected).abs() < 1e-3 * expected.abs(),
+        "{} vs {expected}",
+        out.nll_sum
+    );
+    assert_eq!(out.loss_tokens, 26);
+}
+
+#[test]
+fn soft_cap_bounds_logits_and_keeps_small_ones() {
+    let dev = candle_core::Device::Cpu;
+    let logits =
+        candle_core::Tensor::new(&[[-500.0f32, -3.0, 0.0, 0.01, 40.0, 1e6]], &dev).unwrap();
+    let capped: Vec<f32> = soft_cap(&logits, 30.0)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    for &c in &capped {
+        assert!(c.abs() <= 30.0, "{c}");
+    }
+    assert!(
+        (capped[3] - 0.01).abs() < 1e-6,
+        "small logits pass nearly unchanged"
+    );
+    assert!(capped[4] > 20.0 && capped[5] > 29.9, "{capped:?}");
+    assert!(capped[0] < -29.9);
+}
+
+/// z-loss = coef * sum over loss tokens of logsumexp(logits)^2, computed here by hand from the
+/// model's logits; the objective's loss sum is cross-entropy plus that term.
+#[test]
+fn z_loss_matches_a_hand_computation() {
+    let model = nano_model(3);
+    let mut rng = Rng(5);
+    let batch = batch_from_docs(
+        &[
+            vec![doc(&mut rng, 12)],
+            vec![doc(&mut rng, 7), doc(&mut rng, 5)],
+        ],
+        16,
+    );
+    let coef = 1e-2;
+    let objective = NextTokenObjective {
+        z_loss: coef,
+        logit_softcap: None,
+    };
+    let out = objective.loss(&model, &batch).unwrap();
+    let scored = score_loss_tokens(&model, &batch, None).unwrap().unwrap();
+    let logits: Vec<Vec<f32>> = scored.logits.to_vec2().unwrap();
+    let mut z_expected = 0.0f64;
+    let mut nll_expected = 0.0f64;
+    for (row, &target) in logits.iter().zip(&scored.target_ids) {
+        let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse = max
+            + row
+                .iter()
+                .map(|&x| (x as f64 - max).exp())
+                .sum::<f64>()
+                .ln();
+        z_expected += coef * lse * lse;
+        nll_expected += lse - row[target as usize] as f64;
+    }
+    assert!(
+        (out.z_loss_sum - z_expected).abs() < 1e-4 * z_expected,
+        "{} vs {z_expected}",
+        out.z_loss_sum
+    );
+    let total = out.loss_sum.to_scalar::<f32>().unwrap() as f64;
+    assert!(
+        (total - (nll_expected + z_expected)).abs() < 1e-4 * total,
+        "{total}"
+    );
+    assert!(out.z_loss_sum > 0.0);
+}
+
+/// With soft-capping the scored logits stay inside the cap.
+#[test]
+fn objective_applies_the_soft_cap_before_the_loss() {
+    let model = nano_model(3);
+    let mut rng = Rng(9);
+    let batch = batch_from_docs(&[vec![doc(&mut rng, 10)]], 9);
+    let capped = score_loss_tokens(&model, &batch, Some(0.05))
+        .unwrap()
+        .unwrap();
+    let max = capped
+        .logits
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(max <= 0.05, "{max}");
+    let uncapped = score_loss_tokens(&model, &batch, None).unwrap().unwrap();
+    let raw_max = uncapped
+        .logits
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(
+        raw_max > 0.05,
+        "the fixture must have logits the cap changes ({raw_max})"
+    );
+}
