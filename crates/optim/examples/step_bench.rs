@@ -1,0 +1,134 @@
+//! Optimizer-step micro-benchmark on the parameter shapes of the fixed benchmark model
+//! (bench/bench_config.json: vocab 4096, hidden 256, 4 layers, 4 heads / 2 kv heads of 64,
+//! MLP 688, untied head; about 5.0M parameters). Prints median ms per step for:
+//! - AdamW as stoke-optim runs it (one fused rayon pass per parameter, in place),
+//! - the same AdamW written as candle tensor ops (the alternative this crate measured against),
+//! - Muon (hidden matrices; AdamW for the rest),
+//! - global-norm clipping.
+//!
+//! Not a test: timings depend on the machine and its load.
+//!
+//! ```text
+//! CARGO_TARGET_DIR=target-optim cargo run --release -p stoke-optim --example step_bench
+//! ```
+
+use std::time::Instant;
+
+use candle_core::{Device, Tensor, Var};
+use stoke_optim::{AdamWConfig, MuonConfig, Optimizer, OptimizerConfig, clip_grad_norm};
+
+const REPEATS: usize = 15;
+
+fn shapes() -> Vec<(String, Vec<usize>)> {
+    let (vocab, hidden, layers, q, kv, mlp) = (4096, 256, 4, 4 * 64, 2 * 64, 688);
+    let mut out = vec![("model.embed_tokens.weight".to_string(), vec![vocab, hidden])];
+    for l in 0..layers {
+        let p = format!("model.layers.{l}");
+        out.push((format!("{p}.input_layernorm.weight"), vec![hidden]));
+        out.push((format!("{p}.self_attn.q_proj.weight"), vec![q, hidden]));
+        out.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, hidden]));
+        out.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, hidden]));
+        out.push((format!("{p}.self_attn.o_proj.weight"), vec![hidden, q]));
+        out.push((format!("{p}.post_attention_layernorm.weight"), vec![hidden]));
+        out.push((format!("{p}.mlp.gate_proj.weight"), vec![mlp, hidden]));
+        out.push((format!("{p}.mlp.up_proj.weight"), vec![mlp, hidden]));
+        out.push((format!("{p}.mlp.down_proj.weight"), vec![hidden, mlp]));
+    }
+    out.push(("model.norm.weight".to_string(), vec![hidden]));
+    out.push(("lm_head.weight".to_string(), vec![vocab, hidden]));
+    out
+}
+
+fn params() -> candle_core::Result<Vec<(String, Var)>> {
+    shapes()
+        .into_iter()
+        .map(|(name, shape)| {
+            let t = Tensor::randn(0f32, 0.02, shape.as_slice(), &Device::Cpu)?;
+            Ok((name, Var::from_tensor(&t)?))
+        })
+        .collect()
+}
+
+fn grads(params: &[(String, Var)]) -> candle_core::Result<Vec<Tensor>> {
+    params
+        .iter()
+        .map(|(_, v)| Tensor::randn(0f32, 1e-3, v.dims(), &Device::Cpu))
+        .collect()
+}
+
+fn median_ms(mut run: impl FnMut()) -> f64 {
+    run(); // warm-up (first-touch of state pages)
+    let mut times: Vec<f64> = (0..REPEATS)
+        .map(|_| {
+            let start = Instant::now();
+            run();
+            start.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[REPEATS / 2]
+}
+
+/// AdamW written with candle tensor ops (no weight-decay groups; the arithmetic is the point).
+struct TensorOpAdamW {
+    moments: Vec<(Tensor, Tensor)>,
+    step: i32,
+}
+
+impl TensorOpAdamW {
+    fn step(
+        &mut self,
+        params: &[(String, Var)],
+        grads: &[Tensor],
+        c: &AdamWConfig,
+    ) -> candle_core::Result<()> {
+        self.step += 1;
+        let bc1 = 1.0 - c.beta1.powi(self.step);
+        let bc2 = 1.0 - c.beta2.powi(self.step);
+        for (((_, p), g), (m, v)) in params.iter().zip(grads).zip(self.moments.iter_mut()) {
+            *m = (m.affine(c.beta1, 0.0)? + g.affine(1.0 - c.beta1, 0.0)?)?;
+            *v = (v.affine(c.beta2, 0.0)? + g.sqr()?.affine(1.0 - c.beta2, 0.0)?)?;
+            let denom = v.affine(1.0 / bc2, 0.0)?.sqrt()?.affine(1.0, c.eps)?;
+            let update = (m.affine(c.lr / bc1, 0.0)? / denom)?;
+            let next = (p.affine(1.0 - c.lr * c.weight_decay, 0.0)? - update)?;
+            p.set(&next)?;
+        }
+        Ok(())
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    stoke_ops::numerics::init_compute_threads();
+    let threads = rayon::current_num_threads();
+    let adamw = AdamWConfig::default();
+
+    let p = params()?;
+    let total: usize = p.iter().map(|(_, v)| v.elem_count()).sum();
+    let g = grads(&p)?;
+
+    let mut fused = Optimizer::new(OptimizerConfig::AdamW(adamw.clone()), p.clone())?;
+    let fused_ms = median_ms(|| fused.step(&g, 1.0).expect("adamw step"));
+
+    let mut tensor_ops = TensorOpAdamW {
+        moments: p
+            .iter()
+            .map(|(_, v)| (v.zeros_like().unwrap(), v.zeros_like().unwrap()))
+            .collect(),
+        step: 0,
+    };
+    let tensor_ops_ms = median_ms(|| tensor_ops.step(&p, &g, &adamw).expect("tensor-op step"));
+
+    let mut muon = Optimizer::new(OptimizerConfig::Muon(MuonConfig::default()), p.clone())?;
+    let muon_ms = median_ms(|| muon.step(&g, 1.0).expect("muon step"));
+
+    let clip_ms = median_ms(|| {
+        let mut grads = g.clone();
+        clip_grad_norm(&mut grads, 1e-6).expect("clip");
+    });
+
+    println!(
+        "{{\"params\": {total}, \"rayon_threads\": {threads}, \"adamw_fused_ms\": {fused_ms:.2}, \
+         \"adamw_tensor_ops_ms\": {tensor_ops_ms:.2}, \"muon_ms\": {muon_ms:.2}, \"clip_ms\": {clip_ms:.2}}}"
+    );
+    Ok(())
+}
