@@ -126,6 +126,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         clip_grad_norm(&mut grads, 1e-6).expect("clip");
     });
 
+    // Reference point for Muon: plain f32 matmul throughput at Newton-Schulz's sizes, and the
+    // Newton-Schulz flop count of this model (per iteration on an m x n matrix, m <= n:
+    // 2 m^2 n for X X^T, 2 m^3 for A A, 2 m^2 n for B X).
+    let a = Tensor::randn(0f32, 1.0, (256, 688), &Device::Cpu)?;
+    let at = a.t()?;
+    let matmul_ms = median_ms(|| {
+        a.matmul(&at).expect("matmul");
+    });
+    let matmul_gflops = 2.0 * 256.0 * 256.0 * 688.0 / (matmul_ms * 1e6);
+    let ns_flops: f64 = p
+        .iter()
+        .filter(|(n, v)| v.rank() == 2 && !n.contains("embed") && !n.contains("lm_head"))
+        .map(|(_, v)| {
+            let (r, c) = v.dims2().expect("2-D");
+            let (m, n) = (r.min(c) as f64, r.max(c) as f64);
+            5.0 * (4.0 * m * m * n + 2.0 * m * m * m)
+        })
+        .sum();
+    let muon_gflops = ns_flops / (muon_ms * 1e6);
+    println!(
+        "{{\"matmul_256x688x256_gflops\": {matmul_gflops:.1}, \"newton_schulz_gflop_per_step\": {:.2}, \"muon_achieved_gflops\": {muon_gflops:.1}}}",
+        ns_flops / 1e9
+    );
     println!(
         "{{\"params\": {total}, \"rayon_threads\": {threads}, \"adamw_fused_ms\": {fused_ms:.2}, \
          \"adamw_tensor_ops_ms\": {tensor_ops_ms:.2}, \"muon_ms\": {muon_ms:.2}, \"clip_ms\": {clip_ms:.2}}}"

@@ -50,8 +50,29 @@ pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64, OptimE
     if norm.is_finite() && norm > max_norm {
         let scale = max_norm / (norm + CLIP_EPS);
         for grad in grads.iter_mut() {
-            *grad = grad.affine(scale, 0.0)?;
+            *grad = scaled(grad, scale)?;
         }
     }
     Ok(norm)
+}
+
+/// `grad * scale` as a new tensor: one parallel pass for CPU gradients (candle's `affine` runs
+/// on one thread), `affine` elsewhere. Keeps `grad`'s dtype.
+fn scaled(grad: &Tensor, scale: f64) -> Result<Tensor, OptimError> {
+    if !(grad.device().is_cpu() && grad.dtype() == candle_core::DType::F32) {
+        return Ok(grad.affine(scale, 0.0)?);
+    }
+    let scale = scale as f32;
+    let values = with_f32_slice(grad, |values| {
+        let mut out = vec![0.0f32; values.len()];
+        out.par_chunks_mut(CHUNK)
+            .zip(values.par_chunks(CHUNK))
+            .for_each(|(o, v)| {
+                for (o, &v) in o.iter_mut().zip(v) {
+                    *o = v * scale;
+                }
+            });
+        out
+    })?;
+    Ok(Tensor::from_vec(values, grad.dims(), grad.device())?)
 }

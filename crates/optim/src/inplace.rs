@@ -4,7 +4,7 @@
 //! Why this exists: an optimizer step written as candle tensor ops allocates a fresh tensor for
 //! every intermediate (AdamW needs about ten element-wise passes) and runs each pass on its own;
 //! one fused pass over the slices, split across rayon's pool, reads and writes each array once.
-//! `examples/step_bench.rs` measures both (see the crate's tests/README figures).
+//! `examples/step_bench.rs` measures both (figures in its doc: about 100x apart).
 //! What it is not: a general kernel library. Parameters must be contiguous f32 tensors on the
 //! CPU (checked when the optimizer is built); any other source tensor (a gradient on another
 //! device or dtype, a strided view) is first copied into that form.

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::adamw::{AdamWConfig, check_range, invalid};
 use crate::error::OptimError;
-use crate::inplace::CHUNK;
+use crate::inplace::{CHUNK, with_f32_slice};
 
 /// The quintic Newton-Schulz coefficients (a, b, c), chosen (Keller Jordan) to maximise the
 /// slope at zero; singular values land near 1 (roughly 0.7..1.2), not exactly on it.
@@ -152,7 +152,8 @@ pub(crate) fn match_rms_factor(rows: usize, cols: usize) -> f64 {
 /// Newton-Schulz orthogonalisation of a 2-D tensor with the quintic coefficients: divides by the
 /// Frobenius norm (so the spectral norm is <= 1), works on the wide orientation (transposes a
 /// tall matrix, so the Gram matrix is the small one), iterates
-/// `A = X X^T; B = b A + c A A; X = a X + B X` `steps` times. Returns f32 of `g`'s shape.
+/// `A = X X^T; X = (a I + b A + c A A) X` `steps` times (torch writes the same polynomial as
+/// `B = b A + c A A; X = a X + B X`). Returns f32 of `g`'s shape.
 pub fn newton_schulz5(g: &Tensor, steps: usize) -> Result<Tensor, OptimError> {
     let dims = g.dims();
     if dims.len() != 2 {
@@ -161,24 +162,55 @@ pub fn newton_schulz5(g: &Tensor, steps: usize) -> Result<Tensor, OptimError> {
             reason: format!("needs a 2-D tensor, got shape {dims:?}"),
         });
     }
-    let (a, b, c) = NS_COEFFICIENTS;
     let tall = dims[0] > dims[1];
     let g = g.to_dtype(candle_core::DType::F32)?;
-    let mut x = if tall {
+    let x = if tall {
         g.t()?.contiguous()?
     } else {
         g.contiguous()?
     };
-    let norm = x.sqr()?.sum_all()?.sqrt()?.to_scalar::<f32>()? as f64;
-    x = x.affine(1.0 / norm.max(NS_EPS), 0.0)?;
+    let side = x.dims()[0];
+    let sum_sq = with_f32_slice(&x, |v| {
+        v.par_chunks(CHUNK)
+            .map(|c| c.iter().map(|&e| f64::from(e) * f64::from(e)).sum::<f64>())
+            .sum::<f64>()
+    })?;
+    let mut x = x.affine(1.0 / sum_sq.sqrt().max(NS_EPS), 0.0)?;
     for _ in 0..steps {
         let gram = x.matmul(&x.t()?)?;
-        let gram_update = (gram.affine(b, 0.0)? + gram.matmul(&gram)?.affine(c, 0.0)?)?;
-        x = (x.affine(a, 0.0)? + gram_update.matmul(&x)?)?;
+        let gram_sq = gram.matmul(&gram)?;
+        // The polynomial's m x m matrix in one fused pass: folding `a X` into `P X` keeps every
+        // element-wise pass on the small Gram side (candle's separate affine/add passes over the
+        // m x n iterate cost as much as the matmuls at these sizes; measured).
+        let polynomial = quintic_polynomial(&gram, &gram_sq, side)?;
+        x = polynomial.matmul(&x)?;
     }
     let x = if tall { x.t()?.contiguous()? } else { x };
-    debug_assert_eq!(x.dims(), dims);
     Ok(x)
+}
+
+/// `a I + b A + c A2` for the `side x side` matrices `A` and `A2`.
+fn quintic_polynomial(gram: &Tensor, gram_sq: &Tensor, side: usize) -> Result<Tensor, OptimError> {
+    let (a, b, c) = NS_COEFFICIENTS;
+    let (a, b, c) = (a as f32, b as f32, c as f32);
+    let values = with_f32_slice(gram, |gram| {
+        with_f32_slice(gram_sq, |gram_sq| {
+            let mut out: Vec<f32> = gram
+                .iter()
+                .zip(gram_sq)
+                .map(|(&g1, &g2)| b * g1 + c * g2)
+                .collect();
+            for i in 0..side {
+                out[i * side + i] += a;
+            }
+            out
+        })
+    })??;
+    Ok(Tensor::from_vec(
+        values,
+        (side, side),
+        &candle_core::Device::Cpu,
+    )?)
 }
 
 /// `[dim0, product of the rest]`: how Muon sees a parameter of rank >= 2.

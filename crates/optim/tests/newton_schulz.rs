@@ -5,6 +5,8 @@ use candle_core::{DType, Device, Tensor};
 use stoke_optim::newton_schulz5;
 
 /// Eigenvalues of a small symmetric matrix by cyclic Jacobi rotations (f64).
+// Index loops mirror the textbook rotation formulas (rows p, q and columns p, q of `a`).
+#[allow(clippy::needless_range_loop)]
 fn symmetric_eigenvalues(mut a: Vec<Vec<f64>>) -> Vec<f64> {
     let n = a.len();
     for _ in 0..100 {
