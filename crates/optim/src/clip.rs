@@ -17,23 +17,29 @@ use crate::inplace::{CHUNK, with_f32_slice};
 /// PyTorch's guard against division by a zero norm in the clip coefficient.
 const CLIP_EPS: f64 = 1e-6;
 
-/// Global L2 norm over all grads (f64 accumulation).
+/// Global L2 norm over all grads (f64 accumulation, deterministic).
 pub fn global_grad_norm(grads: &[Tensor]) -> Result<f64, OptimError> {
     let mut sum_sq = 0.0f64;
     for grad in grads {
-        sum_sq += with_f32_slice(grad, |values| {
-            values
-                .par_chunks(CHUNK)
-                .map(|chunk| {
-                    chunk
-                        .iter()
-                        .map(|&x| f64::from(x) * f64::from(x))
-                        .sum::<f64>()
-                })
-                .sum::<f64>()
-        })?;
+        sum_sq += with_f32_slice(grad, sum_of_squares)?;
     }
     Ok(sum_sq.sqrt())
+}
+
+/// Sum of squares in f64, deterministic: fixed chunks summed in parallel, the chunk sums then
+/// added in order. (A rayon `sum` would associate differently from run to run as work is
+/// stolen, and a resumed run must reproduce the clip scale bit for bit.)
+pub(crate) fn sum_of_squares(values: &[f32]) -> f64 {
+    let chunk_sums: Vec<f64> = values
+        .par_chunks(CHUNK)
+        .map(|chunk| {
+            chunk
+                .iter()
+                .map(|&x| f64::from(x) * f64::from(x))
+                .sum::<f64>()
+        })
+        .collect();
+    chunk_sums.iter().sum()
 }
 
 /// Global L2 norm over all grads; if > max_norm, scales them by max_norm / (norm + 1e-6)

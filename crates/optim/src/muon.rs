@@ -22,6 +22,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::adamw::{AdamWConfig, check_range, invalid};
+use crate::clip::sum_of_squares;
 use crate::error::OptimError;
 use crate::inplace::{CHUNK, with_f32_slice};
 
@@ -170,11 +171,7 @@ pub fn newton_schulz5(g: &Tensor, steps: usize) -> Result<Tensor, OptimError> {
         g.contiguous()?
     };
     let side = x.dims()[0];
-    let sum_sq = with_f32_slice(&x, |v| {
-        v.par_chunks(CHUNK)
-            .map(|c| c.iter().map(|&e| f64::from(e) * f64::from(e)).sum::<f64>())
-            .sum::<f64>()
-    })?;
+    let sum_sq = with_f32_slice(&x, sum_of_squares)?;
     let mut x = x.affine(1.0 / sum_sq.sqrt().max(NS_EPS), 0.0)?;
     for _ in 0..steps {
         let gram = x.matmul(&x.t()?)?;

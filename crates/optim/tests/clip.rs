@@ -69,3 +69,15 @@ fn invalid_max_norm_is_an_error() {
     assert!(clip_grad_norm(&mut g, 0.0).is_err());
     assert!(clip_grad_norm(&mut g, f64::NAN).is_err());
 }
+
+#[test]
+fn norm_is_bit_identical_across_repeats() {
+    // Resumed runs must reproduce clip scales exactly, so the parallel sum may not depend on
+    // how rayon happens to split the work.
+    let values: Vec<f32> = (0..2_000_003).map(|i| ((i % 977) as f32 - 488.0) * 1e-3).collect();
+    let grads = vec![Tensor::from_vec(values, 2_000_003, &Device::Cpu).unwrap()];
+    let first = global_grad_norm(&grads).unwrap();
+    for _ in 0..20 {
+        assert_eq!(global_grad_norm(&grads).unwrap().to_bits(), first.to_bits());
+    }
+}
