@@ -33,8 +33,8 @@ impl ParamKind {
 }
 
 /// Decides a parameter's kind from its HF name and shape:
-/// `*embed_tokens*` -> Embedding, `lm_head*` -> OutputHead, rank < 2 (norm weights, biases) ->
-/// NormOrBias, other rank >= 2 -> Matrix (a rank > 2 tensor, absent from the Llama family, is
+/// `*embed_tokens*` -> Embedding, `lm_head*` -> OutputHead, rank < 2 (norm weights, biases) or a
+/// name ending in `.bias` -> NormOrBias, other rank >= 2 -> Matrix (a rank > 2 tensor, absent from the Llama family, is
 /// treated by Muon as the matrix `[dim0, product of the rest]`, as Keller Jordan's Muon does
 /// for convolution filters).
 pub fn classify(name: &str, shape: &[usize]) -> ParamKind {
