@@ -224,3 +224,82 @@ fn steps_update_a_shared_var_in_place() {
     o.step(&[g], 1.0).unwrap();
     assert!(first_value(&w) < 1.0);
 }
+
+fn tensor(values: &[f32], shape: (usize, usize)) -> Tensor {
+    Tensor::from_vec(values.to_vec(), shape, &Device::Cpu).unwrap()
+}
+
+fn to_vec(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+#[test]
+fn muon_without_nesterov_applies_orthogonalised_momentum() {
+    // Two steps by hand: B1 = (1 - mu) g1, B2 = B1 + (1 - mu)(g2 - B1); the update of step t is
+    // NS(B_t) scaled by lr * 0.2 * sqrt(max(rows, cols)), after decay by (1 - lr * wd).
+    let (mu, lr, wd) = (0.9, 0.05, 0.1);
+    let g1 = tensor(&[0.3, -0.1, 0.7, 0.2, 0.5, -0.4], (2, 3));
+    let g2 = tensor(&[-0.2, 0.6, 0.1, 0.9, -0.3, 0.4], (2, 3));
+    let p0 = tensor(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], (2, 3));
+    let w = Var::from_tensor(&p0).unwrap();
+    let config = MuonConfig {
+        lr,
+        momentum: mu,
+        nesterov: false,
+        weight_decay: wd,
+        ..MuonConfig::default()
+    };
+    let mut o = Optimizer::new(
+        OptimizerConfig::Muon(config),
+        vec![("model.layers.0.self_attn.o_proj.weight".into(), w.clone())],
+    )
+    .unwrap();
+    o.step(&[g1.clone()], 1.0).unwrap();
+    o.step(&[g2.clone()], 1.0).unwrap();
+
+    let b1: Vec<f32> = to_vec(&g1).iter().map(|g| (1.0 - mu as f32) * g).collect();
+    let b2: Vec<f32> = b1
+        .iter()
+        .zip(to_vec(&g2))
+        .map(|(b, g)| b + (1.0 - mu as f32) * (g - b))
+        .collect();
+    let ns1 = to_vec(&stoke_optim::newton_schulz5(&tensor(&b1, (2, 3)), 5).unwrap());
+    let ns2 = to_vec(&stoke_optim::newton_schulz5(&tensor(&b2, (2, 3)), 5).unwrap());
+    let scale = (lr * 0.2 * 3f64.sqrt()) as f32;
+    let decay = (1.0 - lr * wd) as f32;
+    let expected: Vec<f32> = to_vec(&p0)
+        .iter()
+        .zip(ns1.iter().zip(&ns2))
+        .map(|(p, (u1, u2))| (p * decay - scale * u1) * decay - scale * u2)
+        .collect();
+    for (got, want) in to_vec(w.as_tensor()).iter().zip(&expected) {
+        assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+    }
+}
+
+#[test]
+fn muon_treats_higher_rank_matrix_as_dim0_by_rest() {
+    let w = var(&[4, 2, 3], 0.0);
+    let mut o = Optimizer::new(
+        OptimizerConfig::Muon(MuonConfig {
+            weight_decay: 0.0,
+            ..MuonConfig::default()
+        }),
+        vec![("model.layers.0.conv.weight".into(), w.clone())],
+    )
+    .unwrap();
+    assert_eq!(o.param_kinds(), &[ParamKind::Matrix]);
+    let g: Vec<f32> = (0..24).map(|i| (i as f32 * 0.37).sin()).collect();
+    o.step(
+        &[Tensor::from_vec(g, (4, 2, 3), &Device::Cpu).unwrap()],
+        1.0,
+    )
+    .unwrap();
+    // The update is NS of the [4, 6] gradient: rows nearly orthonormal, so nearly equal norms.
+    let update = w.reshape((4, 6)).unwrap();
+    let row_norms = to_vec(&update.sqr().unwrap().sum(1).unwrap().sqrt().unwrap());
+    let (lo, hi) = row_norms
+        .iter()
+        .fold((f32::MAX, 0f32), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+    assert!(lo > 0.0 && hi / lo < 2.0, "row norms {row_norms:?}");
+}
