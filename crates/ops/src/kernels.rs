@@ -108,7 +108,7 @@ fn row_logsumexp<T: Float>(row: &[T]) -> T {
     max + sum.ln()
 }
 
-fn target_logprobs_rows<T: Real>(x: &[T], width: usize, targets: &[u32]) -> Vec<T> {
+pub(crate) fn target_logprobs_rows<T: Real>(x: &[T], width: usize, targets: &[u32]) -> Vec<T> {
     x.par_chunks(width)
         .zip(targets.par_iter())
         .map(|(row, &t)| row[t as usize] - row_logsumexp(row))
@@ -141,8 +141,8 @@ fn target_logprobs_grad<T: Real>(
 
 /// The backward of `TargetLogprobs` on raw storage (logits, forward output, its gradient),
 /// so the [N, V] logits are read in place rather than copied out.
-struct TargetLogprobsBackward<'a> {
-    targets: &'a [u32],
+pub(crate) struct TargetLogprobsBackward<'a> {
+    pub(crate) targets: &'a [u32],
 }
 
 impl CustomOp3 for TargetLogprobsBackward<'_> {
