@@ -1,0 +1,401 @@
+//! Training-step benchmark: the Rust side of workloads (c) "pretrain" and (d) "sft_packed" of
+//! bench/torch_reference.py (same model, same batch bit for bit, same protocol), printing one
+//! JSON object. Not a test: timings depend on the machine and its load.
+//!
+//! For the model of bench/bench_config.json with random weights (seed 0) and
+//! `Optimizer` = AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.1; stoke's groups: no
+//! decay on the embedding and norms, as the reference's param groups), batch 8 x seq 256:
+//! - pretrain: forward (causal mask, positions 0..T) + next-token loss over all 8 x 255
+//!   predictions + backward + optimizer step;
+//! - sft_packed: rows packed with documents of 16..128 tokens (splitmix64, the last one cut to
+//!   fit), positions restarting at 0 per document, `document_causal_bias`, loss = masked sum of
+//!   `token_logprobs` / count over the second half of every document, backward, optimizer step.
+//!
+//! The loss head is `--loss fused` (default: `stoke_ops::linear_target_logprobs`, the LM head
+//! and the target log-probabilities as one graph node, on the hidden states of the first T - 1
+//! positions) or `--loss composed` (`Transformer::forward` logits, narrowed to T - 1 positions,
+//! then `stoke_ops::token_logprobs`), to measure the fused op against the composition.
+//!
+//! 2 warmup + 5 timed steps each; tokens/s = 8 x 256 x 5 / time (every token, masked or not).
+//! Also reports each step's pieces (forward, loss, backward, optimizer; median ms) to show where
+//! the time goes.
+//!
+//! Run (threads: RAYON_NUM_THREADS=2 matches the reference's `torch.set_num_threads(2)`):
+//!
+//! ```text
+//! CARGO_TARGET_DIR=target-bench cargo build --release -p stoke-optim --example bench_train
+//! RAYON_NUM_THREADS=2 target-bench/release/examples/bench_train [--only pretrain,sft_packed]
+//!     [--loss fused|composed] [CONFIG.json]
+//! ```
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use serde_json::{Value, json};
+use stoke_model::{ModelConfig, Transformer, causal_bias, document_causal_bias};
+use stoke_optim::{AdamWConfig, Optimizer, OptimizerConfig};
+
+const TRAIN_BATCH: usize = 8;
+const TRAIN_SEQ: usize = 256;
+const WARMUP_STEPS: usize = 2;
+const TIMED_STEPS: usize = 5;
+const SEED: u64 = 0;
+const LR: f64 = 1e-3;
+const WEIGHT_DECAY: f64 = 0.1;
+/// splitmix64 seed of the token ids and the document layout (as in torch_reference.py).
+const BATCH_SEED: u64 = 0x5EED_0005;
+const DOC_LEN_MIN: u64 = 16;
+/// Inclusive.
+const DOC_LEN_MAX: u64 = 128;
+const WORKLOADS: [&str; 2] = ["pretrain", "sft_packed"];
+
+type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn main() -> BenchResult<()> {
+    let mut only: Vec<String> = WORKLOADS.iter().map(|w| w.to_string()).collect();
+    let mut config_path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bench/bench_config.json");
+    let mut loss_head = LossHead::Fused;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        if arg == "--loss" {
+            loss_head = match args.next().as_deref() {
+                Some("fused") => LossHead::Fused,
+                Some("composed") => LossHead::Composed,
+                other => {
+                    return Err(format!("--loss: expected fused or composed, got {other:?}").into());
+                }
+            };
+        } else if arg == "--only" {
+            let list = args.next().ok_or("--only needs a comma-separated list")?;
+            only = list
+                .split(',')
+                .filter(|w| !w.is_empty())
+                .map(str::to_string)
+                .collect();
+            if let Some(bad) = only.iter().find(|w| !WORKLOADS.contains(&w.as_str())) {
+                return Err(
+                    format!("--only: unknown workload {bad}; choose from {WORKLOADS:?}").into(),
+                );
+            }
+        } else {
+            config_path = PathBuf::from(arg);
+        }
+    }
+    stoke_ops::numerics::init_compute_threads();
+    let config = ModelConfig::from_file(&config_path)?;
+    let mut result = json!({
+        "implementation": "stoke (candle CPU, f32)",
+        "config": config_path.display().to_string(),
+        "parameters": config.num_parameters(),
+        "threads": env_threads("RAYON_NUM_THREADS"),
+        "candle_num_threads": std::env::var("CANDLE_NUM_THREADS").ok(),
+        "loss_head": format!("{loss_head:?}").to_lowercase(),
+        "load_average_at_start": load_average(),
+    });
+    for workload in &only {
+        result[workload.as_str()] = bench_full_step(&config, workload, loss_head)?;
+    }
+    result["load_average_at_end"] = json!(load_average());
+    println!("{}", serde_json::to_string_pretty(&result)?);
+    Ok(())
+}
+
+/// How the step computes the per-token log-probabilities from the model.
+#[derive(Clone, Copy, Debug)]
+enum LossHead {
+    /// `forward_hidden`, narrow to T - 1 positions, `linear_target_logprobs` with the LM head.
+    Fused,
+    /// `forward` (logits), narrow to T - 1 positions, `token_logprobs`.
+    Composed,
+}
+
+/// splitmix64 (Steele, Lea, Flood 2014); identical to `SplitMix64` in torch_reference.py.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// The shared batch (see `training_batch` in torch_reference.py for the exact recipe).
+struct TrainingBatch {
+    ids: Vec<u32>,
+    positions: Vec<u32>,
+    doc_ids: Vec<Vec<u32>>,
+    /// Per position t: whether token t + 1 is a loss target (same document, not a prompt token).
+    loss_mask: Vec<f32>,
+    documents: usize,
+}
+
+fn training_batch(vocab: u64, batch: usize, seq: usize) -> TrainingBatch {
+    let mut rng = SplitMix64(BATCH_SEED);
+    let (mut positions, mut doc_ids, mut loss_mask) = (Vec::new(), Vec::new(), Vec::new());
+    let mut documents = 0;
+    for _ in 0..batch {
+        let (mut row_docs, mut row_pos, mut row_prompt) = (Vec::new(), Vec::new(), Vec::new());
+        let mut doc = 0u32;
+        while row_docs.len() < seq {
+            let drawn = DOC_LEN_MIN + rng.next() % (DOC_LEN_MAX - DOC_LEN_MIN + 1);
+            let length = (drawn as usize).min(seq - row_docs.len());
+            row_docs.extend(std::iter::repeat_n(doc, length));
+            row_pos.extend(0..length as u32);
+            row_prompt.extend(std::iter::repeat_n((length / 2) as u32, length));
+            doc += 1;
+        }
+        documents += doc as usize;
+        for t in 0..seq {
+            let target = t + 1 < seq
+                && row_docs[t + 1] == row_docs[t]
+                && row_pos[t + 1] >= row_prompt[t + 1];
+            loss_mask.push(if target { 1.0 } else { 0.0 });
+        }
+        positions.extend(row_pos);
+        doc_ids.push(row_docs);
+    }
+    let ids = (0..batch * seq)
+        .map(|_| (rng.next() % vocab) as u32)
+        .collect();
+    TrainingBatch {
+        ids,
+        positions,
+        doc_ids,
+        loss_mask,
+        documents,
+    }
+}
+
+/// The tensors one workload's step consumes, built once (as the reference builds its mask once).
+struct StepInputs {
+    ids: Tensor,
+    positions: Tensor,
+    bias: Tensor,
+    /// [B * (T - 1)] next-token targets and their 0/1 loss mask.
+    targets: Tensor,
+    mask: Tensor,
+    loss_tokens: usize,
+    documents: usize,
+    id_sum: u64,
+}
+
+fn step_inputs(batch: &TrainingBatch, workload: &str, device: &Device) -> BenchResult<StepInputs> {
+    let (b, t) = (TRAIN_BATCH, TRAIN_SEQ);
+    let ids = Tensor::from_vec(batch.ids.clone(), (b, t), device)?;
+    let targets = ids.narrow(1, 1, t - 1)?.flatten_all()?;
+    let id_sum = batch.ids.iter().map(|&i| u64::from(i)).sum();
+    if workload == "pretrain" {
+        let positions = Tensor::arange(0u32, t as u32, device)?
+            .unsqueeze(0)?
+            .repeat((b, 1))?;
+        let bias = causal_bias(&vec![vec![true; t]; b], t, device)?;
+        let mask = Tensor::ones(b * (t - 1), DType::F32, device)?;
+        return Ok(StepInputs {
+            ids,
+            positions,
+            bias,
+            targets,
+            mask,
+            loss_tokens: b * (t - 1),
+            documents: b,
+            id_sum,
+        });
+    }
+    let positions = Tensor::from_vec(batch.positions.clone(), (b, t), device)?;
+    let bias = document_causal_bias(&batch.doc_ids, device)?;
+    // Position t's mask entry covers target t + 1; drop each row's last position (no target).
+    let mask = Tensor::from_vec(batch.loss_mask.clone(), (b, t), device)?
+        .narrow(1, 0, t - 1)?
+        .flatten_all()?;
+    let loss_tokens = batch.loss_mask.iter().filter(|&&m| m > 0.0).count();
+    Ok(StepInputs {
+        ids,
+        positions,
+        bias,
+        targets,
+        mask,
+        loss_tokens,
+        documents: batch.documents,
+        id_sum,
+    })
+}
+
+/// Seconds spent in each piece of one step.
+#[derive(Clone, Copy, Default)]
+struct Pieces {
+    forward: f64,
+    loss: f64,
+    backward: f64,
+    optimizer: f64,
+}
+
+/// Forward, loss = -(sum of masked target log-probs) / count, backward, optimizer step.
+/// With `LossHead::Fused` the "forward" piece ends at the final hidden states and the LM head
+/// is timed inside "loss".
+fn full_step(
+    model: &Transformer,
+    optimizer: &mut Optimizer,
+    inputs: &StepInputs,
+    loss_head: LossHead,
+    lm_head: &Tensor,
+) -> BenchResult<(f32, Pieces)> {
+    let mut pieces = Pieces::default();
+    let start = Instant::now();
+    let (ids, positions, bias) = (&inputs.ids, &inputs.positions, &inputs.bias);
+    let (logprobs, forward_done) = match loss_head {
+        LossHead::Composed => {
+            let logits = model.forward(ids, positions, bias, None)?;
+            let (b, t, vocab) = logits.dims3()?;
+            let predictions = logits.narrow(1, 0, t - 1)?.reshape((b * (t - 1), vocab))?;
+            let forward_done = Instant::now();
+            (
+                stoke_ops::token_logprobs(&predictions, &inputs.targets)?,
+                forward_done,
+            )
+        }
+        LossHead::Fused => {
+            let hidden = model.forward_hidden(ids, positions, bias, None)?;
+            let (b, t, width) = hidden.dims3()?;
+            let hidden = hidden.narrow(1, 0, t - 1)?.reshape((b * (t - 1), width))?;
+            let forward_done = Instant::now();
+            let logprobs = stoke_ops::linear_target_logprobs(&hidden, lm_head, &inputs.targets)?;
+            (logprobs, forward_done)
+        }
+    };
+    pieces.forward = (forward_done - start).as_secs_f64();
+    let loss = ((logprobs * &inputs.mask)?.sum_all()?.neg()? / inputs.loss_tokens as f64)?;
+    let loss_value = loss.to_scalar::<f32>()?;
+    let loss_done = Instant::now();
+    pieces.loss = (loss_done - forward_done).as_secs_f64();
+    let grads = loss.backward()?;
+    let backward_done = Instant::now();
+    pieces.backward = (backward_done - loss_done).as_secs_f64();
+    let grads: Vec<Tensor> = optimizer
+        .params()
+        .iter()
+        .map(|(name, var)| {
+            grads
+                .get(var.as_tensor())
+                .cloned()
+                .ok_or_else(|| format!("no gradient for {name}"))
+        })
+        .collect::<Result<_, _>>()?;
+    optimizer.step(&grads, 1.0)?;
+    pieces.optimizer = backward_done.elapsed().as_secs_f64();
+    Ok((loss_value, pieces))
+}
+
+fn bench_full_step(
+    config: &ModelConfig,
+    workload: &str,
+    loss_head: LossHead,
+) -> BenchResult<Value> {
+    let device = Device::Cpu;
+    let model = Transformer::init(config.clone(), &device, SEED)?;
+    // The LM head's weight [V, H] (the embedding when tied), by its HF name.
+    let head_name = if config.tie_word_embeddings {
+        "model.embed_tokens.weight"
+    } else {
+        "lm_head.weight"
+    };
+    let lm_head = model
+        .parameters()
+        .into_iter()
+        .find(|(name, _)| name == head_name)
+        .map(|(_, var)| var.as_tensor().clone())
+        .ok_or_else(|| format!("the model has no parameter {head_name}"))?;
+    let adamw = AdamWConfig {
+        lr: LR,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: WEIGHT_DECAY,
+    };
+    let mut optimizer = Optimizer::new(OptimizerConfig::AdamW(adamw), model.parameters())?;
+    let batch = training_batch(config.vocab_size as u64, TRAIN_BATCH, TRAIN_SEQ);
+    let inputs = step_inputs(&batch, workload, &device)?;
+    let mut losses = Vec::new();
+    for _ in 0..WARMUP_STEPS {
+        losses.push(full_step(&model, &mut optimizer, &inputs, loss_head, &lm_head)?.0);
+    }
+    let load_start = load_average();
+    let cpu_start = process_cpu_seconds();
+    let (mut times, mut all_pieces) = (Vec::new(), Vec::new());
+    for _ in 0..TIMED_STEPS {
+        let start = Instant::now();
+        let (loss, pieces) = full_step(&model, &mut optimizer, &inputs, loss_head, &lm_head)?;
+        times.push(start.elapsed().as_secs_f64());
+        losses.push(loss);
+        all_pieces.push(pieces);
+    }
+    let cpu = process_cpu_seconds() - cpu_start;
+    let total: f64 = times.iter().sum();
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let piece_ms = |f: fn(&Pieces) -> f64| median(all_pieces.iter().map(f).collect()) * 1e3;
+    let tokens_per_step = (TRAIN_BATCH * TRAIN_SEQ) as f64;
+    Ok(json!({
+        "workload": workload,
+        "loss_head": format!("{loss_head:?}").to_lowercase(),
+        "batch": TRAIN_BATCH,
+        "seq": TRAIN_SEQ,
+        "warmup_steps": WARMUP_STEPS,
+        "timed_steps": TIMED_STEPS,
+        "documents": inputs.documents,
+        "loss_tokens_per_step": inputs.loss_tokens,
+        "id_sum": inputs.id_sum,
+        "step_seconds": times,
+        "tokens_per_second": tokens_per_step * TIMED_STEPS as f64 / total,
+        "tokens_per_second_median_step": tokens_per_step / median(times.clone()),
+        "median_piece_ms": {
+            "forward": piece_ms(|p| p.forward),
+            "loss": piece_ms(|p| p.loss),
+            "backward": piece_ms(|p| p.backward),
+            "optimizer": piece_ms(|p| p.optimizer),
+        },
+        "cpu_per_wall": cpu / total,
+        "load_average_at_start": load_start,
+        "load_average_at_end": load_average(),
+        "losses": losses,
+    }))
+}
+
+fn load_average() -> Vec<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|text| {
+            text.split_whitespace()
+                .take(3)
+                .filter_map(|v| v.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn env_threads(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// User + system CPU time of this process, from /proc/self/stat (fields 14 and 15, in clock
+/// ticks; 100 per second on Linux). NaN where /proc is unavailable.
+fn process_cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return f64::NAN;
+    };
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    // After the ")" field 3 (state) is index 0, so utime (14) is index 11 and stime (15) index 12.
+    (ticks(11) + ticks(12)) / 100.0
+}
