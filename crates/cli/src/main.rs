@@ -39,6 +39,8 @@ enum Command {
     Tokenizer(cmd::tokenizer::TokenizerCommand),
     /// Train a model (pretraining or SFT) from a TOML run config.
     Train(cmd::train::TrainArgs),
+    /// The main job: data -> tokenizer -> pretraining -> SFT -> evaluation -> report card, on CPU.
+    Speedrun(cmd::speedrun::SpeedrunArgs),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +54,7 @@ fn main() -> ExitCode {
         Command::Data(command) => cmd::data::run(command),
         Command::Tokenizer(command) => cmd::tokenizer::run(command),
         Command::Train(args) => cmd::train::run_command(args),
+        Command::Speedrun(args) => cmd::speedrun::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

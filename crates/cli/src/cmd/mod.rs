@@ -4,6 +4,7 @@
 pub mod data;
 pub mod model;
 pub mod sandbox;
+pub mod speedrun;
 pub mod tokenizer;
 pub mod train;
 pub mod verify;

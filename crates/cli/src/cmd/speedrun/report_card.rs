@@ -1,0 +1,350 @@
+//! The speedrun's report card: one self-contained `<out>/report.html` with a section per stage:
+//! the data (an example document), the tokenizer (vocabulary, compression, a document split into
+//! tokens), the shards, pretraining and SFT (loss and learning-rate charts from their metrics),
+//! and the evaluation (accuracy of each model as bars, sample completions side by side).
+//!
+//! Charts are stoke-train's report charts (`ChartSpec`, plotters SVG); the accuracy bars are a
+//! few SVG rectangles written here (a line chart of two points says less). Every text from the
+//! run is HTML-escaped. What it is not: a metrics reader (it takes the summary records).
+
+use std::fmt::Write as _;
+
+use anyhow::Context;
+use stoke_train::report::{ChartSpec, Series, YScale, escape};
+
+use super::recipe::Recipe;
+use super::summary::{ModelEvaluation, SpeedrunSummary};
+use super::training::TrainingStageSummary;
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;max-width:900px;margin:2em auto;padding:0 1em;color:#222}\
+table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;padding:3px 10px;text-align:left;vertical-align:top}\
+pre{background:#f6f6f6;padding:0.6em;white-space:pre-wrap}figure{margin:1em 0}svg{max-width:100%;height:auto}\
+.tok{border:1px solid #9ab;border-radius:3px;padding:0 1px;margin:1px;display:inline-block;white-space:pre;font-family:monospace}\
+.ok{color:#262}.bad{color:#a33}";
+
+/// Writes `summary.report`.
+pub fn write(summary: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<()> {
+    let html = render(summary, recipe)?;
+    std::fs::write(&summary.report, html)
+        .with_context(|| format!("writing {}", summary.report.display()))
+}
+
+fn render(s: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<String> {
+    let mut h = String::with_capacity(128 * 1024);
+    let title = format!(
+        "stoke speedrun report card ({} recipe, seed {})",
+        s.recipe, s.seed
+    );
+    let _ = write!(
+        h,
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{t}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n<h1>{t}</h1>\n",
+        t = escape(&title)
+    );
+
+    h.push_str("<h2>Summary</h2>\n");
+    let mut rows = vec![
+        (
+            "total time".to_string(),
+            format!("{:.1} s", s.total_seconds),
+        ),
+        (
+            "pretraining loss".into(),
+            format!(
+                "{:.3} -> {:.3}",
+                s.pretrain.initial_loss, s.pretrain.final_loss
+            ),
+        ),
+        (
+            "SFT loss".into(),
+            format!("{:.3} -> {:.3}", s.sft.initial_loss, s.sft.final_loss),
+        ),
+    ];
+    for e in &s.evaluations {
+        rows.push((
+            format!("held-out accuracy, {} model", e.label),
+            format!("{:.1}% ({} problems)", 100.0 * e.accuracy, e.samples),
+        ));
+    }
+    rows.push(("final model".into(), s.final_model.display().to_string()));
+    table(&mut h, &rows);
+    let timing_rows: Vec<(String, String)> = s
+        .stages
+        .iter()
+        .map(|t| (t.stage.to_string(), format!("{:.1} s", t.seconds)))
+        .collect();
+    h.push_str("<h3>Stage times</h3>\n");
+    table(&mut h, &timing_rows);
+
+    h.push_str("<h2>1. Data</h2>\n<p>Arithmetic word problems generated from the seed: stories with names and objects, a worked solution with one equation per step, an exact integer answer. Held-out questions are chosen by a hash of their text and never appear in training data.</p>\n");
+    table(
+        &mut h,
+        &[
+            ("levels".into(), s.data.levels.join(", ")),
+            (
+                "pretraining corpus".into(),
+                format!(
+                    "{} documents, {} problems, {:.2} MB",
+                    s.data.corpus_documents,
+                    s.data.corpus_problems,
+                    s.data.corpus_bytes as f64 / 1e6
+                ),
+            ),
+            (
+                "SFT conversations".into(),
+                s.data.sft_conversations.to_string(),
+            ),
+            (
+                "held-out problems".into(),
+                s.data.held_out_problems.to_string(),
+            ),
+        ],
+    );
+    let _ = writeln!(
+        h,
+        "<p>An example pretraining document:</p>\n<pre>{}</pre>",
+        escape(&s.data.example_document)
+    );
+
+    h.push_str("<h2>2. Tokenizer</h2>\n<p>Byte-level BPE (GPT-4 pre-split pattern) trained on the generated text, with ChatML special tokens and a chat template whose assistant turns are marked for the SFT loss mask.</p>\n");
+    let t = &s.tokenizer;
+    table(
+        &mut h,
+        &[
+            (
+                "vocabulary".into(),
+                format!("{} ids ({} merges)", t.vocab_size, t.merges),
+            ),
+            ("special tokens".into(), t.special_tokens.join(" ")),
+            (
+                "training text".into(),
+                format!(
+                    "{} texts, {:.2} MB",
+                    t.training_texts,
+                    t.training_bytes as f64 / 1e6
+                ),
+            ),
+            (
+                "bytes per token".into(),
+                format!("{:.2}", t.bytes_per_token),
+            ),
+            ("time".into(), format!("{:.1} s", t.seconds)),
+        ],
+    );
+    h.push_str("<p>The example document as tokens:</p>\n<p>");
+    for token in &t.example_tokens {
+        let _ = write!(h, "<span class=\"tok\">{}</span>", escape(token));
+    }
+    h.push_str("</p>\n");
+
+    h.push_str("<h2>3. Token shards</h2>\n");
+    table(
+        &mut h,
+        &[
+            (
+                "training".into(),
+                format!(
+                    "{} tokens, {} documents, {} shard(s)",
+                    s.shards.train.tokens, s.shards.train.documents, s.shards.train.shards
+                ),
+            ),
+            (
+                "evaluation".into(),
+                format!(
+                    "{} tokens, {} documents",
+                    s.shards.eval.tokens, s.shards.eval.documents
+                ),
+            ),
+            (
+                "mean document".into(),
+                format!("{:.1} tokens", s.shards.mean_document_tokens),
+            ),
+        ],
+    );
+
+    let m = recipe.model;
+    let model_line = format!(
+        "Llama-style: hidden {}, {} layers, {} heads ({} KV), MLP {}, sequence length {}",
+        m.hidden, m.layers, m.heads, m.kv_heads, m.intermediate, recipe.seq_len
+    );
+    training_section(&mut h, "4. Pretraining", &model_line, &s.pretrain)?;
+    training_section(
+        &mut h,
+        "5. Supervised fine-tuning",
+        "The pretrained model on chat conversations; loss on the assistant's tokens only.",
+        &s.sft,
+    )?;
+
+    h.push_str("<h2>6. Held-out accuracy</h2>\n<p>Greedy completions of the same held-out questions, rendered with the chat template. <b>Accuracy</b> counts a completion right when its final <code>#### N</code> line holds the answer (the reward crate's exact-match verifier, gsm8k mode); <b>flexible</b> also accepts the last number of a completion without that line.</p>\n");
+    accuracy_bars(&mut h, &s.evaluations);
+    let eval_rows: Vec<(String, String)> = s
+        .evaluations
+        .iter()
+        .map(|e| {
+            (
+                e.label.clone(),
+                format!(
+                    "accuracy {:.1}%, flexible {:.1}%, answer line present {:.1}%, {} problems, {:.1} s",
+                    100.0 * e.accuracy,
+                    100.0 * e.flexible_accuracy,
+                    100.0 * e.format_rate,
+                    e.samples,
+                    e.seconds
+                ),
+            )
+        })
+        .collect();
+    table(&mut h, &eval_rows);
+    samples_table(&mut h, &s.evaluations, recipe.report_samples);
+
+    h.push_str("<h2>7. The final model</h2>\n");
+    let _ = writeln!(
+        h,
+        "<p>Hugging Face layout with tokenizer files in <code>{}</code>. Chat with it:</p>\n<pre>stoke generate --model {} --chat --temperature 0 --max-tokens 64 --format text --prompt \"...\"</pre>",
+        escape(&s.final_model.display().to_string()),
+        escape(&s.final_model.display().to_string())
+    );
+    h.push_str("</body>\n</html>\n");
+    Ok(h)
+}
+
+fn training_section(
+    h: &mut String,
+    title: &str,
+    intro: &str,
+    stage: &TrainingStageSummary,
+) -> anyhow::Result<()> {
+    let _ = writeln!(h, "<h2>{}</h2>\n<p>{}</p>", escape(title), escape(intro));
+    let mut rows = vec![
+        ("parameters".to_string(), stage.parameters.to_string()),
+        ("steps".into(), stage.steps.to_string()),
+        ("tokens".into(), stage.tokens_seen.to_string()),
+        (
+            "throughput".into(),
+            format!("{:.0} tokens/s", stage.tokens_per_s),
+        ),
+        ("time".into(), format!("{:.1} s", stage.seconds)),
+        (
+            "train loss".into(),
+            format!(
+                "{:.3} (first step) -> {:.3} (mean of the last 10%)",
+                stage.initial_loss, stage.final_loss
+            ),
+        ),
+    ];
+    if let Some(&(step, loss)) = stage.eval_losses.last() {
+        rows.push(("held-out loss".into(), format!("{loss:.3} (step {step})")));
+    }
+    if let Some(report) = &stage.report {
+        rows.push(("trainer's report".into(), report.display().to_string()));
+    }
+    table(h, &rows);
+    let points = |v: &[(u64, f64)]| v.iter().map(|&(s, y)| (s as f64, y)).collect::<Vec<_>>();
+    let mut loss_series = vec![Series::new("train loss", points(&stage.train_losses))];
+    if !stage.eval_losses.is_empty() {
+        loss_series.push(Series::new("held-out loss", points(&stage.eval_losses)));
+    }
+    for chart in [
+        ChartSpec::new(
+            &format!("{title}: loss"),
+            "step",
+            "loss",
+            loss_series,
+            YScale::Linear,
+        ),
+        ChartSpec::new(
+            &format!("{title}: learning rate"),
+            "step",
+            "lr",
+            vec![Series::new("lr", points(&stage.learning_rates))],
+            YScale::Linear,
+        ),
+    ] {
+        h.push_str("<figure>\n");
+        h.push_str(&chart.render().context("drawing a chart")?);
+        h.push_str("\n</figure>\n");
+    }
+    Ok(())
+}
+
+/// Horizontal bars: strict and flexible accuracy per model.
+fn accuracy_bars(h: &mut String, evaluations: &[ModelEvaluation]) {
+    let (width, label_width, bar_height) = (760.0, 170.0, 22.0);
+    let rows = evaluations.len() * 2;
+    let height = 20.0 + rows as f64 * (bar_height + 6.0);
+    let _ = writeln!(
+        h,
+        "<figure><svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\" font-family=\"sans-serif\" font-size=\"13\">"
+    );
+    let scale = width - label_width - 70.0;
+    let mut y = 10.0;
+    for e in evaluations {
+        for (kind, value, color) in [
+            ("accuracy", e.accuracy, "#1f77b4"),
+            ("flexible", e.flexible_accuracy, "#9ecae1"),
+        ] {
+            let bar = (value.clamp(0.0, 1.0) * scale).max(1.0);
+            let _ = writeln!(
+                h,
+                "<text x=\"0\" y=\"{ty}\">{} ({kind})</text><rect x=\"{label_width}\" y=\"{y}\" width=\"{bar:.1}\" height=\"{bar_height}\" fill=\"{color}\"/><text x=\"{tx:.1}\" y=\"{ty}\">{:.1}%</text>",
+                escape(&e.label),
+                100.0 * value,
+                ty = y + 16.0,
+                tx = label_width + bar + 6.0,
+            );
+            y += bar_height + 6.0;
+        }
+    }
+    h.push_str("</svg></figure>\n");
+}
+
+/// The first `count` held-out questions with every model's completion.
+fn samples_table(h: &mut String, evaluations: &[ModelEvaluation], count: usize) {
+    let Some(first) = evaluations.first() else {
+        return;
+    };
+    h.push_str("<h3>Sample completions</h3>\n<table>\n<tr><th>question</th>");
+    for e in evaluations {
+        let _ = write!(h, "<th>{}</th>", escape(&e.label));
+    }
+    h.push_str("</tr>\n");
+    for (i, sample) in first.examples.iter().take(count).enumerate() {
+        let _ = write!(
+            h,
+            "<tr><td>{}<br><i>answer: {}</i></td>",
+            escape(&sample.question),
+            sample.answer
+        );
+        for e in evaluations {
+            match e.examples.get(i) {
+                Some(r) => {
+                    let (class, mark) = if r.correct {
+                        ("ok", "right")
+                    } else {
+                        ("bad", "wrong")
+                    };
+                    let _ = write!(
+                        h,
+                        "<td><pre>{}</pre><span class=\"{class}\">{mark}</span></td>",
+                        escape(&r.completion)
+                    );
+                }
+                None => h.push_str("<td></td>"),
+            }
+        }
+        h.push_str("</tr>\n");
+    }
+    h.push_str("</table>\n");
+}
+
+fn table(h: &mut String, rows: &[(String, String)]) {
+    h.push_str("<table>\n");
+    for (key, value) in rows {
+        let _ = writeln!(
+            h,
+            "<tr><th>{}</th><td>{}</td></tr>",
+            escape(key),
+            escape(value)
+        );
+    }
+    h.push_str("</table>\n");
+}

@@ -1,0 +1,144 @@
+//! `stoke speedrun --quick`, end to end as the built binary with a fixed seed: every stage runs,
+//! pretraining lowers the loss well below its start, SFT beats the pretrained model's held-out
+//! accuracy by a clear margin, the report card has its charts, and the final model folder loads
+//! in `stoke generate --chat`.
+//!
+//! One run serves all assertions (it takes about a minute); the figures come from the run's
+//! `speedrun.json`. Thresholds are set with margin below the measured figures (see the README's
+//! speedrun section for them).
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Pretraining: the mean loss of the last 10% of steps is below this share of the first step's.
+const MAX_FINAL_TO_INITIAL_LOSS: f64 = 0.6;
+/// SFT's held-out accuracy beats the pretrained model's by at least this much (absolute).
+const MIN_ACCURACY_GAIN: f64 = 0.15;
+
+fn stoke(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_stoke"))
+        .args(args)
+        .output()
+        .expect("the stoke binary runs")
+}
+
+fn number(summary: &Value, pointer: &str) -> f64 {
+    summary
+        .pointer(pointer)
+        .and_then(Value::as_f64)
+        .unwrap_or_else(|| panic!("speedrun.json has no number at {pointer}"))
+}
+
+#[test]
+fn quick_speedrun_pretrains_fine_tunes_evaluates_and_leaves_a_chat_model() {
+    let out = tempfile::tempdir().unwrap();
+    let out_dir = out.path().to_str().unwrap();
+    let run = stoke(&["speedrun", "--quick", "--out", out_dir, "--seed", "0"]);
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success(),
+        "speedrun failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    for stage in 1..=7 {
+        assert!(
+            stdout.contains(&format!("== stage {stage}:")),
+            "no header of stage {stage}:\n{stdout}"
+        );
+    }
+
+    let summary: Value = serde_json::from_str(
+        &std::fs::read_to_string(out.path().join("speedrun.json")).expect("speedrun.json"),
+    )
+    .expect("speedrun.json parses");
+    assert_eq!(summary["recipe"], "quick");
+
+    // Pretraining learned: the loss fell well below its start.
+    let initial = number(&summary, "/pretrain/initial_loss");
+    let fin = number(&summary, "/pretrain/final_loss");
+    assert!(
+        fin < MAX_FINAL_TO_INITIAL_LOSS * initial,
+        "pretraining loss {initial} -> {fin}"
+    );
+    // SFT's loss fell too.
+    assert!(number(&summary, "/sft/final_loss") < number(&summary, "/sft/initial_loss"));
+
+    // SFT beats the pretrained model on the same held-out problems.
+    let evaluations = summary["evaluations"].as_array().expect("evaluations");
+    assert_eq!(evaluations.len(), 2);
+    assert_eq!(evaluations[0]["label"], "pretrained");
+    assert_eq!(evaluations[1]["label"], "sft");
+    let pretrained = number(&summary, "/evaluations/0/accuracy");
+    let sft = number(&summary, "/evaluations/1/accuracy");
+    assert!(
+        sft >= pretrained + MIN_ACCURACY_GAIN,
+        "held-out accuracy: pretrained {pretrained}, SFT {sft}"
+    );
+    assert_eq!(
+        number(&summary, "/evaluations/0/samples"),
+        number(&summary, "/evaluations/1/samples")
+    );
+
+    // The report card holds a chart per training stage and the accuracy section.
+    let report = std::fs::read_to_string(out.path().join("report.html")).expect("report.html");
+    assert!(report.matches("<svg").count() >= 5, "charts in the report");
+    for heading in [
+        "1. Data",
+        "2. Tokenizer",
+        "4. Pretraining",
+        "5. Supervised fine-tuning",
+        "6. Held-out accuracy",
+    ] {
+        assert!(report.contains(heading), "report section {heading}");
+    }
+
+    // The final model folder is a Hugging Face model with its tokenizer, and chats.
+    let model = out.path().join("model");
+    for file in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        assert!(model.join(file).is_file(), "model/{file}");
+    }
+    let question = first_held_out_question(&out.path().join("data/held_out.jsonl"));
+    let generated = stoke(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--chat",
+        "--prompt",
+        &question,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "48",
+    ]);
+    assert!(
+        generated.status.success(),
+        "generate failed: {}",
+        String::from_utf8_lossy(&generated.stderr)
+    );
+    let line: Value = serde_json::from_str(
+        String::from_utf8_lossy(&generated.stdout)
+            .lines()
+            .next()
+            .expect("one completion"),
+    )
+    .expect("completion JSON");
+    let text = line["text"].as_str().expect("completion text");
+    assert!(!text.trim().is_empty(), "empty completion");
+    assert_eq!(
+        line["finish_reason"]["kind"], "eos",
+        "the SFT model ends its turn: {text:?}"
+    );
+}
+
+fn first_held_out_question(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).expect("held_out.jsonl");
+    let first: Value = serde_json::from_str(text.lines().next().expect("a problem")).unwrap();
+    first["question"].as_str().expect("question").to_string()
+}
