@@ -3,6 +3,8 @@
 //! an objective turns a batch into a loss and metrics.
 
 pub mod metrics;
+pub mod monitor;
+pub mod report;
 pub mod source;
 pub mod checkpoint;
 pub mod config;

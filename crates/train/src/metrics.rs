@@ -1,0 +1,434 @@
+//! Training metrics as typed records, and the append-only JSONL log they are written to.
+//!
+//! What it is: the records a run emits (`StepMetrics` per optimizer step, `EvalMetrics` per
+//! evaluation, alerts), `MetricsLog` (one JSON object per line in `<run>/metrics.jsonl`), the MFU
+//! estimate with the matmul peak it is measured against, and `ThroughputTracker` (a running median
+//! of tokens/s that the monitor's throughput alert compares against).
+//! What it is not: it neither prints (monitor.rs) nor draws (report.rs), and it does not decide
+//! what a spike is (monitor.rs, and the trainer's spike handling in spike.rs).
+//!
+//! Invariants:
+//! - The log is append-only while a run is alive; every `append` reaches the OS before it returns,
+//!   so a process killed with SIGKILL loses no complete record. `flush` also fsyncs; the trainer
+//!   calls it before it saves a checkpoint.
+//! - On resume, `MetricsLog::open(path, Some(step))` rewrites the file atomically (temp file,
+//!   fsync, rename) keeping exactly the records whose `step <= step`, so the log of a resumed run
+//!   holds the same records as an uninterrupted run (up to wall-clock figures such as tokens/s).
+//!   A torn last line (the write a kill interrupted) is dropped; any other unreadable line is an
+//!   error naming its line number.
+//! - Non-finite floats survive the round trip: JSON has no NaN/Infinity, so they are written as the
+//!   strings `"NaN"`, `"Infinity"`, `"-Infinity"` (and `null` reads back as NaN). A step with a
+//!   NaN loss is exactly the record a person wants to find in the log.
+
+use std::collections::VecDeque;
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// Errors of the metrics log, the peak-FLOP/s measurement and the run report.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("metrics file {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("metrics file {path}, line {line}: {message}")]
+    BadLine {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    #[error("cannot encode metric record: {0}")]
+    Encode(serde_json::Error),
+    #[error("chart {title:?}: {message}")]
+    Chart { title: String, message: String },
+    #[error("peak FLOP/s measurement failed: {0}")]
+    Measure(#[from] candle_core::Error),
+}
+
+impl MetricsError {
+    fn io(path: &Path, source: std::io::Error) -> MetricsError {
+        MetricsError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// Figures of one optimizer step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepMetrics {
+    /// Optimizer steps completed, counting this one (the first step is 1).
+    pub step: u64,
+    #[serde(with = "json_float")]
+    pub loss: f64,
+    /// Learning rate applied in this step (peak lr times the schedule's factor).
+    #[serde(with = "json_float")]
+    pub lr: f64,
+    /// Global gradient norm before clipping.
+    #[serde(with = "json_float")]
+    pub grad_norm: f64,
+    #[serde(with = "json_float")]
+    pub tokens_per_s: f64,
+    pub tokens_seen: u64,
+    /// Model FLOP utilisation, see [`mfu`].
+    #[serde(with = "json_float")]
+    pub mfu: f64,
+    /// Wall-clock seconds since the run (or its resumed part) started.
+    #[serde(with = "json_float")]
+    pub elapsed_s: f64,
+    /// The update was not applied (loss spike or non-finite gradient).
+    pub skipped: bool,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "json_float_opt"
+    )]
+    pub z_loss: Option<f64>,
+}
+
+/// Figures of one evaluation on the held-out set.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EvalMetrics {
+    pub step: u64,
+    #[serde(with = "json_float")]
+    pub loss: f64,
+    #[serde(with = "json_float")]
+    pub bits_per_byte: f64,
+    /// Tokens the evaluation scored.
+    pub tokens: u64,
+}
+
+/// One line of `metrics.jsonl`, tagged by `"kind"`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum MetricRecord {
+    Step(StepMetrics),
+    Eval(EvalMetrics),
+    Alert { step: u64, message: String },
+}
+
+impl MetricRecord {
+    /// The optimizer step the record belongs to.
+    pub fn step(&self) -> u64 {
+        match self {
+            MetricRecord::Step(m) => m.step,
+            MetricRecord::Eval(m) => m.step,
+            MetricRecord::Alert { step, .. } => *step,
+        }
+    }
+}
+
+/// Append-only JSONL writer for a run's metrics.
+pub struct MetricsLog {
+    path: PathBuf,
+    file: File,
+    /// Reused encoding buffer, so one record is one `write_all` (never half a line from us).
+    line: Vec<u8>,
+}
+
+impl MetricsLog {
+    /// Opens the log of a run.
+    ///
+    /// `truncate_after_step = None` starts a fresh log (an existing file is replaced: a fresh run's
+    /// log holds only that run's records). `Some(step)` is a resume from the checkpoint of `step`:
+    /// the file is rewritten atomically keeping only the records with `step <= step` (a missing
+    /// file is created empty), then opened for appending.
+    pub fn open(path: &Path, truncate_after_step: Option<u64>) -> Result<MetricsLog, MetricsError> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            fs::create_dir_all(parent).map_err(|e| MetricsError::io(parent, e))?;
+        }
+        let kept = match truncate_after_step {
+            None => Vec::new(),
+            Some(last_step) if path.exists() => read_records(path, true)?
+                .into_iter()
+                .filter(|record| record.step() <= last_step)
+                .collect(),
+            Some(_) => Vec::new(),
+        };
+        write_atomically(path, &kept)?;
+        let file = OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map_err(|e| MetricsError::io(path, e))?;
+        Ok(MetricsLog {
+            path: path.to_path_buf(),
+            file,
+            line: Vec::with_capacity(256),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends one record as one line; it reaches the OS before this returns.
+    pub fn append(&mut self, record: &MetricRecord) -> Result<(), MetricsError> {
+        self.line.clear();
+        serde_json::to_writer(&mut self.line, record).map_err(MetricsError::Encode)?;
+        self.line.push(b'\n');
+        self.file
+            .write_all(&self.line)
+            .map_err(|e| MetricsError::io(&self.path, e))
+    }
+
+    /// Makes every appended record durable (fsync). Call before saving a checkpoint.
+    pub fn flush(&mut self) -> Result<(), MetricsError> {
+        self.file
+            .flush()
+            .map_err(|e| MetricsError::io(&self.path, e))?;
+        self.file
+            .sync_data()
+            .map_err(|e| MetricsError::io(&self.path, e))
+    }
+
+    /// Reads every record of a log; an unreadable line is an error naming its line number.
+    pub fn read_all(path: &Path) -> Result<Vec<MetricRecord>, MetricsError> {
+        read_records(path, false)
+    }
+}
+
+/// Parses a JSONL log. With `drop_torn_tail`, a last line without its newline that does not parse
+/// is taken for the write a kill interrupted and dropped.
+fn read_records(path: &Path, drop_torn_tail: bool) -> Result<Vec<MetricRecord>, MetricsError> {
+    let file = File::open(path).map_err(|e| MetricsError::io(path, e))?;
+    let mut reader = BufReader::new(file);
+    let mut records = Vec::new();
+    let mut buffer = String::new();
+    let mut line_number = 0usize;
+    loop {
+        buffer.clear();
+        let read = reader.read_line(&mut buffer).map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidData => MetricsError::BadLine {
+                path: path.to_path_buf(),
+                line: line_number + 1,
+                message: "not valid UTF-8".into(),
+            },
+            _ => MetricsError::io(path, e),
+        })?;
+        if read == 0 {
+            break;
+        }
+        line_number += 1;
+        let complete = buffer.ends_with('\n');
+        let text = buffer.trim();
+        if text.is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<MetricRecord>(text) {
+            Ok(record) => records.push(record),
+            Err(_) if drop_torn_tail && !complete => break,
+            Err(e) => {
+                return Err(MetricsError::BadLine {
+                    path: path.to_path_buf(),
+                    line: line_number,
+                    message: e.to_string(),
+                });
+            }
+        }
+    }
+    Ok(records)
+}
+
+/// Replaces `path` with `records`: temp file in the same folder, fsync, rename, fsync the folder.
+fn write_atomically(path: &Path, records: &[MetricRecord]) -> Result<(), MetricsError> {
+    let mut temp_name = path.file_name().unwrap_or_default().to_os_string();
+    temp_name.push(".tmp");
+    let temp = path.with_file_name(temp_name);
+    let mut text = Vec::new();
+    for record in records {
+        serde_json::to_writer(&mut text, record).map_err(MetricsError::Encode)?;
+        text.push(b'\n');
+    }
+    let mut file = File::create(&temp).map_err(|e| MetricsError::io(&temp, e))?;
+    file.write_all(&text)
+        .map_err(|e| MetricsError::io(&temp, e))?;
+    file.sync_all().map_err(|e| MetricsError::io(&temp, e))?;
+    drop(file);
+    fs::rename(&temp, path).map_err(|e| MetricsError::io(path, e))?;
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        // Durability of the rename; some filesystems refuse to open a folder, which only weakens
+        // the guarantee after a power cut, so it is not an error.
+        if let Ok(dir) = File::open(parent) {
+            let _ = dir.sync_all();
+        }
+    }
+    Ok(())
+}
+
+/// Model FLOP utilisation: `6 * num_params * tokens_per_s / peak_flops` (forward + backward of a
+/// dense transformer, attention FLOPs left out, as in the PaLM and nanoGPT estimates).
+/// Returns 0 when `peak_flops` is not a positive finite number.
+pub fn mfu(num_params: u64, tokens_per_s: f64, peak_flops: f64) -> f64 {
+    if !(peak_flops.is_finite() && peak_flops > 0.0) {
+        return 0.0;
+    }
+    6.0 * num_params as f64 * tokens_per_s / peak_flops
+}
+
+/// Measures this machine's f32 matmul rate in FLOP/s on candle's CPU backend.
+///
+/// CPUs have no single published peak the way accelerators do, so stoke's MFU on CPU is relative to
+/// this measured rate: square 1024x1024 f32 matmuls on the threads candle computes on, repeated for
+/// about 0.2 s after one warm-up, and the fastest repetition taken (the machine is often shared, and
+/// the fastest one is closest to what the hardware can do). An MFU near 1 means the training step
+/// runs as fast as a large plain matmul, not that the chip's vector units are saturated.
+pub fn measure_peak_flops() -> Result<f64, MetricsError> {
+    measure_peak_flops_for(1024, Duration::from_millis(200))
+}
+
+/// [`measure_peak_flops`] with the matrix side and time budget given.
+pub fn measure_peak_flops_for(size: usize, budget: Duration) -> Result<f64, MetricsError> {
+    use candle_core::{Device, Tensor};
+    let size = size.max(1);
+    let device = Device::Cpu;
+    // Values in [0, 1): no subnormals or overflow to distort the timing.
+    let a = Tensor::rand(0f32, 1f32, (size, size), &device)?;
+    let b = Tensor::rand(0f32, 1f32, (size, size), &device)?;
+    let flops_per_matmul = 2.0 * (size as f64).powi(3);
+    // Warm-up: first-touch page faults and thread-pool start-up.
+    a.matmul(&b)?;
+    let start = Instant::now();
+    let mut best = 0.0f64;
+    let mut repetitions = 0;
+    while repetitions < 3 || start.elapsed() < budget {
+        let t = Instant::now();
+        let c = a.matmul(&b)?;
+        // Read one value so the product is certainly computed before the clock stops.
+        c.narrow(0, 0, 1)?
+            .narrow(1, 0, 1)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let seconds = t.elapsed().as_secs_f64().max(1e-9);
+        best = best.max(flops_per_matmul / seconds);
+        repetitions += 1;
+    }
+    Ok(best)
+}
+
+/// Running median of the last `window` throughput samples.
+///
+/// The median, not the mean: one slow step (a checkpoint write, an evaluation) must not drag the
+/// reference down, and one fast outlier must not make every following step look slow.
+#[derive(Clone, Debug)]
+pub struct ThroughputTracker {
+    window: usize,
+    samples: VecDeque<f64>,
+}
+
+impl ThroughputTracker {
+    pub fn new(window: usize) -> ThroughputTracker {
+        let window = window.max(1);
+        ThroughputTracker {
+            window,
+            samples: VecDeque::with_capacity(window),
+        }
+    }
+
+    /// Adds a sample; non-finite and negative values are ignored (they carry no throughput).
+    pub fn push(&mut self, tokens_per_s: f64) {
+        if !(tokens_per_s.is_finite() && tokens_per_s >= 0.0) {
+            return;
+        }
+        if self.samples.len() == self.window {
+            self.samples.pop_front();
+        }
+        self.samples.push_back(tokens_per_s);
+    }
+
+    /// Samples currently in the window.
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    /// Median of the window (mean of the middle two for an even count), None when empty.
+    pub fn median(&self) -> Option<f64> {
+        if self.samples.is_empty() {
+            return None;
+        }
+        let mut sorted: Vec<f64> = self.samples.iter().copied().collect();
+        sorted.sort_by(f64::total_cmp);
+        let mid = sorted.len() / 2;
+        Some(if sorted.len() % 2 == 1 {
+            sorted[mid]
+        } else {
+            0.5 * (sorted[mid - 1] + sorted[mid])
+        })
+    }
+
+    /// `tokens_per_s / median`, None while the window holds fewer than `min_samples` samples or
+    /// the median is zero.
+    pub fn ratio_to_median(&self, tokens_per_s: f64, min_samples: usize) -> Option<f64> {
+        if self.samples.len() < min_samples.max(1) {
+            return None;
+        }
+        let median = self.median()?;
+        (median > 0.0).then(|| tokens_per_s / median)
+    }
+}
+
+/// serde for f64 fields that may be NaN or infinite (see the module doc).
+mod json_float {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Number(f64),
+        Text(String),
+        Null(()),
+    }
+
+    pub fn serialize<S: Serializer>(value: &f64, serializer: S) -> Result<S::Ok, S::Error> {
+        if value.is_nan() {
+            serializer.serialize_str("NaN")
+        } else if *value == f64::INFINITY {
+            serializer.serialize_str("Infinity")
+        } else if *value == f64::NEG_INFINITY {
+            serializer.serialize_str("-Infinity")
+        } else {
+            serializer.serialize_f64(*value)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+        match Repr::deserialize(deserializer)? {
+            Repr::Number(v) => Ok(v),
+            Repr::Null(()) => Ok(f64::NAN),
+            Repr::Text(text) => match text.as_str() {
+                "NaN" => Ok(f64::NAN),
+                "Infinity" => Ok(f64::INFINITY),
+                "-Infinity" => Ok(f64::NEG_INFINITY),
+                other => Err(serde::de::Error::custom(format!(
+                    "expected a number, \"NaN\", \"Infinity\" or \"-Infinity\", found {other:?}"
+                ))),
+            },
+        }
+    }
+}
+
+/// `json_float` for `Option<f64>` (absent field = None).
+mod json_float_opt {
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Option<f64>, serializer: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(v) => super::json_float::serialize(v, serializer),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<f64>, D::Error> {
+        super::json_float::deserialize(deserializer).map(Some)
+    }
+}
