@@ -1,0 +1,204 @@
+//! The run config: unknown keys named, `--set` overrides, derived defaults, the resolved file
+//! round trip, and which differences a resume refuses.
+
+use std::path::Path;
+
+use stoke_optim::{LrSchedule, OptimizerConfig};
+use stoke_train::config::{
+    ConfigError, ConfigFile, TrainConfig, apply_overrides, default_lr, math_fields_differ,
+};
+
+const BASE: &str = r#"
+output_dir = "run"
+[model]
+preset = "nano"
+vocab_size = 300
+[data]
+kind = "shards"
+train = ["shards"]
+seq_len = 64
+micro_batch_size = 4
+[training]
+steps = 100
+"#;
+
+fn resolve(text: &str, sets: &[&str]) -> Result<TrainConfig, ConfigError> {
+    let mut table: toml::Table = toml::from_str(text).unwrap();
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    apply_overrides(&mut table, &sets)?;
+    let file = ConfigFile::from_table(table, "test.toml")?;
+    TrainConfig::from_file(file, Path::new("/base"))
+}
+
+#[test]
+fn an_unknown_key_is_named_with_its_path() {
+    let text = BASE.replace("steps = 100", "steps = 100\nclip_nrom = 1.0");
+    let error = resolve(&text, &[]).unwrap_err().to_string();
+    assert!(error.contains("training"), "{error}");
+    assert!(error.contains("clip_nrom"), "{error}");
+}
+
+#[test]
+fn overrides_parse_toml_values_and_create_tables() {
+    let config = resolve(
+        BASE,
+        &[
+            "training.steps=7",
+            "optimizer.lr=1e-3",
+            "training.spike.action=both",
+            "data.packing={ kind = \"concat_chunk\" }",
+        ],
+    )
+    .unwrap();
+    assert_eq!(config.training.steps, 7);
+    assert_eq!(config.peak_lr(), 1e-3);
+    assert_eq!(
+        config.training.spike.action,
+        stoke_train::spike::SpikeAction::Both
+    );
+    assert_eq!(
+        config.data.packing,
+        stoke_data::packing::PackingPolicy::ConcatChunk
+    );
+}
+
+#[test]
+fn an_override_of_an_unknown_key_or_through_a_value_fails_naming_it() {
+    let error = resolve(BASE, &["training.stepz=3"])
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("stepz"), "{error}");
+    let error = resolve(BASE, &["training.steps.x=3"])
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("training.steps"), "{error}");
+    let error = resolve(BASE, &["no_equals_sign"]).unwrap_err().to_string();
+    assert!(error.contains("key=value"), "{error}");
+}
+
+#[test]
+fn defaults_are_derived_from_the_model_and_the_run_length() {
+    assert!((default_lr(768) - 6e-4).abs() < 1e-12);
+    assert!((default_lr(2048) - 2.25e-4).abs() < 1e-12);
+    assert_eq!(default_lr(64), 3e-3, "small widths are capped");
+    let config = resolve(BASE, &[]).unwrap();
+    let OptimizerConfig::AdamW(adamw) = &config.optimizer else {
+        panic!("adamw by default")
+    };
+    assert_eq!(adamw.lr, default_lr(64));
+    assert_eq!(
+        (adamw.beta1, adamw.beta2, adamw.weight_decay),
+        (0.9, 0.95, 0.1)
+    );
+    assert_eq!(config.training.clip_norm, Some(1.0));
+    match config.schedule {
+        LrSchedule::Wsd {
+            warmup_steps,
+            decay_start,
+            decay_steps,
+            ..
+        } => {
+            assert_eq!((warmup_steps, decay_start, decay_steps), (5, 80, 20));
+        }
+        other => panic!("WSD by default, got {other:?}"),
+    }
+    assert_eq!(
+        config.data.source,
+        stoke_train::config::DataSource::Shards {
+            train: vec!["/base/shards".into()],
+            eval: vec![],
+        }
+    );
+}
+
+#[test]
+fn tokens_per_step_sets_the_accumulation_and_must_divide() {
+    let config = resolve(BASE, &["data.tokens_per_step=1024"]).unwrap();
+    assert_eq!(config.data.grad_accum_steps, 4);
+    let error = resolve(BASE, &["data.tokens_per_step=1000"])
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("data.tokens_per_step"), "{error}");
+}
+
+#[test]
+fn the_resolved_config_round_trips_through_toml() {
+    for sets in [
+        vec![],
+        vec![
+            "optimizer.kind=muon",
+            "schedule.kind=cosine",
+            "training.logit_softcap=30.0",
+        ],
+        vec![
+            "schedule.kind=constant",
+            "schedule.batch_warmup={ start_tokens_per_step = 256, ramp_tokens = 10000 }",
+        ],
+    ] {
+        let config = resolve(BASE, &sets).unwrap();
+        let text = config.to_toml().unwrap();
+        let back = TrainConfig::from_toml(&text, "saved.toml").unwrap();
+        assert_eq!(back, config, "{text}");
+    }
+}
+
+#[test]
+fn resume_refuses_math_changes_and_allows_the_rest() {
+    let saved = resolve(BASE, &["schedule.warmup_steps=5"]).unwrap();
+    let longer = resolve(
+        BASE,
+        &[
+            "schedule.warmup_steps=5",
+            "training.steps=200",
+            "training.eval_every=5",
+        ],
+    )
+    .unwrap();
+    // A longer run moves the WSD decay, but not before step 50.
+    assert!(math_fields_differ(&saved, &longer, 50).is_empty());
+    let diffs = math_fields_differ(&saved, &longer, 90);
+    assert_eq!(diffs.len(), 1, "{diffs:?}");
+    assert_eq!(diffs[0].0, "schedule");
+    let other_lr = resolve(BASE, &["schedule.warmup_steps=5", "optimizer.lr=0.01"]).unwrap();
+    let diffs = math_fields_differ(&saved, &other_lr, 10);
+    assert_eq!(
+        diffs.iter().map(|d| d.0.as_str()).collect::<Vec<_>>(),
+        vec!["optimizer.lr"]
+    );
+    let other_batch = resolve(
+        BASE,
+        &["schedule.warmup_steps=5", "data.micro_batch_size=8"],
+    )
+    .unwrap();
+    assert_eq!(
+        math_fields_differ(&saved, &other_batch, 10)[0].0,
+        "data.micro_batch_size"
+    );
+}
+
+#[test]
+fn invalid_combinations_are_refused_with_the_key() {
+    let error = resolve(BASE, &["model.config=\"c.json\""])
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("exactly one"), "{error}");
+    let error = resolve(BASE, &["optimizer.momentum=0.9"])
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("optimizer.momentum"), "{error}");
+    let error = resolve(BASE, &["training.z_loss=-1.0"])
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("training.z_loss"), "{error}");
+}
+
+#[test]
+fn the_example_configs_parse() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs");
+    let pretrain = TrainConfig::load(&root.join("pretrain-tiny.toml"), &[]).unwrap();
+    assert_eq!(pretrain.training.steps, 500);
+    // The SFT example names a pretrained folder made by the pretraining example, so only the
+    // file layer is checked here.
+    let text = std::fs::read_to_string(root.join("sft-tiny.toml")).unwrap();
+    ConfigFile::from_table(toml::from_str(&text).unwrap(), "sft-tiny.toml").unwrap();
+}
