@@ -254,8 +254,8 @@ fn muon_without_nesterov_applies_orthogonalised_momentum() {
         vec![("model.layers.0.self_attn.o_proj.weight".into(), w.clone())],
     )
     .unwrap();
-    o.step(&[g1.clone()], 1.0).unwrap();
-    o.step(&[g2.clone()], 1.0).unwrap();
+    o.step(std::slice::from_ref(&g1), 1.0).unwrap();
+    o.step(std::slice::from_ref(&g2), 1.0).unwrap();
 
     let b1: Vec<f32> = to_vec(&g1).iter().map(|g| (1.0 - mu as f32) * g).collect();
     let b2: Vec<f32> = b1
