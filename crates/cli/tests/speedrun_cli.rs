@@ -13,9 +13,9 @@ use std::process::Command;
 use serde_json::Value;
 
 /// Pretraining: the mean loss of the last 10% of steps is below this share of the first step's.
-const MAX_FINAL_TO_INITIAL_LOSS: f64 = 0.6;
+const MAX_FINAL_TO_INITIAL_LOSS: f64 = 0.3;
 /// SFT's held-out accuracy beats the pretrained model's by at least this much (absolute).
-const MIN_ACCURACY_GAIN: f64 = 0.15;
+const MIN_ACCURACY_GAIN: f64 = 0.25;
 
 fn stoke(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_stoke"))

@@ -26,7 +26,7 @@ use stoke_rollout::{Detokenizer, Engine, GenerationRequest, SamplingParams};
 use stoke_tokenizer::chat::{ChatMessage, ChatOptions};
 use stoke_tokenizer::hf::Tokenizer;
 
-use crate::arithmetic::{Problem, parse_final_answer};
+use crate::arithmetic::{Level, Problem, parse_final_answer};
 
 /// How an evaluation runs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -50,6 +50,7 @@ impl Default for AccuracyConfig {
 /// One evaluated problem.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SampleRecord {
+    pub level: Level,
     pub question: String,
     pub completion: String,
     pub answer: i64,
@@ -75,7 +76,17 @@ pub struct AccuracyReport {
     pub format_rate: f64,
     pub generated_tokens: usize,
     pub seconds: f64,
+    /// Strict accuracy per level, for the levels present, in `Level::ALL` order.
+    pub by_level: Vec<LevelAccuracy>,
     pub records: Vec<SampleRecord>,
+}
+
+/// Strict accuracy on the problems of one level.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LevelAccuracy {
+    pub level: Level,
+    pub samples: usize,
+    pub accuracy: f64,
 }
 
 /// Errors of an evaluation.
@@ -163,7 +174,21 @@ pub fn evaluate(
     }
     let n = records.len() as f64;
     let share = |f: fn(&SampleRecord) -> bool| records.iter().filter(|r| f(r)).count() as f64 / n;
+    let by_level = Level::ALL
+        .iter()
+        .filter_map(|&level| {
+            let of_level: Vec<&SampleRecord> =
+                records.iter().filter(|r| r.level == level).collect();
+            (!of_level.is_empty()).then(|| LevelAccuracy {
+                level,
+                samples: of_level.len(),
+                accuracy: of_level.iter().filter(|r| r.correct).count() as f64
+                    / of_level.len() as f64,
+            })
+        })
+        .collect();
     Ok(AccuracyReport {
+        by_level,
         samples: records.len(),
         accuracy: share(|r| r.correct),
         flexible_accuracy: share(|r| r.flexible_correct),
@@ -207,6 +232,7 @@ pub fn score(
     let flexible_correct = outcome.outcome == Outcome::Correct;
     let formatted = parse_final_answer(&completion).is_some();
     SampleRecord {
+        level: problem.level,
         question: problem.question.clone(),
         answer: problem.answer,
         extracted: outcome.details.extracted,

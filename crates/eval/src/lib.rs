@@ -12,6 +12,8 @@ pub mod accuracy;
 pub mod arithmetic;
 pub mod corpus;
 
-pub use accuracy::{AccuracyConfig, AccuracyError, AccuracyReport, SampleRecord, evaluate};
+pub use accuracy::{
+    AccuracyConfig, AccuracyError, AccuracyReport, LevelAccuracy, SampleRecord, evaluate,
+};
 pub use arithmetic::{ArithmeticTask, Level, Problem, Split, TaskError};
 pub use corpus::{ChatRecord, CorpusError, DocumentStyle, WrittenFile};

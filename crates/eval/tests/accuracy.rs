@@ -120,6 +120,10 @@ fn a_random_model_is_evaluated_deterministically_and_scores_about_nothing() {
         assert!(record.completion_tokens >= 1 && record.completion_tokens <= 12);
     }
     assert!(first.accuracy <= 0.1, "{}", first.accuracy);
+    assert_eq!(first.by_level.len(), 1);
+    assert_eq!(first.by_level[0].level, Level::SingleDigit);
+    assert_eq!(first.by_level[0].samples, 24);
+    assert_eq!(first.by_level[0].accuracy, first.accuracy);
     assert!(first.generated_tokens > 0);
     let second = evaluate(&model, &tokenizer, &held_out, &config).unwrap();
     let completions = |r: &stoke_eval::AccuracyReport| {

@@ -194,6 +194,20 @@ fn render(s: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<String> {
         })
         .collect();
     table(&mut h, &eval_rows);
+    h.push_str("<h3>Accuracy by level</h3>\n");
+    let level_rows: Vec<(String, String)> = s
+        .evaluations
+        .iter()
+        .flat_map(|e| {
+            e.by_level.iter().map(move |l| {
+                (
+                    format!("{}, {}", e.label, l.level.name()),
+                    format!("{:.1}% of {}", 100.0 * l.accuracy, l.samples),
+                )
+            })
+        })
+        .collect();
+    table(&mut h, &level_rows);
     samples_table(&mut h, &s.evaluations, recipe.report_samples);
 
     h.push_str("<h2>7. The final model</h2>\n");

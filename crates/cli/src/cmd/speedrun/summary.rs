@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use serde::Serialize;
-use stoke_eval::accuracy::{AccuracyReport, SampleRecord};
+use stoke_eval::accuracy::{AccuracyReport, LevelAccuracy, SampleRecord};
 
 use super::data::DataStats;
 use super::shards::ShardStats;
@@ -40,6 +40,7 @@ pub struct ModelEvaluation {
     pub accuracy: f64,
     pub flexible_accuracy: f64,
     pub format_rate: f64,
+    pub by_level: Vec<LevelAccuracy>,
     pub generated_tokens: usize,
     pub seconds: f64,
     pub samples_file: PathBuf,
@@ -76,6 +77,7 @@ impl ModelEvaluation {
             accuracy: report.accuracy,
             flexible_accuracy: report.flexible_accuracy,
             format_rate: report.format_rate,
+            by_level: report.by_level,
             generated_tokens: report.generated_tokens,
             seconds: report.seconds,
             samples_file,
