@@ -32,7 +32,7 @@ fn gradients(params: &[(String, candle_core::Var)], step: u64) -> Vec<Tensor> {
             let count: usize = shape.iter().product();
             let mut state = (step + 1)
                 .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                .wrapping_add(index as u64 * 0xBF58_476D_1CE4_E5B9);
+                .wrapping_add((index as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9));
             let values: Vec<f32> = (0..count)
                 .map(|_| {
                     state = state
@@ -426,7 +426,8 @@ fn a_writer_killed_mid_save_never_leaves_a_step_dir_that_fails_verification() {
     // Each round waits until the child has completed a save, then kills it a few milliseconds
     // later, so the kills land in different phases of the next save (writing, hashing,
     // renaming, rotating).
-    for round in 0..6u64 {
+    let mut rounds_interrupting_a_save = 0u32;
+    for round in 0..12u64 {
         let newest_before = store.list().unwrap().last().map(|(s, _)| *s);
         let mut child = std::process::Command::new(&exe)
             .args(["--exact", "killed_writer_child", "--test-threads", "1"])
@@ -443,15 +444,25 @@ fn a_writer_killed_mid_save_never_leaves_a_step_dir_that_fails_verification() {
             );
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        std::thread::sleep(std::time::Duration::from_millis(round * 3));
+        std::thread::sleep(std::time::Duration::from_millis(round % 6 * 3));
         child.kill().unwrap();
         child.wait().unwrap();
+        let interrupted = std::fs::read_dir(tmp.path()).unwrap().any(|e| {
+            e.unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".tmp-")
+        });
+        rounds_interrupting_a_save += u32::from(interrupted);
         for (_, path) in store.list().unwrap() {
             if let Err(error) = verify(&path) {
                 panic!("after kill {round}: {error}");
             }
         }
     }
+    // About half the kills land inside a save; twelve misses in a row would mean the test
+    // exercised nothing.
+    assert!(rounds_interrupting_a_save > 0, "no kill interrupted a save");
     let latest = store.find_latest().unwrap();
     assert!(latest.skipped.is_empty());
     let path = latest.path.unwrap();
