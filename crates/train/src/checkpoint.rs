@@ -118,7 +118,7 @@ impl CheckpointStore {
     }
 
     /// Writes `<dir>/step-<step:08>/` atomically (see the module docs), then rotates, keeping
-    /// the newest `keep_last` plus every step in `keep_steps`. An existing checkpoint of the
+    /// the newest `keep_last` plus every step in `keep_steps` (see `rotate`). An existing checkpoint of the
     /// same step (a run resumed from an earlier one) is replaced. Returns the checkpoint path.
     pub fn save(
         &self,
@@ -239,15 +239,20 @@ impl CheckpointStore {
         Ok(())
     }
 
-    /// Keeps the newest `keep_last` checkpoints, every step in `keep_steps` and `just_saved`.
+    /// Keeps the newest `keep_last` checkpoints up to `just_saved` (which is one of them), every
+    /// step in `keep_steps`, and every checkpoint newer than `just_saved`. Newer ones exist only
+    /// when a run resumed from an older checkpoint because the newer ones failed verification;
+    /// counting them would delete the good older checkpoints in favour of corrupt ones. They are
+    /// replaced when the run reaches their step again.
     fn rotate(&self, just_saved: u64, keep_steps: &[u64]) -> Result<(), CheckpointError> {
         if self.keep_last == 0 {
             return Ok(());
         }
         let checkpoints = self.list()?;
-        let newest_kept = checkpoints.len().saturating_sub(self.keep_last);
+        let up_to_saved = checkpoints.iter().filter(|(s, _)| *s <= just_saved).count();
+        let first_kept = up_to_saved.saturating_sub(self.keep_last);
         for (index, (step, path)) in checkpoints.iter().enumerate() {
-            let keep = index >= newest_kept || *step == just_saved || keep_steps.contains(step);
+            let keep = index >= first_kept || keep_steps.contains(step);
             if !keep {
                 // Renamed first so an interrupted removal leaves a temporary, not a broken step.
                 let doomed = self.dir.join(format!(

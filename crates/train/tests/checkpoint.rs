@@ -359,6 +359,24 @@ fn rotation_keeps_the_newest_and_the_pinned_steps() {
 }
 
 #[test]
+fn rotation_does_not_count_checkpoints_newer_than_the_one_saved() {
+    // A run resumed from step 20 because step 30 was corrupt: saving step 25 must not delete
+    // step 20, the newest good checkpoint before it, in favour of the corrupt step 30.
+    let tmp = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::new(tmp.path(), 2);
+    for step in [10, 20, 30] {
+        save_step(&store, step, &[]);
+    }
+    std::fs::remove_file(store.step_path(30).join(OPTIMIZER_FILE)).unwrap();
+    assert_eq!(store.latest().unwrap(), Some(store.step_path(20)));
+    save_step(&store, 25, &[]);
+    assert_eq!(saved_steps(&store), vec![20, 25, 30]);
+    save_step(&store, 30, &[]);
+    assert_eq!(saved_steps(&store), vec![25, 30]);
+    assert!(verify(&store.step_path(30)).is_ok());
+}
+
+#[test]
 fn resaving_a_step_replaces_it() {
     let tmp = tempfile::tempdir().unwrap();
     let store = CheckpointStore::new(tmp.path(), 0);
