@@ -303,6 +303,9 @@ pub struct Monitor {
     /// First step of this process (resumed runs start past 0), for the ETA of plain lines.
     first_step: Option<u64>,
     last_step: Option<StepMetrics>,
+    /// Alert records raised through the `StepObserver` path, until the trainer takes them.
+    pending_records: Vec<MetricRecord>,
+    finished: bool,
     throughput_sum: f64,
     throughput_count: u64,
 }
@@ -353,6 +356,8 @@ impl Monitor {
             start: Instant::now(),
             first_step: None,
             last_step: None,
+            pending_records: Vec::new(),
+            finished: false,
             throughput_sum: 0.0,
             throughput_count: 0,
         }
@@ -458,8 +463,11 @@ impl Monitor {
         &self.alerts
     }
 
-    /// Ends the display with a one-line summary.
+    /// Ends the display with a one-line summary (once; later calls do nothing).
     pub fn finish(&mut self) {
+        if std::mem::replace(&mut self.finished, true) {
+            return;
+        }
         let steps = self.last_step.as_ref().map_or(0, |m| m.step);
         let mean_rate = if self.throughput_count > 0 {
             self.throughput_sum / self.throughput_count as f64
@@ -483,6 +491,32 @@ impl Monitor {
                 let _ = sink.flush();
             }
         }
+    }
+}
+
+/// The trainer drives the monitor through its observer hook; alerts go to the metrics log
+/// through `take_alerts`.
+impl crate::trainer::StepObserver for Monitor {
+    fn on_step(&mut self, _report: &crate::trainer::StepReport, metrics: &StepMetrics) {
+        let alerts = Monitor::on_step(self, metrics);
+        self.pending_records
+            .extend(alerts.iter().map(Alert::to_record));
+    }
+
+    fn on_eval(&mut self, metrics: &EvalMetrics) {
+        Monitor::on_eval(self, metrics);
+    }
+
+    fn on_checkpoint(&mut self, step: u64, path: &std::path::Path) {
+        self.println(&format!("checkpoint step {step}: {}", path.display()));
+    }
+
+    fn finish(&mut self) {
+        Monitor::finish(self);
+    }
+
+    fn take_alerts(&mut self) -> Vec<MetricRecord> {
+        std::mem::take(&mut self.pending_records)
     }
 }
 

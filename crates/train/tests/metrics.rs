@@ -356,6 +356,7 @@ fn plain_mode_prints_every_n_steps_and_the_alerts() {
         tokens: 5000,
     });
     monitor.finish();
+    monitor.finish();
     let text = out.text();
     let progress: Vec<&str> = text.lines().filter(|l| l.starts_with("step ")).collect();
     let steps: Vec<&str> = progress
