@@ -30,10 +30,12 @@ use crate::checkpoint::{CheckpointStore, load_checkpoint};
 use crate::config::{DataSource, ModelSource, TrainConfig, math_fields_differ};
 use crate::error::TrainError;
 use crate::eval::{EvalResult, Evaluator, bytes_per_token};
-use crate::metrics::{MetricsLog, measure_peak_flops};
+use crate::metrics::{EvalMetrics, MetricRecord, MetricsLog, StepMetrics, measure_peak_flops};
+use crate::monitor::Monitor;
 use crate::objective::NextTokenObjective;
+use crate::report::{ReportSection, SectionBody, write_report};
 use crate::source::{BatchSource, ChatSource, ChatSourceConfig, ShardSource};
-use crate::trainer::{StopReason, Trainer};
+use crate::trainer::{StepObserver, StepReport, StopReason, Trainer};
 
 /// How to run (not what to train: that is the config).
 #[derive(Clone, Debug)]
@@ -161,9 +163,20 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
     if options.measure_mfu {
         trainer = trainer.with_peak_flops(measure_peak_flops()?);
     }
-    if !options.quiet {
-        trainer = trainer.with_observer(Box::new(ConsoleLines::new(config.training.steps)));
+    // Quiet runs keep the monitor (its alerts go to the log either way) but print nothing.
+    let total_steps = config.training.steps;
+    let mut monitor = if options.quiet {
+        Monitor::plain(total_steps, total_steps, Box::new(std::io::sink()))
+    } else {
+        Monitor::new(total_steps, false)
+    };
+    if resumed.is_some() {
+        monitor.replay(&MetricsLog::read_all(&metrics_path)?);
     }
+    trainer = trainer.with_observer(Box::new(MonitorObserver {
+        monitor,
+        pending: Vec::new(),
+    }));
     if let Some((state, _)) = resumed {
         trainer.restore(state)?;
     }
@@ -173,6 +186,13 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
     trainer
         .model()
         .save_with_tokenizer(&model_dir, config.model.tokenizer.as_deref())?;
+    let report = if options.write_report {
+        let records = MetricsLog::read_all(&metrics_path)?;
+        let summary = summary_section(&config, trainer.model(), &outcome, resume_path.as_deref());
+        Some(write_report(&run_dir, &config.title, &records, &[summary])?)
+    } else {
+        None
+    };
     Ok(RunSummary {
         run_dir,
         model_dir,
@@ -183,7 +203,7 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
         final_loss: outcome.last_loss,
         final_eval: outcome.last_eval,
         last_checkpoint: outcome.last_checkpoint,
-        report: None,
+        report,
         skipped_steps: outcome.skipped_steps,
         spikes: outcome.spikes,
         tokens_per_s: outcome.tokens_per_s,
@@ -363,48 +383,101 @@ pub fn build_evaluator(
     )))
 }
 
-/// Plain progress lines on stderr (used until a richer monitor is attached).
-struct ConsoleLines {
-    total_steps: u64,
-    every: u64,
+/// The monitor (progress bar or lines, alert rules) as the trainer's observer. Its alerts go to
+/// the metrics log; they never change training.
+struct MonitorObserver {
+    monitor: Monitor,
+    pending: Vec<MetricRecord>,
 }
 
-impl ConsoleLines {
-    fn new(total_steps: u64) -> ConsoleLines {
-        ConsoleLines {
-            total_steps,
-            every: (total_steps / 20).max(1),
-        }
+impl StepObserver for MonitorObserver {
+    fn on_step(&mut self, _report: &StepReport, metrics: &StepMetrics) {
+        let alerts = self.monitor.on_step(metrics);
+        self.pending.extend(alerts.iter().map(|a| a.to_record()));
+    }
+
+    fn on_eval(&mut self, metrics: &EvalMetrics) {
+        self.monitor.on_eval(metrics);
+    }
+
+    fn on_checkpoint(&mut self, step: u64, path: &Path) {
+        self.monitor
+            .println(&format!("checkpoint of step {step}: {}", path.display()));
+    }
+
+    fn finish(&mut self) {
+        self.monitor.finish();
+    }
+
+    fn take_alerts(&mut self) -> Vec<MetricRecord> {
+        std::mem::take(&mut self.pending)
     }
 }
 
-impl crate::trainer::StepObserver for ConsoleLines {
-    fn on_step(
-        &mut self,
-        report: &crate::trainer::StepReport,
-        metrics: &crate::metrics::StepMetrics,
-    ) {
-        if report.step.is_multiple_of(self.every)
-            || report.step == self.total_steps
-            || metrics.skipped
-        {
-            eprintln!(
-                "step {}/{} loss {:.4} lr {:.2e} grad norm {:.3} {:.0} tok/s{}",
-                report.step,
-                self.total_steps,
-                report.loss,
-                report.lr,
-                report.grad_norm,
-                metrics.tokens_per_s,
-                if metrics.skipped { " (skipped)" } else { "" }
-            );
-        }
+/// The report's table of what was trained and how it ended.
+fn summary_section(
+    config: &TrainConfig,
+    model: &Transformer,
+    outcome: &crate::trainer::TrainOutcome,
+    resumed_from: Option<&Path>,
+) -> ReportSection {
+    let m = model.config();
+    let mut rows = vec![
+        (
+            "model".to_string(),
+            format!(
+                "{} parameters: hidden {}, {} layers, {} heads ({} KV), vocab {}",
+                m.num_parameters(),
+                m.hidden_size,
+                m.num_hidden_layers,
+                m.num_attention_heads,
+                m.num_key_value_heads,
+                m.vocab_size
+            ),
+        ),
+        (
+            "batch".to_string(),
+            format!(
+                "{} x {} tokens x {} micro-batches per step",
+                config.data.micro_batch_size, config.data.seq_len, config.data.grad_accum_steps
+            ),
+        ),
+        ("optimizer".to_string(), format!("{:?}", config.optimizer)),
+        ("schedule".to_string(), format!("{:?}", config.schedule)),
+        (
+            "steps".to_string(),
+            format!(
+                "{} of {} ({} skipped, {} loss spikes)",
+                outcome.steps, config.training.steps, outcome.skipped_steps, outcome.spikes
+            ),
+        ),
+        ("tokens seen".to_string(), outcome.tokens_seen.to_string()),
+        (
+            "throughput".to_string(),
+            format!("{:.0} tokens/s (this process)", outcome.tokens_per_s),
+        ),
+    ];
+    if let Some(loss) = outcome.last_loss {
+        rows.push(("final training loss".to_string(), format!("{loss:.4}")));
     }
-
-    fn on_eval(&mut self, metrics: &crate::metrics::EvalMetrics) {
-        eprintln!(
-            "eval at step {}: loss {:.4}, {:.4} bits/byte over {} tokens",
-            metrics.step, metrics.loss, metrics.bits_per_byte, metrics.tokens
-        );
+    if let Some(eval) = &outcome.last_eval {
+        let bpb = eval
+            .bits_per_byte
+            .map_or("n/a (no tokenizer)".to_string(), |b| format!("{b:.4}"));
+        rows.push((
+            "final eval".to_string(),
+            format!(
+                "loss {:.4}, {bpb} bits/byte, {} tokens",
+                eval.loss, eval.tokens
+            ),
+        ));
+    }
+    if let Some(path) = resumed_from {
+        rows.push(("resumed from".to_string(), path.display().to_string()));
+    }
+    ReportSection {
+        title: "Run".to_string(),
+        body: SectionBody::Table(rows),
+        charts: Vec::new(),
     }
 }

@@ -59,6 +59,10 @@ pub struct StepReport {
     pub step_tokens: u64,
     pub tokens_seen: u64,
     pub outcome: StepOutcome,
+    /// The loss was a spike (whatever the policy did about it).
+    pub spike: bool,
+    /// The clip threshold used instead of the configured one (tightened after a spike).
+    pub clip_override: Option<f64>,
     pub seconds: f64,
 }
 
@@ -111,6 +115,8 @@ pub trait StepObserver {
     fn on_step(&mut self, _report: &StepReport, _metrics: &StepMetrics) {}
     fn on_eval(&mut self, _metrics: &EvalMetrics) {}
     fn on_checkpoint(&mut self, _step: u64, _path: &Path) {}
+    /// The loop has ended (also after an error): close the display.
+    fn finish(&mut self) {}
     /// Alerts to record in the metrics log, drained after every step.
     fn take_alerts(&mut self) -> Vec<MetricRecord> {
         Vec::new()
@@ -259,6 +265,14 @@ impl Trainer {
     /// Runs until `training.steps` (or the data runs out), with evaluations and checkpoints,
     /// and a final evaluation and checkpoint.
     pub fn run(&mut self) -> Result<TrainOutcome, TrainError> {
+        let outcome = self.run_loop();
+        if let Some(observer) = &mut self.observer {
+            observer.finish();
+        }
+        outcome
+    }
+
+    fn run_loop(&mut self) -> Result<TrainOutcome, TrainError> {
         let total_steps = self.config.training.steps;
         let mut stop = StopReason::Completed;
         let mut last_loss = None;
@@ -346,6 +360,8 @@ impl Trainer {
             step_tokens,
             tokens_seen: self.tokens_seen,
             outcome: StepOutcome::SkippedEmpty,
+            spike: false,
+            clip_override: None,
             seconds: 0.0,
         };
         if loss_tokens == 0 {
@@ -423,6 +439,8 @@ impl Trainer {
         let configured_clip = self.config.training.clip_norm;
         let decision = self.spike.decide(objective_loss, configured_clip);
         let applied = !decision.skip;
+        report.spike = decision.is_spike;
+        report.clip_override = decision.clip_override;
         self.spike.record(objective_loss, report.grad_norm, applied);
         if applied {
             if let Some(max_norm) = decision.clip_override.or(configured_clip) {
@@ -460,23 +478,17 @@ impl Trainer {
             z_loss: report.z_loss,
         };
         let mut records = vec![MetricRecord::Step(metrics.clone())];
-        if report.outcome == StepOutcome::SkippedSpike {
-            let (mean, std) = self.spike.loss_stats();
+        // What the spike policy did; skipped and non-finite steps as such are the monitor's
+        // alerts.
+        if report.spike {
+            let action = match (report.outcome, report.clip_override) {
+                (StepOutcome::SkippedSpike, _) => "batch skipped".to_string(),
+                (_, Some(clip)) => format!("applied with the clip tightened to {clip:.4}"),
+                _ => "applied (policy: report only)".to_string(),
+            };
             records.push(MetricRecord::Alert {
                 step: report.step,
-                message: format!(
-                    "loss spike: {:.4} vs running mean {mean:.4} (std {std:.4}); batch skipped",
-                    report.loss
-                ),
-            });
-        }
-        if report.outcome == StepOutcome::SkippedNonFinite {
-            records.push(MetricRecord::Alert {
-                step: report.step,
-                message: format!(
-                    "non-finite loss or gradient norm (loss {}, grad norm {}); step skipped",
-                    report.loss, report.grad_norm
-                ),
+                message: format!("loss spike ({:.4}): {action}", report.loss),
             });
         }
         if let Some(observer) = &mut self.observer {

@@ -12,12 +12,12 @@ use stoke_train::trainer::{StepOutcome, Trainer};
 const STEPS: usize = 3;
 const SEQ: usize = 24;
 
+/// Named weights, and each step's (loss, grad norm).
+type Trained = (Vec<(String, Vec<f32>)>, Vec<(f64, f64)>);
+
 /// Runs STEPS steps on `steps_of_rows` (4 rows per step), split into micro-batches of `micro`
 /// rows; returns the weights and each step's (loss, grad norm).
-fn train(
-    micro: usize,
-    batches: &[stoke_data::packing::PackedBatch],
-) -> (Vec<(String, Vec<f32>)>, Vec<(f64, f64)>) {
+fn train(micro: usize, batches: &[stoke_data::packing::PackedBatch]) -> Trained {
     let dir = tempfile::tempdir().unwrap();
     let accum = 4 / micro;
     let config = test_config(
