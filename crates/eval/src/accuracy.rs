@@ -21,7 +21,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use stoke_model::Transformer;
 use stoke_reward::exact_match::{ExactMatchConfig, ExactMatchVerifier, MatchMode};
-use stoke_reward::{Outcome, Reference, RewardInput, Verifier};
+use stoke_reward::{Outcome, RewardInput, Verifier};
 use stoke_rollout::{Detokenizer, Engine, GenerationRequest, SamplingParams};
 use stoke_tokenizer::chat::{ChatMessage, ChatOptions};
 use stoke_tokenizer::hf::Tokenizer;
@@ -144,11 +144,7 @@ pub fn evaluate(
         stop_token_ids,
         ..SamplingParams::default()
     };
-    let verifier = ExactMatchVerifier::new(&ExactMatchConfig {
-        mode: MatchMode::Gsm8k,
-        extract_answer: true,
-    })
-    .map_err(|e| AccuracyError::Verifier(e.to_string()))?;
+    let verifier = answer_verifier().map_err(|e| AccuracyError::Verifier(e.to_string()))?;
 
     let engine = Engine::new(model);
     let detokenizer: &dyn Detokenizer = tokenizer;
@@ -199,6 +195,15 @@ pub fn evaluate(
     })
 }
 
+/// The verifier of the arithmetic task: exact match in `gsm8k` mode (the number after the
+/// completion's last `####`, else its last number, compared as an exact decimal).
+pub fn answer_verifier() -> Result<ExactMatchVerifier, stoke_reward::ConfigError> {
+    ExactMatchVerifier::new(&ExactMatchConfig {
+        mode: MatchMode::Gsm8k,
+        extract_answer: true,
+    })
+}
+
 /// The prompt ids of a one-turn user conversation, ready for the assistant's reply.
 pub fn chat_prompt(
     tokenizer: &Tokenizer,
@@ -220,10 +225,7 @@ pub fn score(
     completion: String,
     completion_tokens: usize,
 ) -> SampleRecord {
-    let reference = Reference {
-        answer: Some(problem.answer.to_string()),
-        ..Reference::default()
-    };
+    let reference = problem.reference();
     let outcome = verifier.score(&RewardInput::new(
         &problem.question,
         &completion,

@@ -133,6 +133,15 @@ impl Problem {
     pub fn chat_solution(&self) -> String {
         format!("{}\n{}", self.solution, final_answer_line(self.answer))
     }
+
+    /// The reward crate's reference for this problem (its answer), as verifiers read it: the
+    /// same record GRPO's reward module scores completions against.
+    pub fn reference(&self) -> stoke_reward::Reference {
+        stoke_reward::Reference {
+            answer: Some(self.answer.to_string()),
+            ..stoke_reward::Reference::default()
+        }
+    }
 }
 
 /// `#### 42`.

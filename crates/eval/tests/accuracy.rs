@@ -8,7 +8,7 @@ use candle_core::Device;
 use stoke_eval::accuracy::{AccuracyConfig, AccuracyError, evaluate, pass_at_k, score};
 use stoke_eval::arithmetic::{ArithmeticTask, Level, Problem, Split};
 use stoke_model::{ModelConfig, Transformer};
-use stoke_reward::exact_match::{ExactMatchConfig, ExactMatchVerifier, MatchMode};
+use stoke_reward::exact_match::ExactMatchVerifier;
 use stoke_tokenizer::hf::Tokenizer;
 use stoke_tokenizer::train::{TrainerConfig, WordCounts, train_bpe};
 
@@ -22,11 +22,7 @@ fn problems(count: usize) -> Vec<Problem> {
 }
 
 fn verifier() -> ExactMatchVerifier {
-    ExactMatchVerifier::new(&ExactMatchConfig {
-        mode: MatchMode::Gsm8k,
-        extract_answer: true,
-    })
-    .unwrap()
+    stoke_eval::accuracy::answer_verifier().unwrap()
 }
 
 /// A small BPE with ChatML special tokens and the generation-tagged template.
