@@ -9,10 +9,10 @@
 //!
 //! Outputs under `--out` (default `runs/speedrun`, or `runs/speedrun-quick`): `data/`,
 //! `tokenizer/`, `shards/`, `pretrain/` and `sft/` (trainer run folders with config.toml,
-//! metrics.jsonl, report.html, model/), `pretrain.toml` and `sft.toml` (the stage configs, for
-//! `stoke train`), `eval/*.jsonl` (every evaluated completion), `model/` (the final model, Hugging
-//! Face layout with tokenizer files), `report.html` (the report card) and `speedrun.json` (the
-//! summary the integration test reads). A rerun into the same folder replaces these.
+//! metrics.jsonl, report.html, model/), `model_config.json` (the architecture), `pretrain.toml`
+//! and `sft.toml` (the stage configs, for `stoke train`), `eval/*.jsonl` (every evaluated
+//! completion), `model/` (the final model, Hugging Face layout with tokenizer files),
+//! `report.html` (the report card) and `speedrun.json` (the summary the integration test reads). A rerun into the same folder replaces these.
 //!
 //! Adding a stage (GRPO after SFT): train from the previous stage's `model_dir`, append its
 //! accuracy to `evaluations` and its summary to the report card; nothing else changes.
@@ -52,7 +52,7 @@ pub struct SpeedrunArgs {
 }
 
 /// Folders and files a previous run into the same `--out` left; removed before a new run.
-const OUTPUTS: [&str; 11] = [
+const OUTPUTS: [&str; 12] = [
     "data",
     "tokenizer",
     "shards",
@@ -60,6 +60,7 @@ const OUTPUTS: [&str; 11] = [
     "sft",
     "eval",
     "model",
+    "model_config.json",
     "pretrain.toml",
     "sft.toml",
     "report.html",
