@@ -12,7 +12,8 @@
 //! metrics.jsonl, report.html, model/), `model_config.json` (the architecture), `pretrain.toml`
 //! and `sft.toml` (the stage configs, for `stoke train`), `eval/*.jsonl` (every evaluated
 //! completion), `model/` (the final model, Hugging Face layout with tokenizer files),
-//! `report.html` (the report card) and `speedrun.json` (the summary the integration test reads). A rerun into the same folder replaces these.
+//! `report.html` (the report card) and `speedrun.json` (the summary the integration test
+//! reads). A rerun into the same folder replaces these.
 //!
 //! Adding a stage (GRPO after SFT): train from the previous stage's `model_dir`, append its
 //! accuracy to `evaluations` and its summary to the report card; nothing else changes.
