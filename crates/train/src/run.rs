@@ -30,12 +30,12 @@ use crate::checkpoint::{CheckpointStore, load_checkpoint};
 use crate::config::{DataSource, ModelSource, TrainConfig, math_fields_differ};
 use crate::error::TrainError;
 use crate::eval::{EvalResult, Evaluator, bytes_per_token};
-use crate::metrics::{EvalMetrics, MetricRecord, MetricsLog, StepMetrics, measure_peak_flops};
+use crate::metrics::{MetricsLog, measure_peak_flops};
 use crate::monitor::Monitor;
 use crate::objective::NextTokenObjective;
 use crate::report::{ReportSection, SectionBody, write_report};
 use crate::source::{BatchSource, ChatSource, ChatSourceConfig, ShardSource};
-use crate::trainer::{StepObserver, StepReport, StopReason, Trainer};
+use crate::trainer::{StopReason, Trainer};
 
 /// How to run (not what to train: that is the config).
 #[derive(Clone, Debug)]
@@ -173,10 +173,8 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
     if resumed.is_some() {
         monitor.replay(&MetricsLog::read_all(&metrics_path)?);
     }
-    trainer = trainer.with_observer(Box::new(MonitorObserver {
-        monitor,
-        pending: Vec::new(),
-    }));
+    // The monitor's alerts reach the metrics log through the trainer; they never change training.
+    trainer = trainer.with_observer(Box::new(monitor));
     if let Some((state, _)) = resumed {
         trainer.restore(state)?;
     }
@@ -381,37 +379,6 @@ pub fn build_evaluator(
         bytes,
         config.training.logit_softcap,
     )))
-}
-
-/// The monitor (progress bar or lines, alert rules) as the trainer's observer. Its alerts go to
-/// the metrics log; they never change training.
-struct MonitorObserver {
-    monitor: Monitor,
-    pending: Vec<MetricRecord>,
-}
-
-impl StepObserver for MonitorObserver {
-    fn on_step(&mut self, _report: &StepReport, metrics: &StepMetrics) {
-        let alerts = self.monitor.on_step(metrics);
-        self.pending.extend(alerts.iter().map(|a| a.to_record()));
-    }
-
-    fn on_eval(&mut self, metrics: &EvalMetrics) {
-        self.monitor.on_eval(metrics);
-    }
-
-    fn on_checkpoint(&mut self, step: u64, path: &Path) {
-        self.monitor
-            .println(&format!("checkpoint of step {step}: {}", path.display()));
-    }
-
-    fn finish(&mut self) {
-        self.monitor.finish();
-    }
-
-    fn take_alerts(&mut self) -> Vec<MetricRecord> {
-        std::mem::take(&mut self.pending)
-    }
 }
 
 /// The report's table of what was trained and how it ended.

@@ -1,0 +1,259 @@
+//! The TOML layer of the run config: what a person writes (most dials optional) and what
+//! `TrainConfig::to_toml` writes back (every value explicit). Every table rejects unknown keys;
+//! deserialisation errors name the offending key by its dotted path. `apply_overrides` edits a
+//! parsed table with `--set key=value` pairs before it is deserialised, so an override is checked
+//! exactly like a key in the file.
+//!
+//! What this is not: no defaults are derived and no path is resolved here (`resolve.rs`).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use stoke_data::packing::PackingPolicy;
+use stoke_optim::DecayShape;
+
+use super::{ConfigError, ModelPreset};
+use crate::spike::SpikeAction;
+
+// ---------------------------------------------------------------------------------------------
+// File format
+// ---------------------------------------------------------------------------------------------
+
+/// The TOML file as written by a person (optional dials) or by [`TrainConfig::to_toml`] (all set).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    pub output_dir: PathBuf,
+    pub model: ModelFile,
+    pub data: DataFile,
+    #[serde(default)]
+    pub optimizer: OptimizerFile,
+    #[serde(default)]
+    pub schedule: ScheduleFile,
+    pub training: TrainingFile,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelFile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preset: Option<ModelPreset>,
+    /// Vocabulary size for a preset (default: the tokenizer's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab_size: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pretrained: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_seed: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DataKind {
+    Shards,
+    Chat,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataFile {
+    pub kind: DataKind,
+    pub train: Vec<PathBuf>,
+    #[serde(default)]
+    pub eval: Vec<PathBuf>,
+    pub seq_len: usize,
+    pub micro_batch_size: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_accum_steps: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_step: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packing: Option<PackingPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shuffle: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_epochs: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OptimizerKind {
+    #[default]
+    Adamw,
+    Muon,
+}
+
+/// One flat table for both optimizers; Muon-only keys are refused for AdamW.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerFile {
+    #[serde(default)]
+    pub kind: OptimizerKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beta1: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beta2: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eps: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_decay: Option<f64>,
+    /// Muon: lr of the AdamW groups (embeddings, head, norms); default `lr`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adamw_lr: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub momentum: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nesterov: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns_steps: Option<usize>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScheduleKind {
+    Constant,
+    Cosine,
+    #[default]
+    Wsd,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleFile {
+    #[serde(default)]
+    pub kind: ScheduleKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_lr_ratio: Option<f64>,
+    /// WSD: share of the run spent decaying (default 0.2); ignored when `decay_start` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decay_fraction: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decay_start: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decay_steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decay_shape: Option<DecayShape>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_warmup: Option<BatchWarmupFile>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchWarmupFile {
+    pub start_tokens_per_step: u64,
+    pub ramp_tokens: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingFile {
+    pub steps: u64,
+    #[serde(default)]
+    pub seed: u64,
+    /// Global gradient-norm clip; 0 turns clipping off (default 1.0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_norm: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub z_loss: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_softcap: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bad_steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_every: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_batches: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_every: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_last: Option<usize>,
+    #[serde(default)]
+    pub keep_steps: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spike: Option<SpikeFile>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpikeFile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<SpikeAction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sigma: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_history: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ema_decay: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cooldown_steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_consecutive_skips: Option<u64>,
+}
+
+impl ConfigFile {
+    /// Deserialises a table, naming the offending key on error.
+    pub fn from_table(table: toml::Table, origin: &str) -> Result<ConfigFile, ConfigError> {
+        serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| ConfigError::Key {
+            file: origin.to_string(),
+            key: e.path().to_string(),
+            message: e.inner().to_string(),
+        })
+    }
+}
+
+/// Applies `key.path=value` overrides to a parsed config table. The value is parsed as a TOML
+/// value (`200`, `1e-3`, `true`, `["a", "b"]`, `{ kind = "concat_chunk" }`), falling back to a
+/// plain string. Missing intermediate tables are created; whether a key exists is checked when
+/// the table is deserialised (unknown keys are refused there, named by their path).
+pub fn apply_overrides(table: &mut toml::Table, sets: &[String]) -> Result<(), ConfigError> {
+    for arg in sets {
+        let fail = |message: String| ConfigError::Override {
+            arg: arg.clone(),
+            message,
+        };
+        let Some((key, raw)) = arg.split_once('=') else {
+            return Err(fail("expected key=value (e.g. training.steps=200)".into()));
+        };
+        let key = key.trim();
+        let parts: Vec<&str> = key.split('.').collect();
+        if key.is_empty() || parts.iter().any(|p| p.is_empty()) {
+            return Err(fail(format!("`{key}` is not a dotted key path")));
+        }
+        let value = parse_value(raw.trim());
+        let mut current = &mut *table;
+        for (depth, part) in parts[..parts.len() - 1].iter().enumerate() {
+            let entry = current
+                .entry(part.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            current = match entry {
+                toml::Value::Table(t) => t,
+                _ => {
+                    return Err(fail(format!(
+                        "`{}` is a value, not a table",
+                        parts[..=depth].join(".")
+                    )));
+                }
+            };
+        }
+        current.insert(parts[parts.len() - 1].to_string(), value);
+    }
+    Ok(())
+}
+
+fn parse_value(raw: &str) -> toml::Value {
+    let parsed: Result<toml::Table, _> = toml::from_str(&format!("v = {raw}"));
+    match parsed.ok().and_then(|mut t| t.remove("v")) {
+        Some(value) => value,
+        None => toml::Value::String(raw.to_string()),
+    }
+}
