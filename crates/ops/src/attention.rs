@@ -29,17 +29,22 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor) -> Result<Te
     let grouped_q = q
         .contiguous()?
         .reshape((batch, kv_heads, n_rep * q_len, head_dim))?;
-    let scores = grouped_q
-        .matmul(&k.t()?)?
-        .reshape((batch, q_heads, q_len, k_len))?;
+    // [B, Hkv, n_rep * Tq, Tk]: the same memory as [B, Hq, Tq, Tk].
+    let scores = grouped_q.matmul(&k.t()?)?;
     let probs = if bias.rank() == 4 && crate::masked_softmax::supports(&scores) {
-        // One fused graph node instead of affine + broadcast_add + softmax (see
-        // masked_softmax.rs); identical values.
+        // One fused graph node instead of affine + broadcast_add + softmax, applied in the
+        // grouped layout so no reshape nodes surround it (see masked_softmax.rs); identical
+        // values.
         crate::masked_softmax::scaled_masked_softmax(&scores, bias, scale)?
     } else {
-        softmax_last_dim(&scores.affine(scale, 0.0)?.broadcast_add(bias)?)?
+        let scores = scores.reshape((batch, q_heads, q_len, k_len))?;
+        softmax_last_dim(&scores.affine(scale, 0.0)?.broadcast_add(bias)?)?.reshape((
+            batch,
+            kv_heads,
+            n_rep * q_len,
+            k_len,
+        ))?
     };
-    let probs = probs.reshape((batch, kv_heads, n_rep * q_len, k_len))?;
     probs
         .matmul(&v.contiguous()?)?
         .reshape((batch, q_heads, q_len, head_dim))

@@ -9,9 +9,12 @@
 //!
 //! What it is not: differentiable with respect to the bias (the additive mask is a constant;
 //! its gradient is `None`), or a GPU kernel (CPU f32/f64 only; `attention` falls back to the
-//! composition elsewhere). Invariants: `scores` is [B, H, Tq, Tk]; the bias is
-//! [Bb, Hb, Tq, Tk] with Bb in {1, B} and Hb in {1, H} (broadcast over size-1 dimensions);
-//! a row whose bias is all `-inf` yields NaN, as the composition does.
+//! composition elsewhere). Invariants: `scores` is [B, H, Tq, Tk], or the same memory in the
+//! grouped-query layout [B, G, R * Tq, Tk] with H = G * R (query head h = g * R + r; what
+//! `attention` multiplies, so it needs no reshape nodes around this one, each of which costs a
+//! zero-fill and an add of the largest activation in candle's backward); the bias is
+//! [Bb, Hb, Tq, Tk] with Bb in {1, B} and Hb in {1, H} (broadcast over size-1 dimensions; Tq
+//! comes from the bias); a row whose bias is all `-inf` yields NaN, as the composition does.
 
 use crate::kernels::{Real, contiguous_slice};
 use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
@@ -20,11 +23,17 @@ use rayon::prelude::*;
 
 /// `softmax(scores * scale + bias, -1)` with the broadcasting described in the module doc.
 pub fn scaled_masked_softmax(scores: &Tensor, bias: &Tensor, scale: f64) -> Result<Tensor> {
-    let (batch, heads, q_len, k_len) = scores.dims4()?;
+    let (batch, groups, group_rows, k_len) = scores.dims4()?;
     let (bias_batch, bias_heads, bias_q, bias_k) = bias.dims4()?;
-    let ok = (bias_batch == 1 || bias_batch == batch)
+    // Logical heads: H = G * R where R = group_rows / Tq (R = 1 in the plain layout).
+    let heads = if bias_q > 0 && group_rows % bias_q == 0 {
+        groups * (group_rows / bias_q)
+    } else {
+        0
+    };
+    let ok = heads > 0
+        && (bias_batch == 1 || bias_batch == batch)
         && (bias_heads == 1 || bias_heads == heads)
-        && bias_q == q_len
         && bias_k == k_len;
     if !ok {
         candle_core::bail!(
@@ -34,9 +43,13 @@ pub fn scaled_masked_softmax(scores: &Tensor, bias: &Tensor, scale: f64) -> Resu
         )
     }
     let bias = bias.to_dtype(scores.dtype())?.contiguous()?;
-    scores
-        .contiguous()?
-        .apply_op2(&bias, ScaledMaskedSoftmax { scale })
+    scores.contiguous()?.apply_op2(
+        &bias,
+        ScaledMaskedSoftmax {
+            scale,
+            logical_dims: [batch, heads, bias_q, k_len],
+        },
+    )
 }
 
 /// True when `scaled_masked_softmax` can run: CPU tensors of f32 or f64.
@@ -46,6 +59,8 @@ pub fn supports(scores: &Tensor) -> bool {
 
 struct ScaledMaskedSoftmax {
     scale: f64,
+    /// [B, H, Tq, Tk] of the scores, whatever their layout's dims (see the module doc).
+    logical_dims: [usize; 4],
 }
 
 /// Index of the bias row used by score row `row` (rows enumerate [B, H, Tq]).
@@ -103,9 +118,12 @@ impl CustomOp2 for ScaledMaskedSoftmax {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (dims, bias_dims) = (l1.shape().dims(), l2.shape().dims());
-        if dims.len() != 4 || bias_dims.len() != 4 {
-            candle_core::bail!("{}: scores and bias must be 4-D", self.name())
+        let (dims, bias_dims) = (&self.logical_dims[..], l2.shape().dims());
+        if l1.shape().elem_count() != dims.iter().product::<usize>() || bias_dims.len() != 4 {
+            candle_core::bail!(
+                "{}: scores must hold {dims:?} and the bias be 4-D",
+                self.name()
+            )
         }
         let out = match (s1, s2) {
             (CpuStorage::F32(x), CpuStorage::F32(b)) => CpuStorage::F32(forward_rows(
@@ -277,6 +295,41 @@ mod tests {
         for p in check_gradients(&[scores], &loss, &coords, 1e-6)? {
             assert!(p.relative_error(1e-6) < 1e-5, "{p:?}");
         }
+        Ok(())
+    }
+
+    #[test]
+    fn grouped_layout_matches_the_plain_layout() -> Result<()> {
+        let dev = Device::Cpu;
+        // [B, H, Tq, Tk] = [2, 4, 3, 5] viewed as [B, G, R * Tq, Tk] = [2, 2, 6, 5].
+        let scores = Var::from_tensor(&Tensor::randn(0f64, 2.0, (2, 4, 3, 5), &dev)?)?;
+        let probe = Tensor::randn(0f64, 1.0, (2, 4, 3, 5), &dev)?;
+        for bias in [causal(2, 1, 3, 5)?, causal(1, 4, 3, 5)?] {
+            let plain = scaled_masked_softmax(scores.as_tensor(), &bias, 0.7)?;
+            let grouped =
+                scaled_masked_softmax(&scores.as_tensor().reshape((2, 2, 6, 5))?, &bias, 0.7)?;
+            assert_eq!(grouped.dims(), &[2, 2, 6, 5]);
+            let grouped = grouped.reshape((2, 4, 3, 5))?;
+            let diff = (&plain - &grouped)?
+                .abs()?
+                .flatten_all()?
+                .max(0)?
+                .to_scalar::<f64>()?;
+            assert_eq!(diff, 0.0, "bias {:?}", bias.dims());
+            let g_plain = plain.mul(&probe)?.sum_all()?.backward()?;
+            let g_grouped = grouped.mul(&probe)?.sum_all()?.backward()?;
+            let (a, b) = (
+                g_plain.get(scores.as_tensor()).expect("plain gradient"),
+                g_grouped.get(scores.as_tensor()).expect("grouped gradient"),
+            );
+            let diff = (a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f64>()?;
+            assert_eq!(diff, 0.0, "gradient, bias {:?}", bias.dims());
+        }
+        // Rows that are not a multiple of the bias's query length are rejected.
+        let bias = causal(2, 1, 4, 5)?;
+        assert!(
+            scaled_masked_softmax(&scores.as_tensor().reshape((2, 2, 6, 5))?, &bias, 1.0).is_err()
+        );
         Ok(())
     }
 
