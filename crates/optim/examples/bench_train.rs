@@ -235,6 +235,37 @@ struct Pieces {
 }
 
 /// Forward, loss = -(sum of masked target log-probs) / count, backward, optimizer step.
+/// The autograd graph behind a loss: candle's backward gives every non-variable node a
+/// gradient accumulated as `zeros_like` + `add`, so the summed element count of those nodes
+/// measures that overhead (the fused ops exist to shrink it).
+#[derive(Clone, Default)]
+struct GraphSize {
+    nodes: usize,
+    elements: usize,
+    /// Node count per shape, the most elements first.
+    by_shape: Vec<(Vec<usize>, usize)>,
+}
+
+fn graph_size(loss: &Tensor) -> GraphSize {
+    let nodes: Vec<&Tensor> = loss
+        .sorted_nodes()
+        .into_iter()
+        .filter(|t| !t.is_variable())
+        .collect();
+    let mut by_shape = std::collections::BTreeMap::<Vec<usize>, usize>::new();
+    for node in &nodes {
+        *by_shape.entry(node.dims().to_vec()).or_default() += 1;
+    }
+    let mut by_shape: Vec<(Vec<usize>, usize)> = by_shape.into_iter().collect();
+    by_shape
+        .sort_by_key(|(shape, count)| std::cmp::Reverse(shape.iter().product::<usize>() * count));
+    GraphSize {
+        nodes: nodes.len(),
+        elements: nodes.iter().map(|t| t.elem_count()).sum(),
+        by_shape,
+    }
+}
+
 /// With `LossHead::Fused` the "forward" piece ends at the final hidden states and the LM head
 /// is timed inside "loss".
 fn full_step(
@@ -243,6 +274,7 @@ fn full_step(
     inputs: &StepInputs,
     loss_head: LossHead,
     lm_head: &Tensor,
+    graph: Option<&mut GraphSize>,
 ) -> BenchResult<(f32, Pieces)> {
     let mut pieces = Pieces::default();
     let start = Instant::now();
@@ -272,6 +304,9 @@ fn full_step(
     let loss_value = loss.to_scalar::<f32>()?;
     let loss_done = Instant::now();
     pieces.loss = (loss_done - forward_done).as_secs_f64();
+    if let Some(graph) = graph {
+        *graph = graph_size(&loss);
+    }
     let grads = loss.backward()?;
     let backward_done = Instant::now();
     pieces.backward = (backward_done - loss_done).as_secs_f64();
@@ -320,15 +355,26 @@ fn bench_full_step(
     let batch = training_batch(config.vocab_size as u64, TRAIN_BATCH, TRAIN_SEQ);
     let inputs = step_inputs(&batch, workload, &device)?;
     let mut losses = Vec::new();
+    let mut graph = GraphSize::default();
     for _ in 0..WARMUP_STEPS {
-        losses.push(full_step(&model, &mut optimizer, &inputs, loss_head, &lm_head)?.0);
+        losses.push(
+            full_step(
+                &model,
+                &mut optimizer,
+                &inputs,
+                loss_head,
+                &lm_head,
+                Some(&mut graph),
+            )?
+            .0,
+        );
     }
     let load_start = load_average();
     let cpu_start = process_cpu_seconds();
     let (mut times, mut all_pieces) = (Vec::new(), Vec::new());
     for _ in 0..TIMED_STEPS {
         let start = Instant::now();
-        let (loss, pieces) = full_step(&model, &mut optimizer, &inputs, loss_head, &lm_head)?;
+        let (loss, pieces) = full_step(&model, &mut optimizer, &inputs, loss_head, &lm_head, None)?;
         times.push(start.elapsed().as_secs_f64());
         losses.push(loss);
         all_pieces.push(pieces);
@@ -361,6 +407,10 @@ fn bench_full_step(
             "optimizer": piece_ms(|p| p.optimizer),
         },
         "cpu_per_wall": cpu / total,
+        "graph_nodes": graph.nodes,
+        "graph_node_elements": graph.elements,
+        "graph_nodes_by_shape": graph.by_shape.iter().take(12)
+            .map(|(shape, count)| format!("{shape:?} x{count}")).collect::<Vec<_>>(),
         "load_average_at_start": load_start,
         "load_average_at_end": load_average(),
         "losses": losses,
