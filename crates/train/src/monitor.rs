@@ -4,15 +4,17 @@
 //! ETA`), or, when stderr is not a terminal (CI logs, `nohup`) or the run is quiet, prints one plain
 //! line every few steps instead. Each step goes through two alert rules: throughput well below its
 //! running median (after a warm-up, since the first steps pay for thread start-up and caches), and
-//! a loss spike (loss above what the trend of a running window predicts by more than k standard
-//! deviations of the window around that trend), plus an alert for
-//! every non-finite loss and every skipped step. Alerts are printed above the bar and returned, so
-//! the trainer appends them to the metrics log (`Alert::to_record`).
+//! a loss spike (loss above what the linear trend of a running window predicts by more than k
+//! standard deviations of the window around that trend), plus an alert for every non-finite loss
+//! and every skipped step. Alerts are printed above the bar and returned, so the trainer appends
+//! them to the metrics log (`Alert::to_record`, or `take_alerts` through the `StepObserver` hook).
 //! What it is not: it does not act on alerts (skipping a batch, tightening the clip is spike.rs and
 //! the trainer's job; the rules here are only for a person reading the log), and it writes no files.
 //!
 //! Invariants: alert decisions depend only on the sequence of steps given (and `replay` rebuilds
 //! that state from a resumed log), never on the output mode; printing never fails a run.
+//! Throughput alerts depend on wall-clock figures, so they are the one part of a resumed run's
+//! log that need not match an uninterrupted run.
 
 use std::collections::VecDeque;
 use std::io::{IsTerminal, Write};
