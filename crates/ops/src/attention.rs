@@ -16,7 +16,19 @@ use candle_core::{Result, Tensor};
 
 /// `q`: [B, Hq, Tq, D]; `k`, `v`: [B, Hkv, Tk, D] with `Hq % Hkv == 0`;
 /// `bias`: broadcastable to [B, Hq, Tq, Tk] (usually [B, 1, Tq, Tk]). Returns [B, Hq, Tq, D].
+/// On the CPU (f32/f64) this is one fused graph node (fused_attention.rs, same values);
+/// elsewhere the composition below.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    if crate::fused_attention::supports(q, k, v, bias) {
+        crate::fused_attention::fused_attention(q, k, v, bias)
+    } else {
+        attention_composed(q, k, v, bias)
+    }
+}
+
+/// The composition (matmul, fused masked softmax, matmul): the reference for the fused op
+/// and the path on other devices. Same contract as `attention`.
+pub fn attention_composed(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor) -> Result<Tensor> {
     let (batch, q_heads, q_len, head_dim) = q.dims4()?;
     let (_, kv_heads, k_len, _) = k.dims4()?;
     if kv_heads == 0 || q_heads % kv_heads != 0 {

@@ -18,6 +18,7 @@ pub mod activation;
 pub mod allocator;
 pub mod attention;
 pub mod gradcheck;
+pub mod fused_attention;
 pub mod kernels;
 pub mod lm_head;
 pub mod loss;

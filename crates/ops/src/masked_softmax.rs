@@ -159,8 +159,8 @@ impl CustomOp2 for ScaledMaskedSoftmax {
 }
 
 /// `scale * y * (dy - sum(dy * y))` per row, from the softmax output `y` and its gradient.
-struct SoftmaxBackward {
-    scale: f64,
+pub(crate) struct SoftmaxBackward {
+    pub(crate) scale: f64,
 }
 
 fn backward_rows<T: Real>(y: &[T], dy: &[T], width: usize, scale: f64) -> Vec<T> {
