@@ -202,3 +202,31 @@ fn the_example_configs_parse() {
     let text = std::fs::read_to_string(root.join("sft-tiny.toml")).unwrap();
     ConfigFile::from_table(toml::from_str(&text).unwrap(), "sft-tiny.toml").unwrap();
 }
+
+#[test]
+fn batch_size_warmup_ramps_the_micro_batches_per_step() {
+    // 4 x 64 = 256 tokens per micro-batch, 8 micro-batches = 2048 tokens per full step.
+    let config = resolve(
+        BASE,
+        &[
+            "data.grad_accum_steps=8",
+            "schedule.batch_warmup={ start_tokens_per_step = 256, ramp_tokens = 10000 }",
+        ],
+    )
+    .unwrap();
+    assert_eq!(config.grad_accum_at(0), 1);
+    assert_eq!(
+        config.grad_accum_at(5000),
+        5,
+        "1152 tokens wanted -> 5 micro-batches"
+    );
+    assert_eq!(config.grad_accum_at(10_000), 8);
+    assert_eq!(config.grad_accum_at(1_000_000), 8);
+    let error = resolve(
+        BASE,
+        &["schedule.batch_warmup={ start_tokens_per_step = 4096, ramp_tokens = 10 }"],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("start_tokens_per_step"), "{error}");
+}

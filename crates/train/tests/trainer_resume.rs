@@ -1,0 +1,117 @@
+//! `run` with `resume`: continuing a finished run to more steps gives the weights of one longer
+//! run; a resume that changes the math is refused naming the field; a fresh start into a run
+//! folder with checkpoints is refused.
+
+use std::path::Path;
+
+use stoke_data::shard::{ShardWriter, ShardWriterConfig};
+use stoke_train::config::{ConfigFile, TrainConfig, apply_overrides};
+use stoke_train::error::TrainError;
+use stoke_train::run::{RunOptions, run};
+
+const CONFIG: &str = r#"
+output_dir = "run"
+[model]
+preset = "nano"
+vocab_size = 300
+[data]
+kind = "shards"
+train = ["shards"]
+seq_len = 32
+micro_batch_size = 2
+grad_accum_steps = 2
+[optimizer]
+kind = "adamw"
+[schedule]
+kind = "constant"
+warmup_steps = 2
+[training]
+steps = 6
+checkpoint_every = 3
+[training.spike]
+min_history = 2
+"#;
+
+fn write_shards(dir: &Path) {
+    let mut writer = ShardWriter::new(ShardWriterConfig {
+        dir: dir.join("shards"),
+        prefix: "part".into(),
+        vocab_size: 300,
+        max_tokens_per_shard: 100_000,
+    })
+    .unwrap();
+    for d in 0..200u32 {
+        let doc: Vec<u32> = (0..5 + d % 30)
+            .map(|i| (d * 7 + i * (1 + d % 3)) % 300)
+            .collect();
+        writer.push_document(&doc).unwrap();
+    }
+    writer.finish().unwrap();
+}
+
+fn config(dir: &Path, sets: &[&str]) -> TrainConfig {
+    let mut table: toml::Table = toml::from_str(CONFIG).unwrap();
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    apply_overrides(&mut table, &sets).unwrap();
+    TrainConfig::from_file(ConfigFile::from_table(table, "test").unwrap(), dir).unwrap()
+}
+
+fn options(resume: bool) -> RunOptions {
+    RunOptions {
+        resume,
+        quiet: true,
+        measure_mfu: false,
+        write_report: false,
+    }
+}
+
+fn weights(dir: &Path, run: &str) -> Vec<u8> {
+    std::fs::read(dir.join(run).join("model/model.safetensors")).unwrap()
+}
+
+#[test]
+fn extending_a_finished_run_equals_one_longer_run() {
+    let dir = tempfile::tempdir().unwrap();
+    write_shards(dir.path());
+    run(
+        config(dir.path(), &["output_dir=long", "training.steps=9"]),
+        options(false),
+    )
+    .unwrap();
+    run(config(dir.path(), &["output_dir=short"]), options(false)).unwrap();
+    let summary = run(
+        config(dir.path(), &["output_dir=short", "training.steps=9"]),
+        options(true),
+    )
+    .unwrap();
+    assert!(summary.resumed_from.unwrap().ends_with("step-00000006"));
+    assert_eq!(summary.steps, 9);
+    assert!(
+        weights(dir.path(), "short") == weights(dir.path(), "long"),
+        "weights differ"
+    );
+}
+
+#[test]
+fn a_resume_that_changes_the_math_is_refused_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    write_shards(dir.path());
+    run(config(dir.path(), &["training.steps=3"]), options(false)).unwrap();
+    let error = run(config(dir.path(), &["optimizer.lr=0.1"]), options(true)).unwrap_err();
+    match &error {
+        TrainError::ResumeMismatch { field, .. } => assert_eq!(field, "optimizer.lr"),
+        other => panic!("expected ResumeMismatch, got {other}"),
+    }
+    assert!(error.to_string().contains("optimizer.lr"), "{error}");
+}
+
+#[test]
+fn a_fresh_start_into_a_run_with_checkpoints_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    write_shards(dir.path());
+    run(config(dir.path(), &["training.steps=3"]), options(false)).unwrap();
+    let error = run(config(dir.path(), &[]), options(false))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("--resume"), "{error}");
+}
