@@ -261,12 +261,21 @@ fn rms_norm_grad<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> (Vec<T>, Vec<T
     let width = w.len();
     let n = T::from(width).unwrap_or_else(T::one);
     let mut dx = vec![T::zero(); x.len()];
+    // dw is summed over fixed blocks of rows, and the block sums are added in block order: a
+    // rayon `fold` groups rows wherever work happens to be stolen, which made dw differ in its
+    // last bits from run to run, and a resumed training run must reproduce every gradient bit
+    // for bit.
+    const ROWS_PER_BLOCK: usize = 64;
+    let block = width.max(1) * ROWS_PER_BLOCK;
     let dw_rows: Vec<Vec<T>> = dx
-        .par_chunks_mut(width)
-        .zip(x.par_chunks(width).zip(g.par_chunks(width)))
-        .fold(
-            || vec![T::zero(); width],
-            |mut dw, (dxr, (row, gr))| {
+        .par_chunks_mut(block)
+        .zip(x.par_chunks(block).zip(g.par_chunks(block)))
+        .map(|(dx_block, (x_block, g_block))| {
+            let mut dw = vec![T::zero(); width];
+            let rows = dx_block
+                .chunks_mut(width)
+                .zip(x_block.chunks(width).zip(g_block.chunks(width)));
+            for (dxr, (row, gr)) in rows {
                 let r = inv_rms(row, eps);
                 let dot = row
                     .iter()
@@ -278,9 +287,9 @@ fn rms_norm_grad<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> (Vec<T>, Vec<T
                     dxr[i] = r * gr[i] * w[i] - row[i] * coef;
                     dw[i] += gr[i] * row[i] * r;
                 }
-                dw
-            },
-        )
+            }
+            dw
+        })
         .collect();
     let mut dw = vec![T::zero(); width];
     for part in dw_rows {
