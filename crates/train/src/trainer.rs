@@ -18,6 +18,10 @@
 //! moments), so a resumed run produces the weights of an uninterrupted one bit for bit.
 //! Throughput figures and alerts are reported only.
 //!
+//! Steps count trainer steps, applied or skipped (`TrainerState.step`, metrics, the schedule's
+//! index), so a skipped batch keeps the run on its planned length and learning-rate curve; the
+//! optimizer counts its applied updates itself (bias correction).
+//!
 //! A checkpoint is never written from a non-finite state: every parameter is checked before
 //! saving, and bad steps never touch the weights.
 //!

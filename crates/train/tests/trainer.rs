@@ -111,3 +111,38 @@ fn a_loss_spike_is_skipped_and_leaves_the_weights_alone() {
     assert_eq!(next.outcome, StepOutcome::Applied);
     assert_ne!(parameter_values(trainer.model()), before);
 }
+
+/// The same step computed repeatedly gives bit-identical gradients (every parallel reduction
+/// has a fixed order); resume is bit-identical only if this holds. Regression: the RMSNorm
+/// weight gradient was summed in rayon's work-stealing order.
+#[test]
+fn gradients_are_bit_identical_across_repeated_steps() {
+    let model = nano_model(6);
+    let mut rng = Rng(12);
+    let batch = random_batch(&mut rng, 16, 64);
+    let objective = NextTokenObjective::plain();
+    let gradients = || {
+        let out = stoke_train::objective::Objective::loss(&objective, &model, &batch).unwrap();
+        let store = out.loss_sum.backward().unwrap();
+        model
+            .parameters()
+            .iter()
+            .map(|(_, var)| {
+                store
+                    .get(var.as_tensor())
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+            })
+            .collect::<Vec<_>>()
+    };
+    let first = gradients();
+    for _ in 0..8 {
+        assert!(
+            gradients() == first,
+            "gradients differ between identical steps"
+        );
+    }
+}
