@@ -10,6 +10,11 @@
 //! hand-written backward (candle `CustomOp1` with `bwd`): the softmax inside `attention` and
 //! the target log-probabilities inside `token_logprobs`/`cross_entropy`. The composed
 //! `softmax`/`log_softmax` remain for any dimension and as the reference in tests.
+//! candle's backward zero-fills and adds a gradient for every graph node, so two ops keep the
+//! largest activations out of the graph altogether: `fused_attention` (what `attention` runs on
+//! the CPU) and `lm_head::linear_target_logprobs` (LM head + target log-probabilities; the
+//! training objective should use it instead of `forward` + `token_logprobs`). See
+//! bench/README.md, "Training (issue 5)".
 //!
 //! Dtypes: operations keep the input dtype (f32 in training, f64 in gradient checks);
 //! `rms_norm` computes in f32 when given f16/bf16, as transformers does.
