@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod eval;
+pub mod grpo;
 pub mod objective;
 pub mod spike;
 pub mod trainer;
