@@ -89,26 +89,14 @@ impl GrpoLossFile {
     }
 }
 
-/// The validated loss configuration.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// The validated loss configuration; `Default` is the documented defaults above.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct GrpoLoss {
     pub advantage: AdvantageEstimator,
     pub policy: PolicyLoss,
     pub aggregation: LossAggregation,
     pub kl: Option<KlPenalty>,
     pub correction: MismatchCorrection,
-}
-
-impl Default for GrpoLoss {
-    fn default() -> Self {
-        GrpoLoss {
-            advantage: AdvantageEstimator::default(),
-            policy: PolicyLoss::default(),
-            aggregation: LossAggregation::default(),
-            kl: None,
-            correction: MismatchCorrection::default(),
-        }
-    }
 }
 
 /// One batch's log-probs, advantages and mask. `rollout_logprobs` are the sampler's own

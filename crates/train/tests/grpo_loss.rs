@@ -538,3 +538,35 @@ fn losses_gradients_and_metrics_match_trl_grpo_trainer() {
     // Shown with --nocapture: the figures the closing note quotes.
     println!("{}", report.join("\n"));
 }
+
+#[test]
+fn mismatch_weights_multiply_the_policy_loss_before_aggregation() {
+    // Policy ratio 1 with A = 1 gives -1 per token; trainer/rollout ratios 3 (TIS-capped to 2) and 1.
+    let current = t2(&[&[0.0, 0.0]]);
+    let rollout = t2(&[&[-(3.0f64.ln()), 0.0]]);
+    let mask = t2(&[&[1.0, 1.0]]);
+    let adv = t1(&[1.0]);
+    let loss = GrpoLoss {
+        correction: MismatchCorrection::Tis { cap: 2.0 },
+        ..GrpoLoss::default()
+    };
+    let batch = PolicyBatch {
+        current_logprobs: &current,
+        old_logprobs: &current,
+        ref_logprobs: None,
+        rollout_logprobs: Some(&rollout),
+        advantages: &adv,
+        mask: &mask,
+    };
+    let out = loss.compute(&batch).unwrap();
+    assert_close(
+        scalar(&out.loss),
+        (-2.0 - 1.0) / 2.0,
+        1e-12,
+        "token-mean of weighted loss",
+    );
+    let stats = out
+        .mismatch
+        .expect("rollout log-probs given, stats expected");
+    assert_close(stats.max, 3.0, 1e-12, "raw ratio max");
+}

@@ -132,7 +132,7 @@ fn check_groups(rewards: &[f64], group_size: usize) -> Result<(), GrpoError> {
             "must be at least 1".to_string(),
         ));
     }
-    if rewards.len() % group_size != 0 {
+    if !rewards.len().is_multiple_of(group_size) {
         return Err(GrpoError::Shape(format!(
             "{} rewards do not split into groups of {group_size}",
             rewards.len()
