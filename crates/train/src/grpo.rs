@@ -197,6 +197,16 @@ fn check_shapes(batch: &PolicyBatch<'_>) -> Result<(), GrpoError> {
             )));
         }
     }
+    let dtype = batch.current_logprobs.dtype();
+    let all = named.iter().filter_map(|(name, t)| t.map(|t| (*name, t)));
+    for (name, t) in all.chain([("advantages", batch.advantages)]) {
+        if t.dtype() != dtype {
+            return Err(GrpoError::Shape(format!(
+                "{name}: dtype {:?}, but the current log-probs are {dtype:?}",
+                t.dtype()
+            )));
+        }
+    }
     if batch.advantages.dims() != [dims.0] {
         return Err(GrpoError::Shape(format!(
             "advantages must be [{}], got {:?}",

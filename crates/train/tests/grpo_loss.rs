@@ -570,3 +570,49 @@ fn mismatch_weights_multiply_the_policy_loss_before_aggregation() {
         .expect("rollout log-probs given, stats expected");
     assert_close(stats.max, 3.0, 1e-12, "raw ratio max");
 }
+
+#[test]
+fn f32_inputs_give_the_f64_loss_to_single_precision() {
+    // Training runs in f32; the TRL cases are f64. Same inputs, both dtypes, default loss + KL.
+    let fixture: TrlFixture =
+        serde_json::from_str(include_str!("../../../fixtures/grpo/trl_loss.json")).unwrap();
+    let loss = GrpoLoss {
+        kl: KlPenalty::new(KlEstimator::K3, 0.04).unwrap(),
+        ..GrpoLoss::default()
+    };
+    let run = |dtype: DType| {
+        let cast = |t: Tensor| t.to_dtype(dtype).unwrap();
+        let current = cast(tensor2(&fixture.current_logprobs));
+        let old = cast(tensor2(&fixture.old_logprobs));
+        let reference = cast(tensor2(&fixture.ref_logprobs));
+        let mask = cast(tensor2(&fixture.mask));
+        let advantages = cast(t1(&fixture.advantages));
+        let batch = PolicyBatch {
+            current_logprobs: &current,
+            old_logprobs: &old,
+            ref_logprobs: Some(&reference),
+            rollout_logprobs: None,
+            advantages: &advantages,
+            mask: &mask,
+        };
+        scalar(&loss.compute(&batch).unwrap().loss)
+    };
+    assert_close(run(DType::F32), run(DType::F64), 1e-5, "f32 vs f64 loss");
+}
+
+#[test]
+fn mixed_dtypes_are_an_error_naming_the_input() {
+    let lp = t2(&[&[-1.0, -2.0]]);
+    let mask = t2(&[&[1.0, 1.0]]).to_dtype(DType::F32).unwrap();
+    let adv = t1(&[1.0]);
+    let batch = PolicyBatch {
+        current_logprobs: &lp,
+        old_logprobs: &lp,
+        ref_logprobs: None,
+        rollout_logprobs: None,
+        advantages: &adv,
+        mask: &mask,
+    };
+    let err = GrpoLoss::default().compute(&batch).unwrap_err();
+    assert!(err.to_string().contains("mask: dtype F32"), "{err}");
+}
