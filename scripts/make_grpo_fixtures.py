@@ -49,6 +49,8 @@ CASES = [
     ("grpo_sequence", "grpo", "sequence", 0.05, 0.08, 0.0),
     ("dapo_sequence_kl", "dapo", "sequence", 0.05, 0.08, 0.04),
     ("cispo_token", "cispo", "token", 0.2, 1.2, 0.0),
+    # GSPO paper's epsilons: most sequences clip, both ways.
+    ("gspo_paper_epsilons", "dapo", "sequence", 3e-4, 4e-4, 0.0),
 ]
 
 
