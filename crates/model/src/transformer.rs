@@ -358,6 +358,15 @@ impl Transformer {
         Ok(rms_norm(&hidden, &self.norm, self.config.rms_norm_eps)?)
     }
 
+    /// The LM head's weight [vocab, hidden] (`lm_head.weight`, or the embedding when tied), for
+    /// fused heads such as `stoke_ops::linear_target_logprobs`.
+    pub fn lm_head_weight(&self) -> &Tensor {
+        self.lm_head
+            .as_ref()
+            .unwrap_or(&self.embed_tokens)
+            .as_tensor()
+    }
+
     /// LM head on hidden states [..., hidden] -> logits [..., vocab].
     pub fn lm_logits(&self, hidden: &Tensor) -> Result<Tensor, ModelError> {
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);

@@ -63,7 +63,7 @@ impl Evaluator {
         let mut byte_nats = 0.0f64;
         let mut bytes = 0u64;
         for batch in &self.batches {
-            let Some(scored) = score_loss_tokens(model, batch, self.logit_softcap)? else {
+            let Some(scored) = score_loss_tokens(model, batch, self.logit_softcap, false)? else {
                 continue;
             };
             let logprobs: Vec<f32> = scored.logprobs.detach().to_vec1()?;

@@ -78,7 +78,8 @@ impl Objective for NextTokenObjective {
         batch: &PackedBatch,
     ) -> Result<ObjectiveOutput, TrainError> {
         let device = model.device().clone();
-        let Some(scored) = score_loss_tokens(model, batch, self.logit_softcap)? else {
+        let keep_logits = self.z_loss > 0.0;
+        let Some(scored) = score_loss_tokens(model, batch, self.logit_softcap, keep_logits)? else {
             return Ok(ObjectiveOutput {
                 loss_sum: Tensor::zeros((), DType::F32, &device)?,
                 nll_sum: 0.0,
@@ -89,11 +90,13 @@ impl Objective for NextTokenObjective {
         let nll = scored.logprobs.neg()?;
         let nll_total = nll.sum_all()?;
         let nll_sum = scalar(&nll_total)?;
-        let (loss_sum, z_loss_sum) = if self.z_loss > 0.0 {
+        // `keep_logits` above: the logits are there whenever the z-loss is on.
+        let (loss_sum, z_loss_sum) = if self.z_loss > 0.0
+            && let Some(logits) = scored.logits.as_ref()
+        {
             // logsumexp = logit[target] - log p(target): reuses the fused kernel's output, and
             // the gather keeps it differentiable without a second softmax pass.
-            let target_logits = scored
-                .logits
+            let target_logits = logits
                 .gather(&scored.targets.unsqueeze(1)?, 1)?
                 .squeeze(1)?;
             let lse = (target_logits - &scored.logprobs)?;
@@ -119,8 +122,9 @@ impl Objective for NextTokenObjective {
 /// The loss positions of a batch after a forward pass.
 #[derive(Debug)]
 pub struct ScoredTokens {
-    /// [M, V] logits at the loss positions (soft-capped when asked).
-    pub logits: Tensor,
+    /// [M, V] logits at the loss positions (soft-capped when asked); kept only when asked for or
+    /// soft-capped, since the fused head never materializes them as a graph node.
+    pub logits: Option<Tensor>,
     /// [M] u32 targets.
     pub targets: Tensor,
     /// [M] log p(target).
@@ -154,6 +158,7 @@ pub fn score_loss_tokens(
     model: &Transformer,
     batch: &PackedBatch,
     logit_softcap: Option<f64>,
+    keep_logits: bool,
 ) -> Result<Option<ScoredTokens>, TrainError> {
     let device = model.device();
     let loss_positions: Vec<u32> = batch
@@ -180,12 +185,21 @@ pub fn score_loss_tokens(
         let index = Tensor::from_slice(&loss_positions, loss_positions.len(), device)?;
         hidden.index_select(&index, 0)?
     };
-    let mut logits = model.lm_logits(&hidden)?;
-    if let Some(cap) = logit_softcap {
-        logits = soft_cap(&logits, cap)?;
-    }
     let targets = Tensor::from_slice(&target_ids, target_ids.len(), device)?;
-    let logprobs = stoke_ops::token_logprobs(&logits, &targets)?;
+    let (logits, logprobs) = if keep_logits || logit_softcap.is_some() {
+        let mut logits = model.lm_logits(&hidden)?;
+        if let Some(cap) = logit_softcap {
+            logits = soft_cap(&logits, cap)?;
+        }
+        let logprobs = stoke_ops::token_logprobs(&logits, &targets)?;
+        (Some(logits), logprobs)
+    } else {
+        // The LM head and the target log-probs as one graph node: candle's backward then never
+        // zero-fills and accumulates an [M, V] logits gradient (bench/README.md, issue 5).
+        let head = model.lm_head_weight();
+        let logprobs = stoke_ops::linear_target_logprobs(&hidden, head, &targets)?;
+        (None, logprobs)
+    };
     Ok(Some(ScoredTokens {
         logits,
         targets,

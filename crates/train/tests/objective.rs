@@ -17,7 +17,7 @@ fn packed_forward_equals_separate_forwards_per_document() {
     let mut rng = Rng(11);
     let docs = [doc(&mut rng, 9), doc(&mut rng, 14), doc(&mut rng, 6)];
     let packed = batch_from_docs(&[docs.to_vec()], 32);
-    let packed_logprobs: Vec<f32> = score_loss_tokens(&model, &packed, None)
+    let packed_logprobs: Vec<f32> = score_loss_tokens(&model, &packed, None, false)
         .unwrap()
         .unwrap()
         .logprobs
@@ -26,7 +26,7 @@ fn packed_forward_equals_separate_forwards_per_document() {
     let mut separate = Vec::new();
     for d in &docs {
         let alone = batch_from_docs(&[vec![d.clone()]], d.len() - 1);
-        let lp: Vec<f32> = score_loss_tokens(&model, &alone, None)
+        let lp: Vec<f32> = score_loss_tokens(&model, &alone, None, false)
             .unwrap()
             .unwrap()
             .logprobs
@@ -96,8 +96,15 @@ fn z_loss_matches_a_hand_computation() {
         logit_softcap: None,
     };
     let out = objective.loss(&model, &batch).unwrap();
-    let scored = score_loss_tokens(&model, &batch, None).unwrap().unwrap();
-    let logits: Vec<Vec<f32>> = scored.logits.to_vec2().unwrap();
+    let scored = score_loss_tokens(&model, &batch, None, true)
+        .unwrap()
+        .unwrap();
+    let logits: Vec<Vec<f32>> = scored
+        .logits
+        .as_ref()
+        .expect("logits kept")
+        .to_vec2()
+        .unwrap();
     let mut z_expected = 0.0f64;
     let mut nll_expected = 0.0f64;
     for (row, &target) in logits.iter().zip(&scored.target_ids) {
@@ -130,11 +137,13 @@ fn objective_applies_the_soft_cap_before_the_loss() {
     let model = nano_model(3);
     let mut rng = Rng(9);
     let batch = batch_from_docs(&[vec![doc(&mut rng, 10)]], 9);
-    let capped = score_loss_tokens(&model, &batch, Some(0.05))
+    let capped = score_loss_tokens(&model, &batch, Some(0.05), false)
         .unwrap()
         .unwrap();
     let max = capped
         .logits
+        .as_ref()
+        .expect("logits kept")
         .abs()
         .unwrap()
         .max_all()
@@ -142,9 +151,13 @@ fn objective_applies_the_soft_cap_before_the_loss() {
         .to_scalar::<f32>()
         .unwrap();
     assert!(max <= 0.05, "{max}");
-    let uncapped = score_loss_tokens(&model, &batch, None).unwrap().unwrap();
+    let uncapped = score_loss_tokens(&model, &batch, None, true)
+        .unwrap()
+        .unwrap();
     let raw_max = uncapped
         .logits
+        .as_ref()
+        .expect("logits kept")
         .abs()
         .unwrap()
         .max_all()
@@ -155,4 +168,24 @@ fn objective_applies_the_soft_cap_before_the_loss() {
         raw_max > 0.05,
         "the fixture must have logits the cap changes ({raw_max})"
     );
+}
+
+#[test]
+fn fused_lm_head_matches_the_materialized_logits_path() {
+    let model = nano_model(5);
+    let mut rng = Rng(21);
+    let batch = batch_from_docs(&[vec![doc(&mut rng, 12), doc(&mut rng, 7)]], 20);
+    let fused = score_loss_tokens(&model, &batch, None, false)
+        .unwrap()
+        .unwrap();
+    let composed = score_loss_tokens(&model, &batch, None, true)
+        .unwrap()
+        .unwrap();
+    assert!(fused.logits.is_none() && composed.logits.is_some());
+    let a: Vec<f32> = fused.logprobs.to_vec1().unwrap();
+    let b: Vec<f32> = composed.logprobs.to_vec1().unwrap();
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() < 1e-5, "{x} vs {y}");
+    }
 }
