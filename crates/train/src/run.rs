@@ -329,11 +329,14 @@ pub fn open_train_source(
         DataSource::Chat { train, .. } => {
             let tokenizer = tokenizer
                 .ok_or_else(|| TrainError::Other("chat data needs model.tokenizer".into()))?;
-            Box::new(ChatSource::open(
-                train,
-                tokenizer,
-                chat_config(config, false),
-            )?)
+            let source = ChatSource::open(train, tokenizer, chat_config(config, false))?;
+            // Skipped and truncated lines are reported even in quiet runs: no sample is dropped
+            // without a word (the first few are named with file:line).
+            let report = source.report();
+            if !report.skipped.is_empty() || !report.truncated_lines.is_empty() {
+                eprintln!("warning: {}", report.summary());
+            }
+            Box::new(source)
         }
     })
 }
