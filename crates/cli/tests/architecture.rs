@@ -22,6 +22,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
             &["stoke-types", "stoke-ops", "stoke-model", "stoke-optim", "stoke-data", "stoke-tokenizer"],
         ),
         ("stoke-rollout", &["stoke-types", "stoke-ops", "stoke-model", "stoke-tokenizer"]),
+        ("stoke-pipeline", &["stoke-types", "stoke-rollout", "stoke-reward", "stoke-train"]),
         (
             "stoke-eval",
             &[
