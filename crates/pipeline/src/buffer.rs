@@ -100,6 +100,10 @@ pub struct BufferStats {
     pub send_blocked: Duration,
     /// Total time receivers spent waiting for a record (starvation of the consumer).
     pub receive_blocked: Duration,
+    /// Senders waiting for room right now.
+    pub waiting_senders: usize,
+    /// Receivers waiting for a record right now.
+    pub waiting_receivers: usize,
 }
 
 struct Entry<T> {
@@ -192,10 +196,12 @@ impl<T: SizeInBytes + Prioritized> RecordBuffer<T> {
         let mut waited = false;
         while !state.closed && !self.fits(&state, size) {
             waited = true;
+            state.stats.waiting_senders += 1;
             state = self
                 .room
                 .wait(state)
                 .unwrap_or_else(PoisonError::into_inner);
+            state.stats.waiting_senders -= 1;
         }
         if waited {
             state.stats.send_blocked += started.elapsed();
@@ -247,10 +253,12 @@ impl<T: SizeInBytes + Prioritized> RecordBuffer<T> {
                 return None;
             }
             waited = true;
+            state.stats.waiting_receivers += 1;
             state = self
                 .arrival
                 .wait(state)
                 .unwrap_or_else(PoisonError::into_inner);
+            state.stats.waiting_receivers -= 1;
         }
         if waited {
             state.stats.receive_blocked += started.elapsed();

@@ -116,6 +116,8 @@ struct GateState {
     closed: bool,
     /// Total time rollout callers spent blocked in `acquire`, for monitoring.
     blocked: Duration,
+    /// Callers blocked in `acquire` right now.
+    waiting: usize,
 }
 
 /// Shared by rollout workers (which `acquire`) and the trainer (which `publish`es); use it
@@ -136,6 +138,7 @@ impl StalenessGate {
                 next_permit: 0,
                 closed: false,
                 blocked: Duration::ZERO,
+                waiting: 0,
             }),
             changed: Condvar::new(),
         }
@@ -170,10 +173,12 @@ impl StalenessGate {
         let mut waited = false;
         while !state.closed && !self.slot_open(update_slot, state.published) {
             waited = true;
+            state.waiting += 1;
             state = self
                 .changed
                 .wait(state)
                 .unwrap_or_else(PoisonError::into_inner);
+            state.waiting -= 1;
         }
         if waited {
             state.blocked += started.elapsed();
@@ -220,6 +225,11 @@ impl StalenessGate {
     /// Total time spent blocked in `acquire` over all callers.
     pub fn blocked_time(&self) -> Duration {
         self.lock().blocked
+    }
+
+    /// How many rollout callers are blocked in `acquire` right now.
+    pub fn waiting_rollouts(&self) -> usize {
+        self.lock().waiting
     }
 
     /// Stops admitting generations and wakes every blocked `acquire` with [`GateClosed`].

@@ -29,6 +29,18 @@ impl Prioritized for Record {
     }
 }
 
+/// Waits (up to 10 s) until `done` holds: a thread is observed blocked, not merely assumed to be.
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
 fn capacity(records: usize, bytes: u64) -> BufferCapacity {
     BufferCapacity::new(records, bytes).unwrap_or_else(|e| panic!("{e}"))
 }
@@ -72,6 +84,8 @@ fn capacity_in_records_and_bytes_is_never_exceeded_under_load() {
             })
         })
         .collect();
+    // Consumers start only once a producer is seen blocked, so back-pressure is certain.
+    wait_until("a producer blocks", || buffer.stats().waiting_senders >= 1);
     let received = Arc::new(AtomicU64::new(0));
     let consumers: Vec<_> = (0..CONSUMERS)
         .map(|c| {
@@ -139,7 +153,9 @@ fn pop_at_most_waits_for_a_key_within_the_bound() {
         let buffer = Arc::clone(&buffer);
         thread::spawn(move || buffer.pop_at_most(2))
     };
-    thread::sleep(Duration::from_millis(20));
+    wait_until("the receiver waits", || {
+        buffer.stats().waiting_receivers == 1
+    });
     assert!(
         !waiting.is_finished(),
         "a key-5 record must not satisfy pop_at_most(2)"
@@ -198,7 +214,8 @@ fn close_wakes_a_blocked_sender_and_returns_its_record() {
             })
         })
     };
-    thread::sleep(Duration::from_millis(20));
+    wait_until("the sender waits", || buffer.stats().waiting_senders == 1);
+    thread::sleep(Duration::from_millis(10));
     assert!(
         !blocked.is_finished(),
         "the sender must block on a full buffer"
@@ -220,7 +237,10 @@ fn close_wakes_a_blocked_receiver() {
         let buffer = Arc::clone(&buffer);
         thread::spawn(move || buffer.pop())
     };
-    thread::sleep(Duration::from_millis(20));
+    wait_until("the receiver waits", || {
+        buffer.stats().waiting_receivers == 1
+    });
+    thread::sleep(Duration::from_millis(10));
     assert!(
         !blocked.is_finished(),
         "the receiver must block on an empty buffer"
@@ -257,7 +277,7 @@ fn byte_limit_blocks_even_with_record_slots_free() {
                 .is_ok()
         })
     };
-    thread::sleep(Duration::from_millis(20));
+    wait_until("the sender waits", || buffer.stats().waiting_senders == 1);
     assert!(
         !blocked.is_finished(),
         "80 + 30 bytes must not fit a 100-byte buffer"
@@ -265,4 +285,6 @@ fn byte_limit_blocks_even_with_record_slots_free() {
     assert_eq!(buffer.pop().map(|r| r.id), Some(0));
     assert!(blocked.join().unwrap_or_else(|_| panic!("send panicked")));
     assert_eq!(buffer.stats().max_bytes_seen, 80);
+    assert!(buffer.stats().send_blocked > Duration::ZERO);
+    assert_eq!(buffer.stats().waiting_senders, 0);
 }

@@ -155,7 +155,15 @@ fn close_wakes_a_rollout_blocked_on_the_gate() {
         let gate = Arc::clone(&gate);
         thread::spawn(move || gate.acquire())
     };
-    thread::sleep(Duration::from_millis(20));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while gate.waiting_rollouts() != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second acquire never blocked"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+    thread::sleep(Duration::from_millis(10));
     assert!(
         !blocked.is_finished(),
         "the second permit must wait for version 1"
