@@ -432,3 +432,19 @@ mod json_float_opt {
         super::json_float::deserialize(deserializer).map(Some)
     }
 }
+
+/// A finite figure with 4 significant digits, in scientific notation below 1e-3 or from
+/// `scientific_from` up (shared by the console lines and the report).
+pub(crate) fn format_significant(value: f64, scientific_from: f64) -> String {
+    let magnitude = value.abs();
+    if magnitude != 0.0 && !(1e-3..scientific_from).contains(&magnitude) {
+        format!("{value:.3e}")
+    } else {
+        let decimals = if magnitude == 0.0 {
+            0
+        } else {
+            (3 - magnitude.log10().floor() as i32).max(0)
+        };
+        format!("{value:.*}", decimals as usize)
+    }
+}

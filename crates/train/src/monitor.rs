@@ -533,18 +533,10 @@ fn fmt_loss(loss: f64) -> String {
 
 /// A value with 4 significant digits, in exponent form when very small or large.
 fn fmt_sig(value: f64) -> String {
-    let magnitude = value.abs();
     if !value.is_finite() {
         format!("{value}")
-    } else if magnitude != 0.0 && !(1e-3..1e5).contains(&magnitude) {
-        format!("{value:.3e}")
     } else {
-        let decimals = if magnitude == 0.0 {
-            0
-        } else {
-            (3 - magnitude.log10().floor() as i32).max(0)
-        };
-        format!("{value:.*}", decimals as usize)
+        crate::metrics::format_significant(value, 1e5)
     }
 }
 

@@ -324,17 +324,7 @@ fn fmt_value(value: f64) -> String {
     if !value.is_finite() {
         return "not finite".into();
     }
-    let magnitude = value.abs();
-    if magnitude != 0.0 && !(1e-3..1e6).contains(&magnitude) {
-        format!("{value:.3e}")
-    } else {
-        let decimals = if magnitude == 0.0 {
-            0
-        } else {
-            (3 - magnitude.log10().floor() as i32).max(0)
-        };
-        format!("{value:.*}", decimals as usize)
-    }
+    crate::metrics::format_significant(value, 1e6)
 }
 
 fn fmt_seconds(seconds: f64) -> String {
