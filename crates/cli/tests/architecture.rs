@@ -22,7 +22,22 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
             &["stoke-types", "stoke-ops", "stoke-model", "stoke-optim", "stoke-data", "stoke-tokenizer"],
         ),
         ("stoke-rollout", &["stoke-types", "stoke-ops", "stoke-model", "stoke-tokenizer"]),
-        ("stoke-pipeline", &["stoke-types", "stoke-rollout", "stoke-reward", "stoke-train"]),
+        // The pipeline holds the policy (model), its tokenizer, the optimizer settings and the
+        // PTX shards directly, besides the three modules' crates.
+        (
+            "stoke-pipeline",
+            &[
+                "stoke-types",
+                "stoke-ops",
+                "stoke-model",
+                "stoke-optim",
+                "stoke-data",
+                "stoke-tokenizer",
+                "stoke-rollout",
+                "stoke-reward",
+                "stoke-train",
+            ],
+        ),
         (
             "stoke-eval",
             &[
@@ -48,6 +63,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "stoke-rollout",
                 "stoke-optim",
                 "stoke-train",
+                "stoke-pipeline",
                 "stoke-eval",
             ],
         ),

@@ -8,10 +8,21 @@
 //! generation and training, and weight publication; those build on these two types.
 
 pub mod buffer;
+pub mod error;
+pub mod records;
+pub mod settings;
 pub mod staleness;
 
 pub use buffer::{
     BufferCapacity, BufferError, BufferStats, Prioritized, RecordBuffer, SendError, SizeInBytes,
+};
+pub use error::PipelineError;
+pub use records::{
+    GroupTicket, RewardFailure, RolloutGroup, Sample, SampleReward, ScoredGroup, Task,
+};
+pub use settings::{
+    EvalSettings, GrpoSettings, KlPlacement, OldLogprobs, PipelineMode, PtxSettings,
+    TemperatureSchedule, WeightSync,
 };
 pub use staleness::{
     GateClosed, GenerationPermit, PolicyVersion, PublishError, StalenessBound, StalenessGate,

@@ -1,0 +1,56 @@
+//! The one error type of the RL pipeline. Each variant names where the failure happened (which
+//! file, line, field or module) so a user can act on it. Per-sample failures (a panicking or
+//! hanging verifier, a NaN update) are not errors: they are recorded in metrics and the run
+//! continues; these variants are the failures that stop a run.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error("grpo config `{field}`: {reason}")]
+    Config { field: String, reason: String },
+    #[error("{file}:{line}: {reason}")]
+    Task {
+        file: PathBuf,
+        line: usize,
+        reason: String,
+    },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("rollout: {0}")]
+    Rollout(#[from] stoke_rollout::RolloutError),
+    #[error("trainer: {0}")]
+    Train(#[from] stoke_train::error::TrainError),
+    #[error("grpo loss: {0}")]
+    Loss(#[from] stoke_train::grpo::GrpoError),
+    #[error("model: {0}")]
+    Model(#[from] stoke_model::ModelError),
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] stoke_tokenizer::error::TokenizerError),
+    #[error("tensor operation: {0}")]
+    Tensor(#[from] candle_core::Error),
+    #[error("reward: {0}")]
+    Reward(String),
+    /// A module thread died or a buffer closed before the run finished.
+    #[error("pipeline module `{module}` stopped: {reason}")]
+    ModuleStopped { module: &'static str, reason: String },
+}
+
+impl PipelineError {
+    pub fn config(field: impl Into<String>, reason: impl Into<String>) -> PipelineError {
+        PipelineError::Config {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> PipelineError {
+        PipelineError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

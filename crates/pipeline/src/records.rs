@@ -1,0 +1,309 @@
+//! The typed records that travel between the four modules of the RL pipeline:
+//!
+//! ```text
+//! Task --(gate permit)--> GroupTicket --[rollout]--> RolloutGroup --[reward]--> ScoredGroup
+//!      --[inference: ref / recomputed log-probs]--> ScoredGroup --[trainer]--> new weights
+//! ```
+//!
+//! What they are: plain data, one record per GRPO group (one prompt and its `n` samples), since
+//! the group is the unit every module works on (advantages are relative within a group; a group
+//! reward such as `group_length` needs all samples). What they are not: tensors (the trainer turns
+//! a batch of groups into tensors) or strings keyed by name.
+//!
+//! Invariants:
+//! - In a [`Sample`], `completion_ids`, `rollout_logprobs` and `token_versions` have one entry
+//!   per generated token (the final stop token included, as the engine reports it).
+//! - `token_versions` is non-decreasing; its first entry is the version the sample started with,
+//!   which is at least the ticket's `permit.policy_version`.
+//! - In a [`ScoredGroup`], `rewards` has one entry per sample, in sample order; `ref_logprobs`
+//!   and `old_logprobs`, when present, have one vector per sample of the sample's length.
+
+use std::sync::Arc;
+
+use stoke_reward::{Outcome, Reference};
+use stoke_rollout::FinishReason;
+
+use crate::buffer::{Prioritized, SizeInBytes};
+use crate::staleness::{GenerationPermit, PolicyVersion};
+
+/// One prompt to train on, resolved: the text the verifier sees, the token ids the policy sees
+/// (already rendered with the chat template when the task came as messages), the reference data
+/// and which configured reward scores it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Task {
+    /// Stable name for logs and reports: the JSONL `id`, else `FILE:LINE`, else a generated name.
+    pub id: String,
+    /// The prompt as the reward sees it (for chat tasks: the last user message).
+    pub prompt: String,
+    pub prompt_ids: Vec<u32>,
+    pub reference: Reference,
+    /// Index into the run's reward list (`GrpoRun::rewards`); 0 is the default reward.
+    pub reward: usize,
+}
+
+/// A granted generation: which task, under which sampling seed stream, for which update slot.
+#[derive(Clone, Debug)]
+pub struct GroupTicket {
+    /// Global, gap-free group number, counted from 0 over the whole run in permit order. It is
+    /// the engine's prompt number (`first_prompt_number`), so a group's samples depend only on
+    /// (seed, group_id, weights) and not on batching.
+    pub group_id: u64,
+    pub task: Arc<Task>,
+    pub permit: GenerationPermit,
+    /// Sampling temperature of this group (the temperature schedule at its update slot); the
+    /// trainer and the inference module score at the same temperature.
+    pub temperature: f32,
+}
+
+/// One sampled completion of a group.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub completion_ids: Vec<u32>,
+    /// Log-probabilities of `completion_ids` under the sampling distribution, from the engine.
+    pub rollout_logprobs: Vec<f32>,
+    /// The policy version whose weights produced each token (pipeline RL: weights may change
+    /// between tokens when they are published in flight).
+    pub token_versions: Vec<PolicyVersion>,
+    /// Decoded completion (stop string excluded), what the reward reads.
+    pub text: String,
+    pub finish: FinishReason,
+}
+
+impl Sample {
+    /// The oldest weights that contributed a token; `fallback` for an empty sample.
+    pub fn oldest_version(&self, fallback: PolicyVersion) -> PolicyVersion {
+        self.token_versions.first().copied().unwrap_or(fallback)
+    }
+
+    /// Whether the sample hit `max_new_tokens` (or the context end) instead of stopping.
+    pub fn truncated(&self) -> bool {
+        matches!(self.finish, FinishReason::Length)
+    }
+}
+
+/// The rollout module's output: `n` samples of one ticket.
+#[derive(Clone, Debug)]
+pub struct RolloutGroup {
+    pub ticket: GroupTicket,
+    pub samples: Vec<Sample>,
+    /// Wall time of the generation call this group was part of, divided by the groups in it.
+    pub generate_seconds: f64,
+}
+
+/// Why a sample's reward is not the verifier's verdict.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RewardFailure {
+    /// The verifier panicked; the message is kept.
+    Panicked(String),
+    /// The verifier did not answer within the pool's timeout.
+    TimedOut,
+}
+
+/// The reward module's verdict on one sample.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampleReward {
+    /// The scalar reward the advantages use (0 when `failure` is set).
+    pub score: f64,
+    pub outcome: Outcome,
+    /// Composite rewards: (component name, component score before weighting).
+    pub components: Vec<(String, f64)>,
+    pub failure: Option<RewardFailure>,
+}
+
+impl SampleReward {
+    /// The zero reward recorded for a sample whose scoring failed.
+    pub fn failed(failure: RewardFailure) -> SampleReward {
+        let outcome = match failure {
+            RewardFailure::TimedOut => Outcome::Timeout,
+            RewardFailure::Panicked(_) => Outcome::SandboxError,
+        };
+        SampleReward {
+            score: 0.0,
+            outcome,
+            components: Vec::new(),
+            failure: Some(failure),
+        }
+    }
+
+    pub fn correct(&self) -> bool {
+        self.outcome == Outcome::Correct
+    }
+}
+
+/// A group with rewards and, when the configuration needs them, extra log-probs.
+#[derive(Clone, Debug)]
+pub struct ScoredGroup {
+    pub rollout: RolloutGroup,
+    pub rewards: Vec<SampleReward>,
+    pub reward_seconds: f64,
+    /// Per sample, per token log-probs under the reference policy (present when beta > 0).
+    pub ref_logprobs: Option<Vec<Vec<f32>>>,
+    /// Per sample, per token log-probs recomputed by the inference module under the trainer's
+    /// weights of version `old_version` (recompute mode only).
+    pub old_logprobs: Option<Vec<Vec<f32>>>,
+    pub old_version: Option<PolicyVersion>,
+    pub inference_seconds: f64,
+}
+
+impl ScoredGroup {
+    /// A group fresh from the reward module (no inference yet).
+    pub fn new(rollout: RolloutGroup, rewards: Vec<SampleReward>, reward_seconds: f64) -> Self {
+        ScoredGroup {
+            rollout,
+            rewards,
+            reward_seconds,
+            ref_logprobs: None,
+            old_logprobs: None,
+            old_version: None,
+            inference_seconds: 0.0,
+        }
+    }
+
+    pub fn update_slot(&self) -> u64 {
+        self.rollout.ticket.permit.update_slot
+    }
+}
+
+fn sample_bytes(sample: &Sample) -> u64 {
+    (sample.completion_ids.len() * 4
+        + sample.rollout_logprobs.len() * 4
+        + sample.token_versions.len() * 8
+        + sample.text.len()
+        + std::mem::size_of::<Sample>()) as u64
+}
+
+fn task_bytes(task: &Task) -> u64 {
+    // The task is shared (Arc) by all records of its group, but a buffer holding one group is
+    // what keeps it alive, so it is counted once per record.
+    (task.prompt.len() + task.prompt_ids.len() * 4 + task.id.len() + std::mem::size_of::<Task>())
+        as u64
+}
+
+impl SizeInBytes for GroupTicket {
+    fn size_in_bytes(&self) -> u64 {
+        task_bytes(&self.task) + std::mem::size_of::<GroupTicket>() as u64
+    }
+}
+
+impl Prioritized for GroupTicket {
+    fn priority_key(&self) -> u64 {
+        self.permit.update_slot
+    }
+}
+
+impl SizeInBytes for RolloutGroup {
+    fn size_in_bytes(&self) -> u64 {
+        self.ticket.size_in_bytes() + self.samples.iter().map(sample_bytes).sum::<u64>()
+    }
+}
+
+impl Prioritized for RolloutGroup {
+    /// Oldest update slot first: the trainer waits for exactly those.
+    fn priority_key(&self) -> u64 {
+        self.ticket.permit.update_slot
+    }
+}
+
+impl SizeInBytes for ScoredGroup {
+    fn size_in_bytes(&self) -> u64 {
+        let logprob_bytes = |lp: &Option<Vec<Vec<f32>>>| {
+            lp.as_ref()
+                .map_or(0, |rows| rows.iter().map(|r| r.len() as u64 * 4).sum())
+        };
+        let reward_bytes: u64 = self
+            .rewards
+            .iter()
+            .map(|r| {
+                std::mem::size_of::<SampleReward>() as u64
+                    + r.components
+                        .iter()
+                        .map(|(name, _)| name.len() as u64 + 8)
+                        .sum::<u64>()
+            })
+            .sum();
+        self.rollout.size_in_bytes()
+            + reward_bytes
+            + logprob_bytes(&self.ref_logprobs)
+            + logprob_bytes(&self.old_logprobs)
+    }
+}
+
+impl Prioritized for ScoredGroup {
+    fn priority_key(&self) -> u64 {
+        self.update_slot()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ticket(slot: u64) -> GroupTicket {
+        GroupTicket {
+            group_id: slot,
+            task: Arc::new(Task {
+                id: "t".into(),
+                prompt: "2+2?".into(),
+                prompt_ids: vec![1, 2, 3],
+                reference: Reference::default(),
+                reward: 0,
+            }),
+            permit: GenerationPermit {
+                policy_version: PolicyVersion(0),
+                update_slot: slot,
+                permit_index: slot,
+            },
+            temperature: 1.0,
+        }
+    }
+
+    fn sample(len: usize) -> Sample {
+        Sample {
+            completion_ids: vec![7; len],
+            rollout_logprobs: vec![-0.5; len],
+            token_versions: vec![PolicyVersion(0); len],
+            text: "x".repeat(len),
+            finish: FinishReason::Length,
+        }
+    }
+
+    #[test]
+    fn bytes_grow_with_completion_length() {
+        let short = RolloutGroup {
+            ticket: ticket(0),
+            samples: vec![sample(2)],
+            generate_seconds: 0.0,
+        };
+        let long = RolloutGroup {
+            ticket: ticket(0),
+            samples: vec![sample(200)],
+            generate_seconds: 0.0,
+        };
+        // 4 (id) + 4 (log-prob) + 8 (version) + 1 (text byte) per token.
+        assert_eq!(long.size_in_bytes(), short.size_in_bytes() + 198 * 17);
+    }
+
+    #[test]
+    fn priority_is_the_update_slot() {
+        let group = ScoredGroup::new(
+            RolloutGroup {
+                ticket: ticket(5),
+                samples: vec![],
+                generate_seconds: 0.0,
+            },
+            vec![],
+            0.0,
+        );
+        assert_eq!(group.priority_key(), 5);
+    }
+
+    #[test]
+    fn failed_reward_is_zero_and_names_the_failure() {
+        let reward = SampleReward::failed(RewardFailure::TimedOut);
+        assert_eq!(reward.score, 0.0);
+        assert_eq!(reward.outcome, Outcome::Timeout);
+        assert!(!reward.correct());
+        let oldest = sample(0).oldest_version(PolicyVersion(3));
+        assert_eq!(oldest, PolicyVersion(3));
+    }
+}
