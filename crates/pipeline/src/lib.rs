@@ -1,17 +1,39 @@
-//! stoke-pipeline: the runtime of the four-module reinforcement-learning pipeline (rollout,
-//! inference, reward, trainer). So far it holds the two pieces every module boundary needs:
-//! [`staleness`] (policy versions and the gate that bounds how off-policy a trained sample may be)
-//! and [`buffer`] (the bounded, byte-sized, priority-ordered queue with back-pressure that joins
-//! two modules).
+//! stoke-pipeline: the runtime of the four-module reinforcement-learning pipeline.
 //!
-//! What it is not (yet): the modules themselves, the scheduler that shares CPU threads between
-//! generation and training, and weight publication; those build on these two types.
+//! ```text
+//! tasks --gate--> [rollout] --RolloutGroup--> [reward] --ScoredGroup--> [inference] --> [trainer]
+//!                     ^                                                                    |
+//!                     +-------------------- published weights (WeightStore) --------------+
+//! ```
+//!
+//! One file per noun:
+//! - [`records`]: the typed records passed between modules; [`settings`]: validated run settings;
+//!   [`config`]: the TOML file layer that produces them; [`task`]: tasks from JSONL.
+//! - the modules: [`rollout`] (generation, weights taken between batches or in flight),
+//!   [`inference`] (reference / recomputed old-policy log-probs, batched by token budget),
+//!   [`reward`] (verifiers behind a pool that survives panics and hangs), and the trainer, whose
+//!   numerics live in `stoke_train::grpo` and whose driving is in [`run`].
+//! - the joints: [`buffer`] (bounded by records and bytes, priority pop), [`staleness`] (policy
+//!   versions and the gate that bounds off-policy lag), [`weights`] (publication of new weights),
+//!   [`scheduler`] (sharing CPU threads between modules by measured utilization).
+//! - [`run`] (sync and async drivers), [`checkpoint`] (resume), [`metrics`] and [`report`].
 
 pub mod buffer;
+pub mod checkpoint;
+pub mod config;
 pub mod error;
+pub mod inference;
+pub mod metrics;
 pub mod records;
+pub mod report;
+pub mod reward;
+pub mod rollout;
+pub mod run;
+pub mod scheduler;
 pub mod settings;
 pub mod staleness;
+pub mod task;
+pub mod weights;
 
 pub use buffer::{
     BufferCapacity, BufferError, BufferStats, Prioritized, RecordBuffer, SendError, SizeInBytes,

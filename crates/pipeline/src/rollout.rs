@@ -1,0 +1,1 @@
+//! (module in progress this session: see lib.rs for its role)
