@@ -234,3 +234,55 @@ fn console_line_names_the_figures() {
     assert!(line.contains("reward failures 2"), "{line}");
     assert!(line.contains("skipped_non_finite"), "{line}");
 }
+
+#[test]
+fn report_writes_html_with_the_chart_titles() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut records = vec![eval(0)];
+    for s in 1..=4u64 {
+        let GrpoRecord::Step(mut record) = step(s, 0.5 / s as f64) else {
+            unreachable!()
+        };
+        record.tokens = 100;
+        record
+            .reward_components
+            .insert("format".into(), 0.1 * s as f64);
+        record.reward_failures.insert("panicked".into(), 1);
+        records.push(GrpoRecord::Step(record));
+    }
+    records.push(eval(4));
+    records.push(GrpoRecord::Alert {
+        step: 3,
+        message: "reward worker <panicked>".into(),
+    });
+    let path =
+        stoke_pipeline::report::write_grpo_report(dir.path(), &records, "grpo <tiny>").unwrap();
+    assert_eq!(path, dir.path().join("report.html"));
+    let html = std::fs::read_to_string(&path).unwrap();
+    for title in [
+        "Reward",
+        "Correct fraction (training samples)",
+        "Held-out pass@1 and pass@k",
+        "KL to the reference",
+        "Entropy",
+        "Clip fractions",
+        "Completion length",
+        "Truncated completions",
+        "Staleness",
+        "Seconds per module per step",
+        "Utilization per module",
+        "Throughput",
+        "Last step (4)",
+    ] {
+        assert!(html.contains(title), "missing {title:?}");
+    }
+    // Titles and messages from records are escaped.
+    assert!(html.contains("grpo &lt;tiny&gt;"));
+    assert!(html.contains("reward worker &lt;panicked&gt;"));
+    assert!(
+        html.contains("panicked 4"),
+        "failures are summed over steps"
+    );
+    // No ratio records, no ratio chart.
+    assert!(!html.contains("importance ratio"));
+}
