@@ -209,6 +209,8 @@ pub struct GrpoEvalRecord {
 }
 
 /// One line of `metrics.jsonl`, tagged by `"kind"`.
+// One record per update is written and read: boxing the step record would only add noise.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum GrpoRecord {
