@@ -346,3 +346,22 @@ fn several_threads_can_score_on_one_pool() {
     assert_eq!(pool.stats().scored, 12);
     pool.shutdown();
 }
+
+#[test]
+fn shutting_down_does_not_wait_for_an_abandoned_verifier() {
+    let pool = RewardPool::new(
+        vec![spec("scripted", Arc::new(Scripted), false)],
+        2,
+        TIMEOUT,
+    )
+    .expect("pool");
+    let scored = pool.score(group("4", &["hang"], 0));
+    assert_eq!(scored.rewards[0].failure, Some(RewardFailure::TimedOut));
+    let started = Instant::now();
+    pool.shutdown();
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "shutdown joined the hung thread: {:?}",
+        started.elapsed()
+    );
+}
