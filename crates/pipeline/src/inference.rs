@@ -108,7 +108,7 @@ impl InferenceModule {
     /// Replaces the reference by a deep copy of `policy` (reference reset every N updates). The
     /// copy has its own storage, so later optimizer steps on `policy` do not reach it.
     pub fn reset_reference(&mut self, policy: &Transformer) -> Result<(), PipelineError> {
-        self.reference = Some(deep_copy(policy)?);
+        self.reference = Some(policy.snapshot()?);
         Ok(())
     }
 
@@ -270,17 +270,4 @@ fn row_error(group: &ScoredGroup, sample: Option<usize>, reason: String) -> Pipe
             ticket.task.id, ticket.group_id
         ),
     }
-}
-
-/// A copy of `model` over newly allocated storage. `Transformer::to_dtype` to the same dtype
-/// would share storage with the original (its `Var`s are reused), and the optimizer updates
-/// parameters in place, so each tensor is copied explicitly.
-// TODO(integration): use `Transformer::snapshot` (h/rollout) once it is on main; same contract.
-fn deep_copy(model: &Transformer) -> Result<Transformer, PipelineError> {
-    let tensors = model
-        .parameters()
-        .into_iter()
-        .map(|(name, var)| Ok((name, var.as_tensor().copy()?)))
-        .collect::<Result<BTreeMap<String, Tensor>, PipelineError>>()?;
-    Ok(Transformer::from_tensors(model.config().clone(), tensors)?)
 }
