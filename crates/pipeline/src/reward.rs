@@ -453,6 +453,8 @@ fn worker_loop(shared: &Shared, worker: usize) {
             *phase = JobPhase::Done;
         }
         lock(&shared.stats).busy_seconds += busy;
+        // Release the group before answering, so the caller gets it back without a copy.
+        drop(job.group);
         // The caller is waiting (it only stops on a verdict, and this job is not abandoned).
         let _ = job.results.send(JobResult {
             index: job.index,
