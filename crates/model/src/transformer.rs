@@ -283,6 +283,21 @@ impl Transformer {
         Transformer::from_tensors(self.config.clone(), tensors)
     }
 
+    /// A deep copy: new `Var`s over newly allocated storage, so in-place updates of this model's
+    /// parameters (the optimizer's `Var::set`) never show in the copy, nor the other way round.
+    /// (`to_dtype` with the same dtype is NOT a copy: candle returns the same variable, and
+    /// `Var::from_tensor` keeps a variable's storage.) `detach` drops the variable flag without
+    /// copying; `from_tensors` then turns each detached tensor into a fresh `Var`, which copies
+    /// its storage once (candle's `make_var`); `Tensor::copy` first would copy twice.
+    pub fn snapshot(&self) -> Result<Transformer, ModelError> {
+        let tensors = self
+            .parameters
+            .iter()
+            .map(|(name, var)| (name.clone(), var.as_tensor().detach()))
+            .collect::<BTreeMap<_, _>>();
+        Transformer::from_tensors(self.config.clone(), tensors)
+    }
+
     /// Logits [B, T, vocab] for `input_ids` [B, T] (u32) at `positions` [B, T] (u32) under the
     /// additive `attn_bias` [B, 1, T, T_past + T]. With a cache, this step's keys/values are
     /// appended and attention covers cached + new slots.
@@ -461,4 +476,54 @@ fn standard_normal(rng: &mut impl Rng) -> f64 {
     let u1: f64 = rng.random::<f64>().max(f64::MIN_POSITIVE);
     let u2: f64 = rng.random::<f64>();
     (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn tiny_model() -> Transformer {
+        let json = r#"{
+            "architectures": ["LlamaForCausalLM"], "vocab_size": 37, "hidden_size": 16,
+            "intermediate_size": 24, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "rms_norm_eps": 1e-5, "rope_theta": 1000.0,
+            "tie_word_embeddings": false
+        }"#;
+        let config = ModelConfig::from_json_str(json, Path::new("<test>")).expect("config");
+        Transformer::init(config, &Device::Cpu, 3).expect("init")
+    }
+
+    fn values(var: &Var) -> Vec<f32> {
+        var.as_tensor()
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<f32>())
+            .expect("values")
+    }
+
+    #[test]
+    fn snapshot_does_not_see_in_place_updates_of_the_original() {
+        let original = tiny_model();
+        let copy = original.snapshot().expect("snapshot");
+        let before: Vec<Vec<f32>> = copy.parameters().iter().map(|(_, v)| values(v)).collect();
+        for (_, var) in original.parameters() {
+            // In place, as the optimizer does: the original's storage is overwritten.
+            let shifted = (var.as_tensor() + 1.0).expect("add");
+            var.set(&shifted).expect("set");
+        }
+        let after: Vec<Vec<f32>> = copy.parameters().iter().map(|(_, v)| values(v)).collect();
+        assert_eq!(before, after, "the snapshot changed with the original");
+        let changed: Vec<Vec<f32>> = original
+            .parameters()
+            .iter()
+            .map(|(_, v)| values(v))
+            .collect();
+        assert_ne!(changed, after, "the update did not reach the original");
+        // The other direction: updating the copy leaves the original alone.
+        let (_, first) = &copy.parameters()[0];
+        first
+            .set(&first.as_tensor().zeros_like().expect("zeros"))
+            .expect("set");
+        assert_eq!(values(&original.parameters()[0].1), changed[0]);
+    }
 }

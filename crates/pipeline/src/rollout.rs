@@ -1,1 +1,415 @@
-//! (module in progress this session: see lib.rs for its role)
+//! The rollout module: turns granted [`GroupTicket`]s into [`RolloutGroup`]s (`group_size`
+//! sampled completions per ticket) with the generation engine, under the newest published
+//! weights.
+//!
+//! What it is: a thin driver over `stoke_rollout::generate_live`. It batches tickets into as few
+//! engine calls as it can, waits for the weight version the tickets were granted with, decodes
+//! text with the tokenizer (what the reward reads) and records which weights produced every
+//! token. What it is not: the gate (tickets arrive already granted), a reward, or a thread (the
+//! caller runs it on whatever thread the scheduler gives it).
+//!
+//! How a call runs:
+//! 1. Wait until the store holds a version >= every ticket's `permit.policy_version`.
+//! 2. Tickets whose prompt the model cannot take (empty, ids outside the vocabulary, no room
+//!    below `max_position_embeddings`) are rejected: they come back as a group with no samples
+//!    (so the trainer's slot still receives its record and nothing waits for it), counted in
+//!    [`RolloutStats`] with the reason. One bad task does not stop a run.
+//! 3. The other tickets are grouped by temperature (one engine call per distinct temperature,
+//!    in order of first appearance) and each such group is split into runs of consecutive
+//!    `group_id`s, one engine call per run. Why runs: the engine numbers prompts
+//!    `first_prompt_number + i`, and a ticket's `group_id` is its prompt number, so a group's
+//!    samples depend on (seed, group_id, weights) only, never on which tickets share its call.
+//!    Group ids are granted gap-free in permit order, so a batch of tickets normally is a single
+//!    run; unordered or gapped batches cost extra calls, never other samples.
+//! 4. Weights: `WeightSync::BetweenBatches` takes the weights once, after the wait, and uses that
+//!    one version for every engine call of this `generate` (every token of every sample has that
+//!    version). `WeightSync::InFlight` hands the store itself to the engine as live weights: each
+//!    decode step uses the newest published version, and the KV cache carries over.
+//!
+//! Invariants: one group per ticket, in ticket order, with the ticket moved into it; each
+//! accepted group has exactly `group_size` samples in sample order; in every sample
+//! `completion_ids`, `rollout_logprobs` and `token_versions` have equal lengths, and
+//! `token_versions` is non-decreasing and starts at or above the ticket's permit version.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use stoke_model::ModelConfig;
+use stoke_rollout::{
+    Completion, Detokenizer, FixedWeights, GenerationRequest, LiveWeights, SamplingParams,
+    generate_live,
+};
+use stoke_tokenizer::hf::Tokenizer;
+
+use crate::error::PipelineError;
+use crate::records::{GroupTicket, RolloutGroup, Sample};
+use crate::settings::{GrpoSettings, WeightSync};
+use crate::staleness::PolicyVersion;
+use crate::weights::WeightStore;
+
+/// What the rollout module needs from the run's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RolloutSettings {
+    /// Samples per ticket (the GRPO group size).
+    pub group_size: usize,
+    pub max_new_tokens: usize,
+    pub top_p: f32,
+    pub top_k: Option<usize>,
+    /// Base seed of the sampling streams (sample j of group g: stream (seed, g, j)).
+    pub seed: u64,
+    /// Ids that end a sample (normally the tokenizer's EOS ids); kept in `completion_ids`.
+    pub stop_token_ids: Vec<u32>,
+    pub weight_sync: WeightSync,
+}
+
+impl RolloutSettings {
+    /// The rollout part of a run's settings; `stop_token_ids` come from the tokenizer.
+    pub fn from_grpo(settings: &GrpoSettings, stop_token_ids: Vec<u32>) -> RolloutSettings {
+        RolloutSettings {
+            group_size: settings.group_size,
+            max_new_tokens: settings.max_new_tokens,
+            top_p: settings.top_p,
+            top_k: settings.top_k,
+            seed: settings.seed,
+            stop_token_ids,
+            weight_sync: settings.weight_sync,
+        }
+    }
+}
+
+/// Counters over the module's life, for metrics.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RolloutStats {
+    pub engine_calls: u64,
+    /// Groups generated (rejected tickets not included).
+    pub groups: u64,
+    pub samples: u64,
+    pub prefill_tokens: u64,
+    pub generated_tokens: u64,
+    /// Seconds inside the engine.
+    pub generate_seconds: f64,
+    /// Seconds waiting for the tickets' weight version.
+    pub wait_seconds: f64,
+    /// Samples whose tokens came from more than one version (in-flight switches).
+    pub samples_spanning_versions: u64,
+    /// Tickets whose prompt the model cannot take (returned as groups without samples).
+    pub rejected_tickets: u64,
+    /// Why the latest rejected ticket was rejected, naming its task.
+    pub last_rejection: Option<String>,
+}
+
+/// The rollout module. `Send + Sync`: several threads may call `generate` at once.
+pub struct RolloutModule {
+    weights: Arc<WeightStore>,
+    tokenizer: Arc<Tokenizer>,
+    settings: RolloutSettings,
+    /// The model config every published version shares (see `weights.rs`).
+    model_config: ModelConfig,
+    stats: Mutex<RolloutStats>,
+}
+
+impl std::fmt::Debug for RolloutModule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RolloutModule")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RolloutModule {
+    /// Checks the settings (errors name the field).
+    pub fn new(
+        weights: Arc<WeightStore>,
+        tokenizer: Arc<Tokenizer>,
+        settings: RolloutSettings,
+    ) -> Result<RolloutModule, PipelineError> {
+        if settings.group_size == 0 {
+            return Err(PipelineError::config("group_size", "must be at least 1"));
+        }
+        if settings.max_new_tokens == 0 {
+            return Err(PipelineError::config(
+                "max_new_tokens",
+                "must be at least 1",
+            ));
+        }
+        if !(settings.top_p > 0.0 && settings.top_p <= 1.0) {
+            return Err(PipelineError::config(
+                "top_p",
+                format!("must be in (0, 1], got {}", settings.top_p),
+            ));
+        }
+        let model_config = weights.current().0.config().clone();
+        if let Some(&id) = settings
+            .stop_token_ids
+            .iter()
+            .find(|&&id| id as usize >= model_config.vocab_size)
+        {
+            return Err(PipelineError::config(
+                "stop_token_ids",
+                format!(
+                    "id {id} is outside the model's vocabulary (size {})",
+                    model_config.vocab_size
+                ),
+            ));
+        }
+        Ok(RolloutModule {
+            weights,
+            tokenizer,
+            settings,
+            model_config,
+            stats: Mutex::new(RolloutStats::default()),
+        })
+    }
+
+    pub fn settings(&self) -> &RolloutSettings {
+        &self.settings
+    }
+
+    pub fn stats(&self) -> RolloutStats {
+        self.stats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Generates `group_size` samples for every ticket (see the module doc for batching, waiting
+    /// and weights). Returns one group per ticket, in ticket order. Errors: the weight store
+    /// closed before the needed version (`ModuleStopped`), or the engine failed.
+    pub fn generate(&self, tickets: Vec<GroupTicket>) -> Result<Vec<RolloutGroup>, PipelineError> {
+        if tickets.is_empty() {
+            return Ok(Vec::new());
+        }
+        let needed = tickets
+            .iter()
+            .map(|ticket| ticket.permit.policy_version)
+            .max()
+            .unwrap_or_default();
+        let wait_started = Instant::now();
+        let (model, version) =
+            self.weights
+                .wait_for(needed)
+                .ok_or_else(|| PipelineError::ModuleStopped {
+                    module: "rollout",
+                    reason: format!(
+                        "the weight store closed before version {} was published",
+                        needed.0
+                    ),
+                })?;
+        let wait_seconds = wait_started.elapsed().as_secs_f64();
+        let fixed = FixedWeights {
+            model,
+            version: version.0,
+        };
+        let weights: &dyn LiveWeights = match self.settings.weight_sync {
+            WeightSync::BetweenBatches => &fixed,
+            WeightSync::InFlight => &*self.weights,
+        };
+
+        let mut rejections = Vec::new();
+        let accepted: Vec<usize> = (0..tickets.len())
+            .filter(
+                |&index| match self.check_prompt(&tickets[index].task.prompt_ids) {
+                    Ok(()) => true,
+                    Err(reason) => {
+                        rejections.push(format!("task {}: {reason}", tickets[index].task.id));
+                        false
+                    }
+                },
+            )
+            .collect();
+
+        let mut results: Vec<(Vec<Sample>, f64)> = vec![(Vec::new(), 0.0); tickets.len()];
+        let mut call_stats = RolloutStats::default();
+        for call in engine_calls(&tickets, &accepted) {
+            let first = &tickets[call[0]];
+            let request = GenerationRequest {
+                prompts: call
+                    .iter()
+                    .map(|&index| tickets[index].task.prompt_ids.clone())
+                    .collect(),
+                params: self.sampling_params(first.temperature),
+                first_prompt_number: first.group_id,
+            };
+            let started = Instant::now();
+            let detokenizer: &dyn Detokenizer = &*self.tokenizer;
+            let generation = generate_live(weights, &request, Some(detokenizer))?;
+            let seconds = started.elapsed().as_secs_f64();
+            call_stats.engine_calls += 1;
+            call_stats.generate_seconds += seconds;
+            call_stats.prefill_tokens += generation.output.prefill_tokens as u64;
+            call_stats.generated_tokens += generation.output.generated_tokens as u64;
+            let per_group = seconds / call.len() as f64;
+            let prompts = generation
+                .output
+                .completions
+                .into_iter()
+                .zip(generation.token_versions);
+            for (&index, (completions, versions)) in call.iter().zip(prompts) {
+                let samples: Vec<Sample> = completions
+                    .into_iter()
+                    .zip(versions)
+                    .map(|(completion, versions)| to_sample(completion, versions))
+                    .collect();
+                call_stats.groups += 1;
+                call_stats.samples += samples.len() as u64;
+                call_stats.samples_spanning_versions += samples
+                    .iter()
+                    .filter(|sample| sample.token_versions.first() != sample.token_versions.last())
+                    .count() as u64;
+                results[index] = (samples, per_group);
+            }
+        }
+
+        self.record(call_stats, wait_seconds, rejections);
+        Ok(tickets
+            .into_iter()
+            .zip(results)
+            .map(|(ticket, (samples, generate_seconds))| RolloutGroup {
+                ticket,
+                samples,
+                generate_seconds,
+            })
+            .collect())
+    }
+
+    fn sampling_params(&self, temperature: f32) -> SamplingParams {
+        SamplingParams {
+            max_new_tokens: self.settings.max_new_tokens,
+            temperature,
+            top_k: self.settings.top_k,
+            top_p: self.settings.top_p,
+            seed: self.settings.seed,
+            n: self.settings.group_size,
+            stop_token_ids: self.settings.stop_token_ids.clone(),
+            stop_strings: Vec::new(),
+        }
+    }
+
+    /// The engine's prompt checks, done per ticket so one bad task rejects only its own group.
+    fn check_prompt(&self, prompt_ids: &[u32]) -> Result<(), String> {
+        let config = &self.model_config;
+        if prompt_ids.is_empty() {
+            return Err("the prompt has no tokens".into());
+        }
+        if let Some(&id) = prompt_ids
+            .iter()
+            .find(|&&id| id as usize >= config.vocab_size)
+        {
+            return Err(format!(
+                "prompt token id {id} is outside the model's vocabulary (size {})",
+                config.vocab_size
+            ));
+        }
+        if prompt_ids.len() >= config.max_position_embeddings {
+            return Err(format!(
+                "the prompt has {} tokens, leaving no room below max_position_embeddings = {}",
+                prompt_ids.len(),
+                config.max_position_embeddings
+            ));
+        }
+        Ok(())
+    }
+
+    fn record(&self, call: RolloutStats, wait_seconds: f64, rejections: Vec<String>) {
+        let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        stats.engine_calls += call.engine_calls;
+        stats.groups += call.groups;
+        stats.samples += call.samples;
+        stats.prefill_tokens += call.prefill_tokens;
+        stats.generated_tokens += call.generated_tokens;
+        stats.generate_seconds += call.generate_seconds;
+        stats.samples_spanning_versions += call.samples_spanning_versions;
+        stats.wait_seconds += wait_seconds;
+        stats.rejected_tickets += rejections.len() as u64;
+        if let Some(last) = rejections.into_iter().last() {
+            stats.last_rejection = Some(last);
+        }
+    }
+}
+
+/// Ticket indices per engine call: `accepted` grouped by temperature (bit-equal, in order of
+/// first appearance), each group sorted by `group_id` and split where ids stop being
+/// consecutive.
+fn engine_calls(tickets: &[GroupTicket], accepted: &[usize]) -> Vec<Vec<usize>> {
+    let mut by_temperature: Vec<(u32, Vec<usize>)> = Vec::new();
+    for &index in accepted {
+        let bits = tickets[index].temperature.to_bits();
+        match by_temperature.iter_mut().find(|(key, _)| *key == bits) {
+            Some((_, indices)) => indices.push(index),
+            None => by_temperature.push((bits, vec![index])),
+        }
+    }
+    let mut calls = Vec::new();
+    for (_, mut indices) in by_temperature {
+        indices.sort_by_key(|&index| tickets[index].group_id);
+        let mut run: Vec<usize> = Vec::new();
+        for index in indices {
+            let continues = run.last().is_some_and(|&last| {
+                tickets[last].group_id.checked_add(1) == Some(tickets[index].group_id)
+            });
+            if !continues && !run.is_empty() {
+                calls.push(std::mem::take(&mut run));
+            }
+            run.push(index);
+        }
+        if !run.is_empty() {
+            calls.push(run);
+        }
+    }
+    calls
+}
+
+fn to_sample(completion: Completion, versions: Vec<u64>) -> Sample {
+    Sample {
+        completion_ids: completion.token_ids,
+        rollout_logprobs: completion.logprobs,
+        token_versions: versions.into_iter().map(PolicyVersion).collect(),
+        text: completion.text.unwrap_or_default(),
+        finish: completion.finish_reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::Task;
+    use crate::staleness::GenerationPermit;
+    use stoke_reward::Reference;
+
+    fn ticket(group_id: u64, temperature: f32) -> GroupTicket {
+        GroupTicket {
+            group_id,
+            task: Arc::new(Task {
+                id: format!("t{group_id}"),
+                prompt: String::new(),
+                prompt_ids: vec![1],
+                reference: Reference::default(),
+                reward: 0,
+            }),
+            permit: GenerationPermit {
+                policy_version: PolicyVersion(0),
+                update_slot: 0,
+                permit_index: group_id,
+            },
+            temperature,
+        }
+    }
+
+    #[test]
+    fn calls_split_by_temperature_then_by_consecutive_group_ids() {
+        let tickets = vec![
+            ticket(4, 1.0),
+            ticket(2, 1.0),
+            ticket(3, 1.0),
+            ticket(10, 0.5),
+            ticket(6, 1.0),
+            ticket(11, 0.5),
+        ];
+        let calls = engine_calls(&tickets, &[0, 1, 2, 3, 4, 5]);
+        // Temperature 1.0 first (first seen): ids 2, 3, 4 are one run, 6 another; then 0.5.
+        assert_eq!(calls, vec![vec![1, 2, 0], vec![4], vec![3, 5]]);
+        // Rejected tickets are left out and can split a run.
+        let calls = engine_calls(&tickets, &[0, 1, 3, 5]);
+        assert_eq!(calls, vec![vec![1], vec![0], vec![3, 5]]);
+    }
+}

@@ -1,1 +1,330 @@
-//! (module in progress this session: see lib.rs for its role)
+//! The weight store: where the trainer publishes new policy weights and the rollout module
+//! takes them.
+//!
+//! What it is: the newest weights as an `Arc<Transformer>` snapshot and their [`PolicyVersion`],
+//! behind a mutex, with a condition variable for callers that need a version not yet published.
+//! It implements [`stoke_rollout::LiveWeights`], so a generation can take new weights between
+//! decode steps (`WeightSync::InFlight`). What it is not: the staleness gate (which decides when
+//! a generation may start) or a checkpoint (nothing is written to disk).
+//!
+//! Invariants:
+//! - What the store holds is always a deep copy ([`Transformer::snapshot`]): the trainer keeps
+//!   updating its own parameters in place, and readers keep the `Arc` of the version they took,
+//!   unaffected, for as long as they need it (a generation in progress, for instance).
+//! - Versions go up by exactly one per publication, from 0 (the weights given to `new`).
+//! - Every published model has the initial model's config, device and dtype (a generation that
+//!   switches weights in flight keeps its KV cache, which needs that).
+//! - The copy is made outside the lock, so readers are never blocked by it; only the swap of the
+//!   `Arc` is under the lock.
+//! - After [`WeightStore::close`], `wait_for` returns `None` for versions not yet published (and
+//!   publishing is refused, as the staleness gate does), so blocked rollout threads can exit.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use stoke_model::Transformer;
+use stoke_rollout::LiveWeights;
+
+use crate::error::PipelineError;
+use crate::staleness::PolicyVersion;
+
+#[derive(Debug)]
+struct StoreState {
+    model: Arc<Transformer>,
+    version: PolicyVersion,
+    closed: bool,
+    /// Total time spent copying weights in `new` and `publish`.
+    publish_seconds: f64,
+    /// Callers blocked in `wait_for` right now (lets tests observe a blocked thread).
+    waiting: usize,
+}
+
+/// The newest policy weights, shared as `Arc<WeightStore>` between the trainer and rollout.
+#[derive(Debug)]
+pub struct WeightStore {
+    state: Mutex<StoreState>,
+    published: Condvar,
+}
+
+impl WeightStore {
+    /// Version 0: a snapshot of `initial`.
+    pub fn new(initial: &Transformer) -> Result<WeightStore, PipelineError> {
+        let started = Instant::now();
+        let model = Arc::new(initial.snapshot()?);
+        Ok(WeightStore {
+            state: Mutex::new(StoreState {
+                model,
+                version: PolicyVersion(0),
+                closed: false,
+                publish_seconds: started.elapsed().as_secs_f64(),
+                waiting: 0,
+            }),
+            published: Condvar::new(),
+        })
+    }
+
+    // A panic elsewhere while holding the lock cannot leave the state half-updated (every change
+    // is a few assignments after all fallible work), so a poisoned lock is recovered.
+    fn lock(&self) -> MutexGuard<'_, StoreState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Snapshots `model` (a deep copy) and makes it the newest weights, version `version`, which
+    /// must be the current version + 1. Wakes every `wait_for` that this version satisfies.
+    pub fn publish(
+        &self,
+        model: &Transformer,
+        version: PolicyVersion,
+    ) -> Result<(), PipelineError> {
+        // Checked before the copy (a wrong call costs nothing) and again after it (another
+        // publisher may have won the race in between).
+        self.check_publishable(&self.lock(), model, version)?;
+        let started = Instant::now();
+        let snapshot = Arc::new(model.snapshot()?);
+        let seconds = started.elapsed().as_secs_f64();
+        let mut state = self.lock();
+        self.check_publishable(&state, model, version)?;
+        state.model = snapshot;
+        state.version = version;
+        state.publish_seconds += seconds;
+        drop(state);
+        self.published.notify_all();
+        Ok(())
+    }
+
+    fn check_publishable(
+        &self,
+        state: &StoreState,
+        model: &Transformer,
+        version: PolicyVersion,
+    ) -> Result<(), PipelineError> {
+        if state.closed {
+            return Err(PipelineError::ModuleStopped {
+                module: "weights",
+                reason: format!("version {} published after the store was closed", version.0),
+            });
+        }
+        if version != state.version.next() {
+            return Err(PipelineError::config(
+                "weights.version",
+                format!(
+                    "published version {} is not the successor of the current version {}",
+                    version.0, state.version.0
+                ),
+            ));
+        }
+        let current = &state.model;
+        if model.config() != current.config()
+            || model.dtype() != current.dtype()
+            || !model.device().same_device(current.device())
+        {
+            return Err(PipelineError::config(
+                "weights.model",
+                format!(
+                    "version {} has another config, dtype or device than version 0 \
+                     (generations in flight could not switch to it)",
+                    version.0
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The newest weights and their version.
+    pub fn current(&self) -> (Arc<Transformer>, PolicyVersion) {
+        let state = self.lock();
+        (Arc::clone(&state.model), state.version)
+    }
+
+    pub fn version(&self) -> PolicyVersion {
+        self.lock().version
+    }
+
+    /// Blocks until a version >= `version` is published and returns the newest weights. `None`
+    /// when the store is closed before that (a version already published is returned even after
+    /// close).
+    pub fn wait_for(&self, version: PolicyVersion) -> Option<(Arc<Transformer>, PolicyVersion)> {
+        let mut state = self.lock();
+        while state.version < version && !state.closed {
+            state.waiting += 1;
+            state = self
+                .published
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+            state.waiting -= 1;
+        }
+        (state.version >= version).then(|| (Arc::clone(&state.model), state.version))
+    }
+
+    /// Refuses further publications and releases every `wait_for` still waiting with `None`.
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.published.notify_all();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
+    /// Callers blocked in `wait_for` right now.
+    pub fn waiting(&self) -> usize {
+        self.lock().waiting
+    }
+
+    /// Total seconds spent copying weights (the initial snapshot and every publication), for
+    /// the metrics' per-module time split.
+    pub fn publish_seconds(&self) -> f64 {
+        self.lock().publish_seconds
+    }
+}
+
+/// In-flight weight sync: a generation asks before every decode step.
+impl LiveWeights for WeightStore {
+    fn current(&self) -> (Arc<Transformer>, u64) {
+        let (model, version) = WeightStore::current(self);
+        (model, version.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+    use std::path::Path;
+    use std::time::Duration;
+    use stoke_model::ModelConfig;
+
+    fn tiny_model(seed: u64) -> Transformer {
+        let json = r#"{
+            "architectures": ["LlamaForCausalLM"], "vocab_size": 41, "hidden_size": 16,
+            "intermediate_size": 24, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "rms_norm_eps": 1e-5, "rope_theta": 1000.0,
+            "tie_word_embeddings": true
+        }"#;
+        let config = ModelConfig::from_json_str(json, Path::new("<test>")).expect("config");
+        Transformer::init(config, &Device::Cpu, seed).expect("init")
+    }
+
+    fn first_values(model: &Transformer) -> Vec<f32> {
+        model.parameters()[0]
+            .1
+            .as_tensor()
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<f32>())
+            .expect("values")
+    }
+
+    /// Adds 1 to every parameter in place, as an optimizer step would change them.
+    fn step_in_place(model: &Transformer) {
+        for (_, var) in model.parameters() {
+            let shifted = (var.as_tensor() + 1.0).expect("add");
+            var.set(&shifted).expect("set");
+        }
+    }
+
+    #[test]
+    fn published_weights_are_a_copy_taken_at_publication() {
+        let trainer = tiny_model(1);
+        let store = WeightStore::new(&trainer).expect("store");
+        let initial = first_values(&trainer);
+        step_in_place(&trainer);
+        let (version_zero, version) = store.current();
+        assert_eq!(version, PolicyVersion(0));
+        assert_eq!(first_values(&version_zero), initial);
+
+        store.publish(&trainer, PolicyVersion(1)).expect("publish");
+        let after_one = first_values(&trainer);
+        step_in_place(&trainer);
+        let (version_one, version) = store.current();
+        assert_eq!(version, PolicyVersion(1));
+        assert_eq!(first_values(&version_one), after_one);
+        // A reader that still holds version 0 keeps it.
+        assert_eq!(first_values(&version_zero), initial);
+        assert!(store.publish_seconds() > 0.0);
+    }
+
+    #[test]
+    fn versions_must_go_up_by_one() {
+        let trainer = tiny_model(1);
+        let store = WeightStore::new(&trainer).expect("store");
+        let error = store.publish(&trainer, PolicyVersion(2)).unwrap_err();
+        assert!(error.to_string().contains("not the successor"), "{error}");
+        let error = store.publish(&trainer, PolicyVersion(0)).unwrap_err();
+        assert!(error.to_string().contains("current version 0"), "{error}");
+        store
+            .publish(&trainer, PolicyVersion(1))
+            .expect("publish 1");
+        assert_eq!(store.version(), PolicyVersion(1));
+    }
+
+    #[test]
+    fn weights_of_another_shape_are_refused() {
+        let trainer = tiny_model(1);
+        let store = WeightStore::new(&trainer).expect("store");
+        let mut config = trainer.config().clone();
+        config.num_hidden_layers = 2;
+        let other = Transformer::init(config, &Device::Cpu, 1).expect("init");
+        let error = store.publish(&other, PolicyVersion(1)).unwrap_err();
+        assert!(error.to_string().contains("another config"), "{error}");
+        assert_eq!(store.version(), PolicyVersion(0));
+    }
+
+    #[test]
+    fn wait_for_is_released_by_a_publish_from_another_thread() {
+        let trainer = tiny_model(1);
+        let store = Arc::new(WeightStore::new(&trainer).expect("store"));
+        let waiter = {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || store.wait_for(PolicyVersion(2)).map(|(_, v)| v))
+        };
+        // Observe the waiter blocked before publishing, rather than sleeping and assuming it.
+        while store.waiting() == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        store
+            .publish(&trainer, PolicyVersion(1))
+            .expect("publish 1");
+        // Version 1 does not satisfy it: still waiting.
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!waiter.is_finished());
+        store
+            .publish(&trainer, PolicyVersion(2))
+            .expect("publish 2");
+        let got = waiter.join().expect("waiter thread");
+        assert_eq!(got, Some(PolicyVersion(2)));
+        // An already published version returns at once.
+        assert_eq!(
+            store.wait_for(PolicyVersion(1)).map(|(_, v)| v),
+            Some(PolicyVersion(2))
+        );
+    }
+
+    #[test]
+    fn close_releases_waiters_with_none_and_refuses_publication() {
+        let trainer = tiny_model(1);
+        let store = Arc::new(WeightStore::new(&trainer).expect("store"));
+        let waiter = {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || store.wait_for(PolicyVersion(5)).is_none())
+        };
+        while store.waiting() == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        store.close();
+        assert!(waiter.join().expect("waiter thread"));
+        assert!(store.is_closed());
+        let error = store.publish(&trainer, PolicyVersion(1)).unwrap_err();
+        assert!(error.to_string().contains("closed"), "{error}");
+        // What was published stays readable.
+        assert!(store.wait_for(PolicyVersion(0)).is_some());
+    }
+
+    #[test]
+    fn live_weights_view_reports_the_newest_version() {
+        let trainer = tiny_model(1);
+        let store = WeightStore::new(&trainer).expect("store");
+        store.publish(&trainer, PolicyVersion(1)).expect("publish");
+        let live: &dyn LiveWeights = &store;
+        assert_eq!(live.current().1, 1);
+    }
+}

@@ -15,17 +15,30 @@
 //! 3. Decode: one token per live row per step. When rows finish, the cache is compacted to the
 //!    live rows (`select_batch` again), so finished samples cost nothing afterwards.
 //!
+//! Weights: [`Engine::generate`] uses one borrowed model throughout. [`crate::live::generate_live`]
+//! runs the same loop but asks a [`LiveWeights`] for the newest weights before the prefill and
+//! before every decode step (pipeline RL): a sample in progress continues with new weights from
+//! its next token, on the KV cache its earlier tokens built under older weights, and every token
+//! records the version that produced it. Both paths are this one function, so with weights that
+//! never change they give identical results.
+//!
 //! Invariants:
 //! - Sample j of prompt i draws from `SampleStream(seed, first_prompt_number + i, j)` only, so its
 //!   tokens do not depend on which other prompts share the batch; batched generation equals
 //!   one-by-one generation up to float rounding in the batched matmuls (padding and batch size
 //!   change summation blocking, not the maths).
 //! - A sample never runs past the model's `max_position_embeddings`: it finishes with `Length`.
+//! - Token versions never decrease, and weights that change mid-generation keep the first
+//!   weights' config (layers, vocabulary, shapes); either violation is an error, not a guess.
+
+use std::ops::Deref;
+use std::sync::Arc;
 
 use candle_core::{DType, Device, IndexOp, Tensor};
-use stoke_model::{KvCache, Transformer, causal_bias};
+use stoke_model::{KvCache, ModelConfig, Transformer, causal_bias};
 
 use crate::error::RolloutError;
+use crate::live::{LiveGeneration, LiveWeights};
 use crate::request::{Completion, FinishReason, GenerationOutput, GenerationRequest};
 use crate::sampling::{SampleStream, SamplingRule, sample};
 use crate::stop::{Detokenizer, StopCriteria};
@@ -67,7 +80,95 @@ struct Sequence {
     next_position: usize,
     token_ids: Vec<u32>,
     logprobs: Vec<f32>,
+    /// Version of the weights that produced each token.
+    token_versions: Vec<u64>,
     finish_reason: Option<FinishReason>,
+}
+
+/// Where a generation gets its weights: one borrowed model, or the newest published weights.
+#[derive(Clone, Copy)]
+pub(crate) enum WeightSource<'w> {
+    /// Version 0 throughout.
+    Fixed(&'w Transformer),
+    Live(&'w dyn LiveWeights),
+}
+
+/// The weights of one step: borrowed (fixed) or shared (live; dropped after the step so old
+/// weights can be freed while a long generation runs on).
+enum StepWeights<'w> {
+    Borrowed(&'w Transformer),
+    Shared(Arc<Transformer>),
+}
+
+impl Deref for StepWeights<'_> {
+    type Target = Transformer;
+    fn deref(&self) -> &Transformer {
+        match self {
+            StepWeights::Borrowed(model) => model,
+            StepWeights::Shared(model) => model,
+        }
+    }
+}
+
+impl<'w> WeightSource<'w> {
+    fn current(&self) -> (StepWeights<'w>, u64) {
+        match *self {
+            WeightSource::Fixed(model) => (StepWeights::Borrowed(model), 0),
+            WeightSource::Live(live) => {
+                let (model, version) = live.current();
+                (StepWeights::Shared(model), version)
+            }
+        }
+    }
+}
+
+/// What every step's weights must share with the weights the generation started with, so the
+/// KV cache and the sampled ids stay meaningful. Kept instead of the first weights themselves,
+/// which can then be freed once newer ones arrive.
+struct WeightLayout {
+    config: ModelConfig,
+    device: Device,
+    dtype: DType,
+}
+
+impl WeightLayout {
+    fn of(model: &Transformer) -> WeightLayout {
+        WeightLayout {
+            config: model.config().clone(),
+            device: model.device().clone(),
+            dtype: model.dtype(),
+        }
+    }
+
+    /// The weights for the next step, checked against the layout and the previous version.
+    fn next_weights<'w>(
+        &self,
+        source: WeightSource<'w>,
+        previous_version: u64,
+    ) -> Result<(StepWeights<'w>, u64), RolloutError> {
+        let (model, version) = source.current();
+        if version < previous_version {
+            return Err(RolloutError::LiveWeights(format!(
+                "weights went back from version {previous_version} to {version}"
+            )));
+        }
+        if model.config() != &self.config {
+            return Err(RolloutError::LiveWeights(format!(
+                "version {version} has another model config than the weights the generation \
+                 started with (the KV cache cannot carry over)"
+            )));
+        }
+        if !model.device().same_device(&self.device) || model.dtype() != self.dtype {
+            return Err(RolloutError::LiveWeights(format!(
+                "version {version} is on {:?} as {:?}; the generation started on {:?} as {:?}",
+                model.device().location(),
+                model.dtype(),
+                self.device.location(),
+                self.dtype
+            )));
+        }
+        Ok((model, version))
+    }
 }
 
 impl<'m> Engine<'m> {
@@ -86,237 +187,258 @@ impl<'m> Engine<'m> {
         request: &GenerationRequest,
         detokenizer: Option<&dyn Detokenizer>,
     ) -> Result<GenerationOutput, RolloutError> {
-        let params = &request.params;
-        let rule = params.validate()?;
-        let stop = StopCriteria::new(
-            params.stop_token_ids.clone(),
-            params.stop_strings.clone(),
-            params.max_new_tokens,
-            detokenizer.is_some(),
-        )?;
-        self.check_prompts(&request.prompts)?;
-        let max_positions = self.model.config().max_position_embeddings;
+        let generation = generate_with(WeightSource::Fixed(self.model), request, detokenizer)?;
+        Ok(generation.output)
+    }
+}
 
-        // 1. Prefill every prompt once.
-        let Prefill {
-            last_logits: prompt_logits,
-            cache: prompt_cache,
-            key_valid: prompt_key_valid,
-        } = self.prefill(&request.prompts)?;
+/// The generation loop behind [`Engine::generate`] and [`crate::live::generate_live`] (see the
+/// module doc). Callers set up the compute threads first.
+pub(crate) fn generate_with(
+    source: WeightSource<'_>,
+    request: &GenerationRequest,
+    detokenizer: Option<&dyn Detokenizer>,
+) -> Result<LiveGeneration, RolloutError> {
+    let params = &request.params;
+    let rule = params.validate()?;
+    let stop = StopCriteria::new(
+        params.stop_token_ids.clone(),
+        params.stop_strings.clone(),
+        params.max_new_tokens,
+        detokenizer.is_some(),
+    )?;
 
-        // 2. Fan out n samples per prompt and draw each sample's first token.
-        let n = params.n;
-        let fan_out: Vec<usize> = (0..request.prompts.len())
-            .flat_map(|i| std::iter::repeat_n(i, n))
+    // 1. Prefill every prompt once, under the weights current now.
+    let (first, first_version) = source.current();
+    check_prompts(&first, &request.prompts)?;
+    let layout = WeightLayout::of(&first);
+    let max_positions = layout.config.max_position_embeddings;
+    let device = layout.device.clone();
+    let Prefill {
+        last_logits: prompt_logits,
+        cache: prompt_cache,
+        key_valid: prompt_key_valid,
+    } = prefill(&first, &request.prompts)?;
+    drop(first);
+
+    // 2. Fan out n samples per prompt and draw each sample's first token.
+    let n = params.n;
+    let fan_out: Vec<usize> = (0..request.prompts.len())
+        .flat_map(|i| std::iter::repeat_n(i, n))
+        .collect();
+    let mut cache = if n == 1 {
+        prompt_cache
+    } else {
+        prompt_cache.select_batch(&fan_out)?
+    };
+    let mut key_valid: Vec<Vec<bool>> = fan_out
+        .iter()
+        .map(|&i| prompt_key_valid[i].clone())
+        .collect();
+    let mut sequences: Vec<Sequence> = fan_out
+        .iter()
+        .enumerate()
+        .map(|(row, &prompt_index)| Sequence {
+            prompt_index,
+            sample_index: row % n,
+            stream: SampleStream::new(
+                params.seed,
+                request.first_prompt_number + prompt_index as u64,
+                (row % n) as u64,
+            ),
+            next_position: request.prompts[prompt_index].len(),
+            token_ids: Vec::new(),
+            logprobs: Vec::new(),
+            token_versions: Vec::new(),
+            finish_reason: None,
+        })
+        .collect();
+    for sequence in &mut sequences {
+        let logits = &prompt_logits[sequence.prompt_index];
+        advance(sequence, logits, &rule, &stop, detokenizer, max_positions)?;
+        sequence.token_versions.push(first_version);
+    }
+
+    // 3. Decode. `live` maps cache rows to sequences.
+    let mut live: Vec<usize> = (0..sequences.len()).collect();
+    let mut version = first_version;
+    loop {
+        let still_live: Vec<usize> = (0..live.len())
+            .filter(|&row| sequences[live[row]].finish_reason.is_none())
             .collect();
-        let mut cache = if n == 1 {
-            prompt_cache
-        } else {
-            prompt_cache.select_batch(&fan_out)?
+        if still_live.is_empty() {
+            break;
+        }
+        if still_live.len() < live.len() {
+            cache = cache.select_batch(&still_live)?;
+            key_valid = still_live
+                .iter()
+                .map(|&row| key_valid[row].clone())
+                .collect();
+            live = still_live.iter().map(|&row| live[row]).collect();
+        }
+        let (model, step_version) = layout.next_weights(source, version)?;
+        version = step_version;
+        let rows = live.len();
+        let input: Vec<u32> = live
+            .iter()
+            .map(|&s| *sequences[s].token_ids.last().unwrap_or(&PAD_ID))
+            .collect();
+        let positions: Vec<u32> = live
+            .iter()
+            .map(|&s| sequences[s].next_position as u32)
+            .collect();
+        for valid in &mut key_valid {
+            valid.push(true);
+        }
+        let input = Tensor::from_vec(input, (rows, 1), &device)?;
+        let positions = Tensor::from_vec(positions, (rows, 1), &device)?;
+        let bias = causal_bias(&key_valid, 1, &device)?;
+        let logits = model.forward(&input, &positions, &bias, Some(&mut cache))?;
+        drop(model);
+        let logits = logits
+            .i((.., 0, ..))?
+            .to_dtype(DType::F32)?
+            .to_vec2::<f32>()?;
+        for (row, &s) in live.iter().enumerate() {
+            let sequence = &mut sequences[s];
+            sequence.next_position += 1;
+            advance(
+                sequence,
+                &logits[row],
+                &rule,
+                &stop,
+                detokenizer,
+                max_positions,
+            )?;
+            sequence.token_versions.push(version);
+        }
+    }
+
+    // 4. Assemble per-prompt completions in sample order.
+    let prefill_tokens = request.prompts.iter().map(Vec::len).sum();
+    let generated_tokens = sequences.iter().map(|s| s.token_ids.len()).sum();
+    let mut completions: Vec<Vec<Completion>> = vec![Vec::with_capacity(n); request.prompts.len()];
+    let mut token_versions: Vec<Vec<Vec<u64>>> = vec![Vec::with_capacity(n); request.prompts.len()];
+    for sequence in sequences {
+        let finish_reason = sequence.finish_reason.unwrap_or(FinishReason::Length);
+        let text = match detokenizer {
+            Some(detokenizer) => {
+                Some(stop.final_text(&sequence.token_ids, &finish_reason, detokenizer)?)
+            }
+            None => None,
         };
-        let mut key_valid: Vec<Vec<bool>> = fan_out
-            .iter()
-            .map(|&i| prompt_key_valid[i].clone())
-            .collect();
-        let mut sequences: Vec<Sequence> = fan_out
-            .iter()
-            .enumerate()
-            .map(|(row, &prompt_index)| Sequence {
-                prompt_index,
-                sample_index: row % n,
-                stream: SampleStream::new(
-                    params.seed,
-                    request.first_prompt_number + prompt_index as u64,
-                    (row % n) as u64,
-                ),
-                next_position: request.prompts[prompt_index].len(),
-                token_ids: Vec::new(),
-                logprobs: Vec::new(),
-                finish_reason: None,
-            })
-            .collect();
-        for sequence in &mut sequences {
-            let logits = &prompt_logits[sequence.prompt_index];
-            self.advance(sequence, logits, &rule, &stop, detokenizer, max_positions)?;
-        }
-
-        // 3. Decode. `live` maps cache rows to sequences.
-        let mut live: Vec<usize> = (0..sequences.len()).collect();
-        loop {
-            let still_live: Vec<usize> = (0..live.len())
-                .filter(|&row| sequences[live[row]].finish_reason.is_none())
-                .collect();
-            if still_live.is_empty() {
-                break;
-            }
-            if still_live.len() < live.len() {
-                cache = cache.select_batch(&still_live)?;
-                key_valid = still_live
-                    .iter()
-                    .map(|&row| key_valid[row].clone())
-                    .collect();
-                live = still_live.iter().map(|&row| live[row]).collect();
-            }
-            let rows = live.len();
-            let input: Vec<u32> = live
-                .iter()
-                .map(|&s| *sequences[s].token_ids.last().unwrap_or(&PAD_ID))
-                .collect();
-            let positions: Vec<u32> = live
-                .iter()
-                .map(|&s| sequences[s].next_position as u32)
-                .collect();
-            for valid in &mut key_valid {
-                valid.push(true);
-            }
-            let input = Tensor::from_vec(input, (rows, 1), &self.device)?;
-            let positions = Tensor::from_vec(positions, (rows, 1), &self.device)?;
-            let bias = causal_bias(&key_valid, 1, &self.device)?;
-            let logits = self
-                .model
-                .forward(&input, &positions, &bias, Some(&mut cache))?;
-            let logits = logits
-                .i((.., 0, ..))?
-                .to_dtype(DType::F32)?
-                .to_vec2::<f32>()?;
-            for (row, &s) in live.iter().enumerate() {
-                let sequence = &mut sequences[s];
-                sequence.next_position += 1;
-                self.advance(
-                    sequence,
-                    &logits[row],
-                    &rule,
-                    &stop,
-                    detokenizer,
-                    max_positions,
-                )?;
-            }
-        }
-
-        // 4. Assemble per-prompt completions in sample order.
-        let prefill_tokens = request.prompts.iter().map(Vec::len).sum();
-        let generated_tokens = sequences.iter().map(|s| s.token_ids.len()).sum();
-        let mut completions: Vec<Vec<Completion>> =
-            vec![Vec::with_capacity(n); request.prompts.len()];
-        for sequence in sequences {
-            let finish_reason = sequence.finish_reason.unwrap_or(FinishReason::Length);
-            let text = match detokenizer {
-                Some(detokenizer) => {
-                    Some(stop.final_text(&sequence.token_ids, &finish_reason, detokenizer)?)
-                }
-                None => None,
-            };
-            completions[sequence.prompt_index].push(Completion {
-                prompt_index: sequence.prompt_index,
-                sample_index: sequence.sample_index,
-                token_ids: sequence.token_ids,
-                logprobs: sequence.logprobs,
-                text,
-                finish_reason,
-            });
-        }
-        Ok(GenerationOutput {
+        token_versions[sequence.prompt_index].push(sequence.token_versions);
+        completions[sequence.prompt_index].push(Completion {
+            prompt_index: sequence.prompt_index,
+            sample_index: sequence.sample_index,
+            token_ids: sequence.token_ids,
+            logprobs: sequence.logprobs,
+            text,
+            finish_reason,
+        });
+    }
+    Ok(LiveGeneration {
+        output: GenerationOutput {
             completions,
             prefill_tokens,
             generated_tokens,
-        })
-    }
+        },
+        token_versions,
+    })
+}
 
-    /// Samples the next token of `sequence` from `logits` and records whether it finished.
-    fn advance(
-        &self,
-        sequence: &mut Sequence,
-        logits: &[f32],
-        rule: &SamplingRule,
-        stop: &StopCriteria,
-        detokenizer: Option<&dyn Detokenizer>,
-        max_positions: usize,
-    ) -> Result<(), RolloutError> {
-        let token = sample(logits, rule, &mut sequence.stream)?;
-        sequence.token_ids.push(token.id);
-        sequence.logprobs.push(token.logprob);
-        sequence.finish_reason = stop.check(&sequence.token_ids, detokenizer)?;
-        // The newest token would be fed at `next_position`; past the model's range it cannot be.
-        if sequence.finish_reason.is_none() && sequence.next_position >= max_positions {
-            sequence.finish_reason = Some(FinishReason::Length);
-        }
-        Ok(())
+/// Samples the next token of `sequence` from `logits` and records whether it finished.
+fn advance(
+    sequence: &mut Sequence,
+    logits: &[f32],
+    rule: &SamplingRule,
+    stop: &StopCriteria,
+    detokenizer: Option<&dyn Detokenizer>,
+    max_positions: usize,
+) -> Result<(), RolloutError> {
+    let token = sample(logits, rule, &mut sequence.stream)?;
+    sequence.token_ids.push(token.id);
+    sequence.logprobs.push(token.logprob);
+    sequence.finish_reason = stop.check(&sequence.token_ids, detokenizer)?;
+    // The newest token would be fed at `next_position`; past the model's range it cannot be.
+    if sequence.finish_reason.is_none() && sequence.next_position >= max_positions {
+        sequence.finish_reason = Some(FinishReason::Length);
     }
+    Ok(())
+}
 
-    /// Runs all prompts through the model once, left-padded. Returns each prompt's last-position
-    /// logits, the cache (one row per prompt) and the key-validity mask of the cached slots.
-    fn prefill(&self, prompts: &[Vec<u32>]) -> Result<Prefill, RolloutError> {
-        let batch = prompts.len();
-        let width = prompts.iter().map(Vec::len).max().unwrap_or(0);
-        let mut ids = Vec::with_capacity(batch * width);
-        let mut positions = Vec::with_capacity(batch * width);
-        let mut key_valid = Vec::with_capacity(batch);
-        for prompt in prompts {
-            let padding = width - prompt.len();
-            ids.extend(std::iter::repeat_n(PAD_ID, padding).chain(prompt.iter().copied()));
-            positions.extend((0..width).map(|slot| slot.saturating_sub(padding) as u32));
-            key_valid.push(
-                (0..width)
-                    .map(|slot| slot >= padding)
-                    .collect::<Vec<bool>>(),
-            );
-        }
-        let ids = Tensor::from_vec(ids, (batch, width), &self.device)?;
-        let positions = Tensor::from_vec(positions, (batch, width), &self.device)?;
-        let bias = causal_bias(&key_valid, width, &self.device)?;
-        let mut cache = KvCache::new(self.model.config().num_hidden_layers);
-        // Only the last position's logits are needed: the LM head runs on one row per prompt.
-        let hidden = self
-            .model
-            .forward_hidden(&ids, &positions, &bias, Some(&mut cache))?;
-        let last_hidden = hidden.i((.., width - 1, ..))?.contiguous()?;
-        let last = self
-            .model
-            .lm_logits(&last_hidden)?
-            .to_dtype(DType::F32)?
-            .to_vec2::<f32>()?;
-        Ok(Prefill {
-            last_logits: last,
-            cache,
-            key_valid,
-        })
+/// Runs all prompts through the model once, left-padded. Returns each prompt's last-position
+/// logits, the cache (one row per prompt) and the key-validity mask of the cached slots.
+fn prefill(model: &Transformer, prompts: &[Vec<u32>]) -> Result<Prefill, RolloutError> {
+    let device = model.device();
+    let batch = prompts.len();
+    let width = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let mut ids = Vec::with_capacity(batch * width);
+    let mut positions = Vec::with_capacity(batch * width);
+    let mut key_valid = Vec::with_capacity(batch);
+    for prompt in prompts {
+        let padding = width - prompt.len();
+        ids.extend(std::iter::repeat_n(PAD_ID, padding).chain(prompt.iter().copied()));
+        positions.extend((0..width).map(|slot| slot.saturating_sub(padding) as u32));
+        key_valid.push(
+            (0..width)
+                .map(|slot| slot >= padding)
+                .collect::<Vec<bool>>(),
+        );
     }
+    let ids = Tensor::from_vec(ids, (batch, width), device)?;
+    let positions = Tensor::from_vec(positions, (batch, width), device)?;
+    let bias = causal_bias(&key_valid, width, device)?;
+    let mut cache = KvCache::new(model.config().num_hidden_layers);
+    // Only the last position's logits are needed: the LM head runs on one row per prompt.
+    let hidden = model.forward_hidden(&ids, &positions, &bias, Some(&mut cache))?;
+    let last_hidden = hidden.i((.., width - 1, ..))?.contiguous()?;
+    let last = model
+        .lm_logits(&last_hidden)?
+        .to_dtype(DType::F32)?
+        .to_vec2::<f32>()?;
+    Ok(Prefill {
+        last_logits: last,
+        cache,
+        key_valid,
+    })
+}
 
-    fn check_prompts(&self, prompts: &[Vec<u32>]) -> Result<(), RolloutError> {
-        let config = self.model.config();
-        if prompts.is_empty() {
-            return Err(RolloutError::InvalidParam {
-                field: "prompts",
-                reason: "the request has no prompts".into(),
+fn check_prompts(model: &Transformer, prompts: &[Vec<u32>]) -> Result<(), RolloutError> {
+    let config = model.config();
+    if prompts.is_empty() {
+        return Err(RolloutError::InvalidParam {
+            field: "prompts",
+            reason: "the request has no prompts".into(),
+        });
+    }
+    for (prompt_index, prompt) in prompts.iter().enumerate() {
+        if prompt.is_empty() {
+            return Err(RolloutError::InvalidPrompt {
+                prompt_index,
+                reason: "is empty (a prompt needs at least one token, e.g. BOS)".into(),
             });
         }
-        for (prompt_index, prompt) in prompts.iter().enumerate() {
-            if prompt.is_empty() {
-                return Err(RolloutError::InvalidPrompt {
-                    prompt_index,
-                    reason: "is empty (a prompt needs at least one token, e.g. BOS)".into(),
-                });
-            }
-            if let Some(&id) = prompt.iter().find(|&&id| id as usize >= config.vocab_size) {
-                return Err(RolloutError::InvalidPrompt {
-                    prompt_index,
-                    reason: format!(
-                        "token id {id} is outside the vocabulary (size {})",
-                        config.vocab_size
-                    ),
-                });
-            }
-            if prompt.len() >= config.max_position_embeddings {
-                return Err(RolloutError::InvalidPrompt {
-                    prompt_index,
-                    reason: format!(
-                        "has {} tokens, leaving no room below max_position_embeddings = {}",
-                        prompt.len(),
-                        config.max_position_embeddings
-                    ),
-                });
-            }
+        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= config.vocab_size) {
+            return Err(RolloutError::InvalidPrompt {
+                prompt_index,
+                reason: format!(
+                    "token id {id} is outside the vocabulary (size {})",
+                    config.vocab_size
+                ),
+            });
         }
-        Ok(())
+        if prompt.len() >= config.max_position_embeddings {
+            return Err(RolloutError::InvalidPrompt {
+                prompt_index,
+                reason: format!(
+                    "has {} tokens, leaving no room below max_position_embeddings = {}",
+                    prompt.len(),
+                    config.max_position_embeddings
+                ),
+            });
+        }
     }
+    Ok(())
 }

@@ -13,6 +13,10 @@ pub enum RolloutError {
     BadLogits(String),
     #[error("detokenizer failed: {0}")]
     Detokenize(String),
+    /// The live weights broke a promise mid-generation: a version went back, or new weights
+    /// have another shape than the ones the generation started with.
+    #[error("live weights: {0}")]
+    LiveWeights(String),
     #[error("model: {0}")]
     Model(#[from] ModelError),
     #[error("tensor operation in the generation engine: {0}")]

@@ -4,10 +4,11 @@
 //! The engine knows nothing of text: prompts arrive tokenized, and text comes back only through a
 //! caller-supplied [`Detokenizer`]. Modules: [`sampling`] (one logits row -> one token),
 //! [`stop`] (when a sample ends), [`request`] (typed request/response), [`engine`] (batching and
-//! the KV cache).
+//! the KV cache), [`live`] (generation whose weights may change between decode steps).
 
 pub mod engine;
 pub mod error;
+pub mod live;
 pub mod request;
 pub mod sampling;
 pub mod score;
@@ -15,6 +16,7 @@ pub mod stop;
 
 pub use engine::Engine;
 pub use error::RolloutError;
+pub use live::{FixedWeights, LiveGeneration, LiveWeights, generate_live};
 pub use request::{Completion, FinishReason, GenerationOutput, GenerationRequest, SamplingParams};
 pub use sampling::{SampleStream, SampledToken, SamplingRule};
 pub use stop::{Detokenizer, StopCriteria};
