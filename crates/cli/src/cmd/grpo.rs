@@ -1,0 +1,324 @@
+//! `stoke grpo CONFIG.toml [--set key=value]... [--resume] [--quiet]`: reinforcement learning
+//! with GRPO on the four-module pipeline; see `stoke_pipeline::config` for the file format.
+//!
+//! The command turns files into the loaded objects of a run and hands them to
+//! `stoke_pipeline::run::run`: the policy and its tokenizer from `[model] path`, the reference
+//! policy only when the KL coefficient is positive (`[model] reference`, else a copy of the
+//! starting policy), the tasks (a JSONL file through `task::load_tasks`, or the built-in
+//! arithmetic task drawn from `stoke_eval`, held-out split for `[held_out]`), and one
+//! `RewardSpec` per configured reward (code rewards get a sandbox with default limits).
+//!
+//! What it is not: no training logic; [`prepare`] is reusable by other entry points (the
+//! speedrun's GRPO stage builds a `GrpoConfig` in code and calls it).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use candle_core::Device;
+use clap::Args;
+use stoke_eval::arithmetic::{ArithmeticTask, Level, Split};
+use stoke_model::Transformer;
+use stoke_pipeline::config::{GrpoConfig, TaskSource};
+use stoke_pipeline::records::Task;
+use stoke_pipeline::reward::RewardSpec;
+use stoke_pipeline::task::{chat_task, load_tasks};
+use stoke_sandbox::{Sandbox, SandboxConfigFile};
+use stoke_tokenizer::hf::Tokenizer;
+
+/// Share of the arithmetic question space held out, the value the speedrun's SFT stage uses:
+/// the split is a function of the question and this share, so GRPO never trains on a question
+/// the speedrun held out.
+const ARITHMETIC_HELD_OUT_FRACTION: f64 = 0.1;
+
+#[derive(Args)]
+pub struct GrpoArgs {
+    /// The run's TOML config (relative paths inside it are relative to its folder).
+    config: PathBuf,
+    /// Override a key of the config, e.g. `--set grpo.steps=20` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+    /// Continue from the newest checkpoint in the output folder.
+    #[arg(long)]
+    resume: bool,
+    /// No progress output.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// Everything a run needs besides its settings, loaded.
+pub struct PreparedGrpo {
+    pub policy: Transformer,
+    pub tokenizer: Arc<Tokenizer>,
+    /// Present only when the KL coefficient is positive.
+    pub reference: Option<Transformer>,
+    pub tasks: Vec<Arc<Task>>,
+    /// Empty when the config has no held-out set.
+    pub held_out: Vec<Arc<Task>>,
+    pub rewards: Vec<RewardSpec>,
+}
+
+/// Loads the model, tokenizer, reference, tasks and rewards a config names.
+pub fn prepare(config: &GrpoConfig, quiet: bool) -> anyhow::Result<PreparedGrpo> {
+    let model_dir = &config.model;
+    if !model_dir.is_dir() {
+        bail!(
+            "[model] path {} does not exist or is not a folder",
+            model_dir.display()
+        );
+    }
+    let policy = Transformer::load(model_dir, &Device::Cpu)
+        .with_context(|| format!("loading the policy from {}", model_dir.display()))?;
+    let tokenizer = Arc::new(
+        Tokenizer::from_dir(model_dir)
+            .with_context(|| format!("loading the tokenizer from {}", model_dir.display()))?,
+    );
+    let needs_reference = config.settings.loss.kl.is_some();
+    let reference = match (&config.reference_model, needs_reference) {
+        (_, false) => None,
+        (Some(dir), true) => Some(
+            Transformer::load(dir, &Device::Cpu)
+                .with_context(|| format!("loading the reference from {}", dir.display()))?,
+        ),
+        (None, true) => Some(policy.snapshot().context("copying the reference policy")?),
+    };
+
+    let reward_names = config.reward_names();
+    let tasks = resolve_tasks(
+        "tasks",
+        &config.tasks,
+        Split::Train,
+        &tokenizer,
+        &reward_names,
+        quiet,
+    )?;
+    let held_out = match &config.held_out {
+        None => Vec::new(),
+        Some(source) => resolve_tasks(
+            "held_out",
+            source,
+            Split::HeldOut,
+            &tokenizer,
+            &reward_names,
+            quiet,
+        )?,
+    };
+    let rewards = build_rewards(config)?;
+    Ok(PreparedGrpo {
+        policy,
+        tokenizer,
+        reference,
+        tasks,
+        held_out,
+        rewards,
+    })
+}
+
+/// The tasks of one `[tasks]` / `[held_out]` section.
+fn resolve_tasks(
+    section: &str,
+    source: &TaskSource,
+    split: Split,
+    tokenizer: &Tokenizer,
+    reward_names: &[String],
+    quiet: bool,
+) -> anyhow::Result<Vec<Arc<Task>>> {
+    match source {
+        TaskSource::Jsonl { path } => {
+            let load = load_tasks(path, tokenizer, reward_names)
+                .with_context(|| format!("[{section}] {}", path.display()))?;
+            // Skipped lines are reported even in quiet runs: silently training on part of a
+            // file is the surprise a person must not get.
+            if !load.skipped.is_empty() {
+                eprintln!("warning: {}", load.summary(path));
+            } else if !quiet {
+                eprintln!("{}", load.summary(path));
+            }
+            Ok(load.tasks)
+        }
+        TaskSource::Arithmetic {
+            levels,
+            problems,
+            seed,
+        } => {
+            let levels = parse_levels(levels, section)?;
+            let generator = ArithmeticTask::new(levels, ARITHMETIC_HELD_OUT_FRACTION)
+                .with_context(|| format!("[{section}] arithmetic task"))?;
+            let drawn = generator
+                .problems(split, *problems, *seed)
+                .with_context(|| format!("[{section}] drawing {problems} arithmetic problems"))?;
+            let prefix = match split {
+                Split::Train => "arithmetic-train",
+                Split::HeldOut => "arithmetic-held-out",
+            };
+            drawn
+                .iter()
+                .enumerate()
+                .map(|(i, problem)| {
+                    chat_task(
+                        format!("{prefix}-{i}"),
+                        &problem.question,
+                        problem.reference(),
+                        tokenizer,
+                    )
+                    .map(Arc::new)
+                    .with_context(|| format!("[{section}] rendering arithmetic problem {i}"))
+                })
+                .collect()
+        }
+    }
+}
+
+/// `stoke_eval` levels from their names (the config checked them against the same list).
+fn parse_levels(names: &[String], section: &str) -> anyhow::Result<Vec<Level>> {
+    names
+        .iter()
+        .map(|name| {
+            Level::ALL
+                .into_iter()
+                .find(|level| level.name() == name)
+                .with_context(|| format!("{section}.levels: unknown level `{name}`"))
+        })
+        .collect()
+}
+
+/// One `RewardSpec` per configured reward, in index order; one sandbox (default limits) shared
+/// by the rewards that run code.
+fn build_rewards(config: &GrpoConfig) -> anyhow::Result<Vec<RewardSpec>> {
+    let sandbox = if config.rewards.iter().any(|(_, r)| r.runs_code()) {
+        let sandbox_config = SandboxConfigFile::default().into_config()?;
+        Some(Sandbox::new(sandbox_config).context("starting the sandbox for code rewards")?)
+    } else {
+        None
+    };
+    config
+        .rewards
+        .iter()
+        .map(|(name, reward)| {
+            let built = reward
+                .build(sandbox.clone())
+                .with_context(|| format!("rewards.{name}"))?;
+            Ok(RewardSpec::from_reward(name.clone(), built))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    #[test]
+    fn config_level_names_are_the_eval_crate_names() {
+        let eval_names: Vec<&str> = Level::ALL.iter().map(|l| l.name()).collect();
+        assert_eq!(
+            eval_names,
+            stoke_pipeline::config::ARITHMETIC_LEVELS.to_vec()
+        );
+    }
+
+    #[test]
+    fn unknown_level_is_named() {
+        let error = parse_levels(&["hard".to_string()], "tasks").unwrap_err();
+        assert!(error.to_string().contains("tasks.levels"), "{error}");
+    }
+
+    const TEMPLATE: &str = r"{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    /// A model folder: a tiny random Llama and a small BPE with a ChatML template.
+    fn model_folder(dir: &Path) {
+        use stoke_tokenizer::train::{TrainerConfig, WordCounts, train_bpe};
+        let tokenizer_dir = dir.join("tokenizer");
+        let texts: Vec<String> = (0..40)
+            .map(|i| {
+                format!(
+                    "Mia has {i} shells. She finds {} more. #### {}",
+                    i + 2,
+                    2 * i + 2
+                )
+            })
+            .collect();
+        let specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"].map(String::from);
+        let trainer = TrainerConfig::new(300, specials.to_vec());
+        let mut words = WordCounts::new(&trainer.pattern).unwrap();
+        words.add_texts(&texts);
+        train_bpe(&words, &trainer, |_| {})
+            .unwrap()
+            .save(&tokenizer_dir)
+            .unwrap();
+        let tokenizer_config = serde_json::json!({
+            "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": TEMPLATE,
+        });
+        std::fs::write(
+            tokenizer_dir.join("tokenizer_config.json"),
+            tokenizer_config.to_string(),
+        )
+        .unwrap();
+        let vocab = Tokenizer::from_dir(&tokenizer_dir).unwrap().vocab_size();
+        let json = serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
+            "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
+            "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": true,
+            "max_position_embeddings": 256,
+        });
+        let config =
+            stoke_model::ModelConfig::from_json_str(&json.to_string(), Path::new("<test>"))
+                .unwrap();
+        Transformer::init(config, &Device::Cpu, 1)
+            .unwrap()
+            .save_with_tokenizer(&dir.join("model"), Some(&tokenizer_dir))
+            .unwrap();
+    }
+
+    #[test]
+    fn prepare_loads_model_tasks_held_out_and_reference() {
+        let dir = tempfile::tempdir().unwrap();
+        model_folder(dir.path());
+        let path = dir.path().join("run.toml");
+        std::fs::write(
+            &path,
+            "[model]\npath = \"model\"\n[tasks]\nkind = \"arithmetic\"\nproblems = 5\n\
+             [eval]\nproblems = 3\n[grpo.loss]\nbeta = 0.04\n",
+        )
+        .unwrap();
+        let config = GrpoConfig::load(&path, &[]).unwrap();
+        let prepared = prepare(&config, true).unwrap();
+        assert_eq!(prepared.tasks.len(), 5);
+        assert_eq!(prepared.held_out.len(), 3);
+        assert_eq!(prepared.rewards.len(), 1);
+        assert!(prepared.reference.is_some(), "beta > 0 loads a reference");
+        let task = &prepared.tasks[0];
+        assert_eq!(task.id, "arithmetic-train-0");
+        assert!(task.reference.answer.is_some());
+        // The prompt is the question as one user turn, ready for the assistant's reply.
+        let text = prepared.tokenizer.decode(&task.prompt_ids, false).unwrap();
+        assert!(text.starts_with("<|im_start|>user\n"), "{text}");
+        assert!(text.ends_with("<|im_start|>assistant\n"), "{text}");
+        // No held-out question is a training question.
+        for held in &prepared.held_out {
+            assert!(prepared.tasks.iter().all(|t| t.prompt != held.prompt));
+        }
+
+        let without_kl = GrpoConfig::load(&path, &["grpo.loss.beta=0".to_string()]).unwrap();
+        assert!(prepare(&without_kl, true).unwrap().reference.is_none());
+    }
+
+    #[test]
+    fn rewards_are_built_in_index_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.toml");
+        std::fs::write(
+            &path,
+            "[model]\npath = \"m\"\n[rewards.default]\nkind = \"math\"\n[rewards.len]\nkind = \"group_length\"\n",
+        )
+        .unwrap();
+        let config = GrpoConfig::load(&path, &[]).unwrap();
+        let specs = build_rewards(&config).unwrap();
+        let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["default", "len"]);
+        assert!(!specs[0].group_level);
+        assert!(specs[1].group_level);
+    }
+}
