@@ -290,3 +290,16 @@ fn schedule_keys_of_another_kind_are_refused() {
     ));
     assert_eq!(field, "schedule.decay_steps");
 }
+
+#[test]
+fn shipped_grpo_tiny_config_loads() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/grpo-tiny.toml");
+    let config = GrpoConfig::load(&path, &[]).unwrap();
+    assert_eq!(config.settings.group_size, 8);
+    assert_eq!(config.settings.max_new_tokens, 64);
+    assert!(config.model.ends_with("runs/speedrun/model"));
+    assert!(matches!(
+        config.held_out,
+        Some(TaskSource::Arithmetic { problems: 100, .. })
+    ));
+}
