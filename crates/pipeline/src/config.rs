@@ -63,7 +63,9 @@
 //! `apply_overrides`), so an override is checked like a key in the file. Every error names the
 //! key it is about (`grpo.group_size: must be at least 1`). [`GrpoConfig::to_toml`] writes the
 //! resolved config with every value explicit and absolute paths; loading it gives an equal
-//! config (the run saves it as `OUT/config.toml`).
+//! config (the run saves it as `OUT/config.toml`). [`resume_differences`] lists the keys in
+//! which a saved config and the current one differ, ignoring the run's length, evaluation,
+//! checkpoint and resource keys, for `--resume` to refuse a changed run.
 //!
 //! What this is not: nothing is loaded here (no model, tokenizer, task file or sandbox); the CLI
 //! turns a `GrpoConfig` into the loaded objects of a run.
@@ -654,6 +656,70 @@ impl GrpoConfig {
     /// The names of the rewards in index order (what `task::load_tasks` resolves names against).
     pub fn reward_names(&self) -> Vec<String> {
         self.rewards.iter().map(|(name, _)| name.clone()).collect()
+    }
+}
+
+/// Keys (or key prefixes ending in `.`) that may change when a run is resumed: they set how long
+/// it runs, how it is evaluated, checkpointed and resourced, not what an update computes.
+const RESUME_FREE_KEYS: &[&str] = &[
+    "grpo.steps",
+    "grpo.max_bad_steps",
+    "grpo.reward_workers",
+    "grpo.reward_timeout_s",
+    "grpo.threads",
+    "grpo.buffer_bytes",
+    "held_out.",
+    "eval.",
+    "checkpoint.",
+    "out.",
+];
+
+/// `(key, saved value, current value)` for every key of the resolved configs that differs,
+/// except the [`RESUME_FREE_KEYS`]; a resumed run refuses to continue when this is not empty
+/// (the training so far would not be the training the current config describes).
+pub fn resume_differences(
+    saved: &GrpoConfig,
+    current: &GrpoConfig,
+) -> Vec<(String, String, String)> {
+    let flatten = |config: &GrpoConfig| {
+        let mut out = BTreeMap::new();
+        if let Ok(value) = toml::Value::try_from(config.to_file()) {
+            flatten_into("", &value, &mut out);
+        }
+        out
+    };
+    let (a, b) = (flatten(saved), flatten(current));
+    let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    let free = |key: &str| {
+        RESUME_FREE_KEYS
+            .iter()
+            .any(|free| key == *free || (free.ends_with('.') && key.starts_with(free)))
+    };
+    keys.into_iter()
+        .filter(|key| !free(key))
+        .filter(|key| a.get(*key) != b.get(*key))
+        .map(|key| {
+            let show = |v: Option<&String>| v.cloned().unwrap_or_else(|| "(unset)".into());
+            (key.clone(), show(a.get(key)), show(b.get(key)))
+        })
+        .collect()
+}
+
+fn flatten_into(prefix: &str, value: &toml::Value, out: &mut BTreeMap<String, String>) {
+    match value {
+        toml::Value::Table(table) => {
+            for (k, v) in table {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten_into(&key, v, out);
+            }
+        }
+        other => {
+            out.insert(prefix.to_string(), other.to_string());
+        }
     }
 }
 

@@ -303,3 +303,26 @@ fn shipped_grpo_tiny_config_loads() {
         Some(TaskSource::Arithmetic { problems: 100, .. })
     ));
 }
+
+#[test]
+fn resume_differences_ignore_length_and_cadence_but_not_the_math() {
+    use stoke_pipeline::config::resume_differences;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "run.toml", FULL);
+    let load_with = |sets: &[&str]| {
+        // A constant schedule: a cosine one over `grpo.steps` changes with the run's length.
+        let mut sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        sets.push("schedule.kind=constant".into());
+        GrpoConfig::load(&path, &sets).unwrap()
+    };
+    let saved = load_with(&[]);
+    let longer = load_with(&["grpo.steps=40", "eval.every=2", "checkpoint.keep=5"]);
+    let free = resume_differences(&saved, &longer);
+    assert!(free.is_empty(), "{free:?}");
+    let changed = load_with(&["grpo.group_size=3", "optimizer.lr=1e-3"]);
+    let keys: Vec<String> = resume_differences(&saved, &changed)
+        .into_iter()
+        .map(|(key, _, _)| key)
+        .collect();
+    assert_eq!(keys, ["grpo.group_size", "optimizer.lr"]);
+}
