@@ -27,6 +27,7 @@ pub mod aggregation;
 pub mod correction;
 pub mod kl;
 pub mod policy_loss;
+pub mod sequences;
 
 use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
@@ -36,6 +37,7 @@ pub use aggregation::LossAggregation;
 pub use correction::{CorrectionOutput, MismatchCorrection, RatioStats};
 pub use kl::{KlEstimator, KlPenalty};
 pub use policy_loss::{ClipFractions, PolicyLoss, PolicyLossOutput, RatioLevel};
+pub use sequences::{CompletionScores, SequenceRow, completion_logprobs, token_budget_batches};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GrpoError {

@@ -1,0 +1,274 @@
+//! Completion log-probabilities of prompt + completion rows under a policy: the one forward pass
+//! GRPO needs for the current policy (with a graph), the old policy and the reference (without).
+//!
+//! Layout: rows are right-padded to the longest `prompt + completion`; every row gets positions
+//! `0..len` and a causal bias whose padded keys are masked (`stoke_model::causal_bias`), so a
+//! row's log-probs do not depend on the other rows of its batch. The LM head runs only on the
+//! positions that predict completion tokens, `prompt_len - 1 ..= prompt_len + completion_len - 2`,
+//! through the fused `stoke_ops::linear_target_logprobs`. Temperature `T` scores the
+//! distribution `softmax(logits / T)`: the hidden state is scaled by `1 / T` before the head,
+//! which is exact because the head is linear, and gradients flow through the scale.
+//!
+//! Output tensors are `[B, Tc]` with `Tc` the longest completion; slots past a row's completion
+//! hold exactly 0 (log-probs and entropy) and no gradient, and the mask marks the real tokens.
+//! Zero padding matters downstream: the GRPO ratio `exp(current - old)` of a padded slot is then
+//! `exp(0) = 1`, never an overflow that a 0 in the mask would turn into NaN.
+//!
+//! [`token_budget_batches`] splits rows into micro-batches by padded size, for callers that
+//! score more rows than fit in one forward pass.
+//!
+//! What this is not: no loss, no sampling, no KV cache (one cache-free forward per call).
+//! Invariant: log-probs equal `stoke_rollout::score::next_token_logprobs` on the completion part
+//! at temperature 1 (tests/grpo_sequences.rs).
+
+use std::ops::Range;
+
+use candle_core::{D, DType, Device, Tensor};
+use stoke_model::{Transformer, causal_bias};
+
+use crate::error::TrainError;
+
+/// One prompt + completion to score. The prompt must hold at least one token (the first
+/// completion token is predicted from the prompt's last position).
+#[derive(Clone, Copy, Debug)]
+pub struct SequenceRow<'a> {
+    pub prompt_ids: &'a [u32],
+    pub completion_ids: &'a [u32],
+}
+
+impl SequenceRow<'_> {
+    /// Tokens the row occupies in a forward pass.
+    pub fn len(&self) -> usize {
+        self.prompt_ids.len() + self.completion_ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Per-token scores of the completions of a batch of rows.
+#[derive(Debug)]
+pub struct CompletionScores {
+    /// `[B, Tc]` f32: `log p(completion token t | prefix)` under `softmax(logits / T)`; carries
+    /// the graph. 0 past a row's completion.
+    pub logprobs: Tensor,
+    /// `[B, Tc]` f32, 1 on real completion tokens, 0 on padding.
+    pub mask: Tensor,
+    /// `[B, Tc]` f32 detached entropy (nats) of the temperature-scaled distribution at each
+    /// completion position, when asked for; 0 past a row's completion.
+    pub entropy: Option<Tensor>,
+}
+
+/// Rows of logits materialized at once for the entropy (bounds memory at `CHUNK * vocab`).
+const ENTROPY_CHUNK_ROWS: usize = 256;
+
+/// One forward over right-padded prompt + completion rows (causal mask, positions from 0,
+/// padded keys masked); the LM head only on the completion positions. `temperature` must be
+/// finite and > 0. Errors name the row and what is wrong with it.
+pub fn completion_logprobs(
+    model: &Transformer,
+    rows: &[SequenceRow<'_>],
+    temperature: f32,
+    want_entropy: bool,
+) -> Result<CompletionScores, TrainError> {
+    check_rows(model, rows, temperature)?;
+    let device = model.device();
+    let batch = rows.len();
+    let max_completion = rows
+        .iter()
+        .map(|r| r.completion_ids.len())
+        .max()
+        .unwrap_or(0);
+    let mask = completion_mask(rows, max_completion, device)?;
+    if max_completion == 0 {
+        let zeros = Tensor::zeros((batch, 0), DType::F32, device)?;
+        return Ok(CompletionScores {
+            logprobs: zeros.clone(),
+            mask,
+            entropy: want_entropy.then_some(zeros),
+        });
+    }
+
+    let seq_len = rows.iter().map(SequenceRow::len).max().unwrap_or(0);
+    let mut ids = vec![0u32; batch * seq_len];
+    let mut key_valid = vec![vec![false; seq_len]; batch];
+    for (b, row) in rows.iter().enumerate() {
+        let slot = &mut ids[b * seq_len..(b + 1) * seq_len];
+        slot[..row.prompt_ids.len()].copy_from_slice(row.prompt_ids);
+        slot[row.prompt_ids.len()..row.len()].copy_from_slice(row.completion_ids);
+        key_valid[b][..row.len()].fill(true);
+    }
+    let positions: Vec<u32> = (0..batch).flat_map(|_| 0..seq_len as u32).collect();
+    let ids = Tensor::from_vec(ids, (batch, seq_len), device)?;
+    let positions = Tensor::from_vec(positions, (batch, seq_len), device)?;
+    let bias = causal_bias(&key_valid, seq_len, device)?;
+    let hidden = model.forward_hidden(&ids, &positions, &bias, None)?;
+    let width = hidden.dim(D::Minus1)?;
+    let hidden = hidden.reshape((batch * seq_len, width))?;
+
+    // The positions predicting completion tokens, row-major, and their targets.
+    let mut head_rows = Vec::new();
+    let mut targets = Vec::new();
+    for (b, row) in rows.iter().enumerate() {
+        let first = b * seq_len + row.prompt_ids.len() - 1;
+        head_rows.extend((0..row.completion_ids.len()).map(|t| (first + t) as u32));
+        targets.extend_from_slice(row.completion_ids);
+    }
+    let scored = targets.len();
+    let index = Tensor::from_slice(&head_rows, scored, device)?;
+    let hidden = hidden.index_select(&index, 0)?.to_dtype(DType::F32)?;
+    let hidden = if temperature == 1.0 {
+        hidden
+    } else {
+        (hidden * (1.0 / f64::from(temperature)))?
+    };
+    let head = model.lm_head_weight().to_dtype(DType::F32)?;
+    let targets = Tensor::from_slice(&targets, scored, device)?;
+    let token_logprobs = stoke_ops::linear_target_logprobs(&hidden, &head, &targets)?;
+
+    // Back to [B, Tc]: slot (b, t) reads entry `scored` (an appended 0) when past the row's
+    // completion, so padding is an exact 0 with no gradient path into the model.
+    let slots = padded_slots(rows, max_completion, scored);
+    let slots = Tensor::from_vec(slots, batch * max_completion, device)?;
+    let with_zero = Tensor::cat(
+        &[&token_logprobs, &Tensor::zeros(1, DType::F32, device)?],
+        0,
+    )?;
+    let logprobs = with_zero
+        .index_select(&slots, 0)?
+        .reshape((batch, max_completion))?;
+
+    let entropy = if want_entropy {
+        let per_token = entropy_rows(&hidden.detach(), &head.detach())?;
+        let with_zero = Tensor::cat(&[&per_token, &Tensor::zeros(1, DType::F32, device)?], 0)?;
+        Some(
+            with_zero
+                .index_select(&slots, 0)?
+                .reshape((batch, max_completion))?,
+        )
+    } else {
+        None
+    };
+    Ok(CompletionScores {
+        logprobs,
+        mask,
+        entropy,
+    })
+}
+
+/// Splits rows (in order) into consecutive micro-batches whose padded size
+/// `rows * max(length)` stays within `budget` (a longer single row is its own batch).
+pub fn token_budget_batches(lengths: &[usize], budget: usize) -> Vec<Range<usize>> {
+    let mut batches = Vec::new();
+    let mut start = 0;
+    let mut longest = 0;
+    for (i, &length) in lengths.iter().enumerate() {
+        let widest = longest.max(length);
+        if i > start && (i - start + 1).saturating_mul(widest) > budget {
+            batches.push(start..i);
+            start = i;
+            longest = length;
+        } else {
+            longest = widest;
+        }
+    }
+    if start < lengths.len() {
+        batches.push(start..lengths.len());
+    }
+    batches
+}
+
+fn check_rows(
+    model: &Transformer,
+    rows: &[SequenceRow<'_>],
+    temperature: f32,
+) -> Result<(), TrainError> {
+    let invalid = |reason: String| TrainError::Other(format!("completion_logprobs: {reason}"));
+    if !(temperature.is_finite() && temperature > 0.0) {
+        return Err(invalid(format!(
+            "temperature must be finite and > 0, got {temperature}"
+        )));
+    }
+    if rows.is_empty() {
+        return Err(invalid("no rows to score".to_string()));
+    }
+    let config = model.config();
+    for (b, row) in rows.iter().enumerate() {
+        if row.prompt_ids.is_empty() {
+            return Err(invalid(format!(
+                "row {b}: the prompt is empty (the first completion token needs a prefix)"
+            )));
+        }
+        if row.len() > config.max_position_embeddings {
+            return Err(invalid(format!(
+                "row {b}: {} tokens exceed max_position_embeddings = {}",
+                row.len(),
+                config.max_position_embeddings
+            )));
+        }
+        let all = row.prompt_ids.iter().chain(row.completion_ids);
+        if let Some((position, id)) = all
+            .enumerate()
+            .find(|(_, id)| **id as usize >= config.vocab_size)
+        {
+            return Err(invalid(format!(
+                "row {b}: token id {id} at position {position} is outside the vocabulary \
+                 (vocab_size = {})",
+                config.vocab_size
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `[B, Tc]` 0/1 f32: 1 where `t < completion_len`.
+fn completion_mask(
+    rows: &[SequenceRow<'_>],
+    max_completion: usize,
+    device: &Device,
+) -> Result<Tensor, TrainError> {
+    let mask: Vec<f32> = rows
+        .iter()
+        .flat_map(|row| {
+            (0..max_completion).map(move |t| f32::from(u8::from(t < row.completion_ids.len())))
+        })
+        .collect();
+    Ok(Tensor::from_vec(
+        mask,
+        (rows.len(), max_completion),
+        device,
+    )?)
+}
+
+/// For each slot `(b, t)` of `[B, Tc]`, the index of its token in the row-major list of scored
+/// tokens, or `padding` past the row's completion.
+fn padded_slots(rows: &[SequenceRow<'_>], max_completion: usize, padding: usize) -> Vec<u32> {
+    let mut slots = Vec::with_capacity(rows.len() * max_completion);
+    let mut next = 0u32;
+    for row in rows {
+        let len = row.completion_ids.len();
+        slots.extend(next..next + len as u32);
+        slots.extend(std::iter::repeat_n(padding as u32, max_completion - len));
+        next += len as u32;
+    }
+    slots
+}
+
+/// Entropy `logsumexp(z) - sum(softmax(z) * z)` of `z = hidden @ head^T` per row, `[N]` f32,
+/// a chunk of rows at a time.
+fn entropy_rows(hidden: &Tensor, head: &Tensor) -> Result<Tensor, TrainError> {
+    let rows = hidden.dim(0)?;
+    let head_t = head.t()?;
+    let mut parts = Vec::with_capacity(rows.div_ceil(ENTROPY_CHUNK_ROWS));
+    for start in (0..rows).step_by(ENTROPY_CHUNK_ROWS) {
+        let len = ENTROPY_CHUNK_ROWS.min(rows - start);
+        let logits = hidden.narrow(0, start, len)?.matmul(&head_t)?;
+        let shifted = logits.broadcast_sub(&logits.max_keepdim(1)?)?;
+        let exp = shifted.exp()?;
+        let sum = exp.sum_keepdim(1)?;
+        let expected = (exp * &shifted)?.sum_keepdim(1)?.broadcast_div(&sum)?;
+        parts.push((sum.log()? - expected)?.squeeze(1)?);
+    }
+    Ok(Tensor::cat(&parts, 0)?)
+}

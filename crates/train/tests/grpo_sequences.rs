@@ -1,0 +1,273 @@
+//! `grpo::sequences`: completion log-probs of padded prompt + completion rows against the
+//! single-sequence reference scorer (`stoke_rollout::score`), temperature, entropy, padding
+//! independence, gradients, and the token-budget split.
+
+mod common;
+
+use candle_core::{DType, Device, Tensor};
+use stoke_model::causal_bias;
+use stoke_rollout::score::{full_sequence_logits, next_token_logprobs};
+use stoke_train::grpo::{SequenceRow, completion_logprobs, token_budget_batches};
+
+use common::{Rng, VOCAB, nano_model};
+
+fn random_ids(rng: &mut Rng, len: usize) -> Vec<u32> {
+    (0..len).map(|_| rng.below(VOCAB as u64) as u32).collect()
+}
+
+/// (prompt, completion) pairs of different lengths, so the batch has padding on both parts.
+fn fixture_rows(seed: u64) -> Vec<(Vec<u32>, Vec<u32>)> {
+    let mut rng = Rng(seed);
+    [(5, 4), (2, 7), (9, 1), (3, 3)]
+        .iter()
+        .map(|&(p, c)| (random_ids(&mut rng, p), random_ids(&mut rng, c)))
+        .collect()
+}
+
+fn as_rows(pairs: &[(Vec<u32>, Vec<u32>)]) -> Vec<SequenceRow<'_>> {
+    pairs
+        .iter()
+        .map(|(p, c)| SequenceRow {
+            prompt_ids: p,
+            completion_ids: c,
+        })
+        .collect()
+}
+
+fn rows_of(t: &Tensor) -> Vec<Vec<f32>> {
+    t.to_vec2::<f32>().expect("[B, T] f32")
+}
+
+/// log softmax(row / temperature) and its entropy, in f64.
+fn tempered(row: &[f32], temperature: f64) -> (Vec<f64>, f64) {
+    let z: Vec<f64> = row.iter().map(|&x| x as f64 / temperature).collect();
+    let max = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let lse = max + z.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+    let logp: Vec<f64> = z.iter().map(|x| x - lse).collect();
+    let entropy = -logp.iter().map(|lp| lp.exp() * lp).sum::<f64>();
+    (logp, entropy)
+}
+
+#[test]
+fn logprobs_equal_the_reference_scorer_on_the_completion_part() {
+    let model = nano_model(1);
+    let pairs = fixture_rows(11);
+    let scores = completion_logprobs(&model, &as_rows(&pairs), 1.0, false).expect("scores");
+    let got = rows_of(&scores.logprobs);
+    let mask = rows_of(&scores.mask);
+    assert_eq!(scores.logprobs.dims(), [4, 7]);
+    for (b, (prompt, completion)) in pairs.iter().enumerate() {
+        let ids: Vec<u32> = prompt.iter().chain(completion).copied().collect();
+        let reference = next_token_logprobs(&model, &ids, &Device::Cpu).expect("reference");
+        let expected = &reference[prompt.len() - 1..];
+        assert_eq!(expected.len(), completion.len());
+        for t in 0..7 {
+            if t < completion.len() {
+                assert_eq!(mask[b][t], 1.0);
+                let diff = (got[b][t] - expected[t]).abs();
+                assert!(
+                    diff < 1e-5,
+                    "row {b} token {t}: {} vs {}",
+                    got[b][t],
+                    expected[t]
+                );
+            } else {
+                assert_eq!(mask[b][t], 0.0, "row {b} slot {t} is padding");
+                assert_eq!(got[b][t], 0.0, "row {b} padding slot {t} holds exactly 0");
+            }
+        }
+    }
+}
+
+#[test]
+fn temperature_scores_logits_over_temperature_and_entropy_matches() {
+    let model = nano_model(2);
+    let pairs = fixture_rows(12);
+    let temperature = 0.6;
+    let scores =
+        completion_logprobs(&model, &as_rows(&pairs), temperature as f32, true).expect("scores");
+    let got = rows_of(&scores.logprobs);
+    let entropy = rows_of(scores.entropy.as_ref().expect("entropy asked for"));
+    let mut max_gap_to_plain = 0.0f64;
+    for (b, (prompt, completion)) in pairs.iter().enumerate() {
+        let ids: Vec<u32> = prompt.iter().chain(completion).copied().collect();
+        let logits = full_sequence_logits(&model, &ids, &Device::Cpu).expect("logits");
+        let plain = next_token_logprobs(&model, &ids, &Device::Cpu).expect("plain");
+        for (t, &token) in completion.iter().enumerate() {
+            let position = prompt.len() - 1 + t;
+            let (logp, h) = tempered(&logits[position], temperature);
+            let diff = (got[b][t] as f64 - logp[token as usize]).abs();
+            assert!(
+                diff < 1e-5,
+                "row {b} token {t}: {} vs {}",
+                got[b][t],
+                logp[token as usize]
+            );
+            let diff = (entropy[b][t] as f64 - h).abs();
+            assert!(diff < 1e-4, "row {b} entropy {t}: {} vs {h}", entropy[b][t]);
+            max_gap_to_plain = max_gap_to_plain.max((got[b][t] - plain[position]).abs() as f64);
+        }
+        assert!(entropy[b][completion.len()..].iter().all(|&h| h == 0.0));
+    }
+    assert!(
+        max_gap_to_plain > 1e-3,
+        "temperature had no effect ({max_gap_to_plain})"
+    );
+}
+
+#[test]
+fn a_rows_logprobs_do_not_depend_on_the_other_rows() {
+    let model = nano_model(3);
+    let pairs = fixture_rows(13);
+    let batched = rows_of(
+        &completion_logprobs(&model, &as_rows(&pairs), 1.0, false)
+            .expect("batch")
+            .logprobs,
+    );
+    // Row 2 has the shortest completion: alone it has no padding at all.
+    for (b, pair) in pairs.iter().enumerate() {
+        let alone = completion_logprobs(&model, &as_rows(std::slice::from_ref(pair)), 1.0, false)
+            .expect("alone");
+        let alone = rows_of(&alone.logprobs);
+        for (t, value) in alone[0].iter().enumerate() {
+            let diff = (batched[b][t] - value).abs();
+            assert!(
+                diff < 1e-5,
+                "row {b} token {t}: {} batched vs {value} alone",
+                batched[b][t]
+            );
+        }
+    }
+}
+
+#[test]
+fn gradients_reach_the_model_and_match_the_unfused_head_at_a_temperature() {
+    let model = nano_model(4);
+    let pairs = fixture_rows(14);
+    let temperature = 0.7f64;
+    let scores =
+        completion_logprobs(&model, &as_rows(&pairs), temperature as f32, false).expect("scores");
+    let grads = scores
+        .logprobs
+        .sum_all()
+        .and_then(|s| s.backward())
+        .expect("backward");
+
+    // The same objective through the plain head: logits / T, explicit log-softmax, gather.
+    let (batch, seq_len) = (pairs.len(), 10);
+    let mut ids = vec![0u32; batch * seq_len];
+    let mut valid = vec![vec![false; seq_len]; batch];
+    let mut picks = Vec::new();
+    for (b, (p, c)) in pairs.iter().enumerate() {
+        let row: Vec<u32> = p.iter().chain(c).copied().collect();
+        ids[b * seq_len..b * seq_len + row.len()].copy_from_slice(&row);
+        valid[b][..row.len()].fill(true);
+        for (t, &token) in c.iter().enumerate() {
+            picks.push(((b * seq_len + p.len() - 1 + t) as u32, token));
+        }
+    }
+    let dev = Device::Cpu;
+    let ids = Tensor::from_vec(ids, (batch, seq_len), &dev).unwrap();
+    let positions: Vec<u32> = (0..batch).flat_map(|_| 0..seq_len as u32).collect();
+    let positions = Tensor::from_vec(positions, (batch, seq_len), &dev).unwrap();
+    let bias = causal_bias(&valid, seq_len, &dev).unwrap();
+    let logits = model.forward(&ids, &positions, &bias, None).unwrap();
+    let logits = (logits.reshape((batch * seq_len, VOCAB)).unwrap() / temperature).unwrap();
+    let index: Vec<u32> = picks.iter().map(|p| p.0).collect();
+    let index = Tensor::from_vec(index, picks.len(), &dev).unwrap();
+    let logits = logits.index_select(&index, 0).unwrap();
+    let lse = logits
+        .exp()
+        .and_then(|e| e.sum_keepdim(1))
+        .and_then(|s| s.log())
+        .unwrap();
+    let targets: Vec<u32> = picks.iter().map(|p| p.1).collect();
+    let targets = Tensor::from_vec(targets, picks.len(), &dev).unwrap();
+    let picked = logits.gather(&targets.unsqueeze(1).unwrap(), 1).unwrap();
+    let reference = (picked - lse).unwrap().sum_all().unwrap();
+    let reference_grads = reference.backward().unwrap();
+
+    let mut checked = 0;
+    for (name, var) in model.parameters() {
+        let got = grads.get(var.as_tensor());
+        let want = reference_grads
+            .get(var.as_tensor())
+            .expect("reference grad");
+        let got = got.unwrap_or_else(|| panic!("no gradient reached {name}"));
+        let norm = got
+            .sqr()
+            .and_then(|s| s.sum_all())
+            .and_then(|s| s.to_dtype(DType::F64))
+            .and_then(|s| s.to_scalar::<f64>())
+            .unwrap();
+        assert!(norm > 0.0, "zero gradient for {name}");
+        let diff = (got - want)
+            .unwrap()
+            .abs()
+            .and_then(|d| d.max_all())
+            .and_then(|d| d.to_scalar::<f32>())
+            .unwrap();
+        assert!(
+            diff < 1e-4,
+            "{name}: fused and plain gradients differ by {diff}"
+        );
+        checked += 1;
+    }
+    assert!(checked > 5);
+}
+
+#[test]
+fn bad_rows_are_refused_with_the_row_named() {
+    let model = nano_model(5);
+    let good = [1u32, 2, 3];
+    let empty_prompt = [SequenceRow {
+        prompt_ids: &[],
+        completion_ids: &good,
+    }];
+    let err = completion_logprobs(&model, &empty_prompt, 1.0, false).unwrap_err();
+    assert!(err.to_string().contains("row 0"), "{err}");
+    let outside = [VOCAB as u32];
+    let rows = [
+        SequenceRow {
+            prompt_ids: &good,
+            completion_ids: &good,
+        },
+        SequenceRow {
+            prompt_ids: &good,
+            completion_ids: &outside,
+        },
+    ];
+    let err = completion_logprobs(&model, &rows, 1.0, false).unwrap_err();
+    assert!(err.to_string().contains("row 1"), "{err}");
+    assert!(err.to_string().contains("vocabulary"), "{err}");
+    let err = completion_logprobs(&model, &rows[..1], 0.0, false).unwrap_err();
+    assert!(err.to_string().contains("temperature"), "{err}");
+    assert!(completion_logprobs(&model, &[], 1.0, false).is_err());
+}
+
+#[test]
+fn token_budget_batches_respect_the_padded_budget_in_order() {
+    // 3 * 4 = 12 fits 12; adding the 6 would make 4 * 6 = 24.
+    assert_eq!(
+        token_budget_batches(&[4, 3, 4, 6, 2, 20, 1], 12),
+        vec![0..3, 3..5, 5..6, 6..7]
+    );
+    assert_eq!(
+        token_budget_batches(&[], 10),
+        Vec::<std::ops::Range<usize>>::new()
+    );
+    assert_eq!(token_budget_batches(&[5, 5], 0), vec![0..1, 1..2]);
+    assert_eq!(token_budget_batches(&[5, 5, 5], 1000), vec![0..3]);
+    // Every batch stays within the budget unless it is a single row.
+    let lengths: Vec<usize> = (0..50).map(|i| 1 + (i * 7919) % 37).collect();
+    let batches = token_budget_batches(&lengths, 64);
+    assert_eq!(batches.first().map(|r| r.start), Some(0));
+    assert_eq!(batches.last().map(|r| r.end), Some(50));
+    for pair in batches.windows(2) {
+        assert_eq!(pair[0].end, pair[1].start);
+    }
+    for range in &batches {
+        let widest = lengths[range.clone()].iter().max().unwrap();
+        assert!(range.len() == 1 || range.len() * widest <= 64, "{range:?}");
+    }
+}
