@@ -1,1 +1,957 @@
-//! (module in progress this session: see lib.rs for its role)
+//! The GRPO run configuration in two layers: [`GrpoConfigFile`], the TOML file a person writes
+//! (every table rejects unknown keys; every key is optional except `[model] path`), and
+//! [`GrpoConfig`], the resolved run: paths absolute, rewards in index order, and the validated
+//! [`GrpoSettings`] the pipeline reads.
+//!
+//! ```toml
+//! [model]
+//! path = "../runs/sft/model"     # HF model folder with tokenizer files; relative to this file
+//! reference = "../runs/sft/model" # optional; default: the policy's own starting weights
+//! [tasks]
+//! kind = "arithmetic"             # or: kind = "jsonl", path = "tasks.jsonl"
+//! levels = ["single_digit"]       # names of stoke_eval::Level
+//! problems = 1000
+//! [held_out]                      # optional; arithmetic: drawn from the held-out split
+//! kind = "arithmetic"
+//! [rewards.default]               # each a stoke_reward::RewardConfig
+//! kind = "exact_match"
+//! mode = "gsm8k"
+//! [grpo]
+//! steps = 50
+//! group_size = 8
+//! [grpo.loss]                     # stoke_train::grpo::GrpoLossFile
+//! beta = 0.0
+//! [optimizer]                     # the same keys as `stoke train`'s [optimizer]
+//! lr = 1e-5
+//! [schedule]
+//! kind = "constant"
+//! [eval]
+//! every = 10
+//! [checkpoint]
+//! every = 10
+//! [out]
+//! dir = "../runs/grpo"
+//! ```
+//!
+//! Defaults (TRL's `GRPOConfig` where it has one, so a stoke run and a TRL run agree unless told
+//! otherwise):
+//! - `[tasks]`: arithmetic, levels `["single_digit"]`, 1000 problems, seed = `grpo.seed`.
+//!   `[held_out]`: for arithmetic tasks, the held-out split at the same levels with
+//!   `eval.problems` problems; for JSONL tasks, none (no held-out evaluation).
+//! - `[rewards]`: one reward `default` = exact match in `gsm8k` mode with `extract_answer`.
+//!   Reward order: `default` is index 0 (what tasks without a `reward` name use), the others
+//!   follow sorted by name; without a `default`, the first name in that order is index 0.
+//! - `[grpo]`: steps 100, prompts_per_step 8, group_size 16, max_new_tokens 256,
+//!   temperature 1.0 (constant: `temperature_end` = `temperature`, `temperature_decay_steps` 0),
+//!   top_p 1.0, top_k off (0 also means off), seed 0, mode "async", max_off_policy_steps 1 (0 in
+//!   mode "sync"), weight_sync "between_batches", rollout_batch_groups = prompts_per_step,
+//!   buffer_bytes 16 MiB, kl_placement "loss", reference_reset_every off, old_logprobs
+//!   "rollout", drop_equal_reward_groups false, clip_grad_norm 1.0 (0 turns it off),
+//!   micro_batch_tokens 8192, max_bad_steps 3, reward_workers and threads = the machine's cores,
+//!   reward_timeout_s 30.
+//! - `[grpo.loss]`: GrpoLossFile's defaults (clipped surrogate eps 0.2/0.2, token-mean, beta 0).
+//! - `[optimizer]`: AdamW, lr 1e-6, betas (0.9, 0.999), eps 1e-8, weight_decay 0 (TRL's; users of
+//!   tiny models set a larger lr). `kind = "muon"` takes the Muon keys of `stoke train`.
+//! - `[schedule]`: constant, warmup_steps 0. Cosine: over `grpo.steps` to min_lr_ratio 0; WSD:
+//!   decay over the last 20% to min_lr_ratio 0, linear.
+//! - `[eval]`: every 0 (before the first update and after the last only), samples 8, problems 64.
+//! - `[checkpoint]`: every 0 (only at the end), keep 2.
+//! - `[ptx]`: off; when present `shards` is required, coef 0.1, batch_size 4, seq_len 256.
+//! - `[out] dir`: `runs/<config file stem>` next to the config file.
+//!
+//! `--set key=value` edits the parsed table before it is deserialised (stoke_train's
+//! `apply_overrides`), so an override is checked like a key in the file. Every error names the
+//! key it is about (`grpo.group_size: must be at least 1`). [`GrpoConfig::to_toml`] writes the
+//! resolved config with every value explicit and absolute paths; loading it gives an equal
+//! config (the run saves it as `OUT/config.toml`).
+//!
+//! What this is not: nothing is loaded here (no model, tokenizer, task file or sandbox); the CLI
+//! turns a `GrpoConfig` into the loaded objects of a run.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use stoke_optim::{AdamWConfig, DecayShape, LrSchedule, MuonConfig, OptimizerConfig};
+use stoke_reward::RewardConfig;
+use stoke_reward::exact_match::{ExactMatchConfig, MatchMode};
+use stoke_train::config::{OptimizerFile, OptimizerKind, ScheduleKind, apply_overrides};
+use stoke_train::grpo::GrpoLossFile;
+
+use crate::error::PipelineError;
+use crate::settings::{
+    EvalSettings, GrpoSettings, KlPlacement, OldLogprobs, PipelineMode, PtxSettings,
+    TemperatureSchedule, WeightSync,
+};
+
+/// The names of `stoke_eval::Level` (`Level::name`), the arithmetic task's levels. The pipeline
+/// does not depend on stoke-eval; the CLI maps these names and its tests check the lists agree.
+pub const ARITHMETIC_LEVELS: [&str; 3] = ["single_digit", "one_step", "two_step"];
+
+/// The name of the reward that tasks without a `reward` field use.
+pub const DEFAULT_REWARD: &str = "default";
+
+const DEFAULT_STEPS: u64 = 100;
+const DEFAULT_PROMPTS_PER_STEP: usize = 8;
+const DEFAULT_GROUP_SIZE: usize = 16;
+const DEFAULT_MAX_NEW_TOKENS: usize = 256;
+const DEFAULT_BUFFER_BYTES: u64 = 16 << 20;
+const DEFAULT_MICRO_BATCH_TOKENS: usize = 8192;
+const DEFAULT_MAX_BAD_STEPS: u64 = 3;
+const DEFAULT_REWARD_TIMEOUT_S: f64 = 30.0;
+const DEFAULT_LR: f64 = 1e-6;
+const DEFAULT_TASK_PROBLEMS: usize = 1000;
+const DEFAULT_EVAL_SAMPLES: usize = 8;
+const DEFAULT_EVAL_PROBLEMS: usize = 64;
+const DEFAULT_KEEP_CHECKPOINTS: usize = 2;
+const DEFAULT_PTX_COEF: f64 = 0.1;
+const DEFAULT_PTX_BATCH_SIZE: usize = 4;
+const DEFAULT_PTX_SEQ_LEN: usize = 256;
+const DEFAULT_WSD_DECAY_FRACTION: f64 = 0.2;
+
+// ---------------------------------------------------------------------------------------------
+// File layer
+// ---------------------------------------------------------------------------------------------
+
+/// The TOML file as written by a person (optional dials) or by [`GrpoConfig::to_toml`] (all set).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpoConfigFile {
+    pub model: ModelSection,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<TaskSourceFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_out: Option<TaskSourceFile>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rewards: BTreeMap<String, RewardConfig>,
+    #[serde(default)]
+    pub grpo: GrpoSection,
+    #[serde(default)]
+    pub optimizer: OptimizerFile,
+    #[serde(default)]
+    pub schedule: ScheduleSection,
+    #[serde(default)]
+    pub eval: EvalSection,
+    #[serde(default)]
+    pub checkpoint: CheckpointSection,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptx: Option<PtxSection>,
+    #[serde(default)]
+    pub out: OutSection,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// Hugging Face model folder (config.json, safetensors, tokenizer files).
+    pub path: PathBuf,
+    /// Reference policy folder for the KL term; default: the policy's starting weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<PathBuf>,
+}
+
+/// `[tasks]` / `[held_out]`: where prompts come from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TaskSourceFile {
+    Jsonl {
+        path: PathBuf,
+    },
+    Arithmetic {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        levels: Option<Vec<String>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        problems: Option<usize>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seed: Option<u64>,
+    },
+}
+
+/// `PipelineMode` as written in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModeFile {
+    Sync,
+    Async,
+}
+
+/// `WeightSync` as written in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightSyncFile {
+    BetweenBatches,
+    InFlight,
+}
+
+/// `KlPlacement` as written in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KlPlacementFile {
+    Loss,
+    Reward,
+}
+
+/// `OldLogprobs` as written in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OldLogprobsFile {
+    Rollout,
+    Recompute,
+}
+
+/// `[grpo]`: the scalar settings of [`GrpoSettings`] (see the module doc for defaults).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpoSection {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompts_per_step: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_size: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_new_tokens: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_end: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_decay_steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<ModeFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_off_policy_steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_sync: Option<WeightSyncFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_batch_groups: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffer_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl_placement: Option<KlPlacementFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_reset_every: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old_logprobs: Option<OldLogprobsFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drop_equal_reward_groups: Option<bool>,
+    /// Global gradient-norm clip; 0 turns clipping off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_grad_norm: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_batch_tokens: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bad_steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward_workers: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward_timeout_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<usize>,
+    #[serde(default)]
+    pub loss: GrpoLossFile,
+}
+
+/// `[schedule]`: the learning-rate schedule (keys as in `stoke train`, default constant).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleSection {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<ScheduleKind>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_lr_ratio: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decay_start: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decay_steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decay_shape: Option<DecayShape>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalSection {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problems: Option<usize>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSection {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep: Option<usize>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PtxSection {
+    /// Token shards (a file or a folder of shards) for the pretraining loss.
+    pub shards: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coef: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq_len: Option<usize>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutSection {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<PathBuf>,
+}
+
+impl GrpoConfigFile {
+    /// Deserialises a parsed table; an unknown, missing or mistyped key is named by its dotted
+    /// path (`origin` names the file in the message).
+    pub fn from_table(table: toml::Table, origin: &str) -> Result<GrpoConfigFile, PipelineError> {
+        serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+            let key = e.path().to_string();
+            let key = if key == "." {
+                "<top level>".into()
+            } else {
+                key
+            };
+            PipelineError::config(key, format!("{} (in {origin})", e.inner()))
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runtime layer
+// ---------------------------------------------------------------------------------------------
+
+/// Where a run's prompts come from, resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TaskSource {
+    Jsonl {
+        path: PathBuf,
+    },
+    /// The built-in arithmetic task (`stoke_eval::ArithmeticTask`); `levels` are
+    /// [`ARITHMETIC_LEVELS`] names. As `[held_out]`, problems come from the held-out split.
+    Arithmetic {
+        levels: Vec<String>,
+        problems: usize,
+        seed: u64,
+    },
+}
+
+/// A resolved GRPO run configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GrpoConfig {
+    pub model: PathBuf,
+    pub out_dir: PathBuf,
+    pub tasks: TaskSource,
+    pub held_out: Option<TaskSource>,
+    /// Index 0 is the default reward (see the module doc for the order).
+    pub rewards: Vec<(String, RewardConfig)>,
+    /// `None`: the policy's own starting weights.
+    pub reference_model: Option<PathBuf>,
+    pub settings: GrpoSettings,
+}
+
+impl GrpoConfig {
+    /// Reads `path`, applies `--set` overrides and resolves it (relative paths against the
+    /// file's folder).
+    pub fn load(path: &Path, sets: &[String]) -> Result<GrpoConfig, PipelineError> {
+        let text = std::fs::read_to_string(path).map_err(|e| PipelineError::io(path, e))?;
+        GrpoConfig::parse(&text, path, sets)
+    }
+
+    /// [`GrpoConfig::load`] on text already read; `origin` is the file it came from (its folder
+    /// resolves relative paths, its stem names the default output folder).
+    pub fn parse(text: &str, origin: &Path, sets: &[String]) -> Result<GrpoConfig, PipelineError> {
+        let name = origin.display().to_string();
+        let mut table: toml::Table =
+            toml::from_str(text).map_err(|e| PipelineError::config(name.clone(), e.to_string()))?;
+        apply_overrides(&mut table, sets).map_err(|e| match e {
+            stoke_train::config::ConfigError::Override { arg, message } => {
+                PipelineError::config(format!("--set {arg}"), message)
+            }
+            other => PipelineError::config("--set", other.to_string()),
+        })?;
+        let file = GrpoConfigFile::from_table(table, &name)?;
+        let base = origin.parent().unwrap_or(Path::new("."));
+        let base = if base.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            base
+        };
+        let stem = origin
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "grpo".into());
+        GrpoConfig::from_file(file, base, &stem)
+    }
+
+    /// Resolves a parsed file: defaults filled in, paths made absolute against `base`,
+    /// everything validated. `stem` names the default output folder `base/runs/<stem>`.
+    pub fn from_file(
+        file: GrpoConfigFile,
+        base: &Path,
+        stem: &str,
+    ) -> Result<GrpoConfig, PipelineError> {
+        let base = std::path::absolute(base).map_err(|e| PipelineError::io(base, e))?;
+        let at = |p: &Path| base.join(p);
+        let g = &file.grpo;
+        let seed = g.seed.unwrap_or(0);
+        let steps = g.steps.unwrap_or(DEFAULT_STEPS);
+
+        let eval = EvalSettings {
+            every: file.eval.every.unwrap_or(0),
+            samples: file.eval.samples.unwrap_or(DEFAULT_EVAL_SAMPLES),
+            problems: file.eval.problems.unwrap_or(DEFAULT_EVAL_PROBLEMS),
+        };
+        at_least_one("eval.samples", eval.samples)?;
+        at_least_one("eval.problems", eval.problems)?;
+
+        let tasks = match &file.tasks {
+            Some(source) => resolve_tasks("tasks", source, &at, DEFAULT_TASK_PROBLEMS, seed)?,
+            None => TaskSource::Arithmetic {
+                levels: vec![ARITHMETIC_LEVELS[0].to_string()],
+                problems: DEFAULT_TASK_PROBLEMS,
+                seed,
+            },
+        };
+        let held_out = match (&file.held_out, &tasks) {
+            (Some(source), _) => Some(resolve_tasks("held_out", source, &at, eval.problems, seed)?),
+            (None, TaskSource::Arithmetic { levels, seed, .. }) => Some(TaskSource::Arithmetic {
+                levels: levels.clone(),
+                problems: eval.problems,
+                seed: *seed,
+            }),
+            (None, TaskSource::Jsonl { .. }) => None,
+        };
+
+        let rewards = resolve_rewards(&file.rewards)?;
+
+        let mode = match g.mode.unwrap_or(ModeFile::Async) {
+            ModeFile::Sync => PipelineMode::Sync,
+            ModeFile::Async => PipelineMode::Async,
+        };
+        let temperature = g.temperature.unwrap_or(1.0) as f32;
+        let prompts_per_step = g.prompts_per_step.unwrap_or(DEFAULT_PROMPTS_PER_STEP);
+        let clip_grad_norm = match g.clip_grad_norm {
+            None => Some(1.0),
+            Some(0.0) => None,
+            Some(c) if c.is_finite() && c > 0.0 => Some(c),
+            Some(c) => {
+                return Err(PipelineError::config(
+                    "grpo.clip_grad_norm",
+                    format!("must be > 0 (0 turns clipping off), got {c}"),
+                ));
+            }
+        };
+        let reward_timeout_s = g.reward_timeout_s.unwrap_or(DEFAULT_REWARD_TIMEOUT_S);
+        let reward_timeout = Duration::try_from_secs_f64(reward_timeout_s).map_err(|_| {
+            PipelineError::config(
+                "grpo.reward_timeout_s",
+                format!("must be a positive number of seconds, got {reward_timeout_s}"),
+            )
+        })?;
+        let loss = g.loss.clone().into_config().map_err(|e| match e {
+            stoke_train::grpo::GrpoError::Config { field, reason } => {
+                PipelineError::config(format!("grpo.loss.{field}"), reason)
+            }
+            other => PipelineError::config("grpo.loss", other.to_string()),
+        })?;
+        let optimizer = resolve_optimizer(&file.optimizer)?;
+        let schedule = resolve_schedule(&file.schedule, steps)?;
+        let ptx = match &file.ptx {
+            None => None,
+            Some(p) => {
+                let ptx = PtxSettings {
+                    shards: at(&p.shards),
+                    coef: p.coef.unwrap_or(DEFAULT_PTX_COEF),
+                    batch_size: p.batch_size.unwrap_or(DEFAULT_PTX_BATCH_SIZE),
+                    seq_len: p.seq_len.unwrap_or(DEFAULT_PTX_SEQ_LEN),
+                };
+                at_least_one("ptx.batch_size", ptx.batch_size)?;
+                at_least_one("ptx.seq_len", ptx.seq_len)?;
+                Some(ptx)
+            }
+        };
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+
+        let settings = GrpoSettings {
+            steps,
+            prompts_per_step,
+            group_size: g.group_size.unwrap_or(DEFAULT_GROUP_SIZE),
+            max_new_tokens: g.max_new_tokens.unwrap_or(DEFAULT_MAX_NEW_TOKENS),
+            temperature: TemperatureSchedule {
+                start: temperature,
+                end: g.temperature_end.map_or(temperature, |t| t as f32),
+                decay_steps: g.temperature_decay_steps.unwrap_or(0),
+            },
+            top_p: g.top_p.unwrap_or(1.0) as f32,
+            top_k: g.top_k.filter(|&k| k > 0),
+            seed,
+            mode,
+            max_off_policy_steps: g.max_off_policy_steps.unwrap_or(match mode {
+                PipelineMode::Sync => 0,
+                PipelineMode::Async => 1,
+            }),
+            weight_sync: match g.weight_sync.unwrap_or(WeightSyncFile::BetweenBatches) {
+                WeightSyncFile::BetweenBatches => WeightSync::BetweenBatches,
+                WeightSyncFile::InFlight => WeightSync::InFlight,
+            },
+            rollout_batch_groups: g.rollout_batch_groups.unwrap_or(prompts_per_step),
+            buffer_bytes: g.buffer_bytes.unwrap_or(DEFAULT_BUFFER_BYTES),
+            loss,
+            kl_placement: match g.kl_placement.unwrap_or(KlPlacementFile::Loss) {
+                KlPlacementFile::Loss => KlPlacement::Loss,
+                KlPlacementFile::Reward => KlPlacement::Reward,
+            },
+            reference_reset_every: g.reference_reset_every,
+            old_logprobs: match g.old_logprobs.unwrap_or(OldLogprobsFile::Rollout) {
+                OldLogprobsFile::Rollout => OldLogprobs::Rollout,
+                OldLogprobsFile::Recompute => OldLogprobs::Recompute,
+            },
+            drop_equal_reward_groups: g.drop_equal_reward_groups.unwrap_or(false),
+            optimizer,
+            schedule,
+            clip_grad_norm,
+            micro_batch_tokens: g.micro_batch_tokens.unwrap_or(DEFAULT_MICRO_BATCH_TOKENS),
+            max_bad_steps: g.max_bad_steps.unwrap_or(DEFAULT_MAX_BAD_STEPS),
+            ptx,
+            reward_workers: g.reward_workers.unwrap_or(cores),
+            reward_timeout,
+            eval,
+            checkpoint_every: file.checkpoint.every.unwrap_or(0),
+            keep_checkpoints: file.checkpoint.keep.unwrap_or(DEFAULT_KEEP_CHECKPOINTS),
+            threads: g.threads.unwrap_or(cores),
+        };
+        settings
+            .validate()
+            .map_err(|(field, reason)| PipelineError::config(settings_key(field), reason))?;
+        if settings.max_bad_steps == 0 {
+            return Err(PipelineError::config(
+                "grpo.max_bad_steps",
+                "must be at least 1",
+            ));
+        }
+        let out_dir = match &file.out.dir {
+            Some(dir) => at(dir),
+            None => base.join("runs").join(stem),
+        };
+        Ok(GrpoConfig {
+            model: at(&file.model.path),
+            out_dir,
+            tasks,
+            held_out,
+            rewards,
+            reference_model: file.model.reference.as_deref().map(at),
+            settings,
+        })
+    }
+
+    /// The file form with every value explicit (what `OUT/config.toml` holds).
+    pub fn to_file(&self) -> GrpoConfigFile {
+        let s = &self.settings;
+        let kl = s.loss.kl;
+        let loss = GrpoLossFile {
+            advantage: s.loss.advantage,
+            policy: s.loss.policy,
+            aggregation: s.loss.aggregation,
+            kl_estimator: kl.map(|k| k.estimator).unwrap_or_default(),
+            beta: kl.map_or(0.0, |k| k.beta),
+            correction: s.loss.correction,
+        };
+        let grpo = GrpoSection {
+            steps: Some(s.steps),
+            prompts_per_step: Some(s.prompts_per_step),
+            group_size: Some(s.group_size),
+            max_new_tokens: Some(s.max_new_tokens),
+            temperature: Some(shortest_f64(s.temperature.start)),
+            temperature_end: Some(shortest_f64(s.temperature.end)),
+            temperature_decay_steps: Some(s.temperature.decay_steps),
+            top_p: Some(shortest_f64(s.top_p)),
+            top_k: Some(s.top_k.unwrap_or(0)),
+            seed: Some(s.seed),
+            mode: Some(match s.mode {
+                PipelineMode::Sync => ModeFile::Sync,
+                PipelineMode::Async => ModeFile::Async,
+            }),
+            max_off_policy_steps: Some(s.max_off_policy_steps),
+            weight_sync: Some(match s.weight_sync {
+                WeightSync::BetweenBatches => WeightSyncFile::BetweenBatches,
+                WeightSync::InFlight => WeightSyncFile::InFlight,
+            }),
+            rollout_batch_groups: Some(s.rollout_batch_groups),
+            buffer_bytes: Some(s.buffer_bytes),
+            kl_placement: Some(match s.kl_placement {
+                KlPlacement::Loss => KlPlacementFile::Loss,
+                KlPlacement::Reward => KlPlacementFile::Reward,
+            }),
+            reference_reset_every: s.reference_reset_every,
+            old_logprobs: Some(match s.old_logprobs {
+                OldLogprobs::Rollout => OldLogprobsFile::Rollout,
+                OldLogprobs::Recompute => OldLogprobsFile::Recompute,
+            }),
+            drop_equal_reward_groups: Some(s.drop_equal_reward_groups),
+            clip_grad_norm: Some(s.clip_grad_norm.unwrap_or(0.0)),
+            micro_batch_tokens: Some(s.micro_batch_tokens),
+            max_bad_steps: Some(s.max_bad_steps),
+            reward_workers: Some(s.reward_workers),
+            reward_timeout_s: Some(s.reward_timeout.as_secs_f64()),
+            threads: Some(s.threads),
+            loss,
+        };
+        GrpoConfigFile {
+            model: ModelSection {
+                path: self.model.clone(),
+                reference: self.reference_model.clone(),
+            },
+            tasks: Some(task_file(&self.tasks)),
+            held_out: self.held_out.as_ref().map(task_file),
+            rewards: self.rewards.iter().cloned().collect(),
+            grpo,
+            optimizer: optimizer_file(&s.optimizer),
+            schedule: schedule_file(&s.schedule),
+            eval: EvalSection {
+                every: Some(s.eval.every),
+                samples: Some(s.eval.samples),
+                problems: Some(s.eval.problems),
+            },
+            checkpoint: CheckpointSection {
+                every: Some(s.checkpoint_every),
+                keep: Some(s.keep_checkpoints),
+            },
+            ptx: s.ptx.as_ref().map(|p| PtxSection {
+                shards: p.shards.clone(),
+                coef: Some(p.coef),
+                batch_size: Some(p.batch_size),
+                seq_len: Some(p.seq_len),
+            }),
+            out: OutSection {
+                dir: Some(self.out_dir.clone()),
+            },
+        }
+    }
+
+    /// The resolved config as TOML text (loads back to an equal `GrpoConfig`).
+    pub fn to_toml(&self) -> Result<String, PipelineError> {
+        toml::to_string(&self.to_file())
+            .map_err(|e| PipelineError::config("<config>", e.to_string()))
+    }
+
+    /// The names of the rewards in index order (what `task::load_tasks` resolves names against).
+    pub fn reward_names(&self) -> Vec<String> {
+        self.rewards.iter().map(|(name, _)| name.clone()).collect()
+    }
+}
+
+/// The file key of a field `GrpoSettings::validate` names.
+fn settings_key(field: &str) -> String {
+    match field {
+        "keep_checkpoints" => "checkpoint.keep".into(),
+        "reward_timeout" => "grpo.reward_timeout_s".into(),
+        f if f.starts_with("ptx.") => f.into(),
+        other => format!("grpo.{other}"),
+    }
+}
+
+fn at_least_one(key: &str, value: usize) -> Result<(), PipelineError> {
+    if value == 0 {
+        Err(PipelineError::config(key, "must be at least 1"))
+    } else {
+        Ok(())
+    }
+}
+
+/// An f32 as the f64 with the same shortest decimal form (0.7f32 -> 0.7, not 0.699999988).
+fn shortest_f64(value: f32) -> f64 {
+    value.to_string().parse().unwrap_or(value as f64)
+}
+
+fn resolve_tasks(
+    section: &str,
+    source: &TaskSourceFile,
+    at: &dyn Fn(&Path) -> PathBuf,
+    default_problems: usize,
+    default_seed: u64,
+) -> Result<TaskSource, PipelineError> {
+    Ok(match source {
+        TaskSourceFile::Jsonl { path } => TaskSource::Jsonl { path: at(path) },
+        TaskSourceFile::Arithmetic {
+            levels,
+            problems,
+            seed,
+        } => {
+            let levels = levels
+                .clone()
+                .unwrap_or_else(|| vec![ARITHMETIC_LEVELS[0].to_string()]);
+            if levels.is_empty() {
+                return Err(PipelineError::config(
+                    format!("{section}.levels"),
+                    format!("name at least one of {}", ARITHMETIC_LEVELS.join(", ")),
+                ));
+            }
+            if let Some(unknown) = levels
+                .iter()
+                .find(|l| !ARITHMETIC_LEVELS.contains(&l.as_str()))
+            {
+                return Err(PipelineError::config(
+                    format!("{section}.levels"),
+                    format!(
+                        "unknown level `{unknown}` (known: {})",
+                        ARITHMETIC_LEVELS.join(", ")
+                    ),
+                ));
+            }
+            let problems = problems.unwrap_or(default_problems);
+            at_least_one(&format!("{section}.problems"), problems)?;
+            TaskSource::Arithmetic {
+                levels,
+                problems,
+                seed: seed.unwrap_or(default_seed),
+            }
+        }
+    })
+}
+
+fn task_file(source: &TaskSource) -> TaskSourceFile {
+    match source {
+        TaskSource::Jsonl { path } => TaskSourceFile::Jsonl { path: path.clone() },
+        TaskSource::Arithmetic {
+            levels,
+            problems,
+            seed,
+        } => TaskSourceFile::Arithmetic {
+            levels: Some(levels.clone()),
+            problems: Some(*problems),
+            seed: Some(*seed),
+        },
+    }
+}
+
+/// The reward list in index order; each reward that needs no sandbox is built once to check it.
+fn resolve_rewards(
+    rewards: &BTreeMap<String, RewardConfig>,
+) -> Result<Vec<(String, RewardConfig)>, PipelineError> {
+    if rewards.is_empty() {
+        let exact_gsm8k = RewardConfig::ExactMatch(ExactMatchConfig {
+            mode: MatchMode::Gsm8k,
+            extract_answer: true,
+        });
+        return Ok(vec![(DEFAULT_REWARD.to_string(), exact_gsm8k)]);
+    }
+    let mut ordered: Vec<(String, RewardConfig)> = Vec::with_capacity(rewards.len());
+    if let Some(default) = rewards.get(DEFAULT_REWARD) {
+        ordered.push((DEFAULT_REWARD.to_string(), default.clone()));
+    }
+    // BTreeMap iterates in name order.
+    for (name, reward) in rewards {
+        if name != DEFAULT_REWARD {
+            ordered.push((name.clone(), reward.clone()));
+        }
+    }
+    for (name, reward) in &ordered {
+        if name.trim().is_empty() {
+            return Err(PipelineError::config("rewards", "a reward name is empty"));
+        }
+        match reward.build(None) {
+            Ok(_) | Err(stoke_reward::ConfigError::NeedsSandbox(_)) => {}
+            Err(e) => {
+                return Err(PipelineError::config(
+                    format!("rewards.{name}"),
+                    e.to_string(),
+                ));
+            }
+        }
+    }
+    Ok(ordered)
+}
+
+fn resolve_optimizer(o: &OptimizerFile) -> Result<OptimizerConfig, PipelineError> {
+    let lr = o.lr.unwrap_or(DEFAULT_LR);
+    let adamw = AdamWConfig {
+        lr,
+        beta1: o.beta1.unwrap_or(0.9),
+        beta2: o.beta2.unwrap_or(0.999),
+        eps: o.eps.unwrap_or(1e-8),
+        weight_decay: o.weight_decay.unwrap_or(0.0),
+    };
+    let config = match o.kind {
+        OptimizerKind::Adamw => {
+            for (key, set) in [
+                ("adamw_lr", o.adamw_lr.is_some()),
+                ("momentum", o.momentum.is_some()),
+                ("nesterov", o.nesterov.is_some()),
+                ("ns_steps", o.ns_steps.is_some()),
+            ] {
+                if set {
+                    return Err(PipelineError::config(
+                        format!("optimizer.{key}"),
+                        "only applies to kind = \"muon\"",
+                    ));
+                }
+            }
+            OptimizerConfig::AdamW(adamw)
+        }
+        OptimizerKind::Muon => {
+            let muon = MuonConfig::default();
+            OptimizerConfig::Muon(MuonConfig {
+                lr,
+                momentum: o.momentum.unwrap_or(muon.momentum),
+                nesterov: o.nesterov.unwrap_or(muon.nesterov),
+                ns_steps: o.ns_steps.unwrap_or(muon.ns_steps),
+                weight_decay: adamw.weight_decay,
+                adamw: AdamWConfig {
+                    lr: o.adamw_lr.unwrap_or(lr),
+                    ..adamw
+                },
+            })
+        }
+    };
+    config.validate().map_err(|e| match e {
+        stoke_optim::OptimError::InvalidConfig { field, reason } => {
+            // The optimizer names its fields `adamw.lr`, `muon.adamw.eps`, ...; the file has
+            // one flat table.
+            let key = field.rsplit('.').next().unwrap_or(&field).to_string();
+            PipelineError::config(format!("optimizer.{key}"), reason)
+        }
+        other => PipelineError::config("optimizer", other.to_string()),
+    })?;
+    Ok(config)
+}
+
+fn optimizer_file(config: &OptimizerConfig) -> OptimizerFile {
+    match config {
+        OptimizerConfig::AdamW(c) => OptimizerFile {
+            kind: OptimizerKind::Adamw,
+            lr: Some(c.lr),
+            beta1: Some(c.beta1),
+            beta2: Some(c.beta2),
+            eps: Some(c.eps),
+            weight_decay: Some(c.weight_decay),
+            ..OptimizerFile::default()
+        },
+        OptimizerConfig::Muon(c) => OptimizerFile {
+            kind: OptimizerKind::Muon,
+            lr: Some(c.lr),
+            beta1: Some(c.adamw.beta1),
+            beta2: Some(c.adamw.beta2),
+            eps: Some(c.adamw.eps),
+            weight_decay: Some(c.weight_decay),
+            adamw_lr: Some(c.adamw.lr),
+            momentum: Some(c.momentum),
+            nesterov: Some(c.nesterov),
+            ns_steps: Some(c.ns_steps),
+        },
+    }
+}
+
+fn resolve_schedule(s: &ScheduleSection, steps: u64) -> Result<LrSchedule, PipelineError> {
+    let kind = s.kind.unwrap_or(ScheduleKind::Constant);
+    let warmup_steps = s.warmup_steps.unwrap_or(0);
+    let only_for = |key: &str, set: bool, kinds: &str| {
+        if set {
+            Err(PipelineError::config(
+                format!("schedule.{key}"),
+                format!("only applies to kind = {kinds}"),
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    let schedule = match kind {
+        ScheduleKind::Constant => {
+            only_for(
+                "min_lr_ratio",
+                s.min_lr_ratio.is_some(),
+                "\"cosine\" or \"wsd\"",
+            )?;
+            only_for(
+                "decay_steps",
+                s.decay_steps.is_some(),
+                "\"cosine\" or \"wsd\"",
+            )?;
+            only_for("decay_start", s.decay_start.is_some(), "\"wsd\"")?;
+            only_for("decay_shape", s.decay_shape.is_some(), "\"wsd\"")?;
+            LrSchedule::Constant { warmup_steps }
+        }
+        ScheduleKind::Cosine => {
+            only_for("decay_start", s.decay_start.is_some(), "\"wsd\"")?;
+            only_for("decay_shape", s.decay_shape.is_some(), "\"wsd\"")?;
+            let decay = s.decay_steps.unwrap_or(steps.saturating_sub(warmup_steps));
+            LrSchedule::Cosine {
+                warmup_steps,
+                total_steps: warmup_steps + decay,
+                min_lr_ratio: s.min_lr_ratio.unwrap_or(0.0),
+            }
+        }
+        ScheduleKind::Wsd => {
+            let planned = ((steps as f64) * DEFAULT_WSD_DECAY_FRACTION).round() as u64;
+            let decay_start = s.decay_start.unwrap_or(steps.saturating_sub(planned));
+            let decay_steps = s
+                .decay_steps
+                .unwrap_or(steps.saturating_sub(decay_start).max(1));
+            LrSchedule::Wsd {
+                warmup_steps,
+                decay_start: decay_start.max(warmup_steps),
+                decay_steps,
+                min_lr_ratio: s.min_lr_ratio.unwrap_or(0.0),
+                decay_shape: s.decay_shape.unwrap_or(DecayShape::Linear),
+            }
+        }
+    };
+    schedule.validate().map_err(|e| match e {
+        stoke_optim::OptimError::InvalidConfig { field, reason } => {
+            PipelineError::config(field, reason)
+        }
+        other => PipelineError::config("schedule", other.to_string()),
+    })?;
+    Ok(schedule)
+}
+
+fn schedule_file(schedule: &LrSchedule) -> ScheduleSection {
+    match *schedule {
+        LrSchedule::Constant { warmup_steps } => ScheduleSection {
+            kind: Some(ScheduleKind::Constant),
+            warmup_steps: Some(warmup_steps),
+            ..ScheduleSection::default()
+        },
+        LrSchedule::Cosine {
+            warmup_steps,
+            total_steps,
+            min_lr_ratio,
+        } => ScheduleSection {
+            kind: Some(ScheduleKind::Cosine),
+            warmup_steps: Some(warmup_steps),
+            min_lr_ratio: Some(min_lr_ratio),
+            decay_steps: Some(total_steps.saturating_sub(warmup_steps)),
+            ..ScheduleSection::default()
+        },
+        LrSchedule::Wsd {
+            warmup_steps,
+            decay_start,
+            decay_steps,
+            min_lr_ratio,
+            decay_shape,
+        } => ScheduleSection {
+            kind: Some(ScheduleKind::Wsd),
+            warmup_steps: Some(warmup_steps),
+            min_lr_ratio: Some(min_lr_ratio),
+            decay_start: Some(decay_start),
+            decay_steps: Some(decay_steps),
+            decay_shape: Some(decay_shape),
+        },
+    }
+}

@@ -1,1 +1,658 @@
-//! (module in progress this session: see lib.rs for its role)
+//! GRPO monitoring records and their log: one JSON object per line in `OUT/metrics.jsonl`.
+//!
+//! What it is: [`GrpoStepRecord`] (one per trainer update: rewards, correctness, loss figures,
+//! clip fractions, completion lengths, staleness, time per module), [`GrpoEvalRecord`] (one per
+//! held-out evaluation), alerts, the append-only [`GrpoMetricsLog`], and [`batch_stats`], the pure
+//! reward / length / staleness figures of a batch of scored groups that the run puts into each
+//! step record.
+//! What it is not: it neither prints progress bars nor draws (`report.rs`), and it measures no
+//! time itself (the run passes seconds in).
+//!
+//! Invariants:
+//! - Every `append` reaches the OS before it returns, so a killed run loses no complete record.
+//! - `GrpoMetricsLog::open(path, Some(step))` (resume from the checkpoint of `step`) rewrites the
+//!   file atomically keeping exactly the records whose `step <= step`; a torn last line is
+//!   dropped; any other unreadable line is an error naming its line.
+//! - Non-finite floats survive the round trip as the strings `"NaN"`, `"Infinity"`,
+//!   `"-Infinity"`: a NaN loss is exactly what a person looks for in the log.
+//! - Step numbers count completed updates (the first update is step 1; an evaluation before any
+//!   update is step 0). A step's `policy_version` is the version its update produced.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::PipelineError;
+use crate::records::{RewardFailure, ScoredGroup};
+use crate::staleness::PolicyVersion;
+
+/// What the trainer did with a batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepOutcome {
+    #[default]
+    Applied,
+    /// Non-finite loss or gradient norm: no update applied.
+    SkippedNonFinite,
+    /// No samples or no completion tokens survived filtering.
+    SkippedEmpty,
+}
+
+impl StepOutcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            StepOutcome::Applied => "applied",
+            StepOutcome::SkippedNonFinite => "skipped_non_finite",
+            StepOutcome::SkippedEmpty => "skipped_empty",
+        }
+    }
+}
+
+/// Wall seconds spent in each module during one update's span (summed over worker threads).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModuleSeconds {
+    #[serde(with = "json_float")]
+    pub rollout: f64,
+    #[serde(with = "json_float")]
+    pub reward: f64,
+    #[serde(with = "json_float")]
+    pub inference: f64,
+    #[serde(with = "json_float")]
+    pub trainer: f64,
+    /// The trainer waiting for groups (the pipeline bubble).
+    #[serde(with = "json_float")]
+    pub waiting: f64,
+}
+
+/// Busy share (0..=1 per thread) of each module over the update's wall time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModuleUtilization {
+    #[serde(with = "json_float")]
+    pub rollout: f64,
+    #[serde(with = "json_float")]
+    pub reward: f64,
+    #[serde(with = "json_float")]
+    pub inference: f64,
+    #[serde(with = "json_float")]
+    pub trainer: f64,
+}
+
+/// The trainer/rollout importance ratio over the update's tokens (`stoke_train::grpo::RatioStats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RatioRecord {
+    #[serde(with = "json_float")]
+    pub mean: f64,
+    #[serde(with = "json_float")]
+    pub min: f64,
+    #[serde(with = "json_float")]
+    pub max: f64,
+    /// Kish effective sample size as a fraction of the counted tokens.
+    #[serde(with = "json_float")]
+    pub ess_fraction: f64,
+    /// Tokens whose weight was truncated or masked by the correction.
+    #[serde(with = "json_float")]
+    pub corrected_fraction: f64,
+}
+
+impl From<&stoke_train::grpo::RatioStats> for RatioRecord {
+    fn from(stats: &stoke_train::grpo::RatioStats) -> RatioRecord {
+        RatioRecord {
+            mean: stats.mean,
+            min: stats.min,
+            max: stats.max,
+            ess_fraction: if stats.tokens == 0 {
+                0.0
+            } else {
+                stats.effective_sample_size / stats.tokens as f64
+            },
+            corrected_fraction: stats.fraction_corrected,
+        }
+    }
+}
+
+/// Figures of one trainer update.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GrpoStepRecord {
+    /// Updates completed, counting this one (the first is 1).
+    pub step: u64,
+    pub policy_version: u64,
+    pub outcome: StepOutcome,
+    #[serde(with = "json_float")]
+    pub reward_mean: f64,
+    /// Population standard deviation over the batch's samples.
+    #[serde(with = "json_float")]
+    pub reward_std: f64,
+    /// Mean of each composite component over the samples that report it.
+    #[serde(default)]
+    pub reward_components: BTreeMap<String, f64>,
+    /// Share of the batch's samples whose verdict is `correct` (pass@1 of the training samples).
+    #[serde(with = "json_float")]
+    pub correct_fraction: f64,
+    /// Groups trained on, and groups dropped (all rewards equal, with dynamic sampling).
+    pub groups: usize,
+    pub groups_dropped: usize,
+    pub samples: usize,
+    /// Failed scorings by kind (`panicked`, `timed_out`).
+    #[serde(default)]
+    pub reward_failures: BTreeMap<String, u64>,
+    /// Samples per verdict (`correct`, `wrong`, `unparseable_prediction`, ...).
+    #[serde(default)]
+    pub outcomes: BTreeMap<String, u64>,
+    #[serde(with = "json_float")]
+    pub loss: f64,
+    #[serde(default, with = "json_float_opt")]
+    pub ptx_loss: Option<f64>,
+    #[serde(with = "json_float")]
+    pub grad_norm: f64,
+    #[serde(with = "json_float")]
+    pub lr: f64,
+    #[serde(default, with = "json_float_opt")]
+    pub kl_mean: Option<f64>,
+    #[serde(with = "json_float")]
+    pub entropy_mean: f64,
+    #[serde(with = "json_float")]
+    pub clip_low_fraction: f64,
+    #[serde(with = "json_float")]
+    pub clip_high_fraction: f64,
+    #[serde(with = "json_float")]
+    pub clip_region_fraction: f64,
+    #[serde(default)]
+    pub ratio: Option<RatioRecord>,
+    /// Completion lengths in tokens.
+    #[serde(with = "json_float")]
+    pub length_mean: f64,
+    pub length_max: usize,
+    /// Share of completions that hit `max_new_tokens`.
+    #[serde(with = "json_float")]
+    pub truncated_fraction: f64,
+    /// Completion tokens in the batch.
+    pub tokens: u64,
+    /// `staleness_histogram[d]`: samples whose oldest token came from weights `d` versions older
+    /// than the weights the update started from.
+    #[serde(default)]
+    pub staleness_histogram: Vec<u64>,
+    pub seconds: ModuleSeconds,
+    pub utilization: ModuleUtilization,
+    #[serde(with = "json_float")]
+    pub tokens_per_s: f64,
+    #[serde(with = "json_float")]
+    pub samples_per_s: f64,
+    /// Wall seconds since the run (or its resumed part) started.
+    #[serde(with = "json_float")]
+    pub elapsed_s: f64,
+    #[serde(with = "json_float")]
+    pub temperature: f64,
+}
+
+/// Figures of one held-out evaluation.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GrpoEvalRecord {
+    /// Updates completed when it ran (0: before the first).
+    pub step: u64,
+    #[serde(with = "json_float")]
+    pub greedy_pass_at_1: f64,
+    /// Unbiased pass@1 and pass@k over `k` samples per problem at the rollout temperature.
+    #[serde(with = "json_float")]
+    pub pass_at_1: f64,
+    #[serde(with = "json_float")]
+    pub pass_at_k: f64,
+    pub k: usize,
+    pub problems: usize,
+    /// Mean completion length in tokens (greedy completions).
+    #[serde(with = "json_float")]
+    pub mean_length: f64,
+    #[serde(with = "json_float")]
+    pub seconds: f64,
+}
+
+/// One line of `metrics.jsonl`, tagged by `"kind"`.
+// One record per update is written and read: boxing the step record would only add noise.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum GrpoRecord {
+    Step(GrpoStepRecord),
+    Eval(GrpoEvalRecord),
+    /// Something a person should know (a reward worker panicked, a NaN update was skipped).
+    Alert {
+        step: u64,
+        message: String,
+    },
+}
+
+impl GrpoRecord {
+    pub fn step(&self) -> u64 {
+        match self {
+            GrpoRecord::Step(r) => r.step,
+            GrpoRecord::Eval(r) => r.step,
+            GrpoRecord::Alert { step, .. } => *step,
+        }
+    }
+}
+
+/// Append-only JSONL writer of a run's GRPO records.
+pub struct GrpoMetricsLog {
+    path: PathBuf,
+    file: File,
+    line: Vec<u8>,
+}
+
+impl GrpoMetricsLog {
+    /// `None`: a fresh log (an existing file is replaced). `Some(step)`: resume from the
+    /// checkpoint of `step`; the file is rewritten atomically keeping the records with
+    /// `step <= step` (a missing file starts empty), then opened for appending.
+    pub fn open(
+        path: &Path,
+        truncate_after_step: Option<u64>,
+    ) -> Result<GrpoMetricsLog, PipelineError> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            fs::create_dir_all(parent).map_err(|e| PipelineError::io(parent, e))?;
+        }
+        let kept = match truncate_after_step {
+            Some(last) if path.exists() => read_records(path, true)?
+                .into_iter()
+                .filter(|r| r.step() <= last)
+                .collect(),
+            _ => Vec::new(),
+        };
+        write_atomically(path, &kept)?;
+        let file = OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map_err(|e| PipelineError::io(path, e))?;
+        Ok(GrpoMetricsLog {
+            path: path.to_path_buf(),
+            file,
+            line: Vec::with_capacity(1024),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends one record as one line (one `write_all`).
+    pub fn append(&mut self, record: &GrpoRecord) -> Result<(), PipelineError> {
+        self.line.clear();
+        serde_json::to_writer(&mut self.line, record)
+            .map_err(|e| PipelineError::io(&self.path, std::io::Error::other(e)))?;
+        self.line.push(b'\n');
+        self.file
+            .write_all(&self.line)
+            .map_err(|e| PipelineError::io(&self.path, e))
+    }
+
+    /// Makes every appended record durable (fsync); call before saving a checkpoint.
+    pub fn flush(&mut self) -> Result<(), PipelineError> {
+        self.file
+            .flush()
+            .and_then(|()| self.file.sync_data())
+            .map_err(|e| PipelineError::io(&self.path, e))
+    }
+
+    /// Every record of a log; an unreadable line is an error naming it.
+    pub fn read_all(path: &Path) -> Result<Vec<GrpoRecord>, PipelineError> {
+        read_records(path, false)
+    }
+}
+
+fn read_records(path: &Path, drop_torn_tail: bool) -> Result<Vec<GrpoRecord>, PipelineError> {
+    let file = File::open(path).map_err(|e| PipelineError::io(path, e))?;
+    let mut reader = BufReader::new(file);
+    let mut records = Vec::new();
+    let mut buffer = Vec::new();
+    let mut line = 0usize;
+    loop {
+        buffer.clear();
+        let read = reader
+            .read_until(b'\n', &mut buffer)
+            .map_err(|e| PipelineError::io(path, e))?;
+        if read == 0 {
+            break;
+        }
+        line += 1;
+        let complete = buffer.ends_with(b"\n");
+        let bad_line = |reason: String| PipelineError::Task {
+            file: path.to_path_buf(),
+            line,
+            reason,
+        };
+        let parsed = std::str::from_utf8(&buffer)
+            .map_err(|_| "not valid UTF-8".to_string())
+            .and_then(|text| {
+                let text = text.trim();
+                if text.is_empty() {
+                    Ok(None)
+                } else {
+                    serde_json::from_str::<GrpoRecord>(text)
+                        .map(Some)
+                        .map_err(|e| e.to_string())
+                }
+            });
+        match parsed {
+            Ok(Some(record)) => records.push(record),
+            Ok(None) => {}
+            Err(_) if drop_torn_tail && !complete => break,
+            Err(reason) => return Err(bad_line(reason)),
+        }
+    }
+    Ok(records)
+}
+
+/// Replaces `path` with `records`: temp file, fsync, rename, fsync of the folder (best effort).
+fn write_atomically(path: &Path, records: &[GrpoRecord]) -> Result<(), PipelineError> {
+    let mut temp_name = path.file_name().unwrap_or_default().to_os_string();
+    temp_name.push(".tmp");
+    let temp = path.with_file_name(temp_name);
+    let mut text = Vec::new();
+    for record in records {
+        serde_json::to_writer(&mut text, record)
+            .map_err(|e| PipelineError::io(path, std::io::Error::other(e)))?;
+        text.push(b'\n');
+    }
+    let mut file = File::create(&temp).map_err(|e| PipelineError::io(&temp, e))?;
+    file.write_all(&text)
+        .and_then(|()| file.sync_all())
+        .map_err(|e| PipelineError::io(&temp, e))?;
+    drop(file);
+    fs::rename(&temp, path).map_err(|e| PipelineError::io(path, e))?;
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty())
+        && let Ok(dir) = File::open(parent)
+    {
+        // Durability of the rename only; some filesystems refuse to sync a folder.
+        let _ = dir.sync_all();
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batch statistics
+// ---------------------------------------------------------------------------------------------
+
+/// Reward, correctness, length and staleness figures of one batch of groups. With no samples
+/// every mean and fraction is 0.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BatchStats {
+    pub groups: usize,
+    pub samples: usize,
+    pub reward_mean: f64,
+    pub reward_std: f64,
+    pub reward_components: BTreeMap<String, f64>,
+    pub correct_fraction: f64,
+    /// Groups whose rewards are all equal (zero advantage under group normalisation).
+    pub equal_reward_groups: usize,
+    pub reward_failures: BTreeMap<String, u64>,
+    pub outcomes: BTreeMap<String, u64>,
+    pub length_mean: f64,
+    pub length_max: usize,
+    pub truncated_fraction: f64,
+    pub tokens: u64,
+    /// Index `d`: samples whose oldest token is `d` versions behind the trainer.
+    pub staleness_histogram: Vec<u64>,
+    /// Sums over the groups of the per-group seconds the modules recorded.
+    pub rollout_seconds: f64,
+    pub reward_seconds: f64,
+    pub inference_seconds: f64,
+}
+
+impl BatchStats {
+    /// Copies the batch figures into a step record (the rest of the record is the run's).
+    pub fn apply_to(&self, record: &mut GrpoStepRecord) {
+        record.groups = self.groups;
+        record.samples = self.samples;
+        record.reward_mean = self.reward_mean;
+        record.reward_std = self.reward_std;
+        record.reward_components = self.reward_components.clone();
+        record.correct_fraction = self.correct_fraction;
+        record.reward_failures = self.reward_failures.clone();
+        record.outcomes = self.outcomes.clone();
+        record.length_mean = self.length_mean;
+        record.length_max = self.length_max;
+        record.truncated_fraction = self.truncated_fraction;
+        record.tokens = self.tokens;
+        record.staleness_histogram = self.staleness_histogram.clone();
+    }
+
+    /// Mean staleness in versions (0 without samples).
+    pub fn staleness_mean(&self) -> f64 {
+        histogram_mean(&self.staleness_histogram)
+    }
+}
+
+/// The name of a failure kind in metrics.
+pub fn failure_kind(failure: &RewardFailure) -> &'static str {
+    match failure {
+        RewardFailure::Panicked(_) => "panicked",
+        RewardFailure::TimedOut => "timed_out",
+    }
+}
+
+/// The figures of `groups` as the trainer at `trainer_version` sees them (staleness is counted
+/// against it). Samples and rewards are paired in order; a group with fewer rewards than samples
+/// counts only its scored samples.
+pub fn batch_stats(groups: &[ScoredGroup], trainer_version: PolicyVersion) -> BatchStats {
+    let mut stats = BatchStats {
+        groups: groups.len(),
+        ..BatchStats::default()
+    };
+    let mut rewards = Vec::new();
+    let mut component_sums: BTreeMap<String, (f64, u64)> = BTreeMap::new();
+    let mut correct = 0usize;
+    let mut truncated = 0usize;
+    for group in groups {
+        stats.rollout_seconds += group.rollout.generate_seconds;
+        stats.reward_seconds += group.reward_seconds;
+        stats.inference_seconds += group.inference_seconds;
+        let fallback = group.rollout.ticket.permit.policy_version;
+        let scored = group.rollout.samples.iter().zip(&group.rewards);
+        let first = rewards.len();
+        for (sample, reward) in scored {
+            rewards.push(reward.score);
+            if reward.correct() {
+                correct += 1;
+            }
+            *stats
+                .outcomes
+                .entry(reward.outcome.name().to_string())
+                .or_default() += 1;
+            if let Some(failure) = &reward.failure {
+                *stats
+                    .reward_failures
+                    .entry(failure_kind(failure).to_string())
+                    .or_default() += 1;
+            }
+            for (name, value) in &reward.components {
+                let entry = component_sums.entry(name.clone()).or_default();
+                entry.0 += value;
+                entry.1 += 1;
+            }
+            let length = sample.completion_ids.len();
+            stats.tokens += length as u64;
+            stats.length_max = stats.length_max.max(length);
+            if sample.truncated() {
+                truncated += 1;
+            }
+            let behind = trainer_version
+                .0
+                .saturating_sub(sample.oldest_version(fallback).0)
+                as usize;
+            if stats.staleness_histogram.len() <= behind {
+                stats.staleness_histogram.resize(behind + 1, 0);
+            }
+            stats.staleness_histogram[behind] += 1;
+        }
+        let group_rewards = &rewards[first..];
+        if group_rewards.windows(2).all(|w| w[0] == w[1]) {
+            stats.equal_reward_groups += 1;
+        }
+    }
+    stats.samples = rewards.len();
+    if stats.samples > 0 {
+        let n = stats.samples as f64;
+        stats.reward_mean = rewards.iter().sum::<f64>() / n;
+        let variance = rewards
+            .iter()
+            .map(|r| (r - stats.reward_mean).powi(2))
+            .sum::<f64>()
+            / n;
+        stats.reward_std = variance.sqrt();
+        stats.correct_fraction = correct as f64 / n;
+        stats.truncated_fraction = truncated as f64 / n;
+        stats.length_mean = stats.tokens as f64 / n;
+    }
+    stats.reward_components = component_sums
+        .into_iter()
+        .map(|(name, (sum, count))| (name, sum / count as f64))
+        .collect();
+    stats
+}
+
+/// Mean of the index weighted by the counts (0 for an empty histogram).
+pub fn histogram_mean(histogram: &[u64]) -> f64 {
+    let total: u64 = histogram.iter().sum();
+    if total == 0 {
+        return 0.0;
+    }
+    let weighted: f64 = histogram
+        .iter()
+        .enumerate()
+        .map(|(d, &count)| d as f64 * count as f64)
+        .sum();
+    weighted / total as f64
+}
+
+impl GrpoStepRecord {
+    /// One console line: step, reward, correctness, loss, KL, length, staleness, time.
+    pub fn console_line(&self, total_steps: u64) -> String {
+        let mut line = format!(
+            "step {}/{total_steps} reward {} ± {} correct {:.1}% loss {} grad {} len {:.1} (max {}, {:.0}% cut)",
+            self.step,
+            significant(self.reward_mean),
+            significant(self.reward_std),
+            100.0 * self.correct_fraction,
+            significant(self.loss),
+            significant(self.grad_norm),
+            self.length_mean,
+            self.length_max,
+            100.0 * self.truncated_fraction,
+        );
+        if let Some(kl) = self.kl_mean {
+            line.push_str(&format!(" kl {}", significant(kl)));
+        }
+        if self.staleness_histogram.len() > 1 {
+            line.push_str(&format!(
+                " stale {:.2}",
+                histogram_mean(&self.staleness_histogram)
+            ));
+        }
+        let failures: u64 = self.reward_failures.values().sum();
+        if failures > 0 {
+            line.push_str(&format!(" reward failures {failures}"));
+        }
+        if self.outcome != StepOutcome::Applied {
+            line.push_str(&format!(" [{}]", self.outcome.name()));
+        }
+        line.push_str(&format!(
+            " {:.0} tok/s {:.1} s",
+            self.tokens_per_s, self.elapsed_s
+        ));
+        line
+    }
+}
+
+/// Four significant digits, scientific outside [1e-3, 1e6); "NaN"/"inf" as Rust writes them.
+pub fn significant(value: f64) -> String {
+    if !value.is_finite() {
+        return value.to_string();
+    }
+    let magnitude = value.abs();
+    if magnitude != 0.0 && !(1e-3..1e6).contains(&magnitude) {
+        format!("{value:.3e}")
+    } else {
+        let decimals = if magnitude == 0.0 {
+            0
+        } else {
+            (3 - magnitude.log10().floor() as i32).max(0)
+        };
+        format!("{value:.*}", decimals as usize)
+    }
+}
+
+/// serde for f64 fields that may be NaN or infinite (JSON has neither): written as strings.
+mod json_float {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Number(f64),
+        Text(String),
+        Null(()),
+    }
+
+    pub fn serialize<S: Serializer>(value: &f64, serializer: S) -> Result<S::Ok, S::Error> {
+        if value.is_nan() {
+            serializer.serialize_str("NaN")
+        } else if *value == f64::INFINITY {
+            serializer.serialize_str("Infinity")
+        } else if *value == f64::NEG_INFINITY {
+            serializer.serialize_str("-Infinity")
+        } else {
+            serializer.serialize_f64(*value)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+        match Repr::deserialize(deserializer)? {
+            Repr::Number(v) => Ok(v),
+            Repr::Null(()) => Ok(f64::NAN),
+            Repr::Text(text) => match text.as_str() {
+                "NaN" => Ok(f64::NAN),
+                "Infinity" => Ok(f64::INFINITY),
+                "-Infinity" => Ok(f64::NEG_INFINITY),
+                other => Err(serde::de::Error::custom(format!(
+                    "expected a number, \"NaN\", \"Infinity\" or \"-Infinity\", found {other:?}"
+                ))),
+            },
+        }
+    }
+}
+
+/// `json_float` for `Option<f64>` (absent or null = None).
+mod json_float_opt {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Option<f64>, serializer: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(v) => super::json_float::serialize(v, serializer),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<f64>, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Repr {
+            Number(f64),
+            Text(String),
+            Null(()),
+        }
+        match Repr::deserialize(deserializer)? {
+            Repr::Number(v) => Ok(Some(v)),
+            Repr::Null(()) => Ok(None),
+            Repr::Text(text) => match text.as_str() {
+                "NaN" => Ok(Some(f64::NAN)),
+                "Infinity" => Ok(Some(f64::INFINITY)),
+                "-Infinity" => Ok(Some(f64::NEG_INFINITY)),
+                other => Err(serde::de::Error::custom(format!(
+                    "expected a number, null, \"NaN\", \"Infinity\" or \"-Infinity\", found {other:?}"
+                ))),
+            },
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! The GRPO config file: defaults, round trip through `to_toml`, `--set`, and errors that name
+//! the offending key.
+
+use std::path::{Path, PathBuf};
+
+use stoke_optim::{LrSchedule, OptimizerConfig};
+use stoke_pipeline::config::{GrpoConfig, TaskSource};
+use stoke_pipeline::{PipelineError, PipelineMode, WeightSync};
+use stoke_reward::RewardConfig;
+use stoke_reward::exact_match::MatchMode;
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn load(text: &str, sets: &[&str]) -> Result<GrpoConfig, PipelineError> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "run.toml", text);
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    GrpoConfig::load(&path, &sets)
+}
+
+/// The key an error names, or the test fails.
+fn field_of(result: Result<GrpoConfig, PipelineError>) -> (String, String) {
+    match result {
+        Err(PipelineError::Config { field, reason }) => (field, reason),
+        Err(other) => panic!("expected a config error, got {other}"),
+        Ok(_) => panic!("expected an error, the config loaded"),
+    }
+}
+
+const MINIMAL: &str = "[model]\npath = \"model\"\n";
+
+#[test]
+fn minimal_config_gets_documented_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "tiny.toml", MINIMAL);
+    let config = GrpoConfig::load(&path, &[]).unwrap();
+    let base = std::path::absolute(dir.path()).unwrap();
+    assert_eq!(config.model, base.join("model"));
+    assert_eq!(config.out_dir, base.join("runs").join("tiny"));
+    assert_eq!(config.reference_model, None);
+    let s = &config.settings;
+    assert_eq!(s.group_size, 16);
+    assert_eq!(s.prompts_per_step, 8);
+    assert_eq!(s.mode, PipelineMode::Async);
+    assert_eq!(s.max_off_policy_steps, 1);
+    assert_eq!(s.weight_sync, WeightSync::BetweenBatches);
+    assert_eq!(s.temperature.at(0), 1.0);
+    assert_eq!(s.top_p, 1.0);
+    assert_eq!(s.max_new_tokens, 256);
+    assert_eq!(s.clip_grad_norm, Some(1.0));
+    assert_eq!(s.loss.kl, None);
+    assert_eq!(s.buffer_bytes, 16 << 20);
+    assert_eq!(s.reward_timeout.as_secs_f64(), 30.0);
+    assert_eq!(s.eval.every, 0);
+    assert_eq!(s.eval.samples, 8);
+    assert_eq!(s.schedule, LrSchedule::Constant { warmup_steps: 0 });
+    match &s.optimizer {
+        OptimizerConfig::AdamW(adamw) => {
+            assert_eq!(adamw.lr, 1e-6);
+            assert_eq!(adamw.weight_decay, 0.0);
+        }
+        other => panic!("expected AdamW, got {other:?}"),
+    }
+    assert_eq!(config.rewards.len(), 1);
+    assert_eq!(config.rewards[0].0, "default");
+    match &config.rewards[0].1 {
+        RewardConfig::ExactMatch(c) => {
+            assert_eq!(c.mode, MatchMode::Gsm8k);
+            assert!(c.extract_answer);
+        }
+        other => panic!("expected exact_match, got {other:?}"),
+    }
+    // Arithmetic tasks by default, with the held-out split for evaluation.
+    assert!(matches!(config.tasks, TaskSource::Arithmetic { .. }));
+    assert!(matches!(
+        config.held_out,
+        Some(TaskSource::Arithmetic { problems: 64, .. })
+    ));
+}
+
+#[test]
+fn sync_mode_defaults_to_on_policy() {
+    let config = load(&format!("{MINIMAL}[grpo]\nmode = \"sync\"\n"), &[]).unwrap();
+    assert_eq!(config.settings.mode, PipelineMode::Sync);
+    assert_eq!(config.settings.max_off_policy_steps, 0);
+}
+
+const FULL: &str = r#"
+[model]
+path = "policy"
+reference = "ref"
+
+[tasks]
+kind = "jsonl"
+path = "data/tasks.jsonl"
+
+[held_out]
+kind = "arithmetic"
+levels = ["one_step", "two_step"]
+problems = 20
+seed = 9
+
+[rewards.default]
+kind = "math"
+
+[rewards.format]
+kind = "format_regex"
+pattern = "^<think>"
+
+[rewards.exact]
+kind = "exact_match"
+mode = "integer"
+
+[grpo]
+steps = 12
+prompts_per_step = 4
+group_size = 6
+max_new_tokens = 48
+temperature = 0.7
+temperature_end = 0.5
+temperature_decay_steps = 10
+top_p = 0.9
+top_k = 20
+seed = 3
+mode = "async"
+max_off_policy_steps = 2
+weight_sync = "in_flight"
+rollout_batch_groups = 3
+buffer_bytes = 1000000
+kl_placement = "reward"
+reference_reset_every = 5
+old_logprobs = "recompute"
+drop_equal_reward_groups = true
+clip_grad_norm = 0.5
+micro_batch_tokens = 1024
+max_bad_steps = 4
+reward_workers = 3
+reward_timeout_s = 2.5
+threads = 2
+
+[grpo.loss]
+beta = 0.04
+kl_estimator = "k1"
+aggregation = { kind = "sequence_mean_token_mean" }
+
+[optimizer]
+kind = "adamw"
+lr = 3e-5
+weight_decay = 0.01
+
+[schedule]
+kind = "cosine"
+warmup_steps = 2
+
+[eval]
+every = 4
+samples = 3
+problems = 10
+
+[checkpoint]
+every = 6
+keep = 3
+
+[ptx]
+shards = "shards"
+coef = 0.2
+
+[out]
+dir = "out"
+"#;
+
+#[test]
+fn full_config_round_trips_through_to_toml() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "full.toml", FULL);
+    let config = GrpoConfig::load(&path, &[]).unwrap();
+    let text = config.to_toml().unwrap();
+    // The saved config lives elsewhere; its paths are absolute, so it resolves the same.
+    let other = tempfile::tempdir().unwrap();
+    let saved = write(other.path(), "config.toml", &text);
+    let reloaded = GrpoConfig::load(&saved, &[]).unwrap();
+    assert_eq!(reloaded, config, "saved config:\n{text}");
+    // Spot checks that the file's values arrived (an equal pair of defaults would also pass).
+    let s = &config.settings;
+    assert_eq!(s.group_size, 6);
+    assert_eq!(s.top_k, Some(20));
+    assert_eq!(s.weight_sync, WeightSync::InFlight);
+    assert_eq!(s.loss.kl.map(|k| k.beta), Some(0.04));
+    assert_eq!(s.reward_timeout.as_millis(), 2500);
+    assert!((s.temperature.at(5) - 0.6).abs() < 1e-6);
+    assert!(text.contains("temperature = 0.7\n"), "{text}");
+    assert_eq!(
+        config.out_dir,
+        std::path::absolute(dir.path()).unwrap().join("out")
+    );
+}
+
+#[test]
+fn defaults_round_trip_too() {
+    let config = load(MINIMAL, &[]).unwrap();
+    let text = config.to_toml().unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let saved = write(other.path(), "config.toml", &text);
+    assert_eq!(GrpoConfig::load(&saved, &[]).unwrap(), config);
+}
+
+#[test]
+fn rewards_are_ordered_default_first_then_by_name() {
+    let config = load(FULL, &[]).unwrap();
+    assert_eq!(config.reward_names(), ["default", "exact", "format"]);
+}
+
+#[test]
+fn unknown_key_is_named_by_its_path() {
+    let (field, reason) = field_of(load(&format!("{MINIMAL}[grpo]\ngroup_sise = 4\n"), &[]));
+    assert_eq!(field, "grpo.group_sise");
+    assert!(reason.contains("unknown field"), "{reason}");
+    let (field, _) = field_of(load(&format!("{MINIMAL}[grpoo]\nsteps = 4\n"), &[]));
+    assert_eq!(field, "grpoo");
+}
+
+#[test]
+fn missing_model_is_named() {
+    let (field, reason) = field_of(load("[grpo]\nsteps = 3\n", &[]));
+    assert!(
+        reason.contains("model"),
+        "field {field:?}, reason {reason:?}"
+    );
+}
+
+#[test]
+fn bad_values_name_the_field() {
+    let cases: [(&str, &str); 9] = [
+        ("[grpo]\ngroup_size = 0\n", "grpo.group_size"),
+        ("[grpo]\ntop_p = 1.5\n", "grpo.top_p"),
+        ("[grpo]\ntemperature = 0.0\n", "grpo.temperature"),
+        (
+            "[grpo]\nmode = \"sync\"\nmax_off_policy_steps = 2\n",
+            "grpo.max_off_policy_steps",
+        ),
+        ("[grpo]\nreward_timeout_s = -1.0\n", "grpo.reward_timeout_s"),
+        ("[grpo.loss]\nbeta = -0.1\n", "grpo.loss.beta"),
+        ("[optimizer]\nlr = -1.0\n", "optimizer.lr"),
+        (
+            "[tasks]\nkind = \"arithmetic\"\nlevels = [\"hard\"]\n",
+            "tasks.levels",
+        ),
+        ("[eval]\nsamples = 0\n", "eval.samples"),
+    ];
+    for (section, expected) in cases {
+        let (field, reason) = field_of(load(&format!("{MINIMAL}{section}"), &[]));
+        assert_eq!(field, expected, "for {section:?}: {reason}");
+    }
+}
+
+#[test]
+fn mistyped_enum_value_is_named() {
+    let (field, reason) = field_of(load(&format!("{MINIMAL}[grpo]\nmode = \"fast\"\n"), &[]));
+    assert_eq!(field, "grpo.mode");
+    assert!(reason.contains("sync"), "{reason}");
+}
+
+#[test]
+fn invalid_reward_options_name_the_reward() {
+    let text = format!("{MINIMAL}[rewards.fmt]\nkind = \"format_regex\"\npattern = \"(\"\n");
+    let (field, _) = field_of(load(&text, &[]));
+    assert_eq!(field, "rewards.fmt");
+}
+
+#[test]
+fn set_overrides_are_applied_and_checked() {
+    let config = load(MINIMAL, &["grpo.group_size=4", "optimizer.lr=1e-4"]).unwrap();
+    assert_eq!(config.settings.group_size, 4);
+    assert!(matches!(&config.settings.optimizer, OptimizerConfig::AdamW(a) if a.lr == 1e-4));
+    let (field, _) = field_of(load(MINIMAL, &["grpo.gruop_size=4"]));
+    assert_eq!(field, "grpo.gruop_size");
+    let (field, _) = field_of(load(MINIMAL, &["no-equals-sign"]));
+    assert!(field.starts_with("--set"), "{field}");
+}
+
+#[test]
+fn schedule_keys_of_another_kind_are_refused() {
+    let (field, _) = field_of(load(
+        &format!("{MINIMAL}[schedule]\ndecay_steps = 4\n"),
+        &[],
+    ));
+    assert_eq!(field, "schedule.decay_steps");
+}
