@@ -156,7 +156,8 @@ impl ThreadScheduler {
         let total = rollout_busy.max(0.0) + trainer_busy.max(0.0);
         if total > 0.0 && total.is_finite() {
             let share = rollout_busy.max(0.0) / total;
-            let rollout = ((self.threads as f64 * share).round() as usize).clamp(1, self.threads - 1);
+            let rollout =
+                ((self.threads as f64 * share).round() as usize).clamp(1, self.threads - 1);
             state.allotment = Allotment {
                 rollout,
                 trainer: self.threads - rollout,
@@ -177,21 +178,58 @@ mod tests {
     #[test]
     fn shared_split_follows_busy_time_and_keeps_one_each() {
         let scheduler = ThreadScheduler::shared(8);
-        assert_eq!(scheduler.allotment(), Allotment { rollout: 4, trainer: 4 });
+        assert_eq!(
+            scheduler.allotment(),
+            Allotment {
+                rollout: 4,
+                trainer: 4
+            }
+        );
         let a = scheduler.rebalance(3.0, 1.0);
-        assert_eq!(a, Allotment { rollout: 6, trainer: 2 });
+        assert_eq!(
+            a,
+            Allotment {
+                rollout: 6,
+                trainer: 2
+            }
+        );
         let a = scheduler.rebalance(100.0, 0.0);
-        assert_eq!(a, Allotment { rollout: 7, trainer: 1 });
+        assert_eq!(
+            a,
+            Allotment {
+                rollout: 7,
+                trainer: 1
+            }
+        );
         let a = scheduler.rebalance(0.0, 0.0);
-        assert_eq!(a, Allotment { rollout: 7, trainer: 1 }, "no measurement keeps the split");
+        assert_eq!(
+            a,
+            Allotment {
+                rollout: 7,
+                trainer: 1
+            },
+            "no measurement keeps the split"
+        );
     }
 
     #[test]
     fn two_threads_stay_one_each_and_exclusive_gives_all() {
         let shared = ThreadScheduler::shared(2);
-        assert_eq!(shared.rebalance(9.0, 1.0), Allotment { rollout: 1, trainer: 1 });
+        assert_eq!(
+            shared.rebalance(9.0, 1.0),
+            Allotment {
+                rollout: 1,
+                trainer: 1
+            }
+        );
         let exclusive = ThreadScheduler::exclusive(4);
-        assert_eq!(exclusive.rebalance(9.0, 1.0), Allotment { rollout: 4, trainer: 4 });
+        assert_eq!(
+            exclusive.rebalance(9.0, 1.0),
+            Allotment {
+                rollout: 4,
+                trainer: 4
+            }
+        );
     }
 
     #[test]
