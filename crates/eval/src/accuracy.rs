@@ -16,6 +16,7 @@
 //! Invariants: deterministic for a given model and problems (greedy decoding; batching changes
 //! float summation order only); `records.len() == problems.len()`, in problem order.
 
+pub use stoke_reward::stats::pass_at_k;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -244,21 +245,4 @@ pub fn score(
         completion_tokens,
         completion,
     }
-}
-
-/// The unbiased pass@k estimate for one problem from `n` samples of which `correct` are right
-/// (Chen et al. 2021): 1 - C(n - c, k) / C(n, k), computed as a stable product.
-pub fn pass_at_k(n: usize, correct: usize, k: usize) -> f64 {
-    if k == 0 || n == 0 || correct > n {
-        return 0.0;
-    }
-    let k = k.min(n);
-    if n - correct < k {
-        return 1.0;
-    }
-    let mut all_wrong = 1.0;
-    for i in (n - correct + 1)..=n {
-        all_wrong *= 1.0 - k as f64 / i as f64;
-    }
-    1.0 - all_wrong
 }

@@ -22,8 +22,9 @@ pub enum PipelineError {
     },
     #[error("rollout: {0}")]
     Rollout(#[from] stoke_rollout::RolloutError),
+    /// Boxed: the trainer's error is large and would make every `Result` of the pipeline large.
     #[error("trainer: {0}")]
-    Train(#[from] stoke_train::error::TrainError),
+    Train(Box<stoke_train::error::TrainError>),
     #[error("grpo loss: {0}")]
     Loss(#[from] stoke_train::grpo::GrpoError),
     #[error("model: {0}")]
@@ -36,7 +37,16 @@ pub enum PipelineError {
     Reward(String),
     /// A module thread died or a buffer closed before the run finished.
     #[error("pipeline module `{module}` stopped: {reason}")]
-    ModuleStopped { module: &'static str, reason: String },
+    ModuleStopped {
+        module: &'static str,
+        reason: String,
+    },
+}
+
+impl From<stoke_train::error::TrainError> for PipelineError {
+    fn from(error: stoke_train::error::TrainError) -> PipelineError {
+        PipelineError::Train(Box::new(error))
+    }
 }
 
 impl PipelineError {

@@ -23,9 +23,6 @@
 //! (empty completions get empty vectors without a forward pass); a call either fills every
 //! group or returns an error and changes none.
 
-// PipelineError's size (its TrainError variant) is error.rs's to shrink, for every module at once.
-#![allow(clippy::result_large_err)]
-
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

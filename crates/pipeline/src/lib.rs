@@ -21,9 +21,14 @@
 pub mod buffer;
 pub mod checkpoint;
 pub mod config;
+pub mod driver;
 pub mod error;
+pub mod held_out;
 pub mod inference;
+pub mod learner;
 pub mod metrics;
+pub mod monitor;
+pub mod progress;
 pub mod records;
 pub mod report;
 pub mod reward;

@@ -32,7 +32,8 @@ pub fn write_grpo_report(
 ) -> Result<PathBuf, PipelineError> {
     let standard = standard_records(records);
     let sections = grpo_sections(records);
-    write_report(out_dir, title, &standard, &sections).map_err(|e| PipelineError::Train(e.into()))
+    write_report(out_dir, title, &standard, &sections)
+        .map_err(|e| PipelineError::from(stoke_train::error::TrainError::from(e)))
 }
 
 /// The step records as stoke_train's records (loss, lr, grad norm, tokens/s, alerts), so the

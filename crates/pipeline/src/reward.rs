@@ -147,7 +147,6 @@ impl RewardPool {
     /// `workers` threads (at least 1) scoring with `specs` (at least one; index 0 is the
     /// default reward); a verifier running longer than `timeout` (more than zero) is abandoned.
     // PipelineError's size is the crate's (error.rs) to shrink, for every module at once.
-    #[allow(clippy::result_large_err)]
     pub fn new(
         specs: Vec<RewardSpec>,
         workers: usize,

@@ -1,1 +1,377 @@
-//! (module in progress this session: see lib.rs for its role)
+//! One GRPO run from loaded objects to a trained model folder: builds the four modules, resumes
+//! from the newest checkpoint when asked, evaluates on held-out tasks before, during and after,
+//! drives the updates (sync or async, see `driver`), and writes metrics, checkpoints, the final
+//! model and the report.
+//!
+//! Output folder (`out_dir`):
+//! - `config.toml`: the resolved configuration;
+//! - `metrics.jsonl`: one record per update and per evaluation (`metrics`);
+//! - `checkpoints/step-*/`: weights, optimizer state, trainer state (see below);
+//! - `reference-step-*/`: the reference model after each reference reset (needed to resume);
+//! - `model/`: the final policy, Hugging Face layout with the tokenizer files;
+//! - `report.html`: charts of every metric (`report`).
+//!
+//! Resume (`RunOptions::resume`): the newest checkpoint that verifies gives the weights, the
+//! optimizer moments, the step and the PTX data cursor; the metrics log is cut back to that step.
+//! In-flight buffer policy: groups generated but not yet trained when the run stopped are not
+//! saved; they are regenerated. Which task and which sampling stream a group gets depends only on
+//! its global group number (`driver::TaskPlan`), so a synchronous (or `max_off_policy_steps = 0`)
+//! run resumes exactly; an asynchronous run with `k > 0` regenerates its first `k` batches with
+//! the restored (newer) weights instead of the older ones an uninterrupted run would have used.
+//!
+//! What it is not: config parsing or model loading (the CLI does those and hands over a
+//! [`GrpoRun`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use stoke_data::loader::LoaderConfig;
+use stoke_model::Transformer;
+use stoke_tokenizer::hf::Tokenizer;
+use stoke_train::checkpoint::{CheckpointStore, TrainerState, load_checkpoint};
+use stoke_train::grpo::update::{PolicyUpdater, UpdateSettings};
+use stoke_train::source::{BatchSource, ShardSource};
+
+use crate::driver::{DriveShape, Modules, TaskPlan, run_async, run_sync};
+use crate::error::PipelineError;
+use crate::held_out::{EvalSampling, HeldOutResult, evaluate};
+use crate::inference::InferenceModule;
+use crate::learner::Learner;
+use crate::monitor::RunMonitor;
+use crate::records::Task;
+use crate::reward::{RewardPool, RewardSpec};
+use crate::rollout::{RolloutModule, RolloutSettings};
+use crate::scheduler::ThreadScheduler;
+use crate::settings::{GrpoSettings, PipelineMode};
+use crate::staleness::{StalenessBound, StalenessGate};
+use crate::weights::WeightStore;
+
+/// Everything a run needs, loaded.
+pub struct GrpoRun {
+    /// The starting policy (ignored on resume when a checkpoint exists).
+    pub policy: Transformer,
+    pub tokenizer: Arc<Tokenizer>,
+    /// The folder the policy came from: its tokenizer files go into checkpoints and `model/`.
+    pub model_dir: PathBuf,
+    /// The reference policy; only loaded when the KL term is on (beta > 0).
+    pub reference: Option<Transformer>,
+    pub tasks: Vec<Arc<Task>>,
+    pub held_out: Vec<Arc<Task>>,
+    /// Index 0 is the default reward; `Task::reward` indexes this list.
+    pub rewards: Vec<RewardSpec>,
+    pub settings: GrpoSettings,
+    pub out_dir: PathBuf,
+    /// The resolved configuration text, saved with the run and in every checkpoint.
+    pub config_toml: String,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunOptions {
+    pub resume: bool,
+    pub quiet: bool,
+}
+
+/// What a finished run reports.
+#[derive(Clone, Debug)]
+pub struct GrpoSummary {
+    /// Trainer steps completed (including those before a resume).
+    pub steps: u64,
+    /// Steps of this process.
+    pub session_steps: u64,
+    pub resumed_from: Option<u64>,
+    pub skipped_steps: u64,
+    pub initial_eval: Option<HeldOutResult>,
+    pub final_eval: Option<HeldOutResult>,
+    /// Wall time of the whole call, and of the updates alone (no evaluation, no saving).
+    pub seconds: f64,
+    pub train_seconds: f64,
+    pub seconds_per_step: f64,
+    pub samples_per_second: f64,
+    pub reward_failures: u64,
+    pub out_dir: PathBuf,
+    pub model_dir: PathBuf,
+    pub metrics: PathBuf,
+    pub report: PathBuf,
+}
+
+/// Runs GRPO; see the module docs.
+pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineError> {
+    let started = Instant::now();
+    let GrpoRun {
+        policy,
+        tokenizer,
+        model_dir,
+        reference,
+        tasks,
+        held_out,
+        rewards,
+        settings,
+        out_dir,
+        config_toml,
+    } = run;
+    settings
+        .validate()
+        .map_err(|(field, reason)| PipelineError::config(format!("grpo.{field}"), reason))?;
+    std::fs::create_dir_all(&out_dir).map_err(|e| PipelineError::io(&out_dir, e))?;
+    let config_path = out_dir.join("config.toml");
+    std::fs::write(&config_path, &config_toml).map_err(|e| PipelineError::io(&config_path, e))?;
+
+    // Resume point.
+    let store = CheckpointStore::new(&out_dir.join("checkpoints"), settings.keep_checkpoints);
+    let mut policy = policy;
+    let mut start_step = 0;
+    let mut optimizer_state = None;
+    let mut ptx_cursor = None;
+    let mut resumed_from = None;
+    if options.resume {
+        let latest = store
+            .find_latest()
+            .map_err(stoke_train::error::TrainError::from)?;
+        for skipped in &latest.skipped {
+            eprintln!(
+                "warning: checkpoint {} is unusable ({}); trying an older one",
+                skipped.path.display(),
+                skipped.error
+            );
+        }
+        if let Some(path) = latest.path {
+            let loaded = load_checkpoint(&path, policy.device())
+                .map_err(stoke_train::error::TrainError::from)?;
+            policy = loaded.model;
+            start_step = loaded.state.step;
+            optimizer_state = Some(loaded.optimizer_state);
+            ptx_cursor = (!loaded.state.source.is_null()).then_some(loaded.state.source);
+            resumed_from = Some(start_step);
+            eprintln!("resuming GRPO from {} (step {start_step})", path.display());
+        } else {
+            eprintln!(
+                "--resume: no checkpoint in {}; starting from step 0",
+                store.dir().display()
+            );
+        }
+    }
+    let reference = match (reference, settings.reference_reset_every) {
+        // After a reference reset the reference is the policy of the reset step, kept on disk.
+        (Some(_), Some(every)) if start_step >= every => {
+            let dir = reference_dir(&out_dir, start_step / every * every);
+            Some(Transformer::load(&dir, policy.device())?)
+        }
+        (reference, _) => reference,
+    };
+    let remaining = settings.steps.saturating_sub(start_step);
+
+    // Modules.
+    let mut stop_token_ids = tokenizer.eos_token_ids();
+    stop_token_ids.extend(policy.config().eos_token_ids.iter().copied());
+    stop_token_ids.sort_unstable();
+    stop_token_ids.dedup();
+    if stop_token_ids.is_empty() {
+        return Err(PipelineError::config(
+            "model",
+            "the tokenizer and model config name no end-of-sequence token to stop generation on",
+        ));
+    }
+    let weights = Arc::new(WeightStore::new(&policy)?);
+    let rollout = RolloutModule::new(
+        Arc::clone(&weights),
+        Arc::clone(&tokenizer),
+        RolloutSettings {
+            group_size: settings.group_size,
+            max_new_tokens: settings.max_new_tokens,
+            top_p: settings.top_p,
+            top_k: settings.top_k,
+            seed: settings.seed,
+            stop_token_ids: stop_token_ids.clone(),
+            weight_sync: settings.weight_sync,
+        },
+    )?;
+    let reward_pool = RewardPool::new(rewards, settings.reward_workers, settings.reward_timeout)?;
+    let inference = Arc::new(Mutex::new(InferenceModule::new(
+        reference,
+        settings.micro_batch_tokens,
+    )));
+    let bound = StalenessBound::new(
+        settings.max_off_policy_steps,
+        settings.prompts_per_step as u64,
+    )
+    .map_err(|reason| PipelineError::config("grpo.prompts_per_step", reason))?;
+    let gate = Arc::new(StalenessGate::new(bound));
+    let scheduler = match settings.mode {
+        PipelineMode::Sync => ThreadScheduler::exclusive(settings.threads),
+        PipelineMode::Async => ThreadScheduler::shared(settings.threads),
+    };
+    let mut updater = PolicyUpdater::new(
+        policy,
+        settings.optimizer.clone(),
+        UpdateSettings {
+            loss: settings.loss,
+            schedule: settings.schedule.clone(),
+            clip_grad_norm: settings.clip_grad_norm,
+            micro_batch_tokens: settings.micro_batch_tokens,
+            ptx_coef: settings.ptx.as_ref().map(|p| p.coef),
+            // Always measured (the trainer/rollout ratio is a run metric); it changes the loss
+            // only when a correction (TIS, IcePop) is configured.
+            use_mismatch_correction: true,
+        },
+    )?;
+    updater.set_steps(start_step);
+    if let Some(path) = &optimizer_state {
+        updater
+            .optimizer_mut()
+            .load_state(path)
+            .map_err(stoke_train::error::TrainError::from)?;
+    }
+    let ptx = match &settings.ptx {
+        Some(ptx) => {
+            let shards = stoke_data::shard::list_shards(&ptx.shards)
+                .map_err(|e| PipelineError::config("ptx.shards", e.to_string()))?;
+            let mut loader = LoaderConfig::new(ptx.seq_len, ptx.batch_size, settings.seed);
+            loader.pad_token = tokenizer.pad_token_id().unwrap_or(0);
+            let mut source =
+                ShardSource::open(&shards, loader).map_err(stoke_train::error::TrainError::from)?;
+            if let Some(cursor) = ptx_cursor.clone() {
+                source
+                    .restore(cursor)
+                    .map_err(stoke_train::error::TrainError::from)?;
+            }
+            Some(Box::new(source) as Box<dyn BatchSource>)
+        }
+        None => None,
+    };
+    let mut learner = Learner::new(
+        updater,
+        settings.clone(),
+        Arc::clone(&weights),
+        Some(Arc::clone(&gate)),
+        Arc::clone(&inference),
+        ptx,
+        start_step,
+    );
+    let modules = Modules {
+        rollout,
+        rewards: reward_pool,
+        inference,
+        weights,
+        gate,
+        scheduler,
+    };
+    let plan = TaskPlan::new(
+        tasks,
+        settings.seed,
+        start_step,
+        settings.prompts_per_step,
+        settings.temperature,
+    )?;
+
+    // Held-out set and the monitor (metrics log, progress, evaluation and checkpoint cadence).
+    let held_out: Vec<Arc<Task>> = held_out
+        .into_iter()
+        .take(settings.eval.problems.max(1))
+        .collect();
+    let eval_sampling = EvalSampling {
+        samples: settings.eval.samples,
+        temperature: settings.temperature.at(start_step),
+        top_p: settings.top_p,
+        top_k: settings.top_k,
+        max_new_tokens: settings.max_new_tokens,
+        stop_token_ids,
+        seed: settings.seed,
+    };
+    let mut monitor = RunMonitor::open(
+        &out_dir,
+        &settings,
+        resumed_from,
+        options.quiet,
+        store,
+        model_dir.clone(),
+        config_toml,
+    )?;
+    let evaluate_now =
+        |model: &Transformer, modules: &Modules| -> Result<Option<HeldOutResult>, PipelineError> {
+            if held_out.is_empty() {
+                return Ok(None);
+            }
+            evaluate(
+                model,
+                &tokenizer,
+                &held_out,
+                &modules.rewards,
+                &eval_sampling,
+            )
+            .map(Some)
+        };
+    let initial_eval = if start_step == 0 {
+        let result = evaluate_now(learner.updater().model(), &modules)?;
+        if let Some(result) = &result {
+            monitor.record_eval(0, result)?;
+        }
+        result
+    } else {
+        None
+    };
+
+    let train_started = Instant::now();
+    let mut sink = monitor.sink(&evaluate_now);
+    let shape = DriveShape {
+        steps: remaining,
+        prompts_per_step: settings.prompts_per_step,
+        rollout_batch_groups: settings.rollout_batch_groups,
+        buffer_bytes: settings.buffer_bytes,
+    };
+    match settings.mode {
+        PipelineMode::Sync => run_sync(&modules, &mut learner, &plan, shape, &mut sink)?,
+        PipelineMode::Async => run_async(&modules, &mut learner, &plan, shape, &mut sink)?,
+    }
+    let train_seconds = train_started.elapsed().as_secs_f64() - sink.excluded_seconds();
+
+    let final_eval = match evaluate_now(learner.updater().model(), &modules)? {
+        Some(result) => {
+            monitor.record_eval(learner.step(), &result)?;
+            Some(result)
+        }
+        None => None,
+    };
+    monitor.checkpoint(&learner, true)?;
+    let final_model = out_dir.join("model");
+    learner
+        .updater()
+        .model()
+        .save_with_tokenizer(&final_model, Some(&model_dir))?;
+    let report = monitor.finish()?;
+    let stats = modules.rewards.stats();
+    let session_steps = remaining;
+    Ok(GrpoSummary {
+        steps: learner.step(),
+        session_steps,
+        resumed_from,
+        skipped_steps: monitor.skipped_steps(),
+        initial_eval,
+        final_eval,
+        seconds: started.elapsed().as_secs_f64(),
+        train_seconds,
+        seconds_per_step: train_seconds / session_steps.max(1) as f64,
+        samples_per_second: (session_steps * settings.samples_per_step() as u64) as f64
+            / train_seconds.max(1e-9),
+        reward_failures: stats.panics + stats.timeouts,
+        out_dir: out_dir.clone(),
+        model_dir: final_model,
+        metrics: monitor.metrics_path(),
+        report,
+    })
+}
+
+/// Where the reference after the reset at `step` is kept.
+pub fn reference_dir(out_dir: &Path, step: u64) -> PathBuf {
+    out_dir.join(format!("reference-step-{step:08}"))
+}
+
+/// The trainer state stored in a checkpoint of `learner`.
+pub fn trainer_state(learner: &Learner, tokens_seen: u64) -> TrainerState {
+    TrainerState {
+        step: learner.step(),
+        tokens_seen,
+        source: learner.ptx_cursor().unwrap_or(serde_json::Value::Null),
+        extra: serde_json::json!({ "kind": "grpo" }),
+    }
+}

@@ -1,5 +1,6 @@
 //! `RewardStats`: an aggregate of verdicts for metrics (counts per outcome, mean score, how many
-//! records were dataset problems). Mergeable, so parallel workers can each keep one.
+//! records were dataset problems). Mergeable, so parallel workers can each keep one. Also the
+//! unbiased pass@k estimator shared by evaluation and the RL pipeline's held-out metrics.
 
 use std::collections::BTreeMap;
 
@@ -79,6 +80,23 @@ impl RewardStats {
         }
         line
     }
+}
+
+/// The unbiased pass@k estimate for one problem from `n` samples of which `correct` are right
+/// (Chen et al. 2021): 1 - C(n - c, k) / C(n, k), computed as a stable product.
+pub fn pass_at_k(n: usize, correct: usize, k: usize) -> f64 {
+    if k == 0 || n == 0 || correct > n {
+        return 0.0;
+    }
+    let k = k.min(n);
+    if n - correct < k {
+        return 1.0;
+    }
+    let mut all_wrong = 1.0;
+    for i in (n - correct + 1)..=n {
+        all_wrong *= 1.0 - k as f64 / i as f64;
+    }
+    1.0 - all_wrong
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@
 //! runs the same loop but asks a [`LiveWeights`] for the newest weights before the prefill and
 //! before every decode step (pipeline RL): a sample in progress continues with new weights from
 //! its next token, on the KV cache its earlier tokens built under older weights, and every token
-//! records the version that produced it. Both paths are this one function, so with weights that
+//! records the version that produced it. Both paths run `generate_with`, so with weights that
 //! never change they give identical results.
 //!
 //! Invariants:

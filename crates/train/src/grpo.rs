@@ -28,6 +28,7 @@ pub mod correction;
 pub mod kl;
 pub mod policy_loss;
 pub mod sequences;
+pub mod update;
 
 use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
@@ -38,6 +39,9 @@ pub use correction::{CorrectionOutput, MismatchCorrection, RatioStats};
 pub use kl::{KlEstimator, KlPenalty};
 pub use policy_loss::{ClipFractions, PolicyLoss, PolicyLossOutput, RatioLevel};
 pub use sequences::{CompletionScores, SequenceRow, completion_logprobs, token_budget_batches};
+pub use update::{
+    PolicySample, PolicyUpdater, UpdateOutcome, UpdateReport, UpdateSettings, kl_reward_penalty,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GrpoError {

@@ -80,6 +80,20 @@ fn logprobs_equal_the_reference_scorer_on_the_completion_part() {
 }
 
 #[test]
+fn logprob_rows_drop_the_padding() {
+    let model = nano_model(6);
+    let pairs = fixture_rows(16);
+    let scores = completion_logprobs(&model, &as_rows(&pairs), 1.0, false).expect("scores");
+    let padded = rows_of(&scores.logprobs);
+    let rows = scores.logprob_rows().expect("rows");
+    assert_eq!(rows.len(), pairs.len());
+    for (b, (row, (_, completion))) in rows.iter().zip(&pairs).enumerate() {
+        assert_eq!(row.len(), completion.len(), "row {b}");
+        assert_eq!(row[..], padded[b][..completion.len()], "row {b}");
+    }
+}
+
+#[test]
 fn temperature_scores_logits_over_temperature_and_entropy_matches() {
     let model = nano_model(2);
     let pairs = fixture_rows(12);

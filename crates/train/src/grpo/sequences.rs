@@ -60,6 +60,23 @@ pub struct CompletionScores {
     pub entropy: Option<Tensor>,
 }
 
+impl CompletionScores {
+    /// Each row's completion log-probs on the host, padding dropped (what a sample record
+    /// stores as its old or reference log-probs).
+    pub fn logprob_rows(&self) -> Result<Vec<Vec<f32>>, TrainError> {
+        let values = self.logprobs.detach().to_vec2::<f32>()?;
+        let mask = self.mask.to_vec2::<f32>()?;
+        Ok(values
+            .into_iter()
+            .zip(mask)
+            .map(|(row, keep)| {
+                let len = keep.iter().take_while(|&&m| m > 0.0).count();
+                row[..len].to_vec()
+            })
+            .collect())
+    }
+}
+
 /// Rows of logits materialized at once for the entropy (bounds memory at `CHUNK * vocab`).
 const ENTROPY_CHUNK_ROWS: usize = 256;
 

@@ -1,0 +1,294 @@
+//! The run's side effects per update: the metrics record, the progress line, evaluation and
+//! checkpoint cadence, saving the reference after a reset, and the report at the end.
+//!
+//! What it is not: the figures' definitions (`metrics`), the charts (`report`) or the update
+//! itself (`learner`). Evaluation and checkpoint time is measured and excluded from the
+//! throughput figures, so sync and async runs compare on update work alone.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use stoke_model::Transformer;
+use stoke_train::checkpoint::CheckpointStore;
+use stoke_train::grpo::update::UpdateOutcome;
+
+use crate::driver::{Modules, StepSink, StepTiming};
+use crate::error::PipelineError;
+use crate::held_out::HeldOutResult;
+use crate::learner::{Learner, LearnerStep};
+use crate::metrics::{
+    GrpoEvalRecord, GrpoMetricsLog, GrpoRecord, GrpoStepRecord, ModuleSeconds, ModuleUtilization,
+    RatioRecord, StepOutcome, batch_stats,
+};
+use crate::progress::{Progress, ProgressLine};
+use crate::run::{reference_dir, trainer_state};
+use crate::settings::GrpoSettings;
+
+/// The run's held-out evaluation, called with the current policy.
+pub type EvaluateFn<'a> =
+    dyn Fn(&Transformer, &Modules) -> Result<Option<HeldOutResult>, PipelineError> + 'a;
+
+pub struct RunMonitor {
+    out_dir: PathBuf,
+    log: GrpoMetricsLog,
+    progress: Progress,
+    store: CheckpointStore,
+    model_dir: PathBuf,
+    config_toml: String,
+    eval_every: u64,
+    total_steps: u64,
+    checkpoint_every: u64,
+    samples_per_step: usize,
+    skipped_steps: u64,
+    tokens_seen: u64,
+    last_checkpoint: Option<u64>,
+    started: Instant,
+    title: String,
+}
+
+impl RunMonitor {
+    pub fn open(
+        out_dir: &Path,
+        settings: &GrpoSettings,
+        resumed_from: Option<u64>,
+        quiet: bool,
+        store: CheckpointStore,
+        model_dir: PathBuf,
+        config_toml: String,
+    ) -> Result<RunMonitor, PipelineError> {
+        let path = out_dir.join("metrics.jsonl");
+        // A resumed run cuts the log back to its checkpoint; a fresh run starts a new log.
+        let log = GrpoMetricsLog::open(&path, Some(resumed_from.unwrap_or(0)))?;
+        Ok(RunMonitor {
+            out_dir: out_dir.to_path_buf(),
+            log,
+            progress: Progress::new(resumed_from.unwrap_or(0), settings.steps, quiet),
+            store,
+            model_dir,
+            config_toml,
+            eval_every: settings.eval.every,
+            total_steps: settings.steps,
+            checkpoint_every: settings.checkpoint_every,
+            samples_per_step: settings.samples_per_step(),
+            skipped_steps: 0,
+            tokens_seen: 0,
+            last_checkpoint: resumed_from,
+            started: Instant::now(),
+            title: format!(
+                "GRPO: {} updates x {} prompts x {} samples ({:?})",
+                settings.steps, settings.prompts_per_step, settings.group_size, settings.mode
+            ),
+        })
+    }
+
+    pub fn metrics_path(&self) -> PathBuf {
+        self.log.path().to_path_buf()
+    }
+
+    pub fn skipped_steps(&self) -> u64 {
+        self.skipped_steps
+    }
+
+    pub fn record_eval(&mut self, step: u64, result: &HeldOutResult) -> Result<(), PipelineError> {
+        self.progress.note(&format!(
+            "eval @ step {step}: greedy pass@1 {:.1}% | pass@1 {:.1}% | pass@{} {:.1}% ({} problems, {:.1} s)",
+            100.0 * result.greedy_pass_at_1,
+            100.0 * result.pass_at_1,
+            result.k,
+            100.0 * result.pass_at_k,
+            result.problems,
+            result.seconds
+        ));
+        self.log
+            .append(&GrpoRecord::Eval(eval_record(step, result)))
+    }
+
+    /// Saves a checkpoint of the learner's state when one is due (every `checkpoint_every`
+    /// updates, and at the end); a step already saved is not saved again.
+    pub fn checkpoint(&mut self, learner: &Learner, at_end: bool) -> Result<(), PipelineError> {
+        let step = learner.step();
+        if self.last_checkpoint == Some(step) {
+            return Ok(());
+        }
+        let due =
+            at_end || (self.checkpoint_every > 0 && step.is_multiple_of(self.checkpoint_every));
+        if !due {
+            return Ok(());
+        }
+        let state = trainer_state(learner, self.tokens_seen);
+        let path = self
+            .store
+            .save(
+                learner.updater().model(),
+                Some(&self.model_dir),
+                learner.updater().optimizer(),
+                &state,
+                &self.config_toml,
+                &[],
+            )
+            .map_err(stoke_train::error::TrainError::from)?;
+        self.last_checkpoint = Some(step);
+        self.log.flush()?;
+        if !at_end {
+            self.progress
+                .note(&format!("checkpoint {}", path.display()));
+        }
+        Ok(())
+    }
+
+    /// The per-update side effects, with the evaluation function of the run.
+    pub fn sink<'a>(&'a mut self, evaluate: &'a EvaluateFn<'a>) -> RunSink<'a> {
+        RunSink {
+            monitor: self,
+            evaluate,
+            excluded: 0.0,
+        }
+    }
+
+    /// Writes the report; returns its path.
+    pub fn finish(&mut self) -> Result<PathBuf, PipelineError> {
+        self.progress.finish();
+        self.log.flush()?;
+        let records = GrpoMetricsLog::read_all(self.log.path())?;
+        crate::report::write_grpo_report(&self.out_dir, &records, &self.title)
+    }
+}
+
+/// The monitor as the driver's [`StepSink`].
+pub struct RunSink<'a> {
+    monitor: &'a mut RunMonitor,
+    evaluate: &'a EvaluateFn<'a>,
+    excluded: f64,
+}
+
+impl RunSink<'_> {
+    /// Seconds spent evaluating and checkpointing inside updates' wall time.
+    pub fn excluded_seconds(&self) -> f64 {
+        self.excluded
+    }
+}
+
+impl StepSink for RunSink<'_> {
+    fn on_step(
+        &mut self,
+        learner: &Learner,
+        step: LearnerStep,
+        timing: StepTiming,
+        modules: &Modules,
+    ) -> Result<(), PipelineError> {
+        let monitor = &mut *self.monitor;
+        let number = learner.step();
+        monitor.tokens_seen += step.report.tokens as u64;
+        let skipped = step.report.outcome == UpdateOutcome::SkippedNonFinite;
+        if skipped {
+            monitor.skipped_steps += 1;
+            monitor.progress.note(&format!(
+                "warning: update {number} skipped: non-finite loss {} or grad norm {}; weights unchanged",
+                step.report.loss, step.report.grad_norm
+            ));
+        }
+        let record = step_record(number, &step, &timing, monitor.started.elapsed());
+        monitor.progress.step(&ProgressLine {
+            step: number,
+            reward_mean: record.reward_mean,
+            correct_fraction: record.correct_fraction,
+            kl: step.report.kl_mean,
+            seconds_per_step: timing.wall,
+            samples_per_second: monitor.samples_per_step as f64 / timing.wall.max(1e-9),
+            skipped,
+        });
+        monitor.log.append(&GrpoRecord::Step(record))?;
+
+        let side_started = Instant::now();
+        if step.reference_reset {
+            let dir = reference_dir(&monitor.out_dir, number);
+            learner
+                .updater()
+                .model()
+                .save_with_tokenizer(&dir, Some(&monitor.model_dir))?;
+        }
+        // The last update's evaluation is the run's final one (made by `run`).
+        if monitor.eval_every > 0
+            && number.is_multiple_of(monitor.eval_every)
+            && number < monitor.total_steps
+            && let Some(result) = (self.evaluate)(learner.updater().model(), modules)?
+        {
+            monitor.record_eval(number, &result)?;
+        }
+        monitor.checkpoint(learner, false)?;
+        self.excluded += side_started.elapsed().as_secs_f64();
+        Ok(())
+    }
+}
+
+/// The metrics record of one update.
+pub fn step_record(
+    number: u64,
+    step: &LearnerStep,
+    timing: &StepTiming,
+    elapsed: std::time::Duration,
+) -> GrpoStepRecord {
+    let stats = batch_stats(&step.groups, step.trained_version);
+    let report = &step.report;
+    let wall = timing.wall.max(1e-9);
+    let mut record = GrpoStepRecord {
+        step: number,
+        policy_version: step.trained_version.0,
+        outcome: match report.outcome {
+            UpdateOutcome::Applied => StepOutcome::Applied,
+            UpdateOutcome::SkippedNonFinite => StepOutcome::SkippedNonFinite,
+            UpdateOutcome::SkippedEmpty => StepOutcome::SkippedEmpty,
+        },
+        groups_dropped: step.groups_dropped + step.groups_unusable,
+        loss: report.loss,
+        ptx_loss: report.ptx_loss,
+        grad_norm: report.grad_norm,
+        lr: report.lr,
+        kl_mean: report.kl_mean,
+        entropy_mean: report.entropy_mean,
+        clip_low_fraction: report.clip.low,
+        clip_high_fraction: report.clip.high,
+        clip_region_fraction: report.clip.region,
+        ratio: report.mismatch.as_ref().map(RatioRecord::from),
+        seconds: ModuleSeconds {
+            rollout: timing.rollout_busy,
+            reward: timing.reward_busy,
+            inference: timing.inference_busy,
+            trainer: timing.trainer_busy,
+            waiting: timing.trainer_waiting,
+        },
+        // Busy seconds per thread the module had: 1.0 means its threads never idled.
+        utilization: ModuleUtilization {
+            rollout: timing.rollout_busy / wall,
+            reward: timing.reward_busy / wall,
+            inference: timing.inference_busy / wall,
+            trainer: timing.trainer_busy / wall,
+        },
+        elapsed_s: elapsed.as_secs_f64(),
+        temperature: step
+            .groups
+            .first()
+            .map_or(0.0, |g| f64::from(g.rollout.ticket.temperature)),
+        ..GrpoStepRecord::default()
+    };
+    stats.apply_to(&mut record);
+    // The trained groups (after dropping), not all groups of the slot.
+    record.groups = stats.groups - record.groups_dropped.min(stats.groups);
+    record.tokens_per_s = stats.tokens as f64 / wall;
+    record.samples_per_s = stats.samples as f64 / wall;
+    record
+}
+
+/// The metrics record of one held-out evaluation.
+pub fn eval_record(step: u64, result: &HeldOutResult) -> GrpoEvalRecord {
+    GrpoEvalRecord {
+        step,
+        greedy_pass_at_1: result.greedy_pass_at_1,
+        pass_at_1: result.pass_at_1,
+        pass_at_k: result.pass_at_k,
+        k: result.k,
+        problems: result.problems,
+        mean_length: result.mean_length,
+        seconds: result.seconds,
+    }
+}

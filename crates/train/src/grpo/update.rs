@@ -1,0 +1,668 @@
+//! The GRPO policy update: one optimizer step of the policy on the samples of one update.
+//!
+//! One update, top to bottom:
+//! 1. check the samples (log-prob lengths, reference log-probs present when the KL term is on)
+//!    and that every number the loss will use is finite (a NaN advantage or log-prob skips the
+//!    step before any forward pass);
+//! 2. split the samples (in order) into micro-batches by padded token budget
+//!    ([`token_budget_batches`]); per micro-batch score the completions under the policy
+//!    ([`completion_logprobs`], with the graph), build the [`PolicyBatch`] (old log-probs given
+//!    or, on-policy, the current ones detached so the ratio is exactly 1, as TRL does; rollout
+//!    log-probs when mismatch correction is on; reference log-probs when the KL term is on),
+//!    compute [`GrpoLoss`], weight it and backpropagate, adding gradients into one buffer per
+//!    parameter;
+//! 3. PTX (InstructGPT): when a packed batch is given and `ptx_coef` is set, add
+//!    `coef * mean next-token loss` of that batch ([`NextTokenObjective`]);
+//! 4. a non-finite loss or gradient norm skips the step: weights and optimizer state untouched;
+//! 5. clip the global norm, `lr = peak lr * schedule(steps)`, step the optimizer.
+//!
+//! Micro-batch weights make the accumulated gradient equal the gradient of the loss over the
+//! whole batch: token-mean divides by the batch's token count, so micro-batch `m` weighs
+//! `tokens_m / tokens`; the per-sequence aggregations average over sequences, so it weighs
+//! `rows_m / rows` (Dr. GRPO's constant `max_len` does not depend on the split).
+//!
+//! Steps count update calls that returned a report (applied or skipped, as the trainer loop
+//! counts them), so a skipped update keeps the learning rate on its planned curve; the
+//! optimizer counts its applied updates itself. [`PolicyUpdater::set_steps`] restores the count
+//! on resume.
+//!
+//! What this is not: no rollout, no rewards, no advantages (the caller computes them per group),
+//! no pipeline types; the policy's weights change in place (the optimizer owns them through
+//! shared `Var`s), so publishing them to a sampler is the caller's snapshot.
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor, Var};
+use stoke_data::packing::PackedBatch;
+use stoke_model::Transformer;
+use stoke_optim::{LrSchedule, Optimizer, OptimizerConfig, clip_grad_norm, global_grad_norm};
+
+use super::sequences::{SequenceRow, completion_logprobs, token_budget_batches};
+use super::{
+    ClipFractions, GrpoError, GrpoLoss, GrpoLossOutput, LossAggregation, PolicyBatch, PolicyLoss,
+    RatioLevel, RatioStats,
+};
+use crate::config::ConfigError;
+use crate::error::TrainError;
+use crate::objective::{NextTokenObjective, Objective};
+
+/// One sampled completion, with what the loss needs about it. Log-prob slices have one entry
+/// per completion token.
+#[derive(Clone, Copy, Debug)]
+pub struct PolicySample<'a> {
+    pub prompt_ids: &'a [u32],
+    pub completion_ids: &'a [u32],
+    /// The sampler's log-probs (read only when mismatch correction is on).
+    pub rollout_logprobs: &'a [f32],
+    /// None: on-policy, the trainer's own detached log-probs are the old policy (ratio 1, as TRL).
+    pub old_logprobs: Option<&'a [f32]>,
+    /// Required when the loss has a KL term.
+    pub ref_logprobs: Option<&'a [f32]>,
+    pub advantage: f64,
+}
+
+/// How updates are computed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UpdateSettings {
+    pub loss: GrpoLoss,
+    /// Multiplies the optimizer config's lr; indexed by [`PolicyUpdater::steps`].
+    pub schedule: LrSchedule,
+    /// Global-norm clip; None turns it off.
+    pub clip_grad_norm: Option<f64>,
+    /// Padded (prompt + completion) tokens per micro-batch.
+    pub micro_batch_tokens: usize,
+    /// Coefficient of the PTX next-token loss; None (or 0) turns it off.
+    pub ptx_coef: Option<f64>,
+    /// Feed the samples' rollout log-probs to the loss's mismatch correction.
+    pub use_mismatch_correction: bool,
+}
+
+impl UpdateSettings {
+    /// Checks every field; the error names it.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        let invalid = |key: &str, message: String| {
+            TrainError::Config(ConfigError::Invalid {
+                key: key.to_string(),
+                message,
+            })
+        };
+        if self.micro_batch_tokens == 0 {
+            return Err(invalid("micro_batch_tokens", "must be at least 1".into()));
+        }
+        if let Some(norm) = self.clip_grad_norm
+            && !(norm.is_finite() && norm > 0.0)
+        {
+            return Err(invalid(
+                "clip_grad_norm",
+                format!("must be finite and > 0, got {norm}"),
+            ));
+        }
+        if let Some(coef) = self.ptx_coef
+            && !(coef.is_finite() && coef >= 0.0)
+        {
+            return Err(invalid(
+                "ptx.coef",
+                format!("must be finite and >= 0, got {coef}"),
+            ));
+        }
+        self.schedule.validate()?;
+        for check in [
+            self.loss.advantage.validate(),
+            self.loss.policy.validate(),
+            self.loss.aggregation.validate(),
+            self.loss.correction.validate(),
+        ] {
+            check.map_err(grpo_error)?;
+        }
+        Ok(())
+    }
+}
+
+/// What an update did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpdateOutcome {
+    Applied,
+    /// A non-finite input, loss or gradient norm: nothing was applied.
+    SkippedNonFinite,
+    /// No samples, or no completion tokens: nothing to learn from.
+    SkippedEmpty,
+}
+
+/// The figures of one update.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UpdateReport {
+    pub outcome: UpdateOutcome,
+    /// The differentiated objective: GRPO loss over the whole batch plus `coef * ptx_loss`
+    /// (NaN when a non-finite input stopped the update before any forward pass; 0 when empty).
+    pub loss: f64,
+    /// Mean next-token loss (nats) of the PTX batch, when PTX ran.
+    pub ptx_loss: Option<f64>,
+    /// Global gradient norm before clipping (NaN when the loss was already non-finite).
+    pub grad_norm: f64,
+    /// Learning rate of this update (peak times schedule factor; reported also when skipped).
+    pub lr: f64,
+    /// Over the whole batch: tokens (token-level ratio) or completions (sequence level).
+    pub clip: ClipFractions,
+    /// Masked token-mean of the per-token KL estimate, when the term is on.
+    pub kl_mean: Option<f64>,
+    /// Token-mean entropy (nats) of the policy at the completion positions.
+    pub entropy_mean: f64,
+    /// Trainer/rollout ratio figures, when mismatch correction is on.
+    pub mismatch: Option<RatioStats>,
+    /// Completion tokens in the batch.
+    pub tokens: usize,
+    pub seconds: f64,
+}
+
+/// Owns the policy and its optimizer; [`PolicyUpdater::update`] is one optimizer step.
+pub struct PolicyUpdater {
+    model: Transformer,
+    optimizer: Optimizer,
+    settings: UpdateSettings,
+    steps: u64,
+}
+
+impl std::fmt::Debug for PolicyUpdater {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyUpdater")
+            .field("optimizer", &self.optimizer)
+            .field("settings", &self.settings)
+            .field("steps", &self.steps)
+            .finish()
+    }
+}
+
+impl PolicyUpdater {
+    /// Validates the settings and builds the optimizer over the model's parameters.
+    pub fn new(
+        model: Transformer,
+        optimizer: OptimizerConfig,
+        settings: UpdateSettings,
+    ) -> Result<PolicyUpdater, TrainError> {
+        settings.validate()?;
+        let optimizer = Optimizer::new(optimizer, model.parameters())?;
+        Ok(PolicyUpdater {
+            model,
+            optimizer,
+            settings,
+            steps: 0,
+        })
+    }
+
+    pub fn model(&self) -> &Transformer {
+        &self.model
+    }
+
+    pub fn optimizer(&self) -> &Optimizer {
+        &self.optimizer
+    }
+
+    /// For checkpoint load.
+    pub fn optimizer_mut(&mut self) -> &mut Optimizer {
+        &mut self.optimizer
+    }
+
+    pub fn settings(&self) -> &UpdateSettings {
+        &self.settings
+    }
+
+    /// Updates done so far (applied or skipped).
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Resume: the schedule continues from `steps`.
+    pub fn set_steps(&mut self, steps: u64) {
+        self.steps = steps;
+    }
+
+    /// One optimizer step on `samples` (all of one update), scored at `temperature`; see the
+    /// module doc. An error (malformed samples, a failed tensor operation) leaves the weights,
+    /// the optimizer and the step count as they were.
+    pub fn update(
+        &mut self,
+        samples: &[PolicySample<'_>],
+        temperature: f32,
+        ptx: Option<&PackedBatch>,
+    ) -> Result<UpdateReport, TrainError> {
+        let started = Instant::now();
+        self.check_samples(samples)?;
+        let lr_factor = self.settings.schedule.lr_factor(self.steps);
+        let tokens: usize = samples.iter().map(|s| s.completion_ids.len()).sum();
+        let mut report = UpdateReport {
+            outcome: UpdateOutcome::SkippedEmpty,
+            loss: 0.0,
+            ptx_loss: None,
+            grad_norm: 0.0,
+            lr: peak_lr(self.optimizer.config()) * lr_factor,
+            clip: ClipFractions::default(),
+            kl_mean: None,
+            entropy_mean: 0.0,
+            mismatch: None,
+            tokens,
+            seconds: 0.0,
+        };
+        if tokens > 0 {
+            self.step(samples, temperature, ptx, lr_factor, &mut report)?;
+        }
+        self.steps += 1;
+        report.seconds = started.elapsed().as_secs_f64();
+        Ok(report)
+    }
+
+    /// Steps 1-5 of the module doc for a batch with at least one completion token.
+    fn step(
+        &mut self,
+        samples: &[PolicySample<'_>],
+        temperature: f32,
+        ptx: Option<&PackedBatch>,
+        lr_factor: f64,
+        report: &mut UpdateReport,
+    ) -> Result<(), TrainError> {
+        if !self.inputs_finite(samples) {
+            report.outcome = UpdateOutcome::SkippedNonFinite;
+            report.loss = f64::NAN;
+            report.grad_norm = f64::NAN;
+            return Ok(());
+        }
+        let params: Vec<Var> = self
+            .optimizer
+            .params()
+            .iter()
+            .map(|(_, var)| var.clone())
+            .collect();
+        let mut grads = GradientSum::new(params);
+        let mut figures = BatchFigures::new(self.policy_level(), samples.len(), report.tokens);
+        let lengths: Vec<usize> = samples
+            .iter()
+            .map(|s| s.prompt_ids.len() + s.completion_ids.len())
+            .collect();
+        let mut finite = true;
+        for range in token_budget_batches(&lengths, self.settings.micro_batch_tokens) {
+            let chunk = &samples[range];
+            let chunk_tokens: usize = chunk.iter().map(|s| s.completion_ids.len()).sum();
+            if chunk_tokens == 0 {
+                // Contributes 0 to every aggregation and nothing to the gradient.
+                continue;
+            }
+            let weight = match self.settings.loss.aggregation {
+                LossAggregation::TokenMean => chunk_tokens as f64 / report.tokens as f64,
+                LossAggregation::SequenceMeanTokenMean
+                | LossAggregation::SequenceMeanTokenSumNorm { .. } => {
+                    chunk.len() as f64 / samples.len() as f64
+                }
+            };
+            let (output, entropy_sum) = self.micro_batch_loss(chunk, temperature)?;
+            let value = scalar(&output.loss)?;
+            figures.add(
+                &output,
+                value * weight,
+                entropy_sum,
+                chunk.len(),
+                chunk_tokens,
+            );
+            if !value.is_finite() {
+                finite = false;
+                break;
+            }
+            grads.add(&(output.loss * weight)?.backward()?)?;
+        }
+        report.loss = figures.loss;
+        if finite
+            && let Some(batch) = ptx
+            && let Some(coef) = self.settings.ptx_coef.filter(|&c| c > 0.0)
+        {
+            let output = NextTokenObjective::plain().loss(&self.model, batch)?;
+            if output.loss_tokens > 0 {
+                let mean = output.nll_sum / output.loss_tokens as f64;
+                report.ptx_loss = Some(mean);
+                report.loss += coef * mean;
+                if mean.is_finite() {
+                    let scale = coef / output.loss_tokens as f64;
+                    grads.add(&(output.loss_sum * scale)?.backward()?)?;
+                } else {
+                    finite = false;
+                }
+            }
+        }
+        figures.finish(report, self.settings.use_mismatch_correction);
+
+        let mut grads = grads.into_tensors()?;
+        report.grad_norm = if finite && report.loss.is_finite() {
+            global_grad_norm(&grads)?
+        } else {
+            f64::NAN
+        };
+        if !(report.loss.is_finite() && report.grad_norm.is_finite()) {
+            report.outcome = UpdateOutcome::SkippedNonFinite;
+            return Ok(());
+        }
+        if let Some(max_norm) = self.settings.clip_grad_norm {
+            clip_grad_norm(&mut grads, max_norm)?;
+        }
+        self.optimizer.step(&grads, lr_factor)?;
+        report.outcome = UpdateOutcome::Applied;
+        Ok(())
+    }
+
+    /// The GRPO loss of one micro-batch (whole-micro-batch aggregation, not yet weighted) and
+    /// the masked sum of its entropy.
+    fn micro_batch_loss(
+        &self,
+        chunk: &[PolicySample<'_>],
+        temperature: f32,
+    ) -> Result<(GrpoLossOutput, f64), TrainError> {
+        let rows: Vec<SequenceRow<'_>> = chunk
+            .iter()
+            .map(|s| SequenceRow {
+                prompt_ids: s.prompt_ids,
+                completion_ids: s.completion_ids,
+            })
+            .collect();
+        let scores = completion_logprobs(&self.model, &rows, temperature, true)?;
+        let device = self.model.device();
+        let (_, width) = scores.logprobs.dims2()?;
+        let current = &scores.logprobs;
+        let old = if chunk.iter().all(|s| s.old_logprobs.is_none()) {
+            current.detach()
+        } else {
+            let detached = current.detach().to_vec2::<f32>()?;
+            let rows: Vec<&[f32]> = chunk
+                .iter()
+                .zip(&detached)
+                .map(|(s, own)| s.old_logprobs.unwrap_or(&own[..s.completion_ids.len()]))
+                .collect();
+            padded(&rows, width, device)?
+        };
+        let rollout = if self.settings.use_mismatch_correction {
+            let rows: Vec<&[f32]> = chunk.iter().map(|s| s.rollout_logprobs).collect();
+            Some(padded(&rows, width, device)?)
+        } else {
+            None
+        };
+        let reference = if self.settings.loss.kl.is_some() {
+            // `check_samples` made sure every sample has them.
+            let rows: Vec<&[f32]> = chunk
+                .iter()
+                .map(|s| s.ref_logprobs.unwrap_or_default())
+                .collect();
+            Some(padded(&rows, width, device)?)
+        } else {
+            None
+        };
+        let advantages: Vec<f32> = chunk.iter().map(|s| s.advantage as f32).collect();
+        let advantages = Tensor::from_vec(advantages, chunk.len(), device)?;
+        let batch = PolicyBatch {
+            current_logprobs: current,
+            old_logprobs: &old,
+            ref_logprobs: reference.as_ref(),
+            rollout_logprobs: rollout.as_ref(),
+            advantages: &advantages,
+            mask: &scores.mask,
+        };
+        let output = self.settings.loss.compute(&batch).map_err(grpo_error)?;
+        let entropy_sum = match &scores.entropy {
+            Some(entropy) => scalar(&(entropy * &scores.mask)?.sum_all()?)?,
+            None => 0.0,
+        };
+        Ok((output, entropy_sum))
+    }
+
+    /// Refuses malformed samples, naming the sample and the field.
+    fn check_samples(&self, samples: &[PolicySample<'_>]) -> Result<(), TrainError> {
+        let needs_ref = self.settings.loss.kl.is_some();
+        for (i, sample) in samples.iter().enumerate() {
+            let tokens = sample.completion_ids.len();
+            let bad = |what: String| TrainError::Other(format!("policy sample {i}: {what}"));
+            if sample.prompt_ids.is_empty() {
+                return Err(bad("the prompt is empty".into()));
+            }
+            let mut named = vec![("old_logprobs", sample.old_logprobs)];
+            if self.settings.use_mismatch_correction {
+                named.push(("rollout_logprobs", Some(sample.rollout_logprobs)));
+            }
+            if needs_ref {
+                if sample.ref_logprobs.is_none() {
+                    return Err(bad(
+                        "ref_logprobs missing, but the loss has a KL term (beta > 0)".into(),
+                    ));
+                }
+                named.push(("ref_logprobs", sample.ref_logprobs));
+            }
+            for (name, values) in named {
+                if let Some(values) = values
+                    && values.len() != tokens
+                {
+                    return Err(bad(format!(
+                        "{name} has {} entries for {tokens} completion tokens",
+                        values.len()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether every advantage and every log-prob the loss reads is finite.
+    fn inputs_finite(&self, samples: &[PolicySample<'_>]) -> bool {
+        let finite =
+            |values: Option<&[f32]>| values.is_none_or(|v| v.iter().all(|x| x.is_finite()));
+        samples.iter().all(|s| {
+            s.advantage.is_finite()
+                && finite(s.old_logprobs)
+                && (!self.settings.use_mismatch_correction || finite(Some(s.rollout_logprobs)))
+                && (self.settings.loss.kl.is_none() || finite(s.ref_logprobs))
+        })
+    }
+
+    fn policy_level(&self) -> RatioLevel {
+        match self.settings.loss.policy {
+            PolicyLoss::Clipped { level, .. } | PolicyLoss::Cispo { level, .. } => level,
+        }
+    }
+}
+
+/// KL-in-reward: `beta * sum_t (rollout_lp - ref_lp)` over a sample's tokens (k1), to subtract
+/// from the reward. Slices of unequal length are summed over their common prefix.
+pub fn kl_reward_penalty(rollout_logprobs: &[f32], ref_logprobs: &[f32], beta: f64) -> f64 {
+    let sum: f64 = rollout_logprobs
+        .iter()
+        .zip(ref_logprobs)
+        .map(|(&rollout, &reference)| f64::from(rollout) - f64::from(reference))
+        .sum();
+    beta * sum
+}
+
+/// Gradients summed over backward passes, one slot per optimizer parameter.
+struct GradientSum {
+    params: Vec<Var>,
+    sums: Vec<Option<Tensor>>,
+}
+
+impl GradientSum {
+    fn new(params: Vec<Var>) -> GradientSum {
+        let sums = vec![None; params.len()];
+        GradientSum { params, sums }
+    }
+
+    fn add(&mut self, store: &candle_core::backprop::GradStore) -> Result<(), TrainError> {
+        for (slot, var) in self.sums.iter_mut().zip(&self.params) {
+            if let Some(grad) = store.get(var.as_tensor()) {
+                *slot = Some(match slot.take() {
+                    None => grad.clone(),
+                    Some(sum) => (sum + grad)?,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// One gradient per parameter, zeros where none arrived.
+    fn into_tensors(self) -> Result<Vec<Tensor>, TrainError> {
+        self.sums
+            .into_iter()
+            .zip(&self.params)
+            .map(|(sum, var)| match sum {
+                Some(sum) => Ok(sum),
+                None => Ok(var.as_tensor().zeros_like()?),
+            })
+            .collect()
+    }
+}
+
+/// Running figures over the micro-batches of one update.
+struct BatchFigures {
+    /// Clip fractions count tokens at token level, completions at sequence level.
+    level: RatioLevel,
+    rows: usize,
+    tokens: usize,
+    /// Sum of the weighted micro-batch losses: the whole batch's GRPO loss.
+    loss: f64,
+    /// Clip fractions times their micro-batch's count (tokens or completions).
+    clip_low: f64,
+    clip_high: f64,
+    clip_region: f64,
+    kl_sum: Option<f64>,
+    entropy_sum: f64,
+    mismatch: Option<MismatchSums>,
+}
+
+/// Sums from which the combined [`RatioStats`] are rebuilt.
+struct MismatchSums {
+    tokens: usize,
+    sum: f64,
+    sum_sq: f64,
+    corrected: f64,
+    min: f64,
+    max: f64,
+}
+
+impl BatchFigures {
+    fn new(level: RatioLevel, rows: usize, tokens: usize) -> BatchFigures {
+        BatchFigures {
+            level,
+            rows,
+            tokens,
+            loss: 0.0,
+            clip_low: 0.0,
+            clip_high: 0.0,
+            clip_region: 0.0,
+            kl_sum: None,
+            entropy_sum: 0.0,
+            mismatch: None,
+        }
+    }
+
+    /// `weighted_loss` is the micro-batch's share of the whole batch's loss.
+    fn add(
+        &mut self,
+        output: &GrpoLossOutput,
+        weighted_loss: f64,
+        entropy_sum: f64,
+        rows: usize,
+        tokens: usize,
+    ) {
+        self.loss += weighted_loss;
+        self.entropy_sum += entropy_sum;
+        let count = match self.level {
+            RatioLevel::Token => tokens,
+            RatioLevel::Sequence => rows,
+        } as f64;
+        self.clip_low += output.clip.low * count;
+        self.clip_high += output.clip.high * count;
+        self.clip_region += output.clip.region * count;
+        if let Some(kl) = output.kl_mean {
+            *self.kl_sum.get_or_insert(0.0) += kl * tokens as f64;
+        }
+        if let Some(stats) = output.mismatch.filter(|s| s.tokens > 0) {
+            let n = stats.tokens as f64;
+            let sum = stats.mean * n;
+            let sum_sq = if stats.effective_sample_size > 0.0 {
+                sum * sum / stats.effective_sample_size
+            } else {
+                0.0
+            };
+            let total = self.mismatch.get_or_insert(MismatchSums {
+                tokens: 0,
+                sum: 0.0,
+                sum_sq: 0.0,
+                corrected: 0.0,
+                min: f64::INFINITY,
+                max: f64::NEG_INFINITY,
+            });
+            total.tokens += stats.tokens;
+            total.sum += sum;
+            total.sum_sq += sum_sq;
+            total.corrected += stats.fraction_corrected * n;
+            total.min = total.min.min(stats.min);
+            total.max = total.max.max(stats.max);
+        }
+    }
+
+    /// Fills the report's figures. Sequence-level clip fractions are over all completions, as
+    /// on the whole batch: a skipped micro-batch (no tokens) has ratio 1 and no clipped row.
+    fn finish(&self, report: &mut UpdateReport, use_mismatch_correction: bool) {
+        let tokens = self.tokens.max(1) as f64;
+        report.entropy_mean = self.entropy_sum / tokens;
+        report.kl_mean = self.kl_sum.map(|sum| sum / tokens);
+        let count = match self.level {
+            RatioLevel::Token => tokens,
+            RatioLevel::Sequence => self.rows.max(1) as f64,
+        };
+        report.clip = ClipFractions {
+            low: self.clip_low / count,
+            high: self.clip_high / count,
+            region: self.clip_region / count,
+        };
+        report.mismatch = if use_mismatch_correction {
+            Some(
+                self.mismatch
+                    .as_ref()
+                    .map_or_else(RatioStats::default, |m| {
+                        let n = m.tokens as f64;
+                        RatioStats {
+                            mean: m.sum / n,
+                            min: m.min,
+                            max: m.max,
+                            fraction_corrected: m.corrected / n,
+                            effective_sample_size: if m.sum_sq > 0.0 {
+                                m.sum * m.sum / m.sum_sq
+                            } else {
+                                0.0
+                            },
+                            tokens: m.tokens,
+                        }
+                    }),
+            )
+        } else {
+            None
+        };
+    }
+}
+
+/// `[B, width]` f32 from rows of at most `width` values, zero-padded on the right.
+fn padded(rows: &[&[f32]], width: usize, device: &Device) -> Result<Tensor, TrainError> {
+    let mut data = vec![0.0f32; rows.len() * width];
+    for (b, row) in rows.iter().enumerate() {
+        data[b * width..b * width + row.len()].copy_from_slice(row);
+    }
+    Ok(Tensor::from_vec(data, (rows.len(), width), device)?)
+}
+
+fn peak_lr(config: &OptimizerConfig) -> f64 {
+    match config {
+        OptimizerConfig::AdamW(adamw) => adamw.lr,
+        OptimizerConfig::Muon(muon) => muon.lr,
+    }
+}
+
+fn scalar(t: &Tensor) -> Result<f64, TrainError> {
+    Ok(t.to_dtype(DType::F64)?.to_scalar::<f64>()?)
+}
+
+fn grpo_error(error: GrpoError) -> TrainError {
+    match error {
+        GrpoError::Tensor(e) => TrainError::Tensor(e),
+        other => TrainError::Other(format!("grpo loss: {other}")),
+    }
+}
