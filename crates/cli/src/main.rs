@@ -39,6 +39,8 @@ enum Command {
     Tokenizer(cmd::tokenizer::TokenizerCommand),
     /// Train a model (pretraining or SFT) from a TOML run config.
     Train(cmd::train::TrainArgs),
+    /// Reinforcement learning with GRPO on the four-module pipeline, from a TOML config.
+    Grpo(cmd::grpo::GrpoArgs),
     /// The main job: data -> tokenizer -> pretraining -> SFT -> evaluation -> report card, on CPU.
     Speedrun(cmd::speedrun::SpeedrunArgs),
 }
@@ -54,6 +56,7 @@ fn main() -> ExitCode {
         Command::Data(command) => cmd::data::run(command),
         Command::Tokenizer(command) => cmd::tokenizer::run(command),
         Command::Train(args) => cmd::train::run_command(args),
+        Command::Grpo(args) => cmd::grpo::run_command(args),
         Command::Speedrun(args) => cmd::speedrun::run(args),
     };
     match result {

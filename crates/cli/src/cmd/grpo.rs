@@ -19,9 +19,11 @@ use candle_core::Device;
 use clap::Args;
 use stoke_eval::arithmetic::{ArithmeticTask, Level, Split};
 use stoke_model::Transformer;
-use stoke_pipeline::config::{GrpoConfig, TaskSource};
+use stoke_pipeline::config::{GrpoConfig, TaskSource, resume_differences};
+use stoke_pipeline::held_out::HeldOutResult;
 use stoke_pipeline::records::Task;
 use stoke_pipeline::reward::RewardSpec;
+use stoke_pipeline::run::{GrpoRun, RunOptions, run};
 use stoke_pipeline::task::{chat_task, load_tasks};
 use stoke_sandbox::{Sandbox, SandboxConfigFile};
 use stoke_tokenizer::hf::Tokenizer;
@@ -44,6 +46,100 @@ pub struct GrpoArgs {
     /// No progress output.
     #[arg(long)]
     quiet: bool,
+}
+
+pub fn run_command(args: GrpoArgs) -> anyhow::Result<()> {
+    let config = GrpoConfig::load(&args.config, &args.sets)
+        .with_context(|| format!("config {}", args.config.display()))?;
+    if args.resume {
+        check_resume(&config)?;
+    }
+    let config_toml = config.to_toml()?;
+    let prepared = prepare(&config, args.quiet)?;
+    let summary = run(
+        GrpoRun {
+            policy: prepared.policy,
+            tokenizer: prepared.tokenizer,
+            model_dir: config.model.clone(),
+            reference: prepared.reference,
+            tasks: prepared.tasks,
+            held_out: prepared.held_out,
+            rewards: prepared.rewards,
+            settings: config.settings.clone(),
+            out_dir: config.out_dir.clone(),
+            config_toml,
+        },
+        RunOptions {
+            resume: args.resume,
+            quiet: args.quiet,
+        },
+    )?;
+    if let Some(step) = summary.resumed_from {
+        println!("resumed from step {step}");
+    }
+    println!(
+        "completed: {} updates ({} this session, {} skipped), {:.2} s per update, {:.1} samples/s, {:.1} s",
+        summary.steps,
+        summary.session_steps,
+        summary.skipped_steps,
+        summary.seconds_per_step,
+        summary.samples_per_second,
+        summary.seconds
+    );
+    let show = |eval: &HeldOutResult| {
+        format!(
+            "greedy pass@1 {:.1}%, pass@1 {:.1}%, pass@{} {:.1}%",
+            100.0 * eval.greedy_pass_at_1,
+            100.0 * eval.pass_at_1,
+            eval.k,
+            100.0 * eval.pass_at_k
+        )
+    };
+    match (&summary.initial_eval, &summary.final_eval) {
+        (Some(first), Some(last)) => println!(
+            "held-out ({} problems): {} -> {}",
+            last.problems,
+            show(first),
+            show(last)
+        ),
+        (None, Some(last)) => println!("held-out ({} problems): {}", last.problems, show(last)),
+        _ => {}
+    }
+    if summary.reward_failures > 0 {
+        println!(
+            "reward failures (panics and timeouts, scored 0): {}",
+            summary.reward_failures
+        );
+    }
+    println!("model: {}", summary.model_dir.display());
+    println!("metrics: {}", summary.metrics.display());
+    println!("report: {}", summary.report.display());
+    Ok(())
+}
+
+/// A resumed run must be the run that was started: the saved config and the current one may
+/// differ only in length, evaluation, checkpoint and resource keys.
+fn check_resume(config: &GrpoConfig) -> anyhow::Result<()> {
+    let saved_path = config.out_dir.join("config.toml");
+    if !saved_path.exists() {
+        return Ok(());
+    }
+    let saved = GrpoConfig::load(&saved_path, &[])
+        .with_context(|| format!("reading the saved config {}", saved_path.display()))?;
+    let differences = resume_differences(&saved, config);
+    if differences.is_empty() {
+        return Ok(());
+    }
+    let listed: Vec<String> = differences
+        .iter()
+        .map(|(key, was, now)| format!("{key}: {was} -> {now}"))
+        .collect();
+    bail!(
+        "--resume: the config differs from the run's saved {} in keys that change training ({}); \
+         start a new run (another [out] dir) or restore those values",
+        saved_path.display(),
+        listed.join("; ")
+    )
 }
 
 /// Everything a run needs besides its settings, loaded.
@@ -303,6 +399,46 @@ mod tests {
 
         let without_kl = GrpoConfig::load(&path, &["grpo.loss.beta=0".to_string()]).unwrap();
         assert!(prepare(&without_kl, true).unwrap().reference.is_none());
+    }
+
+    #[test]
+    fn command_runs_a_tiny_grpo_and_refuses_a_changed_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        model_folder(dir.path());
+        let path = dir.path().join("run.toml");
+        std::fs::write(
+            &path,
+            "[model]\npath = \"model\"\n[tasks]\nkind = \"arithmetic\"\nproblems = 4\n\
+             [grpo]\nsteps = 2\nprompts_per_step = 2\ngroup_size = 2\nmax_new_tokens = 6\n\
+             mode = \"sync\"\nthreads = 1\nreward_workers = 1\n\
+             [eval]\nproblems = 2\nsamples = 2\n[out]\ndir = \"out\"\n",
+        )
+        .unwrap();
+        let args = |sets: &[&str], resume: bool| GrpoArgs {
+            config: path.clone(),
+            sets: sets.iter().map(|s| s.to_string()).collect(),
+            resume,
+            quiet: true,
+        };
+        run_command(args(&[], false)).unwrap();
+        let out = dir.path().join("out");
+        let records =
+            stoke_pipeline::metrics::GrpoMetricsLog::read_all(&out.join("metrics.jsonl")).unwrap();
+        let steps = records
+            .iter()
+            .filter(|r| matches!(r, stoke_pipeline::metrics::GrpoRecord::Step(_)))
+            .count();
+        assert_eq!(steps, 2);
+        assert!(out.join("report.html").is_file());
+        // The saved config is the resolved one and loads back equal.
+        let saved = GrpoConfig::load(&out.join("config.toml"), &[]).unwrap();
+        assert_eq!(saved, GrpoConfig::load(&path, &[]).unwrap());
+
+        let error = run_command(args(&["grpo.group_size=3"], true)).unwrap_err();
+        assert!(
+            format!("{error:#}").contains("grpo.group_size: 2 -> 3"),
+            "{error:#}"
+        );
     }
 
     #[test]
