@@ -15,16 +15,17 @@ fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     path
 }
 
-fn load(text: &str, sets: &[&str]) -> Result<GrpoConfig, PipelineError> {
+/// Boxed error: `PipelineError` is large and this helper's results are only inspected.
+fn load(text: &str, sets: &[&str]) -> Result<GrpoConfig, Box<PipelineError>> {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), "run.toml", text);
     let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-    GrpoConfig::load(&path, &sets)
+    GrpoConfig::load(&path, &sets).map_err(Box::new)
 }
 
 /// The key an error names, or the test fails.
-fn field_of(result: Result<GrpoConfig, PipelineError>) -> (String, String) {
-    match result {
+fn field_of(result: Result<GrpoConfig, Box<PipelineError>>) -> (String, String) {
+    match result.map_err(|e| *e) {
         Err(PipelineError::Config { field, reason }) => (field, reason),
         Err(other) => panic!("expected a config error, got {other}"),
         Ok(_) => panic!("expected an error, the config loaded"),
