@@ -330,7 +330,14 @@ impl GrpoConfigFile {
             } else {
                 key
             };
-            PipelineError::config(key, format!("{} (in {origin})", e.inner()))
+            // toml appends "in `table`" context lines; the key path already says where.
+            let message = e.inner().to_string();
+            let message: Vec<&str> = message
+                .lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty() && !line.starts_with("in `"))
+                .collect();
+            PipelineError::config(key, format!("{} (in {origin})", message.join(" ")))
         })
     }
 }
