@@ -11,15 +11,17 @@
 //!   [`config`]: the TOML file layer that produces them; [`task`]: tasks from JSONL.
 //! - the modules: [`rollout`] (generation, weights taken between batches or in flight),
 //!   [`inference`] (reference / recomputed old-policy log-probs, batched by token budget),
-//!   [`reward`] (verifiers behind a pool that survives panics and hangs), and the trainer, whose
-//!   numerics live in `stoke_train::grpo` and whose driving is in [`run`].
+//!   [`reward`] (verifiers behind a pool that survives panics and hangs), and the trainer
+//!   ([`learner`]: rewards -> advantages -> `stoke_train::grpo::update::PolicyUpdater` -> publish).
 //! - the joints: [`buffer`] (bounded by records and bytes, priority pop), [`staleness`] (policy
 //!   versions and the gate that bounds off-policy lag), [`weights`] (publication of new weights),
-//!   [`scheduler`] (sharing CPU threads between modules by measured utilization).
-//! - [`run`] (sync and async drivers), [`checkpoint`] (resume), [`metrics`] and [`report`].
+//!   [`scheduler`] (sharing CPU threads between modules by measured busy time).
+//! - [`driver`] (the sync and async ways to run the modules, the task plan), [`run`] (one whole
+//!   run: setup, resume, final model), [`held_out`] (pass@1 / pass@k evaluation), [`monitor`]
+//!   and [`progress`] (per-update side effects and what a person sees), [`metrics`] and
+//!   [`report`] (the records in `metrics.jsonl` and the charts of `report.html`).
 
 pub mod buffer;
-pub mod checkpoint;
 pub mod config;
 pub mod driver;
 pub mod error;

@@ -1,1 +1,0 @@
-//! (module in progress this session: see lib.rs for its role)
