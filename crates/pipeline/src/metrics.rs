@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::PipelineError;
 use crate::records::{RewardFailure, ScoredGroup};
 use crate::staleness::PolicyVersion;
+use stoke_train::metrics::{json_float, json_float_opt};
 
 /// What the trainer did with a batch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -565,94 +566,9 @@ impl GrpoStepRecord {
 
 /// Four significant digits, scientific outside [1e-3, 1e6); "NaN"/"inf" as Rust writes them.
 pub fn significant(value: f64) -> String {
-    if !value.is_finite() {
-        return value.to_string();
-    }
-    let magnitude = value.abs();
-    if magnitude != 0.0 && !(1e-3..1e6).contains(&magnitude) {
-        format!("{value:.3e}")
+    if value.is_finite() {
+        stoke_train::metrics::format_significant(value, 1e6)
     } else {
-        let decimals = if magnitude == 0.0 {
-            0
-        } else {
-            (3 - magnitude.log10().floor() as i32).max(0)
-        };
-        format!("{value:.*}", decimals as usize)
-    }
-}
-
-/// serde for f64 fields that may be NaN or infinite (JSON has neither): written as strings.
-mod json_float {
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Repr {
-        Number(f64),
-        Text(String),
-        Null(()),
-    }
-
-    pub fn serialize<S: Serializer>(value: &f64, serializer: S) -> Result<S::Ok, S::Error> {
-        if value.is_nan() {
-            serializer.serialize_str("NaN")
-        } else if *value == f64::INFINITY {
-            serializer.serialize_str("Infinity")
-        } else if *value == f64::NEG_INFINITY {
-            serializer.serialize_str("-Infinity")
-        } else {
-            serializer.serialize_f64(*value)
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
-        match Repr::deserialize(deserializer)? {
-            Repr::Number(v) => Ok(v),
-            Repr::Null(()) => Ok(f64::NAN),
-            Repr::Text(text) => match text.as_str() {
-                "NaN" => Ok(f64::NAN),
-                "Infinity" => Ok(f64::INFINITY),
-                "-Infinity" => Ok(f64::NEG_INFINITY),
-                other => Err(serde::de::Error::custom(format!(
-                    "expected a number, \"NaN\", \"Infinity\" or \"-Infinity\", found {other:?}"
-                ))),
-            },
-        }
-    }
-}
-
-/// `json_float` for `Option<f64>` (absent or null = None).
-mod json_float_opt {
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(value: &Option<f64>, serializer: S) -> Result<S::Ok, S::Error> {
-        match value {
-            Some(v) => super::json_float::serialize(v, serializer),
-            None => serializer.serialize_none(),
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Option<f64>, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Repr {
-            Number(f64),
-            Text(String),
-            Null(()),
-        }
-        match Repr::deserialize(deserializer)? {
-            Repr::Number(v) => Ok(Some(v)),
-            Repr::Null(()) => Ok(None),
-            Repr::Text(text) => match text.as_str() {
-                "NaN" => Ok(Some(f64::NAN)),
-                "Infinity" => Ok(Some(f64::INFINITY)),
-                "-Infinity" => Ok(Some(f64::NEG_INFINITY)),
-                other => Err(serde::de::Error::custom(format!(
-                    "expected a number, null, \"NaN\", \"Infinity\" or \"-Infinity\", found {other:?}"
-                ))),
-            },
-        }
+        value.to_string()
     }
 }

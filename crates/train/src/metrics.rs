@@ -375,8 +375,9 @@ impl ThroughputTracker {
     }
 }
 
-/// serde for f64 fields that may be NaN or infinite (see the module doc).
-mod json_float {
+/// serde for f64 fields that may be NaN or infinite (see the module doc): written as the strings
+/// `"NaN"`, `"Infinity"`, `"-Infinity"`, read back from them (and from null as NaN).
+pub mod json_float {
     use serde::{Deserialize, Deserializer, Serializer};
 
     #[derive(serde::Deserialize)]
@@ -415,9 +416,9 @@ mod json_float {
     }
 }
 
-/// `json_float` for `Option<f64>` (absent field = None).
-mod json_float_opt {
-    use serde::{Deserializer, Serializer};
+/// `json_float` for `Option<f64>` (absent or null = None).
+pub mod json_float_opt {
+    use serde::{Deserialize, Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(value: &Option<f64>, serializer: S) -> Result<S::Ok, S::Error> {
         match value {
@@ -429,13 +430,31 @@ mod json_float_opt {
     pub fn deserialize<'de, D: Deserializer<'de>>(
         deserializer: D,
     ) -> Result<Option<f64>, D::Error> {
-        super::json_float::deserialize(deserializer).map(Some)
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Repr {
+            Number(f64),
+            Text(String),
+            Null(()),
+        }
+        match Repr::deserialize(deserializer)? {
+            Repr::Number(v) => Ok(Some(v)),
+            Repr::Null(()) => Ok(None),
+            Repr::Text(text) => match text.as_str() {
+                "NaN" => Ok(Some(f64::NAN)),
+                "Infinity" => Ok(Some(f64::INFINITY)),
+                "-Infinity" => Ok(Some(f64::NEG_INFINITY)),
+                other => Err(serde::de::Error::custom(format!(
+                    "expected a number, null, \"NaN\", \"Infinity\" or \"-Infinity\", found {other:?}"
+                ))),
+            },
+        }
     }
 }
 
 /// A finite figure with 4 significant digits, in scientific notation below 1e-3 or from
 /// `scientific_from` up (shared by the console lines and the report).
-pub(crate) fn format_significant(value: f64, scientific_from: f64) -> String {
+pub fn format_significant(value: f64, scientific_from: f64) -> String {
     let magnitude = value.abs();
     if magnitude != 0.0 && !(1e-3..scientific_from).contains(&magnitude) {
         format!("{value:.3e}")
