@@ -124,6 +124,28 @@ pub struct StepTiming {
     pub gate_blocked_total: f64,
 }
 
+impl StepTiming {
+    /// The timing of an update that ended now, `since` the previous one ended; `busy` is
+    /// (rollout, reward, inference) seconds of its groups.
+    fn measure(
+        since: Instant,
+        trainer_waiting: f64,
+        busy: &(f64, f64, f64),
+        update: &LearnerStep,
+        modules: &Modules,
+    ) -> StepTiming {
+        StepTiming {
+            wall: since.elapsed().as_secs_f64(),
+            trainer_waiting,
+            rollout_busy: busy.0,
+            reward_busy: busy.1,
+            inference_busy: busy.2,
+            trainer_busy: update.report.seconds,
+            gate_blocked_total: modules.gate.blocked_time().as_secs_f64(),
+        }
+    }
+}
+
 /// Receives every finished update (metrics, progress, evaluation, checkpoints).
 pub trait StepSink {
     fn on_step(
@@ -222,19 +244,11 @@ pub fn run_sync(
         modules.scheduler.install(ComputeModule::Trainer, || {
             add_reference(&modules.inference, &mut scored)
         })??;
-        let (rollout_busy, reward_busy, inference_busy) = busy_of(&scored);
+        let scored_busy = busy_of(&scored);
         let update = modules
             .scheduler
             .install(ComputeModule::Trainer, || learner.update(scored))??;
-        let timing = StepTiming {
-            wall: last.elapsed().as_secs_f64(),
-            trainer_waiting: 0.0,
-            rollout_busy,
-            reward_busy,
-            inference_busy,
-            trainer_busy: update.report.seconds,
-            gate_blocked_total: modules.gate.blocked_time().as_secs_f64(),
-        };
+        let timing = StepTiming::measure(last, 0.0, &scored_busy, &update, modules);
         sink.on_step(learner, update, timing, modules)?;
         last = Instant::now();
     }
@@ -412,22 +426,15 @@ pub fn run_async(
                     }
                 }
                 let trainer_waiting = waiting_started.elapsed().as_secs_f64();
-                let (rollout_busy, reward_busy, inference_busy) = busy_of(&batch);
+                let batch_busy = busy_of(&batch);
                 let update = modules
                     .scheduler
                     .install(ComputeModule::Trainer, || learner.update(batch))??;
                 modules
                     .scheduler
-                    .rebalance(rollout_busy, update.report.seconds + inference_busy);
-                let timing = StepTiming {
-                    wall: last.elapsed().as_secs_f64(),
-                    trainer_waiting,
-                    rollout_busy,
-                    reward_busy,
-                    inference_busy,
-                    trainer_busy: update.report.seconds,
-                    gate_blocked_total: modules.gate.blocked_time().as_secs_f64(),
-                };
+                    .rebalance(batch_busy.0, update.report.seconds + batch_busy.2);
+                let timing =
+                    StepTiming::measure(last, trainer_waiting, &batch_busy, &update, modules);
                 sink.on_step(learner, update, timing, modules)?;
                 last = Instant::now();
             }
