@@ -190,8 +190,12 @@ impl Learner {
                         module: "trainer",
                         reason: format!(
                             "{} consecutive updates had a non-finite loss or gradient (last loss \
-                             {}, grad norm {}); no weights were changed by them",
-                            self.consecutive_bad, report.loss, report.grad_norm
+                             {}, grad norm {}); no weights were changed by them; stopping at \
+                             grpo.max_bad_steps = {}",
+                            self.consecutive_bad,
+                            report.loss,
+                            report.grad_norm,
+                            self.settings.max_bad_steps
                         ),
                     });
                 }
