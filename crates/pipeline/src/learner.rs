@@ -14,7 +14,10 @@
 //!    sampler's log-probs fed to the mismatch correction;
 //! 4. publish: the weights become version `c + 1` in the [`WeightStore`] and the staleness gate,
 //!    also when the update was skipped (non-finite), so the pipeline keeps moving.
-//! 5. reference reset every N steps (the reference becomes a copy of the new weights).
+//! 5. reference reset every N steps (the reference becomes a copy of the new weights). In async
+//!    mode, groups whose reference log-probs were computed before the reset (at most
+//!    `max_off_policy_steps` updates' worth) keep them: the reset reaches the loss for groups
+//!    scored after it.
 //!
 //! What it is not: the loss numerics (`stoke_train::grpo`) or the batching of micro-batches
 //! (`PolicyUpdater`).

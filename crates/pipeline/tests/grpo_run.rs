@@ -448,3 +448,53 @@ fn a_stopped_synchronous_run_resumes_to_the_uninterrupted_weights() {
     );
     assert_eq!(step_records(parts.path()).len(), 4);
 }
+
+#[test]
+fn kl_term_reference_reset_and_temperature_schedule_show_in_the_run() {
+    let out = tempfile::tempdir().unwrap();
+    let settings = settings(
+        "mode = \"sync\"\nmax_off_policy_steps = 0\nreference_reset_every = 2\ntemperature = 1.2\ntemperature_end = 0.8\ntemperature_decay_steps = 4\n[grpo.loss]\nbeta = 0.05",
+    );
+    assert!(settings.loss.kl.is_some());
+    let mut grpo = grpo_run(out.path(), settings, Arc::new(Scripted::new()));
+    grpo.reference = Some(model());
+    run(
+        grpo,
+        RunOptions {
+            resume: false,
+            quiet: true,
+        },
+    )
+    .unwrap();
+    let records = step_records(out.path());
+    assert_eq!(records.len(), 4);
+    // The KL term is measured every update; the first update starts at the reference itself.
+    let kl: Vec<f64> = records
+        .iter()
+        .map(|r| r.kl_mean.expect("kl measured"))
+        .collect();
+    assert!(kl[0].abs() < 1e-5, "KL to itself at the start: {}", kl[0]);
+    assert!(
+        kl[1] > 0.0,
+        "the policy moved away from the reference: {kl:?}"
+    );
+    // The reference became the policy after updates 2 and 4 (kept on disk for resume).
+    assert!(
+        out.path()
+            .join("reference-step-00000002/model.safetensors")
+            .is_file()
+    );
+    assert!(
+        out.path()
+            .join("reference-step-00000004/model.safetensors")
+            .is_file()
+    );
+    // Right after a reset the policy equals the reference again (in sync mode; asynchronously,
+    // groups scored before the reset keep the old reference's log-probs, see `learner`).
+    assert!(kl[2].abs() < 1e-5, "KL right after the reset: {kl:?}");
+    let temperatures: Vec<f64> = records.iter().map(|r| r.temperature).collect();
+    let expected = [1.2, 1.1, 1.0, 0.9];
+    for (t, e) in temperatures.iter().zip(expected) {
+        assert!((t - e).abs() < 1e-6, "temperatures {temperatures:?}");
+    }
+}

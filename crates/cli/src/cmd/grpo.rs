@@ -23,7 +23,7 @@ use stoke_pipeline::config::{GrpoConfig, TaskSource, resume_differences};
 use stoke_pipeline::held_out::HeldOutResult;
 use stoke_pipeline::records::Task;
 use stoke_pipeline::reward::RewardSpec;
-use stoke_pipeline::run::{GrpoRun, RunOptions, run};
+use stoke_pipeline::run::{GrpoRun, GrpoSummary, RunOptions, run};
 use stoke_pipeline::task::{chat_task, load_tasks};
 use stoke_sandbox::{Sandbox, SandboxConfigFile};
 use stoke_tokenizer::hf::Tokenizer;
@@ -54,21 +54,8 @@ pub fn run_command(args: GrpoArgs) -> anyhow::Result<()> {
     if args.resume {
         check_resume(&config)?;
     }
-    let config_toml = config.to_toml()?;
-    let prepared = prepare(&config, args.quiet)?;
-    let summary = run(
-        GrpoRun {
-            policy: prepared.policy,
-            tokenizer: prepared.tokenizer,
-            model_dir: config.model.clone(),
-            reference: prepared.reference,
-            tasks: prepared.tasks,
-            held_out: prepared.held_out,
-            rewards: prepared.rewards,
-            settings: config.settings.clone(),
-            out_dir: config.out_dir.clone(),
-            config_toml,
-        },
+    let summary = run_config(
+        &config,
         RunOptions {
             resume: args.resume,
             quiet: args.quiet,
@@ -115,6 +102,27 @@ pub fn run_command(args: GrpoArgs) -> anyhow::Result<()> {
     println!("metrics: {}", summary.metrics.display());
     println!("report: {}", summary.report.display());
     Ok(())
+}
+
+/// Loads what `config` names and runs it (the speedrun's GRPO stage calls this too).
+pub fn run_config(config: &GrpoConfig, options: RunOptions) -> anyhow::Result<GrpoSummary> {
+    let config_toml = config.to_toml()?;
+    let prepared = prepare(config, options.quiet)?;
+    Ok(run(
+        GrpoRun {
+            policy: prepared.policy,
+            tokenizer: prepared.tokenizer,
+            model_dir: config.model.clone(),
+            reference: prepared.reference,
+            tasks: prepared.tasks,
+            held_out: prepared.held_out,
+            rewards: prepared.rewards,
+            settings: config.settings.clone(),
+            out_dir: config.out_dir.clone(),
+            config_toml,
+        },
+        options,
+    )?)
 }
 
 /// A resumed run must be the run that was started: the saved config and the current one may

@@ -1,7 +1,8 @@
 //! `stoke speedrun`: the main job. The whole training pipeline in miniature, on CPU, on data it
 //! generates: arithmetic word problems -> tokenizer -> token shards -> pretraining from scratch ->
-//! SFT on chat conversations -> held-out exact-match accuracy of both models -> report card and a
-//! final model folder that `stoke generate --chat` can talk to.
+//! SFT on chat conversations -> GRPO with the exact-match reward on the four-module pipeline ->
+//! held-out exact-match accuracy of all three models -> report card and a final model folder
+//! that `stoke generate --chat` can talk to.
 //!
 //! `run` below reads as the algorithm, one stage per block; each stage lives in its own module
 //! and hands typed records (and folders) to the next. Sizes come from [`recipe::Recipe`] (`full`
@@ -9,18 +10,20 @@
 //!
 //! Outputs under `--out` (default `runs/speedrun`, or `runs/speedrun-quick`): `data/`,
 //! `tokenizer/`, `shards/`, `pretrain/` and `sft/` (trainer run folders with config.toml,
-//! metrics.jsonl, report.html, model/), `model_config.json` (the architecture), `pretrain.toml`
-//! and `sft.toml` (the stage configs, for `stoke train`), `eval/*.jsonl` (every evaluated
+//! metrics.jsonl, report.html, model/), `grpo/` (the GRPO run folder), `model_config.json` (the
+//! architecture), `pretrain.toml`, `sft.toml` and `grpo.toml` (the stage configs, for
+//! `stoke train` and `stoke grpo`), `eval/*.jsonl` (every evaluated
 //! completion), `model/` (the final model, Hugging Face layout with tokenizer files),
 //! `report.html` (the report card) and `speedrun.json` (the summary the integration test
 //! reads). A rerun into the same folder replaces these.
 //!
-//! Adding a stage (GRPO after SFT): train from the previous stage's `model_dir`, append its
-//! accuracy to `evaluations` and its summary to the report card; nothing else changes.
+//! Adding a stage: train from the previous stage's `model_dir`, append its accuracy to
+//! `evaluations` and its summary to the report card; nothing else changes.
 
 mod data;
 mod recipe;
 mod report_card;
+mod rl;
 mod shards;
 mod summary;
 mod tokenizer;
@@ -53,12 +56,14 @@ pub struct SpeedrunArgs {
 }
 
 /// Folders and files a previous run into the same `--out` left; removed before a new run.
-const OUTPUTS: [&str; 12] = [
+const OUTPUTS: [&str; 14] = [
     "data",
     "tokenizer",
     "shards",
     "pretrain",
     "sft",
+    "grpo",
+    "grpo.toml",
     "eval",
     "model",
     "model_config.json",
@@ -188,14 +193,33 @@ pub fn run(args: SpeedrunArgs) -> anyhow::Result<()> {
     );
     timings.push(StageTiming::done("sft", clock));
 
-    // 6. Evaluation: held-out exact-match accuracy of each model on the same prompts.
-    let clock = stage_header(6, "evaluation: held-out exact-match accuracy");
+    // 6. GRPO: reinforcement learning with the exact-match reward on the SFT model.
+    let clock = stage_header(6, "GRPO: reinforcement learning with verifiable rewards");
+    let grpo = rl::grpo(&recipe, &out, &sft.model_dir, seed)?;
+    println!(
+        "{} updates of {} prompts x {} samples, reward {:.3} -> {:.3} ({:.2} s per update, {:.0} samples/s)",
+        grpo.steps,
+        grpo.prompts_per_step,
+        grpo.group_size,
+        grpo.initial_reward,
+        grpo.final_reward,
+        grpo.seconds_per_step,
+        grpo.samples_per_second
+    );
+    timings.push(StageTiming::done("grpo", clock));
+
+    // 7. Evaluation: held-out exact-match accuracy of each model on the same prompts.
+    let clock = stage_header(7, "evaluation: held-out exact-match accuracy");
     let accuracy_config = AccuracyConfig {
         batch_size: recipe.eval_batch_size,
         max_new_tokens: recipe.eval_max_new_tokens,
     };
     let mut evaluations = Vec::new();
-    for (label, model_dir) in [("pretrained", &pretrain.model_dir), ("sft", &sft.model_dir)] {
+    for (label, model_dir) in [
+        ("pretrained", &pretrain.model_dir),
+        ("sft", &sft.model_dir),
+        ("grpo", &grpo.model_dir),
+    ] {
         let model = Transformer::load(model_dir, &Device::Cpu)
             .with_context(|| format!("loading {}", model_dir.display()))?;
         let report = evaluate(&model, &tokenizer, &generated.held_out, &accuracy_config)
@@ -212,10 +236,10 @@ pub fn run(args: SpeedrunArgs) -> anyhow::Result<()> {
     }
     timings.push(StageTiming::done("evaluation", clock));
 
-    // 7. Outputs: the final model folder, the report card and the summary.
-    let clock = stage_header(7, "report card and final model");
+    // 8. Outputs: the final model folder, the report card and the summary.
+    let clock = stage_header(8, "report card and final model");
     let final_model = out.join("model");
-    copy_dir(&sft.model_dir, &final_model)?;
+    copy_dir(&grpo.model_dir, &final_model)?;
     Transformer::load(&final_model, &Device::Cpu)
         .with_context(|| format!("checking the final model {}", final_model.display()))?;
     timings.push(StageTiming::done("outputs", clock));
@@ -228,6 +252,7 @@ pub fn run(args: SpeedrunArgs) -> anyhow::Result<()> {
         shards: shard_stats,
         pretrain,
         sft,
+        grpo,
         evaluations,
         final_model: final_model.clone(),
         report: out.join("report.html"),

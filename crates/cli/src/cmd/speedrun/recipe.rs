@@ -43,11 +43,28 @@ pub struct Recipe {
     pub seq_len: usize,
     pub pretrain: StageSizes,
     pub sft: StageSizes,
+    pub grpo: GrpoSizes,
     /// Generation cap for the accuracy evaluation (a worked solution is 20-45 tokens).
     pub eval_max_new_tokens: usize,
     pub eval_batch_size: usize,
     /// Sample completions shown per model in the report card.
     pub report_samples: usize,
+}
+
+/// The GRPO stage's sizes (on the SFT model, arithmetic tasks of the training split, the
+/// exact-match reward). Measured on the quick recipe (seed 0): lr 3e-5 at temperature 0.7 raised
+/// greedy held-out accuracy 64% -> 74% in 200 updates, where 1e-4 gave 66% and 3e-4 fell to 36%;
+/// temperature 1.0 at 3e-5 gave 71%.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GrpoSizes {
+    pub steps: u64,
+    pub prompts_per_step: usize,
+    pub group_size: usize,
+    pub lr: f64,
+    pub temperature: f32,
+    /// Training-split problems the prompts are drawn from.
+    pub problems: usize,
+    pub eval_every: u64,
 }
 
 /// A small Llama: RMSNorm, RoPE, SwiGLU, grouped-query attention.
@@ -105,6 +122,15 @@ impl Recipe {
                 lr: None,
                 eval_every: 50,
             },
+            grpo: GrpoSizes {
+                steps: 200,
+                prompts_per_step: 8,
+                group_size: 8,
+                lr: 3e-5,
+                temperature: 0.7,
+                problems: 4_000,
+                eval_every: 50,
+            },
             eval_max_new_tokens: 64,
             eval_batch_size: 50,
             report_samples: 8,
@@ -143,6 +169,15 @@ impl Recipe {
                 optimizer: OptimizerKind::Muon,
                 lr: None,
                 eval_every: 40,
+            },
+            grpo: GrpoSizes {
+                steps: 200,
+                prompts_per_step: 8,
+                group_size: 8,
+                lr: 3e-5,
+                temperature: 0.7,
+                problems: 2_000,
+                eval_every: 50,
             },
             eval_max_new_tokens: 48,
             eval_batch_size: 50,
@@ -229,6 +264,48 @@ impl Recipe {
             schedule: wsd(),
             training: training_file(&self.sft, seed),
         }
+    }
+}
+
+impl Recipe {
+    /// The GRPO stage's config (`stoke grpo <out>/grpo.toml` reruns it): the SFT model in
+    /// `model_dir`, written to `run_dir`.
+    pub fn grpo_config(&self, model_dir: &Path, run_dir: &Path, seed: u64) -> String {
+        let g = self.grpo;
+        let levels: Vec<String> = self
+            .levels
+            .iter()
+            .map(|level| format!("\"{}\"", level.name()))
+            .collect();
+        let levels = levels.join(", ");
+        let quote = |path: &Path| toml::Value::String(path.display().to_string()).to_string();
+        format!(
+            "# speedrun ({name}) - GRPO on the SFT model\n\
+             [model]\npath = {model}\n\n\
+             [tasks]\nkind = \"arithmetic\"\nlevels = [{levels}]\nproblems = {problems}\nseed = {task_seed}\n\n\
+             [held_out]\nkind = \"arithmetic\"\nlevels = [{levels}]\nproblems = {held_out}\nseed = {seed}\n\n\
+             [rewards.default]\nkind = \"exact_match\"\nmode = \"gsm8k\"\nextract_answer = true\n\n\
+             [grpo]\nsteps = {steps}\nprompts_per_step = {prompts}\ngroup_size = {group}\n\
+             max_new_tokens = {max_new}\ntemperature = {temperature}\nseed = {seed}\n\
+             mode = \"async\"\nmax_off_policy_steps = 1\n\n\
+             [optimizer]\nkind = \"adamw\"\nlr = {lr:e}\nweight_decay = 0.0\n\n\
+             [eval]\nevery = {eval_every}\nsamples = 4\nproblems = {held_out}\n\n\
+             [checkpoint]\nevery = 0\nkeep = 1\n\n\
+             [out]\ndir = {run_dir}\n",
+            name = self.name,
+            model = quote(model_dir),
+            problems = g.problems,
+            task_seed = seed + 1,
+            held_out = self.held_out_problems,
+            steps = g.steps,
+            prompts = g.prompts_per_step,
+            group = g.group_size,
+            max_new = self.eval_max_new_tokens,
+            temperature = g.temperature,
+            lr = g.lr,
+            eval_every = g.eval_every,
+            run_dir = quote(run_dir),
+        )
     }
 }
 

@@ -1,7 +1,7 @@
 //! The speedrun's report card: one self-contained `<out>/report.html` with a section per stage:
 //! the data (an example document), the tokenizer (vocabulary, compression, a document split into
 //! tokens), the shards, pretraining and SFT (loss and learning-rate charts from their metrics),
-//! and the evaluation (accuracy of each model as bars, sample completions side by side).
+//! GRPO (training reward and in-run held-out pass@1 charts), and the evaluation (accuracy of each model as bars, sample completions side by side).
 //!
 //! Charts are stoke-train's report charts (`ChartSpec`, plotters SVG); the accuracy bars are a
 //! few SVG rectangles written here (a line chart of two points says less). Every text from the
@@ -13,6 +13,7 @@ use anyhow::Context;
 use stoke_train::report::{ChartSpec, Series, YScale, escape};
 
 use super::recipe::Recipe;
+use super::rl::GrpoStageSummary;
 use super::summary::{ModelEvaluation, SpeedrunSummary};
 use super::training::TrainingStageSummary;
 
@@ -57,6 +58,13 @@ fn render(s: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<String> {
         (
             "SFT loss".into(),
             format!("{:.3} -> {:.3}", s.sft.initial_loss, s.sft.final_loss),
+        ),
+        (
+            "GRPO training reward".into(),
+            format!(
+                "{:.3} -> {:.3} ({} updates)",
+                s.grpo.initial_reward, s.grpo.final_reward, s.grpo.steps
+            ),
         ),
     ];
     for e in &s.evaluations {
@@ -174,7 +182,9 @@ fn render(s: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<String> {
         &s.sft,
     )?;
 
-    h.push_str("<h2>6. Held-out accuracy</h2>\n<p>Greedy completions of the same held-out questions, rendered with the chat template. <b>Accuracy</b> counts a completion right when its final <code>#### N</code> line holds the answer (the reward crate's exact-match verifier, gsm8k mode); <b>flexible</b> also accepts the last number of a completion without that line.</p>\n");
+    grpo_section(&mut h, &s.grpo)?;
+
+    h.push_str("<h2>7. Held-out accuracy</h2>\n<p>Greedy completions of the same held-out questions, rendered with the chat template. <b>Accuracy</b> counts a completion right when its final <code>#### N</code> line holds the answer (the reward crate's exact-match verifier, gsm8k mode); <b>flexible</b> also accepts the last number of a completion without that line.</p>\n");
     accuracy_bars(&mut h, &s.evaluations);
     let eval_rows: Vec<(String, String)> = s
         .evaluations
@@ -210,7 +220,7 @@ fn render(s: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<String> {
     table(&mut h, &level_rows);
     samples_table(&mut h, &s.evaluations, recipe.report_samples);
 
-    h.push_str("<h2>7. The final model</h2>\n");
+    h.push_str("<h2>8. The final model</h2>\n");
     let _ = writeln!(
         h,
         "<p>Hugging Face layout with tokenizer files in <code>{}</code>. Chat with it:</p>\n<pre>stoke generate --model {} --chat --temperature 0 --max-tokens 64 --format text --prompt \"...\"</pre>",
@@ -270,6 +280,87 @@ fn training_section(
             "step",
             "lr",
             vec![Series::new("lr", points(&stage.learning_rates))],
+            YScale::Linear,
+        ),
+    ] {
+        h.push_str("<figure>\n");
+        h.push_str(&chart.render().context("drawing a chart")?);
+        h.push_str("\n</figure>\n");
+    }
+    Ok(())
+}
+
+fn grpo_section(h: &mut String, g: &GrpoStageSummary) -> anyhow::Result<()> {
+    h.push_str("<h2>6. GRPO</h2>\n<p>Reinforcement learning with verifiable rewards on the SFT model: groups of sampled replies to training-split questions, the exact-match reward, group-relative advantages, the clipped policy loss; rollout, reward and trainer run as separate modules joined by bounded buffers, generation up to one policy version ahead of the trainer.</p>\n");
+    let mut rows = vec![
+        (
+            "updates".to_string(),
+            format!(
+                "{} x {} prompts x {} samples",
+                g.steps, g.prompts_per_step, g.group_size
+            ),
+        ),
+        (
+            "training reward".into(),
+            format!(
+                "{:.3} (first 10% of updates) -> {:.3} (last 10%)",
+                g.initial_reward, g.final_reward
+            ),
+        ),
+        (
+            "throughput".into(),
+            format!(
+                "{:.2} s per update, {:.0} samples/s",
+                g.seconds_per_step, g.samples_per_second
+            ),
+        ),
+        ("time".into(), format!("{:.1} s", g.seconds)),
+        ("GRPO run report".into(), g.report.display().to_string()),
+    ];
+    if let (Some(first), Some(last)) = (g.held_out.first(), g.held_out.last()) {
+        rows.push((
+            "in-run held-out greedy pass@1".into(),
+            format!("{:.1}% -> {:.1}%", 100.0 * first.1, 100.0 * last.1),
+        ));
+        rows.push((
+            "in-run held-out sampled pass@1".into(),
+            format!("{:.1}% -> {:.1}%", 100.0 * first.2, 100.0 * last.2),
+        ));
+    }
+    if g.reward_failures > 0 {
+        rows.push((
+            "reward failures (scored 0)".into(),
+            g.reward_failures.to_string(),
+        ));
+    }
+    table(h, &rows);
+    let points = |v: &[(u64, f64)]| v.iter().map(|&(s, y)| (s as f64, y)).collect::<Vec<_>>();
+    let greedy: Vec<(u64, f64)> = g
+        .held_out
+        .iter()
+        .map(|&(s, greedy, _)| (s, greedy))
+        .collect();
+    let sampled: Vec<(u64, f64)> = g
+        .held_out
+        .iter()
+        .map(|&(s, _, sampled)| (s, sampled))
+        .collect();
+    for chart in [
+        ChartSpec::new(
+            "GRPO: mean training reward",
+            "update",
+            "reward",
+            vec![Series::new("reward", points(&g.rewards))],
+            YScale::Linear,
+        ),
+        ChartSpec::new(
+            "GRPO: held-out pass@1",
+            "update",
+            "pass@1",
+            vec![
+                Series::new("greedy", points(&greedy)),
+                Series::new("sampled", points(&sampled)),
+            ],
             YScale::Linear,
         ),
     ] {

@@ -11,6 +11,7 @@ use serde::Serialize;
 use stoke_eval::accuracy::{AccuracyReport, LevelAccuracy, SampleRecord};
 
 use super::data::DataStats;
+use super::rl::GrpoStageSummary;
 use super::shards::ShardStats;
 use super::tokenizer::TokenizerStats;
 use super::training::TrainingStageSummary;
@@ -97,7 +98,8 @@ pub struct SpeedrunSummary {
     pub shards: ShardStats,
     pub pretrain: TrainingStageSummary,
     pub sft: TrainingStageSummary,
-    /// In pipeline order: the pretrained model, then the SFT model.
+    pub grpo: GrpoStageSummary,
+    /// In pipeline order: the pretrained model, the SFT model, the GRPO model.
     pub evaluations: Vec<ModelEvaluation>,
     pub final_model: PathBuf,
     pub report: PathBuf,
