@@ -23,7 +23,7 @@ use crate::metrics::{
     RatioRecord, StepOutcome, batch_stats,
 };
 use crate::progress::{Progress, ProgressLine};
-use crate::records::RewardFailure;
+use crate::records::{RewardFailure, ScoredGroup};
 use crate::run::{reference_dir, trainer_state};
 use crate::settings::GrpoSettings;
 
@@ -192,8 +192,11 @@ impl StepSink for RunSink<'_> {
         if skipped {
             monitor.skipped_steps += 1;
             let message = format!(
-                "update {number} skipped: non-finite loss {} or grad norm {}; weights unchanged",
-                step.report.loss, step.report.grad_norm
+                "update {number} skipped: non-finite loss {} or grad norm {} ({}); weights \
+                 unchanged",
+                step.report.loss,
+                step.report.grad_norm,
+                non_finite_inputs(&step.groups)
             );
             monitor.progress.note(&format!("warning: {message}"));
             monitor.log.append(&GrpoRecord::Alert {
@@ -293,6 +296,37 @@ pub fn reward_failure_message(
         panicked + timed_out,
         task.id
     ))
+}
+
+/// Which inputs of an update were non-finite, for the skip warning: a broken reference model
+/// and a diverging policy call for different fixes.
+pub fn non_finite_inputs(groups: &[ScoredGroup]) -> String {
+    let bad = |values: &[f32]| values.iter().any(|v| !v.is_finite());
+    let bad_rows = |rows: &Option<Vec<Vec<f32>>>| {
+        rows.as_ref()
+            .map_or(0, |rows| rows.iter().filter(|row| bad(row)).count())
+    };
+    let reference: usize = groups.iter().map(|g| bad_rows(&g.ref_logprobs)).sum();
+    let recomputed: usize = groups.iter().map(|g| bad_rows(&g.old_logprobs)).sum();
+    let rollout = groups
+        .iter()
+        .flat_map(|g| &g.rollout.samples)
+        .filter(|sample| bad(&sample.rollout_logprobs))
+        .count();
+    let parts: Vec<String> = [
+        (reference, "reference"),
+        (recomputed, "recomputed old"),
+        (rollout, "rollout"),
+    ]
+    .into_iter()
+    .filter(|(samples, _)| *samples > 0)
+    .map(|(samples, what)| format!("{what} log-probs of {samples} samples"))
+    .collect();
+    if parts.is_empty() {
+        "every input finite: the loss or gradient overflowed".to_string()
+    } else {
+        format!("non-finite {}", parts.join(", "))
+    }
 }
 
 /// The metrics record of one update.

@@ -430,12 +430,20 @@ fn nan_reference_updates_are_skipped_with_weights_unchanged_and_the_run_continue
         "the log shows the NaN: {}",
         steps[0].loss
     );
-    let alerted: Vec<u64> = alerts(&out)
+    let alerts: Vec<(u64, String)> = alerts(&out)
         .into_iter()
-        .filter(|(_, message)| message.contains("non-finite"))
-        .map(|(step, _)| step)
+        .filter(|(_, message)| message.contains("skipped"))
         .collect();
+    let alerted: Vec<u64> = alerts.iter().map(|(step, _)| *step).collect();
     assert_eq!(alerted, [1, 2], "one alert per skipped update");
+    // The alert says where the NaN came from: the reference, not the policy.
+    assert!(
+        alerts[0]
+            .1
+            .contains("non-finite reference log-probs of 8 samples"),
+        "{}",
+        alerts[0].1
+    );
 
     // Skipped updates leave the weights exactly as they were; applied ones move them.
     let initial = weights(&fixture_dir());
@@ -459,6 +467,60 @@ fn nan_reference_updates_are_skipped_with_weights_unchanged_and_the_run_continue
     }
     assert!(all_finite(&weights(&out.join("model"))));
     assert!(all_finite(&weights(&out.join("reference-step-00000002"))));
+}
+
+#[test]
+fn a_nan_kl_penalty_in_the_reward_skips_the_update_instead_of_training_on_zero() {
+    // With the KL term in the reward, a NaN reference makes each penalised reward NaN. Scoring
+    // those samples 0 would train on a reward nobody gave; the update must be skipped as
+    // non-finite, exactly as with the KL term in the loss.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let settings = settings(
+        "steps = 2\ngroup_size = 4\nmax_bad_steps = 3\nkl_placement = \"reward\"\n\
+         [grpo.loss]\nbeta = 0.04",
+        "[checkpoint]\nevery = 1\nkeep = 10",
+    );
+    let reference = nan_model(&dir.path().join("nan-reference"));
+    let summary = run(
+        grpo_run(&out, settings, Arc::new(LetterShare), Some(reference)),
+        QUIET,
+    )
+    .expect("skipped updates do not stop the run");
+    assert_eq!(summary.skipped_steps, 2);
+    let steps = step_records(&out);
+    assert!(
+        steps
+            .iter()
+            .all(|s| s.outcome == StepOutcome::SkippedNonFinite),
+        "{:?}",
+        steps.iter().map(|s| s.outcome).collect::<Vec<_>>()
+    );
+    assert!(weights(&out.join("model")) == weights(&fixture_dir()));
+}
+
+/// Regression: with `kl_placement = "reward"` and beta > 0 the updater kept the KL term of the
+/// loss and refused the first update ("ref_logprobs missing"), since the learner rightly passes
+/// no reference log-probs for this placement.
+#[test]
+fn kl_in_the_reward_trains_with_a_finite_reference() {
+    let out = tempfile::tempdir().unwrap();
+    let settings = settings(
+        "steps = 2\ngroup_size = 4\nkl_placement = \"reward\"\n[grpo.loss]\nbeta = 0.04",
+        "",
+    );
+    let summary = run(
+        grpo_run(out.path(), settings, Arc::new(LetterShare), Some(model())),
+        QUIET,
+    )
+    .expect("a run with the KL term in the reward");
+    assert_eq!((summary.steps, summary.skipped_steps), (2, 0));
+    assert!(
+        step_records(out.path())
+            .iter()
+            .all(|s| s.outcome == StepOutcome::Applied)
+    );
+    assert!(weights(&out.path().join("model")) != weights(&fixture_dir()));
 }
 
 #[test]
