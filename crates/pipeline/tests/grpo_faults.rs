@@ -3,9 +3,14 @@
 //! - a completion whose code never ends: the sandbox's wall-clock limit stops it, the sample is
 //!   scored 0 with the verdict `timeout`, the reward pool answers long before its own timeout,
 //!   and a run counts it in `metrics.jsonl` (`outcomes.timeout`) and goes on;
-//! - a non-finite loss: the update is skipped (`skipped_non_finite`), the weights stay as they
-//!   were, every checkpoint holds finite weights, the run goes on, and after
-//!   `grpo.max_bad_steps` consecutive bad updates it stops with an error naming that setting.
+//! - a reward that panics: scored 0, and every update with failed rewards gets an `alert` record
+//!   (the console warning's text) naming the reward, the task and the panic message;
+//! - a non-finite loss: the update is skipped (`skipped_non_finite`, with an alert naming the
+//!   non-finite inputs), the weights stay as they were, every checkpoint holds finite weights,
+//!   the run goes on, and after `grpo.max_bad_steps` consecutive bad updates it stops with an
+//!   error naming that setting; with the KL term in the reward a NaN penalty skips the update
+//!   too, instead of training on a reward of 0 (and, a regression found here, `kl_placement =
+//!   "reward"` trains at all).
 //!
 //! The NaN comes from the KL reference: a reference with one NaN weight gives NaN reference
 //! log-probs while the policy (and so the rollout) stays finite. A NaN *policy* cannot reach the
@@ -17,8 +22,8 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
@@ -336,6 +341,81 @@ fn a_run_scores_a_sandbox_timeout_zero_counts_it_and_continues() {
     let mean: f64 = steps.iter().map(|s| s.reward_mean).sum::<f64>() / 2.0;
     assert!((mean - 0.75).abs() < 1e-9, "reward mean {mean}");
     assert!(out.path().join("model/model.safetensors").is_file());
+}
+
+/// Panics on every third call, else scores like [`LetterShare`].
+struct PanicsSometimes {
+    calls: AtomicU64,
+}
+
+impl Verifier for PanicsSometimes {
+    fn score(&self, input: &RewardInput<'_>) -> RewardOutcome {
+        let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if call.is_multiple_of(3) {
+            panic!("scripted reward failure on call {call}");
+        }
+        LetterShare.score(input)
+    }
+}
+
+/// The scripted panics are expected: on the pool's worker threads they print one line instead
+/// of a backtrace (when RUST_BACKTRACE is set); every other thread keeps the default hook.
+fn quiet_worker_panics() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        let default_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let on_worker = std::thread::current()
+                .name()
+                .is_some_and(|name| name.starts_with("stoke-reward-"));
+            if on_worker {
+                eprintln!("reward worker panicked (expected in this test): {info}");
+            } else {
+                default_hook(info);
+            }
+        }));
+    });
+}
+
+#[test]
+fn reward_failures_raise_an_alert_naming_the_reward_task_and_panic() {
+    quiet_worker_panics();
+    let out = tempfile::tempdir().unwrap();
+    let verifier = PanicsSometimes {
+        calls: AtomicU64::new(0),
+    };
+    // 3 updates x 2 prompts x 2 samples = 12 calls: 4 panics, in every update.
+    let summary = run(
+        grpo_run(
+            out.path(),
+            settings("steps = 3\ngroup_size = 2", ""),
+            Arc::new(verifier),
+            None,
+        ),
+        QUIET,
+    )
+    .expect("panicking rewards do not stop the run");
+    assert_eq!(summary.reward_failures, 4);
+    let steps = step_records(out.path());
+    let alerts = alerts(out.path());
+    let failing: Vec<u64> = steps
+        .iter()
+        .filter(|s| !s.reward_failures.is_empty())
+        .map(|s| s.step)
+        .collect();
+    let alerted: Vec<u64> = alerts.iter().map(|(step, _)| *step).collect();
+    assert!(!failing.is_empty());
+    assert_eq!(alerted, failing, "one alert per update with failed rewards");
+    for (step, message) in &alerts {
+        let record = &steps[*step as usize - 1];
+        let panicked = record.reward_failures["panicked"];
+        assert!(
+            message.contains(&format!("{panicked} of 4 rewards failed"))
+                && message.contains("reward `code` on task `square-")
+                && message.contains("panicked: scripted reward failure on call"),
+            "{message}"
+        );
+    }
 }
 
 /// A copy of the fixture model with one NaN in its final norm: every logit it gives is NaN.
