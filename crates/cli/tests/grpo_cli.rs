@@ -19,7 +19,7 @@ fn stoke() -> Command {
     Command::new(env!("CARGO_BIN_EXE_stoke"))
 }
 
-const STEPS: usize = 10;
+const STEPS: usize = 16;
 
 const CONFIG: &str = r#"
 [model]
@@ -29,7 +29,7 @@ kind = "arithmetic"
 problems = 8
 seed = 3
 [grpo]
-steps = 10
+steps = 16
 prompts_per_step = 2
 group_size = 4
 max_new_tokens = 6
@@ -163,12 +163,13 @@ fn killed_and_resumed_grpo_run_ends_with_the_uninterrupted_weights() {
         "the updates changed no weight: equal weights after a resume would prove nothing"
     );
 
-    // A different kill point on every run (the step is in every message): after update 3, so
-    // the checkpoint of update 2 exists, and before the last update.
+    // A different kill point on every run (the update is in every message): after update 3, so
+    // the checkpoint of update 2 exists, and at least 6 updates (about 0.1 s) before the end, so
+    // a loaded machine that is slow to notice the record still kills a running process.
     let mut seed = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |t| t.as_nanos() as u64);
-    let kill_after = 3 + (mix(&mut seed) % (STEPS as u64 - 4)) as usize;
+    let kill_after = 3 + (mix(&mut seed) % (STEPS as u64 - 9)) as usize;
     let metrics = dir.path().join("run-b/metrics.jsonl");
     let mut child = stoke()
         .arg("grpo")
