@@ -3,8 +3,9 @@
 //! - a completion whose code never ends: the sandbox's wall-clock limit stops it, the sample is
 //!   scored 0 with the verdict `timeout`, the reward pool answers long before its own timeout,
 //!   and a run counts it in `metrics.jsonl` (`outcomes.timeout`) and goes on;
-//! - a reward that panics: scored 0, and every update with failed rewards gets an `alert` record
-//!   (the console warning's text) naming the reward, the task and the panic message;
+//! - a reward that panics or hangs past `grpo.reward_timeout_s`: scored 0, and every update with
+//!   failed rewards gets an `alert` record (the console warning's text) naming the reward, the
+//!   task and the panic message or the timeout;
 //! - a non-finite loss: the update is skipped (`skipped_non_finite`, with an alert naming the
 //!   non-finite inputs), the weights stay as they were, every checkpoint holds finite weights,
 //!   the run goes on, and after `grpo.max_bad_steps` consecutive bad updates it stops with an
@@ -416,6 +417,55 @@ fn reward_failures_raise_an_alert_naming_the_reward_task_and_panic() {
             "{message}"
         );
     }
+}
+
+/// Hangs (far past the pool's timeout) on its second call, else scores like [`LetterShare`].
+struct HangsOnce {
+    calls: AtomicU64,
+}
+
+impl Verifier for HangsOnce {
+    fn score(&self, input: &RewardInput<'_>) -> RewardOutcome {
+        if self.calls.fetch_add(1, Ordering::SeqCst) == 1 {
+            std::thread::sleep(Duration::from_secs(60));
+        }
+        LetterShare.score(input)
+    }
+}
+
+#[test]
+fn a_hung_reward_times_out_in_the_pool_and_the_alert_says_so() {
+    let out = tempfile::tempdir().unwrap();
+    let verifier = HangsOnce {
+        calls: AtomicU64::new(0),
+    };
+    let started = Instant::now();
+    let summary = run(
+        grpo_run(
+            out.path(),
+            settings("steps = 2\ngroup_size = 2\nreward_timeout_s = 1", ""),
+            Arc::new(verifier),
+            None,
+        ),
+        QUIET,
+    )
+    .expect("a hung reward does not stop the run");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the run waited on the hang"
+    );
+    assert_eq!((summary.steps, summary.reward_failures), (2, 1));
+    let alerts = alerts(out.path());
+    assert_eq!(alerts.len(), 1, "{alerts:?}");
+    assert!(
+        alerts[0].1.contains("1 of 4 rewards failed")
+            && alerts[0].1.contains("(0 panicked, 1 timed out)")
+            && alerts[0]
+                .1
+                .contains("did not answer within grpo.reward_timeout_s"),
+        "{}",
+        alerts[0].1
+    );
 }
 
 /// A copy of the fixture model with one NaN in its final norm: every logit it gives is NaN.
