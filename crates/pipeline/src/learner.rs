@@ -59,6 +59,9 @@ pub struct LearnerStep {
     pub publish_seconds: f64,
     /// Whether the reference was reset to the new weights after this update.
     pub reference_reset: bool,
+    /// Set when this update was the `max_bad_steps`-th non-finite one in a row: why the run
+    /// must stop. The driver records the update first, so the log and checkpoints show it.
+    pub stop: Option<String>,
 }
 
 /// Owns the policy updater; shared pieces (weights, gate, inference) are handles.
@@ -197,22 +200,20 @@ impl Learner {
             .update(&samples, temperature, ptx_batch.as_ref())?;
         drop(samples);
 
+        let mut stop = None;
         match report.outcome {
             UpdateOutcome::SkippedNonFinite => {
                 self.consecutive_bad += 1;
                 if self.consecutive_bad >= self.settings.max_bad_steps.max(1) {
-                    return Err(PipelineError::ModuleStopped {
-                        module: "trainer",
-                        reason: format!(
-                            "{} consecutive updates had a non-finite loss or gradient (last loss \
-                             {}, grad norm {}); no weights were changed by them; stopping at \
-                             grpo.max_bad_steps = {}",
-                            self.consecutive_bad,
-                            report.loss,
-                            report.grad_norm,
-                            self.settings.max_bad_steps
-                        ),
-                    });
+                    stop = Some(format!(
+                        "{} consecutive updates had a non-finite loss or gradient (last loss {}, \
+                         grad norm {}); no weights were changed by them; stopping at \
+                         grpo.max_bad_steps = {}",
+                        self.consecutive_bad,
+                        report.loss,
+                        report.grad_norm,
+                        self.settings.max_bad_steps
+                    ));
                 }
             }
             _ => self.consecutive_bad = 0,
@@ -254,6 +255,7 @@ impl Learner {
             trained_version,
             publish_seconds,
             reference_reset,
+            stop,
         })
     }
 

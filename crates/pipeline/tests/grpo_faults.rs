@@ -34,7 +34,8 @@ use stoke_pipeline::metrics::{GrpoMetricsLog, GrpoRecord, GrpoStepRecord, StepOu
 use stoke_pipeline::reward::{RewardPool, RewardSpec};
 use stoke_pipeline::run::{GrpoRun, RunOptions, run};
 use stoke_pipeline::{
-    GenerationPermit, GroupTicket, GrpoSettings, PipelineError, RolloutGroup, Sample, Task,
+    GenerationPermit, GroupTicket, GrpoSettings, PipelineError, PipelineMode, RolloutGroup, Sample,
+    Task,
 };
 use stoke_reward::{
     Details, Outcome, Reference, Reward, RewardConfig, RewardInput, RewardOutcome, Verifier,
@@ -654,13 +655,26 @@ fn kl_in_the_reward_trains_with_a_finite_reference() {
 }
 
 #[test]
-fn a_reference_that_stays_nan_stops_the_run_at_max_bad_steps() {
+fn a_reference_that_stays_nan_stops_a_sync_run_at_max_bad_steps() {
+    stops_at_max_bad_steps(PipelineMode::Sync);
+}
+
+#[test]
+fn a_reference_that_stays_nan_stops_an_async_run_at_max_bad_steps() {
+    stops_at_max_bad_steps(PipelineMode::Async);
+}
+
+fn stops_at_max_bad_steps(mode: PipelineMode) {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    let settings = settings(
+    let mut settings = settings(
         "steps = 6\ngroup_size = 2\nmax_bad_steps = 2\n[grpo.loss]\nbeta = 0.04",
         "[checkpoint]\nevery = 1\nkeep = 10",
     );
+    if mode == PipelineMode::Async {
+        settings.mode = mode;
+        settings.max_off_policy_steps = 1;
+    }
     let reference = nan_model(&dir.path().join("nan-reference"));
     let error = run(
         grpo_run(&out, settings, Arc::new(LetterShare), Some(reference)),
@@ -683,13 +697,17 @@ fn a_reference_that_stays_nan_stops_the_run_at_max_bad_steps() {
         "{message}"
     );
 
-    // The first bad update was logged and checkpointed unchanged; nothing after it was saved.
+    // Both bad updates, the one that stopped the run included, were logged with an alert and
+    // checkpointed unchanged; nothing after them ran.
     let steps = step_records(&out);
-    assert_eq!(steps.len(), 1);
-    assert_eq!(steps[0].outcome, StepOutcome::SkippedNonFinite);
-    let saved = weights(&checkpoint_model(&out, 1));
-    assert!(all_finite(&saved) && saved == weights(&fixture_dir()));
-    assert!(!checkpoint_model(&out, 2).exists());
+    let outcomes: Vec<StepOutcome> = steps.iter().map(|s| s.outcome).collect();
+    assert_eq!(outcomes, [StepOutcome::SkippedNonFinite; 2]);
+    assert_eq!(alerts(&out).len(), 2);
+    for step in 1..=2 {
+        let saved = weights(&checkpoint_model(&out, step));
+        assert!(all_finite(&saved) && saved == weights(&fixture_dir()));
+    }
+    assert!(!checkpoint_model(&out, 3).exists());
     assert!(
         !out.join("model").exists(),
         "a stopped run writes no final model"
