@@ -45,7 +45,25 @@ enum Command {
     Speedrun(cmd::speedrun::SpeedrunArgs),
 }
 
+/// candle 0.11 runs large elementwise ops on a global "barrier pool" whose caller spin-waits for
+/// its workers and whose single lock serializes every thread that uses it. On a busy machine the
+/// spinning wastes a third of the CPU (bench/README.md: 31% of samples in `BarrierGuard::drop`),
+/// and in the GRPO pipeline the rollout and trainer threads queue on that one lock. With
+/// `CANDLE_NUM_THREADS=1` the pool has no workers and elementwise ops run inline on the calling
+/// thread (matrix products still use rayon): measured faster for training in a quiet window
+/// (bench/README.md, issue 5) and 1.4-2.5x faster for asynchronous GRPO on the loaded 2-core VM
+/// (bench/GRPO.md). A value the user set is kept.
+#[allow(unsafe_code)]
+fn default_candle_threads() {
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        // SAFETY: called first thing in `main`, before any other thread exists, so nothing can
+        // read the environment concurrently.
+        unsafe { std::env::set_var("CANDLE_NUM_THREADS", "1") };
+    }
+}
+
 fn main() -> ExitCode {
+    default_candle_threads();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Score(args) => cmd::model::score(args),

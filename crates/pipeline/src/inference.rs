@@ -11,7 +11,8 @@
 //! Both score `log softmax(logits / T)` of each completion token given its prefix, with `T` the
 //! group's sampling temperature (`GroupTicket::temperature`), the distribution the trainer's
 //! ratio compares against. Rows of all groups of a call are pooled: rows of equal temperature
-//! are sorted by length (less padding) and cut into micro-batches whose padded size stays within
+//! are sorted by prompt length with each group's samples together (less padding, and a shared
+//! prompt can be packed once) and cut into micro-batches whose padded size stays within
 //! `micro_batch_tokens` (`stoke_train::grpo::token_budget_batches`). A row's log-probs do not
 //! depend on which rows share its batch (padded keys are masked; see `grpo::sequences`).
 //!
@@ -189,8 +190,12 @@ impl InferenceModule {
         };
         for (temperature_bits, mut sources) in by_temperature {
             let temperature = f32::from_bits(temperature_bits);
-            // Similar lengths together: padding to the longest row of a batch is then small.
-            sources.sort_by_key(|source| row_of(source).len());
+            // Similar prompt lengths together (less padding), and the samples of a group next to
+            // each other, so the scorer can pack a shared prompt once (shared-prefix layout).
+            sources.sort_by_key(|source| {
+                let prompt = groups[source.group].rollout.ticket.task.prompt_ids.len();
+                (prompt, source.group, source.sample)
+            });
             let lengths: Vec<usize> = sources.iter().map(|s| row_of(s).len()).collect();
             for batch in token_budget_batches(&lengths, self.micro_batch_tokens) {
                 let batch_sources = &sources[batch];

@@ -38,7 +38,10 @@ pub use aggregation::LossAggregation;
 pub use correction::{CorrectionOutput, MismatchCorrection, RatioStats};
 pub use kl::{KlEstimator, KlPenalty};
 pub use policy_loss::{ClipFractions, PolicyLoss, PolicyLossOutput, RatioLevel};
-pub use sequences::{CompletionScores, SequenceRow, completion_logprobs, token_budget_batches};
+pub use sequences::{
+    CompletionScores, ScoringLayout, SequenceRow, completion_logprobs, completion_logprobs_with,
+    shared_prefix_bias, token_budget_batches,
+};
 pub use update::{
     PolicySample, PolicyUpdater, UpdateOutcome, UpdateReport, UpdateSettings, kl_reward_penalty,
 };

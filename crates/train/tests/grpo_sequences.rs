@@ -285,3 +285,116 @@ fn token_budget_batches_respect_the_padded_budget_in_order() {
         assert!(range.len() == 1 || range.len() * widest <= 64, "{range:?}");
     }
 }
+
+/// Two groups of completions sharing their prompts (3 and 2 rows), then a row of its own.
+fn grouped_rows(seed: u64) -> Vec<(Vec<u32>, Vec<u32>)> {
+    let mut rng = Rng(seed);
+    let long_prompt = random_ids(&mut rng, 12);
+    let short_prompt = random_ids(&mut rng, 3);
+    let lone_prompt = random_ids(&mut rng, 6);
+    vec![
+        (long_prompt.clone(), random_ids(&mut rng, 4)),
+        (long_prompt.clone(), random_ids(&mut rng, 1)),
+        (long_prompt, random_ids(&mut rng, 6)),
+        (short_prompt.clone(), random_ids(&mut rng, 5)),
+        (short_prompt, random_ids(&mut rng, 2)),
+        (lone_prompt, random_ids(&mut rng, 3)),
+    ]
+}
+
+fn grads_of(model: &stoke_model::Transformer, loss: &Tensor) -> Vec<Vec<f32>> {
+    let store = loss.backward().expect("backward");
+    model
+        .parameters()
+        .iter()
+        .map(|(_, var)| {
+            store
+                .get(var.as_tensor())
+                .map(|g| g.flatten_all().unwrap().to_vec1::<f32>().unwrap())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+#[test]
+fn shared_prefix_packing_gives_the_row_layouts_logprobs_entropy_and_gradients() {
+    use stoke_train::grpo::{ScoringLayout, completion_logprobs_with};
+    let model = nano_model(3);
+    let pairs = grouped_rows(21);
+    let rows = as_rows(&pairs);
+    let separate = completion_logprobs_with(&model, &rows, 0.8, true, ScoringLayout::Rows).unwrap();
+    let packed =
+        completion_logprobs_with(&model, &rows, 0.8, true, ScoringLayout::SharedPrefix).unwrap();
+    assert_eq!(packed.logprobs.dims(), separate.logprobs.dims());
+    assert_eq!(rows_of(&packed.mask), rows_of(&separate.mask));
+    let close = |a: &Tensor, b: &Tensor, what: &str| {
+        for (ra, rb) in rows_of(a).iter().zip(rows_of(b)) {
+            for (x, y) in ra.iter().zip(&rb) {
+                assert!((x - y).abs() < 1e-5, "{what}: {x} vs {y}");
+            }
+        }
+    };
+    close(&packed.logprobs, &separate.logprobs, "log-probs");
+    close(
+        packed.entropy.as_ref().unwrap(),
+        separate.entropy.as_ref().unwrap(),
+        "entropy",
+    );
+    // The same weighted loss has the same gradient in both layouts (the prompt's gradient is
+    // the sum over its completions either way).
+    let weights = Tensor::new(&[0.7f32, -1.3, 0.4, 2.0, -0.5, 1.1], &Device::Cpu)
+        .unwrap()
+        .reshape((6, 1))
+        .unwrap();
+    let loss = |scores: &stoke_train::grpo::CompletionScores| {
+        (scores.logprobs.broadcast_mul(&weights).unwrap() * &scores.mask)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+    };
+    let a = grads_of(&model, &loss(&separate));
+    let b = grads_of(&model, &loss(&packed));
+    let mut compared = 0;
+    for (ga, gb) in a.iter().zip(&b) {
+        assert_eq!(ga.len(), gb.len());
+        for (x, y) in ga.iter().zip(gb) {
+            assert!(
+                (x - y).abs() < 1e-4 * (1.0 + x.abs()),
+                "gradient {x} vs {y}"
+            );
+            compared += 1;
+        }
+    }
+    assert!(compared > 1000);
+}
+
+#[test]
+fn the_layout_choice_packs_short_completions_of_long_shared_prompts_only() {
+    use stoke_train::grpo::ScoringLayout;
+    let model = nano_model(3);
+    let mut rng = Rng(5);
+    let prompt = random_ids(&mut rng, 40);
+    let short: Vec<(Vec<u32>, Vec<u32>)> = (0..8)
+        .map(|_| (prompt.clone(), random_ids(&mut rng, 4)))
+        .collect();
+    assert_eq!(
+        ScoringLayout::choose(&model, &as_rows(&short)),
+        ScoringLayout::SharedPrefix
+    );
+    let distinct: Vec<(Vec<u32>, Vec<u32>)> = (0..8)
+        .map(|_| (random_ids(&mut rng, 40), random_ids(&mut rng, 4)))
+        .collect();
+    assert_eq!(
+        ScoringLayout::choose(&model, &as_rows(&distinct)),
+        ScoringLayout::Rows
+    );
+    // Long completions of a short prompt: packing would make attention quadratic for nothing.
+    let tiny_prompt = random_ids(&mut rng, 2);
+    let long: Vec<(Vec<u32>, Vec<u32>)> = (0..8)
+        .map(|_| (tiny_prompt.clone(), random_ids(&mut rng, 60)))
+        .collect();
+    assert_eq!(
+        ScoringLayout::choose(&model, &as_rows(&long)),
+        ScoringLayout::Rows
+    );
+}

@@ -14,6 +14,18 @@
 //! Zero padding matters downstream: the GRPO ratio `exp(current - old)` of a padded slot is then
 //! `exp(0) = 1`, never an overflow that a 0 in the mask would turn into NaN.
 //!
+//! Shared-prefix packing: GRPO scores `n` completions of the same prompt, and as separate rows
+//! the prompt is run `n` times (forward and backward). When consecutive rows share their prompt,
+//! [`completion_logprobs`] may instead pack each such group into one sequence
+//! `[prompt, c_1, ..., c_n]` with positions `0..P` for the prompt and `P..P + len_i` for each
+//! completion, and a bias under which completion `i`'s tokens see the prompt and their own
+//! earlier tokens only ([`shared_prefix_bias`]). Every completion token then attends to exactly
+//! the keys it would see in its own row, at the same positions, so the log-probs are the same up
+//! to float rounding (tested); the first token of every completion is predicted from the one
+//! shared last prompt position. The layout is chosen per call by a FLOP estimate
+//! ([`ScoringLayout::choose`]): packing saves the prompt's repeats in every linear layer but makes
+//! attention quadratic in the packed length, so it wins for short completions of long prompts.
+//!
 //! [`token_budget_batches`] splits rows into micro-batches by padded size, for callers that
 //! score more rows than fit in one forward pass.
 //!
@@ -80,14 +92,75 @@ impl CompletionScores {
 /// Rows of logits materialized at once for the entropy (bounds memory at `CHUNK * vocab`).
 const ENTROPY_CHUNK_ROWS: usize = 256;
 
-/// One forward over right-padded prompt + completion rows (causal mask, positions from 0,
-/// padded keys masked); the LM head only on the completion positions. `temperature` must be
-/// finite and > 0. Errors name the row and what is wrong with it.
+/// How rows go through the forward pass (the result is the same either way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScoringLayout {
+    /// One padded sequence per row.
+    Rows,
+    /// One sequence per run of consecutive rows with the same prompt (see the module doc).
+    SharedPrefix,
+}
+
+impl ScoringLayout {
+    /// The layout with the smaller estimated forward cost: linear layers cost `2 * P_lin` FLOPs
+    /// per token (`P_lin` the per-layer weights times layers), attention `4 * d * L` per
+    /// (query, key) pair, both over padded shapes.
+    pub fn choose(model: &Transformer, rows: &[SequenceRow<'_>]) -> ScoringLayout {
+        let groups = prompt_groups(rows);
+        if groups.len() == rows.len() {
+            return ScoringLayout::Rows;
+        }
+        let c = model.config();
+        let (d, layers) = (c.hidden_size as f64, c.num_hidden_layers as f64);
+        let attention_width = (c.num_attention_heads * c.head_dim) as f64;
+        let linear_per_token =
+            2.0 * layers * (4.0 * d * attention_width + 3.0 * d * c.intermediate_size as f64);
+        let attention_per_pair = 4.0 * attention_width * layers;
+        let cost = |sequences: usize, length: usize| {
+            let tokens = (sequences * length) as f64;
+            tokens * linear_per_token + tokens * length as f64 * attention_per_pair
+        };
+        let rows_cost = cost(
+            rows.len(),
+            rows.iter().map(SequenceRow::len).max().unwrap_or(0),
+        );
+        let packed_len = groups
+            .iter()
+            .map(|g| packed_length(&rows[g.clone()]))
+            .max()
+            .unwrap_or(0);
+        if cost(groups.len(), packed_len) < rows_cost {
+            ScoringLayout::SharedPrefix
+        } else {
+            ScoringLayout::Rows
+        }
+    }
+}
+
+/// One forward over the rows (causal mask, positions from 0, padded keys masked; the layout
+/// [`ScoringLayout::choose`] picks); the LM head only on the completion positions. `temperature`
+/// must be finite and > 0. Errors name the row and what is wrong with it.
 pub fn completion_logprobs(
     model: &Transformer,
     rows: &[SequenceRow<'_>],
     temperature: f32,
     want_entropy: bool,
+) -> Result<CompletionScores, TrainError> {
+    let layout = if rows.is_empty() {
+        ScoringLayout::Rows
+    } else {
+        ScoringLayout::choose(model, rows)
+    };
+    completion_logprobs_with(model, rows, temperature, want_entropy, layout)
+}
+
+/// [`completion_logprobs`] with the layout given.
+pub fn completion_logprobs_with(
+    model: &Transformer,
+    rows: &[SequenceRow<'_>],
+    temperature: f32,
+    want_entropy: bool,
+    layout: ScoringLayout,
 ) -> Result<CompletionScores, TrainError> {
     check_rows(model, rows, temperature)?;
     let device = model.device();
@@ -107,31 +180,10 @@ pub fn completion_logprobs(
         });
     }
 
-    let seq_len = rows.iter().map(SequenceRow::len).max().unwrap_or(0);
-    let mut ids = vec![0u32; batch * seq_len];
-    let mut key_valid = vec![vec![false; seq_len]; batch];
-    for (b, row) in rows.iter().enumerate() {
-        let slot = &mut ids[b * seq_len..(b + 1) * seq_len];
-        slot[..row.prompt_ids.len()].copy_from_slice(row.prompt_ids);
-        slot[row.prompt_ids.len()..row.len()].copy_from_slice(row.completion_ids);
-        key_valid[b][..row.len()].fill(true);
-    }
-    let positions: Vec<u32> = (0..batch).flat_map(|_| 0..seq_len as u32).collect();
-    let ids = Tensor::from_vec(ids, (batch, seq_len), device)?;
-    let positions = Tensor::from_vec(positions, (batch, seq_len), device)?;
-    let bias = causal_bias(&key_valid, seq_len, device)?;
-    let hidden = model.forward_hidden(&ids, &positions, &bias, None)?;
-    let width = hidden.dim(D::Minus1)?;
-    let hidden = hidden.reshape((batch * seq_len, width))?;
-
-    // The positions predicting completion tokens, row-major, and their targets.
-    let mut head_rows = Vec::new();
-    let mut targets = Vec::new();
-    for (b, row) in rows.iter().enumerate() {
-        let first = b * seq_len + row.prompt_ids.len() - 1;
-        head_rows.extend((0..row.completion_ids.len()).map(|t| (first + t) as u32));
-        targets.extend_from_slice(row.completion_ids);
-    }
+    let (hidden, head_rows, targets) = match layout {
+        ScoringLayout::Rows => forward_rows(model, rows)?,
+        ScoringLayout::SharedPrefix => forward_shared_prefix(model, rows)?,
+    };
     let scored = targets.len();
     let index = Tensor::from_slice(&head_rows, scored, device)?;
     let hidden = hidden.index_select(&index, 0)?.to_dtype(DType::F32)?;
@@ -172,6 +224,144 @@ pub fn completion_logprobs(
         mask,
         entropy,
     })
+}
+
+/// The hidden states `[S * T, d]` of one padded row per input row, the hidden-state rows that
+/// predict each completion token (row-major over rows and tokens) and those tokens.
+fn forward_rows(
+    model: &Transformer,
+    rows: &[SequenceRow<'_>],
+) -> Result<(Tensor, Vec<u32>, Vec<u32>), TrainError> {
+    let device = model.device();
+    let batch = rows.len();
+    let seq_len = rows.iter().map(SequenceRow::len).max().unwrap_or(0);
+    let mut ids = vec![0u32; batch * seq_len];
+    let mut key_valid = vec![vec![false; seq_len]; batch];
+    for (b, row) in rows.iter().enumerate() {
+        let slot = &mut ids[b * seq_len..(b + 1) * seq_len];
+        slot[..row.prompt_ids.len()].copy_from_slice(row.prompt_ids);
+        slot[row.prompt_ids.len()..row.len()].copy_from_slice(row.completion_ids);
+        key_valid[b][..row.len()].fill(true);
+    }
+    let positions: Vec<u32> = (0..batch).flat_map(|_| 0..seq_len as u32).collect();
+    let ids = Tensor::from_vec(ids, (batch, seq_len), device)?;
+    let positions = Tensor::from_vec(positions, (batch, seq_len), device)?;
+    let bias = causal_bias(&key_valid, seq_len, device)?;
+    let hidden = model.forward_hidden(&ids, &positions, &bias, None)?;
+    let width = hidden.dim(D::Minus1)?;
+    let hidden = hidden.reshape((batch * seq_len, width))?;
+    let mut head_rows = Vec::new();
+    let mut targets = Vec::new();
+    for (b, row) in rows.iter().enumerate() {
+        let first = b * seq_len + row.prompt_ids.len() - 1;
+        head_rows.extend((0..row.completion_ids.len()).map(|t| (first + t) as u32));
+        targets.extend_from_slice(row.completion_ids);
+    }
+    Ok((hidden, head_rows, targets))
+}
+
+/// The same as [`forward_rows`] with each run of rows sharing a prompt packed into one sequence.
+fn forward_shared_prefix(
+    model: &Transformer,
+    rows: &[SequenceRow<'_>],
+) -> Result<(Tensor, Vec<u32>, Vec<u32>), TrainError> {
+    let device = model.device();
+    let groups = prompt_groups(rows);
+    let seq_len = groups
+        .iter()
+        .map(|g| packed_length(&rows[g.clone()]))
+        .max()
+        .unwrap_or(0);
+    let batch = groups.len();
+    let mut ids = vec![0u32; batch * seq_len];
+    let mut positions = vec![0u32; batch * seq_len];
+    // Segment of each slot: 0 prompt, i + 1 completion i, PADDING past the packed tokens.
+    let mut segments = vec![vec![PADDING_SEGMENT; seq_len]; batch];
+    let mut head_rows = Vec::new();
+    let mut targets = Vec::new();
+    for (s, group) in groups.iter().enumerate() {
+        let prompt = rows[group.start].prompt_ids;
+        let base = s * seq_len;
+        ids[base..base + prompt.len()].copy_from_slice(prompt);
+        for (p, position) in positions[base..base + prompt.len()].iter_mut().enumerate() {
+            *position = p as u32;
+        }
+        segments[s][..prompt.len()].fill(0);
+        let mut start = prompt.len();
+        for (i, row) in rows[group.clone()].iter().enumerate() {
+            let len = row.completion_ids.len();
+            ids[base + start..base + start + len].copy_from_slice(row.completion_ids);
+            for t in 0..len {
+                positions[base + start + t] = (prompt.len() + t) as u32;
+            }
+            segments[s][start..start + len].fill(i as u32 + 1);
+            for t in 0..len {
+                let predictor = if t == 0 {
+                    prompt.len() - 1
+                } else {
+                    start + t - 1
+                };
+                head_rows.push((base + predictor) as u32);
+            }
+            targets.extend_from_slice(row.completion_ids);
+            start += len;
+        }
+    }
+    let ids = Tensor::from_vec(ids, (batch, seq_len), device)?;
+    let positions = Tensor::from_vec(positions, (batch, seq_len), device)?;
+    let bias = shared_prefix_bias(&segments, device)?;
+    let hidden = model.forward_hidden(&ids, &positions, &bias, None)?;
+    let width = hidden.dim(D::Minus1)?;
+    Ok((
+        hidden.reshape((batch * seq_len, width))?,
+        head_rows,
+        targets,
+    ))
+}
+
+/// Segment id of padding slots in a packed sequence.
+const PADDING_SEGMENT: u32 = u32::MAX;
+
+/// The additive attention bias `[S, 1, T, T]` of packed sequences: query `q` sees key `k <= q`
+/// when `k` is in the prompt (segment 0) or in `q`'s own segment; a padding query sees only
+/// itself (its output is never read, and a row with no finite key would be NaN).
+pub fn shared_prefix_bias(segments: &[Vec<u32>], device: &Device) -> Result<Tensor, TrainError> {
+    let batch = segments.len();
+    let len = segments.first().map_or(0, Vec::len);
+    let mut data = vec![f32::NEG_INFINITY; batch * len * len];
+    for (s, segment) in segments.iter().enumerate() {
+        for q in 0..len {
+            let row = &mut data[(s * len + q) * len..(s * len + q + 1) * len];
+            if segment[q] == PADDING_SEGMENT {
+                row[q] = 0.0;
+                continue;
+            }
+            for k in 0..=q {
+                if segment[k] == 0 || segment[k] == segment[q] {
+                    row[k] = 0.0;
+                }
+            }
+        }
+    }
+    Ok(Tensor::from_vec(data, (batch, 1, len, len), device)?)
+}
+
+/// Runs of consecutive rows with equal prompts, in order.
+fn prompt_groups(rows: &[SequenceRow<'_>]) -> Vec<Range<usize>> {
+    let mut groups: Vec<Range<usize>> = Vec::new();
+    for (i, row) in rows.iter().enumerate() {
+        match groups.last_mut() {
+            Some(last) if rows[last.start].prompt_ids == row.prompt_ids => last.end = i + 1,
+            _ => groups.push(i..i + 1),
+        }
+    }
+    groups
+}
+
+/// Tokens of one packed sequence: the prompt once and every completion.
+fn packed_length(group: &[SequenceRow<'_>]) -> usize {
+    group.first().map_or(0, |r| r.prompt_ids.len())
+        + group.iter().map(|r| r.completion_ids.len()).sum::<usize>()
 }
 
 /// Splits rows (in order) into consecutive micro-batches whose padded size
