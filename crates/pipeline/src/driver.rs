@@ -22,7 +22,9 @@
 //!
 //! Failure: the first module error is kept, every buffer, the gate and the weight store are
 //! closed so all threads wind down, and that error is returned. Per-sample problems (reward
-//! panics, timeouts, non-finite updates) are not errors (see `reward` and `learner`).
+//! panics, timeouts, non-finite updates) are not errors (see `reward` and `learner`); the
+//! learner's stop after `max_bad_steps` non-finite updates in a row is, once the sink has
+//! recorded that last update.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
@@ -248,11 +250,25 @@ pub fn run_sync(
         let update = modules
             .scheduler
             .install(ComputeModule::Trainer, || learner.update(scored))??;
+        let stop = update.stop.clone();
         let timing = StepTiming::measure(last, 0.0, &scored_busy, &update, modules);
         sink.on_step(learner, update, timing, modules)?;
+        stop_if_asked(stop)?;
         last = Instant::now();
     }
     Ok(())
+}
+
+/// The learner's stop request (too many non-finite updates in a row) as the run's error, once
+/// the update that made it has been recorded.
+fn stop_if_asked(stop: Option<String>) -> Result<(), PipelineError> {
+    match stop {
+        Some(reason) => Err(PipelineError::ModuleStopped {
+            module: "trainer",
+            reason,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// The first error of any module, and the switch that stops them all.
@@ -430,12 +446,14 @@ pub fn run_async(
                 let update = modules
                     .scheduler
                     .install(ComputeModule::Trainer, || learner.update(batch))??;
+                let stop = update.stop.clone();
                 modules
                     .scheduler
                     .rebalance(batch_busy.0, update.report.seconds + batch_busy.2);
                 let timing =
                     StepTiming::measure(last, trainer_waiting, &batch_busy, &update, modules);
                 sink.on_step(learner, update, timing, modules)?;
+                stop_if_asked(stop)?;
                 last = Instant::now();
             }
             Ok(())

@@ -3,7 +3,8 @@
 //!
 //! Per update (the update from version `c` to `c + 1`, trainer step `step`):
 //! 1. rewards: each sample's reward score, minus `beta * sum_t (rollout_lp - ref_lp)` when the KL
-//!    penalty is placed in the reward;
+//!    penalty is placed in the reward (then the loss has no KL term; a non-finite penalised
+//!    reward skips the update as non-finite rather than training on a made-up 0);
 //! 2. advantages over the whole batch with the configured estimator (`GrpoLoss::advantages`,
 //!    groups of `group_size`), then optional dynamic sampling (drop groups of equal rewards);
 //! 3. one `PolicyUpdater::update` over the kept samples. The PPO ratio's "old" log-probs: a sample
@@ -58,6 +59,9 @@ pub struct LearnerStep {
     pub publish_seconds: f64,
     /// Whether the reference was reset to the new weights after this update.
     pub reference_reset: bool,
+    /// Set when this update was the `max_bad_steps`-th non-finite one in a row: why the run
+    /// must stop. The driver records the update first, so the log and checkpoints show it.
+    pub stop: Option<String>,
 }
 
 /// Owns the policy updater; shared pieces (weights, gate, inference) are handles.
@@ -136,9 +140,20 @@ impl Learner {
             })
             .collect();
         let groups_unusable = groups.len() - usable.len();
-        let rewards = self.rewards(&groups, &usable);
-        let advantages = self.settings.loss.advantages(&rewards, group_size)?;
-        let kept: Vec<usize> = if self.settings.drop_equal_reward_groups {
+        let (rewards, non_finite) = self.rewards(&groups, &usable);
+        let mut advantages = self.settings.loss.advantages(&rewards, group_size)?;
+        // A reward the KL penalty made non-finite (a NaN or overflowing reference) is not a
+        // reward of 0: its NaN advantage makes the updater skip the whole update as non-finite,
+        // as a non-finite KL term in the loss does. No group is dropped then, so none hides it.
+        let any_non_finite = non_finite.iter().any(|&bad| bad);
+        for (advantage, _) in advantages
+            .iter_mut()
+            .zip(&non_finite)
+            .filter(|(_, bad)| **bad)
+        {
+            *advantage = f64::NAN;
+        }
+        let kept: Vec<usize> = if self.settings.drop_equal_reward_groups && !any_non_finite {
             drop_equal_reward_groups(&rewards, group_size)?
         } else {
             (0..usable.len()).collect()
@@ -185,18 +200,20 @@ impl Learner {
             .update(&samples, temperature, ptx_batch.as_ref())?;
         drop(samples);
 
+        let mut stop = None;
         match report.outcome {
             UpdateOutcome::SkippedNonFinite => {
                 self.consecutive_bad += 1;
                 if self.consecutive_bad >= self.settings.max_bad_steps.max(1) {
-                    return Err(PipelineError::ModuleStopped {
-                        module: "trainer",
-                        reason: format!(
-                            "{} consecutive updates had a non-finite loss or gradient (last loss \
-                             {}, grad norm {}); no weights were changed by them",
-                            self.consecutive_bad, report.loss, report.grad_norm
-                        ),
-                    });
+                    stop = Some(format!(
+                        "{} consecutive updates had a non-finite loss or gradient (last loss {}, \
+                         grad norm {}); no weights were changed by them; stopping at \
+                         grpo.max_bad_steps = {}",
+                        self.consecutive_bad,
+                        report.loss,
+                        report.grad_norm,
+                        self.settings.max_bad_steps
+                    ));
                 }
             }
             _ => self.consecutive_bad = 0,
@@ -238,13 +255,16 @@ impl Learner {
             trained_version,
             publish_seconds,
             reference_reset,
+            stop,
         })
     }
 
     /// Flat rewards of the `usable` groups, with the KL penalty subtracted when it is placed in
-    /// the reward; a non-finite result counts as 0.
-    fn rewards(&self, groups: &[ScoredGroup], usable: &[usize]) -> Vec<f64> {
+    /// the reward, and which of them were non-finite (those count as 0 here, so the advantages
+    /// can be computed; the caller must not train on them).
+    fn rewards(&self, groups: &[ScoredGroup], usable: &[usize]) -> (Vec<f64>, Vec<bool>) {
         let mut rewards = Vec::with_capacity(usable.len() * self.settings.group_size);
+        let mut non_finite = Vec::with_capacity(rewards.capacity());
         for &g in usable {
             let group = &groups[g];
             for (s, reward) in group.rewards.iter().enumerate() {
@@ -259,8 +279,9 @@ impl Learner {
                     );
                 }
                 rewards.push(if score.is_finite() { score } else { 0.0 });
+                non_finite.push(!score.is_finite());
             }
         }
-        rewards
+        (rewards, non_finite)
     }
 }

@@ -1,5 +1,7 @@
-//! The run's side effects per update: the metrics record, the progress line, evaluation and
-//! checkpoint cadence, saving the reference after a reset, and the report at the end.
+//! The run's side effects per update: the metrics record, the progress line, alerts (a skipped
+//! non-finite update, samples whose reward failed: a console warning and an `alert` record),
+//! evaluation and checkpoint cadence, saving the reference after a reset, and the report at the
+//! end.
 //!
 //! What it is not: the figures' definitions (`metrics`), the charts (`report`) or the update
 //! itself (`learner`). Evaluation and checkpoint time is measured and excluded from the
@@ -21,6 +23,7 @@ use crate::metrics::{
     RatioRecord, StepOutcome, batch_stats,
 };
 use crate::progress::{Progress, ProgressLine};
+use crate::records::{RewardFailure, ScoredGroup};
 use crate::run::{reference_dir, trainer_state};
 use crate::settings::GrpoSettings;
 
@@ -42,9 +45,14 @@ pub struct RunMonitor {
     skipped_steps: u64,
     tokens_seen: u64,
     last_checkpoint: Option<u64>,
+    /// The update whose reward failures were last shown on the console.
+    last_reward_warning: Option<u64>,
     started: Instant,
     title: String,
 }
+
+/// Updates with reward failures between two console warnings (alerts go to the log every time).
+const REWARD_WARNING_EVERY: u64 = 10;
 
 impl RunMonitor {
     pub fn open(
@@ -73,6 +81,7 @@ impl RunMonitor {
             skipped_steps: 0,
             tokens_seen: 0,
             last_checkpoint: resumed_from,
+            last_reward_warning: None,
             started: Instant::now(),
             title: format!(
                 "GRPO: {} updates x {} prompts x {} samples ({:?})",
@@ -182,10 +191,37 @@ impl StepSink for RunSink<'_> {
         let skipped = step.report.outcome == UpdateOutcome::SkippedNonFinite;
         if skipped {
             monitor.skipped_steps += 1;
-            monitor.progress.note(&format!(
-                "warning: update {number} skipped: non-finite loss {} or grad norm {}; weights unchanged",
-                step.report.loss, step.report.grad_norm
-            ));
+            let message = format!(
+                "update {number} skipped: non-finite loss {} or grad norm {} ({}); weights \
+                 unchanged",
+                step.report.loss,
+                step.report.grad_norm,
+                non_finite_inputs(&step.groups)
+            );
+            monitor.progress.note(&format!("warning: {message}"));
+            monitor.log.append(&GrpoRecord::Alert {
+                step: number,
+                message,
+            })?;
+        }
+        // Failed scorings are otherwise only a count in the step record: the person watching
+        // needs to know that (and why) samples are being scored 0 while the run goes on. Every
+        // such update gets an alert in the log; the console shows the first and then at most one
+        // every `REWARD_WARNING_EVERY` updates, so a reward that always fails cannot flood it.
+        if let Some(message) = reward_failure_message(number, &step, modules) {
+            let quiet_since = monitor
+                .last_reward_warning
+                .is_some_and(|last| number < last + REWARD_WARNING_EVERY);
+            if !quiet_since {
+                monitor.last_reward_warning = Some(number);
+                monitor.progress.note(&format!(
+                    "warning: {message} (alerts for every update in metrics.jsonl)"
+                ));
+            }
+            monitor.log.append(&GrpoRecord::Alert {
+                step: number,
+                message,
+            })?;
         }
         let record = step_record(number, &step, &timing, monitor.started.elapsed());
         monitor.progress.step(&ProgressLine {
@@ -218,6 +254,78 @@ impl StepSink for RunSink<'_> {
         monitor.checkpoint(learner, false)?;
         self.excluded += side_started.elapsed().as_secs_f64();
         Ok(())
+    }
+}
+
+/// What went wrong scoring one update's samples, for a person: how many failed and how, and the
+/// first failure's reward, task and panic message; None when every sample got its verdict.
+pub fn reward_failure_message(
+    number: u64,
+    step: &LearnerStep,
+    modules: &Modules,
+) -> Option<String> {
+    let (mut panicked, mut timed_out, mut samples) = (0usize, 0usize, 0usize);
+    let mut first = None;
+    for group in &step.groups {
+        samples += group.rewards.len();
+        for reward in &group.rewards {
+            let Some(failure) = &reward.failure else {
+                continue;
+            };
+            match failure {
+                RewardFailure::Panicked(_) => panicked += 1,
+                RewardFailure::TimedOut => timed_out += 1,
+            }
+            first.get_or_insert((group, failure));
+        }
+    }
+    let (group, failure) = first?;
+    let task = &group.rollout.ticket.task;
+    let reward = modules
+        .rewards
+        .specs()
+        .get(task.reward)
+        .map_or_else(|| format!("#{}", task.reward), |spec| spec.name.clone());
+    let why = match failure {
+        RewardFailure::Panicked(message) => format!("panicked: {message}"),
+        RewardFailure::TimedOut => "did not answer within grpo.reward_timeout_s".to_string(),
+    };
+    Some(format!(
+        "update {number}: {} of {samples} rewards failed and were scored 0 ({panicked} panicked, \
+         {timed_out} timed out); first: reward `{reward}` on task `{}` {why}",
+        panicked + timed_out,
+        task.id
+    ))
+}
+
+/// Which inputs of an update were non-finite, for the skip warning: a broken reference model
+/// and a diverging policy call for different fixes.
+pub fn non_finite_inputs(groups: &[ScoredGroup]) -> String {
+    let bad = |values: &[f32]| values.iter().any(|v| !v.is_finite());
+    let bad_rows = |rows: &Option<Vec<Vec<f32>>>| {
+        rows.as_ref()
+            .map_or(0, |rows| rows.iter().filter(|row| bad(row)).count())
+    };
+    let reference: usize = groups.iter().map(|g| bad_rows(&g.ref_logprobs)).sum();
+    let recomputed: usize = groups.iter().map(|g| bad_rows(&g.old_logprobs)).sum();
+    let rollout = groups
+        .iter()
+        .flat_map(|g| &g.rollout.samples)
+        .filter(|sample| bad(&sample.rollout_logprobs))
+        .count();
+    let parts: Vec<String> = [
+        (reference, "reference"),
+        (recomputed, "recomputed old"),
+        (rollout, "rollout"),
+    ]
+    .into_iter()
+    .filter(|(samples, _)| *samples > 0)
+    .map(|(samples, what)| format!("{what} log-probs of {samples} samples"))
+    .collect();
+    if parts.is_empty() {
+        "every input finite: the loss or gradient overflowed".to_string()
+    } else {
+        format!("non-finite {}", parts.join(", "))
     }
 }
 

@@ -30,6 +30,7 @@ use stoke_data::loader::LoaderConfig;
 use stoke_model::Transformer;
 use stoke_tokenizer::hf::Tokenizer;
 use stoke_train::checkpoint::{CheckpointStore, TrainerState, load_checkpoint};
+use stoke_train::grpo::GrpoLoss;
 use stoke_train::grpo::update::{PolicyUpdater, UpdateSettings};
 use stoke_train::source::{BatchSource, ShardSource};
 
@@ -43,7 +44,7 @@ use crate::records::Task;
 use crate::reward::{RewardPool, RewardSpec};
 use crate::rollout::{RolloutModule, RolloutSettings};
 use crate::scheduler::ThreadScheduler;
-use crate::settings::{GrpoSettings, PipelineMode};
+use crate::settings::{GrpoSettings, KlPlacement, PipelineMode};
 use crate::staleness::{StalenessBound, StalenessGate};
 use crate::weights::WeightStore;
 
@@ -205,7 +206,16 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
         policy,
         settings.optimizer.clone(),
         UpdateSettings {
-            loss: settings.loss,
+            // With the KL term in the reward (the learner subtracts it before the advantages)
+            // the loss has none: the updater would otherwise demand reference log-probs that
+            // the learner, rightly, does not pass for this placement.
+            loss: match settings.kl_placement {
+                KlPlacement::Loss => settings.loss,
+                KlPlacement::Reward => GrpoLoss {
+                    kl: None,
+                    ..settings.loss
+                },
+            },
             schedule: settings.schedule.clone(),
             clip_grad_norm: settings.clip_grad_norm,
             micro_batch_tokens: settings.micro_batch_tokens,
