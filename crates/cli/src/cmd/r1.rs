@@ -154,24 +154,29 @@ struct StageRecord {
     acceptance_rate: Option<f64>,
 }
 
-pub fn run_command(args: R1Args) -> anyhow::Result<()> {
-    let started = Instant::now();
-    let text = std::fs::read_to_string(&args.config)
-        .with_context(|| format!("reading {}", args.config.display()))?;
+/// A recipe, every stage checked; nothing run yet.
+struct R1Plan {
+    out: PathBuf,
+    /// The four stages in order; `None` where the config leaves a stage out.
+    stages: Vec<(Stage, Option<StagePlan>)>,
+}
+
+/// Reads the recipe, applies `--set` and checks every stage (see the module doc).
+fn plan(config: &Path, sets: &[String]) -> anyhow::Result<R1Plan> {
+    let text =
+        std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
     let mut table: toml::Table =
-        toml::from_str(&text).with_context(|| format!("config {}", args.config.display()))?;
-    apply_overrides(&mut table, &args.sets)?;
+        toml::from_str(&text).with_context(|| format!("config {}", config.display()))?;
+    apply_overrides(&mut table, sets)?;
     let file: R1ConfigFile = toml::Value::Table(table)
         .try_into()
-        .with_context(|| format!("config {}", args.config.display()))?;
-    let base = args
-        .config
+        .with_context(|| format!("config {}", config.display()))?;
+    let base = config
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     let base = std::path::absolute(base)?;
-    let stem = args
-        .config
+    let stem = config
         .file_stem()
         .map_or_else(|| "r1".to_string(), |s| s.to_string_lossy().into_owned());
     let out = base.join(
@@ -181,9 +186,8 @@ pub fn run_command(args: R1Args) -> anyhow::Result<()> {
             .unwrap_or_else(|| Path::new("runs").join(&stem)),
     );
 
-    // Check every stage before running any.
     let mut previous_model = file.model.as_ref().map(|m| base.join(&m.path));
-    let mut plans = Vec::new();
+    let mut stages = Vec::new();
     for stage in Stage::ALL {
         let entry = match stage {
             Stage::ColdStart => file.cold_start.clone(),
@@ -192,21 +196,27 @@ pub fn run_command(args: R1Args) -> anyhow::Result<()> {
             Stage::FinalRl => file.final_rl.clone(),
         };
         let Some(entry) = entry else {
-            plans.push((stage, None));
+            stages.push((stage, None));
             continue;
         };
         let dir = out.join(stage.folder());
-        let table = StageTable::load(entry, stage.key(), &args.config, &base)?;
+        let table = StageTable::load(entry, stage.key(), config, &base)?;
         let plan = plan_stage(stage, table, &dir, previous_model.as_deref())?;
         previous_model = Some(stage.output_model(&dir));
-        plans.push((stage, Some(plan)));
+        stages.push((stage, Some(plan)));
     }
-    if plans.iter().all(|(_, plan)| plan.is_none()) {
+    if stages.iter().all(|(_, plan)| plan.is_none()) {
         bail!(
             "{}: no stage configured (set any of [cold_start], [reasoning_rl], [rejection], [final_rl])",
-            args.config.display()
+            config.display()
         );
     }
+    Ok(R1Plan { out, stages })
+}
+
+pub fn run_command(args: R1Args) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let R1Plan { out, stages: plans } = plan(&args.config, &args.sets)?;
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
 
     let mut records = Vec::new();
@@ -442,5 +452,69 @@ impl StageRecord {
             ));
         }
         line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shipped_config() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/r1-tiny.toml")
+    }
+
+    #[test]
+    fn the_shipped_config_plans_four_chained_stages() {
+        let plan = plan(&shipped_config(), &[]).unwrap();
+        assert!(plan.out.ends_with("runs/r1-tiny"));
+        let stages: Vec<Stage> = plan.stages.iter().map(|(s, _)| *s).collect();
+        assert_eq!(stages, Stage::ALL);
+        let Some(StagePlan::Grpo(reasoning)) = &plan.stages[1].1 else {
+            panic!("stage 2 is GRPO");
+        };
+        assert!(reasoning.model.ends_with("runs/r1-tiny/1-cold-start/model"));
+        assert!(reasoning.out_dir.ends_with("runs/r1-tiny/2-reasoning-rl"));
+        let Some(StagePlan::Rft(rejection)) = &plan.stages[2].1 else {
+            panic!("stage 3 is rejection sampling");
+        };
+        assert!(rejection.source.model.ends_with("2-reasoning-rl/model"));
+        let Some(StagePlan::Grpo(final_rl)) = &plan.stages[3].1 else {
+            panic!("stage 4 is GRPO");
+        };
+        assert!(final_rl.model.ends_with("3-rejection-sft/sft/model"));
+    }
+
+    #[test]
+    fn set_reaches_a_stage_and_a_typo_is_named() {
+        let sets = ["final_rl.grpo.steps=3".to_string()];
+        let plan = plan(&shipped_config(), &sets).unwrap();
+        let Some(StagePlan::Grpo(final_rl)) = &plan.stages[3].1 else {
+            panic!("stage 4 is GRPO");
+        };
+        assert_eq!(final_rl.settings.steps, 3);
+        let typo = ["rejection.sampling.sample=3".to_string()];
+        let error = format!("{:#}", super::plan(&shipped_config(), &typo).err().unwrap());
+        assert!(error.contains("sample"), "{error}");
+    }
+
+    #[test]
+    fn a_stage_may_be_a_path_to_its_own_config() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("rl.toml"),
+            "[model]\npath = \"m\"\n[grpo]\nsteps = 2\n[out]\ndir = \"elsewhere\"\n",
+        )
+        .unwrap();
+        let recipe = dir.path().join("r1.toml");
+        std::fs::write(&recipe, "reasoning_rl = \"rl.toml\"\n").unwrap();
+        let plan = plan(&recipe, &[]).unwrap();
+        let Some(StagePlan::Grpo(config)) = &plan.stages[1].1 else {
+            panic!("stage 2 is GRPO");
+        };
+        // The file's own model is kept; its output folder is the recipe's.
+        assert_eq!(config.model, dir.path().join("m"));
+        assert_eq!(config.out_dir, dir.path().join("runs/r1/2-reasoning-rl"));
+        assert_eq!(config.settings.steps, 2);
+        assert!(plan.stages[0].1.is_none());
     }
 }

@@ -315,3 +315,77 @@ pub fn run(plan: &RftPlan, quiet: bool) -> anyhow::Result<RftSummary> {
         sft,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(path: &Path) -> anyhow::Result<RftPlan> {
+        let table: toml::Table = toml::from_str(&std::fs::read_to_string(path)?)?;
+        RftPlan::from_stage(
+            StageTable {
+                table,
+                base: path.parent().unwrap().to_path_buf(),
+                origin: path.display().to_string(),
+                from_file: true,
+            },
+            "rft",
+        )
+    }
+
+    #[test]
+    fn the_shipped_config_resolves_with_the_recipe_keys_set() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/rft-tiny.toml");
+        let plan = load(&path).unwrap();
+        assert_eq!(plan.settings.samples_per_prompt, 8);
+        assert_eq!(plan.settings.keep_per_prompt, 2);
+        assert!(plan.out_dir.ends_with("runs/rft-tiny"));
+        let sft = &plan.sft.table;
+        assert_eq!(
+            sft["output_dir"].as_str().map(PathBuf::from),
+            Some(plan.out_dir.join("sft"))
+        );
+        assert_eq!(sft["data"]["kind"].as_str(), Some("chat"));
+        assert_eq!(
+            sft["model"]["pretrained"].as_str().map(PathBuf::from),
+            Some(plan.source.model.clone())
+        );
+        assert!(plan.source.held_out.is_none());
+    }
+
+    #[test]
+    fn sampling_mistakes_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rft.toml");
+        let write = |extra: &str| {
+            std::fs::write(
+                &path,
+                format!(
+                    "[model]\npath = \"m\"\n[sampling]\n{extra}\n[sft]\n\
+                     data = {{ seq_len = 64, micro_batch_size = 2 }}\ntraining = {{ steps = 1 }}\n"
+                ),
+            )
+            .unwrap();
+        };
+        write("keep_per_prompt = 0");
+        let error = format!("{:#}", load(&path).err().unwrap());
+        assert!(error.contains("sampling.keep_per_prompt"), "{error}");
+        write("sample = 3");
+        let error = format!("{:#}", load(&path).err().unwrap());
+        assert!(error.contains("sample"), "{error}");
+    }
+
+    #[test]
+    fn an_inline_sft_may_not_name_its_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rft.toml");
+        std::fs::write(
+            &path,
+            "[model]\npath = \"m\"\n[sft]\ntraining = { steps = 1 }\n\
+             data = { seq_len = 64, micro_batch_size = 2, train = [\"x.jsonl\"] }\n",
+        )
+        .unwrap();
+        let error = format!("{:#}", load(&path).err().unwrap());
+        assert!(error.contains("`data.train`"), "{error}");
+    }
+}
