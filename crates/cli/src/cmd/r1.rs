@@ -34,6 +34,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use stoke_pipeline::config::{GrpoConfig, GrpoConfigFile, OutSection, resume_differences};
 use stoke_pipeline::metrics::{GrpoMetricsLog, GrpoRecord};
+use stoke_pipeline::rejection::RejectionReport;
 use stoke_pipeline::run::{GrpoRun, RunOptions as GrpoRunOptions};
 use stoke_train::config::{ConfigFile, apply_overrides};
 use stoke_train::run::RunOptions as TrainRunOptions;
@@ -249,6 +250,12 @@ pub fn run_command(args: R1Args) -> anyhow::Result<()> {
                 record.greedy_pass_at_1_before = before;
                 record.greedy_pass_at_1_after = after;
             }
+            if matches!(plan, StagePlan::Rft(_))
+                && let Some(report) = rejection_report(&dir.join("rejection.json"))
+            {
+                record.kept = Some(report.kept);
+                record.acceptance_rate = Some(report.acceptance_rate());
+            }
             records.push(record);
             continue;
         }
@@ -414,6 +421,11 @@ fn evals_from_metrics(path: &Path) -> (Option<f64>, Option<f64>) {
         })
         .collect();
     (evals.first().copied(), evals.last().copied())
+}
+
+/// The counts a finished rejection stage wrote (None when missing or unreadable).
+fn rejection_report(path: &Path) -> Option<RejectionReport> {
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
 }
 
 impl StageRecord {

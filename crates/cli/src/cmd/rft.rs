@@ -212,7 +212,7 @@ impl RftPlan {
 /// The `stoke train` config of a stage table (resolved: its model folder must exist).
 pub fn train_config(stage: &StageTable) -> anyhow::Result<TrainConfig> {
     let file = ConfigFile::from_table(stage.table.clone(), &stage.origin)?;
-    Ok(TrainConfig::from_file(file, &stage.base).with_context(|| stage.origin.clone())?)
+    TrainConfig::from_file(file, &stage.base).with_context(|| stage.origin.clone())
 }
 
 pub fn run_command(args: RftArgs) -> anyhow::Result<()> {
