@@ -1,7 +1,8 @@
 //! `stoke r1` and `stoke rft` end to end on a tiny random model (hidden 32, one layer, a 300-token
 //! BPE with a ChatML template): the four stage folders and the final model appear, each stage
 //! starts from the previous stage's model, a rerun skips finished stages, a removed stage runs
-//! again; config mistakes are named before any stage runs.
+//! again, a stage stopped after a checkpoint continues from it (refused when its config
+//! changed); config mistakes are named before any stage runs.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -204,6 +205,28 @@ fn r1_runs_four_stages_in_order_and_a_rerun_skips_finished_ones() {
     let resumed = run(&["r1"], &config);
     assert!(resumed.status.success(), "{}", text(&resumed));
     assert_eq!(statuses(&out), ["skipped", "skipped", "skipped", "ran"]);
+    assert!(out.join("4-final-rl/model/model.safetensors").is_file());
+
+    // A stage stopped after its last checkpoint continues from it, unless its config changed.
+    std::fs::remove_dir_all(out.join("4-final-rl/model")).unwrap();
+    let changed = stoke()
+        .args(["r1", "--quiet", "--set", "final_rl.grpo.group_size=3"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!changed.status.success());
+    assert!(
+        String::from_utf8_lossy(&changed.stderr).contains("grpo.group_size: 2 -> 3"),
+        "{}",
+        text(&changed)
+    );
+    let continued = run(&["r1"], &config);
+    assert!(continued.status.success(), "{}", text(&continued));
+    assert!(
+        String::from_utf8_lossy(&continued.stderr).contains("resuming GRPO from"),
+        "{}",
+        text(&continued)
+    );
     assert!(out.join("4-final-rl/model/model.safetensors").is_file());
 }
 
