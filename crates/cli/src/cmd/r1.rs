@@ -287,6 +287,12 @@ pub fn run_command(args: R1Args) -> anyhow::Result<()> {
                 let summary = super::rft::run(&plan, args.quiet)
                     .with_context(|| format!("stage {}", stage.key()))?;
                 println!("rejection sampling: {}", summary.report.summary());
+                if let Some(loss) = summary.sft.final_loss {
+                    println!(
+                        "sft: {} steps, final training loss {loss:.4}",
+                        summary.sft.steps
+                    );
+                }
                 record.kept = Some(summary.report.kept);
                 record.acceptance_rate = Some(summary.report.acceptance_rate());
             }
