@@ -162,9 +162,17 @@ impl RejectionReport {
 
     /// One line for logs.
     pub fn summary(&self) -> String {
+        let failures = if self.reward_failures > 0 {
+            format!(
+                ", {} reward failures (panics, timeouts)",
+                self.reward_failures
+            )
+        } else {
+            String::new()
+        };
         format!(
             "{} prompts x {} samples: {} correct ({:.1}%), {} kept ({:.1}% accepted; {} duplicates, \
-             {} truncated, {} over the cap), {} prompts with at least one kept, {:.1} s",
+             {} truncated, {} over the cap), {} prompts with at least one kept{failures}, {:.1} s",
             self.prompts,
             self.samples / self.prompts.max(1),
             self.correct,

@@ -290,6 +290,14 @@ pub fn run(plan: &RftPlan, quiet: bool) -> anyhow::Result<RftSummary> {
         &mut progress,
     )?;
     rewards.shutdown();
+    if result.report.prompts_with_other_context > 0 {
+        // Shown in quiet runs too: the SFT lines differ from what the policy was prompted with.
+        eprintln!(
+            "warning: {} of {} tasks are prompted with more than one user message (a system \
+             message or earlier turns); their SFT lines hold only the last user message",
+            result.report.prompts_with_other_context, result.report.prompts
+        );
+    }
     let report_path = plan.out_dir.join("rejection.json");
     std::fs::write(&report_path, serde_json::to_string_pretty(&result.report)?)
         .with_context(|| format!("writing {}", report_path.display()))?;
