@@ -213,3 +213,35 @@ fn the_written_jsonl_reads_back_as_sft_conversations() {
         .unwrap();
     assert_eq!(first["messages"][0]["content"], task.prompt.as_str());
 }
+
+#[test]
+fn a_task_with_a_system_message_is_counted_as_other_context() {
+    let (model, tokenizer, mut tasks, pool) = setup(2);
+    let options = stoke_tokenizer::chat::ChatOptions {
+        add_generation_prompt: true,
+        ..Default::default()
+    };
+    let messages = [
+        stoke_tokenizer::chat::ChatMessage::system("Answer briefly."),
+        stoke_tokenizer::chat::ChatMessage::user(tasks[1].prompt.as_str()),
+    ];
+    let prompt_ids = tokenizer
+        .apply_chat_template(&messages, &options)
+        .unwrap()
+        .ids;
+    assert_ne!(prompt_ids, tasks[1].prompt_ids);
+    tasks[1] = Arc::new(Task {
+        prompt_ids,
+        ..(*tasks[1]).clone()
+    });
+    let result = sample_and_filter(
+        &model,
+        &tokenizer,
+        &tasks,
+        &pool,
+        &settings(2, true),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(result.report.prompts_with_other_context, 1);
+}
