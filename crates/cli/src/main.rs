@@ -41,6 +41,10 @@ enum Command {
     Train(cmd::train::TrainArgs),
     /// Reinforcement learning with GRPO on the four-module pipeline, from a TOML config.
     Grpo(cmd::grpo::GrpoArgs),
+    /// Rejection-sampling fine-tuning: sample k per task, keep the verified-correct, SFT on them.
+    Rft(cmd::rft::RftArgs),
+    /// The R1 order from one config: cold-start SFT, reasoning RL, rejection-sampling SFT, final RL.
+    R1(cmd::r1::R1Args),
     /// The main job: data -> tokenizer -> pretraining -> SFT -> evaluation -> report card, on CPU.
     Speedrun(cmd::speedrun::SpeedrunArgs),
 }
@@ -75,6 +79,8 @@ fn main() -> ExitCode {
         Command::Tokenizer(command) => cmd::tokenizer::run(command),
         Command::Train(args) => cmd::train::run_command(args),
         Command::Grpo(args) => cmd::grpo::run_command(args),
+        Command::Rft(args) => cmd::rft::run_command(args),
+        Command::R1(args) => cmd::r1::run_command(args),
         Command::Speedrun(args) => cmd::speedrun::run(args),
     };
     match result {

@@ -20,6 +20,7 @@
 //!   run: setup, resume, final model), [`held_out`] (pass@1 / pass@k evaluation), [`monitor`]
 //!   and [`progress`] (per-update side effects and what a person sees), [`metrics`] and
 //!   [`report`] (the records in `metrics.jsonl` and the charts of `report.html`).
+//! - recipes on top: [`rejection`] (sample `k`, keep the verified-correct, write SFT chat JSONL).
 
 pub mod buffer;
 pub mod config;
@@ -32,6 +33,7 @@ pub mod metrics;
 pub mod monitor;
 pub mod progress;
 pub mod records;
+pub mod rejection;
 pub mod report;
 pub mod reward;
 pub mod rollout;

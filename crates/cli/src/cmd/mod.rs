@@ -4,8 +4,11 @@
 pub mod data;
 pub mod grpo;
 pub mod model;
+pub mod r1;
+pub mod rft;
 pub mod sandbox;
 pub mod speedrun;
+pub mod stage_config;
 pub mod tokenizer;
 pub mod train;
 pub mod verify;

@@ -1,0 +1,283 @@
+//! `stoke r1` and `stoke rft` end to end on a tiny random model (hidden 32, one layer, a 300-token
+//! BPE with a ChatML template): the four stage folders and the final model appear, each stage
+//! starts from the previous stage's model, a rerun skips finished stages, a removed stage runs
+//! again, a stage stopped after a checkpoint continues from it (refused when its config
+//! changed); config mistakes are named before any stage runs.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use candle_core::Device;
+use stoke_model::{ModelConfig, Transformer};
+use stoke_tokenizer::hf::Tokenizer;
+use stoke_tokenizer::train::{TrainerConfig, WordCounts, train_bpe};
+
+const TEMPLATE: &str = r"{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+fn stoke() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_stoke"))
+}
+
+/// `dir/model` (a tiny random Llama with tokenizer files) and `dir/sft.jsonl` (arithmetic chats).
+fn setup(dir: &Path) {
+    let conversations: Vec<(String, String)> = (0..16)
+        .map(|i| {
+            (
+                format!("Mia has {i} shells. She finds 2 more. How many shells does Mia have now?"),
+                format!("Mia has {i} + 2 = {} shells.\n#### {}", i + 2, i + 2),
+            )
+        })
+        .collect();
+    let texts: Vec<String> = conversations
+        .iter()
+        .map(|(q, a)| format!("{q} {a}"))
+        .collect();
+    let tokenizer_dir = dir.join("tokenizer");
+    let specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"].map(String::from);
+    let trainer = TrainerConfig::new(300, specials.to_vec());
+    let mut words = WordCounts::new(&trainer.pattern).unwrap();
+    words.add_texts(&texts);
+    train_bpe(&words, &trainer, |_| {})
+        .unwrap()
+        .save(&tokenizer_dir)
+        .unwrap();
+    let tokenizer_config = serde_json::json!({
+        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": TEMPLATE,
+    });
+    std::fs::write(
+        tokenizer_dir.join("tokenizer_config.json"),
+        tokenizer_config.to_string(),
+    )
+    .unwrap();
+    let vocab = Tokenizer::from_dir(&tokenizer_dir).unwrap().vocab_size();
+    let json = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
+        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": true,
+        "max_position_embeddings": 256,
+    });
+    let config = ModelConfig::from_json_str(&json.to_string(), Path::new("<test>")).unwrap();
+    Transformer::init(config, &Device::Cpu, 1)
+        .unwrap()
+        .save_with_tokenizer(&dir.join("model"), Some(&tokenizer_dir))
+        .unwrap();
+    let lines: Vec<String> = conversations
+        .iter()
+        .map(|(q, a)| {
+            serde_json::json!({"messages": [
+                {"role": "user", "content": q}, {"role": "assistant", "content": a}
+            ]})
+            .to_string()
+        })
+        .collect();
+    std::fs::write(dir.join("sft.jsonl"), lines.join("\n") + "\n").unwrap();
+}
+
+/// One GRPO stage: a single sync update of 2 prompts x 2 samples, evaluated on 2 problems.
+fn grpo_stage(name: &str) -> String {
+    format!(
+        "[{name}.tasks]\nkind = \"arithmetic\"\nproblems = 4\n\
+         [{name}.grpo]\nsteps = 1\nprompts_per_step = 2\ngroup_size = 2\nmax_new_tokens = 6\n\
+         mode = \"sync\"\nthreads = 1\nreward_workers = 1\n\
+         [{name}.optimizer]\nlr = 1e-4\n\
+         [{name}.eval]\nproblems = 2\nsamples = 2\n"
+    )
+}
+
+/// The rejection stage; the reward accepts any text (the random model is never right), and
+/// truncated completions are kept (it rarely stops on its own).
+const REJECTION: &str = r#"
+[rejection.tasks]
+kind = "arithmetic"
+problems = 3
+[rejection.rewards.default]
+kind = "format_regex"
+pattern = ".*"
+[rejection.sampling]
+samples = 3
+keep_per_prompt = 2
+max_new_tokens = 6
+keep_truncated = true
+reward_workers = 1
+[rejection.sft]
+data = { seq_len = 128, micro_batch_size = 4 }
+schedule = { kind = "constant" }
+training = { steps = 2 }
+"#;
+
+fn r1_config() -> String {
+    format!(
+        "[model]\npath = \"model\"\n[out]\ndir = \"out\"\n\
+         [cold_start]\noptimizer = {{ lr = 1e-3 }}\nschedule = {{ kind = \"constant\" }}\n\
+         training = {{ steps = 2 }}\n\
+         [cold_start.data]\nkind = \"chat\"\ntrain = [\"sft.jsonl\"]\nseq_len = 128\n\
+         micro_batch_size = 4\n{}{REJECTION}{}",
+        grpo_stage("reasoning_rl"),
+        grpo_stage("final_rl")
+    )
+}
+
+fn run(args: &[&str], config: &Path) -> Output {
+    stoke()
+        .args(args)
+        .arg(config)
+        .arg("--quiet")
+        .current_dir("/")
+        .output()
+        .unwrap()
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "stdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn statuses(out: &Path) -> Vec<String> {
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("r1.json")).unwrap()).unwrap();
+    summary["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["status"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn r1_runs_four_stages_in_order_and_a_rerun_skips_finished_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path());
+    let config = dir.path().join("r1.toml");
+    std::fs::write(&config, r1_config()).unwrap();
+
+    let first = run(&["r1"], &config);
+    assert!(first.status.success(), "{}", text(&first));
+    let out = dir.path().join("out");
+    for model in [
+        "1-cold-start/model",
+        "2-reasoning-rl/model",
+        "3-rejection-sft/sft/model",
+        "4-final-rl/model",
+    ] {
+        assert!(
+            out.join(model).join("model.safetensors").is_file(),
+            "{model} missing; {}",
+            text(&first)
+        );
+    }
+    assert_eq!(statuses(&out), ["ran", "ran", "ran", "ran"]);
+    // Each stage starts from the previous stage's model.
+    let rl_config = std::fs::read_to_string(out.join("2-reasoning-rl/config.toml")).unwrap();
+    assert!(rl_config.contains("1-cold-start/model"), "{rl_config}");
+    let sft_config = std::fs::read_to_string(out.join("3-rejection-sft/sft/config.toml")).unwrap();
+    assert!(sft_config.contains("2-reasoning-rl/model"), "{sft_config}");
+    assert!(
+        sft_config.contains("3-rejection-sft/rft.jsonl"),
+        "{sft_config}"
+    );
+    let final_config = std::fs::read_to_string(out.join("4-final-rl/config.toml")).unwrap();
+    assert!(
+        final_config.contains("3-rejection-sft/sft/model"),
+        "{final_config}"
+    );
+    // 3 tasks x 3 samples, at most 2 kept per task.
+    let kept = std::fs::read_to_string(out.join("3-rejection-sft/rft.jsonl")).unwrap();
+    let lines = kept.lines().count();
+    assert!((1..=6).contains(&lines), "{lines} lines");
+    let stdout = String::from_utf8_lossy(&first.stdout);
+    assert!(stdout.contains("held-out greedy pass@1"), "{stdout}");
+
+    let final_weights = std::fs::read(out.join("4-final-rl/model/model.safetensors")).unwrap();
+    let again = run(&["r1"], &config);
+    assert!(again.status.success(), "{}", text(&again));
+    assert_eq!(statuses(&out), ["skipped"; 4]);
+    assert_eq!(
+        std::fs::read(out.join("4-final-rl/model/model.safetensors")).unwrap(),
+        final_weights
+    );
+
+    // A stage removed (as if the run had stopped in it) runs again; the others stay skipped.
+    std::fs::remove_dir_all(out.join("4-final-rl")).unwrap();
+    let resumed = run(&["r1"], &config);
+    assert!(resumed.status.success(), "{}", text(&resumed));
+    assert_eq!(statuses(&out), ["skipped", "skipped", "skipped", "ran"]);
+    assert!(out.join("4-final-rl/model/model.safetensors").is_file());
+
+    // A stage stopped after its last checkpoint continues from it, unless its config changed.
+    std::fs::remove_dir_all(out.join("4-final-rl/model")).unwrap();
+    let changed = stoke()
+        .args(["r1", "--quiet", "--set", "final_rl.grpo.group_size=3"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!changed.status.success());
+    assert!(
+        String::from_utf8_lossy(&changed.stderr).contains("grpo.group_size: 2 -> 3"),
+        "{}",
+        text(&changed)
+    );
+    let continued = run(&["r1"], &config);
+    assert!(continued.status.success(), "{}", text(&continued));
+    assert!(
+        String::from_utf8_lossy(&continued.stderr).contains("resuming GRPO from"),
+        "{}",
+        text(&continued)
+    );
+    assert!(out.join("4-final-rl/model/model.safetensors").is_file());
+}
+
+#[test]
+fn r1_names_a_bad_key_before_running_any_stage() {
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path());
+    let config = dir.path().join("r1.toml");
+    let bad = r1_config().replace("[final_rl.grpo]\nsteps = 1", "[final_rl.grpo]\nstepz = 1");
+    std::fs::write(&config, bad).unwrap();
+    let output = run(&["r1"], &config);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("stepz") && stderr.contains("final_rl"),
+        "{stderr}"
+    );
+    assert!(!dir.path().join("out/1-cold-start").exists());
+
+    // A key the recipe owns is refused in an inline stage.
+    let owned = r1_config().replace("[cold_start]\n", "[cold_start]\noutput_dir = \"x\"\n");
+    std::fs::write(&config, owned).unwrap();
+    let output = run(&["r1"], &config);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("`output_dir`"), "{stderr}");
+}
+
+#[test]
+fn rft_samples_filters_and_fine_tunes() {
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path());
+    let rejection = REJECTION.replace("[rejection.", "[");
+    let config = dir.path().join("rft.toml");
+    std::fs::write(
+        &config,
+        format!("[model]\npath = \"model\"\n[out]\ndir = \"out\"\n{rejection}"),
+    )
+    .unwrap();
+    let output = run(&["rft"], &config);
+    assert!(output.status.success(), "{}", text(&output));
+    let out = dir.path().join("out");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("rejection.json")).unwrap())
+            .unwrap();
+    assert_eq!(report["prompts"], 3);
+    assert_eq!(report["samples"], 9);
+    let kept = report["kept"].as_u64().unwrap() as usize;
+    let lines = std::fs::read_to_string(out.join("rft.jsonl")).unwrap();
+    assert_eq!(lines.lines().count(), kept);
+    assert!(out.join("sft/model/model.safetensors").is_file());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("rejection sampling: 3 prompts"), "{stdout}");
+}
