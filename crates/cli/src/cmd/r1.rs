@@ -35,11 +35,11 @@ use serde::{Deserialize, Serialize};
 use stoke_pipeline::config::{GrpoConfig, GrpoConfigFile, OutSection, resume_differences};
 use stoke_pipeline::metrics::{GrpoMetricsLog, GrpoRecord};
 use stoke_pipeline::rejection::RejectionReport;
-use stoke_pipeline::run::{GrpoRun, RunOptions as GrpoRunOptions};
+use stoke_pipeline::run::RunOptions as GrpoRunOptions;
 use stoke_train::config::{ConfigFile, apply_overrides};
 use stoke_train::run::RunOptions as TrainRunOptions;
 
-use super::grpo::prepare;
+use super::grpo::run_config;
 use super::rft::{RftPlan, train_config};
 use super::stage_config::{StageEntry, StageTable, path_value};
 
@@ -387,22 +387,7 @@ fn run_grpo_stage(config: &GrpoConfig, quiet: bool) -> anyhow::Result<(Option<f6
             }
         }
     }
-    let prepared = prepare(config, quiet)?;
-    let summary = stoke_pipeline::run::run(
-        GrpoRun {
-            policy: prepared.policy,
-            tokenizer: prepared.tokenizer,
-            model_dir: config.model.clone(),
-            reference: prepared.reference,
-            tasks: prepared.tasks,
-            held_out: prepared.held_out,
-            rewards: prepared.rewards,
-            settings: config.settings.clone(),
-            out_dir: config.out_dir.clone(),
-            config_toml: config.to_toml()?,
-        },
-        GrpoRunOptions { resume, quiet },
-    )?;
+    let summary = run_config(config, GrpoRunOptions { resume, quiet })?;
     println!(
         "{} updates, {:.2} s per update",
         summary.steps, summary.seconds_per_step
