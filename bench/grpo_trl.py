@@ -394,7 +394,6 @@ def main() -> None:
             if logs:
                 log_records.append({**logs, "step": state.global_step})
 
-
     config = GRPOConfig(
         output_dir=str(args.work_dir),
         use_cpu=True,
