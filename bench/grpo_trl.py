@@ -229,9 +229,14 @@ def load_tasks(path: Path) -> list[dict]:
             record = json.loads(line)
         except json.JSONDecodeError as error:
             raise SystemExit(f"{path}:{number}: not JSON ({error})")
+        if not isinstance(record, dict):
+            raise SystemExit(f"{path}:{number}: not a JSON object")
         if "messages" in record:
-            users = [m["content"] for m in record["messages"] if m.get("role") == "user"]
-            replies = [m["content"] for m in record["messages"] if m.get("role") == "assistant"]
+            messages = record["messages"]
+            if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+                raise SystemExit(f"{path}:{number}: messages must be a list of objects")
+            users = [m.get("content") for m in messages if m.get("role") == "user"]
+            replies = [m.get("content") or "" for m in messages if m.get("role") == "assistant"]
             if not users:
                 raise SystemExit(f"{path}:{number}: no user message")
             question = users[0]
@@ -270,6 +275,9 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--attn-implementation", default="eager", choices=["eager", "sdpa"],
+                    help="transformers attention kernel; eager for every figure in bench/GRPO.md "
+                    "(transformers' own default is sdpa, not measured on a quiet machine)")
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/grpo_trl_run"), help="TRL output_dir (nothing is saved)")
     args = ap.parse_args()
 
@@ -295,8 +303,12 @@ def main() -> None:
     imports_seconds = time.perf_counter() - PROCESS_START
     started_load = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = LlamaForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="eager")
-    model.generation_config.eos_token_id = model.config.eos_token_id
+    model = LlamaForCausalLM.from_pretrained(
+        args.model, dtype=torch.float32, attn_implementation=args.attn_implementation
+    )
+    if model.generation_config.eos_token_id is None:
+        # A folder without generation_config.json: stop on the model's own end tokens.
+        model.generation_config.eos_token_id = model.config.eos_token_id
 
     # The chat end token must be what generation stops on (TRL stops on tokenizer.eos_token_id plus
     # model.generation_config.eos_token_id and masks the completion after the first of them).
@@ -317,6 +329,10 @@ def main() -> None:
     }
     print(json.dumps({"special_tokens": special}), file=sys.stderr)
 
+    generation_eos = model.generation_config.eos_token_id
+    stop_ids = {tokenizer.eos_token_id, *(generation_eos if isinstance(generation_eos, list) else [generation_eos])}
+    stop_ids.discard(None)
+
     needed = args.steps * args.prompts_per_step
     dataset = Dataset.from_list(
         [{"prompt": [{"role": "user", "content": t["question"]}], "answer": t["answer"]} for t in tasks]
@@ -331,7 +347,7 @@ def main() -> None:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         rewards = [exact_match_reward(text, gold) for text, gold in zip(texts, answer, strict=True)]
         lengths = [len(ids) for ids in completion_ids]
-        eos = set([tokenizer.eos_token_id])
+        eos = set(stop_ids)
         batches.append(
             {
                 "samples": len(texts),
@@ -377,7 +393,6 @@ def main() -> None:
         def on_log(self, _args, state, _control, logs=None, **_kw):
             if logs:
                 log_records.append({**logs, "step": state.global_step})
-
 
     config = GRPOConfig(
         output_dir=str(args.work_dir),
@@ -483,6 +498,7 @@ def main() -> None:
             "loss_type": "dapo",
             "threads": args.threads,
             "seed": args.seed,
+            "attn_implementation": args.attn_implementation,
         },
         "special_tokens": special,
         "imports_seconds": imports_seconds,
