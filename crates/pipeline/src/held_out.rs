@@ -19,9 +19,8 @@ use stoke_rollout::{Detokenizer, Engine, GenerationRequest, SamplingParams};
 use stoke_tokenizer::hf::Tokenizer;
 
 use crate::error::PipelineError;
-use crate::records::{GroupTicket, RolloutGroup, Sample, Task};
+use crate::records::{RolloutGroup, Task};
 use crate::reward::RewardPool;
-use crate::staleness::{GenerationPermit, PolicyVersion};
 
 /// Prompts per engine call.
 const EVAL_BATCH: usize = 32;
@@ -157,32 +156,22 @@ fn generate_and_score(
         let output = engine.generate(&request, Some(detokenizer))?;
         for (offset, completions) in output.completions.into_iter().enumerate() {
             let task = Arc::clone(&chunk[offset]);
-            let samples: Vec<Sample> = completions
-                .into_iter()
-                .map(|c| Sample {
-                    token_versions: Vec::new(),
-                    text: c.text.unwrap_or_default(),
-                    completion_ids: c.token_ids,
-                    rollout_logprobs: c.logprobs,
-                    finish: c.finish_reason,
-                })
+            let group = RolloutGroup::offline(
+                (first + offset) as u64,
+                Arc::clone(&task),
+                temperature,
+                completions,
+            );
+            let lengths = group
+                .samples
+                .iter()
+                .map(|s| s.completion_ids.len())
                 .collect();
-            let lengths = samples.iter().map(|s| s.completion_ids.len()).collect();
-            let first_text = samples.first().map(|s| s.text.clone()).unwrap_or_default();
-            let group = RolloutGroup {
-                ticket: GroupTicket {
-                    group_id: (first + offset) as u64,
-                    task: Arc::clone(&task),
-                    permit: GenerationPermit {
-                        policy_version: PolicyVersion(0),
-                        update_slot: 0,
-                        permit_index: (first + offset) as u64,
-                    },
-                    temperature,
-                },
-                samples,
-                generate_seconds: 0.0,
-            };
+            let first_text = group
+                .samples
+                .first()
+                .map(|s| s.text.clone())
+                .unwrap_or_default();
             let scored = rewards.score(group);
             outcomes.push(ProblemOutcome {
                 task_id: task.id.clone(),

@@ -90,6 +90,44 @@ pub struct RolloutGroup {
     pub generate_seconds: f64,
 }
 
+impl RolloutGroup {
+    /// A group generated outside the training loop (held-out evaluation, rejection sampling):
+    /// the engine's completions of `task`, untouched by the staleness gate, so the ticket's
+    /// permit is a placeholder (version 0, slot 0, index `group_id`) and the samples carry no
+    /// token versions.
+    pub fn offline(
+        group_id: u64,
+        task: Arc<Task>,
+        temperature: f32,
+        completions: Vec<stoke_rollout::Completion>,
+    ) -> RolloutGroup {
+        let samples = completions
+            .into_iter()
+            .map(|c| Sample {
+                token_versions: Vec::new(),
+                text: c.text.unwrap_or_default(),
+                completion_ids: c.token_ids,
+                rollout_logprobs: c.logprobs,
+                finish: c.finish_reason,
+            })
+            .collect();
+        RolloutGroup {
+            ticket: GroupTicket {
+                group_id,
+                task,
+                permit: GenerationPermit {
+                    policy_version: PolicyVersion(0),
+                    update_slot: 0,
+                    permit_index: group_id,
+                },
+                temperature,
+            },
+            samples,
+            generate_seconds: 0.0,
+        }
+    }
+}
+
 /// Why a sample's reward is not the verifier's verdict.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RewardFailure {

@@ -39,9 +39,8 @@ use stoke_tokenizer::chat::{ChatMessage, ChatOptions};
 use stoke_tokenizer::hf::Tokenizer;
 
 use crate::error::PipelineError;
-use crate::records::{GroupTicket, RolloutGroup, Sample, ScoredGroup, Task};
+use crate::records::{RolloutGroup, ScoredGroup, Task};
 use crate::reward::RewardPool;
-use crate::staleness::{GenerationPermit, PolicyVersion};
 
 /// Tasks per engine call (each with `samples_per_prompt` rows).
 const PROMPTS_PER_CALL: usize = 16;
@@ -288,31 +287,13 @@ pub fn sample_and_filter(
             if !is_single_user_turn(&task, tokenizer)? {
                 report.prompts_with_other_context += 1;
             }
-            let samples: Vec<Sample> = completions
-                .into_iter()
-                .map(|c| Sample {
-                    token_versions: Vec::new(),
-                    text: c.text.unwrap_or_default(),
-                    completion_ids: c.token_ids,
-                    rollout_logprobs: c.logprobs,
-                    finish: c.finish_reason,
-                })
-                .collect();
-            let sample_count = samples.len();
-            let group = RolloutGroup {
-                ticket: GroupTicket {
-                    group_id: (first + offset) as u64,
-                    task: Arc::clone(&task),
-                    permit: GenerationPermit {
-                        policy_version: PolicyVersion(0),
-                        update_slot: 0,
-                        permit_index: (first + offset) as u64,
-                    },
-                    temperature: settings.temperature,
-                },
-                samples,
-                generate_seconds: 0.0,
-            };
+            let group = RolloutGroup::offline(
+                (first + offset) as u64,
+                Arc::clone(&task),
+                settings.temperature,
+                completions,
+            );
+            let sample_count = group.samples.len();
             let scored = rewards.score(group);
             let filtered = filter_group(&scored, settings.keep_per_prompt, settings.keep_truncated);
             report.add(&filtered, sample_count);
@@ -394,7 +375,8 @@ mod tests {
     use stoke_rollout::FinishReason;
 
     use super::*;
-    use crate::records::{RewardFailure, SampleReward};
+    use crate::records::{GroupTicket, RewardFailure, Sample, SampleReward};
+    use crate::staleness::{GenerationPermit, PolicyVersion};
 
     fn reward(outcome: Outcome) -> SampleReward {
         SampleReward {
