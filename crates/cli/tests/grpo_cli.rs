@@ -11,10 +11,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use candle_core::Device;
-use stoke_model::{ModelConfig, Transformer};
-use stoke_tokenizer::hf::Tokenizer;
-use stoke_tokenizer::train::{TrainerConfig, WordCounts, train_bpe};
+mod common;
 
 fn stoke() -> Command {
     Command::new(env!("CARGO_BIN_EXE_stoke"))
@@ -58,11 +55,8 @@ keep = 2
 dir = "run-a"
 "#;
 
-const TEMPLATE: &str = r"{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
-
 /// `dir/model`: a tiny random Llama with a 300-token BPE and a ChatML template.
 fn model_folder(dir: &Path) {
-    let tokenizer_dir = dir.join("tokenizer");
     let texts: Vec<String> = (0..40)
         .map(|i| {
             format!(
@@ -74,35 +68,7 @@ fn model_folder(dir: &Path) {
             )
         })
         .collect();
-    let specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"].map(String::from);
-    let trainer = TrainerConfig::new(300, specials.to_vec());
-    let mut words = WordCounts::new(&trainer.pattern).unwrap();
-    words.add_texts(&texts);
-    train_bpe(&words, &trainer, |_| {})
-        .unwrap()
-        .save(&tokenizer_dir)
-        .unwrap();
-    let tokenizer_config = serde_json::json!({
-        "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "chat_template": TEMPLATE,
-    });
-    std::fs::write(
-        tokenizer_dir.join("tokenizer_config.json"),
-        tokenizer_config.to_string(),
-    )
-    .unwrap();
-    let vocab = Tokenizer::from_dir(&tokenizer_dir).unwrap().vocab_size();
-    let json = serde_json::json!({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-        "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
-        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": true,
-        "max_position_embeddings": 256,
-    });
-    let config = ModelConfig::from_json_str(&json.to_string(), Path::new("<test>")).unwrap();
-    Transformer::init(config, &Device::Cpu, 1)
-        .unwrap()
-        .save_with_tokenizer(&dir.join("model"), Some(&tokenizer_dir))
-        .unwrap();
+    common::tiny_chat_model(dir, &texts);
 }
 
 fn setup(config: &str) -> tempfile::TempDir {
