@@ -1,0 +1,240 @@
+//! The TOML file layer of the GRPO config: what a person writes (optional dials) or what
+//! [`super::GrpoConfig::to_toml`] writes (every value set). Every table rejects unknown keys.
+//! What it is not: defaults or validation (`resolve` and [`super::GrpoConfig`] do those).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use stoke_optim::DecayShape;
+use stoke_reward::RewardConfig;
+use stoke_train::config::{OptimizerFile, ScheduleKind};
+use stoke_train::grpo::GrpoLossFile;
+
+use crate::error::PipelineError;
+
+/// The TOML file as written by a person (optional dials) or by [`GrpoConfig::to_toml`] (all set).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpoConfigFile {
+    pub model: ModelSection,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<TaskSourceFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_out: Option<TaskSourceFile>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rewards: BTreeMap<String, RewardConfig>,
+    #[serde(default)]
+    pub grpo: GrpoSection,
+    #[serde(default)]
+    pub optimizer: OptimizerFile,
+    #[serde(default)]
+    pub schedule: ScheduleSection,
+    #[serde(default)]
+    pub eval: EvalSection,
+    #[serde(default)]
+    pub checkpoint: CheckpointSection,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ptx: Option<PtxSection>,
+    #[serde(default)]
+    pub out: OutSection,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// Hugging Face model folder (config.json, safetensors, tokenizer files).
+    pub path: PathBuf,
+    /// Reference policy folder for the KL term; default: the policy's starting weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<PathBuf>,
+}
+
+/// `[tasks]` / `[held_out]`: where prompts come from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TaskSourceFile {
+    Jsonl {
+        path: PathBuf,
+    },
+    Arithmetic {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        levels: Option<Vec<String>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        problems: Option<usize>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seed: Option<u64>,
+    },
+}
+
+/// `PipelineMode` as written in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModeFile {
+    Sync,
+    Async,
+}
+
+/// `WeightSync` as written in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightSyncFile {
+    BetweenBatches,
+    InFlight,
+}
+
+/// `KlPlacement` as written in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KlPlacementFile {
+    Loss,
+    Reward,
+}
+
+/// `OldLogprobs` as written in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OldLogprobsFile {
+    Rollout,
+    Recompute,
+}
+
+/// `[grpo]`: the scalar settings of [`GrpoSettings`] (see the module doc for defaults).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpoSection {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompts_per_step: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_size: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_new_tokens: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_end: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_decay_steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<ModeFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_off_policy_steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_sync: Option<WeightSyncFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_batch_groups: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffer_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl_placement: Option<KlPlacementFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_reset_every: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old_logprobs: Option<OldLogprobsFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drop_equal_reward_groups: Option<bool>,
+    /// Global gradient-norm clip; 0 turns clipping off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_grad_norm: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_batch_tokens: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bad_steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward_workers: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward_timeout_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<usize>,
+    #[serde(default)]
+    pub loss: GrpoLossFile,
+}
+
+/// `[schedule]`: the learning-rate schedule (keys as in `stoke train`, default constant).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleSection {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<ScheduleKind>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_lr_ratio: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decay_start: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decay_steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decay_shape: Option<DecayShape>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalSection {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problems: Option<usize>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointSection {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep: Option<usize>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PtxSection {
+    /// Token shards (a file or a folder of shards) for the pretraining loss.
+    pub shards: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coef: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_size: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq_len: Option<usize>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutSection {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<PathBuf>,
+}
+
+impl GrpoConfigFile {
+    /// Deserialises a parsed table; an unknown, missing or mistyped key is named by its dotted
+    /// path (`origin` names the file in the message).
+    pub fn from_table(table: toml::Table, origin: &str) -> Result<GrpoConfigFile, PipelineError> {
+        serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+            let key = e.path().to_string();
+            let key = if key == "." {
+                "<top level>".into()
+            } else {
+                key
+            };
+            // toml appends "in `table`" context lines; the key path already says where.
+            let message = e.inner().to_string();
+            let message: Vec<&str> = message
+                .lines()
+                .map(str::trim)
+                .filter(|line| !line.is_empty() && !line.starts_with("in `"))
+                .collect();
+            PipelineError::config(key, format!("{} (in {origin})", message.join(" ")))
+        })
+    }
+}

@@ -1,0 +1,284 @@
+//! Resolution helpers of the GRPO config: each file-layer section into its validated runtime
+//! value (with the documented defaults) and back (for `to_toml`). What it is not: the order of
+//! resolution or the whole-config checks ([`super::GrpoConfig::from_file`] does those).
+
+use super::*;
+
+pub(super) fn resolve_tasks(
+    section: &str,
+    source: &TaskSourceFile,
+    at: &dyn Fn(&Path) -> PathBuf,
+    default_problems: usize,
+    default_seed: u64,
+) -> Result<TaskSource, PipelineError> {
+    Ok(match source {
+        TaskSourceFile::Jsonl { path } => TaskSource::Jsonl { path: at(path) },
+        TaskSourceFile::Arithmetic {
+            levels,
+            problems,
+            seed,
+        } => {
+            let levels = levels
+                .clone()
+                .unwrap_or_else(|| vec![ARITHMETIC_LEVELS[0].to_string()]);
+            if levels.is_empty() {
+                return Err(PipelineError::config(
+                    format!("{section}.levels"),
+                    format!("name at least one of {}", ARITHMETIC_LEVELS.join(", ")),
+                ));
+            }
+            if let Some(unknown) = levels
+                .iter()
+                .find(|l| !ARITHMETIC_LEVELS.contains(&l.as_str()))
+            {
+                return Err(PipelineError::config(
+                    format!("{section}.levels"),
+                    format!(
+                        "unknown level `{unknown}` (known: {})",
+                        ARITHMETIC_LEVELS.join(", ")
+                    ),
+                ));
+            }
+            let problems = problems.unwrap_or(default_problems);
+            at_least_one(&format!("{section}.problems"), problems)?;
+            TaskSource::Arithmetic {
+                levels,
+                problems,
+                seed: seed.unwrap_or(default_seed),
+            }
+        }
+    })
+}
+
+pub(super) fn task_file(source: &TaskSource) -> TaskSourceFile {
+    match source {
+        TaskSource::Jsonl { path } => TaskSourceFile::Jsonl { path: path.clone() },
+        TaskSource::Arithmetic {
+            levels,
+            problems,
+            seed,
+        } => TaskSourceFile::Arithmetic {
+            levels: Some(levels.clone()),
+            problems: Some(*problems),
+            seed: Some(*seed),
+        },
+    }
+}
+
+/// The reward list in index order; each reward that needs no sandbox is built once to check it.
+pub(super) fn resolve_rewards(
+    rewards: &BTreeMap<String, RewardConfig>,
+) -> Result<Vec<(String, RewardConfig)>, PipelineError> {
+    if rewards.is_empty() {
+        let exact_gsm8k = RewardConfig::ExactMatch(ExactMatchConfig {
+            mode: MatchMode::Gsm8k,
+            extract_answer: true,
+        });
+        return Ok(vec![(DEFAULT_REWARD.to_string(), exact_gsm8k)]);
+    }
+    let mut ordered: Vec<(String, RewardConfig)> = Vec::with_capacity(rewards.len());
+    if let Some(default) = rewards.get(DEFAULT_REWARD) {
+        ordered.push((DEFAULT_REWARD.to_string(), default.clone()));
+    }
+    // BTreeMap iterates in name order.
+    for (name, reward) in rewards {
+        if name != DEFAULT_REWARD {
+            ordered.push((name.clone(), reward.clone()));
+        }
+    }
+    for (name, reward) in &ordered {
+        if name.trim().is_empty() {
+            return Err(PipelineError::config("rewards", "a reward name is empty"));
+        }
+        match reward.build(None) {
+            Ok(_) | Err(stoke_reward::ConfigError::NeedsSandbox(_)) => {}
+            Err(e) => {
+                return Err(PipelineError::config(
+                    format!("rewards.{name}"),
+                    e.to_string(),
+                ));
+            }
+        }
+    }
+    Ok(ordered)
+}
+
+pub(super) fn resolve_optimizer(o: &OptimizerFile) -> Result<OptimizerConfig, PipelineError> {
+    let lr = o.lr.unwrap_or(DEFAULT_LR);
+    let adamw = AdamWConfig {
+        lr,
+        beta1: o.beta1.unwrap_or(0.9),
+        beta2: o.beta2.unwrap_or(0.999),
+        eps: o.eps.unwrap_or(1e-8),
+        weight_decay: o.weight_decay.unwrap_or(0.0),
+    };
+    let config = match o.kind {
+        OptimizerKind::Adamw => {
+            for (key, set) in [
+                ("adamw_lr", o.adamw_lr.is_some()),
+                ("momentum", o.momentum.is_some()),
+                ("nesterov", o.nesterov.is_some()),
+                ("ns_steps", o.ns_steps.is_some()),
+            ] {
+                if set {
+                    return Err(PipelineError::config(
+                        format!("optimizer.{key}"),
+                        "only applies to kind = \"muon\"",
+                    ));
+                }
+            }
+            OptimizerConfig::AdamW(adamw)
+        }
+        OptimizerKind::Muon => {
+            let muon = MuonConfig::default();
+            OptimizerConfig::Muon(MuonConfig {
+                lr,
+                momentum: o.momentum.unwrap_or(muon.momentum),
+                nesterov: o.nesterov.unwrap_or(muon.nesterov),
+                ns_steps: o.ns_steps.unwrap_or(muon.ns_steps),
+                weight_decay: adamw.weight_decay,
+                adamw: AdamWConfig {
+                    lr: o.adamw_lr.unwrap_or(lr),
+                    ..adamw
+                },
+            })
+        }
+    };
+    config.validate().map_err(|e| match e {
+        stoke_optim::OptimError::InvalidConfig { field, reason } => {
+            // The optimizer names its fields `adamw.lr`, `muon.adamw.eps`, ...; the file has
+            // one flat table.
+            let key = field.rsplit('.').next().unwrap_or(&field).to_string();
+            PipelineError::config(format!("optimizer.{key}"), reason)
+        }
+        other => PipelineError::config("optimizer", other.to_string()),
+    })?;
+    Ok(config)
+}
+
+pub(super) fn optimizer_file(config: &OptimizerConfig) -> OptimizerFile {
+    match config {
+        OptimizerConfig::AdamW(c) => OptimizerFile {
+            kind: OptimizerKind::Adamw,
+            lr: Some(c.lr),
+            beta1: Some(c.beta1),
+            beta2: Some(c.beta2),
+            eps: Some(c.eps),
+            weight_decay: Some(c.weight_decay),
+            ..OptimizerFile::default()
+        },
+        OptimizerConfig::Muon(c) => OptimizerFile {
+            kind: OptimizerKind::Muon,
+            lr: Some(c.lr),
+            beta1: Some(c.adamw.beta1),
+            beta2: Some(c.adamw.beta2),
+            eps: Some(c.adamw.eps),
+            weight_decay: Some(c.weight_decay),
+            adamw_lr: Some(c.adamw.lr),
+            momentum: Some(c.momentum),
+            nesterov: Some(c.nesterov),
+            ns_steps: Some(c.ns_steps),
+        },
+    }
+}
+
+pub(super) fn resolve_schedule(
+    s: &ScheduleSection,
+    steps: u64,
+) -> Result<LrSchedule, PipelineError> {
+    let kind = s.kind.unwrap_or(ScheduleKind::Constant);
+    let warmup_steps = s.warmup_steps.unwrap_or(0);
+    let only_for = |key: &str, set: bool, kinds: &str| {
+        if set {
+            Err(PipelineError::config(
+                format!("schedule.{key}"),
+                format!("only applies to kind = {kinds}"),
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    let schedule = match kind {
+        ScheduleKind::Constant => {
+            only_for(
+                "min_lr_ratio",
+                s.min_lr_ratio.is_some(),
+                "\"cosine\" or \"wsd\"",
+            )?;
+            only_for(
+                "decay_steps",
+                s.decay_steps.is_some(),
+                "\"cosine\" or \"wsd\"",
+            )?;
+            only_for("decay_start", s.decay_start.is_some(), "\"wsd\"")?;
+            only_for("decay_shape", s.decay_shape.is_some(), "\"wsd\"")?;
+            LrSchedule::Constant { warmup_steps }
+        }
+        ScheduleKind::Cosine => {
+            only_for("decay_start", s.decay_start.is_some(), "\"wsd\"")?;
+            only_for("decay_shape", s.decay_shape.is_some(), "\"wsd\"")?;
+            let decay = s.decay_steps.unwrap_or(steps.saturating_sub(warmup_steps));
+            LrSchedule::Cosine {
+                warmup_steps,
+                total_steps: warmup_steps + decay,
+                min_lr_ratio: s.min_lr_ratio.unwrap_or(0.0),
+            }
+        }
+        ScheduleKind::Wsd => {
+            let planned = ((steps as f64) * DEFAULT_WSD_DECAY_FRACTION).round() as u64;
+            let decay_start = s.decay_start.unwrap_or(steps.saturating_sub(planned));
+            let decay_steps = s
+                .decay_steps
+                .unwrap_or(steps.saturating_sub(decay_start).max(1));
+            LrSchedule::Wsd {
+                warmup_steps,
+                decay_start: decay_start.max(warmup_steps),
+                decay_steps,
+                min_lr_ratio: s.min_lr_ratio.unwrap_or(0.0),
+                decay_shape: s.decay_shape.unwrap_or(DecayShape::Linear),
+            }
+        }
+    };
+    schedule.validate().map_err(|e| match e {
+        stoke_optim::OptimError::InvalidConfig { field, reason } => {
+            PipelineError::config(field, reason)
+        }
+        other => PipelineError::config("schedule", other.to_string()),
+    })?;
+    Ok(schedule)
+}
+
+pub(super) fn schedule_file(schedule: &LrSchedule) -> ScheduleSection {
+    match *schedule {
+        LrSchedule::Constant { warmup_steps } => ScheduleSection {
+            kind: Some(ScheduleKind::Constant),
+            warmup_steps: Some(warmup_steps),
+            ..ScheduleSection::default()
+        },
+        LrSchedule::Cosine {
+            warmup_steps,
+            total_steps,
+            min_lr_ratio,
+        } => ScheduleSection {
+            kind: Some(ScheduleKind::Cosine),
+            warmup_steps: Some(warmup_steps),
+            min_lr_ratio: Some(min_lr_ratio),
+            decay_steps: Some(total_steps.saturating_sub(warmup_steps)),
+            ..ScheduleSection::default()
+        },
+        LrSchedule::Wsd {
+            warmup_steps,
+            decay_start,
+            decay_steps,
+            min_lr_ratio,
+            decay_shape,
+        } => ScheduleSection {
+            kind: Some(ScheduleKind::Wsd),
+            warmup_steps: Some(warmup_steps),
+            min_lr_ratio: Some(min_lr_ratio),
+            decay_start: Some(decay_start),
+            decay_steps: Some(decay_steps),
+            decay_shape: Some(decay_shape),
+        },
+    }
+}
