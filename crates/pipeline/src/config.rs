@@ -78,7 +78,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use stoke_optim::{AdamWConfig, DecayShape, LrSchedule, MuonConfig, OptimizerConfig};
+use stoke_optim::{AdamWConfig, LrSchedule, MuonConfig, OptimizerConfig};
 use stoke_reward::RewardConfig;
 use stoke_reward::exact_match::{ExactMatchConfig, MatchMode};
 use stoke_train::config::{OptimizerFile, OptimizerKind, ScheduleKind, apply_overrides};
@@ -113,7 +113,6 @@ const DEFAULT_KEEP_CHECKPOINTS: usize = 2;
 const DEFAULT_PTX_COEF: f64 = 0.1;
 const DEFAULT_PTX_BATCH_SIZE: usize = 4;
 const DEFAULT_PTX_SEQ_LEN: usize = 256;
-const DEFAULT_WSD_DECAY_FRACTION: f64 = 0.2;
 
 mod file;
 mod resolve;

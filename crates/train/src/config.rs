@@ -54,6 +54,8 @@ use crate::spike::SpikePolicy;
 mod file;
 mod resolve;
 
+pub use resolve::{ScheduleDefaults, resolve_lr_schedule};
+
 pub use file::{
     BatchWarmupFile, ConfigFile, DataFile, DataKind, ModelFile, OptimizerFile, OptimizerKind,
     ScheduleFile, ScheduleKind, SpikeFile, TrainingFile, apply_overrides,

@@ -3,6 +3,7 @@
 //! resolution or the whole-config checks ([`super::GrpoConfig::from_file`] does those).
 
 use super::*;
+use stoke_train::config::{ConfigError, ScheduleDefaults, ScheduleFile, resolve_lr_schedule};
 
 pub(super) fn resolve_tasks(
     section: &str,
@@ -182,63 +183,30 @@ pub(super) fn optimizer_file(config: &OptimizerConfig) -> OptimizerFile {
     }
 }
 
+/// `[schedule]` through stoke train's resolver (the same keys and checks) with the GRPO defaults:
+/// constant, no warmup, cosine and WSD down to 0.
 pub(super) fn resolve_schedule(
     s: &ScheduleSection,
     steps: u64,
 ) -> Result<LrSchedule, PipelineError> {
-    let kind = s.kind.unwrap_or(ScheduleKind::Constant);
-    let warmup_steps = s.warmup_steps.unwrap_or(0);
-    let only_for = |key: &str, set: bool, kinds: &str| {
-        if set {
-            Err(PipelineError::config(
-                format!("schedule.{key}"),
-                format!("only applies to kind = {kinds}"),
-            ))
-        } else {
-            Ok(())
-        }
+    let file = ScheduleFile {
+        kind: s.kind.unwrap_or(ScheduleKind::Constant),
+        warmup_steps: s.warmup_steps,
+        min_lr_ratio: s.min_lr_ratio,
+        decay_fraction: None,
+        decay_start: s.decay_start,
+        decay_steps: s.decay_steps,
+        decay_shape: s.decay_shape,
+        batch_warmup: None,
     };
-    let schedule = match kind {
-        ScheduleKind::Constant => {
-            only_for(
-                "min_lr_ratio",
-                s.min_lr_ratio.is_some(),
-                "\"cosine\" or \"wsd\"",
-            )?;
-            only_for(
-                "decay_steps",
-                s.decay_steps.is_some(),
-                "\"cosine\" or \"wsd\"",
-            )?;
-            only_for("decay_start", s.decay_start.is_some(), "\"wsd\"")?;
-            only_for("decay_shape", s.decay_shape.is_some(), "\"wsd\"")?;
-            LrSchedule::Constant { warmup_steps }
-        }
-        ScheduleKind::Cosine => {
-            only_for("decay_start", s.decay_start.is_some(), "\"wsd\"")?;
-            only_for("decay_shape", s.decay_shape.is_some(), "\"wsd\"")?;
-            let decay = s.decay_steps.unwrap_or(steps.saturating_sub(warmup_steps));
-            LrSchedule::Cosine {
-                warmup_steps,
-                total_steps: warmup_steps + decay,
-                min_lr_ratio: s.min_lr_ratio.unwrap_or(0.0),
-            }
-        }
-        ScheduleKind::Wsd => {
-            let planned = ((steps as f64) * DEFAULT_WSD_DECAY_FRACTION).round() as u64;
-            let decay_start = s.decay_start.unwrap_or(steps.saturating_sub(planned));
-            let decay_steps = s
-                .decay_steps
-                .unwrap_or(steps.saturating_sub(decay_start).max(1));
-            LrSchedule::Wsd {
-                warmup_steps,
-                decay_start: decay_start.max(warmup_steps),
-                decay_steps,
-                min_lr_ratio: s.min_lr_ratio.unwrap_or(0.0),
-                decay_shape: s.decay_shape.unwrap_or(DecayShape::Linear),
-            }
-        }
+    let defaults = ScheduleDefaults {
+        warmup_steps: 0,
+        cosine_min_lr_ratio: 0.0,
     };
+    let schedule = resolve_lr_schedule(&file, steps, defaults).map_err(|e| match e {
+        ConfigError::Invalid { key, message } => PipelineError::config(key, message),
+        other => PipelineError::config("schedule", other.to_string()),
+    })?;
     schedule.validate().map_err(|e| match e {
         stoke_optim::OptimError::InvalidConfig { field, reason } => {
             PipelineError::config(field, reason)

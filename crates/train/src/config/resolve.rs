@@ -372,7 +372,52 @@ fn resolve_schedule(
     steps: u64,
     data: &DataConfig,
 ) -> Result<(LrSchedule, Option<BatchSizeWarmup>), ConfigError> {
-    let warmup_steps = s.warmup_steps.unwrap_or_else(|| default_warmup(steps));
+    let schedule = resolve_lr_schedule(
+        s,
+        steps,
+        ScheduleDefaults {
+            warmup_steps: default_warmup(steps),
+            cosine_min_lr_ratio: 0.1,
+        },
+    )?;
+    let batch_warmup = match &s.batch_warmup {
+        None => None,
+        Some(w) => {
+            let end = data.tokens_per_micro_batch() * data.grad_accum_steps as u64;
+            if w.start_tokens_per_step == 0 || w.start_tokens_per_step > end {
+                return Err(invalid(
+                    "schedule.batch_warmup.start_tokens_per_step",
+                    format!("must be in 1..={end} (the full step's tokens)"),
+                ));
+            }
+            Some(BatchSizeWarmup {
+                start_tokens_per_step: w.start_tokens_per_step,
+                end_tokens_per_step: end,
+                ramp_tokens: w.ramp_tokens,
+            })
+        }
+    };
+    Ok((schedule, batch_warmup))
+}
+
+/// What a file layer fills in for the schedule keys a config leaves out.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScheduleDefaults {
+    pub warmup_steps: u64,
+    /// The cosine schedule's floor as a share of the peak lr.
+    pub cosine_min_lr_ratio: f64,
+}
+
+/// The learning-rate schedule of a `[schedule]` table over a run of `steps` optimizer steps
+/// (`batch_warmup` is not read): keys that do not apply to the kind are refused, WSD decays over
+/// the last `decay_fraction` (default 0.2) to `min_lr_ratio` (default 0). Shared with the GRPO
+/// config, which gives other defaults.
+pub fn resolve_lr_schedule(
+    s: &ScheduleFile,
+    steps: u64,
+    defaults: ScheduleDefaults,
+) -> Result<LrSchedule, ConfigError> {
+    let warmup_steps = s.warmup_steps.unwrap_or(defaults.warmup_steps);
     let only_for = |key: &str, set: bool, kinds: &str| {
         if set {
             Err(invalid(
@@ -408,7 +453,7 @@ fn resolve_schedule(
             LrSchedule::Cosine {
                 warmup_steps,
                 total_steps: warmup_steps + decay,
-                min_lr_ratio: s.min_lr_ratio.unwrap_or(0.1),
+                min_lr_ratio: s.min_lr_ratio.unwrap_or(defaults.cosine_min_lr_ratio),
             }
         }
         ScheduleKind::Wsd => {
@@ -445,22 +490,5 @@ fn resolve_schedule(
             format!("must be in [0, 1], got {r}"),
         ));
     }
-    let batch_warmup = match &s.batch_warmup {
-        None => None,
-        Some(w) => {
-            let end = data.tokens_per_micro_batch() * data.grad_accum_steps as u64;
-            if w.start_tokens_per_step == 0 || w.start_tokens_per_step > end {
-                return Err(invalid(
-                    "schedule.batch_warmup.start_tokens_per_step",
-                    format!("must be in 1..={end} (the full step's tokens)"),
-                ));
-            }
-            Some(BatchSizeWarmup {
-                start_tokens_per_step: w.start_tokens_per_step,
-                end_tokens_per_step: end,
-                ramp_tokens: w.ramp_tokens,
-            })
-        }
-    };
-    Ok((schedule, batch_warmup))
+    Ok(schedule)
 }
