@@ -122,8 +122,6 @@ pub struct StepTiming {
     pub reward_busy: f64,
     pub inference_busy: f64,
     pub trainer_busy: f64,
-    /// The rollout module blocked at the staleness gate (cumulative over the session).
-    pub gate_blocked_total: f64,
 }
 
 impl StepTiming {
@@ -134,7 +132,6 @@ impl StepTiming {
         trainer_waiting: f64,
         busy: &(f64, f64, f64),
         update: &LearnerStep,
-        modules: &Modules,
     ) -> StepTiming {
         StepTiming {
             wall: since.elapsed().as_secs_f64(),
@@ -143,7 +140,6 @@ impl StepTiming {
             reward_busy: busy.1,
             inference_busy: busy.2,
             trainer_busy: update.report.seconds,
-            gate_blocked_total: modules.gate.blocked_time().as_secs_f64(),
         }
     }
 }
@@ -251,7 +247,7 @@ pub fn run_sync(
             .scheduler
             .install(ComputeModule::Trainer, || learner.update(scored))??;
         let stop = update.stop.clone();
-        let timing = StepTiming::measure(last, 0.0, &scored_busy, &update, modules);
+        let timing = StepTiming::measure(last, 0.0, &scored_busy, &update);
         sink.on_step(learner, update, timing, modules)?;
         stop_if_asked(stop)?;
         last = Instant::now();
@@ -450,8 +446,7 @@ pub fn run_async(
                 modules
                     .scheduler
                     .rebalance(batch_busy.0, update.report.seconds + batch_busy.2);
-                let timing =
-                    StepTiming::measure(last, trainer_waiting, &batch_busy, &update, modules);
+                let timing = StepTiming::measure(last, trainer_waiting, &batch_busy, &update);
                 sink.on_step(learner, update, timing, modules)?;
                 stop_if_asked(stop)?;
                 last = Instant::now();

@@ -24,7 +24,6 @@
 //! (`PolicyUpdater`).
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
 
 use stoke_data::packing::PackedBatch;
 use stoke_train::grpo::drop_equal_reward_groups;
@@ -55,8 +54,6 @@ pub struct LearnerStep {
     pub rewards: Vec<f64>,
     /// The version the samples were trained against (the weights before the update).
     pub trained_version: PolicyVersion,
-    /// Seconds spent publishing (copying) the new weights.
-    pub publish_seconds: f64,
     /// Whether the reference was reset to the new weights after this update.
     pub reference_reset: bool,
     /// Set when this update was the `max_bad_steps`-th non-finite one in a row: why the run
@@ -219,7 +216,6 @@ impl Learner {
             _ => self.consecutive_bad = 0,
         }
 
-        let published = Instant::now();
         let next = self.version.next();
         self.weights.publish(self.updater.model(), next)?;
         if let Some(gate) = &self.gate {
@@ -230,7 +226,6 @@ impl Learner {
                 })?;
         }
         self.version = next;
-        let publish_seconds = published.elapsed().as_secs_f64();
 
         let mut reference_reset = false;
         if let Some(every) = self.settings.reference_reset_every
@@ -253,7 +248,6 @@ impl Learner {
             groups_unusable,
             rewards,
             trained_version,
-            publish_seconds,
             reference_reset,
             stop,
         })
