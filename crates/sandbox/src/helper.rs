@@ -61,9 +61,11 @@ pub(crate) struct HelperRequest {
     executable: PathBuf,
     argv: Vec<OsString>,
     env: Vec<(String, OsString)>,
-    /// The run's memory cgroup's `cgroup.procs`, as bytes.
-    cgroup_procs: Option<Vec<u8>>,
+    /// The run's cgroups' `cgroup.procs`, as bytes.
+    cgroup_procs: Vec<Vec<u8>>,
     memory_cgroup_bytes: Option<u64>,
+    cpu_cgroup_percent: Option<u32>,
+    read_only_host: bool,
 }
 
 impl HelperRequest {
@@ -76,7 +78,7 @@ impl HelperRequest {
         executable: PathBuf,
         argv: Vec<OsString>,
         env: Vec<(String, OsString)>,
-        cgroup_procs: Option<CString>,
+        cgroup_procs: Vec<CString>,
     ) -> HelperRequest {
         HelperRequest {
             caller_pid: std::process::id(),
@@ -100,8 +102,10 @@ impl HelperRequest {
             executable,
             argv,
             env,
-            cgroup_procs: cgroup_procs.map(CString::into_bytes),
+            cgroup_procs: cgroup_procs.into_iter().map(CString::into_bytes).collect(),
             memory_cgroup_bytes: spec.memory_cgroup_bytes,
+            cpu_cgroup_percent: spec.cpu_cgroup_percent,
+            read_only_host: spec.read_only_host,
         }
     }
 
@@ -174,6 +178,8 @@ fn run_helper(status_fd: RawFd) -> String {
         allow_network: request.allow_network,
         work_dir_tmpfs_bytes: request.work_dir_tmpfs_bytes,
         memory_cgroup_bytes: request.memory_cgroup_bytes,
+        cpu_cgroup_percent: request.cpu_cgroup_percent,
+        read_only_host: request.read_only_host,
     };
     let ruleset = match spec.landlock_abi {
         Some(abi) => {
@@ -201,11 +207,14 @@ fn run_helper(status_fd: RawFd) -> String {
         Ok(prepared) => prepared,
         Err(error) => return format!("preparing the jail: {error}"),
     };
-    if let Some(procs) = request.cgroup_procs {
-        match CString::new(procs) {
-            Ok(procs) => prepared.join_cgroup(procs),
-            Err(_) => return "cgroup path holds a NUL byte".to_string(),
-        }
+    match request
+        .cgroup_procs
+        .into_iter()
+        .map(CString::new)
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(procs) => prepared.join_cgroups(procs),
+        Err(_) => return "cgroup path holds a NUL byte".to_string(),
     }
     let mut command = Command::new(&request.executable);
     command

@@ -27,6 +27,11 @@ pub enum Layer {
     /// `memory_bytes + max_disk_bytes` (rlimits bound each process alone). Needs write access to
     /// the caller's memory cgroup (root, in practice). Not required by any level.
     MemoryCgroup,
+    /// A CPU cgroup per run: the run as a whole (however many processes it starts, whatever
+    /// sessions they make) gets at most `max_cpu_percent` of one CPU, and an equal share against
+    /// concurrent runs. Needs write access to the caller's CPU cgroup (root, in practice). Not
+    /// required by any level.
+    CpuCgroup,
     /// The program runs under a uid of its own (not the caller's), so file permissions protect the
     /// caller's files and the process limit is counted for this run alone. Needs root.
     SeparateUser,
@@ -42,6 +47,11 @@ pub enum Layer {
     /// The work dir is a private, size-limited tmpfs (`max_disk_bytes`): a program cannot fill
     /// the caller's disk, and what it writes vanishes with the run.
     WorkDirTmpfs,
+    /// The jail's view of the host filesystem is read-only (every mount, recursively, before the
+    /// work dir's tmpfs is mounted): metadata writes outside the work dir (`chmod`, `chown`,
+    /// `utime`, `setxattr`), which Landlock does not govern, fail with `EROFS`. Needs the work
+    /// dir tmpfs and `mount_setattr` (Linux 5.12).
+    ReadOnlyHost,
     /// An IPC namespace: no System V IPC or POSIX message queues shared with the host.
     IpcNamespace,
     /// `PR_SET_NO_NEW_PRIVS`: set-uid binaries cannot raise privileges.
@@ -56,18 +66,20 @@ pub enum Layer {
 
 impl Layer {
     /// Every layer, in report order.
-    pub const ALL: [Layer; 15] = [
+    pub const ALL: [Layer; 17] = [
         Layer::FreshWorkDir,
         Layer::ProcessGroup,
         Layer::ParentDeathSignal,
         Layer::ResourceLimits,
         Layer::MemoryCgroup,
+        Layer::CpuCgroup,
         Layer::SeparateUser,
         Layer::UserNamespace,
         Layer::PidNamespace,
         Layer::NetworkNamespace,
         Layer::MountNamespace,
         Layer::WorkDirTmpfs,
+        Layer::ReadOnlyHost,
         Layer::IpcNamespace,
         Layer::NoNewPrivileges,
         Layer::Landlock,
@@ -82,12 +94,14 @@ impl Layer {
             Layer::ParentDeathSignal => "parent_death_signal",
             Layer::ResourceLimits => "resource_limits",
             Layer::MemoryCgroup => "memory_cgroup",
+            Layer::CpuCgroup => "cpu_cgroup",
             Layer::SeparateUser => "separate_user",
             Layer::UserNamespace => "user_namespace",
             Layer::PidNamespace => "pid_namespace",
             Layer::NetworkNamespace => "network_namespace",
             Layer::MountNamespace => "mount_namespace",
             Layer::WorkDirTmpfs => "work_dir_tmpfs",
+            Layer::ReadOnlyHost => "read_only_host",
             Layer::IpcNamespace => "ipc_namespace",
             Layer::NoNewPrivileges => "no_new_privileges",
             Layer::Landlock => "landlock",
@@ -112,8 +126,8 @@ pub enum IsolationLevel {
     #[default]
     Confined,
     /// Confined plus a PID namespace (nothing survives the run), a network namespace, a private
-    /// mount namespace with a size-limited tmpfs work dir, and a uid not the caller's (root) or a
-    /// user namespace (non-root).
+    /// mount namespace with a size-limited tmpfs work dir and every other mount read-only, and a
+    /// uid not the caller's (root) or a user namespace (non-root).
     Full,
 }
 
@@ -193,6 +207,7 @@ impl IsolationReport {
             Layer::NetworkNamespace,
             Layer::MountNamespace,
             Layer::WorkDirTmpfs,
+            Layer::ReadOnlyHost,
         ];
         let own_user = if self.caller_is_root {
             Layer::SeparateUser

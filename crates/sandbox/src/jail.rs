@@ -96,6 +96,21 @@ pub(crate) struct JailSpec {
     pub(crate) work_dir_tmpfs_bytes: Option<u64>,
     /// Memory limit in bytes of the run's cgroup, when one is made.
     pub(crate) memory_cgroup_bytes: Option<u64>,
+    /// CPU limit of the run's CPU cgroup (percent of one CPU), when one is made.
+    pub(crate) cpu_cgroup_percent: Option<u32>,
+    /// Make every mount of the jail's mount namespace read-only (recursively) before the work
+    /// dir's tmpfs is mounted (needs the mount namespace and the tmpfs).
+    pub(crate) read_only_host: bool,
+}
+
+impl JailSpec {
+    /// The limits of the run's cgroups.
+    pub(crate) fn cgroup_limits(&self) -> crate::cgroup::RunLimits {
+        crate::cgroup::RunLimits {
+            memory_bytes: self.memory_cgroup_bytes,
+            cpu_percent: self.cpu_cgroup_percent,
+        }
+    }
 }
 
 /// A private tmpfs over the work dir, filled by the namespace init before the program starts.
@@ -136,8 +151,9 @@ pub(crate) struct PreparedJail {
     seccomp: Option<Arc<SeccompFilters>>,
     status_writer: OwnedFd,
     tmpfs: Option<TmpfsWorkDir>,
-    /// The run's memory cgroup's `cgroup.procs`, joined first thing.
-    cgroup_procs: Option<CString>,
+    read_only_host: bool,
+    /// The run's cgroups' `cgroup.procs`, joined first thing.
+    cgroup_procs: Vec<CString>,
 }
 
 /// Marks a valid [`SupervisorRecord`].
@@ -302,16 +318,17 @@ impl PreparedJail {
             landlock_ruleset,
             seccomp: spec.seccomp.clone(),
             status_writer,
+            read_only_host: spec.read_only_host && spec.mount_namespace && tmpfs.is_some(),
             tmpfs,
-            cgroup_procs: None,
+            cgroup_procs: Vec::new(),
         };
         Ok(jail)
     }
 
-    /// Makes the jail child join the cgroup whose `cgroup.procs` is `procs` (before anything
-    /// else, so every process of the run is charged to it).
-    pub(crate) fn join_cgroup(&mut self, procs: CString) {
-        self.cgroup_procs = Some(procs);
+    /// Makes the jail child join the cgroups whose `cgroup.procs` are `procs` (before anything
+    /// else, so every process of the run is charged to them).
+    pub(crate) fn join_cgroups(&mut self, procs: Vec<CString>) {
+        self.cgroup_procs = procs;
     }
 
     /// Enters the jail in this very process and `exec`s `command` (for the helper process,
@@ -476,7 +493,7 @@ fn enter_jail(jail: &PreparedJail) -> io::Result<()> {
     // SAFETY: (whole function) every call is a system call on values prepared before the fork
     // or on the stack; nothing allocates, locks, or unwinds across the fork.
     unsafe {
-        if let Some(procs) = &jail.cgroup_procs {
+        for procs in &jail.cgroup_procs {
             write_proc_file(procs, b"0")?;
         }
         check(libc::setsid().into())?;
@@ -528,6 +545,9 @@ fn enter_jail(jail: &PreparedJail) -> io::Result<()> {
                 )
                 .into(),
             )?;
+            if jail.read_only_host {
+                make_mounts_read_only()?;
+            }
             if jail.pid_namespace {
                 check(
                     libc::mount(
@@ -592,6 +612,43 @@ fn enter_jail(jail: &PreparedJail) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `struct mount_attr` of the kernel ABI (`mount_setattr(2)`).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const AT_RECURSIVE: libc::c_int = 0x8000;
+
+/// Makes every mount of this (private) mount namespace read-only and nosuid, recursively from
+/// `/` (`mount_setattr`, Linux 5.12): writes of any kind outside the mounts made afterwards (the
+/// fresh `/proc`, the work dir's tmpfs) fail with `EROFS`, metadata included (`chmod`, `chown`,
+/// `utime`, `setxattr`), which Landlock does not govern. Device nodes stay writable
+/// (`/dev/null`). Async-signal-safe.
+fn make_mounts_read_only() -> io::Result<()> {
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: mount_setattr reads `attr` (on the stack, size given) and a static path.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            c"/".as_ptr(),
+            AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })
 }
 
 /// Mounts a private tmpfs over the work dir, enters it, writes the program's files into it,

@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Language {
-    /// Python 3 (`python3 -S -E -B main.py`; `-S` dropped with `python_site_packages`).
+    /// Python 3 (`python3 -S -E -B main.py`; `-S` dropped with `python_site_packages`; `-I`
+    /// instead of `-E` for [`Program::isolated`]).
     #[default]
     Python,
     /// Bash (`bash main.sh`).
@@ -68,6 +69,13 @@ pub struct Program {
     pub files: Vec<(String, Vec<u8>)>,
     /// Command-line arguments after the source file.
     pub args: Vec<String>,
+    /// Python only: run in isolated mode (`-I`): neither the work dir nor the environment
+    /// reaches `sys.path`, so a module imported at any time (by the program, lazily by the
+    /// stdlib, by the warnings machinery) comes from the interpreter's own read-only library and
+    /// never from a file a process of the run wrote. For trusted harness code that runs beside
+    /// untrusted code in one work dir (the unit-test judge); ordinary programs keep the work dir
+    /// on `sys.path` so they can import their extra files.
+    pub isolated: bool,
 }
 
 impl Program {
@@ -156,16 +164,18 @@ impl Toolchains {
     pub fn available(&self) -> Vec<Language> {
         Language::ALL
             .into_iter()
-            .filter(|language| self.command(*language, &[], false).is_ok())
+            .filter(|language| self.command(*language, &[], false, false).is_ok())
             .collect()
     }
 
-    /// The executable and its arguments for running `language` from the work dir.
+    /// The executable and its arguments for running `language` from the work dir (`isolated`:
+    /// see [`Program::isolated`]; other languages ignore it).
     pub(crate) fn command(
         &self,
         language: Language,
         args: &[String],
         python_site_packages: bool,
+        isolated: bool,
     ) -> Result<(PathBuf, Vec<OsString>), String> {
         let missing = |tool: &str| {
             format!(
@@ -177,11 +187,12 @@ impl Toolchains {
         let program = match language {
             Language::Python => {
                 let python = self.python.clone().ok_or_else(|| missing("python3"))?;
-                // -E: ignore PYTHON* variables; -B: write no .pyc; -S: skip site (fast start-up).
+                // -E: ignore PYTHON* variables; -B: write no .pyc; -S: skip site (fast start-up);
+                // -I: -E, no script dir and no user site on sys.path.
                 if !python_site_packages {
                     argv.push("-S".into());
                 }
-                argv.push("-E".into());
+                argv.push(if isolated { "-I" } else { "-E" }.into());
                 argv.push("-B".into());
                 argv.push(language.source_file().into());
                 python
@@ -250,10 +261,18 @@ mod tests {
             sh: None,
         };
         let (program, argv) = toolchains
-            .command(Language::Python, &["x".to_string()], false)
+            .command(Language::Python, &["x".to_string()], false, false)
             .unwrap();
         assert_eq!(program, PathBuf::from("/usr/bin/python3"));
         assert_eq!(argv, ["-S", "-E", "-B", "main.py", "x"].map(OsString::from));
-        assert!(toolchains.command(Language::Bash, &[], false).is_err());
+        let (_, isolated) = toolchains
+            .command(Language::Python, &[], false, true)
+            .unwrap();
+        assert_eq!(isolated, ["-S", "-I", "-B", "main.py"].map(OsString::from));
+        assert!(
+            toolchains
+                .command(Language::Bash, &[], false, false)
+                .is_err()
+        );
     }
 }

@@ -27,6 +27,7 @@
 //! caller's binary (`helper.rs`), so its cost does not grow with the caller's memory. See
 //! `README.md` for the layer table, the adversarial results and the benchmark.
 
+mod cgroup;
 mod config;
 mod error;
 mod filesystem_rules;
@@ -34,7 +35,6 @@ mod helper;
 mod isolation;
 mod jail;
 mod language;
-mod memory_cgroup;
 mod probe;
 mod result;
 mod run_user;

@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::cgroup::{self, CgroupParents, Controller};
 use crate::helper::{self, HelperRequest};
 use crate::isolation::{IsolationReport, Layer, LayerReport};
 use crate::jail::{self, JailSpec, Limits, PreparedJail, UserMode};
@@ -21,7 +22,7 @@ use crate::language::{Program, TRUSTED_BIN_DIRS};
 use crate::run_user::RunUser;
 use crate::seccomp::SeccompFilters;
 use crate::work_dir::{WorkDir, layout};
-use crate::{SandboxConfig, filesystem_rules, memory_cgroup};
+use crate::{SandboxConfig, filesystem_rules};
 
 /// What the probe found, with what a sandbox needs to apply it.
 #[derive(Debug, Clone)]
@@ -62,6 +63,8 @@ fn base_spec() -> JailSpec {
         allow_network: false,
         work_dir_tmpfs_bytes: None,
         memory_cgroup_bytes: None,
+        cpu_cgroup_percent: None,
+        read_only_host: false,
     }
 }
 
@@ -88,10 +91,7 @@ pub(crate) fn try_spec(spec: &JailSpec) -> Result<(), String> {
         )?),
         None => None,
     };
-    let cgroup = match spec.memory_cgroup_bytes {
-        Some(bytes) => Some(memory_cgroup::discover()?.create(bytes)?),
-        None => None,
-    };
+    let cgroup = CgroupParents::discover(spec.cgroup_limits())?.create(spec.cgroup_limits())?;
     let (status_reader, status_writer) = jail::status_pipe().map_err(|error| error.to_string())?;
     let mut prepared = PreparedJail::new(
         spec,
@@ -103,9 +103,7 @@ pub(crate) fn try_spec(spec: &JailSpec) -> Result<(), String> {
         std::process::id(),
     )
     .map_err(|error| error.to_string())?;
-    if let Some(cgroup) = &cgroup {
-        prepared.join_cgroup(cgroup.procs_path()?);
-    }
+    prepared.join_cgroups(cgroup.procs_paths()?);
     let mut command = Command::new(truth);
     command
         .env_clear()
@@ -151,7 +149,7 @@ fn try_helper() -> Result<(), String> {
         truth,
         Vec::new(),
         Vec::new(),
-        None,
+        Vec::new(),
     );
     let framed = request.frame()?;
     let mut command = helper::helper_command(status_writer.as_raw_fd());
@@ -198,7 +196,7 @@ fn try_helper() -> Result<(), String> {
     Ok(())
 }
 
-fn parent_dir_name(parent: &memory_cgroup::CgroupParent) -> String {
+fn parent_dir_name(parent: &cgroup::CgroupParent) -> String {
     parent.dir().display().to_string()
 }
 
@@ -236,7 +234,7 @@ fn run_probe() -> ProbeOutcome {
             }),
         );
     }
-    let memory_cgroup = memory_cgroup::discover().and_then(|parent| {
+    let memory_cgroup = cgroup::discover(Controller::Memory).and_then(|parent| {
         try_spec(&JailSpec {
             memory_cgroup_bytes: Some(1 << 30),
             ..base_spec()
@@ -252,6 +250,20 @@ fn run_probe() -> ProbeOutcome {
     };
 
     note(Layer::MemoryCgroup, unless_base(memory_cgroup));
+    let default_cpu_percent = SandboxConfig::default().max_cpu_percent;
+    let cpu_cgroup = cgroup::discover(Controller::Cpu).and_then(|parent| {
+        try_spec(&JailSpec {
+            cpu_cgroup_percent: Some(default_cpu_percent),
+            ..base_spec()
+        })
+        .map(|()| {
+            format!(
+                "a CFS quota (default {default_cpu_percent}% of one CPU) and equal shares under {}",
+                parent_dir_name(&parent)
+            )
+        })
+    });
+    note(Layer::CpuCgroup, unless_base(cpu_cgroup));
 
     let separate_user = if root {
         try_spec(&JailSpec {
@@ -311,6 +323,15 @@ fn run_probe() -> ProbeOutcome {
         },
         "size = max_disk_bytes",
     );
+    let read_only = namespace(
+        &|spec| {
+            spec.mount_namespace = true;
+            spec.pid_namespace = true;
+            spec.work_dir_tmpfs_bytes = Some(1 << 20);
+            spec.read_only_host = true;
+        },
+        "mount_setattr(/, AT_RECURSIVE, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID)",
+    );
     let ipc = namespace(&|spec| spec.ipc_namespace = true, "IPC and UTS");
     let pid_ok = pid.is_ok();
     note(Layer::PidNamespace, unless_base(pid));
@@ -330,6 +351,14 @@ fn run_probe() -> ProbeOutcome {
             tmpfs
         } else {
             Err("needs a mount namespace".into())
+        }),
+    );
+    note(
+        Layer::ReadOnlyHost,
+        unless_base(if pid_ok {
+            read_only.map_err(|error| format!("the kernel refused: {error}"))
+        } else {
+            Err("needs the work dir tmpfs".into())
         }),
     );
     note(Layer::IpcNamespace, unless_base(ipc));
@@ -374,7 +403,7 @@ fn run_probe() -> ProbeOutcome {
             ..base_spec()
         })
         .map(|()| {
-            "deny-list: sockets (but stream socketpairs), ptrace, mount, namespaces, bpf, io_uring, ...".to_string()
+            "deny-list: sockets (but stream socketpairs), ptrace, mount, namespaces, bpf, io_uring, setsid, inotify, ...; ENOSYS from syscall 457 (statmount, listmount) up".to_string()
         })
     });
     note(Layer::Seccomp, unless_base(seccomp));

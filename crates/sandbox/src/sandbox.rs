@@ -25,6 +25,7 @@ use tokio::process::Child;
 use tokio::runtime::Runtime;
 use tokio::sync::{Notify, Semaphore};
 
+use crate::cgroup::{CgroupParents, RunCgroups};
 use crate::config::SandboxConfig;
 use crate::error::SandboxError;
 use crate::filesystem_rules;
@@ -32,7 +33,6 @@ use crate::helper::{self, HelperRequest};
 use crate::isolation::{IsolationReport, Layer};
 use crate::jail::{self, JailSpec, Limits, PreparedJail, UserMode};
 use crate::language::{Program, Toolchains};
-use crate::memory_cgroup::{self, CgroupParent, RunCgroup};
 use crate::probe::{ProbeOutcome, probe_outcome};
 use crate::result::{ExecResult, ExitStatusKind};
 use crate::run_user::RunUser;
@@ -69,7 +69,7 @@ struct SandboxInner {
     /// Start runs through the helper process (see `helper.rs`) rather than forking the caller.
     via_helper: bool,
     /// Where per-run memory cgroups are made, when the spec asks for them.
-    cgroup_parent: Option<CgroupParent>,
+    cgroup_parents: CgroupParents,
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
@@ -124,6 +124,8 @@ pub(crate) fn spec_for(
         };
         config.memory_bytes.saturating_add(disk)
     });
+    let cpu_cgroup_percent = on(Layer::CpuCgroup).then_some(config.max_cpu_percent);
+    let read_only_host = work_dir_tmpfs && on(Layer::ReadOnlyHost);
     let ipc_namespace = namespaces && on(Layer::IpcNamespace);
     let no_new_privs = on(Layer::NoNewPrivileges);
     let landlock_abi = if no_new_privs && on(Layer::Landlock) {
@@ -155,6 +157,8 @@ pub(crate) fn spec_for(
         allow_network: config.network,
         work_dir_tmpfs_bytes: work_dir_tmpfs.then_some(config.max_disk_bytes),
         memory_cgroup_bytes,
+        cpu_cgroup_percent,
+        read_only_host,
     };
     let used = |layer: Layer| match layer {
         Layer::FreshWorkDir
@@ -162,6 +166,8 @@ pub(crate) fn spec_for(
         | Layer::ParentDeathSignal
         | Layer::ResourceLimits => true,
         Layer::MemoryCgroup => memory_cgroup_bytes.is_some(),
+        Layer::CpuCgroup => cpu_cgroup_percent.is_some(),
+        Layer::ReadOnlyHost => read_only_host,
         Layer::SeparateUser => user == UserMode::SeparateUser,
         Layer::UserNamespace => user == UserMode::UserNamespace,
         Layer::PidNamespace => pid_namespace,
@@ -211,10 +217,8 @@ impl Sandbox {
         }
         let workers = Arc::new(Semaphore::new(config.workers));
         let via_helper = config.spawn_via_helper && crate::probe::helper_check().is_ok();
-        let cgroup_parent = match spec.memory_cgroup_bytes {
-            Some(_) => Some(memory_cgroup::discover().map_err(SandboxError::Setup)?),
-            None => None,
-        };
+        let cgroup_parents =
+            CgroupParents::discover(spec.cgroup_limits()).map_err(SandboxError::Setup)?;
         Ok(Sandbox {
             inner: Arc::new(SandboxInner {
                 config,
@@ -223,7 +227,7 @@ impl Sandbox {
                 toolchains: Toolchains::discover(),
                 workers,
                 via_helper,
-                cgroup_parent,
+                cgroup_parents,
             }),
         })
     }
@@ -342,7 +346,7 @@ struct Launch<'a> {
     argv: Vec<OsString>,
     env: Vec<(String, OsString)>,
     status_writer: OwnedFd,
-    cgroup_procs: Option<CString>,
+    cgroup_procs: Vec<CString>,
 }
 
 impl Launch<'_> {
@@ -373,9 +377,7 @@ impl Launch<'_> {
             std::process::id(),
         )
         .map_err(|io_error| format!("preparing the jail: {io_error}"))?;
-        if let Some(procs) = self.cgroup_procs {
-            prepared.join_cgroup(procs);
-        }
+        prepared.join_cgroups(self.cgroup_procs);
         let mut command = std::process::Command::new(self.executable);
         command
             .args(&self.argv)
@@ -444,6 +446,7 @@ impl SandboxInner {
             program.language,
             &program.args,
             self.config.python_site_packages,
+            program.isolated,
         ) {
             Ok(command) => command,
             Err(message) => return error(message),
@@ -471,15 +474,12 @@ impl SandboxInner {
             Ok(pipe) => pipe,
             Err(io_error) => return error(format!("status pipe: {io_error}")),
         };
-        let cgroup = match (&self.cgroup_parent, self.spec.memory_cgroup_bytes) {
-            (Some(parent), Some(bytes)) => match parent.create(bytes) {
-                Ok(cgroup) => Some(cgroup),
-                Err(message) => return error(message),
-            },
-            _ => None,
+        let cgroup = match self.cgroup_parents.create(self.spec.cgroup_limits()) {
+            Ok(cgroup) => cgroup,
+            Err(message) => return error(message),
         };
-        let cgroup_procs = match cgroup.as_ref().map(RunCgroup::procs_path).transpose() {
-            Ok(path) => path,
+        let cgroup_procs = match RunCgroups::procs_paths(&cgroup) {
+            Ok(paths) => paths,
             Err(message) => return error(message),
         };
         let started = Instant::now();

@@ -1,15 +1,27 @@
 //! The seccomp-bpf filters every jailed program runs under, compiled once per sandbox with
 //! `seccompiler` (installed in the child by `jail.rs`).
 //!
-//! The filters are deny-lists (allow by default): interpreters and compilers use a wide and
-//! changing set of system calls, and the other layers (Landlock, namespaces, a separate uid,
-//! rlimits) already confine files, processes and resources. The filters remove what those layers
-//! do not cover: sockets (without network, only stream `socketpair`s), debugging other processes, new namespaces, mounts, kernel
-//! modules, bpf, io_uring (whose operations bypass seccomp), keyrings and clock changes.
+//! The filters are a deny-list over the system calls this filter knows, and an allow-list
+//! cut-off for the ones it does not:
+//! - Known calls (numbers below [`FIRST_UNREVIEWED_SYSCALL`]) are allowed by default:
+//!   interpreters and compilers use a wide and changing set of them, and the other layers
+//!   (Landlock, namespaces, a separate uid, rlimits, cgroups) already confine files, processes
+//!   and resources. The deny-list removes what those layers do not cover: sockets (without
+//!   network, only stream `socketpair`s), debugging other processes (ptrace, `pidfd_getfd`), new
+//!   namespaces, mounts, kernel modules, bpf, io_uring (whose operations bypass seccomp),
+//!   keyrings, clock changes, watching host files (`inotify_add_watch`, `fanotify`), and `setsid`
+//!   (a new session is a new scheduler autogroup: without a CPU cgroup, a run's children that
+//!   call it would each get a CPU share of their own and starve concurrent runs).
+//! - Every call numbered from [`FIRST_UNREVIEWED_SYSCALL`] up (`statmount`, `listmount`, which
+//!   show the host's mount table, and whatever later kernels add) fails with `ENOSYS`, as on a
+//!   kernel without it; glibc and interpreters treat that as "not supported" and fall back. A new
+//!   kernel interface is thus closed until someone reviews it and moves the cut-off, instead of
+//!   open until someone notices it. Numbers from 424 up are shared by every architecture, so one
+//!   cut-off serves all; the x32 ABI (`__X32_SYSCALL_BIT`, above the cut-off) falls under it too.
 //!
 //! Invariant: denied calls fail with `EPERM` (the program sees an ordinary error and can report
-//! it), except `clone3`, which fails with `ENOSYS` so that glibc falls back to `clone`, whose
-//! flags a classic BPF filter can inspect.
+//! it), except `clone3` and the unreviewed calls, which fail with `ENOSYS` (so that glibc falls
+//! back to `clone`, whose flags a classic BPF filter can inspect, and to older interfaces).
 
 use std::collections::BTreeMap;
 
@@ -66,6 +78,10 @@ const DENIED_SYSCALLS: &[libc::c_long] = &[
     libc::SYS_fsmount,
     libc::SYS_fsconfig,
     libc::SYS_fspick,
+    libc::SYS_pidfd_getfd,
+    libc::SYS_inotify_add_watch,
+    libc::SYS_fanotify_mark,
+    libc::SYS_setsid,
     #[cfg(target_arch = "x86_64")]
     libc::SYS_iopl,
     #[cfg(target_arch = "x86_64")]
@@ -162,28 +178,29 @@ impl SeccompFilters {
                 BpfProgram::try_from(filter).map_err(|error| format!("seccomp compile: {error}"))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        if cfg!(target_arch = "x86_64") {
-            programs.push(x32_filter());
-        }
+        programs.push(unreviewed_syscall_filter());
         Ok(SeccompFilters { programs })
     }
 }
 
-/// Bit that marks an x32-ABI system call on x86_64 (`__X32_SYSCALL_BIT`).
-const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+/// The first system call number this filter has not reviewed: 457 is `statmount` (Linux 6.8),
+/// followed by `listmount`, the LSM attribute calls, `mseal`, the `*xattrat` family,
+/// `open_tree_attr`, `file_getattr`/`file_setattr`, and whatever later kernels add.
+pub(crate) const FIRST_UNREVIEWED_SYSCALL: u32 = 457;
 
-/// A filter failing every x32-ABI system call with `ENOSYS`. Hand-written because `seccompiler`
-/// matches exact numbers: on kernels built with `CONFIG_X86_X32_ABI`, `unshare` as x32 call
-/// (`272 | X32_SYSCALL_BIT`, same audit arch as x86_64) would slip past every rule above. Other
-/// architectures and the i386 ABI are already killed by the arch check of the filters above.
-fn x32_filter() -> BpfProgram {
+/// A filter failing every system call numbered [`FIRST_UNREVIEWED_SYSCALL`] or above with
+/// `ENOSYS`. Hand-written because `seccompiler` matches exact numbers only. It also covers the
+/// x32 ABI on x86_64 (`nr | 0x4000_0000`, same audit arch): on kernels built with
+/// `CONFIG_X86_X32_ABI`, `unshare` as an x32 call would otherwise slip past every exact rule.
+/// Other architectures and the i386 ABI are killed by the arch check of the filters above.
+fn unreviewed_syscall_filter() -> BpfProgram {
     const LOAD_NR: u16 = 0x20; // BPF_LD (0) | BPF_W (0) | BPF_ABS; seccomp_data.nr is at offset 0
     const JUMP_GE: u16 = 0x05 | 0x30; // BPF_JMP | BPF_JGE | BPF_K
     const RETURN: u16 = 0x06; // BPF_RET | BPF_K
     let instruction = |code, jt, jf, k| seccompiler::sock_filter { code, jt, jf, k };
     vec![
         instruction(LOAD_NR, 0, 0, 0),
-        instruction(JUMP_GE, 0, 1, X32_SYSCALL_BIT),
+        instruction(JUMP_GE, 0, 1, FIRST_UNREVIEWED_SYSCALL),
         instruction(RETURN, 0, 0, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
         instruction(RETURN, 0, 0, libc::SECCOMP_RET_ALLOW),
     ]
@@ -197,10 +214,7 @@ mod tests {
     fn filters_compile_with_and_without_network() {
         let closed = SeccompFilters::compile(false).unwrap();
         let open = SeccompFilters::compile(true).unwrap();
-        assert_eq!(
-            closed.programs.len(),
-            if cfg!(target_arch = "x86_64") { 3 } else { 2 }
-        );
+        assert_eq!(closed.programs.len(), 3);
         // The socket rule adds instructions.
         assert!(closed.programs[0].len() > open.programs[0].len());
     }

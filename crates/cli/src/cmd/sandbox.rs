@@ -144,6 +144,7 @@ fn run_file(args: RunArgs) -> anyhow::Result<()> {
         stdin,
         files: Vec::new(),
         args: args.args,
+        isolated: false,
     });
     let summary = serde_json::json!({
         "status": result.status,

@@ -1,0 +1,4 @@
+//! Shared by the reward integration tests.
+#![allow(dead_code)]
+
+pub mod forgers;
