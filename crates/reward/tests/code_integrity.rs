@@ -71,10 +71,11 @@ const TYPED: Task = Task {
     honest_body: "    return sum(xs)\n",
 };
 
-/// Module-level code that writes `payload` as `file` in the work dir, then a wrong body.
+/// A wrong body (a list, so the tests get as far as using it), then module-level code that
+/// writes `payload` as `file` in the work dir.
 fn writes(file: &str, payload: &str) -> String {
     format!(
-        "    return -1\nimport os as _os\n_os.makedirs(_os.path.dirname({file:?}) or '.', exist_ok=True)\nwith open({file:?}, 'w') as _f:\n    _f.write({payload:?})\n"
+        "    return ['z']\nimport os as _os\n_os.makedirs(_os.path.dirname({file:?}) or '.', exist_ok=True)\nwith open({file:?}, 'w') as _f:\n    _f.write({payload:?})\n"
     )
 }
 
