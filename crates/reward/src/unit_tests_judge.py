@@ -70,10 +70,13 @@ def _stoke_main():
     request_read, request_write = _os.pipe()
     reply_read, reply_write = _os.pipe()
     flags = [f for f, on in (("-S", _sys.flags.no_site), ("-E", _sys.flags.ignore_environment), ("-B", _sys.flags.dont_write_bytecode)) if on]
+    # A process group of its own, so the solution's children die with it (`process_group`
+    # keeps subprocess's vfork path; Python before 3.11 only has preexec_fn).
+    group = {"process_group": 0} if _sys.version_info >= (3, 11) else {"preexec_fn": _os.setpgrp}
     child = _subprocess.Popen(
         [_sys.executable] + flags + ["child.py", entry_point, str(request_read), str(reply_write)],
         stdin=_subprocess.DEVNULL, stdout=2, pass_fds=(request_read, reply_write), close_fds=True,
-        preexec_fn=_os.setpgrp,
+        **group,
     )
     _os.close(request_read)
     _os.close(reply_write)
