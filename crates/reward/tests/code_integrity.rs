@@ -300,3 +300,33 @@ fn stdio_tests_forgeries_score_zero() {
         assert!(outcome.score < 1.0, "{mechanism}: {outcome:?}");
     }
 }
+
+#[test]
+fn a_relay_cannot_copy_a_concurrent_siblings_answer_through_host_file_locks() {
+    // Found by the red-team: the sender (honest) encodes its answer as locks on 16 shared
+    // system files, the relay (which never computes) reads them back with non-blocking lock
+    // attempts. The two run at once as one group.
+    let sender = "def square(x):\n    r = x * x\n    import fcntl, os, glob, time\n    files = sorted(set(os.path.realpath(f) for f in glob.glob('/usr/lib/python3*/*.py')))[:16]\n    held = []\n    for i, f in enumerate(files):\n        if r >> i & 1:\n            fd = os.open(f, os.O_RDONLY)\n            try:\n                fcntl.flock(fd, fcntl.LOCK_EX)\n            except OSError:\n                pass\n            held.append(fd)\n    time.sleep(0.6)\n    for fd in held:\n        os.close(fd)\n    time.sleep(0.2)\n    return r\n";
+    let relay = "def square(x):\n    import fcntl, os, glob, time\n    files = sorted(set(os.path.realpath(f) for f in glob.glob('/usr/lib/python3*/*.py')))[:16]\n    time.sleep(0.3)\n    v = 0\n    for i, f in enumerate(files):\n        fd = os.open(f, os.O_RDONLY)\n        try:\n            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)\n        except BlockingIOError:\n            v |= 1 << i\n        except OSError:\n            pass\n        os.close(fd)\n    time.sleep(0.5)\n    return v\n";
+    let reference = Reference {
+        tests: Some(
+            "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(3) == 9\n"
+                .into(),
+        ),
+        entry_point: Some("square".into()),
+        ..Reference::default()
+    };
+    let prompt = "def square(x):\n";
+    let sender_text = format!("```python\n{sender}```");
+    let relay_text = format!("```python\n{relay}```");
+    let outcomes = unit_tests().score_group(&[
+        RewardInput::new(prompt, &sender_text, &reference),
+        RewardInput::new(prompt, &relay_text, &reference),
+    ]);
+    assert_eq!(outcomes[0].outcome, Outcome::Correct, "{:?}", outcomes[0]);
+    assert_eq!(
+        outcomes[1].score, 0.0,
+        "the relay copied the answer: {:?}",
+        outcomes[1]
+    );
+}

@@ -383,7 +383,7 @@ pub(crate) fn close_inherited_except(keep: RawFd) {
     }
 }
 
-fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
+pub(crate) fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
     // SAFETY: fcntl on a descriptor we own; F_GETFL/F_SETFL touch no memory.
     let rc = unsafe {
         let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);

@@ -306,30 +306,76 @@ struct Captured {
     truncated: bool,
 }
 
+/// Reads after which [`capture`] paces itself.
+const UNPACED_READS: usize = 32;
+/// The pause between reads past [`UNPACED_READS`].
+const READ_PACE: Duration = Duration::from_millis(2);
+
 /// Reads `pipe` into `sink` until EOF or until more than `cap` bytes arrived (then signals
 /// `over_cap` and stops reading, closing the pipe).
-async fn capture(
-    mut pipe: impl AsyncRead + Unpin,
+///
+/// Past the first [`UNPACED_READS`] reads the pipe leaves the runtime's reactor (`into_fd`) and
+/// is read without waiting, every [`READ_PACE`]: a program writing one byte at a time would
+/// otherwise wake the caller's runtime for every byte (an edge-triggered readiness event per
+/// write) and spend the caller's CPU, outside the run's CPU cgroup (measured: 57% of such a
+/// run's CPU). Ordinary output finishes within the first reads and is never paced.
+async fn capture<P: AsyncRead + Unpin>(
+    mut pipe: P,
+    into_fd: fn(P) -> std::io::Result<OwnedFd>,
     cap: usize,
     sink: Arc<Mutex<Captured>>,
     over_cap: Arc<Notify>,
 ) {
     let mut chunk = vec![0u8; 64 * 1024];
-    loop {
-        let read = match pipe.read(&mut chunk).await {
+    for _ in 0..UNPACED_READS {
+        match pipe.read(&mut chunk).await {
             Ok(0) | Err(_) => return,
-            Ok(read) => read,
-        };
-        let mut captured = sink.lock().unwrap_or_else(PoisonError::into_inner);
-        let room = cap.saturating_sub(captured.bytes.len());
-        if read > room {
-            captured.bytes.extend_from_slice(&chunk[..room]);
-            captured.truncated = true;
-            over_cap.notify_one();
-            return;
+            Ok(read) => {
+                if !store(&sink, &chunk[..read], cap, &over_cap) {
+                    return;
+                }
+            }
         }
-        captured.bytes.extend_from_slice(&chunk[..read]);
     }
+    let Ok(fd) = into_fd(pipe) else {
+        return;
+    };
+    // Leaving the reactor made the descriptor blocking again; an empty pipe must answer
+    // WouldBlock instead of blocking a runtime thread.
+    if jail::set_nonblocking(&fd).is_err() {
+        return;
+    }
+    let mut pipe = std::fs::File::from(fd);
+    loop {
+        tokio::time::sleep(READ_PACE).await;
+        loop {
+            match std::io::Read::read(&mut pipe, &mut chunk) {
+                Ok(0) => return,
+                Ok(read) => {
+                    if !store(&sink, &chunk[..read], cap, &over_cap) {
+                        return;
+                    }
+                }
+                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// Appends `bytes` to `sink` up to `cap`; false (and `over_cap` signalled) once past it.
+fn store(sink: &Arc<Mutex<Captured>>, bytes: &[u8], cap: usize, over_cap: &Notify) -> bool {
+    let mut captured = sink.lock().unwrap_or_else(PoisonError::into_inner);
+    let room = cap.saturating_sub(captured.bytes.len());
+    if bytes.len() > room {
+        captured.bytes.extend_from_slice(&bytes[..room]);
+        captured.truncated = true;
+        over_cap.notify_one();
+        return false;
+    }
+    captured.bytes.extend_from_slice(bytes);
+    true
 }
 
 fn take(sink: &Arc<Mutex<Captured>>) -> Captured {
@@ -512,6 +558,7 @@ impl SandboxInner {
         if let Some(stdout) = child.stdout.take() {
             readers.push(tokio::spawn(capture(
                 stdout,
+                tokio::process::ChildStdout::into_owned_fd,
                 cap,
                 Arc::clone(&stdout_sink),
                 Arc::clone(&over_cap),
@@ -520,6 +567,7 @@ impl SandboxInner {
         if let Some(stderr) = child.stderr.take() {
             readers.push(tokio::spawn(capture(
                 stderr,
+                tokio::process::ChildStderr::into_owned_fd,
                 cap,
                 Arc::clone(&stderr_sink),
                 Arc::clone(&over_cap),

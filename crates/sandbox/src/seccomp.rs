@@ -12,6 +12,11 @@
 //!   keyrings, clock changes, watching host files (`inotify_add_watch`, `fanotify`), and `setsid`
 //!   (a new session is a new scheduler autogroup: without a CPU cgroup, a run's children that
 //!   call it would each get a CPU share of their own and starve concurrent runs).
+//! - File locks (`flock`, `fcntl` `F_*LK`) fail with `ENOLCK`: a lock is state of a host inode
+//!   that the read-only view does not stop, visible to the host and to concurrent runs (a covert
+//!   channel between the samples of a group).
+//! - Calls that act on the host's page cache or disks succeed as no-ops (errno 0): `sync`,
+//!   `syncfs`, `fadvise(DONTNEED)`, `madvise(MADV_COLD | MADV_PAGEOUT)`.
 //! - Every call numbered from [`FIRST_UNREVIEWED_SYSCALL`] up (`statmount`, `listmount`, which
 //!   show the host's mount table, and whatever later kernels add) fails with `ENOSYS`, as on a
 //!   kernel without it; glibc and interpreters treat that as "not supported" and fall back. A new
@@ -20,7 +25,8 @@
 //!   cut-off serves all; the x32 ABI (`__X32_SYSCALL_BIT`, above the cut-off) falls under it too.
 //!
 //! Invariant: denied calls fail with `EPERM` (the program sees an ordinary error and can report
-//! it), except `clone3` and the unreviewed calls, which fail with `ENOSYS` (so that glibc falls
+//! it), except locks (`ENOLCK`), the host-wide no-ops above (0), and `clone3` and the
+//! unreviewed calls, which fail with `ENOSYS` (so that glibc falls
 //! back to `clone`, whose flags a classic BPF filter can inspect, and to older interfaces).
 
 use std::collections::BTreeMap;
@@ -100,6 +106,10 @@ const NAMESPACE_CLONE_FLAGS: &[libc::c_int] = &[
     libc::CLONE_NEWCGROUP,
 ];
 
+/// `madvise` advice values that reclaim pages (Linux 5.4), absent from the libc crate.
+const MADV_COLD: u64 = 20;
+const MADV_PAGEOUT: u64 = 21;
+
 /// The bits of `socket`/`socketpair`'s type argument that hold the type (the others are
 /// `SOCK_NONBLOCK` and `SOCK_CLOEXEC`).
 const SOCKET_TYPE_MASK: u64 = 0xf;
@@ -172,7 +182,64 @@ impl SeccompFilters {
         )
         .map_err(|error| format!("seccomp filter: {error}"))?;
 
-        let mut programs = [deny_filter, clone3_filter]
+        // File locks are the one state of a host inode the read-only view still lets a run
+        // change: a lock held on a shared system file is seen by the host (a writer blocks) and
+        // by concurrent runs (a covert channel between the samples of one group: a "relay" that
+        // reads a sibling's answer off lock states scored as correct). The work dir is private
+        // to the run, so nothing there needs a lock to be shared either.
+        let lock_commands = [
+            libc::F_GETLK,
+            libc::F_SETLK,
+            libc::F_SETLKW,
+            libc::F_OFD_GETLK,
+            libc::F_OFD_SETLK,
+            libc::F_OFD_SETLKW,
+        ];
+        let mut fcntl_rules = Vec::new();
+        for command in lock_commands {
+            fcntl_rules.push(rule(vec![condition(1, SeccompCmpOp::Eq, command as u64)?])?);
+        }
+        let lock_filter = SeccompFilter::new(
+            BTreeMap::from([
+                (libc::SYS_flock, Vec::new()),
+                (libc::SYS_fcntl, fcntl_rules),
+            ]),
+            SeccompAction::Allow,
+            SeccompAction::Errno(libc::ENOLCK as u32),
+            arch,
+        )
+        .map_err(|error| format!("seccomp filter: {error}"))?;
+        // Calls that would act on the host's page cache or disks succeed without doing anything
+        // (errno 0): evicting a host file's cached pages (`fadvise(DONTNEED)`, `madvise(COLD,
+        // PAGEOUT)`) slows the host and is the send half of a cache-timing channel; `sync` and
+        // `syncfs` flush every filesystem of the host.
+        let noop_filter = SeccompFilter::new(
+            BTreeMap::from([
+                (libc::SYS_sync, Vec::new()),
+                (libc::SYS_syncfs, Vec::new()),
+                (
+                    libc::SYS_fadvise64,
+                    vec![rule(vec![condition(
+                        3,
+                        SeccompCmpOp::Eq,
+                        libc::POSIX_FADV_DONTNEED as u64,
+                    )?])?],
+                ),
+                (
+                    libc::SYS_madvise,
+                    vec![
+                        rule(vec![condition(2, SeccompCmpOp::Eq, MADV_COLD)?])?,
+                        rule(vec![condition(2, SeccompCmpOp::Eq, MADV_PAGEOUT)?])?,
+                    ],
+                ),
+            ]),
+            SeccompAction::Allow,
+            SeccompAction::Errno(0),
+            arch,
+        )
+        .map_err(|error| format!("seccomp filter: {error}"))?;
+
+        let mut programs = [deny_filter, clone3_filter, lock_filter, noop_filter]
             .into_iter()
             .map(|filter| {
                 BpfProgram::try_from(filter).map_err(|error| format!("seccomp compile: {error}"))
@@ -214,7 +281,7 @@ mod tests {
     fn filters_compile_with_and_without_network() {
         let closed = SeccompFilters::compile(false).unwrap();
         let open = SeccompFilters::compile(true).unwrap();
-        assert_eq!(closed.programs.len(), 3);
+        assert_eq!(closed.programs.len(), 5);
         // The socket rule adds instructions.
         assert!(closed.programs[0].len() > open.programs[0].len());
     }

@@ -101,3 +101,52 @@ fn a_hostile_run_does_not_starve_a_concurrent_honest_run() {
         hostile.status
     );
 }
+
+/// This process's own CPU time (user + system, all threads), from `/proc/self/stat`.
+fn own_cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // USER_HZ is 100 on every Linux architecture this crate supports.
+    Duration::from_millis(ticks * 10)
+}
+
+#[test]
+fn output_written_a_byte_at_a_time_does_not_spend_the_callers_cpu() {
+    // Found by the red-team: one-byte writes on both streams woke the caller's runtime for
+    // every byte, so most of the run's CPU was spent by the caller, outside the run's cgroup.
+    let sandbox = Sandbox::new(SandboxConfig {
+        wall_timeout: Duration::from_secs(10),
+        workers: 1,
+        ..SandboxConfig::default()
+    })
+    .unwrap();
+    let trickle = r#"
+import os, time
+end = time.monotonic() + 2.0
+pid = os.fork()
+fd = 1 if pid else 2
+n = 0
+while time.monotonic() < end and n < 400000:
+    os.write(fd, b'x')
+    n += 1
+if pid:
+    os.waitpid(pid, 0)
+"#;
+    let before = own_cpu_time();
+    let result = sandbox.run_blocking(Program::python(trickle));
+    let spent = own_cpu_time() - before;
+    eprintln!(
+        "caller CPU {spent:?} over a {:?} run ({} + {} bytes captured)",
+        result.wall_time,
+        result.stdout.len(),
+        result.stderr.len()
+    );
+    assert!(result.stdout.len() > 1000, "{:?}", result.status);
+    assert!(
+        spent < result.wall_time / 4,
+        "the caller spent {spent:?} of CPU on a {:?} run's output",
+        result.wall_time
+    );
+}

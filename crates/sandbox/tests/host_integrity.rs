@@ -228,3 +228,97 @@ print('done')
     assert!(stdout.contains("denied listmount ENOSYS"), "{stdout}");
     assert!(stdout.contains("denied setsid EPERM"), "{stdout}");
 }
+
+/// A host file every run may read (the interpreter itself: Landlock allows reading `/usr`).
+fn shared_host_file() -> std::path::PathBuf {
+    std::fs::canonicalize("/usr/bin/python3").expect("python3 is installed")
+}
+
+#[test]
+fn locks_on_host_files_are_refused() {
+    let sandbox = sandbox();
+    if !sandbox.isolation().applies(Layer::Seccomp) {
+        eprintln!("skipped: seccomp is not applied here");
+        return;
+    }
+    // A lock is host state the read-only view does not stop: held on a shared file it blocks
+    // host writers and signals bits to a concurrent run.
+    let file = shared_host_file();
+    let result = run(
+        r#"
+import fcntl, os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+def attempt(label, fn):
+    try:
+        fn()
+        print('LEAK', label)
+    except OSError as e:
+        print('denied', label, e.errno)
+attempt('flock-ex', lambda: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB))
+attempt('flock-sh', lambda: fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB))
+attempt('posix-rdlock', lambda: fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB))
+lock = struct.pack('hhqqi', fcntl.F_RDLCK, 0, 0, 0, 0)
+attempt('getlk', lambda: fcntl.fcntl(fd, fcntl.F_GETLK, lock))
+attempt('ofd-setlk', lambda: fcntl.fcntl(fd, 37, lock))
+print('done')
+"#,
+        &[file.to_str().unwrap()],
+    );
+    let stdout = result.stdout_text();
+    assert!(stdout.contains("done"), "{stdout}{}", result.stderr_text());
+    assert!(!stdout.contains("LEAK"), "{stdout}");
+    assert_eq!(stdout.matches("denied").count(), 5, "{stdout}");
+}
+
+/// Resident bytes of `path` in the page cache (util-linux `fincore`), if the tool is here.
+fn resident_bytes(path: &Path) -> Option<u64> {
+    let output = std::process::Command::new("fincore")
+        .args(["--bytes", "--noheadings", "--output", "RES"])
+        .arg(path)
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&output.stdout).trim().parse().ok()
+}
+
+#[test]
+fn the_host_page_cache_and_disks_are_left_alone() {
+    let sandbox = sandbox();
+    if !sandbox.isolation().applies(Layer::Seccomp) {
+        eprintln!("skipped: seccomp is not applied here");
+        return;
+    }
+    let file = shared_host_file();
+    std::fs::read(&file).unwrap();
+    let Some(before) = resident_bytes(&file) else {
+        eprintln!("skipped: no fincore on this machine to read the page cache");
+        return;
+    };
+    let result = run(
+        r#"
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+for advice in (20, 21):
+    try:
+        m.madvise(advice)
+    except OSError as e:
+        print('madvise', advice, e.errno)
+os.sync()
+os.fsync(fd)
+print('done')
+"#,
+        &[file.to_str().unwrap()],
+    );
+    assert!(
+        result.stdout_text().contains("done"),
+        "{}{}",
+        result.stdout_text(),
+        result.stderr_text()
+    );
+    let after = resident_bytes(&file).unwrap_or(0);
+    assert_eq!(
+        after, before,
+        "the run evicted the host file's cached pages ({before} -> {after} bytes resident)"
+    );
+}
