@@ -71,6 +71,17 @@ fn snapshot(path: &Path) -> Snapshot {
     }
 }
 
+/// A world-writable file in a world-writable dir on the host disk (not under the work root):
+/// `utime(now)` and user xattrs need only write permission, so any uid may change them.
+fn world_writable_file(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let file = dir.path().join(name);
+    std::fs::write(&file, b"host").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
+    (dir, file)
+}
+
 const METADATA_PROBE: &str = r#"
 import os, sys
 targets = sys.argv[1:]
@@ -108,13 +119,7 @@ fn metadata_writes_outside_the_work_dir_fail() {
         );
         return;
     }
-    // World-writable files and a world-writable dir on the host (not under the work root):
-    // utime(now) and user xattrs need only write permission, so any uid may change them.
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let file = dir.path().join("shared");
-    std::fs::write(&file, b"host").unwrap();
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let (dir, file) = world_writable_file("shared");
     let keep = std::process::Command::new("python3")
         .args([
             "-c",
@@ -162,11 +167,7 @@ fn concurrent_runs_cannot_use_metadata_as_a_channel() {
         eprintln!("skipped: the read-only host view is not applied here");
         return;
     }
-    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
-    let file = dir.path().join("mailbox");
-    std::fs::write(&file, b"").unwrap();
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let (_dir, file) = world_writable_file("mailbox");
     let path = file.to_str().unwrap();
     let sender = run(
         "import os, sys\ntry:\n    os.setxattr(sys.argv[1], 'user.answer', b'42')\n    print('CHANGED xattr')\nexcept OSError as e:\n    print('denied', e.errno)\ntry:\n    os.utime(sys.argv[1], (42, 42))\n    print('CHANGED utime')\nexcept OSError as e:\n    print('denied', e.errno)\n",
