@@ -45,16 +45,21 @@ pub mod compare;
 pub mod expr;
 pub mod extract;
 pub mod lexer;
+pub mod matrix;
+pub mod number;
 pub mod parser;
+pub mod relation;
+pub mod spans;
+pub mod units;
 
 use serde::{Deserialize, Serialize};
 
 use crate::config::ConfigError;
 use crate::verifier::{Details, Outcome, RewardInput, RewardOutcome, Verifier, clip_detail};
-use compare::{Tolerance, equivalent};
+use compare::{Tolerance, decide};
 use expr::Expr;
-use extract::{AnswerSource, Extractor, clean_answer, last_boxed};
-use parser::parse_answer;
+use extract::{AnswerSource, Extractor, clean_answer};
+use parser::{Parsed, parse_with_units};
 
 /// File format of the math reward's options.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -65,16 +70,18 @@ pub struct MathConfig {
     pub reject_restated_question: bool,
     pub require_boxed: bool,
     pub last_number_fallback: bool,
+    pub compare_units: bool,
 }
 
 impl Default for MathConfig {
     fn default() -> Self {
         Self {
-            relative_tolerance: 1e-9,
+            relative_tolerance: 1e-6,
             sample_points: 6,
             reject_restated_question: true,
             require_boxed: false,
             last_number_fallback: true,
+            compare_units: true,
         }
     }
 }
@@ -86,18 +93,21 @@ pub struct MathVerifier {
     reject_restated_question: bool,
     require_boxed: bool,
     last_number_fallback: bool,
+    compare_units: bool,
     extractor: Extractor,
 }
 
-/// The gold answer's text: datasets store `#### 18` (GSM8K) or a full solution with a box.
-fn gold_text(raw: &str) -> &str {
-    if let Some(boxed) = last_boxed(raw) {
-        return clean_answer(boxed);
-    }
-    if let Some(hashes) = raw.rfind("####") {
-        return clean_answer(&raw[hashes + 4..]);
-    }
-    clean_answer(raw)
+/// What `stoke verify --explain` prints for one completion: the extracted answer, where it came
+/// from, both normalized forms and the rule that decided.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Explanation {
+    pub extracted: Option<String>,
+    pub source: Option<String>,
+    pub gold: Option<String>,
+    pub normalized_gold: Option<String>,
+    pub normalized_prediction: Option<String>,
+    pub rule: String,
+    pub outcome: Outcome,
 }
 
 fn squash(text: &str) -> String {
@@ -107,13 +117,21 @@ fn squash(text: &str) -> String {
         .to_lowercase()
 }
 
-/// `3,5` written by a model whose gold is one number: the decimal comma.
+/// `3,5` (or `0,111`) written as one number: the decimal comma. A three-digit group after a
+/// non-zero first group is a thousands separator instead (`1,000`).
 fn decimal_comma(text: &str) -> Option<String> {
     let (whole, fraction) = text.split_once(',')?;
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     let whole_digits = whole.strip_prefix('-').unwrap_or(whole);
-    (digits(whole_digits) && digits(fraction) && fraction.len() != 3)
+    let zero_whole = whole_digits.bytes().all(|b| b == b'0');
+    (digits(whole_digits) && digits(fraction) && (fraction.len() != 3 || zero_whole))
         .then(|| format!("{whole}.{fraction}"))
+}
+
+/// A gold answer as read: its text and its parse.
+struct Gold {
+    text: String,
+    parsed: Parsed,
 }
 
 impl MathVerifier {
@@ -135,91 +153,188 @@ impl MathVerifier {
             reject_restated_question: config.reject_restated_question,
             require_boxed: config.require_boxed,
             last_number_fallback: config.last_number_fallback,
+            compare_units: config.compare_units,
             extractor: Extractor::new(),
         })
     }
 
+    /// The gold answer: the whole reference when it parses as an answer (`$[0,1)$`, `1,22`),
+    /// else the answer extracted from it as from a completion (a solution ending in a box,
+    /// GSM8K's `#### 18`).
+    fn read_gold(&self, raw: &str) -> Result<Gold, String> {
+        let whole = spans::strip_delimiters(clean_answer(raw));
+        let whole = clean_answer(&whole);
+        let whole = decimal_comma(whole).unwrap_or_else(|| whole.to_string());
+        if !whole.is_empty()
+            && let Ok(parsed) = parse_with_units(&whole)
+        {
+            return Ok(Gold {
+                text: whole,
+                parsed,
+            });
+        }
+        let found = self.extractor.extract(raw).map_err(|e| e.to_string())?;
+        let text = decimal_comma(&found.answer).unwrap_or(found.answer);
+        let parsed = parse_with_units(&text).map_err(|e| e.0)?;
+        Ok(Gold { text, parsed })
+    }
+
     /// Parses a gold answer as this verifier would (for dataset checks).
     pub fn parse_gold(raw: &str) -> Result<Expr, String> {
-        parse_answer(gold_text(raw)).map_err(|e| e.0)
+        Self::new(&MathConfig::default())
+            .map_err(|e| e.to_string())?
+            .read_gold(raw)
+            .map(|gold| gold.parsed.expr)
     }
 
     /// Decides whether `prediction` (an already-extracted answer) matches `gold` (raw gold text).
     pub fn judge(&self, prompt: &str, gold_raw: &str, prediction: &str) -> RewardOutcome {
-        let gold = gold_text(gold_raw);
+        self.judge_explained(prompt, gold_raw, prediction).0
+    }
+
+    fn judge_explained(
+        &self,
+        prompt: &str,
+        gold_raw: &str,
+        prediction: &str,
+    ) -> (RewardOutcome, Explanation) {
         let prediction = clean_answer(prediction);
+        let mut explanation = Explanation {
+            extracted: Some(clip_detail(prediction)),
+            source: None,
+            gold: None,
+            normalized_gold: None,
+            normalized_prediction: None,
+            rule: String::new(),
+            outcome: Outcome::Wrong,
+        };
         let mut details = Details {
             extracted: Some(clip_detail(prediction)),
-            gold: Some(clip_detail(gold)),
             ..Details::default()
         };
-        let gold_expr = match parse_answer(gold) {
-            Ok(expr) => expr,
+        let finish = |outcome: RewardOutcome, mut explanation: Explanation, rule: &str| {
+            explanation.rule = rule.to_string();
+            explanation.outcome = outcome.outcome;
+            (outcome, explanation)
+        };
+        let gold = match self.read_gold(gold_raw) {
+            Ok(gold) => gold,
             Err(error) => {
-                details.reason = Some(format!("gold answer: {}", error.0));
-                return RewardOutcome::new(0.0, Outcome::UnparseableGold, details);
+                details.reason = Some(format!("gold answer: {error}"));
+                let outcome = RewardOutcome::new(0.0, Outcome::UnparseableGold, details);
+                return finish(outcome, explanation, "the gold answer does not parse");
             }
         };
-        if squash(prediction) == squash(gold) {
-            return RewardOutcome::correct(details);
+        details.gold = Some(clip_detail(&gold.text));
+        explanation.gold = Some(clip_detail(&gold.text));
+        explanation.normalized_gold = Some(clip_detail(&format!("{:?}", gold.parsed.expr)));
+        if squash(prediction) == squash(&gold.text) {
+            return finish(
+                RewardOutcome::correct(details),
+                explanation,
+                "identical text",
+            );
         }
-        let comma_fixed = if gold_expr.is_scalar() {
+        let comma_fixed = if gold.parsed.expr.is_scalar() {
             decimal_comma(prediction.trim())
         } else {
             None
         };
-        let parsed = parse_answer(comma_fixed.as_deref().unwrap_or(prediction));
-        let pred_expr = match parsed {
-            Ok(expr) => expr,
+        let pred = match parse_with_units(comma_fixed.as_deref().unwrap_or(prediction)) {
+            Ok(parsed) => parsed,
             Err(error) => {
                 details.reason = Some(format!("prediction: {}", error.0));
-                return RewardOutcome::new(0.0, Outcome::UnparseablePrediction, details);
+                let outcome = RewardOutcome::new(0.0, Outcome::UnparseablePrediction, details);
+                return finish(outcome, explanation, "the prediction does not parse");
             }
         };
-        if !equivalent(&gold_expr, &pred_expr, &self.tolerance) {
-            return RewardOutcome::wrong(details);
+        explanation.normalized_prediction = Some(clip_detail(&format!("{:?}", pred.expr)));
+        if self.compare_units
+            && !gold.parsed.units.is_empty()
+            && !pred.units.is_empty()
+            && gold.parsed.units != pred.units
+        {
+            details.reason = Some(format!(
+                "units differ: gold {:?}, prediction {:?}",
+                gold.parsed.units, pred.units
+            ));
+            return finish(RewardOutcome::wrong(details), explanation, "units differ");
         }
-        if self.reject_restated_question && !pred_expr.is_literal() {
+        let decision = decide(&gold.parsed.expr, &pred.expr, &self.tolerance);
+        if !decision.equal {
+            details.reason = Some(format!("not equal ({})", decision.rule));
+            return finish(RewardOutcome::wrong(details), explanation, decision.rule);
+        }
+        if self.reject_restated_question && !pred.expr.is_literal() {
             let restated = squash(prediction);
             if restated.len() >= 3 && squash(prompt).contains(&restated) {
                 details.reason =
                     Some("the prediction restates an expression from the prompt".into());
-                return RewardOutcome::wrong(details);
+                let outcome = RewardOutcome::wrong(details);
+                return finish(outcome, explanation, "restates the prompt");
             }
         }
-        RewardOutcome::correct(details)
+        finish(RewardOutcome::correct(details), explanation, decision.rule)
+    }
+
+    /// Scores a completion and explains the decision (`stoke verify --explain`).
+    pub fn explain(&self, input: &RewardInput<'_>) -> (RewardOutcome, Explanation) {
+        let unexplained = |outcome: RewardOutcome, rule: String| {
+            let explanation = Explanation {
+                extracted: None,
+                source: None,
+                gold: input.reference.answer.clone(),
+                normalized_gold: None,
+                normalized_prediction: None,
+                rule,
+                outcome: outcome.outcome,
+            };
+            (outcome, explanation)
+        };
+        let Some(gold_raw) = input.reference.answer.as_deref() else {
+            return unexplained(RewardOutcome::missing("answer"), "no gold answer".into());
+        };
+        let found = match self.extractor.extract(input.completion) {
+            Ok(found) => found,
+            Err(error) => {
+                // The gold is still checked so a broken dataset shows even when the model rambles.
+                if let Err(gold_error) = self.read_gold(gold_raw) {
+                    let outcome = RewardOutcome::failed(
+                        Outcome::UnparseableGold,
+                        format!("gold answer: {gold_error}"),
+                    );
+                    return unexplained(outcome, "the gold answer does not parse".into());
+                }
+                let outcome =
+                    RewardOutcome::failed(Outcome::UnparseablePrediction, error.to_string());
+                return unexplained(outcome, format!("extraction: {error}"));
+            }
+        };
+        if (self.require_boxed && found.source != AnswerSource::Boxed)
+            || (!self.last_number_fallback && found.source == AnswerSource::LastNumber)
+        {
+            if let Err(error) = self.read_gold(gold_raw) {
+                let outcome = RewardOutcome::failed(
+                    Outcome::UnparseableGold,
+                    format!("gold answer: {error}"),
+                );
+                return unexplained(outcome, "the gold answer does not parse".into());
+            }
+            let outcome = RewardOutcome::failed(
+                Outcome::FormatError,
+                format!("answer found by {:?}, not accepted", found.source),
+            );
+            return unexplained(outcome, "format: answer source not accepted".into());
+        }
+        let (outcome, mut explanation) =
+            self.judge_explained(input.prompt, gold_raw, &found.answer);
+        explanation.source = Some(format!("{:?}", found.source));
+        (outcome, explanation)
     }
 }
 
 impl Verifier for MathVerifier {
     fn score(&self, input: &RewardInput<'_>) -> RewardOutcome {
-        let Some(gold_raw) = input.reference.answer.as_deref() else {
-            return RewardOutcome::missing("answer");
-        };
-        let Some((prediction, source)) = self.extractor.extract(input.completion) else {
-            // The gold is still checked so a broken dataset shows even when the model rambles.
-            if let Err(error) = parse_answer(gold_text(gold_raw)) {
-                return RewardOutcome::failed(
-                    Outcome::UnparseableGold,
-                    format!("gold answer: {}", error.0),
-                );
-            }
-            return RewardOutcome::failed(Outcome::UnparseablePrediction, "no final answer found");
-        };
-        if (self.require_boxed && source != AnswerSource::Boxed)
-            || (!self.last_number_fallback && source == AnswerSource::LastNumber)
-        {
-            if let Err(error) = parse_answer(gold_text(gold_raw)) {
-                return RewardOutcome::failed(
-                    Outcome::UnparseableGold,
-                    format!("gold answer: {}", error.0),
-                );
-            }
-            return RewardOutcome::failed(
-                Outcome::FormatError,
-                format!("answer found by {source:?}, not accepted"),
-            );
-        }
-        self.judge(input.prompt, gold_raw, prediction)
+        self.explain(input).0
     }
 }
