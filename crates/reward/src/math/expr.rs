@@ -202,6 +202,14 @@ fn pow_exact(base: &BigRational, exponent: i64) -> Option<BigRational> {
     Some(if exponent < 0 { raised.recip() } else { raised })
 }
 
+fn finite_op(a: f64, b: f64, op: fn(f64, f64) -> f64) -> f64 {
+    if a.is_infinite() || b.is_infinite() {
+        f64::NAN
+    } else {
+        op(a, b)
+    }
+}
+
 fn checked_result(value: BigRational) -> Option<BigRational> {
     (bits(&value) <= MAX_EXACT_BITS).then_some(value)
 }
@@ -343,11 +351,13 @@ impl Expr {
             Expr::E => std::f64::consts::E,
             Expr::Infinity => f64::INFINITY,
             Expr::Neg(a) => -a.eval_f64(vars),
-            Expr::Add(a, b) => a.eval_f64(vars) + b.eval_f64(vars),
-            Expr::Sub(a, b) => a.eval_f64(vars) - b.eval_f64(vars),
-            Expr::Mul(a, b) => a.eval_f64(vars) * b.eval_f64(vars),
-            Expr::Div(a, b) => a.eval_f64(vars) / b.eval_f64(vars),
-            Expr::Pow(a, b) => a.eval_f64(vars).powf(b.eval_f64(vars)),
+            // Arithmetic on infinity (`1^{\infty}`, `\frac{1}{\infty}`) is a limit, not a
+            // value: undefined, so it never equals a number.
+            Expr::Add(a, b) => finite_op(a.eval_f64(vars), b.eval_f64(vars), |x, y| x + y),
+            Expr::Sub(a, b) => finite_op(a.eval_f64(vars), b.eval_f64(vars), |x, y| x - y),
+            Expr::Mul(a, b) => finite_op(a.eval_f64(vars), b.eval_f64(vars), |x, y| x * y),
+            Expr::Div(a, b) => finite_op(a.eval_f64(vars), b.eval_f64(vars), |x, y| x / y),
+            Expr::Pow(a, b) => finite_op(a.eval_f64(vars), b.eval_f64(vars), f64::powf),
             Expr::Root(a, index) => {
                 let radicand = a.eval_f64(vars);
                 match index {

@@ -234,7 +234,7 @@ impl Extractor {
                 r"(?i)(?:\bfinal\s+answer\b(?:\s*\*{0,2}\s*(?:is\b|:|=))?|\bthe\s+answers?\s+(?:is|are)\b:?|\banswers?\s*\*{0,2}\s*(?::|=)|\banswer\s+(?:is|are)\b:?|\banswer\b\s*(?:\$|\\\(|\\\[)|####)",
             )
             .expect("static statement regex compiles"),
-            number: Regex::new(r"\d[\d,]*(?:\.\d+)?(?:/\d+(?:\.\d+)?)?|\.\d+").expect("static number regex compiles"),
+            number: Regex::new(r"\d(?:[\d,]|\{,\})*(?:\.\d+)?(?:/\d+(?:\.\d+)?)?|\.\d+").expect("static number regex compiles"),
         }
     }
 
@@ -395,7 +395,7 @@ impl Extractor {
         let before = &text[..start];
         let after = &text[end..];
         let prev = before.chars().next_back();
-        if prev.is_some_and(|c| c.is_alphanumeric() || "_^\\{/.'".contains(c)) {
+        if prev.is_some_and(|c| c.is_alphanumeric() || "_^\\{}/.'".contains(c)) {
             return Err(ExtractError::Ambiguous(
                 "the last number is part of a larger expression",
             ));

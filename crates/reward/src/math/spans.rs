@@ -93,7 +93,7 @@ pub fn boxes(text: &str) -> Vec<Span> {
                     content: word_start..word_start + len,
                 });
             }
-            from = word_start + len.max(1);
+            from = word_start + len;
         } else {
             from = after;
         }
@@ -116,7 +116,7 @@ fn words(content: &str) -> usize {
             while index < bytes.len() && bytes[index].is_ascii_alphabetic() {
                 index += 1;
             }
-            if content[..index].ends_with("text") || content[..index].ends_with("mbox") {
+            if bytes[..index].ends_with(b"text") || bytes[..index].ends_with(b"mbox") {
                 if let Some(end) = (bytes.get(index) == Some(&b'{'))
                     .then(|| group_end(bytes, index))
                     .flatten()
@@ -242,9 +242,9 @@ pub fn sentence_end(text: &str) -> usize {
     let mut depth = 0usize;
     let mut index = 0;
     while index < bytes.len() {
-        let rest = &text[index..];
+        let rest = &bytes[index..];
         if let Some(close) = in_math {
-            if rest.starts_with(close) {
+            if rest.starts_with(close.as_bytes()) {
                 in_math = None;
                 index += close.len();
             } else {
@@ -253,13 +253,13 @@ pub fn sentence_end(text: &str) -> usize {
             continue;
         }
         match bytes[index] {
-            b'\\' if rest.starts_with("\\(") => in_math = Some("\\)"),
-            b'\\' if rest.starts_with("\\[") => in_math = Some("\\]"),
+            b'\\' if rest.starts_with(b"\\(") => in_math = Some("\\)"),
+            b'\\' if rest.starts_with(b"\\[") => in_math = Some("\\]"),
             b'\\' => {
                 index += 2;
                 continue;
             }
-            b'$' if rest.starts_with("$$") => {
+            b'$' if rest.starts_with(b"$$") => {
                 in_math = Some("$$");
                 index += 2;
                 continue;
