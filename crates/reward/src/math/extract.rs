@@ -208,12 +208,38 @@ fn gap_joins(gap: &str) -> bool {
         || (words.len() <= MAX_BOX_GAP_WORDS && words.iter().any(|w| w == "and" || w == "or"))
 }
 
+/// Whether the two words before `start` or after `end` qualify the value between
+/// ("at least \boxed{12}", "\boxed{12} or more", "not \boxed{12}").
+fn qualified_around(text: &str, start: usize, end: usize) -> bool {
+    let words = |part: &str| -> Vec<String> {
+        part.split(|c: char| !(c.is_alphanumeric() || c == '\''))
+            .filter(|w| !w.is_empty())
+            .map(str::to_lowercase)
+            .collect()
+    };
+    let before = text[..start].rsplit('\n').next().unwrap_or("");
+    let after = text[end..].split('\n').next().unwrap_or("");
+    let before = words(before);
+    let after = words(after);
+    before
+        .iter()
+        .rev()
+        .take(2)
+        .chain(after.iter().take(2))
+        .any(|w| super::units::is_qualifier(w))
+}
+
 /// The answer of the last box in `text` and the boxes written together with it.
-fn box_group(text: &str, found: &[Span]) -> Option<String> {
+fn box_group(text: &str, found: &[Span], strict: bool) -> Option<Result<String, ExtractError>> {
     let last = found.len().checked_sub(1)?;
     let mut first = last;
     while first > 0 && gap_joins(&text[found[first - 1].end..found[first].start]) {
         first -= 1;
+    }
+    if strict && qualified_around(text, found[first].start, found[last].end) {
+        return Some(Err(ExtractError::Ambiguous(
+            "the boxed answer is qualified",
+        )));
     }
     let parts: Vec<&str> = found[first..=last]
         .iter()
@@ -221,9 +247,9 @@ fn box_group(text: &str, found: &[Span]) -> Option<String> {
         .collect();
     if parts.iter().any(|part| part.is_empty()) {
         // An empty box among the group: no answer, whatever the others say.
-        return Some(String::new());
+        return Some(Err(ExtractError::NoAnswer));
     }
-    Some(parts.join(", "))
+    Some(Ok(parts.join(", ")))
 }
 
 impl Extractor {
@@ -240,9 +266,19 @@ impl Extractor {
 
     /// Finds the final answer of `completion`, already cleaned (`clean_answer`).
     pub fn extract(&self, completion: &str) -> Result<Extraction, ExtractError> {
+        self.extract_with(completion, true)
+    }
+
+    /// Finds the answer of a reference solution: as `extract`, but the reference's own words
+    /// around its box ("between $\boxed{12 \text{ and } 13}$") are trusted, not read as a hedge.
+    pub fn extract_reference(&self, reference: &str) -> Result<Extraction, ExtractError> {
+        self.extract_with(reference, false)
+    }
+
+    fn extract_with(&self, completion: &str, strict: bool) -> Result<Extraction, ExtractError> {
         let text = after_reasoning(completion)?;
         let found = match answer_tag(text) {
-            Some(inner) => self.locate(inner).or_else(|error| {
+            Some(inner) => self.locate(inner, strict).or_else(|error| {
                 let whole = clean_answer(inner);
                 if whole.is_empty() || matches!(error, ExtractError::Ambiguous(_)) {
                     Err(error)
@@ -253,7 +289,7 @@ impl Extractor {
                     })
                 }
             })?,
-            None => self.locate(text)?,
+            None => self.locate(text, strict)?,
         };
         let answer = clean_answer(&found.answer);
         if answer.is_empty() {
@@ -268,20 +304,20 @@ impl Extractor {
         })
     }
 
-    fn locate(&self, text: &str) -> Result<Extraction, ExtractError> {
+    fn locate(&self, text: &str, strict: bool) -> Result<Extraction, ExtractError> {
         let found_boxes = boxes(text);
         let last_box_start = found_boxes.last().map(|span| span.start);
         if let Some(statement) = self.statement.find_iter(text).last() {
             let body = statement_body(text, statement.end());
             // A box after the statement's sentence is a revision: the box wins.
             if last_box_start.is_none_or(|start| start < body.end)
-                && let Some(found) = self.resolve_statement(&text[body])
+                && let Some(found) = self.resolve_statement(&text[body], strict)
             {
                 return found;
             }
         }
-        if let Some(answer) = box_group(text, &found_boxes) {
-            return Ok(Extraction {
+        if let Some(answer) = box_group(text, &found_boxes, strict) {
+            return answer.map(|answer| Extraction {
                 answer,
                 source: AnswerSource::Boxed,
             });
@@ -318,7 +354,11 @@ impl Extractor {
     }
 
     /// The answer inside a final-answer statement, `None` when the statement holds nothing.
-    fn resolve_statement(&self, body: &str) -> Option<Result<Extraction, ExtractError>> {
+    fn resolve_statement(
+        &self,
+        body: &str,
+        strict: bool,
+    ) -> Option<Result<Extraction, ExtractError>> {
         let statement = |answer: String| {
             Some(Ok(Extraction {
                 answer,
@@ -326,8 +366,8 @@ impl Extractor {
             }))
         };
         let inner_boxes = boxes(body);
-        if let Some(answer) = box_group(body, &inner_boxes) {
-            return Some(Ok(Extraction {
+        if let Some(answer) = box_group(body, &inner_boxes, strict) {
+            return Some(answer.map(|answer| Extraction {
                 answer,
                 source: AnswerSource::Boxed,
             }));
@@ -421,6 +461,15 @@ impl Extractor {
         } else {
             ""
         };
+        let before_sign = before[..before.len() - sign.len()].chars().next_back();
+        if !sign.is_empty() && before_sign.is_some_and(char::is_alphanumeric) {
+            return Err(ExtractError::Ambiguous("the last number is an operand"));
+        }
+        if trimmed_before.ends_with(['~', '≈']) {
+            return Err(ExtractError::Ambiguous(
+                "the last number is qualified or hedged",
+            ));
+        }
         let operator_before = trimmed_before[..trimmed_before.len() - sign.len()]
             .chars()
             .next_back();

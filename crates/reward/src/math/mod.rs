@@ -173,7 +173,10 @@ impl MathVerifier {
                 parsed,
             });
         }
-        let found = self.extractor.extract(raw).map_err(|e| e.to_string())?;
+        let found = self
+            .extractor
+            .extract_reference(raw)
+            .map_err(|e| e.to_string())?;
         let text = decimal_comma(&found.answer).unwrap_or(found.answer);
         let parsed = parse_with_units(&text).map_err(|e| e.0)?;
         Ok(Gold { text, parsed })

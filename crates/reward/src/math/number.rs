@@ -114,8 +114,44 @@ pub fn read_number(text: &str, pos: usize) -> Result<(Literal, usize), String> {
     {
         return Ok((Literal::Value(value), end));
     }
-    let value = decimal_value(&digits, &fraction, &repeating)?;
+    let mut value = decimal_value(&digits, &fraction, &repeating)?;
+    if repeating.is_empty()
+        && let Some((exponent, end)) = scientific_exponent(text, cursor)
+    {
+        // `1.5e3`, `2E-4`: scientific notation, bounded like any exact power.
+        let power = num_traits::pow(
+            BigRational::from_integer(10.into()),
+            exponent.unsigned_abs() as usize,
+        );
+        value = if exponent < 0 {
+            value / power
+        } else {
+            value * power
+        };
+        cursor = end;
+    }
     Ok((Literal::Value(value), cursor))
+}
+
+/// `e3`, `E-4` right after a number and not followed by a letter: the exponent (at most 400).
+fn scientific_exponent(text: &str, pos: usize) -> Option<(i64, usize)> {
+    let bytes = text.as_bytes();
+    if !matches!(bytes.get(pos), Some(b'e' | b'E')) {
+        return None;
+    }
+    let sign_len = usize::from(matches!(bytes.get(pos + 1), Some(b'-' | b'+')));
+    let digits = run_of_digits(bytes, pos + 1 + sign_len);
+    let end = pos + 1 + sign_len + digits;
+    if digits == 0 || digits > 3 || bytes.get(end).is_some_and(u8::is_ascii_alphanumeric) {
+        return None;
+    }
+    let magnitude: i64 = text[pos + 1 + sign_len..end].parse().ok()?;
+    let exponent = if bytes[pos + 1] == b'-' {
+        -magnitude
+    } else {
+        magnitude
+    };
+    (magnitude <= 400).then_some((exponent, end))
 }
 
 /// `h:mm` at `pos` (`first_group` digits already counted), not part of a longer number.
@@ -243,6 +279,9 @@ mod tests {
         assert_eq!(value("8_{10}").0, rational(8, 1));
         assert!(read_number("29_5", 0).is_err());
         assert_eq!(value("1:15").0, Literal::Time(75));
+        assert_eq!(value("1.5e3").0, rational(1500, 1));
+        assert_eq!(value("2E-2").0, rational(1, 50));
+        assert_eq!(value("2ex"), (rational(2, 1), 1));
         assert_eq!(value("3:2").0, rational(3, 1));
     }
 }
