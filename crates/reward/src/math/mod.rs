@@ -1,47 +1,76 @@
 //! Math answer equivalence: extracts the completion's final answer and decides, exactly where
 //! possible, whether it equals the gold answer.
 //!
-//! Pipeline: `extract.rs` locates the answer (`\boxed{}` first, then `<answer>` tags, "answer
-//! is", `####`, the last number); `lexer.rs` and `parser.rs` turn LaTeX or plain text into an
-//! `Expr` (`expr.rs`); `compare.rs` decides equivalence with big rationals, falling back to f64
-//! with a tolerance only for irrational values, and to evaluation at sample points for
-//! expressions with variables. The LaTeX parser is hand-written: no Rust crate parses LaTeX math
+//! Pipeline: `extract.rs` locates the answer (with `spans.rs` finding boxes, math spans and
+//! sentence ends); `lexer.rs` (numbers in `number.rs`, units in `units.rs`) and `parser.rs`
+//! turn LaTeX or plain text into an `Expr` (`expr.rs`); `relation.rs` reduces labels, chains
+//! and inequalities to canonical values, `matrix.rs` reduces matrix arithmetic, and
+//! `compare.rs` decides equivalence and names the rule (`display.rs` prints both sides for
+//! `stoke verify --explain`). The LaTeX parser is hand-written: no Rust crate parses LaTeX math
 //! into exact values, and the limits below must hold for any input.
 //!
-//! Accepted answer forms: integers, decimals, thousands separators (`1,000`, `1{,}000`,
-//! `1\,000`), the LaTeX decimal comma (`3{,}5`, and a bare `3,5` when the gold is one number),
-//! fractions (`a/b`, `\frac`, `\dfrac`, `\tfrac`, `\frac12`), mixed numbers (`2\frac{1}{2}`),
-//! percentages (`P\%` matches `P` at face value, as math-verify, and `P/100`, its value; two
-//! percentages compare by value; a bare number never matches a gold 100 times it), units and currency (`\text{cm}`, `\$`, `dollars`,
-//! `^\circ`), `\sqrt`, `\sqrt[n]`, `\pi`, powers, implicit multiplication, factorials, tuples
-//! and intervals (brackets must match: `[1,2)` is not `(1,2)`), sets and top-level lists
-//! (unordered), equations (`x = 3` matches `3`; general equations match up to a non-zero factor),
-//! inequalities as intervals (a gold `1<x<2` accepts `(1,2)`), unions, vectors and matrices
-//! (`\begin{pmatrix}`, compared entry by entry in order), `\binom`, `\emptyset`, ratios (`3:2`),
-//! multiple-choice letters and word answers (`\text{Monday}`).
+//! Extraction, in priority order (details in `extract.rs`): reasoning before the last
+//! `</think>` is skipped (an unclosed `<think>` has no answer); the last `<answer>` tag is the
+//! only text read; the last final-answer statement ("final answer is", "Final Answer:",
+//! `**Answer:**`, "the answer is", `####`) beats every box before it, a box after it is a
+//! revision and wins; then the last `\boxed{}`/`\fbox{}`, boxes written together forming one
+//! list; then the last math span; then plain text, whose last number counts only when it stands
+//! alone (not in `AZYUK2A`, `x^2`, `a_2`, `1/2`, `2 + 3`) and is not qualified ("at least 12",
+//! "not 12", "2 or 3"). Ambiguity is `UnparseablePrediction`, never a guess.
 //!
-//! Not accepted: repeating decimals (`0.\overline{3}`), `\dots`, floor/ceiling, `\approx`,
-//! scientific `1.5e3` (read as `1.5 e 3`), complex arithmetic (`i` is a variable), and decimal
-//! approximations of irrational answers (`1.414` for `\sqrt{2}`) unless `relative_tolerance` is
-//! raised.
+//! Gold answers: the whole reference when it parses (`$[0,1)$`, `1,22`), else its answer
+//! extracted as from a completion (a MATH solution's last box, GSM8K's `#### 18`).
+//!
+//! Accepted answer forms: integers, decimals, thousands separators (`1,000`, `1{,}000`,
+//! `1\,000`, `10,\!000`, `1 000`), the decimal comma (`3{,}5`; a bare `3,5` or `0,111` when the
+//! gold is one number), scientific notation (`1.5e3`, `1.5 \times 10^3`), fractions (`a/b`,
+//! `\frac`, `\dfrac`, `\frac12`), mixed numbers (`2\frac{1}{2}`), repeating decimals
+//! (`0.\overline{3}`), base-n subscripts (`204_5`), magnitude words ("5 thousand" is 5000),
+//! percentages (`P\%` matches `P` at face value, as Math-Verify, and `P/100`; a bare number never
+//! matches a gold 100 times it), currency and units (`\$`, `\text{cm}`, "dollars", `^\circ`),
+//! `\sqrt`, `\sqrt[n]`, `\pi`, `e`, trig and inverse trig functions with powers (`\sin^2 x`,
+//! `\sec`, `\sin^{-1}`), logs, factorials, implicit multiplication, tuples and intervals
+//! (brackets must match: `[1,2)` is not `(1,2)`), sets (unordered; `\emptyset`, `\{\}`), lists
+//! of solutions (unordered, repeats ignored), unions, relations (`\geq` is `>=`, sides flipped,
+//! linear inequalities solved: `-x > -1` is `x < 1`; an inequality in one variable equals its
+//! interval), chained equalities (the last side: `x = 5+5+1 = 11` is 11), `\approx` (the exact
+//! side before it), labeled answers (`(p,q)=(3,2)` is `(3,2)`, `f(x)=1` is `1`, `AB=4, CD=5` is
+//! `4, 5`; labeled lists on both sides must match label by label), general equations up to a
+//! non-zero factor, matrices (`pmatrix`, `bmatrix`, `array`, with sums, products and scalar
+//! multiples inside; same shape required; a tuple equals a one-row or one-column matrix), clock
+//! times (`1:15` equals only the time 1:15, never the ratio 1/15), ratios (`3:2`),
+//! multiple-choice letters (`C`, `(C)`, `\text{C}`) and word answers (`\text{odd}` is `odd`).
+//!
+//! Not accepted (so never a false accept): a rational approximation of an irrational gold
+//! (`1.414` or `\frac{665857}{470832}` for `\sqrt{2}`; a gold written as a decimal does accept the
+//! exact value it rounds), a decimal for a rational gold (`0.333` for `\frac13`), a list or
+//! hedge for a scalar (`2, 3`, `\boxed{2} or \boxed{3}`), qualified values ("at least 12",
+//! `\boxed{12} or more`), arithmetic on infinity (`1^\infty`), units that differ from the gold's
+//! (`5 cm` for `5 m`; a side without a unit compares by number), a matrix of another shape,
+//! Unicode look-alike digits, `\dots`, `\sum` and other unknown commands (unparseable).
 //!
 //! Config (`[reward]` table with `kind = "math"`; every field optional):
-//! - `relative_tolerance` (f64, default 1e-9): relative tolerance for irrational values only;
-//!   rational values always compare exactly, so `0.333` never matches `1/3`.
+//! - `relative_tolerance` (f64, default 1e-6): relative tolerance where a side is irrational
+//!   (roots, `\pi`, `e`, trig); rational values always compare exactly, so `0.333` never
+//!   matches `1/3`.
 //! - `sample_points` (usize, default 6, 2..=32): points at which symbolic answers are compared.
 //! - `reject_restated_question` (bool, default true): a prediction that is an expression (not a
 //!   bare number) copied verbatim from the prompt and not written as the gold is written scores
 //!   `Wrong` (`Simplify 2(x+1)` answered `2(x+1)`).
 //! - `require_boxed` (bool, default false): only a `\boxed{}` answer counts; anything else is
 //!   `FormatError`.
-//! - `last_number_fallback` (bool, default true): with no boxed/tagged/phrased answer, use the
-//!   completion's last number.
+//! - `last_number_fallback` (bool, default true): with no statement, box or math span, use the
+//!   completion's last standalone number; off, such a completion is `FormatError`.
+//! - `compare_units` (bool, default true): when gold and prediction both carry known units
+//!   (length, mass, volume, time, angle; area and volume powers), they must be the same.
 //!
 //! Invariants: the gold answer is parsed before anything else and a gold that fails to parse is
 //! `UnparseableGold` (score 0) whatever the completion says; all work is bounded (answer length
-//! `MAX_ANSWER_BYTES`, `MAX_TOKENS`, `MAX_DEPTH`, `MAX_EXACT_BITS`), with no timers or signals.
+//! `MAX_ANSWER_BYTES`, `MAX_TOKENS`, `MAX_DEPTH`, `MAX_EXACT_BITS`, matrix sides, list sizes),
+//! with no timers or signals; every extraction step is a linear scan.
 
 pub mod compare;
+pub mod display;
 pub mod expr;
 pub mod extract;
 pub mod lexer;
@@ -230,7 +259,7 @@ impl MathVerifier {
         };
         details.gold = Some(clip_detail(&gold.text));
         explanation.gold = Some(clip_detail(&gold.text));
-        explanation.normalized_gold = Some(clip_detail(&format!("{:?}", gold.parsed.expr)));
+        explanation.normalized_gold = Some(clip_detail(&gold.parsed.expr.to_string()));
         if squash(prediction) == squash(&gold.text) {
             return finish(
                 RewardOutcome::correct(details),
@@ -251,7 +280,7 @@ impl MathVerifier {
                 return finish(outcome, explanation, "the prediction does not parse");
             }
         };
-        explanation.normalized_prediction = Some(clip_detail(&format!("{:?}", pred.expr)));
+        explanation.normalized_prediction = Some(clip_detail(&pred.expr.to_string()));
         if self.compare_units
             && !gold.parsed.units.is_empty()
             && !pred.units.is_empty()
