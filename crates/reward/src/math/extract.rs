@@ -229,6 +229,16 @@ fn qualified_around(text: &str, start: usize, end: usize) -> bool {
         .any(|w| super::units::is_qualifier(w))
 }
 
+/// A known unit word right after a box (`$\boxed{5}$ cm`), outside any math.
+fn unit_after(rest: &str) -> Option<&str> {
+    let rest = rest.trim_start_matches(['$', ' ', '\\', ')', ']']);
+    let word_len = rest
+        .find(|c: char| !c.is_ascii_alphabetic())
+        .unwrap_or(rest.len());
+    let word = &rest[..word_len];
+    super::units::canonical_unit(word).map(|_| word)
+}
+
 /// The answer of the last box in `text` and the boxes written together with it.
 fn box_group(text: &str, found: &[Span], strict: bool) -> Option<Result<String, ExtractError>> {
     let last = found.len().checked_sub(1)?;
@@ -245,6 +255,12 @@ fn box_group(text: &str, found: &[Span], strict: bool) -> Option<Result<String, 
         .iter()
         .map(|span| clean_answer(&text[span.content.clone()]))
         .collect();
+    if first == last
+        && let Some(unit) = unit_after(&text[found[last].end..])
+    {
+        // `$\boxed{5}$ cm`: the unit written after the box is part of the answer.
+        return Some(Ok(format!("{} \\text{{ {unit}}}", parts[0])));
+    }
     if parts.iter().any(|part| part.is_empty()) {
         // An empty box among the group: no answer, whatever the others say.
         return Some(Err(ExtractError::NoAnswer));
@@ -473,11 +489,11 @@ impl Extractor {
         let operator_before = trimmed_before[..trimmed_before.len() - sign.len()]
             .chars()
             .next_back();
-        if sign.is_empty() && operator_before.is_some_and(|c| "+-*×·÷".contains(c)) {
+        if sign.is_empty() && operator_before.is_some_and(|c| "+-*×·÷/^".contains(c)) {
             return Err(ExtractError::Ambiguous("the last number is an operand"));
         }
         let next_symbol = after.trim_start().chars().next();
-        if next_symbol.is_some_and(|c| "+*×·÷=<>".contains(c)) {
+        if next_symbol.is_some_and(|c| "+*×·÷=<>/^".contains(c)) {
             return Err(ExtractError::Ambiguous("the last number is an operand"));
         }
         let words_before: Vec<String> = trimmed_before
