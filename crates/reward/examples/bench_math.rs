@@ -41,7 +41,10 @@ const MATH_PAIRS: &[(&str, &str)] = &[
     ("[0, \\infty)", "\\boxed{x \\ge 0}"),
     ("\\$12", "\\boxed{12 \\text{ dollars}}"),
     ("\\{1,2\\}", "\\boxed{2, 1}"),
-    ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\boxed{\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}}"),
+    (
+        "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+        "\\boxed{\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}}",
+    ),
     ("(p,q)=(3,2)", "Thus $(p, q) = \\boxed{(3, 2)}$."),
     ("\\tan^2 y + 1", "$\\boxed{\\sec^2 y}$"),
     ("204_5", "The quotient is $\\boxed{204_5}$."),
@@ -96,7 +99,11 @@ fn measure(verifier: &MathVerifier, pairs: &[(&str, &str)], seconds: f64) -> (f6
             calls += 1;
         }
     }
-    (calls as f64 / started.elapsed().as_secs_f64(), bytes, correct)
+    (
+        calls as f64 / started.elapsed().as_secs_f64(),
+        bytes,
+        correct,
+    )
 }
 
 fn main() {
@@ -105,7 +112,10 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(3.0);
     let verifier = MathVerifier::new(&MathConfig::default()).expect("default config");
-    for (name, pairs) in [("GSM8K-style", GSM8K_PAIRS), ("MATH-style LaTeX", MATH_PAIRS)] {
+    for (name, pairs) in [
+        ("GSM8K-style", GSM8K_PAIRS),
+        ("MATH-style LaTeX", MATH_PAIRS),
+    ] {
         let (per_second, bytes, correct) = measure(&verifier, pairs, seconds);
         println!(
             "math verifier, {name}: {per_second:.0} calls/s on one core ({:.1} us/call); {} samples, mean completion {bytes} bytes, {correct} correct",

@@ -393,7 +393,11 @@ const COMPLETIONS: &[(&str, &str, Expect)] = &[
     ("18", "The answer is: **18**", Accept),
     ("18", "<answer>\\boxed{18}</answer>", Accept),
     ("C", "The answer is C or D.", Reject),
-    ("\\frac{1}{2}", "The answer is $\\frac{1}{2}$, i.e. 0.5", Accept),
+    (
+        "\\frac{1}{2}",
+        "The answer is $\\frac{1}{2}$, i.e. 0.5",
+        Accept,
+    ),
     ("x^2+1", "\\boxed{x^2+1+0\\cdot y}", Accept),
     ("x^2+1", "\\boxed{x^2 + 1.0000001}", Reject),
     ("1", "\\boxed{\\frac{0}{0}}", Reject),

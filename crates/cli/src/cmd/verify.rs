@@ -23,11 +23,11 @@ use clap::{Args, ValueEnum};
 use rayon::prelude::*;
 use serde_json::{Map, Value};
 use stoke_reward::instructions::Constraint;
+use stoke_reward::math::Explanation;
 use stoke_reward::{
     IoCase, Reference, Reward, RewardConfig, RewardInput, RewardKind, RewardOutcome, RewardStats,
     Verifier,
 };
-use stoke_reward::math::Explanation;
 use stoke_sandbox::{IsolationLevel, Sandbox, SandboxConfigFile};
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -349,7 +349,10 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
             } else {
                 samples.iter().map(|_| None).collect()
             };
-            (samples, outcomes.into_iter().zip(explanations).collect::<Vec<_>>())
+            (
+                samples,
+                outcomes.into_iter().zip(explanations).collect::<Vec<_>>(),
+            )
         });
         for (sample, (outcome, explanation)) in samples.into_iter().zip(outcomes) {
             stats.record(&outcome);

@@ -120,7 +120,10 @@ mod tests {
         let show = |text: &str| parse_answer(text).unwrap().to_string();
         assert_eq!(show("\\frac{1}{2}"), "(1 / 2)");
         assert_eq!(show("[0, \\infty)"), "[0, inf)");
-        assert_eq!(show("\\begin{pmatrix}1 & 2\\\\3 & 4\\end{pmatrix}"), "matrix[1, 2; 3, 4]");
+        assert_eq!(
+            show("\\begin{pmatrix}1 & 2\\\\3 & 4\\end{pmatrix}"),
+            "matrix[1, 2; 3, 4]"
+        );
         assert_eq!(show("1:15"), "1:15 (time)");
     }
 }

@@ -157,6 +157,15 @@ fn decimal_comma(text: &str) -> Option<String> {
         .then(|| format!("{whole}.{fraction}"))
 }
 
+/// The normalized form printed by `--explain`: the parse, then its units if any.
+fn normalized(parsed: &Parsed) -> String {
+    if parsed.units.is_empty() {
+        parsed.expr.to_string()
+    } else {
+        format!("{} [{}]", parsed.expr, parsed.units.join(" "))
+    }
+}
+
 /// A gold answer as read: its text and its parse.
 struct Gold {
     text: String,
@@ -259,8 +268,9 @@ impl MathVerifier {
         };
         details.gold = Some(clip_detail(&gold.text));
         explanation.gold = Some(clip_detail(&gold.text));
-        explanation.normalized_gold = Some(clip_detail(&gold.parsed.expr.to_string()));
+        explanation.normalized_gold = Some(clip_detail(&normalized(&gold.parsed)));
         if squash(prediction) == squash(&gold.text) {
+            explanation.normalized_prediction = explanation.normalized_gold.clone();
             return finish(
                 RewardOutcome::correct(details),
                 explanation,
@@ -280,7 +290,7 @@ impl MathVerifier {
                 return finish(outcome, explanation, "the prediction does not parse");
             }
         };
-        explanation.normalized_prediction = Some(clip_detail(&pred.expr.to_string()));
+        explanation.normalized_prediction = Some(clip_detail(&normalized(&pred)));
         if self.compare_units
             && !gold.parsed.units.is_empty()
             && !pred.units.is_empty()

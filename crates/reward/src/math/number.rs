@@ -34,9 +34,9 @@ fn run_of_digits(bytes: &[u8], from: usize) -> usize {
 /// Length of a thousands separator at `pos` followed by a three-digit group, else 0.
 fn separator(text: &str, pos: usize) -> (usize, bool) {
     let rest = &text[pos..];
-    let (len, decimal_capable) = if rest.starts_with(",\\!") {
+    let (len, decimal_capable) = if let Some(after) = rest.strip_prefix(",\\!") {
         // `10,\!000`, with optional spaces after (`11,\! 111`).
-        let spaces = rest[3..].len() - rest[3..].trim_start_matches(' ').len();
+        let spaces = after.len() - after.trim_start_matches(' ').len();
         (3 + spaces, false)
     } else if let Some(brace) = ["{,}", "{, }"]
         .into_iter()

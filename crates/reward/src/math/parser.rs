@@ -356,7 +356,10 @@ impl Parser {
                 }
                 _ if self.starts_primary() => {
                     if matches!(self.peek(), Some(Token::Num(_)))
-                        && matches!(self.tokens.get(self.pos.wrapping_sub(1)), Some(Token::Num(_)))
+                        && matches!(
+                            self.tokens.get(self.pos.wrapping_sub(1)),
+                            Some(Token::Num(_))
+                        )
                     {
                         // `2 3` is two numbers, not their product 6: ambiguous, never a guess.
                         return err("two numbers side by side");

@@ -116,13 +116,12 @@ fn words(content: &str) -> usize {
             while index < bytes.len() && bytes[index].is_ascii_alphabetic() {
                 index += 1;
             }
-            if bytes[..index].ends_with(b"text") || bytes[..index].ends_with(b"mbox") {
-                if let Some(end) = (bytes.get(index) == Some(&b'{'))
+            if (bytes[..index].ends_with(b"text") || bytes[..index].ends_with(b"mbox"))
+                && let Some(end) = (bytes.get(index) == Some(&b'{'))
                     .then(|| group_end(bytes, index))
                     .flatten()
-                {
-                    index = end;
-                }
+            {
+                index = end;
             }
             continue;
         }
