@@ -365,6 +365,8 @@ impl<'a> Lexer<'a> {
                 self.subscript(&mut name);
                 Token::Ident(name)
             }
+            // `No` is the word; `NO` stays two variables (`\frac{NO}{BO}`).
+            "no" if word != "NO" => Token::Text(lower),
             _ if word.len() == 2
                 && !UNIT_WORDS_SHORT.contains(&lower.as_str())
                 && !FILLER_WORDS_SHORT.contains(&lower.as_str()) =>

@@ -269,7 +269,10 @@ pub fn sentence_end(text: &str) -> usize {
             b'\n' if depth == 0 && index > 0 => return index,
             b'.' | b'!' | b'?' if depth == 0 => {
                 let next = bytes.get(index + 1);
-                if next.is_none_or(|b| b.is_ascii_whitespace()) {
+                // `4! = 24` is a factorial, not an exclamation.
+                let factorial =
+                    bytes[index] == b'!' && index > 0 && !bytes[index - 1].is_ascii_alphabetic();
+                if next.is_none_or(|b| b.is_ascii_whitespace()) && !factorial {
                     return index;
                 }
             }
