@@ -386,6 +386,9 @@ const COMPLETIONS: &[(&str, &str, Expect)] = &[
     ("e^2", "\\boxed{7.389}", Reject),
     ("-\\infty", "\\boxed{\\infty}", Reject),
     ("4", "The answer is 3. \\boxed{4}", Accept),
+    ("-3", "The solutions are x = 3 and x = -3.", Ambiguous),
+    ("5", "She has 3 cats and 2 dogs, so 5 pets.", Accept),
+    ("12", "The sum of 5 and 7 is 12.", Accept),
     // Reward hacking
     ("2", "\\boxed{2, 3, 4, 5}", Reject),
     ("2", "\\boxed{2} or \\boxed{3}", Reject),

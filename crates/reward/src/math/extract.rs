@@ -37,6 +37,8 @@ pub const MAX_ANSWER_BYTES: usize = 2000;
 const MAX_PLAIN_ANSWER_BYTES: usize = 64;
 /// Most text between two boxes that still joins them into one answer.
 const MAX_BOX_GAP_BYTES: usize = 160;
+/// Most text between two plain numbers joined by "and"/"or" (`x = 3 and x = -3`).
+const MAX_JOINED_GAP_BYTES: usize = 16;
 /// Most words between two joined boxes (`\boxed{1} papers and \boxed{2} bins`).
 const MAX_BOX_GAP_WORDS: usize = 6;
 
@@ -433,18 +435,29 @@ impl Extractor {
 
     /// The last standalone number outside math spans, with a following magnitude or unit word.
     fn last_number(&self, text: &str, spans: &[Span]) -> Result<String, ExtractError> {
-        let Some(found) = self
-            .number
-            .find_iter(text)
-            .filter(|m| {
-                !spans
-                    .iter()
-                    .any(|s| s.start <= m.start() && m.start() < s.end)
-            })
-            .last()
-        else {
+        let outside = self.number.find_iter(text).filter(|m| {
+            !spans
+                .iter()
+                .any(|s| s.start <= m.start() && m.start() < s.end)
+        });
+        let mut previous = None;
+        let mut last = None;
+        for found in outside {
+            previous = last.replace(found);
+        }
+        let Some(found) = last else {
             return Err(ExtractError::NoAnswer);
         };
+        if let Some(previous) = previous {
+            // `x = 3 and x = -3`, `3, 4 or 5`: the last of several values joined by and/or.
+            let gap = text[previous.end()..found.start()].to_ascii_lowercase();
+            if gap.len() <= MAX_JOINED_GAP_BYTES
+                && !gap.contains(['.', '\n'])
+                && (gap.contains(" and ") || gap.contains(" or "))
+            {
+                return Err(ExtractError::Ambiguous("the last number is one of several"));
+            }
+        }
         let (start, end) = (found.start(), found.end());
         let number = found.as_str().trim_end_matches(',');
         let end = end - (found.as_str().len() - number.len());
