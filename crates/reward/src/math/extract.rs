@@ -37,6 +37,9 @@ pub const MAX_ANSWER_BYTES: usize = 2000;
 const MAX_PLAIN_ANSWER_BYTES: usize = 64;
 /// Most text between two boxes that still joins them into one answer.
 const MAX_BOX_GAP_BYTES: usize = 160;
+/// The second-to-last and last numbers of a text outside math spans.
+type LastNumbers<'t> = (Option<regex::Match<'t>>, Option<regex::Match<'t>>);
+
 /// Most text between two plain numbers joined by "and"/"or" (`x = 3 and x = -3`).
 const MAX_JOINED_GAP_BYTES: usize = 16;
 /// Most words between two joined boxes (`\boxed{1} papers and \boxed{2} bins`).
@@ -274,11 +277,12 @@ impl Extractor {
     pub fn new() -> Self {
         Self {
             // Fixed patterns: a failure to compile is a programming error caught by every test.
+            // ASCII classes and word boundaries keep both patterns on the regex crate's DFA.
             statement: Regex::new(
-                r"(?i)(?:\bfinal\s+answer\b(?:\s*\*{0,2}\s*(?:is\b|:|=))?|\bthe\s+answers?\s+(?:is|are)\b:?|\banswers?\s*\*{0,2}\s*(?::|=)|\banswer\s+(?:is|are)\b:?|\banswer\b\s*(?:\$|\\\(|\\\[)|####)",
+                r"(?i-u)(?:\bfinal\s+answer\b(?:\s*\*{0,2}\s*(?:is\b|:|=))?|\bthe\s+answers?\s+(?:is|are)\b:?|\banswers?\s*\*{0,2}\s*(?::|=)|\banswer\s+(?:is|are)\b:?|\banswer\b\s*(?:\$|\\\(|\\\[)|####)",
             )
             .expect("static statement regex compiles"),
-            number: Regex::new(r"\d(?:[\d,]|\{,\})*(?:\.\d+)?(?:/\d+(?:\.\d+)?)?|\.\d+").expect("static number regex compiles"),
+            number: Regex::new(r"[0-9](?:[0-9,]|\{,\})*(?:\.[0-9]+)?(?:/[0-9]+(?:\.[0-9]+)?)?|\.[0-9]+").expect("static number regex compiles"),
         }
     }
 
@@ -341,7 +345,8 @@ impl Extractor {
             });
         }
         let spans = math_spans(text);
-        let plain_number = self.last_number_match(text, &spans);
+        let numbers = self.last_numbers(text, &spans);
+        let plain_number = numbers.1.map(|m| m.start());
         if let Some(span) = spans.last()
             && plain_number.is_none_or(|start| start < span.end)
         {
@@ -365,7 +370,7 @@ impl Extractor {
                 source: AnswerSource::WholeText,
             });
         }
-        self.last_number(text, &spans).map(|answer| Extraction {
+        self.last_number(text, numbers).map(|answer| Extraction {
             answer,
             source: AnswerSource::LastNumber,
         })
@@ -407,44 +412,38 @@ impl Extractor {
             }
         }
         let spans = math_spans(whole);
-        let plain_number = self.last_number_match(whole, &spans);
+        let numbers = self.last_numbers(whole, &spans);
+        let plain_number = numbers.1.map(|m| m.start());
         if let Some(span) = spans.last()
             && plain_number.is_none_or(|start| start < span.end)
         {
             return statement(whole[span.content.clone()].to_string());
         }
-        match self.last_number(whole, &spans) {
+        match self.last_number(whole, numbers) {
             Ok(answer) => statement(answer),
             Err(ExtractError::NoAnswer) => statement(plain.to_string()),
             Err(error) => Some(Err(error)),
         }
     }
 
-    /// Start of the last number outside math spans (for ordering against the last span).
-    fn last_number_match(&self, text: &str, spans: &[Span]) -> Option<usize> {
-        self.number
-            .find_iter(text)
-            .filter(|m| {
-                !spans
-                    .iter()
-                    .any(|s| s.start <= m.start() && m.start() < s.end)
-            })
-            .last()
-            .map(|m| m.start())
+    /// The last two numbers outside math spans (one regex pass).
+    fn last_numbers<'t>(&self, text: &'t str, spans: &[Span]) -> LastNumbers<'t> {
+        let mut previous = None;
+        let mut last = None;
+        for found in self.number.find_iter(text) {
+            if !spans
+                .iter()
+                .any(|s| s.start <= found.start() && found.start() < s.end)
+            {
+                previous = last.replace(found);
+            }
+        }
+        (previous, last)
     }
 
     /// The last standalone number outside math spans, with a following magnitude or unit word.
-    fn last_number(&self, text: &str, spans: &[Span]) -> Result<String, ExtractError> {
-        let outside = self.number.find_iter(text).filter(|m| {
-            !spans
-                .iter()
-                .any(|s| s.start <= m.start() && m.start() < s.end)
-        });
-        let mut previous = None;
-        let mut last = None;
-        for found in outside {
-            previous = last.replace(found);
-        }
+    fn last_number(&self, text: &str, numbers: LastNumbers<'_>) -> Result<String, ExtractError> {
+        let (previous, last) = numbers;
         let Some(found) = last else {
             return Err(ExtractError::NoAnswer);
         };

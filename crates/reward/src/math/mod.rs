@@ -230,14 +230,17 @@ impl MathVerifier {
 
     /// Decides whether `prediction` (an already-extracted answer) matches `gold` (raw gold text).
     pub fn judge(&self, prompt: &str, gold_raw: &str, prediction: &str) -> RewardOutcome {
-        self.judge_explained(prompt, gold_raw, prediction).0
+        self.judge_explained(prompt, gold_raw, prediction, false).0
     }
 
+    /// Judges an extracted answer; the normalized forms are printed only when `explain` is set
+    /// (formatting them costs as much as the comparison).
     fn judge_explained(
         &self,
         prompt: &str,
         gold_raw: &str,
         prediction: &str,
+        explain: bool,
     ) -> (RewardOutcome, Explanation) {
         let prediction = clean_answer(prediction);
         let mut explanation = Explanation {
@@ -268,7 +271,9 @@ impl MathVerifier {
         };
         details.gold = Some(clip_detail(&gold.text));
         explanation.gold = Some(clip_detail(&gold.text));
-        explanation.normalized_gold = Some(clip_detail(&normalized(&gold.parsed)));
+        if explain {
+            explanation.normalized_gold = Some(clip_detail(&normalized(&gold.parsed)));
+        }
         if squash(prediction) == squash(&gold.text) {
             explanation.normalized_prediction = explanation.normalized_gold.clone();
             return finish(
@@ -290,7 +295,9 @@ impl MathVerifier {
                 return finish(outcome, explanation, "the prediction does not parse");
             }
         };
-        explanation.normalized_prediction = Some(clip_detail(&normalized(&pred)));
+        if explain {
+            explanation.normalized_prediction = Some(clip_detail(&normalized(&pred)));
+        }
         if self.compare_units
             && !gold.parsed.units.is_empty()
             && !pred.units.is_empty()
@@ -321,6 +328,14 @@ impl MathVerifier {
 
     /// Scores a completion and explains the decision (`stoke verify --explain`).
     pub fn explain(&self, input: &RewardInput<'_>) -> (RewardOutcome, Explanation) {
+        self.score_explained(input, true)
+    }
+
+    fn score_explained(
+        &self,
+        input: &RewardInput<'_>,
+        explain: bool,
+    ) -> (RewardOutcome, Explanation) {
         let unexplained = |outcome: RewardOutcome, rule: String| {
             let explanation = Explanation {
                 extracted: None,
@@ -369,7 +384,7 @@ impl MathVerifier {
             return unexplained(outcome, "format: answer source not accepted".into());
         }
         let (outcome, mut explanation) =
-            self.judge_explained(input.prompt, gold_raw, &found.answer);
+            self.judge_explained(input.prompt, gold_raw, &found.answer, explain);
         explanation.source = Some(format!("{:?}", found.source));
         (outcome, explanation)
     }
@@ -377,6 +392,6 @@ impl MathVerifier {
 
 impl Verifier for MathVerifier {
     fn score(&self, input: &RewardInput<'_>) -> RewardOutcome {
-        self.explain(input).0
+        self.score_explained(input, false).0
     }
 }
