@@ -29,6 +29,7 @@
 use regex::Regex;
 
 use super::parser::parse_answer;
+use super::plain::{last_number, last_numbers};
 use super::spans::{Span, boxes, math_spans, sentence_end, strip_delimiters};
 
 /// Longest extracted answer accepted.
@@ -37,11 +38,6 @@ pub const MAX_ANSWER_BYTES: usize = 2000;
 const MAX_PLAIN_ANSWER_BYTES: usize = 64;
 /// Most text between two boxes that still joins them into one answer.
 const MAX_BOX_GAP_BYTES: usize = 160;
-/// The second-to-last and last numbers of a text outside math spans.
-type LastNumbers<'t> = (Option<regex::Match<'t>>, Option<regex::Match<'t>>);
-
-/// Most text between two plain numbers joined by "and"/"or" (`x = 3 and x = -3`).
-const MAX_JOINED_GAP_BYTES: usize = 16;
 /// Most words between two joined boxes (`\boxed{1} papers and \boxed{2} bins`).
 const MAX_BOX_GAP_WORDS: usize = 6;
 
@@ -92,12 +88,6 @@ impl std::fmt::Display for ExtractError {
         }
     }
 }
-
-/// Words that, just before a number, make it part of a list or range ("2 or 3", "5 to 7");
-/// `units::is_qualifier` words ("at least", "not") disqualify it too.
-const CONNECTIVES: &[&str] = &["or", "and", "to", "no"];
-/// Words after a number that make it part of a larger answer ("5 thousand", "2 or 3").
-const MAGNITUDES: &[&str] = &["hundred", "thousand", "million", "billion", "trillion"];
 
 /// The phrase patterns, compiled once per verifier.
 #[derive(Debug, Clone)]
@@ -345,7 +335,7 @@ impl Extractor {
             });
         }
         let spans = math_spans(text);
-        let numbers = self.last_numbers(text, &spans);
+        let numbers = last_numbers(&self.number, text, &spans);
         let plain_number = numbers.1.map(|m| m.start());
         if let Some(span) = spans.last()
             && plain_number.is_none_or(|start| start < span.end)
@@ -370,7 +360,7 @@ impl Extractor {
                 source: AnswerSource::WholeText,
             });
         }
-        self.last_number(text, numbers).map(|answer| Extraction {
+        last_number(text, numbers).map(|answer| Extraction {
             answer,
             source: AnswerSource::LastNumber,
         })
@@ -412,131 +402,18 @@ impl Extractor {
             }
         }
         let spans = math_spans(whole);
-        let numbers = self.last_numbers(whole, &spans);
+        let numbers = last_numbers(&self.number, whole, &spans);
         let plain_number = numbers.1.map(|m| m.start());
         if let Some(span) = spans.last()
             && plain_number.is_none_or(|start| start < span.end)
         {
             return statement(whole[span.content.clone()].to_string());
         }
-        match self.last_number(whole, numbers) {
+        match last_number(whole, numbers) {
             Ok(answer) => statement(answer),
             Err(ExtractError::NoAnswer) => statement(plain.to_string()),
             Err(error) => Some(Err(error)),
         }
-    }
-
-    /// The last two numbers outside math spans (one regex pass).
-    fn last_numbers<'t>(&self, text: &'t str, spans: &[Span]) -> LastNumbers<'t> {
-        let mut previous = None;
-        let mut last = None;
-        for found in self.number.find_iter(text) {
-            if !spans
-                .iter()
-                .any(|s| s.start <= found.start() && found.start() < s.end)
-            {
-                previous = last.replace(found);
-            }
-        }
-        (previous, last)
-    }
-
-    /// The last standalone number outside math spans, with a following magnitude or unit word.
-    fn last_number(&self, text: &str, numbers: LastNumbers<'_>) -> Result<String, ExtractError> {
-        let (previous, last) = numbers;
-        let Some(found) = last else {
-            return Err(ExtractError::NoAnswer);
-        };
-        if let Some(previous) = previous {
-            // `x = 3 and x = -3`, `3, 4 or 5`: the last of several values joined by and/or.
-            let gap = text[previous.end()..found.start()].to_ascii_lowercase();
-            if gap.len() <= MAX_JOINED_GAP_BYTES
-                && !gap.contains(['.', '\n'])
-                && (gap.contains(" and ") || gap.contains(" or "))
-            {
-                return Err(ExtractError::Ambiguous("the last number is one of several"));
-            }
-        }
-        let (start, end) = (found.start(), found.end());
-        let number = found.as_str().trim_end_matches(',');
-        let end = end - (found.as_str().len() - number.len());
-        let before = &text[..start];
-        let after = &text[end..];
-        let prev = before.chars().next_back();
-        if prev.is_some_and(|c| c.is_alphanumeric() || "_^\\{}/.'".contains(c)) {
-            return Err(ExtractError::Ambiguous(
-                "the last number is part of a larger expression",
-            ));
-        }
-        let next = after.chars().next();
-        if next.is_some_and(|c| "^_/{".contains(c)) {
-            return Err(ExtractError::Ambiguous(
-                "the last number is part of a larger expression",
-            ));
-        }
-        let next_word: String = after
-            .trim_start()
-            .chars()
-            .take_while(|c| c.is_alphabetic())
-            .collect::<String>()
-            .to_lowercase();
-        if next.is_some_and(char::is_alphabetic) && !super::units::is_unit_word(&next_word) {
-            return Err(ExtractError::Ambiguous("the last number is part of a word"));
-        }
-        let trimmed_before = before.trim_end();
-        let sign = if trimmed_before.len() == before.len() && before.ends_with('-') {
-            "-"
-        } else {
-            ""
-        };
-        let before_sign = before[..before.len() - sign.len()].chars().next_back();
-        if !sign.is_empty() && before_sign.is_some_and(char::is_alphanumeric) {
-            return Err(ExtractError::Ambiguous("the last number is an operand"));
-        }
-        if trimmed_before.ends_with(['~', '≈']) {
-            return Err(ExtractError::Ambiguous(
-                "the last number is qualified or hedged",
-            ));
-        }
-        let operator_before = trimmed_before[..trimmed_before.len() - sign.len()]
-            .chars()
-            .next_back();
-        if sign.is_empty() && operator_before.is_some_and(|c| "+-*×·÷/^".contains(c)) {
-            return Err(ExtractError::Ambiguous("the last number is an operand"));
-        }
-        let next_symbol = after.trim_start().chars().next();
-        if next_symbol.is_some_and(|c| "+*×·÷=<>/^".contains(c)) {
-            return Err(ExtractError::Ambiguous("the last number is an operand"));
-        }
-        let words_before: Vec<String> = trimmed_before
-            .rsplit(|c: char| c.is_whitespace())
-            .take(2)
-            .map(|w| {
-                w.trim_matches(|c: char| !c.is_alphanumeric() && c != '\'')
-                    .to_lowercase()
-            })
-            .collect();
-        if words_before
-            .iter()
-            .any(|w| super::units::is_qualifier(w) || CONNECTIVES.contains(&w.as_str()))
-            || next_word == "or"
-            || next_word == "and"
-        {
-            return Err(ExtractError::Ambiguous(
-                "the last number is qualified or hedged",
-            ));
-        }
-        let mut answer = format!("{sign}{number}");
-        if after.starts_with('%') {
-            answer.push('%');
-        } else if MAGNITUDES.contains(&next_word.as_str())
-            || next_word == "percent"
-            || super::units::canonical_unit(&next_word).is_some()
-        {
-            answer.push(' ');
-            answer.push_str(&next_word);
-        }
-        Ok(answer)
     }
 }
 

@@ -2,7 +2,7 @@
 //! possible, whether it equals the gold answer.
 //!
 //! Pipeline: `extract.rs` locates the answer (with `spans.rs` finding boxes, math spans and
-//! sentence ends); `lexer.rs` (numbers in `number.rs`, units in `units.rs`) and `parser.rs`
+//! sentence ends, and `plain.rs` judging a plain-text last number); `lexer.rs` (numbers in `number.rs`, units in `units.rs`) and `parser.rs`
 //! turn LaTeX or plain text into an `Expr` (`expr.rs`); `relation.rs` reduces labels, chains
 //! and inequalities to canonical values, `matrix.rs` reduces matrix arithmetic, and
 //! `compare.rs` decides equivalence and names the rule (`display.rs` prints both sides for
@@ -77,6 +77,7 @@ pub mod lexer;
 pub mod matrix;
 pub mod number;
 pub mod parser;
+pub mod plain;
 pub mod relation;
 pub mod spans;
 pub mod units;
