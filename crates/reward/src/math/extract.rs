@@ -411,7 +411,8 @@ impl Extractor {
         }
         match last_number(whole, numbers) {
             Ok(answer) => statement(answer),
-            Err(ExtractError::NoAnswer) => statement(plain.to_string()),
+            // Prose with no value ("Answer: let us compute"): look further on.
+            Err(ExtractError::NoAnswer) => None,
             Err(error) => Some(Err(error)),
         }
     }
