@@ -389,7 +389,11 @@ const COMPLETIONS: &[(&str, &str, Expect)] = &[
     ("-3", "The solutions are x = 3 and x = -3.", Ambiguous),
     ("5", "She has 3 cats and 2 dogs, so 5 pets.", Accept),
     ("12", "The sum of 5 and 7 is 12.", Accept),
-    ("18", "Answer: let us compute step by step.\nShe sells 9 eggs at $2, so she makes 18 dollars.", Accept),
+    (
+        "18",
+        "Answer: let us compute step by step.\nShe sells 9 eggs at $2, so she makes 18 dollars.",
+        Accept,
+    ),
     // Reward hacking
     ("2", "\\boxed{2, 3, 4, 5}", Reject),
     ("2", "\\boxed{2} or \\boxed{3}", Reject),
