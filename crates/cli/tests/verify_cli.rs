@@ -63,6 +63,38 @@ fn math_lines_get_reward_outcome_and_details_and_keep_their_fields() {
 }
 
 #[test]
+fn explain_prints_extraction_normalized_forms_and_rule_per_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = concat!(
+        r#"{"completion": "so $\\boxed{\\dfrac{14}{3}}$.", "answer": "\\frac{14}{3}"}"#,
+        "\n",
+        r#"{"completion": "The answer is at least 12.", "answer": "12"}"#,
+        "\n",
+    );
+    let (output, lines) = verify(dir.path(), input, &["--reward", "math", "--explain"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(lines[0]["explain"]["source"], "Boxed");
+    assert_eq!(lines[0]["explain"]["normalized_prediction"], "(14 / 3)");
+    assert_eq!(lines[0]["explain"]["rule"], "exact rational");
+    assert_eq!(lines[1]["outcome"], "unparseable_prediction");
+    assert!(
+        stderr.contains("in.jsonl:1: correct | extracted \\dfrac{14}{3} (from Boxed)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("in.jsonl:2: unparseable_prediction"),
+        "{stderr}"
+    );
+    let (output, _) = verify(dir.path(), input, &["--reward", "exact_match", "--explain"]);
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr)
+            .contains("--explain is available for --reward math only")
+    );
+}
+
+#[test]
 fn malformed_lines_are_reported_with_line_numbers_and_skipped() {
     let dir = tempfile::tempdir().unwrap();
     let input = concat!(

@@ -113,14 +113,14 @@ impl ExactMatchVerifier {
     }
 
     /// The part of the completion to compare.
-    fn answer_text<'t>(&self, completion: &'t str) -> &'t str {
+    fn answer_text(&self, completion: &str) -> String {
         if self.extract_answer
-            && let Some((answer, source)) = self.extractor.extract(completion)
-            && source != AnswerSource::LastNumber
+            && let Ok(found) = self.extractor.extract(completion)
+            && found.source != AnswerSource::LastNumber
         {
-            return answer;
+            return found.answer;
         }
-        completion.trim()
+        completion.trim().to_string()
     }
 
     fn letter(&self, text: &str) -> Option<String> {
@@ -128,17 +128,20 @@ impl ExactMatchVerifier {
         captures.get(1).map(|m| m.as_str().to_string())
     }
 
-    fn gsm8k_prediction<'t>(&self, completion: &'t str) -> Option<&'t str> {
+    fn gsm8k_prediction(&self, completion: &str) -> Option<String> {
         if let Some(hashes) = completion.rfind("####") {
             let line = completion[hashes + 4..].lines().next().unwrap_or("");
-            return self.number.find(line).map(|m| m.as_str());
+            return self.number.find(line).map(|m| m.as_str().to_string());
         }
-        if let Some((answer, _)) = self.extractor.extract(completion)
-            && let Some(found) = self.number.find(answer)
+        if let Ok(found) = self.extractor.extract(completion)
+            && let Some(number) = self.number.find(&found.answer)
         {
-            return Some(found.as_str());
+            return Some(number.as_str().to_string());
         }
-        self.number.find_iter(completion).last().map(|m| m.as_str())
+        self.number
+            .find_iter(completion)
+            .last()
+            .map(|m| m.as_str().to_string())
     }
 }
 
@@ -168,7 +171,7 @@ impl Verifier for ExactMatchVerifier {
                 if gold.is_empty() {
                     return unparseable_gold("gold answer is empty");
                 }
-                let prediction = normalize_text(self.answer_text(input.completion));
+                let prediction = normalize_text(&self.answer_text(input.completion));
                 let equal = prediction == gold;
                 (gold, Some(prediction), equal)
             }
@@ -187,17 +190,20 @@ impl Verifier for ExactMatchVerifier {
                     self.gsm8k_prediction(input.completion)
                 } else {
                     let answer = self.answer_text(input.completion);
-                    self.number.find_iter(answer).last().map(|m| m.as_str())
+                    self.number
+                        .find_iter(&answer)
+                        .last()
+                        .map(|m| m.as_str().to_string())
                 };
-                let prediction = prediction_text.and_then(parse_decimal);
+                let prediction = prediction_text.as_deref().and_then(parse_decimal);
                 let equal = prediction.as_ref() == Some(&gold);
-                (gold.to_string(), prediction_text.map(str::to_string), equal)
+                (gold.to_string(), prediction_text, equal)
             }
             MatchMode::Choice => {
                 let Some(gold) = self.letter(clean_answer(gold_raw)) else {
                     return unparseable_gold("gold answer is not a letter A-J");
                 };
-                let prediction = self.letter(self.answer_text(input.completion));
+                let prediction = self.letter(&self.answer_text(input.completion));
                 let equal = prediction.as_deref() == Some(gold.as_str());
                 (gold, prediction, equal)
             }

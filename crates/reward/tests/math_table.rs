@@ -563,14 +563,20 @@ fn invalid_config_values_name_their_field() {
 }
 
 #[test]
-fn several_boxed_answers_take_the_last_and_hedging_does_not_pay() {
-    // The last box is the answer: boxing every candidate scores only when the last is right.
+fn several_boxed_answers_form_a_list_and_hedging_does_not_pay() {
+    // Boxes written together are one list answer (issue 12): boxing every candidate never
+    // matches a scalar gold, whichever box is right.
     assert_eq!(
         score("3", "\\boxed{3} or \\boxed{4}", ""),
         (0.0, Outcome::Wrong)
     );
     assert_eq!(
         score("4", "\\boxed{3} or \\boxed{4}", ""),
+        (0.0, Outcome::Wrong)
+    );
+    // A box revised in a later sentence: the last one counts.
+    assert_eq!(
+        score("4", "\\boxed{3}. Wait, I made an error. \\boxed{4}", ""),
         (1.0, Outcome::Correct)
     );
     // An empty last box is no answer, even after a right one.

@@ -23,6 +23,7 @@ use clap::{Args, ValueEnum};
 use rayon::prelude::*;
 use serde_json::{Map, Value};
 use stoke_reward::instructions::Constraint;
+use stoke_reward::math::Explanation;
 use stoke_reward::{
     IoCase, Reference, Reward, RewardConfig, RewardInput, RewardKind, RewardOutcome, RewardStats,
     Verifier,
@@ -63,10 +64,16 @@ pub struct VerifyArgs {
     /// Field whose value groups samples for group-level rewards.
     #[arg(long, default_value = "prompt")]
     group_by: String,
+    /// Math reward only: print, for each line, the extracted answer, where it was found, the
+    /// normalized gold and prediction and the rule that decided (stderr), and add them to the
+    /// output line as `explain`.
+    #[arg(long)]
+    explain: bool,
 }
 
 /// One parsed input line.
 struct Sample {
+    line: usize,
     object: Map<String, Value>,
     prompt: String,
     completion: String,
@@ -143,7 +150,7 @@ fn optional<T: serde::de::DeserializeOwned>(
     }
 }
 
-fn parse_line(text: &str) -> Result<Sample, String> {
+fn parse_line(line: usize, text: &str) -> Result<Sample, String> {
     let value: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
     let Value::Object(object) = value else {
         return Err("not a JSON object".into());
@@ -165,6 +172,7 @@ fn parse_line(text: &str) -> Result<Sample, String> {
         constraints: optional::<Vec<Constraint>>(&object, "constraints")?,
     };
     Ok(Sample {
+        line,
         prompt: optional(&object, "prompt")?.unwrap_or_default(),
         completion,
         reference,
@@ -240,8 +248,35 @@ fn read_chunk(
     Ok(chunk)
 }
 
+/// `--explain`: each sample's explanation, in order (math reward only).
+fn explain_samples(reward: &Reward, samples: &[Sample]) -> Vec<Option<Explanation>> {
+    match reward {
+        Reward::Math(verifier) => samples
+            .par_iter()
+            .map(|sample| Some(verifier.explain(&sample.input()).1))
+            .collect(),
+        _ => samples.iter().map(|_| None).collect(),
+    }
+}
+
+fn print_explanation(input_name: &str, line: usize, explanation: &Explanation) {
+    let show = |value: &Option<String>| value.as_deref().unwrap_or("-").replace('\n', " ");
+    eprintln!(
+        "{input_name}:{line}: {} | extracted {} (from {}) | normalized {} vs gold {} | rule: {}",
+        explanation.outcome.name(),
+        show(&explanation.extracted),
+        show(&explanation.source),
+        show(&explanation.normalized_prediction),
+        show(&explanation.normalized_gold),
+        explanation.rule
+    );
+}
+
 pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
     let kind: RewardKind = args.reward.parse()?;
+    if args.explain && kind != RewardKind::Math {
+        bail!("--explain is available for --reward math only, not {kind}");
+    }
     let config = load_reward_config(kind, args.config.as_deref())?;
     let sandbox = if config.runs_code() {
         Some(build_sandbox(&args)?)
@@ -295,7 +330,7 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
                 .map(|(line, bytes)| {
                     let text =
                         String::from_utf8(bytes).map_err(|_| (line, "not UTF-8".to_string()))?;
-                    parse_line(&text).map_err(|e| (line, e))
+                    parse_line(line, &text).map_err(|e| (line, e))
                 })
                 .collect();
             let mut samples = Vec::with_capacity(parsed.len());
@@ -309,11 +344,23 @@ pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
                 }
             }
             let outcomes = score_samples(&reward, &samples, &args.group_by);
-            (samples, outcomes)
+            let explanations = if args.explain {
+                explain_samples(&reward, &samples)
+            } else {
+                samples.iter().map(|_| None).collect()
+            };
+            (
+                samples,
+                outcomes.into_iter().zip(explanations).collect::<Vec<_>>(),
+            )
         });
-        for (sample, outcome) in samples.into_iter().zip(outcomes) {
+        for (sample, (outcome, explanation)) in samples.into_iter().zip(outcomes) {
             stats.record(&outcome);
             let mut object = sample.object;
+            if let Some(explanation) = explanation {
+                print_explanation(&input_name, sample.line, &explanation);
+                object.insert("explain".into(), serde_json::to_value(&explanation)?);
+            }
             object.insert("reward".into(), Value::from(outcome.score));
             object.insert("outcome".into(), Value::from(outcome.outcome.name()));
             object.insert("details".into(), serde_json::to_value(&outcome.details)?);

@@ -16,6 +16,8 @@
 use num_rational::BigRational;
 
 use super::expr::{Bindings, Bracket, Expr, Func, NoBindings, RelOp};
+use super::matrix::{involves_matrix, reduce, vector_entries};
+use super::relation::{canonical, is_labeled_equation};
 
 /// How close two irrational values must be (relative), and how many sample points decide
 /// symbolic equivalence.
@@ -146,6 +148,12 @@ fn compare_at(
     if rational_form(gold) && rational_form(pred) {
         return PointVerdict::Undefined;
     }
+    // An irrational gold (`\sqrt{2}`, `\pi`) is never matched by a rational number
+    // (`1.41421356`, `\frac{99}{70}`): a close approximation is not the exact answer. The
+    // converse stays: a gold decimal (`4.1231056`) accepts the exact `\sqrt{17}` it rounds.
+    if gold.eval_exact(vars).is_none() && rational_form(pred) && pred.eval_exact(vars).is_some() {
+        return PointVerdict::Different;
+    }
     let (a, b) = (gold.eval_f64(vars), pred.eval_f64(vars));
     // Overflow to infinity says nothing about equality (`10^{10^{10}}` vs `10^{10^9}`); only
     // a written `\infty` (an interval end) is a value.
@@ -203,87 +211,27 @@ fn scalar_equivalent(gold: &Expr, pred: &Expr, tolerance: &Tolerance) -> bool {
     }
 }
 
-fn is_open(op: RelOp) -> Option<bool> {
-    match op {
-        RelOp::Less | RelOp::Greater => Some(true),
-        RelOp::LessEq | RelOp::GreaterEq => Some(false),
-        _ => None,
-    }
-}
-
-fn bracket(open: bool) -> Bracket {
-    if open {
-        Bracket::Round
-    } else {
-        Bracket::Square
-    }
-}
-
-fn interval(lo: Expr, lo_open: bool, hi: Expr, hi_open: bool) -> Expr {
-    Expr::Tuple(vec![lo, hi], bracket(lo_open), bracket(hi_open))
-}
-
-fn negative_infinity() -> Expr {
-    Expr::Neg(Box::new(Expr::Infinity))
-}
-
-/// An inequality in one variable as an interval, when it is one.
-fn inequality_interval(operands: &[Expr], ops: &[RelOp]) -> Option<Expr> {
-    let is_var = |e: &Expr| matches!(e, Expr::Var(_));
-    match (operands, ops) {
-        ([a, x, b], [op1, op2]) if is_var(x) => {
-            let (open1, open2) = (is_open(*op1)?, is_open(*op2)?);
-            let ascending = matches!(op1, RelOp::Less | RelOp::LessEq)
-                && matches!(op2, RelOp::Less | RelOp::LessEq);
-            let descending = matches!(op1, RelOp::Greater | RelOp::GreaterEq)
-                && matches!(op2, RelOp::Greater | RelOp::GreaterEq);
-            if ascending {
-                Some(interval(a.clone(), open1, b.clone(), open2))
-            } else if descending {
-                Some(interval(b.clone(), open2, a.clone(), open1))
-            } else {
-                None
-            }
+/// The items without repeats: `(3,17,3,7)` listed twice is one solution.
+fn distinct<'e>(items: &'e [Expr], tolerance: &Tolerance) -> Vec<&'e Expr> {
+    let mut kept: Vec<&Expr> = Vec::new();
+    for item in items.iter().take(MAX_ITEMS + 1) {
+        if !kept
+            .iter()
+            .any(|seen| structurally_equal(seen, item, tolerance))
+        {
+            kept.push(item);
         }
-        ([x, a], [op]) | ([a, x], [op]) if is_var(x) => {
-            let open = is_open(*op)?;
-            let var_first = is_var(&operands[0]) && !is_var(&operands[1]);
-            // Read as `x op a`; `a op x` flips the direction.
-            let upper = matches!(op, RelOp::Less | RelOp::LessEq) == var_first;
-            Some(if upper {
-                interval(negative_infinity(), true, a.clone(), open)
-            } else {
-                interval(a.clone(), open, Expr::Infinity, true)
-            })
-        }
-        _ => None,
     }
-}
-
-/// Reduces equations with a variable on one side to the other side, inequalities to intervals
-/// and `x \in S` to `S`, recursively through lists and sets.
-pub fn canonical(expr: &Expr) -> Expr {
-    match expr {
-        Expr::Relation(operands, ops) => {
-            if let ([Expr::Var(_), value], [RelOp::Eq | RelOp::In]) = (&operands[..], &ops[..]) {
-                return canonical(value);
-            }
-            if let ([value, Expr::Var(_)], [RelOp::Eq]) = (&operands[..], &ops[..]) {
-                return canonical(value);
-            }
-            inequality_interval(operands, ops).unwrap_or_else(|| expr.clone())
-        }
-        Expr::List(items) => Expr::List(items.iter().map(canonical).collect()),
-        Expr::Set(items) => Expr::Set(items.iter().map(canonical).collect()),
-        Expr::Union(items) => Expr::Union(items.iter().map(canonical).collect()),
-        Expr::Tuple(items, open, close) => {
-            Expr::Tuple(items.iter().map(canonical).collect(), *open, *close)
-        }
-        other => other.clone(),
-    }
+    kept
 }
 
 fn unordered_equal(gold: &[Expr], pred: &[Expr], tolerance: &Tolerance) -> bool {
+    let gold: Vec<&Expr> = gold.iter().collect();
+    let pred: Vec<&Expr> = pred.iter().collect();
+    unordered_equal_refs(&gold, &pred, tolerance)
+}
+
+fn unordered_equal_refs(gold: &[&Expr], pred: &[&Expr], tolerance: &Tolerance) -> bool {
     if gold.len() != pred.len() || gold.len() > MAX_ITEMS {
         return false;
     }
@@ -344,6 +292,7 @@ fn equations_equal(gold: &[Expr], pred: &[Expr], tolerance: &Tolerance) -> bool 
 fn letter_of(expr: &Expr) -> Option<String> {
     match expr {
         Expr::Var(name) if name.len() == 1 => Some(name.to_ascii_lowercase()),
+        Expr::E => Some("e".into()),
         Expr::Text(text) => {
             let letters: String = text.chars().filter(|c| c.is_ascii_alphanumeric()).collect();
             (letters.len() == 1).then_some(letters)
@@ -354,9 +303,16 @@ fn letter_of(expr: &Expr) -> Option<String> {
 
 fn structurally_equal(gold: &Expr, pred: &Expr, tolerance: &Tolerance) -> bool {
     match (gold, pred) {
-        (Expr::Text(a), Expr::Text(b)) => a == b,
+        (Expr::Text(a), Expr::Text(b)) => {
+            a == b || letter_of(gold).is_some_and(|letter| letter_of(pred) == Some(letter))
+        }
         (Expr::Text(_), _) | (_, Expr::Text(_)) => {
             letter_of(gold).is_some_and(|letter| letter_of(pred) == Some(letter))
+        }
+        // A list of solutions may repeat one (`(3,17,3,7)` twice); set notation may not.
+        (Expr::List(g), Expr::List(p)) => {
+            let (g, p) = (distinct(g, tolerance), distinct(p, tolerance));
+            unordered_equal_refs(&g, &p, tolerance)
         }
         (Expr::List(g) | Expr::Set(g), Expr::List(p) | Expr::Set(p))
         | (Expr::Union(g), Expr::Union(p)) => unordered_equal(g, p, tolerance),
@@ -365,6 +321,17 @@ fn structurally_equal(gold: &Expr, pred: &Expr, tolerance: &Tolerance) -> bool {
         }
         (single, Expr::Set(p) | Expr::List(p)) if p.len() == 1 && single.is_scalar() => {
             structurally_equal(single, &p[0], tolerance)
+        }
+        (Expr::Time(a), Expr::Time(b)) => a == b,
+        (g, p) if involves_matrix(g) || involves_matrix(p) => matrices_equal(g, p, tolerance),
+        // `(1, 3)` against `{1, 3}` (a TeX group) or `1, 3`: compared in order; `\{1, 3\}` is a set.
+        (Expr::Tuple(g, Bracket::Round, Bracket::Round), Expr::List(p))
+        | (Expr::List(g), Expr::Tuple(p, Bracket::Round, Bracket::Round))
+            if g.len() == p.len() && g.len() > 1 =>
+        {
+            g.iter()
+                .zip(p)
+                .all(|(a, b)| structurally_equal(a, b, tolerance))
         }
         (Expr::Tuple(g, g_open, g_close), Expr::Tuple(p, p_open, p_close)) => {
             g_open == p_open
@@ -401,20 +368,118 @@ fn is_solved_value(sides: &[Expr]) -> bool {
     }
 }
 
-/// True when `pred` is an acceptable answer for `gold`.
-pub fn equivalent(gold: &Expr, pred: &Expr, tolerance: &Tolerance) -> bool {
+/// Matrices (after their arithmetic) entry by entry and of the same shape; a tuple matches a
+/// one-row or one-column matrix with the same entries in order.
+fn matrices_equal(gold: &Expr, pred: &Expr, tolerance: &Tolerance) -> bool {
+    let entries_equal = |a: Vec<&Expr>, b: Vec<&Expr>| {
+        a.len() == b.len()
+            && a.iter()
+                .zip(b)
+                .all(|(x, y)| structurally_equal(x, y, tolerance))
+    };
+    match (reduce(gold), reduce(pred)) {
+        (Some(g), Some(p)) => {
+            g.len() == p.len()
+                && g.iter()
+                    .zip(&p)
+                    .all(|(gr, pr)| entries_equal(gr.iter().collect(), pr.iter().collect()))
+        }
+        (Some(g), None) => match (vector_entries(&g), pred) {
+            (Some(entries), Expr::Tuple(items, Bracket::Round, Bracket::Round)) => {
+                entries_equal(entries, items.iter().collect())
+            }
+            _ => false,
+        },
+        (None, Some(p)) => match (gold, vector_entries(&p)) {
+            (Expr::Tuple(items, Bracket::Round, Bracket::Round), Some(entries)) => {
+                entries_equal(items.iter().collect(), entries)
+            }
+            _ => false,
+        },
+        (None, None) => false,
+    }
+}
+
+/// The verdict and the comparison rule that reached it (for `stoke verify --explain`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub equal: bool,
+    pub rule: &'static str,
+}
+
+/// The rule that compares two canonical answers of these shapes.
+fn rule_for(gold: &Expr, pred: &Expr) -> &'static str {
+    if involves_matrix(gold) || involves_matrix(pred) {
+        return "matrix entries, same shape";
+    }
+    match (gold, pred) {
+        (Expr::Text(_), _) | (_, Expr::Text(_)) => "text or choice letter",
+        (Expr::Time(_), _) | (_, Expr::Time(_)) => "clock time",
+        (Expr::Tuple(..), _) | (_, Expr::Tuple(..)) => "tuple or interval, in order",
+        (Expr::List(_) | Expr::Set(_) | Expr::Union(_), _)
+        | (_, Expr::List(_) | Expr::Set(_) | Expr::Union(_)) => "set or list, unordered",
+        (Expr::Relation(..), _) | (_, Expr::Relation(..)) => "relation",
+        _ => {
+            let mut names = Vec::new();
+            gold.variables(&mut names);
+            pred.variables(&mut names);
+            if !names.is_empty() {
+                "symbolic, at sample points"
+            } else if gold.eval_exact(&NoBindings).is_some()
+                && pred.eval_exact(&NoBindings).is_some()
+            {
+                "exact rational"
+            } else {
+                "numeric, relative tolerance"
+            }
+        }
+    }
+}
+
+fn labeled_list(expr: &Expr) -> Option<&[Expr]> {
+    match expr {
+        Expr::List(items) | Expr::Set(items) if items.iter().all(is_labeled_equation) => {
+            Some(items)
+        }
+        _ => None,
+    }
+}
+
+/// Decides whether `pred` is an acceptable answer for `gold`, and by which rule.
+pub fn decide(gold: &Expr, pred: &Expr, tolerance: &Tolerance) -> Decision {
+    // `a_3 = 2, a_{37} = 19` on both sides: the labels must match too.
+    if let (Some(g), Some(p)) = (labeled_list(gold), labeled_list(pred)) {
+        return Decision {
+            equal: unordered_equal(g, p, tolerance),
+            rule: "labeled values, unordered",
+        };
+    }
     let (gold_canonical, pred_canonical) = (canonical(gold), canonical(pred));
+    let rule = rule_for(&gold_canonical, &pred_canonical);
     if structurally_equal(&gold_canonical, &pred_canonical, tolerance) {
-        return true;
+        return Decision { equal: true, rule };
     }
     // `y = 2x + 1` against `2x - y = -1`: compare as equations when both were equations, unless
     // the gold is a solved value (`x = 3`), which an unsolved `2x = 6` must not match.
-    match (gold, pred) {
+    let equal = match (gold, pred) {
         (Expr::Relation(g, g_ops), Expr::Relation(p, p_ops))
             if g_ops == &[RelOp::Eq] && p_ops == &[RelOp::Eq] && !is_solved_value(g) =>
         {
             equations_equal(g, p, tolerance)
         }
         _ => false,
+    };
+    Decision {
+        equal,
+        rule: if equal {
+            "equations, up to a factor"
+        } else {
+            rule
+        },
     }
+}
+
+/// True when `pred` is an acceptable answer for `gold`.
+pub fn equivalent(gold: &Expr, pred: &Expr, tolerance: &Tolerance) -> bool {
+    decide(gold, pred, tolerance).equal
 }

@@ -37,6 +37,8 @@ pub enum RelOp {
     NotEq,
     /// `x \in [1,2)`: membership, read as "x is described by the right-hand side".
     In,
+    /// `x \approx 1.41`: the side before the first `\approx` is the answer (see `compare.rs`).
+    Approx,
 }
 
 /// Elementary functions the parser knows.
@@ -45,10 +47,64 @@ pub enum Func {
     Sin,
     Cos,
     Tan,
+    Sec,
+    Csc,
+    Cot,
+    Asin,
+    Acos,
+    Atan,
     Ln,
     Log10,
     Exp,
     Abs,
+}
+
+impl Func {
+    /// The function a LaTeX command or plain word names (`\\sin`, `sin`, `arcsin`).
+    pub fn named(name: &str) -> Option<Func> {
+        Some(match name {
+            "sin" => Func::Sin,
+            "cos" => Func::Cos,
+            "tan" => Func::Tan,
+            "sec" => Func::Sec,
+            "csc" | "cosec" => Func::Csc,
+            "cot" => Func::Cot,
+            "arcsin" | "asin" => Func::Asin,
+            "arccos" | "acos" => Func::Acos,
+            "arctan" | "atan" => Func::Atan,
+            "ln" => Func::Ln,
+            "exp" => Func::Exp,
+            _ => return None,
+        })
+    }
+
+    /// The inverse read from `\\sin^{-1}`.
+    pub fn inverse(self) -> Option<Func> {
+        match self {
+            Func::Sin => Some(Func::Asin),
+            Func::Cos => Some(Func::Acos),
+            Func::Tan => Some(Func::Atan),
+            _ => None,
+        }
+    }
+
+    fn apply(self, x: f64) -> f64 {
+        match self {
+            Func::Sin => x.sin(),
+            Func::Cos => x.cos(),
+            Func::Tan => x.tan(),
+            Func::Sec => 1.0 / x.cos(),
+            Func::Csc => 1.0 / x.sin(),
+            Func::Cot => 1.0 / x.tan(),
+            Func::Asin => x.asin(),
+            Func::Acos => x.acos(),
+            Func::Atan => x.atan(),
+            Func::Ln => x.ln(),
+            Func::Log10 => x.log10(),
+            Func::Exp => x.exp(),
+            Func::Abs => x.abs(),
+        }
+    }
 }
 
 /// A parsed answer: scalars (possibly symbolic) and the structures built from them.
@@ -57,6 +113,12 @@ pub enum Expr {
     Num(BigRational),
     Var(String),
     Pi,
+    /// Euler's number.
+    E,
+    /// A clock time `h:mm` in minutes; equal only to the same time.
+    Time(u32),
+    /// `\\begin{pmatrix}`: rows of entries (every row the same length).
+    Matrix(Vec<Vec<Expr>>),
     Infinity,
     Neg(Box<Expr>),
     Add(Box<Expr>, Box<Expr>),
@@ -140,6 +202,14 @@ fn pow_exact(base: &BigRational, exponent: i64) -> Option<BigRational> {
     Some(if exponent < 0 { raised.recip() } else { raised })
 }
 
+fn finite_op(a: f64, b: f64, op: fn(f64, f64) -> f64) -> f64 {
+    if a.is_infinite() || b.is_infinite() {
+        f64::NAN
+    } else {
+        op(a, b)
+    }
+}
+
 fn checked_result(value: BigRational) -> Option<BigRational> {
     (bits(&value) <= MAX_EXACT_BITS).then_some(value)
 }
@@ -169,6 +239,8 @@ impl Expr {
                 | Expr::Relation(..)
                 | Expr::Union(_)
                 | Expr::Text(_)
+                | Expr::Time(_)
+                | Expr::Matrix(_)
         )
     }
 
@@ -180,7 +252,8 @@ impl Expr {
                     out.push(name.clone());
                 }
             }
-            Expr::Num(_) | Expr::Pi | Expr::Infinity | Expr::Text(_) => {}
+            Expr::Num(_) | Expr::Pi | Expr::E | Expr::Time(_) | Expr::Infinity | Expr::Text(_) => {}
+            Expr::Matrix(rows) => rows.iter().flatten().for_each(|item| item.variables(out)),
             Expr::Neg(a) | Expr::Apply(_, a) | Expr::Factorial(a) | Expr::Percent(a) => {
                 a.variables(out)
             }
@@ -213,7 +286,7 @@ impl Expr {
         match self {
             Expr::Num(value) => Some(value.clone()),
             Expr::Var(name) => vars.exact(name),
-            Expr::Pi | Expr::Infinity => None,
+            Expr::Pi | Expr::E | Expr::Infinity => None,
             Expr::Neg(a) => Some(-a.eval_exact(vars)?),
             Expr::Add(a, b) => checked_result(a.eval_exact(vars)? + b.eval_exact(vars)?),
             Expr::Sub(a, b) => checked_result(a.eval_exact(vars)? - b.eval_exact(vars)?),
@@ -275,13 +348,16 @@ impl Expr {
             Expr::Num(value) => value.to_f64().unwrap_or(f64::NAN),
             Expr::Var(name) => vars.approx(name).unwrap_or(f64::NAN),
             Expr::Pi => std::f64::consts::PI,
+            Expr::E => std::f64::consts::E,
             Expr::Infinity => f64::INFINITY,
             Expr::Neg(a) => -a.eval_f64(vars),
-            Expr::Add(a, b) => a.eval_f64(vars) + b.eval_f64(vars),
-            Expr::Sub(a, b) => a.eval_f64(vars) - b.eval_f64(vars),
-            Expr::Mul(a, b) => a.eval_f64(vars) * b.eval_f64(vars),
-            Expr::Div(a, b) => a.eval_f64(vars) / b.eval_f64(vars),
-            Expr::Pow(a, b) => a.eval_f64(vars).powf(b.eval_f64(vars)),
+            // Arithmetic on infinity (`1^{\infty}`, `\frac{1}{\infty}`) is a limit, not a
+            // value: undefined, so it never equals a number.
+            Expr::Add(a, b) => finite_op(a.eval_f64(vars), b.eval_f64(vars), |x, y| x + y),
+            Expr::Sub(a, b) => finite_op(a.eval_f64(vars), b.eval_f64(vars), |x, y| x - y),
+            Expr::Mul(a, b) => finite_op(a.eval_f64(vars), b.eval_f64(vars), |x, y| x * y),
+            Expr::Div(a, b) => finite_op(a.eval_f64(vars), b.eval_f64(vars), |x, y| x / y),
+            Expr::Pow(a, b) => finite_op(a.eval_f64(vars), b.eval_f64(vars), f64::powf),
             Expr::Root(a, index) => {
                 let radicand = a.eval_f64(vars);
                 match index {
@@ -296,18 +372,7 @@ impl Expr {
                     }
                 }
             }
-            Expr::Apply(func, a) => {
-                let x = a.eval_f64(vars);
-                match func {
-                    Func::Sin => x.sin(),
-                    Func::Cos => x.cos(),
-                    Func::Tan => x.tan(),
-                    Func::Ln => x.ln(),
-                    Func::Log10 => x.log10(),
-                    Func::Exp => x.exp(),
-                    Func::Abs => x.abs(),
-                }
-            }
+            Expr::Apply(func, a) => func.apply(a.eval_f64(vars)),
             Expr::LogBase(base, a) => a.eval_f64(vars).ln() / base.eval_f64(vars).ln(),
             Expr::Factorial(a) => {
                 let n = a.eval_f64(vars);

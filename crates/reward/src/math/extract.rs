@@ -1,35 +1,99 @@
-//! Final-answer extraction from a completion, in priority order: the last `\boxed{...}` (or
-//! `\fbox{...}`, nested braces balanced), the last `<answer>...</answer>`, the text after the last
-//! "answer is" / "answer:", the rest of the line after the last `####`, else the last number.
+//! Final-answer extraction from a completion, in a fixed priority order:
 //!
-//! What this is not: a judge of the answer; `compare.rs` decides. Extraction only locates text.
+//! 1. Reasoning is skipped: only the text after the last `</think>` is read; a `<think>` that is
+//!    never closed leaves no answer (the model never finished).
+//! 2. The last `<answer>...</answer>` tag, when present, is the only text read (steps 3-6 then
+//!    apply inside it; a tag with nothing recognisable inside is taken whole).
+//! 3. The last explicit final-answer statement ("final answer is", "Final Answer:",
+//!    `**Answer:**`, "the answer is", `####`) wins over every box before it. A box *after* the
+//!    statement is a revision and wins. Inside a statement: its boxes, else the whole statement
+//!    without math delimiters, else what follows its last " is ", else its last plain number.
+//! 4. Otherwise the last `\boxed{}`/`\fbox{}`. Boxes written together ("`\boxed{-2}` and
+//!    `\boxed{1}`", "`\boxed{1}, \boxed{2}`") form one list answer, so hedging over several
+//!    boxes answers a list, never the gold scalar; a sentence or words without "and"/"or"
+//!    between two boxes separate them and only the last counts.
+//! 5. Otherwise the last inline or display math span (`$...$`, `$$...$$`, `\(...\)`, `\[...\]`)
+//!    unless a plain number comes after it; a `$...$` holding prose is currency, not math.
+//! 6. Otherwise plain text: the whole text when it is a short answer that parses, else its last
+//!    number, and only a standalone one: never part of a word or identifier (`AZYUK2A`), an
+//!    exponent, subscript, denominator or operand (`x^2`, `a_2`, `1/2`, `2 + 3`), and never one
+//!    qualified or hedged ("at least 12", "not 12", "2 or 3"): then there is no answer.
 //!
-//! Invariants: every step is a linear scan (memchr-style `rfind`, the linear-time `regex` crate,
-//! one brace-matching pass with a depth limit), so a 1 MB completion costs milliseconds; the
-//! extracted text is at most `MAX_ANSWER_BYTES`, longer candidates are rejected, not truncated.
+//! What this is not: a judge. It locates text; `compare.rs` decides. It may parse a candidate
+//! (to choose between a whole statement and its last number) but never compares it to the gold.
+//!
+//! Invariants: every step is a linear scan (one pass over the text per step, the linear-time
+//! `regex` crate, brace matching with a depth limit), so a 1 MB completion costs milliseconds;
+//! the answer is at most `MAX_ANSWER_BYTES`, a longer one is an error, never truncated.
 
 use regex::Regex;
 
+use super::parser::parse_answer;
+use super::plain::{last_number, last_numbers};
+use super::spans::{Span, boxes, math_spans, sentence_end, strip_delimiters};
+
 /// Longest extracted answer accepted.
 pub const MAX_ANSWER_BYTES: usize = 2000;
-/// Deepest brace nesting followed inside `\boxed{}`.
-const MAX_BRACE_DEPTH: usize = 64;
+/// Longest whole plain-text completion read as an answer in itself (`1 000`, `28 percent`).
+const MAX_PLAIN_ANSWER_BYTES: usize = 64;
+/// Most text between two boxes that still joins them into one answer.
+const MAX_BOX_GAP_BYTES: usize = 160;
+/// Most words between two joined boxes (`\boxed{1} papers and \boxed{2} bins`).
+const MAX_BOX_GAP_WORDS: usize = 6;
 
 /// Where the answer was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AnswerSource {
+    /// `\boxed{}` (or several joined boxes), possibly inside a statement or tag.
     Boxed,
+    /// An `<answer>` tag taken whole.
     AnswerTag,
-    AnswerPhrase,
-    Hashes,
+    /// A final-answer statement ("The final answer is ...", `####`).
+    Statement,
+    /// The last math span.
+    MathSpan,
+    /// A short plain-text completion taken whole.
+    WholeText,
+    /// The last standalone plain-text number.
     LastNumber,
+}
+
+/// An extracted answer and where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Extraction {
+    pub answer: String,
+    pub source: AnswerSource,
+}
+
+/// Why no answer was extracted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExtractError {
+    /// `<think>` without `</think>`.
+    UnclosedReasoning,
+    /// Nothing that looks like an answer.
+    NoAnswer,
+    /// The answer is longer than `MAX_ANSWER_BYTES`.
+    TooLong,
+    /// The only candidate is qualified, hedged or part of a larger expression.
+    Ambiguous(&'static str),
+}
+
+impl std::fmt::Display for ExtractError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::UnclosedReasoning => write!(f, "<think> is never closed"),
+            Self::NoAnswer => write!(f, "no final answer found"),
+            Self::TooLong => write!(f, "answer longer than {MAX_ANSWER_BYTES} bytes"),
+            Self::Ambiguous(why) => write!(f, "ambiguous answer: {why}"),
+        }
+    }
 }
 
 /// The phrase patterns, compiled once per verifier.
 #[derive(Debug, Clone)]
 pub struct Extractor {
-    answer_phrase: Regex,
-    last_number: Regex,
+    statement: Regex,
+    number: Regex,
 }
 
 impl Default for Extractor {
@@ -38,64 +102,21 @@ impl Default for Extractor {
     }
 }
 
-/// Text of the balanced `{...}` group starting at `open` (an index of `{`), if closed.
-fn balanced_group(text: &str, open: usize) -> Option<&str> {
-    let mut depth = 0usize;
-    for (offset, byte) in text.as_bytes()[open..].iter().enumerate() {
-        match byte {
-            b'{' => {
-                depth += 1;
-                if depth > MAX_BRACE_DEPTH {
-                    return None;
-                }
-            }
-            b'}' => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(&text[open + 1..open + offset]);
-                }
-            }
-            _ => {}
-        }
-        if offset > MAX_ANSWER_BYTES + 2 {
-            return None;
-        }
-    }
-    None
-}
-
-/// The content of the last `\boxed{...}`/`\fbox{...}` (or `\boxed 5`).
-pub fn last_boxed(text: &str) -> Option<&str> {
-    let boxed = text.rfind("\\boxed");
-    let fbox = text.rfind("\\fbox");
-    let (start, len) = match (boxed, fbox) {
-        (Some(b), Some(f)) if f > b => (f, 5),
-        (Some(b), _) => (b, 6),
-        (None, Some(f)) => (f, 5),
-        (None, None) => return None,
-    };
-    let rest = &text[start + len..];
-    let trimmed = rest.trim_start();
-    if trimmed.starts_with('{') {
-        let open = start + len + (rest.len() - trimmed.len());
-        return balanced_group(text, open);
-    }
-    if rest.starts_with(' ') {
-        // `\boxed 5`: up to the next `$` or whitespace.
-        let end = trimmed
-            .find(|c: char| c == '$' || c.is_whitespace())
-            .unwrap_or(trimmed.len());
-        return Some(&trimmed[..end]).filter(|s| !s.is_empty());
-    }
-    None
-}
-
-/// Strips math delimiters and trailing punctuation around an extracted answer.
+/// Strips math delimiters, quotes, markdown and trailing punctuation around an answer.
 pub fn clean_answer(answer: &str) -> &str {
     let mut text = answer.trim();
     loop {
         let before = text;
-        for (open, close) in [("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")] {
+        for (open, close) in [
+            ("$$", "$$"),
+            ("$", "$"),
+            ("\\(", "\\)"),
+            ("\\[", "\\]"),
+            ("\\\"", "\\\""),
+            ("\"", "\""),
+            ("**", "**"),
+            ("`", "`"),
+        ] {
             if text.len() >= open.len() + close.len()
                 && text.starts_with(open)
                 && text.ends_with(close)
@@ -104,10 +125,12 @@ pub fn clean_answer(answer: &str) -> &str {
             }
         }
         text = text.trim_end_matches(['.', '。']).trim();
-        text = text.strip_prefix(':').unwrap_or(text).trim();
+        text = text.trim_start_matches([':', '*']).trim();
+        text = text.trim_end_matches('*').trim();
         if let Some(inner) = text
             .strip_prefix("\\boxed{")
             .and_then(|t| t.strip_suffix('}'))
+            .filter(|inner| balanced(inner))
         {
             text = inner.trim();
         }
@@ -117,104 +140,395 @@ pub fn clean_answer(answer: &str) -> &str {
     }
 }
 
+fn balanced(text: &str) -> bool {
+    let mut depth = 0i64;
+    for byte in text.bytes() {
+        match byte {
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth < 0 {
+                    return false;
+                }
+            }
+            _ => {}
+        }
+    }
+    depth == 0
+}
+
+/// The text after the reasoning section.
+fn after_reasoning(text: &str) -> Result<&str, ExtractError> {
+    if let Some(end) = text.rfind("</think>") {
+        return Ok(&text[end + "</think>".len()..]);
+    }
+    if text.contains("<think>") {
+        return Err(ExtractError::UnclosedReasoning);
+    }
+    Ok(text)
+}
+
+/// Whether the text between two boxes joins them into one list answer.
+fn gap_joins(gap: &str) -> bool {
+    if gap.len() > MAX_BOX_GAP_BYTES || gap.contains("\n\n") {
+        return false;
+    }
+    let plain = strip_delimiters(gap);
+    let plain = plain.replace("\\text", " ").replace("\\quad", " ");
+    // Digits in a subscript (`y_2 =`) are a label, not a value between the boxes.
+    let without_subscripts: String = plain
+        .split('_')
+        .enumerate()
+        .map(|(i, part)| {
+            if i == 0 {
+                part
+            } else {
+                part.trim_start_matches(|c: char| c.is_ascii_alphanumeric() || c == '{' || c == '}')
+            }
+        })
+        .collect();
+    if without_subscripts.bytes().any(|b| b.is_ascii_digit()) {
+        return false;
+    }
+    let trimmed = plain.trim();
+    if trimmed.contains(". ") || trimmed.ends_with('.') || trimmed.contains(['!', '?']) {
+        return false;
+    }
+    let words: Vec<String> = plain
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .filter(|w| !w.is_empty())
+        .map(str::to_ascii_lowercase)
+        .collect();
+    words.is_empty()
+        || (words.len() <= MAX_BOX_GAP_WORDS && words.iter().any(|w| w == "and" || w == "or"))
+}
+
+/// Whether the two words before `start` or after `end` qualify the value between
+/// ("at least \boxed{12}", "\boxed{12} or more", "not \boxed{12}").
+fn qualified_around(text: &str, start: usize, end: usize) -> bool {
+    let words = |part: &str| -> Vec<String> {
+        part.split(|c: char| !(c.is_alphanumeric() || c == '\''))
+            .filter(|w| !w.is_empty())
+            .map(str::to_lowercase)
+            .collect()
+    };
+    let before = text[..start].rsplit('\n').next().unwrap_or("");
+    let after = text[end..].split('\n').next().unwrap_or("");
+    let before = words(before);
+    let after = words(after);
+    before
+        .iter()
+        .rev()
+        .take(2)
+        .chain(after.iter().take(2))
+        .any(|w| super::units::is_qualifier(w))
+}
+
+/// A known unit word right after a box (`$\boxed{5}$ cm`), outside any math.
+fn unit_after(rest: &str) -> Option<&str> {
+    let rest = rest.trim_start_matches(['$', ' ', '\\', ')', ']']);
+    let word_len = rest
+        .find(|c: char| !c.is_ascii_alphabetic())
+        .unwrap_or(rest.len());
+    let word = &rest[..word_len];
+    super::units::canonical_unit(word).map(|_| word)
+}
+
+/// The answer of the last box in `text` and the boxes written together with it.
+fn box_group(text: &str, found: &[Span], strict: bool) -> Option<Result<String, ExtractError>> {
+    let last = found.len().checked_sub(1)?;
+    let mut first = last;
+    while first > 0 && gap_joins(&text[found[first - 1].end..found[first].start]) {
+        first -= 1;
+    }
+    if strict && qualified_around(text, found[first].start, found[last].end) {
+        return Some(Err(ExtractError::Ambiguous(
+            "the boxed answer is qualified",
+        )));
+    }
+    let parts: Vec<&str> = found[first..=last]
+        .iter()
+        .map(|span| clean_answer(&text[span.content.clone()]))
+        .collect();
+    if first == last
+        && let Some(unit) = unit_after(&text[found[last].end..])
+    {
+        // `$\boxed{5}$ cm`: the unit written after the box is part of the answer.
+        return Some(Ok(format!("{} \\text{{ {unit}}}", parts[0])));
+    }
+    if parts.iter().any(|part| part.is_empty()) {
+        // An empty box among the group: no answer, whatever the others say.
+        return Some(Err(ExtractError::NoAnswer));
+    }
+    Some(Ok(parts.join(", ")))
+}
+
 impl Extractor {
     pub fn new() -> Self {
         Self {
             // Fixed patterns: a failure to compile is a programming error caught by every test.
-            answer_phrase: Regex::new(r"(?i)(?:final\s+answer|answer)\s*(?:is|:|=)\s*:?")
-                .expect("static answer-phrase regex compiles"),
-            last_number: Regex::new(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
-                .expect("static number regex compiles"),
+            // ASCII classes and word boundaries keep both patterns on the regex crate's DFA.
+            statement: Regex::new(
+                r"(?i-u)(?:\bfinal\s+answer\b(?:\s*\*{0,2}\s*(?:is\b|:|=))?|\bthe\s+answers?\s+(?:is|are)\b:?|\banswers?\s*\*{0,2}\s*(?::|=)|\banswer\s+(?:is|are)\b:?|\banswer\b\s*(?:\$|\\\(|\\\[)|####)",
+            )
+            .expect("static statement regex compiles"),
+            number: Regex::new(r"[0-9](?:[0-9,]|\{,\})*(?:\.[0-9]+)?(?:/[0-9]+(?:\.[0-9]+)?)?|\.[0-9]+").expect("static number regex compiles"),
         }
     }
 
-    /// Finds the final answer of `completion`, already cleaned (`clean_answer`). `None` when no
-    /// candidate exists or the candidate is longer than `MAX_ANSWER_BYTES`.
-    pub fn extract<'t>(&self, completion: &'t str) -> Option<(&'t str, AnswerSource)> {
-        let found = self.locate(completion)?;
-        let answer = clean_answer(found.0);
-        (!answer.is_empty() && answer.len() <= MAX_ANSWER_BYTES).then_some((answer, found.1))
+    /// Finds the final answer of `completion`, already cleaned (`clean_answer`).
+    pub fn extract(&self, completion: &str) -> Result<Extraction, ExtractError> {
+        self.extract_with(completion, true)
     }
 
-    fn locate<'t>(&self, completion: &'t str) -> Option<(&'t str, AnswerSource)> {
-        if let Some(boxed) = last_boxed(completion) {
-            return Some((boxed, AnswerSource::Boxed));
+    /// Finds the answer of a reference solution: as `extract`, but the reference's own words
+    /// around its box ("between $\boxed{12 \text{ and } 13}$") are trusted, not read as a hedge.
+    pub fn extract_reference(&self, reference: &str) -> Result<Extraction, ExtractError> {
+        self.extract_with(reference, false)
+    }
+
+    fn extract_with(&self, completion: &str, strict: bool) -> Result<Extraction, ExtractError> {
+        let text = after_reasoning(completion)?;
+        let found = match answer_tag(text) {
+            Some(inner) => self.locate(inner, strict).or_else(|error| {
+                let whole = clean_answer(inner);
+                if whole.is_empty() || matches!(error, ExtractError::Ambiguous(_)) {
+                    Err(error)
+                } else {
+                    Ok(Extraction {
+                        answer: whole.to_string(),
+                        source: AnswerSource::AnswerTag,
+                    })
+                }
+            })?,
+            None => self.locate(text, strict)?,
+        };
+        let answer = clean_answer(&found.answer);
+        if answer.is_empty() {
+            return Err(ExtractError::NoAnswer);
         }
-        if let Some(open) = completion.rfind("<answer>") {
-            let inner = &completion[open + "<answer>".len()..];
-            let inner = inner
-                .find("</answer>")
-                .map_or(inner, |close| &inner[..close]);
-            // `<answer>The answer is 5</answer>`: the phrase inside the tag still marks it.
-            if let Some(found) = self.answer_phrase.find_iter(inner).last() {
-                return Some((&inner[found.end()..], AnswerSource::AnswerTag));
+        if answer.len() > MAX_ANSWER_BYTES {
+            return Err(ExtractError::TooLong);
+        }
+        Ok(Extraction {
+            answer: answer.to_string(),
+            source: found.source,
+        })
+    }
+
+    fn locate(&self, text: &str, strict: bool) -> Result<Extraction, ExtractError> {
+        let found_boxes = boxes(text);
+        let last_box_start = found_boxes.last().map(|span| span.start);
+        if let Some(statement) = self.statement.find_iter(text).last() {
+            let body = statement_body(text, statement.end());
+            // A box after the statement's sentence is a revision: the box wins.
+            if last_box_start.is_none_or(|start| start < body.end)
+                && let Some(found) = self.resolve_statement(&text[body], strict)
+            {
+                return found;
             }
-            return Some((inner, AnswerSource::AnswerTag));
         }
-        if let Some(found) = self.answer_phrase.find_iter(completion).last() {
-            let rest = &completion[found.end()..];
-            let line = rest
-                .split('\n')
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("");
-            // Up to the end of the sentence: a period followed by a space.
-            let sentence = line.find(". ").map_or(line, |end| &line[..end]);
-            return Some((sentence, AnswerSource::AnswerPhrase));
+        if let Some(answer) = box_group(text, &found_boxes, strict) {
+            return answer.map(|answer| Extraction {
+                answer,
+                source: AnswerSource::Boxed,
+            });
         }
-        if let Some(hashes) = completion.rfind("####") {
-            let rest = &completion[hashes + 4..];
-            let line = rest.split('\n').next().unwrap_or("");
-            return Some((line, AnswerSource::Hashes));
+        let spans = math_spans(text);
+        let numbers = last_numbers(&self.number, text, &spans);
+        let plain_number = numbers.1.map(|m| m.start());
+        if let Some(span) = spans.last()
+            && plain_number.is_none_or(|start| start < span.end)
+        {
+            return Ok(Extraction {
+                answer: text[span.content.clone()].to_string(),
+                source: AnswerSource::MathSpan,
+            });
         }
-        let number = self.last_number.find_iter(completion).last()?;
-        Some((
-            number.as_str().trim_end_matches(','),
-            AnswerSource::LastNumber,
-        ))
+        let whole = clean_answer(text);
+        // A short answer in itself: a value (`1 000`, `28 percent`) or a word or two (`odd`);
+        // a sentence of prose ("I do not know") is no answer.
+        let answer_like = whole.bytes().any(|b| b.is_ascii_digit() || b == b'\\')
+            || whole.split_whitespace().count() <= 2;
+        if !whole.is_empty()
+            && whole.len() <= MAX_PLAIN_ANSWER_BYTES
+            && answer_like
+            && parse_answer(whole).is_ok()
+        {
+            return Ok(Extraction {
+                answer: whole.to_string(),
+                source: AnswerSource::WholeText,
+            });
+        }
+        last_number(text, numbers).map(|answer| Extraction {
+            answer,
+            source: AnswerSource::LastNumber,
+        })
     }
+
+    /// The answer inside a final-answer statement, `None` when the statement holds nothing.
+    fn resolve_statement(
+        &self,
+        body: &str,
+        strict: bool,
+    ) -> Option<Result<Extraction, ExtractError>> {
+        let statement = |answer: String| {
+            Some(Ok(Extraction {
+                answer,
+                source: AnswerSource::Statement,
+            }))
+        };
+        let inner_boxes = boxes(body);
+        if let Some(answer) = box_group(body, &inner_boxes, strict) {
+            return Some(answer.map(|answer| Extraction {
+                answer,
+                source: AnswerSource::Boxed,
+            }));
+        }
+        let whole = clean_answer(body);
+        if whole.is_empty() {
+            return None;
+        }
+        let plain = strip_delimiters(whole);
+        let plain = clean_answer(&plain);
+        if parse_answer(plain).is_ok() {
+            return statement(plain.to_string());
+        }
+        // "The largest $n$ is 34": what follows the last " is ".
+        if let Some(at) = plain.rfind(" is ").or_else(|| plain.rfind(" are ")) {
+            let tail = clean_answer(plain[at..].trim_start().split_once(' ').map_or("", |s| s.1));
+            if parse_answer(tail).is_ok() {
+                return statement(tail.to_string());
+            }
+        }
+        let spans = math_spans(whole);
+        let numbers = last_numbers(&self.number, whole, &spans);
+        let plain_number = numbers.1.map(|m| m.start());
+        if let Some(span) = spans.last()
+            && plain_number.is_none_or(|start| start < span.end)
+        {
+            return statement(whole[span.content.clone()].to_string());
+        }
+        match last_number(whole, numbers) {
+            Ok(answer) => statement(answer),
+            // Prose with no value ("Answer: let us compute"): look further on.
+            Err(ExtractError::NoAnswer) => None,
+            Err(error) => Some(Err(error)),
+        }
+    }
+}
+
+/// The text of `<answer>...</answer>` (the last tag; an unclosed tag runs to the end).
+fn answer_tag(text: &str) -> Option<&str> {
+    let open = text.rfind("<answer>")?;
+    let inner = &text[open + "<answer>".len()..];
+    Some(
+        inner
+            .find("</answer>")
+            .map_or(inner, |close| &inner[..close]),
+    )
+}
+
+/// The range of the statement after a final-answer phrase: blank lines skipped, up to the
+/// sentence's end.
+fn statement_body(text: &str, from: usize) -> std::ops::Range<usize> {
+    let rest = &text[from..];
+    let trimmed = rest.trim_start_matches(|c: char| c.is_whitespace() || c == '*' || c == ':');
+    let start = from + (rest.len() - trimmed.len());
+    let trimmed = trimmed.split("<|im_start|>").next().unwrap_or(trimmed);
+    start..start + sentence_end(trimmed)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn boxed_with_nested_braces_wins_over_everything() {
-        let text = "The answer is 3. #### 4\n So $\\boxed{\\frac{1}{\\sqrt{2}}}$.";
-        let (answer, source) = Extractor::new().extract(text).unwrap();
-        assert_eq!(answer, "\\frac{1}{\\sqrt{2}}");
-        assert_eq!(source, AnswerSource::Boxed);
+    fn answer(text: &str) -> Result<(String, AnswerSource), ExtractError> {
+        Extractor::new()
+            .extract(text)
+            .map(|found| (found.answer, found.source))
     }
 
     #[test]
-    fn last_boxed_is_taken() {
-        assert_eq!(last_boxed("\\boxed{1} then \\boxed{2}"), Some("2"));
-        assert_eq!(last_boxed("\\boxed 7$"), Some("7"));
-        assert_eq!(last_boxed("\\boxed{unclosed"), None);
+    fn a_later_final_statement_wins_over_an_earlier_box() {
+        let text = "so \\boxed{255} is the interest. Final Answer: The final answer is $10,455$. I hope it is correct.";
+        assert_eq!(answer(text).unwrap().0, "10,455");
     }
 
     #[test]
-    fn answer_tags_then_phrases_then_hashes_then_last_number() {
-        let extractor = Extractor::new();
-        assert_eq!(extractor.extract("<answer> 12 </answer>").unwrap().0, "12");
-        let tagged_phrase = "<answer>The final answer is 12.</answer>";
-        assert_eq!(extractor.extract(tagged_phrase).unwrap().0, "12");
+    fn a_later_box_revises_an_earlier_statement() {
+        let text = "The answer is 3. Wait, that is wrong: \\boxed{4}";
+        assert_eq!(answer(text).unwrap(), ("4".into(), AnswerSource::Boxed));
+    }
+
+    #[test]
+    fn boxes_written_together_form_a_list() {
         assert_eq!(
-            extractor.extract("so the answer is $5$. Done").unwrap().0,
-            "5"
+            answer("\\boxed{-2} \\text{ and } \\boxed{1}").unwrap().0,
+            "-2, 1"
         );
-        assert_eq!(extractor.extract("Final Answer: 7\n").unwrap().0, "7");
-        assert_eq!(extractor.extract("work\n#### 1,234").unwrap().0, "1,234");
+        assert_eq!(answer("\\boxed{3} or \\boxed{4}").unwrap().0, "3, 4");
         assert_eq!(
-            extractor.extract("we get 3 then 4.5 apples").unwrap(),
-            ("4.5", AnswerSource::LastNumber)
+            answer("\\boxed{1} no no no no no \\boxed{2}").unwrap().0,
+            "2"
         );
-        assert_eq!(extractor.extract("no digits here"), None);
+        assert_eq!(
+            answer("\\boxed{3}. Then we check: \\boxed{4}").unwrap().0,
+            "4"
+        );
+    }
+
+    #[test]
+    fn reasoning_is_skipped_and_an_unclosed_think_has_no_answer() {
+        assert_eq!(answer("<think>\\boxed{1}</think> so 2").unwrap().0, "2");
+        assert_eq!(
+            answer("<think>\\boxed{1}"),
+            Err(ExtractError::UnclosedReasoning)
+        );
+    }
+
+    #[test]
+    fn answer_tags_are_read_inside() {
+        assert_eq!(
+            answer("\\boxed{5}<answer>The answer is 12.</answer>")
+                .unwrap()
+                .0,
+            "12"
+        );
+        assert_eq!(answer("<answer> 12 </answer>").unwrap().0, "12");
+    }
+
+    #[test]
+    fn statements_of_every_form() {
+        assert_eq!(answer("**Answer:** 18").unwrap().0, "18");
+        assert_eq!(answer("work\n#### 1,234").unwrap().0, "1,234");
+        assert_eq!(
+            answer("The answer is 17 + 1 = 18.").unwrap().0,
+            "17 + 1 = 18"
+        );
+        assert_eq!(
+            answer("Final Answer: The largest $n$ is 34.").unwrap().0,
+            "34"
+        );
+        assert_eq!(answer("Answer \\( 9 \\)").unwrap().0, "9");
+    }
+
+    #[test]
+    fn the_last_number_is_standalone_or_nothing() {
+        assert_eq!(
+            answer("we get 3 then 4.5 apples").unwrap(),
+            ("4.5".into(), AnswerSource::LastNumber)
+        );
+        assert!(answer("AZYUK2A").is_err());
+        assert!(answer("it is at least 12 I think").is_err());
+        assert!(answer("maybe it is 2 or 3 in the end").is_err());
+        assert!(answer("we get x^2 in the end").is_err());
+        assert_eq!(answer("no digits here"), Err(ExtractError::NoAnswer));
     }
 
     #[test]
     fn deep_boxed_nesting_is_rejected_not_recursed() {
         let text = format!("\\boxed{}{}", "{".repeat(10_000), "}".repeat(10_000));
-        assert_eq!(last_boxed(&text), None);
+        assert!(answer(&text).is_err());
     }
 }

@@ -12,16 +12,23 @@
 
 use num_bigint::BigInt;
 use num_rational::BigRational;
-use num_traits::{Num, One};
+use num_traits::One;
 
 use super::expr::{Func, RelOp};
-
-/// Longest number literal accepted (digits before and after the point together).
-pub const MAX_DIGITS: usize = 1000;
+use super::number::{Literal, read_number};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Token {
     Num(BigRational),
+    /// `h:mm`, minutes after midnight.
+    Time(u32),
+    /// Euler's number (`e`, `\mathrm{e}`).
+    E,
+    /// `\begin{pmatrix}` and friends; inside, `&` is `Amp` and `\\` is `RowSep`.
+    MatrixBegin,
+    MatrixEnd,
+    Amp,
+    RowSep,
     Ident(String),
     Pi,
     Infinity,
@@ -69,6 +76,34 @@ const UNIT_WORDS_SHORT: &[&str] = &[
     "mb", "kb",
 ];
 
+/// Whether `rest` (after `\\\\`) starts with a command that cannot begin a new line of prose
+/// (`left`, `frac`, `sqrt`, ...): then `\\\\` was an escaped backslash. Before any other name
+/// (`\\\\le`) it stays what LaTeX reads, a line break.
+fn escaped_structural_command(rest: &str) -> bool {
+    const STRUCTURAL: &[&str] = &[
+        "left", "right", "frac", "dfrac", "tfrac", "cfrac", "sqrt", "pi", "text", "mathrm",
+        "mathbf", "boxed", "begin", "end", "cdot", "times", "infty",
+    ];
+    let name: String = rest.chars().take_while(char::is_ascii_alphabetic).collect();
+    STRUCTURAL.contains(&name.as_str())
+}
+
+/// `thousand` is 1000: "5 thousand" is 5000, never 5.
+fn magnitude(word: &str) -> Option<BigRational> {
+    let zeros = match word {
+        "hundred" => 2,
+        "thousand" => 3,
+        "million" => 6,
+        "billion" => 9,
+        "trillion" => 12,
+        _ => return None,
+    };
+    Some(BigRational::from_integer(num_traits::pow(
+        BigInt::from(10),
+        zeros,
+    )))
+}
+
 fn is_layout_command(name: &str) -> bool {
     matches!(
         name,
@@ -88,7 +123,6 @@ fn is_layout_command(name: &str) -> bool {
             | "qquad"
             | "circ"
             | "degree"
-            | "boxed"
             | "mathbb"
             | "limits"
             | "nolimits"
@@ -184,7 +218,7 @@ impl<'a> Lexer<'a> {
             match byte {
                 b'&' if self.matrix_depth > 0 => {
                     self.pos += 1;
-                    self.tokens.push(Token::Comma);
+                    self.tokens.push(Token::Amp);
                 }
                 b' ' | b'\t' | b'\n' | b'\r' | b'~' | b'&' | b'$' => self.pos += 1,
                 b'0'..=b'9' => self.number()?,
@@ -256,86 +290,26 @@ impl<'a> Lexer<'a> {
             '∞' => Token::Infinity,
             '√' => Token::Sqrt,
             '∪' => Token::Cup,
-            '°' | '€' | '£' | '¥' | '\u{a0}' => return Ok(()),
+            '²' | '³' => {
+                let power = if ch == '²' { 2 } else { 3 };
+                self.tokens.push(Token::Caret);
+                Token::Num(BigRational::from_integer(BigInt::from(power)))
+            }
+            '≈' => Token::Rel(RelOp::Approx),
+            '°' | '€' | '£' | '¥' | '\u{a0}' | '\u{2009}' | '\u{202f}' => return Ok(()),
             _ => return Err(LexError(format!("unexpected character {ch:?}"))),
         };
         self.tokens.push(token);
         Ok(())
     }
 
-    /// Reads `digits[sep ddd]*[.digits]` where `sep` is `,`, `{,}` or `\,`; `{,}` followed by
-    /// anything but a three-digit group is a decimal comma.
     fn number(&mut self) -> Result<(), LexError> {
-        let mut digits = String::new();
-        let start = self.pos;
-        while let Some(b'0'..=b'9') = self.peek() {
-            self.pos += 1;
-        }
-        digits.push_str(&self.text[start..self.pos]);
-        let first_group = digits.len();
-        let mut fraction = String::new();
-        if (1..=3).contains(&first_group) {
-            loop {
-                let sep_len = if self.starts_with(",\\!") {
-                    // `10,\!000`: MATH's thousands separator.
-                    3
-                } else if self.starts_with(",") {
-                    1
-                } else if self.starts_with("{,}") {
-                    3
-                } else if self.starts_with("\\,") {
-                    2
-                } else {
-                    0
-                };
-                if sep_len == 0 {
-                    break;
-                }
-                let group_start = self.pos + sep_len;
-                let group_len = self.bytes[group_start..]
-                    .iter()
-                    .take_while(|b| b.is_ascii_digit())
-                    .count();
-                if group_len == 3 {
-                    digits.push_str(&self.text[group_start..group_start + 3]);
-                    self.pos = group_start + 3;
-                } else {
-                    if sep_len == 3 && group_len > 0 {
-                        // `3{,}5`: the LaTeX decimal comma.
-                        fraction.push_str(&self.text[group_start..group_start + group_len]);
-                        self.pos = group_start + group_len;
-                    }
-                    break;
-                }
-            }
-        }
-        if fraction.is_empty()
-            && self.peek() == Some(b'.')
-            && self.bytes.get(self.pos + 1).is_some_and(u8::is_ascii_digit)
-        {
-            self.pos += 1;
-            let start = self.pos;
-            while let Some(b'0'..=b'9') = self.peek() {
-                self.pos += 1;
-            }
-            fraction.push_str(&self.text[start..self.pos]);
-        }
-        if digits.len() + fraction.len() > MAX_DIGITS {
-            return Err(LexError(format!("number longer than {MAX_DIGITS} digits")));
-        }
-        let mut all = digits;
-        all.push_str(&fraction);
-        if all.is_empty() {
-            all.push('0');
-        }
-        let numer = BigInt::from_str_radix(&all, 10).map_err(|e| LexError(e.to_string()))?;
-        let denom = num_traits::pow(BigInt::from(10), fraction.len());
-        let value = if denom.is_one() {
-            BigRational::from_integer(numer)
-        } else {
-            BigRational::new(numer, denom)
-        };
-        self.tokens.push(Token::Num(value));
+        let (literal, end) = read_number(self.text, self.pos).map_err(LexError)?;
+        self.pos = end;
+        self.tokens.push(match literal {
+            Literal::Value(value) => Token::Num(value),
+            Literal::Time(minutes) => Token::Time(minutes),
+        });
         Ok(())
     }
 
@@ -374,19 +348,25 @@ impl<'a> Lexer<'a> {
             "sqrt" => Token::Sqrt,
             "pi" => Token::Pi,
             "inf" | "infty" | "infinity" => Token::Infinity,
-            "sin" => Token::Func(Func::Sin),
-            "cos" => Token::Func(Func::Cos),
-            "tan" => Token::Func(Func::Tan),
-            "ln" => Token::Func(Func::Ln),
-            "exp" => Token::Func(Func::Exp),
             "abs" => Token::Func(Func::Abs),
+            _ if Func::named(&lower).is_some() => {
+                Token::Func(Func::named(&lower).unwrap_or(Func::Abs))
+            }
             "log" => Token::Log,
             "and" | "or" => Token::Comma,
+            "percent" | "pct" | "percentage" => Token::Percent,
+            _ if magnitude(&lower).is_some() => {
+                self.tokens.push(Token::Times);
+                Token::Num(magnitude(&lower).unwrap_or_else(BigRational::one))
+            }
+            "e" if word == "e" && self.peek() != Some(b'_') => Token::E,
             _ if word.len() == 1 => {
                 let mut name = word.to_string();
                 self.subscript(&mut name);
                 Token::Ident(name)
             }
+            // `No` is the word; `NO` stays two variables (`\frac{NO}{BO}`).
+            "no" if word != "NO" => Token::Text(lower),
             _ if word.len() == 2
                 && !UNIT_WORDS_SHORT.contains(&lower.as_str())
                 && !FILLER_WORDS_SHORT.contains(&lower.as_str()) =>
@@ -431,6 +411,10 @@ impl<'a> Lexer<'a> {
 
     fn command(&mut self) -> Result<(), LexError> {
         self.pos += 1;
+        if self.peek() == Some(b'\\') && escaped_structural_command(&self.text[self.pos + 1..]) {
+            // `\\frac` is an escaped `\frac` (JSON or Python quoting), not a line break.
+            self.pos += 1;
+        }
         let start = self.pos;
         while let Some(b'a'..=b'z' | b'A'..=b'Z') = self.peek() {
             self.pos += 1;
@@ -445,6 +429,7 @@ impl<'a> Lexer<'a> {
                 b'{' => self.tokens.push(Token::LSetBrace),
                 b'}' => self.tokens.push(Token::RSetBrace),
                 b'%' => self.tokens.push(Token::Percent),
+                b'\\' if self.matrix_depth > 0 => self.tokens.push(Token::RowSep),
                 b'\\' => self.tokens.push(Token::Comma),
                 b'$' | b',' | b';' | b':' | b'!' | b' ' | b'>' => {}
                 _ => return Err(LexError(format!("unknown command \\{}", byte as char))),
@@ -496,10 +481,10 @@ impl<'a> Lexer<'a> {
                         self.raw_group()?; // the column specification `{cc}`
                     }
                     self.matrix_depth += 1;
-                    Token::LParen
+                    Token::MatrixBegin
                 } else {
                     self.matrix_depth = self.matrix_depth.saturating_sub(1);
-                    Token::RParen
+                    Token::MatrixEnd
                 }
             }
             "sqrt" => Token::Sqrt,
@@ -515,19 +500,28 @@ impl<'a> Lexer<'a> {
             "ne" | "neq" => Token::Rel(RelOp::NotEq),
             "in" => Token::Rel(RelOp::In),
             "cup" => Token::Cup,
-            "sin" => Token::Func(Func::Sin),
-            "cos" => Token::Func(Func::Cos),
-            "tan" => Token::Func(Func::Tan),
-            "ln" => Token::Func(Func::Ln),
-            "exp" => Token::Func(Func::Exp),
+            _ if Func::named(name).is_some() => Token::Func(Func::named(name).unwrap_or(Func::Abs)),
             "log" => Token::Log,
+            "approx" | "simeq" => Token::Rel(RelOp::Approx),
             "lvert" | "rvert" | "vert" | "mid" => Token::Bar,
             "langle" => Token::LParen,
             "rangle" => Token::RParen,
             "text" | "textrm" | "mbox" | "mathrm" | "textbf" | "mathbf" | "textit" | "mathit"
             | "operatorname" | "textnormal" => {
                 let content = self.raw_group()?;
-                if content.bytes().any(|b| b.is_ascii_alphabetic()) {
+                let trimmed = content.trim();
+                if name.starts_with("math") && trimmed == "e" {
+                    Token::E
+                } else if name.starts_with("text")
+                    && !trimmed.is_empty()
+                    && trimmed.bytes().all(|b| b.is_ascii_digit())
+                {
+                    // `\text{13}` is the string "13", not the number (Math-Verify's reading).
+                    Token::Text(trimmed.to_string())
+                } else if let Some(power) = magnitude(&trimmed.to_ascii_lowercase()) {
+                    self.tokens.push(Token::Times);
+                    Token::Num(power)
+                } else if content.bytes().any(|b| b.is_ascii_alphabetic()) {
                     let words: Vec<&str> = content.split_whitespace().collect();
                     let joined = words.join(" ").to_ascii_lowercase();
                     if joined == "and" || joined == "or" {
@@ -543,6 +537,11 @@ impl<'a> Lexer<'a> {
             }
             _ if greek(name) => Token::Ident(name.to_string()),
             _ if is_layout_command(name) => return Ok(()),
+            _ if name.starts_with("quad") || name.starts_with("qquad") => {
+                // `\quadx_2`: a spacing command run into the next word.
+                self.pos = start + if name.starts_with("quad") { 4 } else { 5 };
+                return Ok(());
+            }
             _ => return Err(LexError(format!("unknown command \\{name}"))),
         };
         if let Token::Ident(mut ident) = token {

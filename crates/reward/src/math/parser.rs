@@ -24,6 +24,19 @@ use num_traits::Signed;
 
 use super::expr::{Bracket, Expr, Func};
 use super::lexer::{Token, tokenize};
+use super::units::{canonical_symbol, canonical_unit, is_qualifier};
+
+/// `cm` with power 2 is `cm^2`; other powers are kept by name only for 2 and 3.
+fn squared(unit: &'static str, power: &Expr) -> &'static str {
+    let power = if *power == Expr::int(2) {
+        2
+    } else if *power == Expr::int(3) {
+        3
+    } else {
+        return unit;
+    };
+    super::units::powered(unit, power)
+}
 
 /// Deepest nesting accepted (brackets, groups, unary signs, exponents together).
 pub const MAX_DEPTH: usize = 48;
@@ -34,8 +47,20 @@ pub const MAX_TOKENS: usize = 1500;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParseError(pub String);
 
+/// A parsed answer with the canonical units written after its values (`5\text{ cm}`: `cm`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Parsed {
+    pub expr: Expr,
+    pub units: Vec<&'static str>,
+}
+
 /// Parses one answer (already extracted from the completion).
 pub fn parse_answer(text: &str) -> Result<Expr, ParseError> {
+    parse_with_units(text).map(|parsed| parsed.expr)
+}
+
+/// Parses one answer and reports its units.
+pub fn parse_with_units(text: &str) -> Result<Parsed, ParseError> {
     let tokens = tokenize(text).map_err(|e| ParseError(e.0))?;
     if tokens.is_empty() {
         return Err(ParseError("empty answer".into()));
@@ -56,13 +81,17 @@ pub fn parse_answer(text: &str) -> Result<Expr, ParseError> {
                 }
             })
             .collect();
-        return Ok(Expr::Text(words.join(" ")));
+        return Ok(Parsed {
+            expr: Expr::Text(words.join(" ")),
+            units: Vec::new(),
+        });
     }
     let mut parser = Parser {
         tokens,
         pos: 0,
         depth: 0,
         abs_depth: 0,
+        units: Vec::new(),
     };
     let mut items = parser.items()?;
     if parser.pos != parser.tokens.len() {
@@ -71,11 +100,15 @@ pub fn parse_answer(text: &str) -> Result<Expr, ParseError> {
             parser.tokens[parser.pos]
         )));
     }
-    Ok(if items.len() == 1 {
+    let expr = if items.len() == 1 {
         items.remove(0)
     } else {
         Expr::List(items)
-    })
+    };
+    let mut units = parser.units;
+    units.sort_unstable();
+    units.dedup();
+    Ok(Parsed { expr, units })
 }
 
 struct Parser {
@@ -83,6 +116,19 @@ struct Parser {
     pos: usize,
     depth: usize,
     abs_depth: usize,
+    units: Vec<&'static str>,
+}
+
+/// A word that qualifies or hedges a value ("at least 12", "not 12"): such an answer has no
+/// single value and is unparseable rather than read as 12.
+/// Words that may stand before a value without changing it: currency codes and "it is".
+const LEAD_WORDS: &[&str] = &[
+    "usd", "rs", "inr", "eur", "gbp", "cny", "rmb", "jpy", "cad", "aud", "it", "is", "it's", "its",
+    "equals", "total", "answer", "the", "be",
+];
+
+fn qualified(words: &str) -> bool {
+    words.split_whitespace().any(is_qualifier)
 }
 
 fn err<T>(message: impl Into<String>) -> Result<T, ParseError> {
@@ -124,6 +170,8 @@ impl Parser {
     fn items(&mut self) -> Result<Vec<Expr>, ParseError> {
         let mut items = vec![self.item()?];
         while self.eat(&Token::Comma) {
+            // `19, 46, and 82`: the "and" after a comma adds no item.
+            while self.eat(&Token::Comma) {}
             if matches!(
                 self.peek(),
                 None | Some(Token::RParen | Token::RBracket | Token::RBrace | Token::RSetBrace)
@@ -154,6 +202,29 @@ impl Parser {
         while let Some(Token::Text(word)) = self.peek() {
             words.push(word.clone());
             self.pos += 1;
+        }
+        if qualified(&words.join(" ")) {
+            return err(format!("qualified answer ({})", words.join(" ")));
+        }
+        let value_follows = !matches!(
+            self.peek(),
+            None | Some(
+                Token::Comma
+                    | Token::Cup
+                    | Token::RParen
+                    | Token::RBracket
+                    | Token::RBrace
+                    | Token::RSetBrace
+            )
+        );
+        if value_follows
+            && !matches!(self.peek(), Some(Token::Rel(_)))
+            && !words
+                .iter()
+                .all(|w| w.split_whitespace().all(|w| LEAD_WORDS.contains(&w)))
+        {
+            // "ext 13", "the largest n is 34": prose before a value is not a label.
+            return err(format!("words before a value ({})", words.join(" ")));
         }
         if !words.is_empty()
             && matches!(
@@ -221,6 +292,9 @@ impl Parser {
         match self.peek() {
             Some(
                 Token::Num(_)
+                | Token::Time(_)
+                | Token::E
+                | Token::MatrixBegin
                 | Token::Ident(_)
                 | Token::Pi
                 | Token::Infinity
@@ -251,14 +325,45 @@ impl Parser {
                     self.pos += 1;
                     left = Expr::Div(Box::new(left), Box::new(self.unary()?));
                 }
-                Some(Token::Text(_)) => {
+                Some(Token::Text(word)) => {
                     // A unit after a value, possibly with a power (`\text{cm}^2`).
+                    let word = word.clone();
+                    if qualified(&word) {
+                        return err(format!("qualified answer ({word})"));
+                    }
                     self.pos += 1;
+                    if self.starts_primary()
+                        && !matches!(self.peek(), Some(Token::LParen | Token::LBrace))
+                    {
+                        // "10 which is 1000": words between two values join nothing.
+                        return err(format!("words between values ({word})"));
+                    }
+                    let unit = canonical_symbol(word.trim())
+                        .or_else(|| word.split_whitespace().find_map(canonical_unit));
                     if self.eat(&Token::Caret) {
-                        self.argument()?;
+                        let power = self.argument()?;
+                        if let Some(unit) = unit {
+                            self.units.push(squared(unit, &power));
+                        }
+                    } else if let Some(unit) = unit {
+                        let squared_word = word.contains("square") || word.starts_with("sq ");
+                        self.units.push(if squared_word {
+                            squared(unit, &Expr::int(2))
+                        } else {
+                            unit
+                        });
                     }
                 }
                 _ if self.starts_primary() => {
+                    if matches!(self.peek(), Some(Token::Num(_)))
+                        && matches!(
+                            self.tokens.get(self.pos.wrapping_sub(1)),
+                            Some(Token::Num(_))
+                        )
+                    {
+                        // `2 3` is two numbers, not their product 6: ambiguous, never a guess.
+                        return err("two numbers side by side");
+                    }
                     let starts_fraction = self.peek() == Some(&Token::Frac);
                     let right = self.power()?;
                     left = match (&left, &right) {
@@ -368,6 +473,9 @@ impl Parser {
         match token {
             Token::Num(value) => Ok(Expr::Num(value)),
             Token::Ident(name) => Ok(Expr::Var(name)),
+            Token::E => Ok(Expr::E),
+            Token::Time(minutes) => Ok(Expr::Time(minutes)),
+            Token::MatrixBegin => self.matrix(),
             Token::Pi => Ok(Expr::Pi),
             Token::Infinity => Ok(Expr::Infinity),
             Token::Frac => {
@@ -401,7 +509,23 @@ impl Parser {
                 };
                 Ok(Expr::Root(Box::new(self.argument()?), index))
             }
-            Token::Func(func) => Ok(Expr::Apply(func, Box::new(self.function_argument()?))),
+            Token::Func(func) => {
+                // `\sin^2 x` is (sin x)^2; `\sin^{-1} x` is arcsin x.
+                if self.eat(&Token::Caret) {
+                    let power = self.argument()?;
+                    let argument = self.function_argument()?;
+                    if power == Expr::int(-1)
+                        && let Some(inverse) = func.inverse()
+                    {
+                        return Ok(Expr::Apply(inverse, Box::new(argument)));
+                    }
+                    return Ok(Expr::Pow(
+                        Box::new(Expr::Apply(func, Box::new(argument))),
+                        Box::new(power),
+                    ));
+                }
+                Ok(Expr::Apply(func, Box::new(self.function_argument()?)))
+            }
             Token::Log => {
                 if self.eat(&Token::Underscore) {
                     let base = self.argument()?;
@@ -441,13 +565,17 @@ impl Parser {
                 if !self.eat(&Token::RBrace) {
                     return err("unclosed {");
                 }
+                // `{1, 3}` is a TeX group around a list, not set notation (that is `\{1, 3\}`).
                 Ok(if items.len() == 1 {
                     items.remove(0)
                 } else {
-                    Expr::Set(items)
+                    Expr::List(items)
                 })
             }
             Token::LSetBrace => {
+                if self.eat(&Token::RSetBrace) {
+                    return Ok(Expr::Set(Vec::new()));
+                }
                 let items = self.items()?;
                 if !self.eat(&Token::RSetBrace) {
                     return err("unclosed \\{");
@@ -466,6 +594,44 @@ impl Parser {
             }
             other => err(format!("unexpected {other:?}")),
         }
+    }
+
+    /// Rows of a matrix up to `\end{...}`: `&` between entries, `\\` between rows.
+    fn matrix(&mut self) -> Result<Expr, ParseError> {
+        let mut rows: Vec<Vec<Expr>> = Vec::new();
+        let mut row = Vec::new();
+        loop {
+            match self.peek() {
+                Some(Token::MatrixEnd) => {
+                    self.pos += 1;
+                    break;
+                }
+                Some(Token::RowSep) => {
+                    self.pos += 1;
+                    if !row.is_empty() {
+                        rows.push(std::mem::take(&mut row));
+                    }
+                }
+                Some(Token::Amp) => return err("empty matrix entry"),
+                None => return err("unclosed matrix"),
+                _ => {
+                    row.push(self.sum()?);
+                    if !self.eat(&Token::Amp)
+                        && !matches!(self.peek(), Some(Token::RowSep | Token::MatrixEnd))
+                    {
+                        return err("unexpected token in a matrix");
+                    }
+                }
+            }
+        }
+        if !row.is_empty() {
+            rows.push(row);
+        }
+        let width = rows.first().map_or(0, Vec::len);
+        if width == 0 || rows.iter().any(|r| r.len() != width) {
+            return err("ragged or empty matrix");
+        }
+        Ok(Expr::Matrix(rows))
     }
 
     fn function_argument(&mut self) -> Result<Expr, ParseError> {
