@@ -206,7 +206,8 @@ impl Parser {
         if qualified(&words.join(" ")) {
             return err(format!("qualified answer ({})", words.join(" ")));
         }
-        let value_follows = !matches!(
+        // The words end the element (end of input, a separator or a closing bracket).
+        let element_ends = matches!(
             self.peek(),
             None | Some(
                 Token::Comma
@@ -217,7 +218,7 @@ impl Parser {
                     | Token::RSetBrace
             )
         );
-        if value_follows
+        if !element_ends
             && !matches!(self.peek(), Some(Token::Rel(_)))
             && !words
                 .iter()
@@ -226,19 +227,7 @@ impl Parser {
             // "ext 13", "the largest n is 34": prose before a value is not a label.
             return err(format!("words before a value ({})", words.join(" ")));
         }
-        if !words.is_empty()
-            && matches!(
-                self.peek(),
-                None | Some(
-                    Token::Comma
-                        | Token::Cup
-                        | Token::RParen
-                        | Token::RBracket
-                        | Token::RBrace
-                        | Token::RSetBrace
-                )
-            )
-        {
+        if !words.is_empty() && element_ends {
             return Ok(Expr::Text(words.join(" ")));
         }
         let mut operands = vec![self.sum()?];
