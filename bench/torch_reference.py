@@ -53,6 +53,9 @@ PROMPT_LEN = 32
 NEW_TOKENS = 128
 DECODE_BATCHES = (8, 1)
 SEED = 0
+# --autocast bf16: forward and loss under torch.autocast("cpu", torch.bfloat16), PyTorch's
+# default mixed precision on CPU (weights, gradients and AdamW state stay float32).
+AUTOCAST: torch.dtype | None = None
 # Training workloads (c) and (d); must match crates/optim/examples/bench_train.rs.
 LR = 1e-3
 WEIGHT_DECAY = 0.1
@@ -215,9 +218,10 @@ def full_step(model, optimizer, ids, labels, attention_mask=None, position_ids=N
     loss and the seconds of each piece (CPU execution is synchronous, so the splits are exact)."""
     t0 = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
-    logits = model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids).logits
-    t1 = time.perf_counter()
-    loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
+    with torch.autocast("cpu", dtype=AUTOCAST or torch.float32, enabled=AUTOCAST is not None):
+        logits = model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids).logits
+        t1 = time.perf_counter()
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100)
     value = loss.item()
     t2 = time.perf_counter()
     loss.backward()
@@ -345,6 +349,8 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=HERE / "bench_config.json")
     ap.add_argument("--write-config", action="store_true", help="write bench_config() to --config and exit")
     ap.add_argument("--only", default=",".join(WORKLOADS), help=f"comma-separated subset of {','.join(WORKLOADS)}")
+    ap.add_argument("--autocast", choices=["bf16"], help="training steps under torch.autocast(cpu, bfloat16)")
+    ap.add_argument("--attn", default="eager", help="transformers attention implementation (eager, sdpa)")
     ap.add_argument("--check-packing", action="store_true", help="also compare packed vs per-document logits")
     args = ap.parse_args()
     only = [w for w in args.only.split(",") if w]
@@ -357,11 +363,13 @@ def main() -> None:
     torch.set_num_threads(THREADS)
     torch.manual_seed(SEED)
     config = LlamaConfig.from_json_file(str(args.config))
-    config._attn_implementation = "eager"
+    config._attn_implementation = args.attn
+    global AUTOCAST
+    AUTOCAST = torch.bfloat16 if args.autocast == "bf16" else None
     model = LlamaForCausalLM(config).to(torch.float32)
     n_params = sum(p.numel() for p in model.parameters())
     result = {
-        "reference": "transformers LlamaForCausalLM, float32, eager attention, CPU",
+        "reference": f"transformers LlamaForCausalLM, float32{' + autocast bf16' if AUTOCAST else ''}, {args.attn} attention, CPU",
         "config": str(args.config.relative_to(HERE.parent) if args.config.is_relative_to(HERE.parent) else args.config),
         "parameters": n_params,
         "threads": torch.get_num_threads(),

@@ -19,9 +19,19 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("stoke-optim", &[]),
         (
             "stoke-train",
-            &["stoke-types", "stoke-ops", "stoke-model", "stoke-optim", "stoke-data", "stoke-tokenizer"],
+            &[
+                "stoke-types",
+                "stoke-ops",
+                "stoke-model",
+                "stoke-optim",
+                "stoke-data",
+                "stoke-tokenizer",
+            ],
         ),
-        ("stoke-rollout", &["stoke-types", "stoke-ops", "stoke-model", "stoke-tokenizer"]),
+        (
+            "stoke-rollout",
+            &["stoke-types", "stoke-ops", "stoke-model", "stoke-tokenizer"],
+        ),
         // The pipeline holds the policy (model), its tokenizer, the optimizer settings and the
         // PTX shards directly, besides the three modules' crates.
         (
@@ -68,17 +78,30 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
             ],
         ),
     ];
-    table.iter().map(|(krate, deps)| (*krate, deps.iter().copied().collect())).collect()
+    table
+        .iter()
+        .map(|(krate, deps)| (*krate, deps.iter().copied().collect()))
+        .collect()
 }
 
 #[test]
 fn stoke_crates_depend_only_on_allowed_crates() {
     let output = Command::new(env!("CARGO"))
-        .args(["metadata", "--no-deps", "--format-version", "1", "--offline"])
+        .args([
+            "metadata",
+            "--no-deps",
+            "--format-version",
+            "1",
+            "--offline",
+        ])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("cargo metadata runs");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let metadata: serde_json::Value =
         serde_json::from_slice(&output.stdout).expect("cargo metadata prints JSON");
     let allowed = allowed();
@@ -90,7 +113,10 @@ fn stoke_crates_depend_only_on_allowed_crates() {
         let permitted = allowed
             .get(name)
             .unwrap_or_else(|| panic!("crate {name} is not in the layering table; add it"));
-        for dep in package["dependencies"].as_array().expect("dependencies array") {
+        for dep in package["dependencies"]
+            .as_array()
+            .expect("dependencies array")
+        {
             let dep_name = dep["name"].as_str().expect("dependency name");
             let is_normal = dep["kind"].is_null();
             if dep_name.starts_with("stoke-") && is_normal {
@@ -102,6 +128,9 @@ fn stoke_crates_depend_only_on_allowed_crates() {
         }
     }
     for krate in allowed.keys() {
-        assert!(seen.contains(*krate), "layering table names {krate}, which is not in the workspace");
+        assert!(
+            seen.contains(*krate),
+            "layering table names {krate}, which is not in the workspace"
+        );
     }
 }

@@ -16,8 +16,8 @@
 //! Invariants: deterministic for a given model and problems (greedy decoding; batching changes
 //! float summation order only); `records.len() == problems.len()`, in problem order.
 
-pub use stoke_reward::stats::pass_at_k;
 use std::time::Instant;
+pub use stoke_reward::stats::pass_at_k;
 
 use serde::{Deserialize, Serialize};
 use stoke_model::Transformer;

@@ -23,7 +23,7 @@ use crate::rotary::RotaryTable;
 use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
-use stoke_ops::{apply_rope, attention, rms_norm, swiglu};
+use stoke_ops::{Precision, apply_rope, attention, rms_norm, swiglu};
 
 /// Standard deviation of the random initialisation of weight matrices (HF `initializer_range`).
 const INIT_STD: f64 = 0.02;
@@ -91,8 +91,8 @@ struct Linear {
 }
 
 impl Linear {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let y = x.matmul(&self.weight.t()?)?;
+    fn forward(&self, x: &Tensor, precision: Precision) -> candle_core::Result<Tensor> {
+        let y = stoke_ops::linear(x, &self.weight, precision)?;
         match &self.bias {
             Some(b) => y.broadcast_add(b),
             None => Ok(y),
@@ -111,13 +111,16 @@ enum Mlp {
 }
 
 impl Mlp {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+    fn forward(&self, x: &Tensor, p: Precision) -> candle_core::Result<Tensor> {
         match self {
             Mlp::SwiGlu {
                 gate_proj,
                 up_proj,
                 down_proj,
-            } => down_proj.forward(&swiglu(&gate_proj.forward(x)?, &up_proj.forward(x)?)?),
+            } => down_proj.forward(
+                &swiglu(&gate_proj.forward(x, p)?, &up_proj.forward(x, p)?)?,
+                p,
+            ),
         }
     }
 }
@@ -146,6 +149,7 @@ struct ForwardContext<'a> {
     cos: Tensor,
     sin: Tensor,
     bias: Tensor,
+    precision: Precision,
 }
 
 #[derive(Debug, Clone)]
@@ -157,6 +161,8 @@ pub struct Transformer {
     norm: Var,
     lm_head: Option<Var>,
     rotary: RotaryTable,
+    /// How the linear layers and the LM head multiply (`Precision::F32` unless set).
+    precision: Precision,
 }
 
 impl Transformer {
@@ -246,7 +252,24 @@ impl Transformer {
             rotary,
             parameters,
             config,
+            precision: Precision::F32,
         })
+    }
+
+    /// The precision of the linear layers and the LM head (see `stoke_types::Precision`).
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// Sets the matmul precision; parameters stay as they are (f32 master weights).
+    pub fn set_precision(&mut self, precision: Precision) {
+        self.precision = precision;
+    }
+
+    /// This model with the given precision (builder form of `set_precision`).
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -280,7 +303,7 @@ impl Transformer {
             .iter()
             .map(|(n, v)| Ok((n.clone(), v.as_tensor().to_dtype(dtype)?)))
             .collect::<Result<BTreeMap<_, _>, ModelError>>()?;
-        Transformer::from_tensors(self.config.clone(), tensors)
+        Ok(Transformer::from_tensors(self.config.clone(), tensors)?.with_precision(self.precision))
     }
 
     /// A deep copy: new `Var`s over newly allocated storage, so in-place updates of this model's
@@ -295,7 +318,7 @@ impl Transformer {
             .iter()
             .map(|(name, var)| (name.clone(), var.as_tensor().detach()))
             .collect::<BTreeMap<_, _>>();
-        Transformer::from_tensors(self.config.clone(), tensors)
+        Ok(Transformer::from_tensors(self.config.clone(), tensors)?.with_precision(self.precision))
     }
 
     /// Logits [B, T, vocab] for `input_ids` [B, T] (u32) at `positions` [B, T] (u32) under the
@@ -360,6 +383,7 @@ impl Transformer {
             cos,
             sin,
             bias: attn_bias.to_dtype(dtype)?,
+            precision: self.precision,
         };
         let ids = input_ids.to_dtype(DType::U32)?.flatten_all()?;
         let mut hidden = self.embed_tokens.index_select(&ids, 0)?.reshape((
@@ -387,9 +411,11 @@ impl Transformer {
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
         let dims = hidden.dims().to_vec();
         let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
-        let logits = hidden
-            .reshape((rows, self.config.hidden_size))?
-            .matmul(&head.t()?)?;
+        let logits = stoke_ops::linear(
+            &hidden.reshape((rows, self.config.hidden_size))?,
+            head,
+            self.precision,
+        )?;
         let mut out_dims = dims;
         if let Some(last) = out_dims.last_mut() {
             *last = self.config.vocab_size;
@@ -411,7 +437,9 @@ impl DecoderLayer {
         let hidden = (hidden + self.self_attn.forward(&normed, context, index, cache)?)?;
         let normed = rms_norm(&hidden, &self.post_attention_layernorm, eps)?;
         let (batch, len, width) = normed.dims3()?;
-        let mlp_out = self.mlp.forward(&normed.reshape((batch * len, width))?)?;
+        let mlp_out = self
+            .mlp
+            .forward(&normed.reshape((batch * len, width))?, context.precision)?;
         Ok((hidden + mlp_out.reshape((batch, len, width))?)?)
     }
 }
@@ -434,15 +462,15 @@ impl SelfAttention {
         let x = x.reshape((batch * len, width))?;
         let q = self
             .q_proj
-            .forward(&x)?
+            .forward(&x, context.precision)?
             .reshape((batch, len, q_heads, head_dim))?;
         let k = self
             .k_proj
-            .forward(&x)?
+            .forward(&x, context.precision)?
             .reshape((batch, len, kv_heads, head_dim))?;
         let v = self
             .v_proj
-            .forward(&x)?
+            .forward(&x, context.precision)?
             .reshape((batch, len, kv_heads, head_dim))?;
         let (q, k) = match (&self.q_norm, &self.k_norm) {
             (Some(qn), Some(kn)) => (
@@ -467,7 +495,10 @@ impl SelfAttention {
         let out = out
             .transpose(1, 2)?
             .reshape((batch * len, q_heads * head_dim))?;
-        Ok(self.o_proj.forward(&out)?.reshape((batch, len, width))?)
+        Ok(self
+            .o_proj
+            .forward(&out, context.precision)?
+            .reshape((batch, len, width))?)
     }
 }
 

@@ -22,9 +22,11 @@
 pub mod activation;
 pub mod allocator;
 pub mod attention;
-pub mod gradcheck;
+pub mod bf16;
 pub mod fused_attention;
+pub mod gradcheck;
 pub mod kernels;
+pub mod linear;
 pub mod lm_head;
 pub mod loss;
 pub mod masked_softmax;
@@ -35,8 +37,10 @@ pub mod softmax;
 
 pub use activation::swiglu;
 pub use attention::attention;
+pub use linear::linear;
+pub use lm_head::{linear_target_logprobs, linear_target_logprobs_with};
 pub use loss::{cross_entropy, token_logprobs};
-pub use lm_head::linear_target_logprobs;
 pub use norm::rms_norm;
 pub use rope::apply_rope;
 pub use softmax::{log_softmax, softmax};
+pub use stoke_types::Precision;

@@ -23,7 +23,11 @@ use std::sync::Mutex;
 
 use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor};
 
+use crate::bf16::{self, PackedA, PackedB};
 use crate::kernels::{Real, TargetLogprobsBackward, contiguous_slice, target_logprobs_rows};
+use crate::linear::{uses_bf16, with_f32};
+use rayon::prelude::*;
+use stoke_types::Precision;
 
 /// `log softmax(hidden @ weight^T)[n, targets[n]]`: hidden [N, H], weight [V, H], targets [N]
 /// (any integer dtype). Returns [N]. Gradients flow to `hidden` and `weight`.
@@ -31,6 +35,17 @@ pub fn linear_target_logprobs(
     hidden: &Tensor,
     weight: &Tensor,
     targets: &Tensor,
+) -> Result<Tensor> {
+    linear_target_logprobs_with(hidden, weight, targets, Precision::F32)
+}
+
+/// `linear_target_logprobs` with the LM head's products (forward and backward) in `precision`
+/// (see `crate::linear`; the log-softmax is f32 either way).
+pub fn linear_target_logprobs_with(
+    hidden: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    precision: Precision,
 ) -> Result<Tensor> {
     let (rows, width) = hidden.dims2()?;
     let (vocab, weight_width) = weight.dims2()?;
@@ -58,9 +73,18 @@ pub fn linear_target_logprobs(
         && hidden.dtype() == weight.dtype()
         && matches!(hidden.dtype(), DType::F32 | DType::F64);
     if !fused {
-        let logits = hidden.matmul(&weight.t()?)?;
+        let logits = crate::linear::linear(hidden, weight, precision)?;
         let targets = Tensor::from_vec(targets, rows, logits.device())?;
         return crate::kernels::target_logprobs(&logits, &targets);
+    }
+    if uses_bf16(precision, &[hidden, weight]) {
+        return hidden.contiguous()?.apply_op2(
+            &weight.contiguous()?,
+            ChunkedBf16TargetLogprobs {
+                chunk: chunk_rows(vocab),
+                targets,
+            },
+        );
     }
     hidden.contiguous()?.apply_op2(
         &weight.contiguous()?,
@@ -69,6 +93,166 @@ pub fn linear_target_logprobs(
             saved_logits: Mutex::new(None),
         },
     )
+}
+
+/// Most logits held at once by the bf16 head (elements; 64 MiB of f32).
+const CHUNK_LOGITS: usize = 16 << 20;
+
+/// Rows per chunk of the bf16 head for a vocabulary of `vocab`: a multiple of 32 (whole AMX
+/// blocks), at least 32.
+fn chunk_rows(vocab: usize) -> usize {
+    ((CHUNK_LOGITS / vocab.max(1)) / 32 * 32).max(32)
+}
+
+/// The bf16 LM head and target log-probabilities, in chunks of positions: no `[N, V]` tensor
+/// larger than `chunk_rows(V)` rows exists, forward or backward. The forward keeps nothing but
+/// the op's inputs; the backward recomputes each chunk's logits (one more `N x V x H` product,
+/// about a third more LM-head arithmetic) and turns them in place into the logits gradient:
+/// `dlogits = g * (onehot - softmax)`, `dhidden = dlogits W`, `dW^T += hidden^T dlogits`.
+struct ChunkedBf16TargetLogprobs {
+    targets: Vec<u32>,
+    /// Rows per chunk (`chunk_rows(V)`; smaller in tests).
+    chunk: usize,
+}
+
+impl ChunkedBf16TargetLogprobs {
+    const NAME: &'static str = "stoke-linear-target-logprobs-bf16";
+
+    /// Calls `f(first_row, logits)` for each chunk of rows, `logits` `[rows, V]` row-major.
+    fn for_each_chunk(
+        &self,
+        hidden: &[f32],
+        width: usize,
+        head: &PackedB,
+        mut f: impl FnMut(usize, &mut [f32]) -> Result<()>,
+    ) -> Result<()> {
+        let rows = self.targets.len();
+        let vocab = head.cols();
+        let step = self.chunk.max(1);
+        let mut logits = vec![0.0f32; step.min(rows) * vocab];
+        for first in (0..rows).step_by(step) {
+            let here = step.min(rows - first);
+            let a = PackedA::from_rows(&hidden[first * width..(first + here) * width], here, width);
+            let chunk = &mut logits[..here * vocab];
+            bf16::matmul_into(&a, head, chunk);
+            f(first, chunk)?;
+        }
+        Ok(())
+    }
+}
+
+impl CustomOp2 for ChunkedBf16TargetLogprobs {
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (CpuStorage::F32(hidden), CpuStorage::F32(weight)) = (s1, s2) else {
+            candle_core::bail!("{}: f32 only", Self::NAME)
+        };
+        let (_, width) = l1.shape().dims2()?;
+        let (vocab, _) = l2.shape().dims2()?;
+        let hidden = contiguous_slice(hidden, l1, Self::NAME)?;
+        let head = PackedB::from_rows(contiguous_slice(weight, l2, Self::NAME)?, vocab, width);
+        let mut out = Vec::with_capacity(self.targets.len());
+        self.for_each_chunk(hidden, width, &head, |first, logits| {
+            let here = logits.len() / vocab;
+            out.extend(target_logprobs_rows(
+                logits,
+                vocab,
+                &self.targets[first..first + here],
+            ));
+            Ok(())
+        })?;
+        Ok((CpuStorage::F32(out), Shape::from(self.targets.len())))
+    }
+
+    fn bwd(
+        &self,
+        hidden: &Tensor,
+        weight: &Tensor,
+        res: &Tensor,
+        grad_res: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (rows, width) = hidden.dims2()?;
+        let (vocab, _) = weight.dims2()?;
+        let logp: Vec<f32> = res.detach().to_vec1()?;
+        let grad: Vec<f32> = grad_res.detach().to_vec1()?;
+        let (head, head_t) = with_f32(weight, |w| {
+            (
+                PackedB::from_rows(w, vocab, width),
+                PackedB::from_cols(w, vocab, width),
+            )
+        })?;
+        let mut dhidden = vec![0.0f32; rows * width];
+        // dW^T [H, V], accumulated chunk by chunk; transposed once at the end.
+        let mut dweight_t = vec![0.0f32; width * vocab];
+        with_f32(hidden, |h| {
+            self.for_each_chunk(h, width, &head, |first, logits| {
+                let here = logits.len() / vocab;
+                let targets = &self.targets[first..first + here];
+                logits_to_grad_in_place(
+                    logits,
+                    vocab,
+                    targets,
+                    &logp[first..first + here],
+                    &grad[first..first + here],
+                );
+                let dlogits = PackedA::from_rows(logits, here, vocab);
+                bf16::matmul_into(
+                    &dlogits,
+                    &head_t,
+                    &mut dhidden[first * width..(first + here) * width],
+                );
+                let h_t =
+                    PackedA::from_cols(&h[first * width..(first + here) * width], here, width);
+                let dlogits_t = PackedB::from_cols(logits, here, vocab);
+                bf16::matmul_acc(&h_t, &dlogits_t, &mut dweight_t);
+                Ok(())
+            })
+        })??;
+        let mut dweight = vec![0.0f32; vocab * width];
+        dweight
+            .par_chunks_mut(width)
+            .enumerate()
+            .for_each(|(v, row)| {
+                for (j, d) in row.iter_mut().enumerate() {
+                    *d = dweight_t[j * vocab + v];
+                }
+            });
+        let device = hidden.device();
+        Ok((
+            Some(Tensor::from_vec(dhidden, (rows, width), device)?),
+            Some(Tensor::from_vec(dweight, (vocab, width), device)?),
+        ))
+    }
+}
+
+/// `logits` (rows of `width`) becomes `g * (onehot(target) - softmax(logits))` per row, the
+/// softmax taken from the forward's log-probability (`lse = logit[target] - logp`).
+fn logits_to_grad_in_place(
+    logits: &mut [f32],
+    width: usize,
+    targets: &[u32],
+    logp: &[f32],
+    grad: &[f32],
+) {
+    logits
+        .par_chunks_mut(width)
+        .zip(targets.par_iter().zip(logp.par_iter().zip(grad.par_iter())))
+        .for_each(|(row, (&t, (&lp, &g)))| {
+            let lse = row[t as usize] - lp;
+            for v in row.iter_mut() {
+                *v = -g * (*v - lse).exp();
+            }
+            row[t as usize] += g;
+        });
 }
 
 struct LinearTargetLogprobs {
@@ -97,7 +281,7 @@ impl LinearTargetLogprobs {
         let name = "stoke-linear-target-logprobs";
         let hidden = plain_tensor(hidden, hidden_layout, name)?;
         let weight = plain_tensor(weight, weight_layout, name)?;
-        let logits = hidden.matmul(&weight.t()?)?.contiguous()?;
+        let logits = self.logits(&hidden, &weight)?;
         let vocab = logits.dim(1)?;
         let out = {
             let (storage, layout) = logits.storage_and_layout();
@@ -109,6 +293,10 @@ impl LinearTargetLogprobs {
         };
         *self.lock_saved()? = Some(logits);
         Ok(T::to_cpu_storage_owned(out))
+    }
+
+    fn logits(&self, hidden: &Tensor, weight: &Tensor) -> Result<Tensor> {
+        hidden.matmul(&weight.t()?)?.contiguous()
     }
 
     fn lock_saved(&self) -> Result<std::sync::MutexGuard<'_, Option<Tensor>>> {
@@ -149,7 +337,7 @@ impl CustomOp2 for LinearTargetLogprobs {
         let saved = self.lock_saved()?.take();
         let logits = match saved {
             Some(logits) => logits,
-            None => hidden.matmul(&weight.t()?)?.contiguous()?,
+            None => self.logits(&hidden, &weight)?,
         };
         let dlogits = logits.apply_op3_no_bwd(
             &res.detach().contiguous()?,
@@ -176,6 +364,85 @@ mod tests {
         (0..n)
             .map(|i| scale * (i as f64 * 1.37 + seed).sin())
             .collect()
+    }
+
+    fn rounded(t: &Tensor) -> Tensor {
+        let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+        let v: Vec<f32> = v.into_iter().map(crate::bf16::round_bf16).collect();
+        Tensor::from_vec(v, t.dims(), &Device::Cpu).unwrap()
+    }
+
+    fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+        let (a, b): (Vec<f32>, Vec<f32>) = (
+            a.flatten_all().unwrap().to_vec1().unwrap(),
+            b.flatten_all().unwrap().to_vec1().unwrap(),
+        );
+        a.iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
+    }
+
+    /// The chunked bf16 head (several chunks, a ragged last one) against the f32 composition
+    /// on bf16-rounded operands, forward and both gradients. Only the summation order of the
+    /// products differs, so the tolerance is f32-sized.
+    #[test]
+    fn chunked_bf16_head_matches_the_rounded_f32_composition() {
+        let (rows, width, vocab) = (77, 40, 150);
+        let f = |n: usize, seed: f64, scale: f64| -> Vec<f32> {
+            values(n, seed, scale)
+                .into_iter()
+                .map(|v| v as f32)
+                .collect()
+        };
+        let hidden = Var::from_vec(f(rows * width, 0.3, 1.0), (rows, width), &Device::Cpu).unwrap();
+        let weight =
+            Var::from_vec(f(vocab * width, 1.7, 0.3), (vocab, width), &Device::Cpu).unwrap();
+        let targets: Vec<u32> = (0..rows as u32)
+            .map(|i| (i * 37 + 5) % vocab as u32)
+            .collect();
+        let coeffs = Tensor::from_vec(f(rows, 2.1, 1.0), rows, &Device::Cpu).unwrap();
+        let op = ChunkedBf16TargetLogprobs {
+            targets: targets.clone(),
+            chunk: 32,
+        };
+        let got = hidden
+            .as_tensor()
+            .apply_op2(weight.as_tensor(), op)
+            .unwrap();
+        let grads = (&got * &coeffs)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+
+        let (hr, wr) = (
+            Var::from_tensor(&rounded(hidden.as_tensor())).unwrap(),
+            Var::from_tensor(&rounded(weight.as_tensor())).unwrap(),
+        );
+        let t = Tensor::from_vec(targets, rows, &Device::Cpu).unwrap();
+        let want = composed(hr.as_tensor(), wr.as_tensor(), &t).unwrap();
+        let want_grads = (&want * &coeffs)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        assert!(
+            max_abs_diff(&got, &want) < 1e-5,
+            "logprobs {}",
+            max_abs_diff(&got, &want)
+        );
+        // The gradients' products take bf16-rounded dlogits, the reference exact ones: the
+        // difference is bf16-sized relative to the gradient's scale.
+        for (name, var, reference) in [("hidden", &hidden, &hr), ("weight", &weight, &wr)] {
+            let g = grads.get(var.as_tensor()).unwrap();
+            let w = want_grads.get(reference.as_tensor()).unwrap();
+            let scale = max_abs_diff(w, &w.zeros_like().unwrap());
+            let diff = max_abs_diff(g, w);
+            assert!(diff <= 1e-2 * scale, "d{name}: {diff} at scale {scale}");
+        }
     }
 
     fn composed(hidden: &Tensor, weight: &Tensor, targets: &Tensor) -> Result<Tensor> {

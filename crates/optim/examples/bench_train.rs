@@ -57,6 +57,7 @@ fn main() -> BenchResult<()> {
     let mut config_path =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bench/bench_config.json");
     let mut loss_head = LossHead::Fused;
+    let mut precision = stoke_ops::Precision::F32;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         if arg == "--loss" {
@@ -67,6 +68,12 @@ fn main() -> BenchResult<()> {
                     return Err(format!("--loss: expected fused or composed, got {other:?}").into());
                 }
             };
+        } else if arg == "--precision" {
+            precision = args
+                .next()
+                .ok_or("--precision needs f32 or bf16")?
+                .parse()
+                .map_err(|e: String| format!("--precision: {e}"))?;
         } else if arg == "--only" {
             let list = args.next().ok_or("--only needs a comma-separated list")?;
             only = list
@@ -86,7 +93,9 @@ fn main() -> BenchResult<()> {
     stoke_ops::numerics::init_compute_threads();
     let config = ModelConfig::from_file(&config_path)?;
     let mut result = json!({
-        "implementation": "stoke (candle CPU, f32)",
+        "implementation": format!("stoke (candle CPU, {precision})"),
+        "precision": precision.as_str(),
+        "bf16_kernel": stoke_ops::bf16::backend().name(),
         "config": config_path.display().to_string(),
         "parameters": config.num_parameters(),
         "threads": env_threads("RAYON_NUM_THREADS"),
@@ -95,7 +104,7 @@ fn main() -> BenchResult<()> {
         "load_average_at_start": load_average(),
     });
     for workload in &only {
-        result[workload.as_str()] = bench_full_step(&config, workload, loss_head)?;
+        result[workload.as_str()] = bench_full_step(&config, workload, loss_head, precision)?;
     }
     result["load_average_at_end"] = json!(load_average());
     println!("{}", serde_json::to_string_pretty(&result)?);
@@ -295,7 +304,12 @@ fn full_step(
             let (b, t, width) = hidden.dims3()?;
             let hidden = hidden.narrow(1, 0, t - 1)?.reshape((b * (t - 1), width))?;
             let forward_done = Instant::now();
-            let logprobs = stoke_ops::linear_target_logprobs(&hidden, lm_head, &inputs.targets)?;
+            let logprobs = stoke_ops::linear_target_logprobs_with(
+                &hidden,
+                lm_head,
+                &inputs.targets,
+                model.precision(),
+            )?;
             (logprobs, forward_done)
         }
     };
@@ -329,9 +343,10 @@ fn bench_full_step(
     config: &ModelConfig,
     workload: &str,
     loss_head: LossHead,
+    precision: stoke_ops::Precision,
 ) -> BenchResult<Value> {
     let device = Device::Cpu;
-    let model = Transformer::init(config.clone(), &device, SEED)?;
+    let model = Transformer::init(config.clone(), &device, SEED)?.with_precision(precision);
     // The LM head's weight [V, H] (the embedding when tied), by its HF name.
     let head_name = if config.tie_word_embeddings {
         "model.embed_tokens.weight"

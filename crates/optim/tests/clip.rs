@@ -74,7 +74,9 @@ fn invalid_max_norm_is_an_error() {
 fn norm_is_bit_identical_across_repeats() {
     // Resumed runs must reproduce clip scales exactly, so the parallel sum may not depend on
     // how rayon happens to split the work.
-    let values: Vec<f32> = (0..2_000_003).map(|i| ((i % 977) as f32 - 488.0) * 1e-3).collect();
+    let values: Vec<f32> = (0..2_000_003)
+        .map(|i| ((i % 977) as f32 - 488.0) * 1e-3)
+        .collect();
     let grads = vec![Tensor::from_vec(values, 2_000_003, &Device::Cpu).unwrap()];
     let first = global_grad_norm(&grads).unwrap();
     for _ in 0..20 {

@@ -195,7 +195,10 @@ fn extra_variable_may_not_replace_messages() {
         },
     )
     .unwrap_err();
-    assert!(err.to_string().contains("extra variable `messages`"), "{err}");
+    assert!(
+        err.to_string().contains("extra variable `messages`"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -207,6 +207,8 @@ pub struct TrainingConfig {
     pub checkpoint_every: u64,
     pub keep_last: usize,
     pub keep_steps: Vec<u64>,
+    /// Matmul precision of the forward and backward passes (weights and optimizer stay f32).
+    pub precision: stoke_types::Precision,
 }
 
 /// The validated run configuration.

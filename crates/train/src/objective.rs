@@ -197,7 +197,8 @@ pub fn score_loss_tokens(
         // The LM head and the target log-probs as one graph node: candle's backward then never
         // zero-fills and accumulates an [M, V] logits gradient (bench/README.md, issue 5).
         let head = model.lm_head_weight();
-        let logprobs = stoke_ops::linear_target_logprobs(&hidden, head, &targets)?;
+        let logprobs =
+            stoke_ops::linear_target_logprobs_with(&hidden, head, &targets, model.precision())?;
         (None, logprobs)
     };
     Ok(Some(ScoredTokens {

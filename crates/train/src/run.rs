@@ -107,7 +107,7 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
             store.dir().display()
         )));
     }
-    let (model, resumed) = match &resume_path {
+    let (mut model, resumed) = match &resume_path {
         Some(path) => {
             let loaded = load_checkpoint(path, &device)?;
             let saved = TrainConfig::from_toml(
@@ -130,6 +130,7 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
         }
         None => (build_model(&config, tokenizer.as_ref(), &device)?, None),
     };
+    model.set_precision(config.training.precision);
     let config_path = run_dir.join("config.toml");
     std::fs::write(&config_path, &config_toml).map_err(|e| TrainError::io(&config_path, e))?;
 

@@ -5,6 +5,8 @@
 /// A token id in a tokenizer's vocabulary.
 pub type TokenId = u32;
 
+pub mod precision;
 pub mod reward;
 
+pub use precision::Precision;
 pub use reward::RewardOutcomeKind;

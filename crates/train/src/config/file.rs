@@ -181,6 +181,10 @@ pub struct TrainingFile {
     pub keep_steps: Vec<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spike: Option<SpikeFile>,
+    /// Matmul precision: "f32" (default, the exact mode) or "bf16" (mixed precision; see
+    /// `stoke_types::Precision`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<stoke_types::Precision>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

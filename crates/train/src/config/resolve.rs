@@ -104,6 +104,7 @@ impl TrainConfig {
             checkpoint_every: t.checkpoint_every.unwrap_or(0),
             keep_last: t.keep_last.unwrap_or(2),
             keep_steps: t.keep_steps.clone(),
+            precision: t.precision.unwrap_or_default(),
         };
         let config = TrainConfig {
             title: file.title.clone().unwrap_or_else(|| {
@@ -246,6 +247,7 @@ impl TrainConfig {
                     cooldown_steps: Some(s.cooldown_steps),
                     max_consecutive_skips: Some(s.max_consecutive_skips),
                 }),
+                precision: (t.precision != stoke_types::Precision::F32).then_some(t.precision),
             },
         }
     }

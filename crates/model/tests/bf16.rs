@@ -1,0 +1,132 @@
+//! bf16 mixed precision (`Precision::Bf16`) against f32 on the golden fixtures: logits against
+//! transformers' f32 reference, and the gradients of the next-token loss against stoke's own f32
+//! gradients (which match transformers, tests/gradients.rs).
+//!
+//! Stated tolerances (bf16 has an 8-bit significand, relative rounding error <= 2^-9 per
+//! operand): logits within 2% of the largest reference logit magnitude, plus 1e-3 absolute;
+//! per-parameter gradients within 5% relative L2 distance of the f32 gradients. These are
+//! far above what f32 summation order gives (~1e-6) and far below what a wrong product gives
+//! (order 1).
+
+mod common;
+
+use candle_core::{Device, Tensor, Var};
+use common::*;
+use stoke_model::{Transformer, causal_bias};
+use stoke_ops::Precision;
+
+fn abs_max(t: &Tensor) -> f32 {
+    t.abs()
+        .and_then(|a| a.flatten_all())
+        .and_then(|a| a.max(0))
+        .and_then(|a| a.to_scalar::<f32>())
+        .expect("max")
+}
+
+#[test]
+fn bf16_logits_stay_within_the_stated_tolerance_of_transformers_f32() {
+    for dir in fixture_dirs() {
+        let model = load(&dir).with_precision(Precision::Bf16);
+        let reference = reference_tensors(&dir);
+        for which in ["a", "b"] {
+            let want = &reference[&format!("logits_{which}")];
+            let got = forward_full(&model, &reference[&format!("input_ids_{which}")]);
+            let diff = max_abs_diff(&got, want);
+            let bound = 2e-2 * abs_max(want) + 1e-3;
+            let f32_diff = max_abs_diff(
+                &forward_full(&load(&dir), &reference[&format!("input_ids_{which}")]),
+                want,
+            );
+            eprintln!(
+                "{}: logits_{which} bf16 max abs diff {diff:.2e} (bound {bound:.2e}; f32 {f32_diff:.2e})",
+                name(&dir)
+            );
+            assert!(
+                diff <= bound,
+                "{}: logits_{which} bf16 diff {diff} > {bound}",
+                name(&dir)
+            );
+            // bf16 really ran: its error is well above f32's.
+            assert!(diff > f32_diff, "{}: bf16 logits equal f32's", name(&dir));
+        }
+    }
+}
+
+fn loss(model: &Transformer, ids: &Tensor) -> Tensor {
+    let (_, len) = ids.dims2().expect("rank 2");
+    let bias = causal_bias(&[vec![true; len]], len, &Device::Cpu).expect("bias");
+    let hidden = model
+        .forward_hidden(&ids_u32(ids), &arange_positions(1, len), &bias, None)
+        .expect("forward");
+    let width = hidden.dim(2).expect("width");
+    let hidden = hidden
+        .squeeze(0)
+        .and_then(|h| h.narrow(0, 0, len - 1))
+        .and_then(|h| h.reshape((len - 1, width)))
+        .expect("hidden");
+    let targets = ids_u32(ids)
+        .squeeze(0)
+        .and_then(|t| t.narrow(0, 1, len - 1))
+        .expect("targets");
+    let logprobs = stoke_ops::linear_target_logprobs_with(
+        &hidden,
+        model.lm_head_weight(),
+        &targets,
+        model.precision(),
+    )
+    .expect("head");
+    (logprobs.mean_all().expect("mean") * -1.0).expect("neg")
+}
+
+fn gradients(model: &Transformer, ids: &Tensor) -> Vec<(String, Vec<f32>)> {
+    let grads = loss(model, ids).backward().expect("backward");
+    model
+        .parameters()
+        .into_iter()
+        .map(|(n, v): (String, Var)| {
+            let g = grads
+                .get(v.as_tensor())
+                .expect("gradient")
+                .flatten_all()
+                .expect("flat");
+            (n, g.to_vec1::<f32>().expect("values"))
+        })
+        .collect()
+}
+
+#[test]
+fn bf16_gradients_stay_within_the_stated_tolerance_of_f32() {
+    for dir in fixture_dirs() {
+        let reference = reference_tensors(&dir);
+        let ids = &reference["input_ids_a"];
+        let exact = gradients(&load(&dir), ids);
+        let mixed = gradients(&load(&dir).with_precision(Precision::Bf16), ids);
+        let mut worst = (0.0f64, String::new());
+        for ((name_f, f), (name_b, b)) in exact.iter().zip(&mixed) {
+            assert_eq!(name_f, name_b);
+            let norm: f64 = f.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
+            let dist: f64 = f
+                .iter()
+                .zip(b)
+                .map(|(&x, &y)| (x as f64 - y as f64).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            let rel = dist / norm.max(1e-12);
+            if rel > worst.0 {
+                worst = (rel, name_f.clone());
+            }
+            assert!(
+                rel <= 5e-2,
+                "{}: {name_f} relative L2 distance {rel:.3e}",
+                name(&dir)
+            );
+        }
+        eprintln!(
+            "{}: worst relative gradient distance {:.2e} ({})",
+            name(&dir),
+            worst.0,
+            worst.1
+        );
+        assert!(worst.0 > 0.0, "{}: bf16 gradients equal f32's", name(&dir));
+    }
+}

@@ -1,0 +1,211 @@
+//! Linear layers under a precision policy: `linear(x, w, precision) = x W^T`.
+//!
+//! `Precision::F32` is candle's f32 matmul, unchanged (the exact mode). `Precision::Bf16` runs
+//! the product through `crate::bf16` (inputs rounded to bf16, f32 accumulation, f32 result) as
+//! one graph node whose backward follows the same policy:
+//! `dx = dy W` and `dW = dy^T x`, both bf16 x bf16 -> f32 from the f32 `dy`, `x` and `W`.
+//! The weight stays the f32 master copy; it is rounded while packed, once per call.
+//!
+//! What it is not: an autocast of everything. Only matrix products change precision; biases,
+//! norms, softmaxes and losses see f32 values. Non-CPU devices and f64 tensors (gradient
+//! checks) take the f32 path whatever the precision.
+
+use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
+use stoke_types::Precision;
+
+use crate::bf16::{PackedA, PackedB, matmul};
+use crate::kernels::contiguous_slice;
+
+/// `x W^T` for x `[..., K]` and W `[N, K]`; result `[..., N]`.
+pub fn linear(x: &Tensor, weight: &Tensor, precision: Precision) -> Result<Tensor> {
+    if !uses_bf16(precision, &[x, weight]) {
+        return if x.rank() == 2 {
+            x.matmul(&weight.t()?)
+        } else {
+            x.broadcast_matmul(&weight.t()?)
+        };
+    }
+    let dims = x.dims().to_vec();
+    let (n, k) = weight.dims2()?;
+    let Some((&last, lead)) = dims.split_last() else {
+        candle_core::bail!("linear: x must have at least one dimension")
+    };
+    if last != k {
+        candle_core::bail!("linear: x {dims:?} and weight [{n}, {k}] disagree on the input size")
+    }
+    let rows: usize = lead.iter().product();
+    let y = x
+        .reshape((rows, k))?
+        .contiguous()?
+        .apply_op2(&weight.contiguous()?, Bf16Linear)?;
+    let mut out = lead.to_vec();
+    out.push(n);
+    y.reshape(out)
+}
+
+/// Whether `precision` asks for bf16 and every tensor is f32 on the CPU.
+pub fn uses_bf16(precision: Precision, tensors: &[&Tensor]) -> bool {
+    precision == Precision::Bf16
+        && tensors
+            .iter()
+            .all(|t| t.device().is_cpu() && t.dtype() == DType::F32)
+}
+
+/// Runs `f` on the values of a CPU f32 tensor, made contiguous first if it is not.
+pub(crate) fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    let candle_core::Storage::Cpu(CpuStorage::F32(data)) = &*storage else {
+        candle_core::bail!(
+            "bf16 matmul: expected an f32 CPU tensor, got {:?}",
+            t.dtype()
+        )
+    };
+    Ok(f(contiguous_slice(data, layout, "bf16 matmul")?))
+}
+
+/// `A B^T`: a `[M, K]`, b `[N, K]`, both f32 CPU tensors; no graph.
+pub fn matmul_nt_bf16(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let ((m, k), (n, _)) = (a.dims2()?, b.dims2()?);
+    let pa = with_f32(a, |s| PackedA::from_rows(s, m, k))?;
+    let pb = with_f32(b, |s| PackedB::from_rows(s, n, k))?;
+    Tensor::from_vec(matmul(&pa, &pb), (m, n), a.device())
+}
+
+/// `A B`: a `[M, K]`, b `[K, N]`; no graph.
+pub fn matmul_nn_bf16(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let ((m, k), (_, n)) = (a.dims2()?, b.dims2()?);
+    let pa = with_f32(a, |s| PackedA::from_rows(s, m, k))?;
+    let pb = with_f32(b, |s| PackedB::from_cols(s, k, n))?;
+    Tensor::from_vec(matmul(&pa, &pb), (m, n), a.device())
+}
+
+/// `A^T B`: a `[K, M]`, b `[K, N]`; no graph.
+pub fn matmul_tn_bf16(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let ((k, m), (_, n)) = (a.dims2()?, b.dims2()?);
+    let pa = with_f32(a, |s| PackedA::from_cols(s, k, m))?;
+    let pb = with_f32(b, |s| PackedB::from_cols(s, k, n))?;
+    Tensor::from_vec(matmul(&pa, &pb), (m, n), a.device())
+}
+
+/// x `[M, K]`, W `[N, K]` -> `[M, N]` in bf16 with f32 accumulation.
+struct Bf16Linear;
+
+impl CustomOp2 for Bf16Linear {
+    fn name(&self) -> &'static str {
+        "stoke-linear-bf16"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (CpuStorage::F32(x), CpuStorage::F32(w)) = (s1, s2) else {
+            candle_core::bail!("{}: f32 only", self.name())
+        };
+        let (m, k) = l1.shape().dims2()?;
+        let (n, _) = l2.shape().dims2()?;
+        let x = contiguous_slice(x, l1, self.name())?;
+        let w = contiguous_slice(w, l2, self.name())?;
+        let out = matmul(&PackedA::from_rows(x, m, k), &PackedB::from_rows(w, n, k));
+        Ok((CpuStorage::F32(out), Shape::from((m, n))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let dy = grad_res.detach();
+        let dx = matmul_nn_bf16(&dy, &w.detach())?;
+        let dw = matmul_tn_bf16(&dy, &x.detach())?;
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bf16::round_bf16;
+    use candle_core::{Device, Var};
+
+    fn tensor(n: usize, dims: &[usize], seed: f32) -> Tensor {
+        let v: Vec<f32> = (0..n).map(|i| (i as f32 * 0.613 + seed).sin()).collect();
+        Tensor::from_vec(v, dims, &Device::Cpu).unwrap()
+    }
+
+    fn rounded(t: &Tensor) -> Tensor {
+        let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+        let v: Vec<f32> = v.into_iter().map(round_bf16).collect();
+        Tensor::from_vec(v, t.dims(), &Device::Cpu).unwrap()
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar()
+            .unwrap()
+    }
+
+    #[test]
+    fn f32_precision_is_the_plain_matmul() {
+        let x = tensor(3 * 5 * 7, &[3, 5, 7], 0.1);
+        let w = tensor(4 * 7, &[4, 7], 0.7);
+        let got = linear(&x, &w, Precision::F32).unwrap();
+        let want = x.broadcast_matmul(&w.t().unwrap()).unwrap();
+        assert_eq!(max_diff(&got, &want), 0.0);
+    }
+
+    /// Forward and both gradients equal the f32 computation on bf16-rounded operands (the
+    /// policy's definition), up to f32 summation order.
+    #[test]
+    fn bf16_forward_and_backward_follow_the_policy() {
+        let (m, k, n) = (37, 70, 45);
+        let x = Var::from_tensor(&tensor(m * k, &[m, k], 0.3)).unwrap();
+        let w = Var::from_tensor(&tensor(n * k, &[n, k], 1.1)).unwrap();
+        let g = tensor(m * n, &[m, n], 2.0);
+        let y = linear(x.as_tensor(), w.as_tensor(), Precision::Bf16).unwrap();
+        let grads = (&y * &g).unwrap().sum_all().unwrap().backward().unwrap();
+        let (xr, wr, gr) = (rounded(x.as_tensor()), rounded(w.as_tensor()), rounded(&g));
+        let want_y = xr.matmul(&wr.t().unwrap()).unwrap();
+        let want_dx = gr.matmul(&wr).unwrap();
+        let want_dw = gr.t().unwrap().matmul(&xr).unwrap();
+        assert!(max_diff(&y, &want_y) < 1e-4, "{}", max_diff(&y, &want_y));
+        let dx = grads.get(&x).unwrap();
+        let dw = grads.get(&w).unwrap();
+        assert!(
+            max_diff(dx, &want_dx) < 1e-4,
+            "dx {}",
+            max_diff(dx, &want_dx)
+        );
+        assert!(
+            max_diff(dw, &want_dw) < 1e-4,
+            "dw {}",
+            max_diff(dw, &want_dw)
+        );
+        // And bf16 is not f32: the unrounded product differs by about bf16's epsilon.
+        let exact = x.as_tensor().matmul(&w.t().unwrap()).unwrap();
+        let drift = max_diff(&y, &exact);
+        assert!(drift > 0.0 && drift < 0.2, "bf16 vs f32 drift {drift}");
+    }
+
+    #[test]
+    fn leading_dimensions_are_kept() {
+        let x = tensor(2 * 3 * 8, &[2, 3, 8], 0.5);
+        let w = tensor(5 * 8, &[5, 8], 0.9);
+        let y = linear(&x, &w, Precision::Bf16).unwrap();
+        assert_eq!(y.dims(), &[2, 3, 5]);
+        assert!(linear(&x, &tensor(5 * 7, &[5, 7], 0.9), Precision::Bf16).is_err());
+    }
+}
