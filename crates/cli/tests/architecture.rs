@@ -14,7 +14,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("stoke-reward", &["stoke-types", "stoke-sandbox"]),
         ("stoke-data", &["stoke-types"]),
         ("stoke-tokenizer", &["stoke-types"]),
-        ("stoke-ops", &[]),
+        ("stoke-ops", &["stoke-types"]),
         ("stoke-model", &["stoke-types", "stoke-ops"]),
         ("stoke-optim", &[]),
         (

@@ -34,8 +34,9 @@ pub fn swiglu_composed(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 
 struct SwiGlu;
 
+#[inline(always)]
 fn sigmoid<T: Real>(x: T) -> T {
-    T::one() / (T::one() + (-x).exp())
+    T::one() / (T::one() + (-x).fast_exp())
 }
 
 fn forward<T: Real>(gate: &[T], up: &[T]) -> Vec<T> {
@@ -43,9 +44,11 @@ fn forward<T: Real>(gate: &[T], up: &[T]) -> Vec<T> {
     out.par_chunks_mut(CHUNK)
         .zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK)))
         .for_each(|(y, (g, u))| {
-            for ((o, &g), &u) in y.iter_mut().zip(g).zip(u) {
-                *o = g * sigmoid(g) * u;
-            }
+            crate::vexp::dispatch(|| {
+                for ((o, &g), &u) in y.iter_mut().zip(g).zip(u) {
+                    *o = g * sigmoid(g) * u;
+                }
+            })
         });
     out
 }
@@ -61,11 +64,13 @@ fn backward<T: Real>(gate: &[T], up: &[T], grad: &[T]) -> Vec<T> {
         .zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK)))
         .zip(grad.par_chunks(CHUNK))
         .for_each(|(((dg, du), (g, u)), dy)| {
-            for i in 0..g.len() {
-                let s = sigmoid(g[i]);
-                dg[i] = dy[i] * u[i] * s * (T::one() + g[i] * (T::one() - s));
-                du[i] = dy[i] * g[i] * s;
-            }
+            crate::vexp::dispatch(|| {
+                for i in 0..g.len() {
+                    let s = sigmoid(g[i]);
+                    dg[i] = dy[i] * u[i] * s * (T::one() + g[i] * (T::one() - s));
+                    du[i] = dy[i] * g[i] * s;
+                }
+            })
         });
     out
 }

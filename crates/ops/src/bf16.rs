@@ -425,6 +425,7 @@ struct Tile {
 struct SyncPtr(*mut f32);
 // SAFETY: used only to hand disjoint tiles of one buffer to rayon tasks (see matmul_with).
 unsafe impl Send for SyncPtr {}
+// SAFETY: as for Send: each task writes only its own tile through the pointer.
 unsafe impl Sync for SyncPtr {}
 impl SyncPtr {
     fn get(self) -> *mut f32 {
@@ -549,7 +550,7 @@ mod amx {
         ldc: usize,
         tile: Tile,
     ) {
-        debug_assert!(kp % 16 == 0 && panel.len() >= kp * NR * 2);
+        debug_assert!(kp.is_multiple_of(16) && panel.len() >= kp * NR * 2);
         let a_stride = kp * 4;
         let mut spill = [0.0f32; 32 * 32];
         // SAFETY: the configuration is valid for palette 1 (8 tiles of 16 x 64 bytes).
@@ -752,6 +753,7 @@ mod avx512 {
             for (r, acc_row) in acc.iter_mut().enumerate() {
                 // SAFETY: r < R and j < kp index inside `a`.
                 let pair = unsafe { *ap.add(r * kp + j) } as i32;
+                // SAFETY: both are 64-byte vector types; the bits are 16 bf16 pairs.
                 let av =
                     unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(pair)) };
                 for q in 0..4 {

@@ -34,6 +34,7 @@ pub mod norm;
 pub mod numerics;
 pub mod rope;
 pub mod softmax;
+pub mod vexp;
 
 pub use activation::swiglu;
 pub use attention::attention;

@@ -230,3 +230,35 @@ fn batch_size_warmup_ramps_the_micro_batches_per_step() {
     .to_string();
     assert!(error.contains("start_tokens_per_step"), "{error}");
 }
+
+#[test]
+fn precision_defaults_to_f32_parses_bf16_and_names_a_bad_value() {
+    use stoke_types::Precision;
+    assert_eq!(
+        resolve(BASE, &[]).unwrap().training.precision,
+        Precision::F32
+    );
+    let bf16 = resolve(BASE, &["training.precision=\"bf16\""]).unwrap();
+    assert_eq!(bf16.training.precision, Precision::Bf16);
+    // The resolved file keeps it, and an f32 run's file does not grow a new key.
+    let text = toml::to_string(&bf16.to_file()).unwrap();
+    assert!(text.contains("precision = \"bf16\""), "{text}");
+    let f32_text = toml::to_string(&resolve(BASE, &[]).unwrap().to_file()).unwrap();
+    assert!(!f32_text.contains("precision"), "{f32_text}");
+    // Changing precision is a change of the math: a resume refuses it.
+    let f32_run = resolve(BASE, &[]).unwrap();
+    let diffs = math_fields_differ(&f32_run, &bf16, 10);
+    assert!(
+        diffs
+            .iter()
+            .any(|(field, _, _)| field == "training.precision"),
+        "{diffs:?}"
+    );
+    let error = resolve(BASE, &["training.precision=\"fp8\""])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("precision") && error.contains("fp8"),
+        "{error}"
+    );
+}
