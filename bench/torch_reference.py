@@ -350,6 +350,7 @@ def main() -> None:
     ap.add_argument("--write-config", action="store_true", help="write bench_config() to --config and exit")
     ap.add_argument("--only", default=",".join(WORKLOADS), help=f"comma-separated subset of {','.join(WORKLOADS)}")
     ap.add_argument("--autocast", choices=["bf16"], help="training steps under torch.autocast(cpu, bfloat16)")
+    ap.add_argument("--decode-dtype", choices=["f32", "bf16"], default="f32", help="model dtype for the decode workload")
     ap.add_argument("--attn", default="eager", help="transformers attention implementation (eager, sdpa)")
     ap.add_argument("--check-packing", action="store_true", help="also compare packed vs per-document logits")
     args = ap.parse_args()
@@ -382,7 +383,9 @@ def main() -> None:
     if "train" in only:
         result["train"] = bench_train(model, config.vocab_size)
     if "decode" in only:
-        result["decode"] = [bench_decode(model, config.vocab_size, b) for b in DECODE_BATCHES]
+        decode_model = model.to(torch.bfloat16) if args.decode_dtype == "bf16" else model
+        result["decode_dtype"] = args.decode_dtype
+        result["decode"] = [bench_decode(decode_model, config.vocab_size, b) for b in DECODE_BATCHES]
     for workload in ("pretrain", "sft_packed"):
         if workload in only:
             result[workload] = bench_full_step(config, workload)

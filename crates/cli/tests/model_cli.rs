@@ -227,6 +227,54 @@ fn generate_prints_reproducible_json_lines() {
     }
 }
 
+/// `--precision bf16` packs the weights and decodes: reproducible, valid log-probs, and its
+/// greedy log-probs close to f32's (bf16 rounding, not a different model); a bad value is named.
+#[test]
+fn generate_in_bf16_is_reproducible_and_close_to_f32() {
+    let model = fixture_dir(FIXTURE);
+    let run = |precision: &str| {
+        let args = [
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt-ids",
+            "1,2,3",
+            "--max-tokens",
+            "1",
+            "--temperature",
+            "0",
+            "--precision",
+            precision,
+        ];
+        let out = stdout_of(&stoke(&args));
+        let line: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+        (out, line["logprobs"][0].as_f64().unwrap())
+    };
+    let (bf16_out, bf16_lp) = run("bf16");
+    assert_eq!(bf16_out, run("bf16").0, "bf16 is deterministic");
+    let (_, f32_lp) = run("f32");
+    assert!(bf16_lp <= 0.0);
+    assert!(
+        (bf16_lp - f32_lp).abs() < 0.05,
+        "bf16 {bf16_lp} vs f32 {f32_lp}"
+    );
+    let bad = stoke(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        "1",
+        "--precision",
+        "fp8",
+    ]);
+    assert!(!bad.status.success());
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        stderr.contains("fp8") && stderr.contains("precision"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn generate_chat_renders_the_template_and_text_format_is_readable() {
     let model = fixture_dir(FIXTURE);

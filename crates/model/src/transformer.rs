@@ -23,6 +23,8 @@ use crate::rotary::RotaryTable;
 use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use stoke_ops::bf16::PackedB;
 use stoke_ops::{Precision, apply_rope, attention, rms_norm, swiglu};
 
 /// Standard deviation of the random initialisation of weight matrices (HF `initializer_range`).
@@ -88,11 +90,18 @@ pub fn parameter_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
 struct Linear {
     weight: Var,
     bias: Option<Var>,
+    /// The weight in bf16, packed once for inference (`Transformer::pack_weights`).
+    packed: Option<Arc<PackedB>>,
 }
 
 impl Linear {
     fn forward(&self, x: &Tensor, precision: Precision) -> candle_core::Result<Tensor> {
-        let y = stoke_ops::linear(x, &self.weight, precision)?;
+        let y = match &self.packed {
+            Some(packed) if stoke_ops::linear::uses_bf16(precision, &[x]) => {
+                stoke_ops::linear::linear_prepacked(x, packed)?
+            }
+            _ => stoke_ops::linear(x, &self.weight, precision)?,
+        };
         match &self.bias {
             Some(b) => y.broadcast_add(b),
             None => Ok(y),
@@ -160,6 +169,8 @@ pub struct Transformer {
     layers: Vec<DecoderLayer>,
     norm: Var,
     lm_head: Option<Var>,
+    /// The LM head's weight packed in bf16 for inference (`pack_weights`).
+    packed_head: Option<Arc<PackedB>>,
     rotary: RotaryTable,
     /// How the linear layers and the LM head multiply (`Precision::F32` unless set).
     precision: Precision,
@@ -220,6 +231,7 @@ impl Transformer {
         let linear = |prefix: &str, has_bias: bool| Linear {
             weight: get(&format!("{prefix}.weight")),
             bias: has_bias.then(|| get(&format!("{prefix}.bias"))),
+            packed: None,
         };
         let layers = (0..config.num_hidden_layers)
             .map(|layer| {
@@ -248,6 +260,7 @@ impl Transformer {
             embed_tokens: get(EMBED_TOKENS),
             norm: get(FINAL_NORM),
             lm_head: (!config.tie_word_embeddings).then(|| get(LM_HEAD)),
+            packed_head: None,
             layers,
             rotary,
             parameters,
@@ -264,6 +277,80 @@ impl Transformer {
     /// Sets the matmul precision; parameters stay as they are (f32 master weights).
     pub fn set_precision(&mut self, precision: Precision) {
         self.precision = precision;
+    }
+
+    /// For inference: switches to `Precision::Bf16` and packs every linear weight and the LM head
+    /// into bf16 once (about half the f32 weights' bytes, held next to them), so decoding reads
+    /// each weight as bf16 once per step instead of packing it per call.
+    ///
+    /// Invariant: the packed copies are not updated by later changes of the `Var`s (an optimizer
+    /// step); call `unpack_weights` (or `pack_weights` again) after changing weights. A backward
+    /// pass through packed weights is an error, never a silent wrong gradient. `snapshot` and
+    /// `to_dtype` copies start unpacked. Only f32 CPU weights are packed.
+    pub fn pack_weights(&mut self) -> Result<(), ModelError> {
+        self.precision = Precision::Bf16;
+        if self.device().is_cpu() && self.dtype() == DType::F32 {
+            let pack = |var: &Var| -> Result<Arc<PackedB>, ModelError> {
+                let (n, k) = var.dims2()?;
+                let values: Vec<f32> = var.as_tensor().flatten_all()?.to_vec1()?;
+                Ok(Arc::new(PackedB::from_rows(&values, n, k)))
+            };
+            for layer in &mut self.layers {
+                let a = &mut layer.self_attn;
+                for linear in [&mut a.q_proj, &mut a.k_proj, &mut a.v_proj, &mut a.o_proj] {
+                    linear.packed = Some(pack(&linear.weight)?);
+                }
+                let Mlp::SwiGlu {
+                    gate_proj,
+                    up_proj,
+                    down_proj,
+                } = &mut layer.mlp;
+                for linear in [gate_proj, up_proj, down_proj] {
+                    linear.packed = Some(pack(&linear.weight)?);
+                }
+            }
+            let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens).clone();
+            self.packed_head = Some(pack(&head)?);
+        }
+        Ok(())
+    }
+
+    /// Drops the packed bf16 copies (`pack_weights`); the precision stays as it is.
+    pub fn unpack_weights(&mut self) {
+        for layer in &mut self.layers {
+            let a = &mut layer.self_attn;
+            for linear in [&mut a.q_proj, &mut a.k_proj, &mut a.v_proj, &mut a.o_proj] {
+                linear.packed = None;
+            }
+            let Mlp::SwiGlu {
+                gate_proj,
+                up_proj,
+                down_proj,
+            } = &mut layer.mlp;
+            for linear in [gate_proj, up_proj, down_proj] {
+                linear.packed = None;
+            }
+        }
+        self.packed_head = None;
+    }
+
+    /// Bytes held by packed bf16 weights (0 unless `pack_weights` ran).
+    pub fn packed_weight_bytes(&self) -> usize {
+        let mut total = self.packed_head.as_ref().map_or(0, |p| p.bytes());
+        for layer in &self.layers {
+            let a = &layer.self_attn;
+            let Mlp::SwiGlu {
+                gate_proj,
+                up_proj,
+                down_proj,
+            } = &layer.mlp;
+            for linear in [
+                &a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, gate_proj, up_proj, down_proj,
+            ] {
+                total += linear.packed.as_ref().map_or(0, |p| p.bytes());
+            }
+        }
+        total
     }
 
     /// This model with the given precision (builder form of `set_precision`).
@@ -411,11 +498,13 @@ impl Transformer {
         let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens);
         let dims = hidden.dims().to_vec();
         let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
-        let logits = stoke_ops::linear(
-            &hidden.reshape((rows, self.config.hidden_size))?,
-            head,
-            self.precision,
-        )?;
+        let flat = hidden.reshape((rows, self.config.hidden_size))?;
+        let logits = match &self.packed_head {
+            Some(packed) if stoke_ops::linear::uses_bf16(self.precision, &[&flat]) => {
+                stoke_ops::linear::linear_prepacked(&flat, packed)?
+            }
+            _ => stoke_ops::linear(&flat, head, self.precision)?,
+        };
         let mut out_dims = dims;
         if let Some(last) = out_dims.last_mut() {
             *last = self.config.vocab_size;

@@ -130,3 +130,34 @@ fn bf16_gradients_stay_within_the_stated_tolerance_of_f32() {
         assert!(worst.0 > 0.0, "{}: bf16 gradients equal f32's", name(&dir));
     }
 }
+
+/// Weights packed once for inference give the same logits, bit for bit, as bf16 with per-call
+/// packing (same packing, same kernel); a backward through them is an error; unpacking restores
+/// the differentiable path.
+#[test]
+fn packed_inference_weights_match_per_call_packing_and_refuse_a_backward() {
+    let dir = &fixture_dirs()[0];
+    let reference = reference_tensors(dir);
+    let ids = &reference["input_ids_a"];
+    let per_call = load(dir).with_precision(Precision::Bf16);
+    let mut packed = load(dir);
+    packed.pack_weights().expect("pack");
+    assert_eq!(packed.precision(), Precision::Bf16);
+    assert!(packed.packed_weight_bytes() > 0);
+    let want = forward_full(&per_call, ids);
+    let got = forward_full(&packed, ids);
+    assert_eq!(max_abs_diff(&got, &want), 0.0);
+
+    let error = loss(&packed, ids)
+        .backward()
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("packed for inference"), "{error}");
+    packed.unpack_weights();
+    assert_eq!(packed.packed_weight_bytes(), 0);
+    let grads = loss(&packed, ids)
+        .backward()
+        .expect("backward after unpack");
+    assert!(grads.get(packed.lm_head_weight()).is_some());
+}

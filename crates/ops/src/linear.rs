@@ -88,6 +88,57 @@ pub fn matmul_tn_bf16(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     Tensor::from_vec(matmul(&pa, &pb), (m, n), a.device())
 }
 
+/// `x W^T` with W already packed in bf16 (`PackedB::from_rows(W)`): for inference, where the
+/// weights do not change between calls and packing them per call would cost more than the
+/// product itself (decoding). x `[..., K]` f32 on the CPU. Not differentiable: a backward
+/// through it is an error naming the fix (training takes `linear`, which packs per call).
+pub fn linear_prepacked(x: &Tensor, packed: &std::sync::Arc<PackedB>) -> Result<Tensor> {
+    let dims = x.dims().to_vec();
+    let Some((&last, lead)) = dims.split_last() else {
+        candle_core::bail!("linear_prepacked: x must have at least one dimension")
+    };
+    if last != packed.depth() {
+        candle_core::bail!(
+            "linear_prepacked: x {dims:?} and the packed weight [{}, {}] disagree on the input size",
+            packed.cols(),
+            packed.depth()
+        )
+    }
+    let rows: usize = lead.iter().product();
+    let y = x
+        .reshape((rows, last))?
+        .contiguous()?
+        .apply_op1(Prepacked(packed.clone()))?;
+    let mut out = lead.to_vec();
+    out.push(packed.cols());
+    y.reshape(out)
+}
+
+struct Prepacked(std::sync::Arc<PackedB>);
+
+impl candle_core::CustomOp1 for Prepacked {
+    fn name(&self) -> &'static str {
+        "stoke-linear-bf16-prepacked"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let CpuStorage::F32(x) = storage else {
+            candle_core::bail!("{}: f32 only", self.name())
+        };
+        let (m, k) = layout.shape().dims2()?;
+        let x = contiguous_slice(x, layout, self.name())?;
+        let out = matmul(&PackedA::from_rows(x, m, k), &self.0);
+        Ok((CpuStorage::F32(out), Shape::from((m, self.0.cols()))))
+    }
+
+    fn bwd(&self, _arg: &Tensor, _res: &Tensor, _grad_res: &Tensor) -> Result<Option<Tensor>> {
+        candle_core::bail!(
+            "a backward pass reached bf16 weights packed for inference; train on a model without \
+             packed weights (Transformer::unpack_weights)"
+        )
+    }
+}
+
 /// x `[M, K]`, W `[N, K]` -> `[M, N]` in bf16 with f32 accumulation.
 struct Bf16Linear;
 

@@ -35,26 +35,49 @@ const DECODE_BATCHES: [usize; 2] = [8, 1];
 type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn main() -> BenchResult<()> {
-    let config_path = std::env::args()
-        .nth(1)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bench/bench_config.json")
-        });
+    // [--precision f32|bf16] [--decode-only] [CONFIG.json]; bf16 packs the weights once
+    // (`Transformer::pack_weights`), as generation does.
+    let mut config_path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bench/bench_config.json");
+    let mut precision = stoke_ops::Precision::F32;
+    let mut decode_only = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--precision" => {
+                precision = args
+                    .next()
+                    .ok_or("--precision needs f32 or bf16")?
+                    .parse()
+                    .map_err(|e: String| format!("--precision: {e}"))?;
+            }
+            "--decode-only" => decode_only = true,
+            _ => config_path = PathBuf::from(arg),
+        }
+    }
     stoke_ops::numerics::init_compute_threads();
     let device = Device::Cpu;
     let config = ModelConfig::from_file(&config_path)?;
     let parameters = config.num_parameters();
     let vocab = config.vocab_size;
-    let model = Transformer::init(config, &device, 0)?;
+    let mut model = Transformer::init(config, &device, 0)?;
     let load_at_start = load_average();
-    let train = bench_train(&model, vocab, &device)?;
+    let train = if decode_only {
+        Value::Null
+    } else {
+        bench_train(&model, vocab, &device)?
+    };
+    if precision == stoke_ops::Precision::Bf16 {
+        model.pack_weights()?;
+    }
     let mut decode = Vec::new();
     for batch in DECODE_BATCHES {
         decode.push(bench_decode(&model, vocab, batch, &device)?);
     }
     let result = json!({
-        "implementation": "stoke (candle CPU, f32)",
+        "implementation": format!("stoke (candle CPU, {precision})"),
+        "bf16_kernel": stoke_ops::bf16::backend().name(),
+        "packed_weight_bytes": model.packed_weight_bytes(),
         "config": config_path.display().to_string(),
         "parameters": parameters,
         "threads": rayon_threads(),

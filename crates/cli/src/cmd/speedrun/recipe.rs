@@ -353,6 +353,7 @@ fn training_file(stage: &StageSizes, seed: u64) -> TrainingFile {
         keep_last: Some(1),
         keep_steps: Vec::new(),
         spike: None,
+        precision: None,
     }
 }
 
