@@ -386,6 +386,13 @@ fn run_tiles(kernel: Backend, a: &PackedA, b: &PackedB, c: &mut [f32], accumulat
     if m == 0 || n == 0 {
         return;
     }
+    if a.kp == 0 {
+        // An empty contraction: C = 0 (or unchanged when accumulating).
+        if !accumulate {
+            c.fill(0.0);
+        }
+        return;
+    }
     let panels = PackedB::panels(n);
     let row_blocks = m.div_ceil(MC);
     // One task per (row block, panel); rows of a block are disjoint across blocks and the
@@ -887,6 +894,7 @@ mod tests {
             (200, 5, 577),
             (2, 300, 1),
             (40, 70, 1100),
+            (3, 5, 0),
         ] {
             check(m, n, k);
         }

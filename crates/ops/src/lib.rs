@@ -18,6 +18,12 @@
 //!
 //! Dtypes: operations keep the input dtype (f32 in training, f64 in gradient checks);
 //! `rms_norm` computes in f32 when given f16/bf16, as transformers does.
+//!
+//! Precision (`stoke_types::Precision`): `linear` and `linear_target_logprobs_with` take it.
+//! In `Bf16` their products (forward and backward) run through `bf16` (bf16-rounded inputs, f32
+//! accumulation, f32 results; AMX, AVX512-BF16 or portable, chosen at run time) on f32 tensors;
+//! everything else stays f32. `vexp` is the vectorized f32 `exp` of the softmax and SwiGLU
+//! kernels.
 
 pub mod activation;
 pub mod allocator;
