@@ -211,9 +211,17 @@ mod tests {
     #[test]
     fn gradients_match_finite_differences() -> Result<()> {
         let dev = Device::Cpu;
-        let gate = Var::from_tensor(&Tensor::randn(0f64, 2.0, (4, 5), &dev)?)?;
-        let up = Var::from_tensor(&Tensor::randn(0f64, 1.0, (4, 5), &dev)?)?;
-        let probe = Tensor::randn(0f64, 1.0, (4, 5), &dev)?;
+        // Fixed inputs (unseeded `randn` made this test fail now and then: a coordinate whose
+        // gradient happened to be ~1e-6 is dominated by the finite-difference noise).
+        let fixed = |seed: f64, scale: f64| -> Result<Tensor> {
+            let v: Vec<f64> = (0..20)
+                .map(|i| scale * (i as f64 * 1.37 + seed).sin())
+                .collect();
+            Tensor::from_vec(v, (4, 5), &dev)
+        };
+        let gate = Var::from_tensor(&fixed(0.4, 2.0)?)?;
+        let up = Var::from_tensor(&fixed(1.9, 1.0)?)?;
+        let probe = fixed(2.7, 1.0)?;
         let loss = |v: &[Var]| {
             swiglu(v[0].as_tensor(), v[1].as_tensor())?
                 .mul(&probe)?
