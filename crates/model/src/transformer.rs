@@ -295,19 +295,8 @@ impl Transformer {
                 let values: Vec<f32> = var.as_tensor().flatten_all()?.to_vec1()?;
                 Ok(Arc::new(PackedB::from_rows(&values, n, k)))
             };
-            for layer in &mut self.layers {
-                let a = &mut layer.self_attn;
-                for linear in [&mut a.q_proj, &mut a.k_proj, &mut a.v_proj, &mut a.o_proj] {
-                    linear.packed = Some(pack(&linear.weight)?);
-                }
-                let Mlp::SwiGlu {
-                    gate_proj,
-                    up_proj,
-                    down_proj,
-                } = &mut layer.mlp;
-                for linear in [gate_proj, up_proj, down_proj] {
-                    linear.packed = Some(pack(&linear.weight)?);
-                }
+            for linear in self.linears_mut() {
+                linear.packed = Some(pack(&linear.weight)?);
             }
             let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens).clone();
             self.packed_head = Some(pack(&head)?);
@@ -317,40 +306,27 @@ impl Transformer {
 
     /// Drops the packed bf16 copies (`pack_weights`); the precision stays as it is.
     pub fn unpack_weights(&mut self) {
-        for layer in &mut self.layers {
-            let a = &mut layer.self_attn;
-            for linear in [&mut a.q_proj, &mut a.k_proj, &mut a.v_proj, &mut a.o_proj] {
-                linear.packed = None;
-            }
-            let Mlp::SwiGlu {
-                gate_proj,
-                up_proj,
-                down_proj,
-            } = &mut layer.mlp;
-            for linear in [gate_proj, up_proj, down_proj] {
-                linear.packed = None;
-            }
+        for linear in self.linears_mut() {
+            linear.packed = None;
         }
         self.packed_head = None;
     }
 
     /// Bytes held by packed bf16 weights (0 unless `pack_weights` ran).
     pub fn packed_weight_bytes(&self) -> usize {
-        let mut total = self.packed_head.as_ref().map_or(0, |p| p.bytes());
-        for layer in &self.layers {
-            let a = &layer.self_attn;
-            let Mlp::SwiGlu {
-                gate_proj,
-                up_proj,
-                down_proj,
-            } = &layer.mlp;
-            for linear in [
-                &a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, gate_proj, up_proj, down_proj,
-            ] {
-                total += linear.packed.as_ref().map_or(0, |p| p.bytes());
-            }
-        }
-        total
+        let head = self.packed_head.as_ref().map_or(0, |p| p.bytes());
+        self.layers
+            .iter()
+            .flat_map(DecoderLayer::linears)
+            .filter_map(|linear| linear.packed.as_ref())
+            .map(|p| p.bytes())
+            .sum::<usize>()
+            + head
+    }
+
+    /// Every linear layer of every block (the LM head aside).
+    fn linears_mut(&mut self) -> impl Iterator<Item = &mut Linear> {
+        self.layers.iter_mut().flat_map(DecoderLayer::linears_mut)
     }
 
     /// This model with the given precision (builder form of `set_precision`).
@@ -514,6 +490,36 @@ impl Transformer {
 }
 
 impl DecoderLayer {
+    fn linears(&self) -> [&Linear; 7] {
+        let a = &self.self_attn;
+        let Mlp::SwiGlu {
+            gate_proj,
+            up_proj,
+            down_proj,
+        } = &self.mlp;
+        [
+            &a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, gate_proj, up_proj, down_proj,
+        ]
+    }
+
+    fn linears_mut(&mut self) -> [&mut Linear; 7] {
+        let a = &mut self.self_attn;
+        let Mlp::SwiGlu {
+            gate_proj,
+            up_proj,
+            down_proj,
+        } = &mut self.mlp;
+        [
+            &mut a.q_proj,
+            &mut a.k_proj,
+            &mut a.v_proj,
+            &mut a.o_proj,
+            gate_proj,
+            up_proj,
+            down_proj,
+        ]
+    }
+
     fn forward(
         &self,
         hidden: &Tensor,

@@ -64,16 +64,8 @@ pub(crate) fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> 
     Ok(f(contiguous_slice(data, layout, "bf16 matmul")?))
 }
 
-/// `A B^T`: a `[M, K]`, b `[N, K]`, both f32 CPU tensors; no graph.
-pub fn matmul_nt_bf16(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let ((m, k), (n, _)) = (a.dims2()?, b.dims2()?);
-    let pa = with_f32(a, |s| PackedA::from_rows(s, m, k))?;
-    let pb = with_f32(b, |s| PackedB::from_rows(s, n, k))?;
-    Tensor::from_vec(matmul(&pa, &pb), (m, n), a.device())
-}
-
 /// `A B`: a `[M, K]`, b `[K, N]`; no graph.
-pub fn matmul_nn_bf16(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+fn matmul_nn_bf16(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let ((m, k), (_, n)) = (a.dims2()?, b.dims2()?);
     let pa = with_f32(a, |s| PackedA::from_rows(s, m, k))?;
     let pb = with_f32(b, |s| PackedB::from_cols(s, k, n))?;
@@ -81,7 +73,7 @@ pub fn matmul_nn_bf16(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 }
 
 /// `A^T B`: a `[K, M]`, b `[K, N]`; no graph.
-pub fn matmul_tn_bf16(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+fn matmul_tn_bf16(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let ((k, m), (_, n)) = (a.dims2()?, b.dims2()?);
     let pa = with_f32(a, |s| PackedA::from_cols(s, k, m))?;
     let pb = with_f32(b, |s| PackedB::from_cols(s, k, n))?;

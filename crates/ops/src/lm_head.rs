@@ -283,7 +283,7 @@ impl LinearTargetLogprobs {
         let name = "stoke-linear-target-logprobs";
         let hidden = plain_tensor(hidden, hidden_layout, name)?;
         let weight = plain_tensor(weight, weight_layout, name)?;
-        let logits = self.logits(&hidden, &weight)?;
+        let logits = hidden.matmul(&weight.t()?)?.contiguous()?;
         let vocab = logits.dim(1)?;
         let out = {
             let (storage, layout) = logits.storage_and_layout();
@@ -295,10 +295,6 @@ impl LinearTargetLogprobs {
         };
         *self.lock_saved()? = Some(logits);
         Ok(T::to_cpu_storage_owned(out))
-    }
-
-    fn logits(&self, hidden: &Tensor, weight: &Tensor) -> Result<Tensor> {
-        hidden.matmul(&weight.t()?)?.contiguous()
     }
 
     fn lock_saved(&self) -> Result<std::sync::MutexGuard<'_, Option<Tensor>>> {
@@ -339,7 +335,7 @@ impl CustomOp2 for LinearTargetLogprobs {
         let saved = self.lock_saved()?.take();
         let logits = match saved {
             Some(logits) => logits,
-            None => self.logits(&hidden, &weight)?,
+            None => hidden.matmul(&weight.t()?)?.contiguous()?,
         };
         let dlogits = logits.apply_op3_no_bwd(
             &res.detach().contiguous()?,
