@@ -185,9 +185,9 @@ mod tests {
     fn fused_forward_and_gradients_match_the_composition() -> Result<()> {
         let dev = Device::Cpu;
         // More elements than one CHUNK so the parallel split is exercised.
-        let gate = Var::from_tensor(&Tensor::randn(0f64, 3.0, (3, 2000), &dev)?)?;
-        let up = Var::from_tensor(&Tensor::randn(0f64, 1.0, (3, 2000), &dev)?)?;
-        let probe = Tensor::randn(0f64, 1.0, (3, 2000), &dev)?;
+        let gate = Var::from_tensor(&crate::gradcheck::seeded_randn(0f64, 3.0, (3, 2000), &dev)?)?;
+        let up = Var::from_tensor(&crate::gradcheck::seeded_randn(0f64, 1.0, (3, 2000), &dev)?)?;
+        let probe = crate::gradcheck::seeded_randn(0f64, 1.0, (3, 2000), &dev)?;
         let max_diff = |a: &Tensor, b: &Tensor| -> Result<f64> {
             (a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f64>()
         };
@@ -237,8 +237,8 @@ mod tests {
     #[test]
     fn f32_fused_matches_the_composition() -> Result<()> {
         let dev = Device::Cpu;
-        let gate = Tensor::randn(0f32, 3.0, (5, 300), &dev)?;
-        let up = Tensor::randn(0f32, 1.0, (5, 300), &dev)?;
+        let gate = crate::gradcheck::seeded_randn(0f32, 3.0, (5, 300), &dev)?;
+        let up = crate::gradcheck::seeded_randn(0f32, 1.0, (5, 300), &dev)?;
         let diff = (swiglu(&gate, &up)? - swiglu_composed(&gate, &up)?)?
             .abs()?
             .flatten_all()?

@@ -125,9 +125,9 @@ mod tests {
     fn grouped_heads_match_repeated_kv_reference() -> Result<()> {
         let dev = Device::Cpu;
         for (hq, hkv) in [(4, 4), (4, 2), (6, 1)] {
-            let q = Tensor::randn(0f64, 1.0, (2, hq, 3, 4), &dev)?;
-            let k = Tensor::randn(0f64, 1.0, (2, hkv, 5, 4), &dev)?;
-            let v = Tensor::randn(0f64, 1.0, (2, hkv, 5, 4), &dev)?;
+            let q = crate::gradcheck::seeded_randn(0f64, 1.0, (2, hq, 3, 4), &dev)?;
+            let k = crate::gradcheck::seeded_randn(0f64, 1.0, (2, hkv, 5, 4), &dev)?;
+            let v = crate::gradcheck::seeded_randn(0f64, 1.0, (2, hkv, 5, 4), &dev)?;
             let bias = causal_bias(2, 3, 5)?;
             let out = attention(&q, &k, &v, &bias)?
                 .flatten_all()?
@@ -146,11 +146,26 @@ mod tests {
     #[test]
     fn gradients_match_finite_differences_with_masking_and_gqa() -> Result<()> {
         let dev = Device::Cpu;
-        let q = Var::from_tensor(&Tensor::randn(0f64, 1.0, (1, 4, 3, 4), &dev)?)?;
-        let k = Var::from_tensor(&Tensor::randn(0f64, 1.0, (1, 2, 3, 4), &dev)?)?;
-        let v = Var::from_tensor(&Tensor::randn(0f64, 1.0, (1, 2, 3, 4), &dev)?)?;
+        let q = Var::from_tensor(&crate::gradcheck::seeded_randn(
+            0f64,
+            1.0,
+            (1, 4, 3, 4),
+            &dev,
+        )?)?;
+        let k = Var::from_tensor(&crate::gradcheck::seeded_randn(
+            0f64,
+            1.0,
+            (1, 2, 3, 4),
+            &dev,
+        )?)?;
+        let v = Var::from_tensor(&crate::gradcheck::seeded_randn(
+            0f64,
+            1.0,
+            (1, 2, 3, 4),
+            &dev,
+        )?)?;
         let bias = causal_bias(1, 3, 3)?;
-        let probe = Tensor::randn(0f64, 1.0, (1, 4, 3, 4), &dev)?;
+        let probe = crate::gradcheck::seeded_randn(0f64, 1.0, (1, 4, 3, 4), &dev)?;
         let loss = |vs: &[Var]| {
             attention(
                 vs[0].as_tensor(),

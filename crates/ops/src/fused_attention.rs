@@ -215,12 +215,27 @@ mod tests {
         let dev = Device::Cpu;
         for (hq, hkv, tq, tk) in [(4, 2, 5, 5), (4, 4, 3, 6), (6, 1, 1, 4)] {
             let vars = [
-                Var::from_tensor(&Tensor::randn(0f64, 1.0, (2, hq, tq, 8), &dev)?)?,
-                Var::from_tensor(&Tensor::randn(0f64, 1.0, (2, hkv, tk, 8), &dev)?)?,
-                Var::from_tensor(&Tensor::randn(0f64, 1.0, (2, hkv, tk, 8), &dev)?)?,
+                Var::from_tensor(&crate::gradcheck::seeded_randn(
+                    0f64,
+                    1.0,
+                    (2, hq, tq, 8),
+                    &dev,
+                )?)?,
+                Var::from_tensor(&crate::gradcheck::seeded_randn(
+                    0f64,
+                    1.0,
+                    (2, hkv, tk, 8),
+                    &dev,
+                )?)?,
+                Var::from_tensor(&crate::gradcheck::seeded_randn(
+                    0f64,
+                    1.0,
+                    (2, hkv, tk, 8),
+                    &dev,
+                )?)?,
             ];
             let bias = causal_bias(2, tq, tk)?;
-            let probe = Tensor::randn(0f64, 1.0, (2, hq, tq, 8), &dev)?;
+            let probe = crate::gradcheck::seeded_randn(0f64, 1.0, (2, hq, tq, 8), &dev)?;
             let fused = run(&fused_attention, &vars, &bias, &probe)?;
             let reference = run(&attention_composed, &vars, &bias, &probe)?;
             let max_diff = |a: &[f64], b: &[f64]| {
@@ -246,12 +261,27 @@ mod tests {
     fn gradients_match_finite_differences() -> Result<()> {
         let dev = Device::Cpu;
         let vars = [
-            Var::from_tensor(&Tensor::randn(0f64, 1.0, (2, 4, 3, 4), &dev)?)?,
-            Var::from_tensor(&Tensor::randn(0f64, 1.0, (2, 2, 3, 4), &dev)?)?,
-            Var::from_tensor(&Tensor::randn(0f64, 1.0, (2, 2, 3, 4), &dev)?)?,
+            Var::from_tensor(&crate::gradcheck::seeded_randn(
+                0f64,
+                1.0,
+                (2, 4, 3, 4),
+                &dev,
+            )?)?,
+            Var::from_tensor(&crate::gradcheck::seeded_randn(
+                0f64,
+                1.0,
+                (2, 2, 3, 4),
+                &dev,
+            )?)?,
+            Var::from_tensor(&crate::gradcheck::seeded_randn(
+                0f64,
+                1.0,
+                (2, 2, 3, 4),
+                &dev,
+            )?)?,
         ];
         let bias = causal_bias(2, 3, 3)?;
-        let probe = Tensor::randn(0f64, 1.0, (2, 4, 3, 4), &dev)?;
+        let probe = crate::gradcheck::seeded_randn(0f64, 1.0, (2, 4, 3, 4), &dev)?;
         let loss = |vs: &[Var]| {
             fused_attention(
                 vs[0].as_tensor(),
@@ -275,9 +305,24 @@ mod tests {
     fn a_second_backward_recomputes_the_probabilities() -> Result<()> {
         let dev = Device::Cpu;
         let vars = [
-            Var::from_tensor(&Tensor::randn(0f64, 1.0, (1, 2, 3, 4), &dev)?)?,
-            Var::from_tensor(&Tensor::randn(0f64, 1.0, (1, 1, 3, 4), &dev)?)?,
-            Var::from_tensor(&Tensor::randn(0f64, 1.0, (1, 1, 3, 4), &dev)?)?,
+            Var::from_tensor(&crate::gradcheck::seeded_randn(
+                0f64,
+                1.0,
+                (1, 2, 3, 4),
+                &dev,
+            )?)?,
+            Var::from_tensor(&crate::gradcheck::seeded_randn(
+                0f64,
+                1.0,
+                (1, 1, 3, 4),
+                &dev,
+            )?)?,
+            Var::from_tensor(&crate::gradcheck::seeded_randn(
+                0f64,
+                1.0,
+                (1, 1, 3, 4),
+                &dev,
+            )?)?,
         ];
         let bias = causal_bias(1, 3, 3)?;
         let out = fused_attention(

@@ -80,3 +80,39 @@ fn scalar(t: &Tensor) -> Result<f64> {
         .get(0)?
         .to_scalar::<f64>()
 }
+
+/// Normal(`mean`, `std`) values of `shape` in `T`'s dtype, like `Tensor::randn`, but from a
+/// generator seeded the same way on every thread: each test runs on a thread of its own, so a
+/// test sees the same inputs on every run. (Unseeded `randn` made the finite-difference tests
+/// fail now and then, whenever a gradient happened to fall into the difference noise.)
+pub fn seeded_randn<T: candle_core::WithDType>(
+    mean: T,
+    std: T,
+    shape: impl Into<candle_core::Shape>,
+    device: &candle_core::Device,
+) -> candle_core::Result<candle_core::Tensor> {
+    use std::cell::Cell;
+    thread_local! {
+        static STATE: Cell<u64> = const { Cell::new(0x5EED_0019) };
+    }
+    // splitmix64, then Box-Muller.
+    let next = || {
+        STATE.with(|s| {
+            let z = s.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
+            s.set(z);
+            let z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            let z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+        })
+    };
+    let shape = shape.into();
+    let (mean, std) = (mean.to_f64(), std.to_f64());
+    let values: Vec<T> = (0..shape.elem_count())
+        .map(|_| {
+            let (u1, u2) = (next().max(f64::MIN_POSITIVE), next());
+            let normal = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+            T::from_f64(mean + std * normal)
+        })
+        .collect();
+    candle_core::Tensor::from_vec(values, shape, device)
+}

@@ -178,10 +178,15 @@ mod tests {
     #[test]
     fn gradients_match_finite_differences() -> Result<()> {
         let dev = Device::Cpu;
-        let x = Var::from_tensor(&Tensor::randn(0f64, 1.0, (2, 3, 2, 4), &dev)?)?;
-        let angles = Tensor::randn(0f64, 1.0, (2, 3, 1, 4), &dev)?;
+        let x = Var::from_tensor(&crate::gradcheck::seeded_randn(
+            0f64,
+            1.0,
+            (2, 3, 2, 4),
+            &dev,
+        )?)?;
+        let angles = crate::gradcheck::seeded_randn(0f64, 1.0, (2, 3, 1, 4), &dev)?;
         let (cos, sin) = (angles.cos()?, angles.sin()?);
-        let probe = Tensor::randn(0f64, 1.0, (2, 3, 2, 4), &dev)?;
+        let probe = crate::gradcheck::seeded_randn(0f64, 1.0, (2, 3, 2, 4), &dev)?;
         let loss = |v: &[Var]| {
             apply_rope(v[0].as_tensor(), &cos, &sin)?
                 .mul(&probe)?
@@ -197,11 +202,16 @@ mod tests {
     #[test]
     fn fused_forward_and_gradient_match_the_composition() -> Result<()> {
         let dev = Device::Cpu;
-        let x = Var::from_tensor(&Tensor::randn(0f64, 1.0, (2, 3, 4, 6), &dev)?)?;
+        let x = Var::from_tensor(&crate::gradcheck::seeded_randn(
+            0f64,
+            1.0,
+            (2, 3, 4, 6),
+            &dev,
+        )?)?;
         // Different tables for the two halves, so a swapped index would show.
-        let cos = Tensor::randn(0f64, 1.0, (2, 3, 1, 6), &dev)?;
-        let sin = Tensor::randn(0f64, 1.0, (2, 3, 1, 6), &dev)?;
-        let probe = Tensor::randn(0f64, 1.0, (2, 3, 4, 6), &dev)?;
+        let cos = crate::gradcheck::seeded_randn(0f64, 1.0, (2, 3, 1, 6), &dev)?;
+        let sin = crate::gradcheck::seeded_randn(0f64, 1.0, (2, 3, 1, 6), &dev)?;
+        let probe = crate::gradcheck::seeded_randn(0f64, 1.0, (2, 3, 4, 6), &dev)?;
         assert!(fused_applies(x.as_tensor(), &cos, &sin));
         let fused = apply_rope(x.as_tensor(), &cos, &sin)?;
         let composed = apply_rope_composed(x.as_tensor(), &cos, &sin)?;
