@@ -9,6 +9,7 @@
 //! - `transformer`: the model and its forward pass, built on stoke-ops' differentiable ops.
 //! - `kv_cache`: the explicit cache for generation (the model holds no mutable state).
 //! - `mask`: additive attention biases (causal with padding, block-diagonal for packing).
+//! - `activation_checkpoint`: per-block recomputation in the backward pass (memory for time).
 //! - `checkpoint`: safetensors load (single/sharded, f32/bf16/f16) and atomic HF-layout save.
 //! - `error`: `ModelError`, naming the file and field/tensor for every bad-input case.
 //!
@@ -27,6 +28,7 @@
 //! kernels with closed-form backward (stoke-ops `kernels`).
 //!
 
+pub mod activation_checkpoint;
 pub mod checkpoint;
 pub mod config;
 pub mod error;

@@ -10,9 +10,8 @@
 
 mod common;
 
-use candle_core::{Device, Tensor, Var};
+use candle_core::Tensor;
 use common::*;
-use stoke_model::{Transformer, causal_bias};
 use stoke_ops::Precision;
 
 fn abs_max(t: &Tensor) -> f32 {
@@ -50,48 +49,6 @@ fn bf16_logits_stay_within_the_stated_tolerance_of_transformers_f32() {
             assert!(diff > f32_diff, "{}: bf16 logits equal f32's", name(&dir));
         }
     }
-}
-
-fn loss(model: &Transformer, ids: &Tensor) -> Tensor {
-    let (_, len) = ids.dims2().expect("rank 2");
-    let bias = causal_bias(&[vec![true; len]], len, &Device::Cpu).expect("bias");
-    let hidden = model
-        .forward_hidden(&ids_u32(ids), &arange_positions(1, len), &bias, None)
-        .expect("forward");
-    let width = hidden.dim(2).expect("width");
-    let hidden = hidden
-        .squeeze(0)
-        .and_then(|h| h.narrow(0, 0, len - 1))
-        .and_then(|h| h.reshape((len - 1, width)))
-        .expect("hidden");
-    let targets = ids_u32(ids)
-        .squeeze(0)
-        .and_then(|t| t.narrow(0, 1, len - 1))
-        .expect("targets");
-    let logprobs = stoke_ops::linear_target_logprobs_with(
-        &hidden,
-        model.lm_head_weight(),
-        &targets,
-        model.precision(),
-    )
-    .expect("head");
-    (logprobs.mean_all().expect("mean") * -1.0).expect("neg")
-}
-
-fn gradients(model: &Transformer, ids: &Tensor) -> Vec<(String, Vec<f32>)> {
-    let grads = loss(model, ids).backward().expect("backward");
-    model
-        .parameters()
-        .into_iter()
-        .map(|(n, v): (String, Var)| {
-            let g = grads
-                .get(v.as_tensor())
-                .expect("gradient")
-                .flatten_all()
-                .expect("flat");
-            (n, g.to_vec1::<f32>().expect("values"))
-        })
-        .collect()
 }
 
 #[test]

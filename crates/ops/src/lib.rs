@@ -45,7 +45,9 @@ pub mod vexp;
 pub use activation::swiglu;
 pub use attention::attention;
 pub use linear::linear;
-pub use lm_head::{linear_target_logprobs, linear_target_logprobs_with};
+pub use lm_head::{
+    linear_target_logprobs, linear_target_logprobs_chunked, linear_target_logprobs_with,
+};
 pub use loss::{cross_entropy, token_logprobs};
 pub use norm::rms_norm;
 pub use rope::apply_rope;

@@ -47,6 +47,30 @@ pub fn linear_target_logprobs_with(
     targets: &Tensor,
     precision: Precision,
 ) -> Result<Tensor> {
+    head(hidden, weight, targets, precision, false)
+}
+
+/// `linear_target_logprobs_with` holding no `[N, V]` tensor larger than a chunk of
+/// `chunk_rows(V)` rows (at most 16 M logits), forward or backward: the forward keeps only its
+/// inputs and the backward recomputes each chunk's logits (one more `N x V x H` product). For
+/// memory-bound runs (activation checkpointing). Log-probabilities equal the unchunked ones; the
+/// weight gradient sums the chunks in turn (equal to rounding). In bf16 both are the same op.
+pub fn linear_target_logprobs_chunked(
+    hidden: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    precision: Precision,
+) -> Result<Tensor> {
+    head(hidden, weight, targets, precision, true)
+}
+
+fn head(
+    hidden: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    precision: Precision,
+    chunked: bool,
+) -> Result<Tensor> {
     let (rows, width) = hidden.dims2()?;
     let (vocab, weight_width) = weight.dims2()?;
     if width != weight_width {
@@ -86,6 +110,15 @@ pub fn linear_target_logprobs_with(
             },
         );
     }
+    if chunked {
+        return hidden.contiguous()?.apply_op2(
+            &weight.contiguous()?,
+            ChunkedTargetLogprobs {
+                chunk: chunk_rows(vocab),
+                targets,
+            },
+        );
+    }
     hidden.contiguous()?.apply_op2(
         &weight.contiguous()?,
         LinearTargetLogprobs {
@@ -93,6 +126,117 @@ pub fn linear_target_logprobs_with(
             saved_logits: Mutex::new(None),
         },
     )
+}
+
+/// The f32/f64 head in chunks of positions, logits recomputed in the backward pass (see
+/// `linear_target_logprobs_chunked`); the products are candle's, as in `LinearTargetLogprobs`.
+struct ChunkedTargetLogprobs {
+    targets: Vec<u32>,
+    /// Rows per chunk (`chunk_rows(V)`; smaller in tests).
+    chunk: usize,
+}
+
+impl ChunkedTargetLogprobs {
+    const NAME: &'static str = "stoke-linear-target-logprobs-chunked";
+
+    /// `(first_row, rows)` of every chunk.
+    fn chunks(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let rows = self.targets.len();
+        let step = self.chunk.max(1);
+        (0..rows)
+            .step_by(step)
+            .map(move |first| (first, step.min(rows - first)))
+    }
+
+    fn forward<T: Real>(
+        &self,
+        hidden: &[T],
+        hidden_layout: &Layout,
+        weight: &[T],
+        weight_layout: &Layout,
+    ) -> Result<CpuStorage> {
+        let hidden = plain_tensor(hidden, hidden_layout, Self::NAME)?;
+        let weight_t = plain_tensor(weight, weight_layout, Self::NAME)?.t()?;
+        let mut out = Vec::with_capacity(self.targets.len());
+        for (first, here) in self.chunks() {
+            let logits = hidden.narrow(0, first, here)?.matmul(&weight_t)?;
+            out.extend(logprobs_of::<T>(
+                &logits,
+                &self.targets[first..first + here],
+                Self::NAME,
+            )?);
+        }
+        Ok(T::to_cpu_storage_owned(out))
+    }
+}
+
+/// `target_logprobs_rows` of a logits tensor `[rows, V]` (made contiguous first).
+fn logprobs_of<T: Real>(logits: &Tensor, targets: &[u32], name: &str) -> Result<Vec<T>> {
+    let logits = logits.contiguous()?;
+    let vocab = logits.dim(1)?;
+    let (storage, layout) = logits.storage_and_layout();
+    let candle_core::Storage::Cpu(cpu) = &*storage else {
+        candle_core::bail!("{name}: logits left the CPU")
+    };
+    let data = contiguous_slice(T::cpu_storage_as_slice(cpu)?, layout, name)?;
+    Ok(target_logprobs_rows(data, vocab, targets))
+}
+
+impl CustomOp2 for ChunkedTargetLogprobs {
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let out = match (s1, s2) {
+            (CpuStorage::F32(h), CpuStorage::F32(w)) => self.forward(h, l1, w, l2)?,
+            (CpuStorage::F64(h), CpuStorage::F64(w)) => self.forward(h, l1, w, l2)?,
+            _ => candle_core::bail!("{}: only f32 and f64 (same dtype)", Self::NAME),
+        };
+        Ok((out, Shape::from(self.targets.len())))
+    }
+
+    fn bwd(
+        &self,
+        hidden: &Tensor,
+        weight: &Tensor,
+        res: &Tensor,
+        grad_res: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (hidden, weight) = (hidden.detach(), weight.detach());
+        let (res, grad_res) = (res.detach(), grad_res.detach());
+        let weight_t = weight.t()?;
+        let mut dhidden = Vec::new();
+        let mut dweight: Option<Tensor> = None;
+        for (first, here) in self.chunks() {
+            let h = hidden.narrow(0, first, here)?;
+            let logits = h.matmul(&weight_t)?.contiguous()?;
+            let dlogits = logits.apply_op3_no_bwd(
+                &res.narrow(0, first, here)?.contiguous()?,
+                &grad_res.narrow(0, first, here)?.contiguous()?,
+                &TargetLogprobsBackward {
+                    targets: &self.targets[first..first + here],
+                },
+            )?;
+            drop(logits);
+            dhidden.push(dlogits.matmul(&weight)?);
+            let part = dlogits.t()?.matmul(&h)?;
+            dweight = Some(match dweight {
+                None => part,
+                Some(sum) => (sum + part)?,
+            });
+        }
+        let (Some(dweight), false) = (dweight, dhidden.is_empty()) else {
+            return Ok((Some(hidden.zeros_like()?), Some(weight.zeros_like()?)));
+        };
+        Ok((Some(Tensor::cat(&dhidden, 0)?), Some(dweight)))
+    }
 }
 
 /// Most logits held at once by the bf16 head (elements; 64 MiB of f32).
@@ -484,6 +628,63 @@ mod tests {
         close(&fused.2, &reference.2, "dweight");
         // Row 3 has weight 0: its hidden gradient must be exactly zero.
         assert!(fused.1[3 * width..4 * width].iter().all(|&g| g == 0.0));
+        Ok(())
+    }
+
+    /// The chunked f32/f64 head (ragged chunks of 4 rows) against the unchunked fused op:
+    /// log-probabilities and the hidden gradient bit for bit (each row's products are the
+    /// same), the weight gradient equal up to the order its chunks are summed.
+    #[test]
+    fn chunked_head_equals_the_unchunked_one() -> Result<()> {
+        let dev = Device::Cpu;
+        let (rows, width, vocab) = (11, 6, 23);
+        let hidden = Var::from_vec(values(rows * width, 0.4, 1.2), (rows, width), &dev)?;
+        let weight = Var::from_vec(values(vocab * width, 1.9, 0.9), (vocab, width), &dev)?;
+        let targets: Vec<u32> = (0..rows as u32)
+            .map(|i| (i * 7 + 2) % vocab as u32)
+            .collect();
+        let coeffs = Tensor::from_vec(values(rows, 3.3, 1.0), rows, &dev)?;
+        let run = |chunked: bool| -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
+            let t = Tensor::from_vec(targets.clone(), rows, &dev)?;
+            let lp = if chunked {
+                hidden.as_tensor().apply_op2(
+                    weight.as_tensor(),
+                    ChunkedTargetLogprobs {
+                        targets: targets.clone(),
+                        chunk: 4,
+                    },
+                )?
+            } else {
+                linear_target_logprobs(hidden.as_tensor(), weight.as_tensor(), &t)?
+            };
+            let grads = (&lp * &coeffs)?.sum_all()?.backward()?;
+            let get = |v: &Var| -> Result<Vec<f64>> {
+                grads
+                    .get(v.as_tensor())
+                    .ok_or_else(|| candle_core::Error::Msg("missing gradient".into()))?
+                    .flatten_all()?
+                    .to_vec1()
+            };
+            Ok((lp.to_vec1()?, get(&hidden)?, get(&weight)?))
+        };
+        let (plain, chunked) = (run(false)?, run(true)?);
+        assert_eq!(plain.0, chunked.0, "log-probs");
+        assert_eq!(plain.1, chunked.1, "hidden gradient");
+        for (i, (a, b)) in plain.2.iter().zip(&chunked.2).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-14 * (1.0 + a.abs()),
+                "dweight[{i}]: {a} vs {b}"
+            );
+        }
+        // The public entry point takes the same op (one chunk at this size).
+        let t = Tensor::from_vec(targets.clone(), rows, &dev)?;
+        let public = linear_target_logprobs_chunked(
+            hidden.as_tensor(),
+            weight.as_tensor(),
+            &t,
+            Precision::F32,
+        )?;
+        assert_eq!(public.to_vec1::<f64>()?, plain.0);
         Ok(())
     }
 

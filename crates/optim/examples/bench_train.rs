@@ -25,7 +25,7 @@
 //! ```text
 //! CARGO_TARGET_DIR=target-bench cargo build --release -p stoke-optim --example bench_train
 //! RAYON_NUM_THREADS=2 target-bench/release/examples/bench_train [--only pretrain,sft_packed]
-//!     [--loss fused|composed] [CONFIG.json]
+//!     [--loss fused|composed] [--precision f32|bf16] [--activation-checkpointing] [CONFIG.json]
 //! ```
 
 use std::path::PathBuf;
@@ -58,6 +58,7 @@ fn main() -> BenchResult<()> {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bench/bench_config.json");
     let mut loss_head = LossHead::Fused;
     let mut precision = stoke_ops::Precision::F32;
+    let mut checkpointing = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         if arg == "--loss" {
@@ -74,6 +75,8 @@ fn main() -> BenchResult<()> {
                 .ok_or("--precision needs f32 or bf16")?
                 .parse()
                 .map_err(|e: String| format!("--precision: {e}"))?;
+        } else if arg == "--activation-checkpointing" {
+            checkpointing = true;
         } else if arg == "--only" {
             let list = args.next().ok_or("--only needs a comma-separated list")?;
             only = list
@@ -101,12 +104,15 @@ fn main() -> BenchResult<()> {
         "threads": env_threads("RAYON_NUM_THREADS"),
         "candle_num_threads": std::env::var("CANDLE_NUM_THREADS").ok(),
         "loss_head": format!("{loss_head:?}").to_lowercase(),
+        "activation_checkpointing": checkpointing,
         "load_average_at_start": load_average(),
     });
     for workload in &only {
-        result[workload.as_str()] = bench_full_step(&config, workload, loss_head, precision)?;
+        result[workload.as_str()] =
+            bench_full_step(&config, workload, loss_head, precision, checkpointing)?;
     }
     result["load_average_at_end"] = json!(load_average());
+    result["peak_rss_bytes"] = json!(peak_rss_bytes());
     println!("{}", serde_json::to_string_pretty(&result)?);
     Ok(())
 }
@@ -304,12 +310,13 @@ fn full_step(
             let (b, t, width) = hidden.dims3()?;
             let hidden = hidden.narrow(1, 0, t - 1)?.reshape((b * (t - 1), width))?;
             let forward_done = Instant::now();
-            let logprobs = stoke_ops::linear_target_logprobs_with(
-                &hidden,
-                lm_head,
-                &inputs.targets,
-                model.precision(),
-            )?;
+            // With checkpointing the head runs in chunks too (as stoke-train's objectives do).
+            let head = if model.activation_checkpointing() {
+                stoke_ops::linear_target_logprobs_chunked
+            } else {
+                stoke_ops::linear_target_logprobs_with
+            };
+            let logprobs = head(&hidden, lm_head, &inputs.targets, model.precision())?;
             (logprobs, forward_done)
         }
     };
@@ -344,9 +351,11 @@ fn bench_full_step(
     workload: &str,
     loss_head: LossHead,
     precision: stoke_ops::Precision,
+    checkpointing: bool,
 ) -> BenchResult<Value> {
     let device = Device::Cpu;
-    let model = Transformer::init(config.clone(), &device, SEED)?.with_precision(precision);
+    let mut model = Transformer::init(config.clone(), &device, SEED)?.with_precision(precision);
+    model.set_activation_checkpointing(checkpointing);
     // The LM head's weight [V, H] (the embedding when tied), by its HF name.
     let head_name = if config.tie_word_embeddings {
         "model.embed_tokens.weight"
@@ -430,6 +439,14 @@ fn bench_full_step(
         "load_average_at_end": load_average(),
         "losses": losses,
     }))
+}
+
+/// The process's peak resident set (`VmHWM` in /proc/self/status), bytes; None elsewhere.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 fn load_average() -> Vec<f64> {

@@ -48,7 +48,7 @@
 //!   buffer_bytes 16 MiB, kl_placement "loss", reference_reset_every off, old_logprobs
 //!   "rollout", drop_equal_reward_groups false, clip_grad_norm 1.0 (0 turns it off),
 //!   micro_batch_tokens 8192, max_bad_steps 3, reward_workers and threads = the machine's cores,
-//!   reward_timeout_s 30.
+//!   reward_timeout_s 30, precision "f32", activation_checkpointing false.
 //! - `[grpo.loss]`: GrpoLossFile's defaults (clipped surrogate eps 0.2/0.2, token-mean, beta 0).
 //! - `[optimizer]`: AdamW, lr 1e-6, betas (0.9, 0.999), eps 1e-8, weight_decay 0 (TRL's; users of
 //!   tiny models set a larger lr). `kind = "muon"` takes the Muon keys of `stoke train`.
@@ -323,6 +323,8 @@ impl GrpoConfig {
             checkpoint_every: file.checkpoint.every.unwrap_or(0),
             keep_checkpoints: file.checkpoint.keep.unwrap_or(DEFAULT_KEEP_CHECKPOINTS),
             threads: g.threads.unwrap_or(cores),
+            precision: g.precision.unwrap_or_default(),
+            activation_checkpointing: g.activation_checkpointing.unwrap_or(false),
         };
         settings
             .validate()
@@ -398,6 +400,8 @@ impl GrpoConfig {
             reward_workers: Some(s.reward_workers),
             reward_timeout_s: Some(s.reward_timeout.as_secs_f64()),
             threads: Some(s.threads),
+            precision: (s.precision != stoke_types::Precision::F32).then_some(s.precision),
+            activation_checkpointing: s.activation_checkpointing.then_some(true),
             loss,
         };
         GrpoConfigFile {
@@ -453,6 +457,8 @@ const RESUME_FREE_KEYS: &[&str] = &[
     "grpo.reward_timeout_s",
     "grpo.threads",
     "grpo.buffer_bytes",
+    // Exact (bit-identical gradients).
+    "grpo.activation_checkpointing",
     "held_out.",
     "eval.",
     "checkpoint.",

@@ -160,6 +160,10 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
         }
         (reference, _) => reference,
     };
+    // The policy's precision carries into its rollout snapshots and reference resets.
+    policy.set_precision(settings.precision);
+    policy.set_activation_checkpointing(settings.activation_checkpointing);
+    let reference = reference.map(|r| r.with_precision(settings.precision));
     let remaining = settings.steps.saturating_sub(start_step);
 
     // Modules.

@@ -169,6 +169,11 @@ pub struct GrpoSettings {
     pub keep_checkpoints: usize,
     /// CPU threads the scheduler shares between modules (default: the machine's cores).
     pub threads: usize,
+    /// Matmul precision of the policy, its rollout snapshots (weights packed in bf16 for
+    /// decoding) and the reference model.
+    pub precision: stoke_types::Precision,
+    /// Activation checkpointing in the trainer's forward/backward passes.
+    pub activation_checkpointing: bool,
 }
 
 impl GrpoSettings {

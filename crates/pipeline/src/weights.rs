@@ -39,6 +39,17 @@ struct StoreState {
     waiting: usize,
 }
 
+/// The copy the rollout decodes with: a deep snapshot, and in bf16 its weights packed once
+/// (`Transformer::pack_weights`), so decoding does not repack them every token. Packed and
+/// per-call bf16 products are bit-identical, so the rollout's log-probs are the trainer's way.
+fn rollout_copy(model: &Transformer) -> Result<Transformer, PipelineError> {
+    let mut copy = model.snapshot()?;
+    if copy.precision() == stoke_types::Precision::Bf16 {
+        copy.pack_weights()?;
+    }
+    Ok(copy)
+}
+
 /// The newest policy weights, shared as `Arc<WeightStore>` between the trainer and rollout.
 #[derive(Debug)]
 pub struct WeightStore {
@@ -50,7 +61,7 @@ impl WeightStore {
     /// Version 0: a snapshot of `initial`.
     pub fn new(initial: &Transformer) -> Result<WeightStore, PipelineError> {
         let started = Instant::now();
-        let model = Arc::new(initial.snapshot()?);
+        let model = Arc::new(rollout_copy(initial)?);
         Ok(WeightStore {
             state: Mutex::new(StoreState {
                 model,
@@ -80,7 +91,7 @@ impl WeightStore {
         // publisher may have won the race in between).
         self.check_publishable(&self.lock(), model, version)?;
         let started = Instant::now();
-        let snapshot = Arc::new(model.snapshot()?);
+        let snapshot = Arc::new(rollout_copy(model)?);
         let seconds = started.elapsed().as_secs_f64();
         let mut state = self.lock();
         self.check_publishable(&state, model, version)?;

@@ -317,13 +317,24 @@ fn resume_differences_ignore_length_and_cadence_but_not_the_math() {
         GrpoConfig::load(&path, &sets).unwrap()
     };
     let saved = load_with(&[]);
-    let longer = load_with(&["grpo.steps=40", "eval.every=2", "checkpoint.keep=5"]);
+    let longer = load_with(&[
+        "grpo.steps=40",
+        "eval.every=2",
+        "checkpoint.keep=5",
+        "grpo.activation_checkpointing=true",
+    ]);
     let free = resume_differences(&saved, &longer);
     assert!(free.is_empty(), "{free:?}");
-    let changed = load_with(&["grpo.group_size=3", "optimizer.lr=1e-3"]);
+    let changed = load_with(&[
+        "grpo.group_size=3",
+        "optimizer.lr=1e-3",
+        "grpo.precision=\"bf16\"",
+    ]);
+    assert_eq!(changed.settings.precision, stoke_types::Precision::Bf16);
+    assert!(longer.settings.activation_checkpointing);
     let keys: Vec<String> = resume_differences(&saved, &changed)
         .into_iter()
         .map(|(key, _, _)| key)
         .collect();
-    assert_eq!(keys, ["grpo.group_size", "optimizer.lr"]);
+    assert_eq!(keys, ["grpo.group_size", "grpo.precision", "optimizer.lr"]);
 }

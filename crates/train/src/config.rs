@@ -209,6 +209,8 @@ pub struct TrainingConfig {
     pub keep_steps: Vec<u64>,
     /// Matmul precision of the forward and backward passes (weights and optimizer stay f32).
     pub precision: stoke_types::Precision,
+    /// Recompute each block's activations in the backward pass (exact; memory for time).
+    pub activation_checkpointing: bool,
 }
 
 /// The validated run configuration.
@@ -390,6 +392,8 @@ pub fn math_fields_differ(
         "training.checkpoint_every",
         "training.keep_last",
         "training.keep_steps",
+        // Exact (bit-identical gradients), so it may change between sessions of a run.
+        "training.activation_checkpointing",
         "data.eval",
         "data.max_epochs",
     ];

@@ -197,8 +197,7 @@ pub fn score_loss_tokens(
         // The LM head and the target log-probs as one graph node: candle's backward then never
         // zero-fills and accumulates an [M, V] logits gradient (bench/README.md, issue 5).
         let head = model.lm_head_weight();
-        let logprobs =
-            stoke_ops::linear_target_logprobs_with(&hidden, head, &targets, model.precision())?;
+        let logprobs = crate::lm_head_logprobs(model, &hidden, head, &targets)?;
         (None, logprobs)
     };
     Ok(Some(ScoredTokens {

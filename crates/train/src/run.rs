@@ -131,6 +131,7 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
         None => (build_model(&config, tokenizer.as_ref(), &device)?, None),
     };
     model.set_precision(config.training.precision);
+    model.set_activation_checkpointing(config.training.activation_checkpointing);
     let config_path = run_dir.join("config.toml");
     std::fs::write(&config_path, &config_toml).map_err(|e| TrainError::io(&config_path, e))?;
 

@@ -262,3 +262,19 @@ fn precision_defaults_to_f32_parses_bf16_and_names_a_bad_value() {
         "{error}"
     );
 }
+
+#[test]
+fn activation_checkpointing_is_off_by_default_and_free_to_change_on_resume() {
+    let off = resolve(BASE, &[]).unwrap();
+    assert!(!off.training.activation_checkpointing);
+    let on = resolve(BASE, &["training.activation_checkpointing=true"]).unwrap();
+    assert!(on.training.activation_checkpointing);
+    let text = toml::to_string(&on.to_file()).unwrap();
+    assert!(text.contains("activation_checkpointing = true"), "{text}");
+    // Exact (bit-identical gradients), so a resume accepts the change.
+    assert!(math_fields_differ(&off, &on, 10).is_empty());
+    let error = resolve(BASE, &["training.activation_checkpointing=1"])
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("activation_checkpointing"), "{error}");
+}

@@ -1,7 +1,7 @@
 //! Shared helpers for stoke-model's integration tests: fixture discovery and reference data.
 #![allow(dead_code)]
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor, Var};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use stoke_model::{ModelConfig, Transformer, causal_bias};
@@ -83,6 +83,50 @@ pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
         .and_then(|d| d.max(0))
         .and_then(|d| d.to_scalar())
         .expect("diff")
+}
+
+/// Mean next-token loss of one unpadded row through the fused LM head.
+pub fn loss(model: &Transformer, ids: &Tensor) -> Tensor {
+    let (_, len) = ids.dims2().expect("rank 2");
+    let bias = causal_bias(&[vec![true; len]], len, &Device::Cpu).expect("bias");
+    let hidden = model
+        .forward_hidden(&ids_u32(ids), &arange_positions(1, len), &bias, None)
+        .expect("forward");
+    let width = hidden.dim(2).expect("width");
+    let hidden = hidden
+        .squeeze(0)
+        .and_then(|h| h.narrow(0, 0, len - 1))
+        .and_then(|h| h.reshape((len - 1, width)))
+        .expect("hidden");
+    let targets = ids_u32(ids)
+        .squeeze(0)
+        .and_then(|t| t.narrow(0, 1, len - 1))
+        .expect("targets");
+    let logprobs = stoke_ops::linear_target_logprobs_with(
+        &hidden,
+        model.lm_head_weight(),
+        &targets,
+        model.precision(),
+    )
+    .expect("head");
+    (logprobs.mean_all().expect("mean") * -1.0).expect("neg")
+}
+
+/// Every parameter's gradient of `loss`, sorted by name.
+pub fn gradients(model: &Transformer, ids: &Tensor) -> Vec<(String, Vec<f32>)> {
+    let grads = loss(model, ids).backward().expect("backward");
+    model
+        .parameters()
+        .into_iter()
+        .map(|(n, v): (String, Var)| {
+            let g = grads
+                .get(v.as_tensor())
+                .expect("gradient")
+                .flatten_all()
+                .expect("flat");
+            (n, g.to_vec1::<f32>().expect("values"))
+        })
+        .collect()
 }
 
 /// A tiny config for tests that need no fixture.

@@ -154,6 +154,12 @@ pub struct GrpoSection {
     pub reward_timeout_s: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<usize>,
+    /// Matmul precision of the policy, its rollout copies and the reference: "f32" or "bf16".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<stoke_types::Precision>,
+    /// Recompute each block's activations in the trainer's backward pass (exact).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activation_checkpointing: Option<bool>,
     #[serde(default)]
     pub loss: GrpoLossFile,
 }

@@ -105,6 +105,7 @@ impl TrainConfig {
             keep_last: t.keep_last.unwrap_or(2),
             keep_steps: t.keep_steps.clone(),
             precision: t.precision.unwrap_or_default(),
+            activation_checkpointing: t.activation_checkpointing.unwrap_or(false),
         };
         let config = TrainConfig {
             title: file.title.clone().unwrap_or_else(|| {
@@ -248,6 +249,7 @@ impl TrainConfig {
                     max_consecutive_skips: Some(s.max_consecutive_skips),
                 }),
                 precision: (t.precision != stoke_types::Precision::F32).then_some(t.precision),
+                activation_checkpointing: t.activation_checkpointing.then_some(true),
             },
         }
     }

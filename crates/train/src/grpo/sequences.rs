@@ -194,8 +194,7 @@ pub fn completion_logprobs_with(
     };
     let head = model.lm_head_weight().to_dtype(DType::F32)?;
     let targets = Tensor::from_slice(&targets, scored, device)?;
-    let token_logprobs =
-        stoke_ops::linear_target_logprobs_with(&hidden, &head, &targets, model.precision())?;
+    let token_logprobs = crate::lm_head_logprobs(model, &hidden, &head, &targets)?;
 
     // Back to [B, Tc]: slot (b, t) reads entry `scored` (an appended 0) when past the row's
     // completion, so padding is an exact 0 with no gradient path into the model.

@@ -354,6 +354,7 @@ fn training_file(stage: &StageSizes, seed: u64) -> TrainingFile {
         keep_steps: Vec::new(),
         spike: None,
         precision: None,
+        activation_checkpointing: None,
     }
 }
 
