@@ -25,7 +25,8 @@
 //! ```text
 //! CARGO_TARGET_DIR=target-bench cargo build --release -p stoke-optim --example bench_train
 //! RAYON_NUM_THREADS=2 target-bench/release/examples/bench_train [--only pretrain,sft_packed]
-//!     [--loss fused|composed] [--precision f32|bf16] [--activation-checkpointing] [CONFIG.json]
+//!     [--loss fused|composed] [--precision f32|bf16] [--activation-checkpointing]
+//!     [--moments f32|int8] [--batch B] [--seq T] [--warmup N] [--steps N] [CONFIG.json]
 //! ```
 
 use std::path::PathBuf;
@@ -36,10 +37,15 @@ use serde_json::{Value, json};
 use stoke_model::{ModelConfig, Transformer, causal_bias, document_causal_bias};
 use stoke_optim::{AdamWConfig, Optimizer, OptimizerConfig};
 
-const TRAIN_BATCH: usize = 8;
-const TRAIN_SEQ: usize = 256;
-const WARMUP_STEPS: usize = 2;
-const TIMED_STEPS: usize = 5;
+/// The step's shape and length (defaults: batch 8 x 256, 2 warmup + 5 timed steps; `--batch`,
+/// `--seq`, `--warmup`, `--steps` change them, e.g. for a 1B-class memory run).
+#[derive(Clone, Copy)]
+struct RunShape {
+    batch: usize,
+    seq: usize,
+    warmup: usize,
+    timed: usize,
+}
 const SEED: u64 = 0;
 const LR: f64 = 1e-3;
 const WEIGHT_DECAY: f64 = 0.1;
@@ -59,6 +65,13 @@ fn main() -> BenchResult<()> {
     let mut loss_head = LossHead::Fused;
     let mut precision = stoke_ops::Precision::F32;
     let mut checkpointing = false;
+    let mut moments = stoke_optim::MomentFormat::F32;
+    let mut shape = RunShape {
+        batch: 8,
+        seq: 256,
+        warmup: 2,
+        timed: 5,
+    };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         if arg == "--loss" {
@@ -75,6 +88,26 @@ fn main() -> BenchResult<()> {
                 .ok_or("--precision needs f32 or bf16")?
                 .parse()
                 .map_err(|e: String| format!("--precision: {e}"))?;
+        } else if let Some(slot) = match arg.as_str() {
+            "--batch" => Some(&mut shape.batch),
+            "--seq" => Some(&mut shape.seq),
+            "--warmup" => Some(&mut shape.warmup),
+            "--steps" => Some(&mut shape.timed),
+            _ => None,
+        } {
+            *slot = args
+                .next()
+                .and_then(|v| v.parse().ok())
+                .filter(|&v: &usize| v > 0 || arg == "--warmup")
+                .ok_or_else(|| format!("{arg} needs a positive integer"))?;
+        } else if arg == "--moments" {
+            moments = match args.next().as_deref() {
+                Some("f32") => stoke_optim::MomentFormat::F32,
+                Some("int8") => stoke_optim::MomentFormat::Int8,
+                other => {
+                    return Err(format!("--moments: expected f32 or int8, got {other:?}").into());
+                }
+            };
         } else if arg == "--activation-checkpointing" {
             checkpointing = true;
         } else if arg == "--only" {
@@ -105,11 +138,19 @@ fn main() -> BenchResult<()> {
         "candle_num_threads": std::env::var("CANDLE_NUM_THREADS").ok(),
         "loss_head": format!("{loss_head:?}").to_lowercase(),
         "activation_checkpointing": checkpointing,
+        "moments": format!("{moments:?}").to_lowercase(),
         "load_average_at_start": load_average(),
     });
     for workload in &only {
-        result[workload.as_str()] =
-            bench_full_step(&config, workload, loss_head, precision, checkpointing)?;
+        result[workload.as_str()] = bench_full_step(
+            &config,
+            workload,
+            loss_head,
+            precision,
+            checkpointing,
+            shape,
+            moments,
+        )?;
     }
     result["load_average_at_end"] = json!(load_average());
     result["peak_rss_bytes"] = json!(peak_rss_bytes());
@@ -199,8 +240,12 @@ struct StepInputs {
     id_sum: u64,
 }
 
-fn step_inputs(batch: &TrainingBatch, workload: &str, device: &Device) -> BenchResult<StepInputs> {
-    let (b, t) = (TRAIN_BATCH, TRAIN_SEQ);
+fn step_inputs(
+    batch: &TrainingBatch,
+    workload: &str,
+    (b, t): (usize, usize),
+    device: &Device,
+) -> BenchResult<StepInputs> {
     let ids = Tensor::from_vec(batch.ids.clone(), (b, t), device)?;
     let targets = ids.narrow(1, 1, t - 1)?.flatten_all()?;
     let id_sum = batch.ids.iter().map(|&i| u64::from(i)).sum();
@@ -352,6 +397,8 @@ fn bench_full_step(
     loss_head: LossHead,
     precision: stoke_ops::Precision,
     checkpointing: bool,
+    shape: RunShape,
+    moments: stoke_optim::MomentFormat,
 ) -> BenchResult<Value> {
     let device = Device::Cpu;
     let mut model = Transformer::init(config.clone(), &device, SEED)?.with_precision(precision);
@@ -374,13 +421,14 @@ fn bench_full_step(
         beta2: 0.999,
         eps: 1e-8,
         weight_decay: WEIGHT_DECAY,
+        moments,
     };
     let mut optimizer = Optimizer::new(OptimizerConfig::AdamW(adamw), model.parameters())?;
-    let batch = training_batch(config.vocab_size as u64, TRAIN_BATCH, TRAIN_SEQ);
-    let inputs = step_inputs(&batch, workload, &device)?;
+    let batch = training_batch(config.vocab_size as u64, shape.batch, shape.seq);
+    let inputs = step_inputs(&batch, workload, (shape.batch, shape.seq), &device)?;
     let mut losses = Vec::new();
     let mut graph = GraphSize::default();
-    for _ in 0..WARMUP_STEPS {
+    for _ in 0..shape.warmup {
         losses.push(
             full_step(
                 &model,
@@ -396,7 +444,7 @@ fn bench_full_step(
     let load_start = load_average();
     let cpu_start = process_cpu_seconds();
     let (mut times, mut all_pieces) = (Vec::new(), Vec::new());
-    for _ in 0..TIMED_STEPS {
+    for _ in 0..shape.timed {
         let start = Instant::now();
         let (loss, pieces) = full_step(&model, &mut optimizer, &inputs, loss_head, &lm_head, None)?;
         times.push(start.elapsed().as_secs_f64());
@@ -410,19 +458,19 @@ fn bench_full_step(
         v[v.len() / 2]
     };
     let piece_ms = |f: fn(&Pieces) -> f64| median(all_pieces.iter().map(f).collect()) * 1e3;
-    let tokens_per_step = (TRAIN_BATCH * TRAIN_SEQ) as f64;
+    let tokens_per_step = (shape.batch * shape.seq) as f64;
     Ok(json!({
         "workload": workload,
         "loss_head": format!("{loss_head:?}").to_lowercase(),
-        "batch": TRAIN_BATCH,
-        "seq": TRAIN_SEQ,
-        "warmup_steps": WARMUP_STEPS,
-        "timed_steps": TIMED_STEPS,
+        "batch": shape.batch,
+        "seq": shape.seq,
+        "warmup_steps": shape.warmup,
+        "timed_steps": shape.timed,
         "documents": inputs.documents,
         "loss_tokens_per_step": inputs.loss_tokens,
         "id_sum": inputs.id_sum,
         "step_seconds": times,
-        "tokens_per_second": tokens_per_step * TIMED_STEPS as f64 / total,
+        "tokens_per_second": tokens_per_step * shape.timed as f64 / total,
         "tokens_per_second_median_step": tokens_per_step / median(times.clone()),
         "median_piece_ms": {
             "forward": piece_ms(|p| p.forward),

@@ -34,6 +34,26 @@ pub struct AdamWConfig {
     /// Decoupled weight decay, applied as `p *= 1 - lr * weight_decay` (only to parameter kinds
     /// that take it, see `ParamKind::takes_weight_decay`).
     pub weight_decay: f64,
+    /// How the two moments are stored: "f32" (default, PyTorch's AdamW exactly) or "int8"
+    /// (8-bit blockwise floats with stochastic rounding, a quarter of the memory; see
+    /// `quantized.rs`).
+    #[serde(default, skip_serializing_if = "MomentFormat::is_f32")]
+    pub moments: MomentFormat,
+}
+
+/// The storage of AdamW's moments.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MomentFormat {
+    #[default]
+    F32,
+    Int8,
+}
+
+impl MomentFormat {
+    pub fn is_f32(&self) -> bool {
+        *self == MomentFormat::F32
+    }
 }
 
 impl Default for AdamWConfig {
@@ -46,6 +66,7 @@ impl Default for AdamWConfig {
             beta2: 0.95,
             eps: 1e-8,
             weight_decay: 0.1,
+            moments: MomentFormat::F32,
         }
     }
 }
@@ -125,13 +146,13 @@ impl AdamWState {
 /// decay that applies to this parameter and the 1-based step number.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct AdamWScalars {
-    decay: f32,
-    one_minus_beta1: f32,
-    beta2: f32,
-    one_minus_beta2: f32,
-    step_size: f32,
-    bias_correction2_sqrt: f32,
-    eps: f32,
+    pub decay: f32,
+    pub one_minus_beta1: f32,
+    pub beta2: f32,
+    pub one_minus_beta2: f32,
+    pub step_size: f32,
+    pub bias_correction2_sqrt: f32,
+    pub eps: f32,
 }
 
 impl AdamWScalars {

@@ -3,7 +3,7 @@
 //! model, no data and no files beyond its own state format.
 //!
 //! Map: `param` (which rule a parameter gets), `adamw` and `muon` (the update rules and their
-//! configs), `optimizer` (the object the trainer holds), `clip`, `schedule`, `state` (the state
+//! configs), `quantized` (8-bit AdamW moments), `optimizer` (the object the trainer holds), `clip`, `schedule`, `state` (the state
 //! file format), `inplace` (fused f32 loops over candle storage), `error`.
 
 mod adamw;
@@ -13,10 +13,11 @@ mod inplace;
 mod muon;
 mod optimizer;
 mod param;
+mod quantized;
 mod schedule;
 mod state;
 
-pub use adamw::AdamWConfig;
+pub use adamw::{AdamWConfig, MomentFormat};
 pub use clip::{clip_grad_norm, global_grad_norm};
 pub use error::OptimError;
 pub use muon::{MuonConfig, NS_COEFFICIENTS, newton_schulz5};

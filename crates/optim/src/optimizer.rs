@@ -19,14 +19,15 @@ use std::path::Path;
 use candle_core::{Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
-use crate::adamw::{AdamWConfig, AdamWScalars, AdamWState, adamw_update};
+use crate::adamw::{AdamWConfig, AdamWScalars, AdamWState, MomentFormat, adamw_update};
 use crate::error::OptimError;
 use crate::inplace::{CHUNK, is_writable_f32, update_in_place, with_f32_slice};
 use crate::muon::{
     MuonConfig, MuonState, match_rms_factor, matrix_dims, momentum_update, newton_schulz5,
 };
 use crate::param::{ParamKind, classify};
-use crate::state::{StateFile, StateHeader, StateTensorRef};
+use crate::quantized::{Int8Moments, adamw_update_int8};
+use crate::state::{StateData, StateFile, StateHeader, StateTensorRef};
 
 /// Which optimizer a run uses (TOML: `kind = "adamw"` or `kind = "muon"` plus the fields).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -76,6 +77,11 @@ enum Rule {
         weight_decay: f64,
         state: AdamWState,
     },
+    /// AdamW with 8-bit moments (`moments = "int8"`).
+    AdamWInt8 {
+        weight_decay: f64,
+        state: Int8Moments,
+    },
     Muon {
         rows: usize,
         cols: usize,
@@ -87,6 +93,11 @@ enum Rule {
 const EXP_AVG: &str = "exp_avg";
 const EXP_AVG_SQ: &str = "exp_avg_sq";
 const MOMENTUM_BUFFER: &str = "momentum_buffer";
+/// 8-bit moments: codes (u8, the parameter's shape) and block scales (f32, one per block).
+const EXP_AVG_INT8: &str = "exp_avg.int8";
+const EXP_AVG_SCALE: &str = "exp_avg.scale";
+const EXP_AVG_SQ_INT8: &str = "exp_avg_sq.int8";
+const EXP_AVG_SQ_SCALE: &str = "exp_avg_sq.scale";
 
 pub struct Optimizer {
     config: OptimizerConfig,
@@ -148,9 +159,15 @@ impl Optimizer {
                     } else {
                         0.0
                     };
-                    Rule::AdamW {
-                        weight_decay,
-                        state: AdamWState::zeros(len),
+                    match config.adamw().moments {
+                        MomentFormat::F32 => Rule::AdamW {
+                            weight_decay,
+                            state: AdamWState::zeros(len),
+                        },
+                        MomentFormat::Int8 => Rule::AdamWInt8 {
+                            weight_decay,
+                            state: Int8Moments::zeros(len),
+                        },
                     }
                 }
             };
@@ -183,6 +200,18 @@ impl Optimizer {
         self.steps
     }
 
+    /// Bytes of optimizer state held (moments, momentum buffers, 8-bit codes and scales).
+    pub fn state_bytes(&self) -> usize {
+        self.rules
+            .iter()
+            .map(|rule| match rule {
+                Rule::AdamW { state, .. } => 4 * (state.exp_avg.len() + state.exp_avg_sq.len()),
+                Rule::AdamWInt8 { state, .. } => state.bytes(),
+                Rule::Muon { state, .. } => 4 * state.momentum_buffer.len(),
+            })
+            .sum()
+    }
+
     /// One update. `grads[i]` is the gradient of `params()[i]` (same shape, f32). `lr_factor`
     /// multiplies every group's configured lr (the schedule's value; 1.0 = peak). Steps counted
     /// internally (bias correction).
@@ -212,9 +241,26 @@ impl Optimizer {
             OptimizerConfig::Muon(muon) => Some(muon.clone()),
             OptimizerConfig::AdamW(_) => None,
         };
-        for (((name, var), grad), rule) in self.params.iter().zip(grads).zip(self.rules.iter_mut())
+        for (index, (((name, var), grad), rule)) in self
+            .params
+            .iter()
+            .zip(grads)
+            .zip(self.rules.iter_mut())
+            .enumerate()
         {
             match rule {
+                Rule::AdamWInt8 {
+                    weight_decay,
+                    state,
+                } => {
+                    let scalars =
+                        AdamWScalars::new(&adamw, adamw.lr * lr_factor, *weight_decay, step);
+                    // Rounding bits differ per step and parameter, and repeat on resume.
+                    let seed = step.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ index as u64;
+                    update_in_place(var.as_tensor(), grad, |param, grad| {
+                        adamw_update_int8(param, grad, state, &scalars, seed)
+                    })?;
+                }
                 Rule::AdamW {
                     weight_decay,
                     state,
@@ -263,6 +309,26 @@ impl Optimizer {
                         &state.exp_avg_sq,
                     ));
                 }
+                Rule::AdamWInt8 { state, .. } => {
+                    let blocks = [state.exp_avg_scale.len()];
+                    for (key, codes) in [
+                        (EXP_AVG_INT8, &state.exp_avg),
+                        (EXP_AVG_SQ_INT8, &state.exp_avg_sq),
+                    ] {
+                        tensors.push(StateTensorRef::with_data(
+                            name,
+                            key,
+                            shape,
+                            StateData::U8(codes),
+                        ));
+                    }
+                    for (key, scales) in [
+                        (EXP_AVG_SCALE, &state.exp_avg_scale),
+                        (EXP_AVG_SQ_SCALE, &state.exp_avg_sq_scale),
+                    ] {
+                        tensors.push(StateTensorRef::new(name, key, &blocks, scales));
+                    }
+                }
                 Rule::Muon { state, .. } => {
                     tensors.push(StateTensorRef::new(
                         name,
@@ -290,6 +356,21 @@ impl Optimizer {
                 self.config.kind_name()
             )));
         }
+        let (saved_moments, moments) = (
+            file.header().config.adamw().moments,
+            self.config.adamw().moments,
+        );
+        if saved_moments != moments {
+            let name = |m: MomentFormat| match m {
+                MomentFormat::F32 => "f32",
+                MomentFormat::Int8 => "int8 (8-bit)",
+            };
+            return Err(file.format_error(format!(
+                "written with {} moments, this run keeps {} moments (optimizer.moments)",
+                name(saved_moments),
+                name(moments)
+            )));
+        }
         let mut restored = Vec::with_capacity(self.rules.len());
         for ((name, var), rule) in self.params.iter().zip(&self.rules) {
             let shape = var.dims();
@@ -301,6 +382,21 @@ impl Optimizer {
                         exp_avg_sq: file.take(name, EXP_AVG_SQ, shape)?,
                     },
                 },
+                Rule::AdamWInt8 {
+                    weight_decay,
+                    state,
+                } => {
+                    let blocks = [state.exp_avg_scale.len()];
+                    Rule::AdamWInt8 {
+                        weight_decay: *weight_decay,
+                        state: Int8Moments {
+                            exp_avg: file.take_u8(name, EXP_AVG_INT8, shape)?,
+                            exp_avg_scale: file.take(name, EXP_AVG_SCALE, &blocks)?,
+                            exp_avg_sq: file.take_u8(name, EXP_AVG_SQ_INT8, shape)?,
+                            exp_avg_sq_scale: file.take(name, EXP_AVG_SQ_SCALE, &blocks)?,
+                        },
+                    }
+                }
                 Rule::Muon { rows, cols, .. } => Rule::Muon {
                     rows: *rows,
                     cols: *cols,

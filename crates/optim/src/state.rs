@@ -1,15 +1,16 @@
-//! The optimizer-state file: one safetensors file holding every state tensor as f32, with a JSON
+//! The optimizer-state file: one safetensors file holding every state tensor (f32, or u8 for
+//! 8-bit moments), with a JSON
 //! record in the safetensors metadata (key `stoke_optim_state`) carrying the format version,
 //! the step count, the optimizer config and an xxh3-64 checksum of every tensor's bytes.
 //!
 //! What it is: writing such a file (to a temporary sibling, renamed into place by
 //! `safetensors::serialize_to_file`) and reading it back with every check a resume needs:
 //! valid safetensors structure (a truncated file fails here), a parseable header record,
-//! f32 dtype, the checksum of each tensor (a flipped byte in the data fails here, naming the
+//! the expected dtype, the checksum of each tensor (a flipped byte in the data fails here, naming the
 //! tensor), and, through `take`/`expect_all_taken`, exactly the expected names and shapes.
 //! What it is not: the mapping from parameters to tensor names (`optimizer.rs` decides it: the
 //! tensor of parameter `P`'s state `S` is named `P.S` with PyTorch's state names).
-//! Invariants: tensors are stored little-endian f32 exactly as held in memory, so
+//! Invariants: tensors are stored little-endian exactly as held in memory, so
 //! save -> load restores the state bit for bit; reading never panics on any file content.
 
 use std::collections::{BTreeMap, HashMap};
@@ -52,15 +53,26 @@ struct HeaderRecord {
     checksums: BTreeMap<String, String>,
 }
 
-/// A state tensor to write: borrowed f32 data with its name and shape.
+/// Borrowed state values.
+#[derive(Clone, Copy)]
+pub(crate) enum StateData<'a> {
+    F32(&'a [f32]),
+    U8(&'a [u8]),
+}
+
+/// A state tensor to write: borrowed data with its name and shape.
 pub(crate) struct StateTensorRef<'a> {
     name: String,
     shape: Vec<usize>,
-    data: &'a [f32],
+    data: StateData<'a>,
 }
 
 impl<'a> StateTensorRef<'a> {
     pub fn new(param: &str, state_key: &str, shape: &[usize], data: &'a [f32]) -> Self {
+        Self::with_data(param, state_key, shape, StateData::F32(data))
+    }
+
+    pub fn with_data(param: &str, state_key: &str, shape: &[usize], data: StateData<'a>) -> Self {
         StateTensorRef {
             name: tensor_name(param, state_key),
             shape: shape.to_vec(),
@@ -71,16 +83,27 @@ impl<'a> StateTensorRef<'a> {
 
 impl View for &StateTensorRef<'_> {
     fn dtype(&self) -> Dtype {
-        Dtype::F32
+        match self.data {
+            StateData::F32(_) => Dtype::F32,
+            StateData::U8(_) => Dtype::U8,
+        }
     }
     fn shape(&self) -> &[usize] {
         &self.shape
     }
     fn data(&self) -> std::borrow::Cow<'_, [u8]> {
-        std::borrow::Cow::Owned(self.data.iter().flat_map(|x| x.to_le_bytes()).collect())
+        match self.data {
+            StateData::F32(d) => {
+                std::borrow::Cow::Owned(d.iter().flat_map(|x| x.to_le_bytes()).collect())
+            }
+            StateData::U8(d) => std::borrow::Cow::Borrowed(d),
+        }
     }
     fn data_len(&self) -> usize {
-        self.data.len() * 4
+        match self.data {
+            StateData::F32(d) => d.len() * 4,
+            StateData::U8(d) => d.len(),
+        }
     }
 }
 
@@ -112,7 +135,13 @@ pub(crate) fn write_state(
 ) -> Result<(), OptimError> {
     let checksums = tensors
         .iter()
-        .map(|t| (t.name.clone(), checksum(t.data)))
+        .map(|t| {
+            let sum = match t.data {
+                StateData::F32(d) => checksum(d),
+                StateData::U8(d) => checksum_bytes(d),
+            };
+            (t.name.clone(), sum)
+        })
         .collect();
     let record = HeaderRecord {
         format_version: FORMAT_VERSION,
@@ -136,7 +165,13 @@ pub(crate) fn write_state(
 pub(crate) struct StateFile {
     path: PathBuf,
     header: StateHeader,
-    tensors: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+    tensors: BTreeMap<String, (Vec<usize>, Values)>,
+}
+
+/// A read tensor's values.
+enum Values {
+    F32(Vec<f32>),
+    U8(Vec<u8>),
 }
 
 impl StateFile {
@@ -184,9 +219,9 @@ impl StateFile {
                 tensor: name.to_string(),
                 reason,
             };
-            if view.dtype() != Dtype::F32 {
+            if !matches!(view.dtype(), Dtype::F32 | Dtype::U8) {
                 return Err(tensor_error(format!(
-                    "dtype {:?}, expected F32",
+                    "dtype {:?}, expected F32 (or U8 for 8-bit moments)",
                     view.dtype()
                 )));
             }
@@ -200,11 +235,17 @@ impl StateFile {
                     "checksum mismatch (header {expected}, data {actual}): the file is corrupted"
                 )));
             }
-            let values = view
-                .data()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-            tensors.insert(name.to_string(), (view.shape().to_vec(), values.collect()));
+            let values = if view.dtype() == Dtype::U8 {
+                Values::U8(view.data().to_vec())
+            } else {
+                Values::F32(
+                    view.data()
+                        .chunks_exact(4)
+                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect(),
+                )
+            };
+            tensors.insert(name.to_string(), (view.shape().to_vec(), values));
         }
         if let Some(missing) = record
             .checksums
@@ -239,6 +280,37 @@ impl StateFile {
         state_key: &str,
         shape: &[usize],
     ) -> Result<Vec<f32>, OptimError> {
+        match self.take_values(param, state_key, shape)? {
+            Values::F32(values) => Ok(values),
+            Values::U8(_) => Err(self.tensor_error(
+                &tensor_name(param, state_key),
+                "is U8 (8-bit moments) in the file, this optimizer keeps F32 state",
+            )),
+        }
+    }
+
+    /// `take` for a U8 tensor (8-bit moments).
+    pub fn take_u8(
+        &mut self,
+        param: &str,
+        state_key: &str,
+        shape: &[usize],
+    ) -> Result<Vec<u8>, OptimError> {
+        match self.take_values(param, state_key, shape)? {
+            Values::U8(values) => Ok(values),
+            Values::F32(_) => Err(self.tensor_error(
+                &tensor_name(param, state_key),
+                "is F32 in the file, this optimizer keeps 8-bit moments",
+            )),
+        }
+    }
+
+    fn take_values(
+        &mut self,
+        param: &str,
+        state_key: &str,
+        shape: &[usize],
+    ) -> Result<Values, OptimError> {
         let name = tensor_name(param, state_key);
         let Some((saved_shape, values)) = self.tensors.remove(&name) else {
             return Err(self.tensor_error(&name, "missing from the file (parameter set differs?)"));

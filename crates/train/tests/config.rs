@@ -278,3 +278,27 @@ fn activation_checkpointing_is_off_by_default_and_free_to_change_on_resume() {
         .to_string();
     assert!(error.contains("activation_checkpointing"), "{error}");
 }
+
+#[test]
+fn int8_moments_parse_round_trip_and_count_as_math_on_resume() {
+    use stoke_optim::{MomentFormat, OptimizerConfig};
+    let moments = |c: &stoke_train::config::TrainConfig| match &c.optimizer {
+        OptimizerConfig::AdamW(a) => a.moments,
+        OptimizerConfig::Muon(m) => m.adamw.moments,
+    };
+    let f32_run = resolve(BASE, &[]).unwrap();
+    assert_eq!(moments(&f32_run), MomentFormat::F32);
+    let int8 = resolve(BASE, &["optimizer.moments=\"int8\""]).unwrap();
+    assert_eq!(moments(&int8), MomentFormat::Int8);
+    let text = toml::to_string(&int8.to_file()).unwrap();
+    assert!(text.contains("moments = \"int8\""), "{text}");
+    assert!(
+        math_fields_differ(&f32_run, &int8, 10)
+            .iter()
+            .any(|(field, _, _)| field == "optimizer.moments")
+    );
+    let error = resolve(BASE, &["optimizer.moments=\"int4\""])
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("moments") && error.contains("int4"), "{error}");
+}

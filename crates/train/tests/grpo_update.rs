@@ -61,6 +61,7 @@ fn adamw(lr: f64) -> OptimizerConfig {
         beta2: 0.95,
         eps: 1e-8,
         weight_decay: 0.0,
+        moments: Default::default(),
     })
 }
 
@@ -80,6 +81,7 @@ fn gradient_revealing_updater(seed: u64, settings: UpdateSettings) -> PolicyUpda
         beta2: 0.95,
         eps: 1.0,
         weight_decay: 0.0,
+        moments: Default::default(),
     });
     PolicyUpdater::new(nano_model(seed), optimizer, settings).expect("updater")
 }
@@ -557,4 +559,37 @@ fn update_settings_are_validated_with_the_field_named() {
     bad.ptx_coef = Some(-1.0);
     let err = PolicyUpdater::new(nano_model(1), adamw(1e-3), bad).unwrap_err();
     assert!(err.to_string().contains("ptx"), "{err}");
+}
+
+/// Activation checkpointing (and the chunked LM head it switches on) changes memory, not the
+/// update: loss, grad norm and the weights after one step are bit-identical.
+#[test]
+fn activation_checkpointing_leaves_the_update_bit_identical() {
+    let loss = GrpoLoss::default();
+    let mut plain = gradient_revealing_updater(7, settings(loss, 10_000));
+    let mut model = nano_model(7);
+    model.set_activation_checkpointing(true);
+    let optimizer = OptimizerConfig::AdamW(AdamWConfig {
+        lr: 1.0,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1.0,
+        weight_decay: 0.0,
+        moments: Default::default(),
+    });
+    let mut ckpt = PolicyUpdater::new(model, optimizer, settings(loss, 10_000)).expect("updater");
+    let owned = with_old_logprobs(&plain, fixture(21));
+    let a = plain.update(&borrowed(&owned), 1.0, None).expect("plain");
+    let b = ckpt
+        .update(&borrowed(&owned), 1.0, None)
+        .expect("checkpointed");
+    assert_eq!(a.outcome, UpdateOutcome::Applied);
+    assert_eq!(a.loss.to_bits(), b.loss.to_bits());
+    assert_eq!(a.grad_norm.to_bits(), b.grad_norm.to_bits());
+    assert_eq!(max_weight_difference(&plain, &ckpt), 0.0);
+    let fresh = gradient_revealing_updater(7, settings(loss, 10_000));
+    assert!(
+        max_weight_difference(&plain, &fresh) > 1e-3,
+        "the step moved the weights"
+    );
 }

@@ -112,6 +112,7 @@ pub(super) fn resolve_optimizer(o: &OptimizerFile) -> Result<OptimizerConfig, Pi
         beta2: o.beta2.unwrap_or(0.999),
         eps: o.eps.unwrap_or(1e-8),
         weight_decay: o.weight_decay.unwrap_or(0.0),
+        moments: o.moments.unwrap_or_default(),
     };
     let config = match o.kind {
         OptimizerKind::Adamw => {
@@ -166,6 +167,7 @@ pub(super) fn optimizer_file(config: &OptimizerConfig) -> OptimizerFile {
             beta2: Some(c.beta2),
             eps: Some(c.eps),
             weight_decay: Some(c.weight_decay),
+            moments: (!c.moments.is_f32()).then_some(c.moments),
             ..OptimizerFile::default()
         },
         OptimizerConfig::Muon(c) => OptimizerFile {
@@ -179,6 +181,7 @@ pub(super) fn optimizer_file(config: &OptimizerConfig) -> OptimizerFile {
             momentum: Some(c.momentum),
             nesterov: Some(c.nesterov),
             ns_steps: Some(c.ns_steps),
+            moments: (!c.adamw.moments.is_f32()).then_some(c.adamw.moments),
         },
     }
 }

@@ -114,6 +114,9 @@ pub struct OptimizerFile {
     pub nesterov: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ns_steps: Option<usize>,
+    /// AdamW moment storage: "f32" (default) or "int8" (8-bit, a quarter of the memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moments: Option<stoke_optim::MomentFormat>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -149,6 +149,7 @@ impl TrainConfig {
                 beta2: Some(c.beta2),
                 eps: Some(c.eps),
                 weight_decay: Some(c.weight_decay),
+                moments: (!c.moments.is_f32()).then_some(c.moments),
                 ..OptimizerFile::default()
             },
             OptimizerConfig::Muon(c) => OptimizerFile {
@@ -162,6 +163,7 @@ impl TrainConfig {
                 momentum: Some(c.momentum),
                 nesterov: Some(c.nesterov),
                 ns_steps: Some(c.ns_steps),
+                moments: (!c.adamw.moments.is_f32()).then_some(c.adamw.moments),
             },
         };
         let mut schedule = match &self.schedule {
@@ -336,6 +338,7 @@ fn resolve_optimizer(
         beta2: o.beta2.unwrap_or(base.beta2),
         eps: o.eps.unwrap_or(base.eps),
         weight_decay: o.weight_decay.unwrap_or(base.weight_decay),
+        moments: o.moments.unwrap_or_default(),
     };
     Ok(match o.kind {
         OptimizerKind::Adamw => {
