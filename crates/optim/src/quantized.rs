@@ -16,7 +16,7 @@
 //! probability equal to the fraction past the lower grid point): the stored moment is unbiased,
 //! so small per-step changes (beta2 = 0.999 moves v by 0.1%) accumulate in expectation instead
 //! of being rounded away every step, which round-to-nearest would do. The random bits come from
-//! a hash of (seed, step, element): deterministic, so a resumed run repeats them exactly. A
+//! a xorshift stream per (seed, step, block): deterministic, so a resumed run repeats them exactly. A
 //! positive second moment below the smallest code rounds up to it, never to zero (a zero `v`
 //! under a nonzero `m` would turn the step into `m / eps`).
 //!
@@ -158,13 +158,26 @@ fn decode_block(codes: &[u8], scale: f32, table: &[f32; 256], out: &mut [f32]) {
     }
 }
 
-/// Encodes `values` into `codes` with a fresh block scale (returned); `seed` and `first`
-/// (the block's first element index) choose the rounding bits.
+/// `out.len()` pseudo-random words of one block: xorshift64* seeded by splitmix64 of
+/// (seed, block), one multiply per element; the low half rounds `m`, the high half `v`.
+fn block_random(seed: u64, block: u64, out: &mut [u64]) {
+    let mut state =
+        u64::from(random_bits(seed, block)) << 32 | u64::from(random_bits(!seed, block));
+    state |= 1; // never the all-zero state
+    for r in out.iter_mut() {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        *r = state.wrapping_mul(0x2545_F491_4F6C_DD1D);
+    }
+}
+
+/// Encodes `values` into `codes` with a fresh block scale (returned), rounding with `random`
+/// (one word per element).
 fn encode_block(
     values: &[f32],
     code: Code,
-    seed: u64,
-    first: usize,
+    random: impl Fn(usize) -> u32,
     codes: &mut [u8],
     round_up_from_zero: bool,
 ) -> f32 {
@@ -176,8 +189,7 @@ fn encode_block(
     }
     let inverse = 1.0 / scale;
     for (i, (c, &v)) in codes.iter_mut().zip(values).enumerate() {
-        let random = random_bits(seed, (first + i) as u64);
-        *c = code.encode(v * inverse, random, round_up_from_zero);
+        *c = code.encode(v * inverse, random(i), round_up_from_zero);
     }
     scale
 }
@@ -214,10 +226,10 @@ pub(crate) fn adamw_update_int8(
                 let denom = v.sqrt() / s.bias_correction2_sqrt + s.eps;
                 p[i] = p[i] * s.decay - s.step_size * (*m / denom);
             }
-            let first = block * BLOCK;
-            // Different streams for the two moments.
-            *ms = encode_block(&m[..n], E4M3, seed, first, mc, false);
-            *vs = encode_block(&v[..n], E5M3, !seed, first, vc, true);
+            let mut random = [0u64; BLOCK];
+            block_random(seed, block as u64, &mut random[..n]);
+            *ms = encode_block(&m[..n], E4M3, |i| random[i] as u32, mc, false);
+            *vs = encode_block(&v[..n], E5M3, |i| (random[i] >> 32) as u32, vc, true);
         });
 }
 
@@ -316,7 +328,9 @@ mod tests {
             .zip(codes.chunks_mut(BLOCK))
             .enumerate()
         {
-            scales.push(encode_block(chunk, E4M3, 11, b * BLOCK, out, false));
+            let mut random = [0u64; BLOCK];
+            block_random(11, b as u64, &mut random[..chunk.len()]);
+            scales.push(encode_block(chunk, E4M3, |i| random[i] as u32, out, false));
         }
         let decoded = decode(&codes, &scales, E4M3);
         for (b, chunk) in values.chunks(BLOCK).enumerate() {

@@ -300,5 +300,8 @@ fn int8_moments_parse_round_trip_and_count_as_math_on_resume() {
     let error = resolve(BASE, &["optimizer.moments=\"int4\""])
         .unwrap_err()
         .to_string();
-    assert!(error.contains("moments") && error.contains("int4"), "{error}");
+    assert!(
+        error.contains("moments") && error.contains("int4"),
+        "{error}"
+    );
 }
