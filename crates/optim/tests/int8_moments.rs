@@ -30,7 +30,7 @@ impl Problem {
         let a: Vec<f32> = (0..ROWS * COLS)
             .map(|i| {
                 let c = i % COLS;
-                uniform(i as u64) * 10f32.powf(-1.0 * c as f32 / COLS as f32)
+                uniform(i as u64) * 10f32.powf(-(c as f32) / COLS as f32)
             })
             .collect();
         let a = Tensor::from_vec(a, (ROWS, COLS), &dev).unwrap();
