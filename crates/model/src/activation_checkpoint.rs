@@ -37,14 +37,14 @@ use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor, V
 pub(crate) type BlockFn = dyn Fn(&Tensor) -> Result<Tensor> + Send + Sync;
 
 /// `block(x)`, with the block's activations recomputed in the backward pass instead of kept.
-/// `params` are the variables `block` reads; their gradients arrive through the returned
-/// tensor's graph like any other.
-pub(crate) fn checkpointed(x: &Tensor, params: &[Var], block: Arc<BlockFn>) -> Result<Tensor> {
+/// `params` are the variables `block` reads (tensors of `Var`s); their gradients arrive through
+/// the returned tensor's graph like any other.
+pub(crate) fn checkpointed(x: &Tensor, params: &[Tensor], block: Arc<BlockFn>) -> Result<Tensor> {
     let stash = Arc::new(Mutex::new(vec![None; params.len()]));
     let mut anchor = Tensor::zeros((), DType::F32, x.device())?;
     for (slot, param) in params.iter().enumerate() {
         anchor = anchor.apply_op2(
-            param.as_tensor(),
+            param,
             Link {
                 stash: stash.clone(),
                 slot,
@@ -74,7 +74,7 @@ fn lock(stash: &Stash) -> Result<std::sync::MutexGuard<'_, Vec<Option<Tensor>>>>
 /// The checkpointed block as one graph node (see the module doc).
 struct Checkpoint {
     block: Arc<BlockFn>,
-    params: Vec<Var>,
+    params: Vec<Tensor>,
     stash: Stash,
     /// Whether `anchor` carries parameters (a block without variables has a constant anchor).
     has_anchor: bool,
@@ -137,7 +137,7 @@ impl CustomOp2 for Checkpoint {
         let dx = grads.get(leaf.as_tensor()).cloned();
         let mut stash = lock(&self.stash)?;
         for (slot, param) in stash.iter_mut().zip(&self.params) {
-            *slot = grads.get(param.as_tensor()).cloned();
+            *slot = grads.get(param).cloned();
         }
         let danchor = if self.has_anchor {
             Some(anchor.zeros_like()?)
@@ -228,7 +228,7 @@ mod tests {
         let ckpt = {
             let h1 = checkpointed(
                 x0.as_tensor(),
-                &[w1.clone(), b1.clone()],
+                &[w1.as_tensor().clone(), b1.as_tensor().clone()],
                 Arc::new(make_block(&w1, &b1)),
             )?;
             checkpointed(

@@ -7,6 +7,7 @@
 //! - `rotary`: RoPE inverse frequencies (default, linear, llama3, yarn) and cos/sin tables,
 //!   reproducing transformers' `modeling_rope_utils`.
 //! - `transformer`: the model and its forward pass, built on stoke-ops' differentiable ops.
+//! - `lora`: LoRA adapters in PEFT's layout (add, save/load, merge, the base without them).
 //! - `kv_cache`: the explicit cache for generation (the model holds no mutable state).
 //! - `mask`: additive attention biases (causal with padding, block-diagonal for packing).
 //! - `activation_checkpoint`: per-block recomputation in the backward pass (memory for time).
@@ -33,6 +34,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod kv_cache;
+pub mod lora;
 pub mod mask;
 pub mod rotary;
 pub mod transformer;

@@ -20,6 +20,7 @@ use crate::activation_checkpoint::checkpointed;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
+use crate::lora::LoraAdapter;
 use crate::rotary::RotaryTable;
 use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
@@ -86,13 +87,15 @@ pub fn parameter_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     shapes
 }
 
-/// `y = x W^T + b` on [N, in] inputs.
+/// `y = x W^T + b` on [N, in] inputs, plus `scale * x A^T B^T` with a LoRA adapter.
+/// The tensors are the model's variables (trainable) or, once frozen, detached views of them.
 #[derive(Debug, Clone)]
-struct Linear {
-    weight: Var,
-    bias: Option<Var>,
+pub(crate) struct Linear {
+    pub(crate) weight: Tensor,
+    pub(crate) bias: Option<Tensor>,
     /// The weight in bf16, packed once for inference (`Transformer::pack_weights`).
     packed: Option<Arc<PackedB>>,
+    pub(crate) lora: Option<LoraAdapter>,
 }
 
 impl Linear {
@@ -103,10 +106,26 @@ impl Linear {
             }
             _ => stoke_ops::linear(x, &self.weight, precision)?,
         };
-        match &self.bias {
-            Some(b) => y.broadcast_add(b),
+        let y = match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        };
+        match &self.lora {
+            Some(lora) => {
+                let low = stoke_ops::linear(x, &lora.a, precision)?;
+                y + stoke_ops::linear(&low, &lora.b, precision)?.affine(lora.scale, 0.0)?
+            }
             None => Ok(y),
         }
+    }
+
+    /// The variables this layer reads (a frozen weight is none).
+    fn tracked(&self) -> impl Iterator<Item = &Tensor> {
+        let lora = self.lora.iter().flat_map(|l| [&l.a, &l.b]);
+        std::iter::once(&self.weight)
+            .chain(self.bias.iter())
+            .chain(lora)
+            .filter(|t| t.is_variable())
     }
 }
 
@@ -141,15 +160,15 @@ struct SelfAttention {
     k_proj: Linear,
     v_proj: Linear,
     o_proj: Linear,
-    q_norm: Option<Var>,
-    k_norm: Option<Var>,
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
 }
 
 #[derive(Debug, Clone)]
-struct DecoderLayer {
-    input_layernorm: Var,
+pub(crate) struct DecoderLayer {
+    input_layernorm: Tensor,
     self_attn: SelfAttention,
-    post_attention_layernorm: Var,
+    post_attention_layernorm: Tensor,
     mlp: Mlp,
 }
 
@@ -166,11 +185,15 @@ struct ForwardContext {
 #[derive(Debug, Clone)]
 pub struct Transformer {
     config: ModelConfig,
+    /// Every base parameter by HF name (the variables; under LoRA they are frozen: the layers
+    /// read detached views, and `trainable_parameters` lists the adapters instead).
     parameters: BTreeMap<String, Var>,
-    embed_tokens: Var,
-    layers: Vec<DecoderLayer>,
-    norm: Var,
-    lm_head: Option<Var>,
+    embed_tokens: Tensor,
+    pub(crate) layers: Vec<DecoderLayer>,
+    norm: Tensor,
+    lm_head: Option<Tensor>,
+    /// LoRA adapters by PEFT name (`base_model.model.<module>.lora_A.weight`), with their config.
+    pub(crate) lora: Option<(crate::lora::LoraConfig, BTreeMap<String, Var>)>,
     /// The LM head's weight packed in bf16 for inference (`pack_weights`).
     packed_head: Option<Arc<PackedB>>,
     rotary: RotaryTable,
@@ -231,11 +254,12 @@ impl Transformer {
             }
             parameters.insert(name, Var::from_tensor(tensor)?);
         }
-        let get = |name: &str| -> Var { parameters[name].clone() };
+        let get = |name: &str| -> Tensor { parameters[name].as_tensor().clone() };
         let linear = |prefix: &str, has_bias: bool| Linear {
             weight: get(&format!("{prefix}.weight")),
             bias: has_bias.then(|| get(&format!("{prefix}.bias"))),
             packed: None,
+            lora: None,
         };
         let layers = (0..config.num_hidden_layers)
             .map(|layer| {
@@ -268,6 +292,7 @@ impl Transformer {
             layers,
             rotary,
             parameters,
+            lora: None,
             config,
             precision: Precision::F32,
             activation_checkpointing: false,
@@ -295,9 +320,9 @@ impl Transformer {
     pub fn pack_weights(&mut self) -> Result<(), ModelError> {
         self.precision = Precision::Bf16;
         if self.device().is_cpu() && self.dtype() == DType::F32 {
-            let pack = |var: &Var| -> Result<Arc<PackedB>, ModelError> {
-                let (n, k) = var.dims2()?;
-                let values: Vec<f32> = var.as_tensor().flatten_all()?.to_vec1()?;
+            let pack = |weight: &Tensor| -> Result<Arc<PackedB>, ModelError> {
+                let (n, k) = weight.dims2()?;
+                let values: Vec<f32> = weight.flatten_all()?.to_vec1()?;
                 Ok(Arc::new(PackedB::from_rows(&values, n, k)))
             };
             for linear in self.linears_mut() {
@@ -329,8 +354,19 @@ impl Transformer {
             + head
     }
 
+    /// Detaches every base tensor the forward pass reads, so no gradient is computed or kept
+    /// for them (LoRA). The variables in `parameters` keep the same storage.
+    pub(crate) fn freeze_base(&mut self) {
+        self.embed_tokens = self.embed_tokens.detach();
+        self.norm = self.norm.detach();
+        self.lm_head = self.lm_head.as_ref().map(Tensor::detach);
+        for layer in &mut self.layers {
+            layer.freeze();
+        }
+    }
+
     /// Every linear layer of every block (the LM head aside).
-    fn linears_mut(&mut self) -> impl Iterator<Item = &mut Linear> {
+    pub(crate) fn linears_mut(&mut self) -> impl Iterator<Item = &mut Linear> {
         self.layers.iter_mut().flat_map(DecoderLayer::linears_mut)
     }
 
@@ -395,6 +431,17 @@ impl Transformer {
     /// copying; `from_tensors` then turns each detached tensor into a fresh `Var`, which copies
     /// its storage once (candle's `make_var`); `Tensor::copy` first would copy twice.
     pub fn snapshot(&self) -> Result<Transformer, ModelError> {
+        if let Some((config, adapters)) = &self.lora {
+            // The frozen base never changes: the copy shares it and copies the adapters.
+            let mut copy = self.without_adapters();
+            copy.attach(config, |name, _| {
+                Ok(adapters[name].as_tensor().flatten_all()?.to_vec1()?)
+            })?;
+            copy.precision = self.precision;
+            copy.activation_checkpointing = false;
+            copy.unpack_weights();
+            return Ok(copy);
+        }
         let tensors = self
             .parameters
             .iter()
@@ -494,10 +541,7 @@ impl Transformer {
     /// The LM head's weight [vocab, hidden] (`lm_head.weight`, or the embedding when tied), for
     /// fused heads such as `stoke_ops::linear_target_logprobs`.
     pub fn lm_head_weight(&self) -> &Tensor {
-        self.lm_head
-            .as_ref()
-            .unwrap_or(&self.embed_tokens)
-            .as_tensor()
+        self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
     }
 
     /// LM head on hidden states [..., hidden] -> logits [..., vocab].
@@ -521,22 +565,37 @@ impl Transformer {
 }
 
 impl DecoderLayer {
-    /// Every variable the block reads (norms, linear weights and biases, q/k norms).
-    fn vars(&self) -> Vec<Var> {
-        let mut vars = vec![
-            self.input_layernorm.clone(),
-            self.post_attention_layernorm.clone(),
-        ];
-        vars.extend(self.self_attn.q_norm.iter().cloned());
-        vars.extend(self.self_attn.k_norm.iter().cloned());
-        for linear in self.linears() {
-            vars.push(linear.weight.clone());
-            vars.extend(linear.bias.iter().cloned());
-        }
-        vars
+    /// Every variable the block reads (norms, linear weights, biases and adapters, q/k norms);
+    /// frozen tensors are not variables and are left out.
+    fn vars(&self) -> Vec<Tensor> {
+        let norms = [&self.input_layernorm, &self.post_attention_layernorm]
+            .into_iter()
+            .chain(self.self_attn.q_norm.iter())
+            .chain(self.self_attn.k_norm.iter())
+            .filter(|t| t.is_variable());
+        let linears = self.linears().into_iter().flat_map(Linear::tracked);
+        norms.chain(linears).cloned().collect()
     }
 
-    fn linears(&self) -> [&Linear; 7] {
+    /// Detaches every base tensor of the block (LoRA: no gradient reaches the base).
+    fn freeze(&mut self) {
+        for t in [
+            &mut self.input_layernorm,
+            &mut self.post_attention_layernorm,
+        ]
+        .into_iter()
+        .chain(self.self_attn.q_norm.iter_mut())
+        .chain(self.self_attn.k_norm.iter_mut())
+        {
+            *t = t.detach();
+        }
+        for linear in self.linears_mut() {
+            linear.weight = linear.weight.detach();
+            linear.bias = linear.bias.as_ref().map(Tensor::detach);
+        }
+    }
+
+    pub(crate) fn linears(&self) -> [&Linear; 7] {
         let a = &self.self_attn;
         let Mlp::SwiGlu {
             gate_proj,
@@ -548,7 +607,7 @@ impl DecoderLayer {
         ]
     }
 
-    fn linears_mut(&mut self) -> [&mut Linear; 7] {
+    pub(crate) fn linears_mut(&mut self) -> [&mut Linear; 7] {
         let a = &mut self.self_attn;
         let Mlp::SwiGlu {
             gate_proj,

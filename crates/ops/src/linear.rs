@@ -6,6 +6,10 @@
 //! `dx = dy W` and `dW = dy^T x`, both bf16 x bf16 -> f32 from the f32 `dy`, `x` and `W`.
 //! The weight stays the f32 master copy; it is rounded while packed, once per call.
 //!
+//! Frozen weights (a weight outside the graph: not a variable and not computed from one, as the
+//! base weights under LoRA) get no weight gradient: the backward computes `dx` only, instead of
+//! candle's matmul backward, which computes and stores the gradient of both operands.
+//!
 //! What it is not: an autocast of everything. Only matrix products change precision; biases,
 //! norms, softmaxes and losses see f32 values. Non-CPU devices and f64 tensors (gradient
 //! checks) take the f32 path whatever the precision.
@@ -18,6 +22,21 @@ use crate::kernels::contiguous_slice;
 
 /// `x W^T` for x `[..., K]` and W `[N, K]`; result `[..., N]`.
 pub fn linear(x: &Tensor, weight: &Tensor, precision: Precision) -> Result<Tensor> {
+    let frozen = !weight.track_op() && x.track_op();
+    if frozen && !uses_bf16(precision, &[x, weight]) {
+        let (n, k) = weight.dims2()?;
+        let dims = x.dims().to_vec();
+        let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
+        let y = x
+            .reshape((rows, k))?
+            .contiguous()?
+            .apply_op1(FrozenLinear(weight.contiguous()?))?;
+        let mut out = dims;
+        if let Some(last) = out.last_mut() {
+            *last = n;
+        }
+        return y.reshape(out);
+    }
     if !uses_bf16(precision, &[x, weight]) {
         return if x.rank() == 2 {
             x.matmul(&weight.t()?)
@@ -166,8 +185,51 @@ impl CustomOp2 for Bf16Linear {
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let dy = grad_res.detach();
         let dx = matmul_nn_bf16(&dy, &w.detach())?;
-        let dw = matmul_tn_bf16(&dy, &x.detach())?;
-        Ok((Some(dx), Some(dw)))
+        // A frozen weight (outside the graph) needs no gradient.
+        let dw = match w.track_op() {
+            true => Some(matmul_tn_bf16(&dy, &x.detach())?),
+            false => None,
+        };
+        Ok((Some(dx), dw))
+    }
+}
+
+/// `x W^T` (f32/f64, candle's matmul) for a frozen W, held by the op (shared, not copied): the
+/// backward computes `dx = dy W` only.
+struct FrozenLinear(Tensor);
+
+impl candle_core::CustomOp1 for FrozenLinear {
+    fn name(&self) -> &'static str {
+        "stoke-linear-frozen-weight"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let device = candle_core::Device::Cpu;
+        let x = match storage {
+            CpuStorage::F32(x) => Tensor::from_slice(
+                contiguous_slice(x, layout, self.name())?,
+                layout.shape(),
+                &device,
+            )?,
+            CpuStorage::F64(x) => Tensor::from_slice(
+                contiguous_slice(x, layout, self.name())?,
+                layout.shape(),
+                &device,
+            )?,
+            _ => candle_core::bail!("{}: f32 or f64", self.name()),
+        };
+        let y = x.matmul(&self.0.t()?)?;
+        let shape = y.shape().clone();
+        let flat = y.flatten_all()?;
+        let storage = match y.dtype() {
+            DType::F64 => CpuStorage::F64(flat.to_vec1()?),
+            _ => CpuStorage::F32(flat.to_vec1()?),
+        };
+        Ok((storage, shape))
+    }
+
+    fn bwd(&self, _x: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(grad_res.detach().matmul(&self.0)?))
     }
 }
 
@@ -250,5 +312,37 @@ mod tests {
         let y = linear(&x, &w, Precision::Bf16).unwrap();
         assert_eq!(y.dims(), &[2, 3, 5]);
         assert!(linear(&x, &tensor(5 * 7, &[5, 7], 0.9), Precision::Bf16).is_err());
+    }
+
+    /// A frozen weight (a plain tensor) under a tracked input: the input gradient equals the
+    /// plain matmul's in both precisions, and the weight gets no gradient at all.
+    #[test]
+    fn frozen_weights_get_no_gradient_and_the_input_the_same_one() {
+        for precision in [Precision::F32, Precision::Bf16] {
+            let x = Var::from_tensor(&tensor(6 * 5, &[2, 3, 5], 0.2)).unwrap();
+            let w_var = Var::from_tensor(&tensor(4 * 5, &[4, 5], 1.1)).unwrap();
+            let frozen = w_var.as_tensor().detach();
+            let coeffs = tensor(6 * 4, &[2, 3, 4], 2.0);
+            let run = |w: &Tensor| {
+                let y = linear(x.as_tensor(), w, precision).unwrap();
+                let grads = (&y * &coeffs)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                (y, grads)
+            };
+            let (y_plain, g_plain) = run(w_var.as_tensor());
+            let (y_frozen, g_frozen) = run(&frozen);
+            assert_eq!(max_diff(&y_plain, &y_frozen), 0.0, "{precision}");
+            let dx = |g: &candle_core::backprop::GradStore| g.get(x.as_tensor()).unwrap().clone();
+            assert_eq!(max_diff(&dx(&g_plain), &dx(&g_frozen)), 0.0, "{precision}");
+            assert!(g_plain.get(w_var.as_tensor()).is_some());
+            assert!(
+                g_frozen.get(&frozen).is_none(),
+                "{precision}: a frozen weight got a gradient"
+            );
+        }
     }
 }

@@ -1,0 +1,259 @@
+//! LoRA (`stoke_model::lora`): zero-initialised adapters leave the model exactly as it was, only
+//! the adapters get gradients, merged weights reproduce the adapted logits, save -> load and
+//! PEFT-made adapters (fixtures/peft, scripts/make_peft_fixture.py) give transformers+peft's
+//! logits, and the base without adapters is the reference at no copy.
+
+mod common;
+
+use candle_core::{Device, Tensor};
+use common::*;
+use std::path::PathBuf;
+use stoke_model::Transformer;
+use stoke_model::lora::LoraConfig;
+
+fn config(targets: &[&str]) -> LoraConfig {
+    LoraConfig {
+        r: 4,
+        lora_alpha: 8.0,
+        lora_dropout: 0.0,
+        target_modules: targets.iter().map(|t| t.to_string()).collect(),
+        use_rslora: false,
+    }
+}
+
+/// Gives every adapter nonzero values (B starts at 0, which would hide a wrong forward).
+fn perturb(model: &Transformer) {
+    for (i, (_, var)) in model.trainable_parameters().into_iter().enumerate() {
+        let n = var.elem_count();
+        let v: Vec<f32> = (0..n)
+            .map(|j| 0.2 * ((i * 131 + j) as f32 * 0.71).sin())
+            .collect();
+        var.set(&Tensor::from_vec(v, var.dims(), &Device::Cpu).unwrap())
+            .unwrap();
+    }
+}
+
+#[test]
+fn zero_b_adapters_equal_the_base_exactly_and_only_adapters_train() {
+    for dir in fixture_dirs() {
+        let ids = &reference_tensors(&dir)["input_ids_a"];
+        let base = load(&dir);
+        let mut adapted = load(&dir);
+        adapted.add_lora(&config(&["all-linear"]), 3).unwrap();
+        assert_eq!(
+            max_abs_diff(&forward_full(&base, ids), &forward_full(&adapted, ids)),
+            0.0,
+            "{}",
+            name(&dir)
+        );
+        let trainable = adapted.trainable_parameters();
+        let layers = adapted.config().num_hidden_layers;
+        assert_eq!(trainable.len(), layers * 7 * 2, "{}", name(&dir));
+        assert!(
+            trainable
+                .iter()
+                .all(|(n, _)| n.starts_with("base_model.model.model.layers."))
+        );
+        let grads = loss(&adapted, ids).backward().unwrap();
+        for (n, var) in adapted.parameters() {
+            assert!(
+                grads.get(var.as_tensor()).is_none(),
+                "{}: base {n} got a gradient",
+                name(&dir)
+            );
+        }
+        // With B = 0 only B's gradient is nonzero (A's is B^T-weighted).
+        for (n, var) in &trainable {
+            let g = grads.get(var.as_tensor()).expect("adapter gradient");
+            let max = g
+                .abs()
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .max(0)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert_eq!(
+                max > 0.0,
+                n.contains("lora_B"),
+                "{}: {n} gradient max {max}",
+                name(&dir)
+            );
+        }
+    }
+}
+
+#[test]
+fn merged_weights_reproduce_the_adapted_logits_and_the_base_is_shared() {
+    for dir in fixture_dirs() {
+        let ids = &reference_tensors(&dir)["input_ids_a"];
+        let mut adapted = load(&dir);
+        adapted
+            .add_lora(&config(&["q_proj", "v_proj", "mlp.down_proj"]), 5)
+            .unwrap();
+        perturb(&adapted);
+        let with = forward_full(&adapted, ids);
+        let merged = adapted.merged().unwrap();
+        assert!(merged.lora_config().is_none());
+        let diff = max_abs_diff(&forward_full(&merged, ids), &with);
+        assert!(
+            diff < 1e-4,
+            "{}: merged logits differ by {diff}",
+            name(&dir)
+        );
+        let base = adapted.without_adapters();
+        let plain = forward_full(&load(&dir), ids);
+        assert_eq!(max_abs_diff(&forward_full(&base, ids), &plain), 0.0);
+        assert!(
+            max_abs_diff(&with, &plain) > 1e-2,
+            "{}: the adapters changed nothing",
+            name(&dir)
+        );
+    }
+}
+
+#[test]
+fn activation_checkpointing_with_adapters_is_exact() {
+    let dir = &fixture_dirs()[0];
+    let ids = &reference_tensors(dir)["input_ids_a"];
+    let mut plain = load(dir);
+    plain.add_lora(&config(&["all-linear"]), 1).unwrap();
+    perturb(&plain);
+    let mut ckpt = plain.clone();
+    ckpt.set_activation_checkpointing(true);
+    let (a, b) = (
+        loss(&plain, ids).backward().unwrap(),
+        loss(&ckpt, ids).backward().unwrap(),
+    );
+    for (n, var) in plain.trainable_parameters() {
+        let (x, y) = (
+            a.get(var.as_tensor()).unwrap(),
+            b.get(var.as_tensor()).unwrap(),
+        );
+        assert_eq!(max_abs_diff(x, y), 0.0, "{n}");
+    }
+}
+
+fn peft_dir(name: &str) -> PathBuf {
+    fixtures_root().join("../peft").join(name)
+}
+
+/// Adapters written by `peft` 0.21.2: stoke's logits with them, and after merging, match
+/// transformers+peft's.
+#[test]
+fn peft_adapters_load_and_match_transformers() {
+    for (case, base) in [
+        ("qwen2_bias_tied_qvod", "qwen2_bias_tied"),
+        ("llama_gqa_all_linear_rslora", "llama_gqa_rope_llama3"),
+    ] {
+        let dir = peft_dir(case);
+        let reference =
+            candle_core::safetensors::load(dir.join("reference.safetensors"), &Device::Cpu)
+                .unwrap();
+        let mut model = load(&fixtures_root().join(base));
+        model
+            .load_adapter(&dir)
+            .unwrap_or_else(|e| panic!("{case}: {e}"));
+        let ids = &reference["input_ids"];
+        let diff = max_abs_diff(&forward_full(&model, ids), &reference["logits"]);
+        eprintln!("{case}: max |logit - peft| = {diff:.2e}");
+        assert!(
+            diff < 1e-4,
+            "{case}: adapted logits differ from peft by {diff}"
+        );
+        let merged = model.merged().unwrap();
+        let diff = max_abs_diff(&forward_full(&merged, ids), &reference["merged_logits"]);
+        assert!(
+            diff < 1e-4,
+            "{case}: merged logits differ from peft's merge by {diff}"
+        );
+    }
+}
+
+#[test]
+fn save_and_load_round_trip_bit_for_bit() {
+    let dir = &fixture_dirs()[0];
+    let ids = &reference_tensors(dir)["input_ids_a"];
+    let mut adapted = load(dir);
+    adapted
+        .add_lora(&config(&["k_proj", "gate_proj"]), 9)
+        .unwrap();
+    perturb(&adapted);
+    let out = tempfile::tempdir().unwrap();
+    adapted.save_adapter(out.path(), "base").unwrap();
+    let mut loaded = load(dir);
+    loaded.load_adapter(out.path()).unwrap();
+    assert_eq!(loaded.lora_config(), adapted.lora_config());
+    assert_eq!(
+        max_abs_diff(&forward_full(&loaded, ids), &forward_full(&adapted, ids)),
+        0.0
+    );
+    // A snapshot copies the adapters, not the frozen base, and keeps its own adapter values.
+    let snapshot = adapted.snapshot().unwrap();
+    perturb(&snapshot);
+    let (_, first) = &snapshot.trainable_parameters()[0];
+    first.set(&first.as_tensor().zeros_like().unwrap()).unwrap();
+    assert_eq!(
+        max_abs_diff(&forward_full(&loaded, ids), &forward_full(&adapted, ids)),
+        0.0
+    );
+}
+
+#[test]
+fn bad_adapter_configs_and_files_are_refused_by_name() {
+    let dir = &fixture_dirs()[0];
+    let mut model = load(dir);
+    let mut bad = config(&["q_proj"]);
+    bad.r = 0;
+    assert!(
+        model
+            .add_lora(&bad, 0)
+            .unwrap_err()
+            .to_string()
+            .contains("lora.r")
+    );
+    let error = model.add_lora(&config(&["wq"]), 0).unwrap_err().to_string();
+    assert!(
+        error.contains("target_modules") && error.contains("wq"),
+        "{error}"
+    );
+    let mut dropout = config(&["q_proj"]);
+    dropout.lora_dropout = 0.1;
+    assert!(
+        model
+            .add_lora(&dropout, 0)
+            .unwrap_err()
+            .to_string()
+            .contains("lora_dropout")
+    );
+    assert!(
+        model.lora_config().is_none(),
+        "a refused config left adapters behind"
+    );
+
+    let out = tempfile::tempdir().unwrap();
+    let src = peft_dir("qwen2_bias_tied_qvod");
+    for file in ["adapter_model.safetensors", "adapter_config.json"] {
+        std::fs::copy(src.join(file), out.path().join(file)).unwrap();
+    }
+    let config_path = out.path().join("adapter_config.json");
+    let text = std::fs::read_to_string(&config_path).unwrap();
+    std::fs::write(
+        &config_path,
+        text.replace("\"use_dora\": false", "\"use_dora\": true"),
+    )
+    .unwrap();
+    let mut qwen = load(&fixtures_root().join("qwen2_bias_tied"));
+    let error = qwen.load_adapter(out.path()).unwrap_err().to_string();
+    assert!(
+        error.contains("adapter_config.json") && error.contains("use_dora"),
+        "{error}"
+    );
+    // The wrong base: shapes do not fit, named, and the model is left as it was.
+    std::fs::write(&config_path, text).unwrap();
+    let mut llama = load(&fixtures_root().join("llama_mqa_tied"));
+    let error = llama.load_adapter(out.path()).unwrap_err().to_string();
+    assert!(error.contains("adapter_model.safetensors"), "{error}");
+    assert!(llama.lora_config().is_none());
+}
