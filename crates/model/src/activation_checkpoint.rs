@@ -233,7 +233,7 @@ mod tests {
             )?;
             checkpointed(
                 &h1,
-                &[w2.clone(), b2.clone()],
+                &[w2.as_tensor().clone(), b2.as_tensor().clone()],
                 Arc::new(make_block(&w2, &b2)),
             )?
             .sqr()?

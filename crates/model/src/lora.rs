@@ -412,10 +412,10 @@ impl Transformer {
         // PEFT may save the adapter name inside the key (`lora_A.default.weight`).
         let keys: Vec<String> = tensors.keys().cloned().collect();
         for key in keys {
-            if let Some(stripped) = key.strip_suffix(".default.weight") {
-                if let Some(t) = tensors.remove(&key) {
-                    tensors.insert(format!("{stripped}.weight"), t);
-                }
+            if let Some(stripped) = key.strip_suffix(".default.weight")
+                && let Some(t) = tensors.remove(&key)
+            {
+                tensors.insert(format!("{stripped}.weight"), t);
             }
         }
         let mut seen = 0usize;
