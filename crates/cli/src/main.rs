@@ -26,6 +26,8 @@ enum Command {
     Generate(cmd::model::GenerateArgs),
     /// Print a model's parsed configuration and parameter count.
     Inspect(cmd::model::InspectArgs),
+    /// Fold a LoRA adapter (PEFT layout) into its base model and save the merged model.
+    Merge(cmd::model::MergeArgs),
     /// Score completions offline with a reward function.
     Verify(cmd::verify::VerifyArgs),
     /// The sandbox for untrusted code.
@@ -73,6 +75,7 @@ fn main() -> ExitCode {
         Command::Score(args) => cmd::model::score(args),
         Command::Generate(args) => cmd::model::generate(args),
         Command::Inspect(args) => cmd::model::inspect(args),
+        Command::Merge(args) => cmd::model::merge(args),
         Command::Verify(args) => cmd::verify::run(args),
         Command::Sandbox(command) => cmd::sandbox::run(command),
         Command::Data(command) => cmd::data::run(command),

@@ -419,3 +419,80 @@ fn ids_that_are_not_u32_integers_are_rejected() {
         assert_one_line_error(&output, &["--ids", "not a token id"]);
     }
 }
+
+/// `stoke merge` folds a PEFT adapter (fixtures/peft) into its base: the merged model scores a
+/// sequence as the base plus `--adapter` does, and differently from the bare base; a missing
+/// adapter directory is named.
+#[test]
+fn merge_folds_a_peft_adapter_and_scores_like_the_adapter() {
+    let base = fixture_dir(FIXTURE);
+    let adapter = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/peft/llama_gqa_all_linear_rslora");
+    let out = tempfile::tempdir().unwrap();
+    let merged = out.path().join("merged");
+    let report = stdout_of(&stoke(&[
+        "merge",
+        "--model",
+        base.to_str().unwrap(),
+        "--adapter",
+        adapter.to_str().unwrap(),
+        "--out",
+        merged.to_str().unwrap(),
+    ]));
+    let report: Value = serde_json::from_str(report.trim()).unwrap();
+    assert_eq!(report["r"], 3);
+    assert!(
+        merged.join("tokenizer.json").is_file(),
+        "the tokenizer was not copied"
+    );
+    let score = |model: &std::path::Path, adapter: Option<&std::path::Path>| -> Vec<f64> {
+        let mut args = vec![
+            "score",
+            "--model",
+            model.to_str().unwrap(),
+            "--ids",
+            "5,17,2,99,4",
+        ];
+        if let Some(a) = adapter {
+            args.extend(["--adapter", a.to_str().unwrap()]);
+        }
+        let v: Value = serde_json::from_str(stdout_of(&stoke(&args)).trim()).unwrap();
+        v["next_token_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
+    };
+    let (with_adapter, from_merged, bare) = (
+        score(&base, Some(&adapter)),
+        score(&merged, None),
+        score(&base, None),
+    );
+    for (a, m) in with_adapter.iter().zip(&from_merged) {
+        assert!((a - m).abs() < 1e-4, "adapter {a} vs merged {m}");
+    }
+    assert!(
+        with_adapter
+            .iter()
+            .zip(&bare)
+            .any(|(a, b)| (a - b).abs() > 1e-2),
+        "the adapter changed nothing"
+    );
+    let missing = stoke(&[
+        "merge",
+        "--model",
+        base.to_str().unwrap(),
+        "--adapter",
+        "/nonexistent/adapter",
+        "--out",
+        out.path().join("x").to_str().unwrap(),
+    ]);
+    assert!(!missing.status.success());
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(stderr.contains("/nonexistent/adapter"), "{stderr}");
+    assert!(
+        !out.path().join("x").exists(),
+        "a failed merge wrote output"
+    );
+}

@@ -1,4 +1,5 @@
-//! `stoke score`, `stoke generate`, `stoke inspect`: look at a Hugging Face model directory
+//! `stoke score`, `stoke generate`, `stoke inspect`, `stoke merge`: look at a Hugging Face model
+//! directory (`merge` folds a LoRA adapter into it)
 //! (config.json + safetensors, optionally tokenizer.json) from the command line.
 //!
 //! What it is: flag parsing and printing around `stoke_model` (loading), `stoke_rollout` (scoring
@@ -41,6 +42,10 @@ pub struct ScoreArgs {
     /// Matmul precision: f32 (exact) or bf16 (bf16 inputs, f32 accumulation).
     #[arg(long, default_value = "f32")]
     precision: stoke_types::Precision,
+    /// A LoRA adapter directory (PEFT layout: adapter_config.json + adapter_model.safetensors)
+    /// applied on top of --model.
+    #[arg(long)]
+    adapter: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -90,6 +95,22 @@ pub struct GenerateArgs {
     /// about half the bytes read per decoded token).
     #[arg(long, default_value = "f32")]
     precision: stoke_types::Precision,
+    /// A LoRA adapter directory (PEFT layout) applied on top of --model.
+    #[arg(long)]
+    adapter: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct MergeArgs {
+    /// The base model directory.
+    #[arg(long)]
+    model: PathBuf,
+    /// The LoRA adapter directory (PEFT layout: adapter_config.json + adapter_model.safetensors).
+    #[arg(long)]
+    adapter: PathBuf,
+    /// Where the merged model goes (Hugging Face layout; the base's tokenizer files are copied).
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -115,7 +136,8 @@ struct ScoreOutput {
 }
 
 pub fn score(args: ScoreArgs) -> anyhow::Result<()> {
-    let model = load_model(&args.model)?.with_precision(args.precision);
+    let model = with_adapter(load_model(&args.model)?, args.adapter.as_deref())?
+        .with_precision(args.precision);
     let tokens = match (&args.ids, &args.text) {
         (Some(ids), _) => parse_ids("--ids", ids)?,
         (None, Some(text)) => load_tokenizer(&args.model)?
@@ -137,7 +159,7 @@ pub fn score(args: ScoreArgs) -> anyhow::Result<()> {
 }
 
 pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
-    let mut model = load_model(&args.model)?;
+    let mut model = with_adapter(load_model(&args.model)?, args.adapter.as_deref())?;
     if args.precision == stoke_types::Precision::Bf16 {
         model.pack_weights()?;
     }
@@ -289,6 +311,38 @@ fn check_model_dir(dir: &Path) -> anyhow::Result<()> {
             dir.display()
         );
     }
+    Ok(())
+}
+
+/// `model` with the LoRA adapter in `adapter` applied, if one is given.
+fn with_adapter(mut model: Transformer, adapter: Option<&Path>) -> anyhow::Result<Transformer> {
+    if let Some(dir) = adapter {
+        model
+            .load_adapter(dir)
+            .with_context(|| format!("loading the LoRA adapter {}", dir.display()))?;
+    }
+    Ok(model)
+}
+
+/// `stoke merge`: folds a LoRA adapter into its base model and saves a plain model.
+pub fn merge(args: MergeArgs) -> anyhow::Result<()> {
+    let model = with_adapter(load_model(&args.model)?, Some(&args.adapter))?;
+    let merged = model.merged()?;
+    merged
+        .save_with_tokenizer(&args.out, Some(&args.model))
+        .with_context(|| format!("saving the merged model to {}", args.out.display()))?;
+    let config = model
+        .lora_config()
+        .context("the adapter attached no LoRA layers")?;
+    println!(
+        "{}",
+        serde_json::json!({
+            "merged": args.out.display().to_string(),
+            "adapters": model.trainable_parameters().len(),
+            "r": config.r,
+            "lora_alpha": config.lora_alpha,
+        })
+    );
     Ok(())
 }
 
