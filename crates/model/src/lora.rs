@@ -41,6 +41,7 @@ pub const LINEAR_MODULES: [&str; 7] = [
 /// LoRA settings (PEFT's `LoraConfig` fields that stoke uses; the JSON file carries PEFT's other
 /// fields with their defaults so `peft` loads it).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LoraConfig {
     /// Rank `r` of each adapter.
     pub r: usize,

@@ -36,6 +36,8 @@ use stoke_model::Transformer;
 use stoke_optim::Optimizer;
 
 pub const MODEL_DIR: &str = "model";
+/// Under LoRA: the adapter in PEFT's layout, next to `model/` (which then holds the merged model).
+pub const ADAPTER_DIR: &str = "adapter";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 pub const TRAINER_STATE_FILE: &str = "trainer_state.json";
 pub const CONFIG_FILE: &str = "config.toml";
@@ -338,7 +340,7 @@ fn write_checkpoint(
         remove_tree(staging)?;
     }
     std::fs::create_dir(staging).map_err(|e| CheckpointError::io(staging, e))?;
-    model.save_with_tokenizer(&staging.join(MODEL_DIR), tokenizer_dir)?;
+    save_model(model, &staging.join(MODEL_DIR), tokenizer_dir)?;
     optimizer.save_state(&staging.join(OPTIMIZER_FILE))?;
     let state_path = staging.join(TRAINER_STATE_FILE);
     let mut state_json = serde_json::to_string_pretty(state)
@@ -350,6 +352,24 @@ fn write_checkpoint(
     let manifest = Manifest::build(staging, state.step)?;
     manifest.write(staging)?;
     manifest::sync_dir_tree(staging)
+}
+
+/// Saves `model` to `dir` in Hugging Face layout; a model with LoRA adapters is saved merged
+/// (so `dir` opens anywhere) and its adapter goes to `dir/../adapter` (PEFT layout).
+pub fn save_model(
+    model: &Transformer,
+    dir: &Path,
+    tokenizer_dir: Option<&Path>,
+) -> Result<(), CheckpointError> {
+    if model.lora_config().is_none() {
+        model.save_with_tokenizer(dir, tokenizer_dir)?;
+        return Ok(());
+    }
+    model.merged()?.save_with_tokenizer(dir, tokenizer_dir)?;
+    let adapter = dir.with_file_name(ADAPTER_DIR);
+    let base = tokenizer_dir.map_or(String::new(), |d| d.display().to_string());
+    model.save_adapter(&adapter, &base)?;
+    Ok(())
 }
 
 fn rename(from: &Path, to: &Path) -> Result<(), CheckpointError> {

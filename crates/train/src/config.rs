@@ -224,6 +224,9 @@ pub struct TrainConfig {
     pub schedule: LrSchedule,
     pub batch_warmup: Option<BatchSizeWarmup>,
     pub training: TrainingConfig,
+    /// LoRA: train adapters on the frozen model (checkpoints hold the adapter and the merged
+    /// model).
+    pub lora: Option<stoke_model::lora::LoraConfig>,
 }
 
 /// `min(3e-3, 6e-4 * 768 / hidden)`; see the module doc.

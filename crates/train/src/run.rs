@@ -126,16 +126,33 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
                     current,
                 });
             }
-            (loaded.model, Some((loaded.state, loaded.optimizer_state)))
+            let model = match &config.lora {
+                // The checkpoint's model/ is the merged model; training continues on the base
+                // with the saved adapter.
+                Some(_) => {
+                    let mut base = build_model(&config, tokenizer.as_ref(), &device)?;
+                    base.load_adapter(&path.join(crate::checkpoint::ADAPTER_DIR))?;
+                    base
+                }
+                None => loaded.model,
+            };
+            (model, Some((loaded.state, loaded.optimizer_state)))
         }
-        None => (build_model(&config, tokenizer.as_ref(), &device)?, None),
+        None => {
+            let mut model = build_model(&config, tokenizer.as_ref(), &device)?;
+            if let Some(lora) = &config.lora {
+                model.add_lora(lora, config.training.seed)?;
+            }
+            (model, None)
+        }
     };
     model.set_precision(config.training.precision);
     model.set_activation_checkpointing(config.training.activation_checkpointing);
     let config_path = run_dir.join("config.toml");
     std::fs::write(&config_path, &config_toml).map_err(|e| TrainError::io(&config_path, e))?;
 
-    let mut optimizer = Optimizer::new(config.optimizer.clone(), model.parameters())?;
+    // Under LoRA only the adapters train (the base is frozen).
+    let mut optimizer = Optimizer::new(config.optimizer.clone(), model.trainable_parameters())?;
     if let Some((_, optimizer_state)) = &resumed {
         optimizer.load_state(optimizer_state)?;
     }
@@ -183,9 +200,11 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
     let outcome = trainer.run()?;
 
     let model_dir = run_dir.join("model");
-    trainer
-        .model()
-        .save_with_tokenizer(&model_dir, config.model.tokenizer.as_deref())?;
+    crate::checkpoint::save_model(
+        trainer.model(),
+        &model_dir,
+        config.model.tokenizer.as_deref(),
+    )?;
     let report = if options.write_report {
         let records = MetricsLog::read_all(&metrics_path)?;
         let summary = summary_section(&config, trainer.model(), &outcome, resume_path.as_deref());

@@ -115,3 +115,82 @@ fn a_fresh_start_into_a_run_with_checkpoints_is_refused() {
         .to_string();
     assert!(error.contains("--resume"), "{error}");
 }
+
+/// LoRA (`[lora]`): checkpoints hold the adapter (PEFT layout) and the merged model; extending a
+/// finished LoRA run equals one longer run, adapter and merged weights alike; the adapters moved.
+#[test]
+fn a_lora_run_resumes_bit_for_bit_and_saves_adapter_and_merged_model() {
+    let dir = tempfile::tempdir().unwrap();
+    write_shards(dir.path());
+    let lora =
+        r#"lora={ r = 4, lora_alpha = 8, target_modules = ["q_proj", "v_proj", "down_proj"] }"#;
+    let lr = "optimizer.lr=0.01";
+    run(
+        config(
+            dir.path(),
+            &["output_dir=long", "training.steps=9", lora, lr],
+        ),
+        options(false),
+    )
+    .unwrap();
+    run(
+        config(dir.path(), &["output_dir=short", lora, lr]),
+        options(false),
+    )
+    .unwrap();
+    let summary = run(
+        config(
+            dir.path(),
+            &["output_dir=short", "training.steps=9", lora, lr],
+        ),
+        options(true),
+    )
+    .unwrap();
+    assert!(summary.resumed_from.unwrap().ends_with("step-00000006"));
+    let adapter = |run: &str| {
+        std::fs::read(
+            dir.path()
+                .join(run)
+                .join("adapter/adapter_model.safetensors"),
+        )
+        .unwrap()
+    };
+    assert!(adapter("short") == adapter("long"), "adapters differ");
+    assert!(
+        weights(dir.path(), "short") == weights(dir.path(), "long"),
+        "merged weights differ"
+    );
+    let checkpoint = dir.path().join("short/checkpoints/step-00000009");
+    assert!(checkpoint.join("adapter/adapter_config.json").is_file());
+    // Trained: B is no longer zero, and the merged model differs from the frozen base (a run
+    // without LoRA would change every weight; here only the targeted ones moved).
+    let tensors = candle_core::safetensors::load(
+        dir.path().join("long/adapter/adapter_model.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let b = &tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"];
+    let max = b
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(max > 0.0, "lora_B never moved");
+    assert_eq!(tensors.len(), 2 * 3 * 2, "2 layers x 3 modules x (A, B)");
+    // Changing the adapters on resume changes the math: refused.
+    let other =
+        r#"lora={ r = 8, lora_alpha = 8, target_modules = ["q_proj", "v_proj", "down_proj"] }"#;
+    let error = run(
+        config(
+            dir.path(),
+            &["output_dir=short", "training.steps=12", other, lr],
+        ),
+        options(true),
+    )
+    .unwrap_err();
+    assert!(error.to_string().contains("lora.r"), "{error}");
+}

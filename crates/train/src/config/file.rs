@@ -33,6 +33,10 @@ pub struct ConfigFile {
     #[serde(default)]
     pub schedule: ScheduleFile,
     pub training: TrainingFile,
+    /// LoRA adapters instead of full fine-tuning: `r`, `lora_alpha`, `target_modules` (Hugging
+    /// Face module names or "all-linear"), `lora_dropout` (0), `use_rslora` (false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<stoke_model::lora::LoraConfig>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

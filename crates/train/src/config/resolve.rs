@@ -121,7 +121,26 @@ impl TrainConfig {
             schedule,
             batch_warmup,
             training,
+            lora: file.lora.clone(),
         };
+        if let Some(lora) = &config.lora {
+            lora.validate().map_err(|e| {
+                let detail = match e {
+                    stoke_model::ModelError::InvalidArgument(m) => m,
+                    other => other.to_string(),
+                };
+                match detail.split_once(": ") {
+                    Some((key, message)) => ConfigError::Invalid {
+                        key: key.to_string(),
+                        message: message.to_string(),
+                    },
+                    None => ConfigError::Invalid {
+                        key: "lora".into(),
+                        message: detail,
+                    },
+                }
+            })?;
+        }
         config.validate()?;
         Ok(config)
     }
@@ -230,6 +249,7 @@ impl TrainConfig {
             },
             optimizer,
             schedule,
+            lora: self.lora.clone(),
             training: TrainingFile {
                 steps: t.steps,
                 seed: t.seed,

@@ -235,6 +235,7 @@ impl Recipe {
             optimizer: optimizer_file(&self.pretrain),
             schedule: wsd(),
             training: training_file(&self.pretrain, seed),
+            lora: None,
         }
     }
 
@@ -263,6 +264,7 @@ impl Recipe {
             optimizer: optimizer_file(&self.sft),
             schedule: wsd(),
             training: training_file(&self.sft, seed),
+            lora: None,
         }
     }
 }
