@@ -325,7 +325,17 @@ impl GrpoConfig {
             threads: g.threads.unwrap_or(cores),
             precision: g.precision.unwrap_or_default(),
             activation_checkpointing: g.activation_checkpointing.unwrap_or(false),
+            lora: file.lora.clone(),
         };
+        if let Some(lora) = &settings.lora {
+            lora.validate().map_err(|e| match e {
+                stoke_model::ModelError::InvalidArgument(m) => match m.split_once(": ") {
+                    Some((key, reason)) => PipelineError::config(key, reason),
+                    None => PipelineError::config("lora", m),
+                },
+                other => PipelineError::config("lora", other.to_string()),
+            })?;
+        }
         settings
             .validate()
             .map_err(|(field, reason)| PipelineError::config(settings_key(field), reason))?;
@@ -433,6 +443,7 @@ impl GrpoConfig {
             out: OutSection {
                 dir: Some(self.out_dir.clone()),
             },
+            lora: s.lora.clone(),
         }
     }
 

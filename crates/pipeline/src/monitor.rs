@@ -238,10 +238,14 @@ impl StepSink for RunSink<'_> {
         let side_started = Instant::now();
         if step.reference_reset {
             let dir = reference_dir(&monitor.out_dir, number);
-            learner
-                .updater()
-                .model()
-                .save_with_tokenizer(&dir, Some(&monitor.model_dir))?;
+            let policy = learner.updater().model();
+            // Under LoRA the reference is the adapted policy: saved merged.
+            match policy.lora_config() {
+                Some(_) => policy
+                    .merged()?
+                    .save_with_tokenizer(&dir, Some(&monitor.model_dir))?,
+                None => policy.save_with_tokenizer(&dir, Some(&monitor.model_dir))?,
+            }
         }
         // The last update's evaluation is the run's final one (made by `run`).
         if monitor.eval_every > 0

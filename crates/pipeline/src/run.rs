@@ -139,7 +139,15 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
         if let Some(path) = latest.path {
             let loaded = load_checkpoint(&path, policy.device())
                 .map_err(stoke_train::error::TrainError::from)?;
-            policy = loaded.model;
+            policy = match policy.lora_config() {
+                // model/ is the merged model; training continues on the base with the adapter.
+                Some(_) => {
+                    let mut base = policy.without_adapters();
+                    base.load_adapter(&path.join(stoke_train::checkpoint::ADAPTER_DIR))?;
+                    base
+                }
+                None => loaded.model,
+            };
             start_step = loaded.state.step;
             optimizer_state = Some(loaded.optimizer_state);
             ptx_cursor = (!loaded.state.source.is_null()).then_some(loaded.state.source);
@@ -348,10 +356,8 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
     };
     monitor.checkpoint(&learner, true)?;
     let final_model = out_dir.join("model");
-    learner
-        .updater()
-        .model()
-        .save_with_tokenizer(&final_model, Some(&model_dir))?;
+    stoke_train::checkpoint::save_model(learner.updater().model(), &final_model, Some(&model_dir))
+        .map_err(stoke_train::error::TrainError::from)?;
     let report = monitor.finish()?;
     let stats = modules.rewards.stats();
     let session_steps = remaining;

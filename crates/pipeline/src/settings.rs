@@ -174,6 +174,8 @@ pub struct GrpoSettings {
     pub precision: stoke_types::Precision,
     /// Activation checkpointing in the trainer's forward/backward passes.
     pub activation_checkpointing: bool,
+    /// LoRA adapters on the frozen policy.
+    pub lora: Option<stoke_model::lora::LoraConfig>,
 }
 
 impl GrpoSettings {

@@ -171,8 +171,11 @@ pub fn prepare(config: &GrpoConfig, quiet: bool) -> anyhow::Result<PreparedGrpo>
             model_dir.display()
         );
     }
-    let policy = Transformer::load(model_dir, &Device::Cpu)
+    let mut policy = Transformer::load(model_dir, &Device::Cpu)
         .with_context(|| format!("loading the policy from {}", model_dir.display()))?;
+    if let Some(lora) = &config.settings.lora {
+        policy.add_lora(lora, config.settings.seed)?;
+    }
     let tokenizer = Arc::new(
         Tokenizer::from_dir(model_dir)
             .with_context(|| format!("loading the tokenizer from {}", model_dir.display()))?,
@@ -184,6 +187,8 @@ pub fn prepare(config: &GrpoConfig, quiet: bool) -> anyhow::Result<PreparedGrpo>
             Transformer::load(dir, &Device::Cpu)
                 .with_context(|| format!("loading the reference from {}", dir.display()))?,
         ),
+        // LoRA: the base without adapters is the starting policy, sharing its weights.
+        (None, true) if policy.lora_config().is_some() => Some(policy.without_adapters()),
         (None, true) => Some(policy.snapshot().context("copying the reference policy")?),
     };
 

@@ -166,6 +166,7 @@ impl RftPlan {
             checkpoint: CheckpointSection::default(),
             ptx: None,
             out: file.out.clone(),
+            lora: None,
         };
         let mut source = GrpoConfig::from_file(source, &stage.base, stem)
             .with_context(|| stage.origin.clone())?;

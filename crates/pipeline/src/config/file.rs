@@ -38,6 +38,10 @@ pub struct GrpoConfigFile {
     pub ptx: Option<PtxSection>,
     #[serde(default)]
     pub out: OutSection,
+    /// LoRA adapters on the frozen policy (the keys of `stoke train`'s `[lora]`); the reference
+    /// is then the base without adapters, at no copy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<stoke_model::lora::LoraConfig>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

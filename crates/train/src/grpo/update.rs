@@ -180,7 +180,8 @@ impl PolicyUpdater {
         settings: UpdateSettings,
     ) -> Result<PolicyUpdater, TrainError> {
         settings.validate()?;
-        let optimizer = Optimizer::new(optimizer, model.parameters())?;
+        // Under LoRA only the adapters train.
+        let optimizer = Optimizer::new(optimizer, model.trainable_parameters())?;
         Ok(PolicyUpdater {
             model,
             optimizer,
