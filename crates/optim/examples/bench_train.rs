@@ -26,7 +26,7 @@
 //! CARGO_TARGET_DIR=target-bench cargo build --release -p stoke-optim --example bench_train
 //! RAYON_NUM_THREADS=2 target-bench/release/examples/bench_train [--only pretrain,sft_packed]
 //!     [--loss fused|composed] [--precision f32|bf16] [--activation-checkpointing]
-//!     [--moments f32|int8] [--batch B] [--seq T] [--warmup N] [--steps N] [CONFIG.json]
+//!     [--moments f32|int8] [--lora RANK] [--batch B] [--seq T] [--warmup N] [--steps N] [CONFIG.json]
 //! ```
 
 use std::path::PathBuf;
@@ -65,6 +65,7 @@ fn main() -> BenchResult<()> {
     let mut loss_head = LossHead::Fused;
     let mut precision = stoke_ops::Precision::F32;
     let mut checkpointing = false;
+    let mut lora_rank: Option<usize> = None;
     let mut moments = stoke_optim::MomentFormat::F32;
     let mut shape = RunShape {
         batch: 8,
@@ -108,6 +109,13 @@ fn main() -> BenchResult<()> {
                     return Err(format!("--moments: expected f32 or int8, got {other:?}").into());
                 }
             };
+        } else if arg == "--lora" {
+            lora_rank = Some(
+                args.next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|&r: &usize| r > 0)
+                    .ok_or("--lora needs a positive rank")?,
+            );
         } else if arg == "--activation-checkpointing" {
             checkpointing = true;
         } else if arg == "--only" {
@@ -138,6 +146,7 @@ fn main() -> BenchResult<()> {
         "candle_num_threads": std::env::var("CANDLE_NUM_THREADS").ok(),
         "loss_head": format!("{loss_head:?}").to_lowercase(),
         "activation_checkpointing": checkpointing,
+        "lora_rank": lora_rank,
         "moments": format!("{moments:?}").to_lowercase(),
         "load_average_at_start": load_average(),
     });
@@ -147,7 +156,7 @@ fn main() -> BenchResult<()> {
             workload,
             loss_head,
             precision,
-            checkpointing,
+            (checkpointing, lora_rank),
             shape,
             moments,
         )?;
@@ -396,25 +405,34 @@ fn bench_full_step(
     workload: &str,
     loss_head: LossHead,
     precision: stoke_ops::Precision,
-    checkpointing: bool,
+    (checkpointing, lora_rank): (bool, Option<usize>),
     shape: RunShape,
     moments: stoke_optim::MomentFormat,
 ) -> BenchResult<Value> {
     let device = Device::Cpu;
     let mut model = Transformer::init(config.clone(), &device, SEED)?.with_precision(precision);
     model.set_activation_checkpointing(checkpointing);
+    if let Some(r) = lora_rank {
+        // LoRA on every linear layer of the blocks, alpha = 2r; the base is frozen.
+        let lora = stoke_model::lora::LoraConfig {
+            r,
+            lora_alpha: 2.0 * r as f64,
+            lora_dropout: 0.0,
+            target_modules: vec!["all-linear".into()],
+            use_rslora: false,
+        };
+        model.add_lora(&lora, SEED)?;
+    }
     // The LM head's weight [V, H] (the embedding when tied), by its HF name.
     let head_name = if config.tie_word_embeddings {
         "model.embed_tokens.weight"
     } else {
         "lm_head.weight"
     };
-    let lm_head = model
-        .parameters()
-        .into_iter()
-        .find(|(name, _)| name == head_name)
-        .map(|(_, var)| var.as_tensor().clone())
-        .ok_or_else(|| format!("the model has no parameter {head_name}"))?;
+    let lm_head = model.lm_head_weight().clone();
+    if !model.parameters().iter().any(|(name, _)| name == head_name) {
+        return Err(format!("the model has no parameter {head_name}").into());
+    }
     let adamw = AdamWConfig {
         lr: LR,
         beta1: 0.9,
@@ -423,7 +441,10 @@ fn bench_full_step(
         weight_decay: WEIGHT_DECAY,
         moments,
     };
-    let mut optimizer = Optimizer::new(OptimizerConfig::AdamW(adamw), model.parameters())?;
+    let mut optimizer = Optimizer::new(
+        OptimizerConfig::AdamW(adamw),
+        model.trainable_parameters(),
+    )?;
     let batch = training_batch(config.vocab_size as u64, shape.batch, shape.seq);
     let inputs = step_inputs(&batch, workload, (shape.batch, shape.seq), &device)?;
     let mut losses = Vec::new();

@@ -21,6 +21,11 @@
 //! kind = "wsd"                # or "cosine" | "constant"
 //! [training]
 //! steps = 200
+//! # activation_checkpointing = true; precision = "bf16"
+//! # [lora]                    # optional: adapters on the frozen model (PEFT's key names)
+//! # r = 16
+//! # lora_alpha = 32
+//! # target_modules = ["q_proj", "v_proj"]   # or ["all-linear"]
 //! ```
 //!
 //! Defaults derived from the model size, where published recipes agree:
