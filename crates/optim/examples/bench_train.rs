@@ -441,10 +441,8 @@ fn bench_full_step(
         weight_decay: WEIGHT_DECAY,
         moments,
     };
-    let mut optimizer = Optimizer::new(
-        OptimizerConfig::AdamW(adamw),
-        model.trainable_parameters(),
-    )?;
+    let mut optimizer =
+        Optimizer::new(OptimizerConfig::AdamW(adamw), model.trainable_parameters())?;
     let batch = training_batch(config.vocab_size as u64, shape.batch, shape.seq);
     let inputs = step_inputs(&batch, workload, (shape.batch, shape.seq), &device)?;
     let mut losses = Vec::new();

@@ -186,6 +186,10 @@ pub struct GrpoStepRecord {
     pub elapsed_s: f64,
     #[serde(with = "json_float")]
     pub temperature: f64,
+    /// Where the memory went (the trainer's weights, gradients, optimizer state; the rest of the
+    /// process's peak, rollout KV caches and snapshots included, in `activations_bytes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<stoke_train::metrics::MemoryReport>,
 }
 
 /// Figures of one held-out evaluation.

@@ -223,7 +223,12 @@ impl StepSink for RunSink<'_> {
                 message,
             })?;
         }
-        let record = step_record(number, &step, &timing, monitor.started.elapsed());
+        let mut record = step_record(number, &step, &timing, monitor.started.elapsed());
+        let updater = learner.updater();
+        record.memory = Some(stoke_train::metrics::MemoryReport::measure(
+            updater.model(),
+            updater.optimizer(),
+        ));
         monitor.progress.step(&ProgressLine {
             step: number,
             reward_mean: record.reward_mean,

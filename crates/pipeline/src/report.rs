@@ -56,6 +56,7 @@ pub fn standard_records(records: &[GrpoRecord]) -> Vec<MetricRecord> {
                     elapsed_s: s.elapsed_s,
                     skipped: s.outcome != StepOutcome::Applied,
                     z_loss: None,
+                    memory: None,
                 }));
             }
             GrpoRecord::Alert { step, message } => out.push(MetricRecord::Alert {

@@ -551,6 +551,13 @@ fn a_lora_grpo_run_trains_adapters_against_the_base_and_resumes_bit_for_bit() {
         kl[0]
     );
     assert!(kl[3] > 0.0, "the adapters moved the policy: {kl:?}");
+    // The memory report: gradients and moments are the adapters' only.
+    let memory = step_records(full.path())[0]
+        .memory
+        .clone()
+        .expect("memory reported");
+    assert!(memory.gradients_bytes > 0 && memory.gradients_bytes * 10 < memory.weights_bytes);
+    assert_eq!(memory.optimizer_bytes, 2 * memory.gradients_bytes);
     let adapters = candle_core::safetensors::load(
         full.path().join("adapter/adapter_model.safetensors"),
         &candle_core::Device::Cpu,

@@ -89,6 +89,61 @@ pub struct StepMetrics {
         with = "json_float_opt"
     )]
     pub z_loss: Option<f64>,
+    /// Where the memory went (see [`MemoryReport`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryReport>,
+}
+
+/// Bytes by stage at a step. Weights, gradients and optimizer state are counted exactly from
+/// the tensors; the rest of the process's peak (activations, KV cache, temporaries, allocator
+/// slack) is what the peak resident set leaves, so `activations_bytes` is an upper bound.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryReport {
+    /// Every parameter (a frozen LoRA base included) plus bf16 copies packed for inference.
+    pub weights_bytes: u64,
+    /// One f32 gradient per trainable element (held from the backward pass to the update).
+    pub gradients_bytes: u64,
+    /// Optimizer state (moments, momentum, 8-bit codes and scales).
+    pub optimizer_bytes: u64,
+    /// The process's peak resident set so far (`VmHWM`; 0 where unavailable).
+    pub peak_rss_bytes: u64,
+    /// `peak_rss - weights - gradients - optimizer`: activations and everything else at the peak.
+    pub activations_bytes: u64,
+}
+
+impl MemoryReport {
+    /// The report for a model and its optimizer, with the process's current peak.
+    pub fn measure(model: &stoke_model::Transformer, optimizer: &stoke_optim::Optimizer) -> Self {
+        let bytes = |vars: &[(String, candle_core::Var)]| -> u64 {
+            vars.iter()
+                .map(|(_, v)| (v.elem_count() * v.dtype().size_in_bytes()) as u64)
+                .sum()
+        };
+        let weights_bytes = bytes(&model.parameters())
+            + model
+                .lora_config()
+                .map_or(0, |_| bytes(&model.trainable_parameters()))
+            + model.packed_weight_bytes() as u64;
+        let gradients_bytes = bytes(optimizer.params());
+        let optimizer_bytes = optimizer.state_bytes() as u64;
+        let peak_rss_bytes = peak_rss_bytes().unwrap_or(0);
+        MemoryReport {
+            weights_bytes,
+            gradients_bytes,
+            optimizer_bytes,
+            peak_rss_bytes,
+            activations_bytes: peak_rss_bytes
+                .saturating_sub(weights_bytes + gradients_bytes + optimizer_bytes),
+        }
+    }
+}
+
+/// The process's peak resident set (`VmHWM` in /proc/self/status), bytes; None elsewhere.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Figures of one evaluation on the held-out set.

@@ -480,6 +480,10 @@ impl Trainer {
             elapsed_s,
             skipped: report.outcome != StepOutcome::Applied,
             z_loss: report.z_loss,
+            memory: Some(crate::metrics::MemoryReport::measure(
+                &self.model,
+                &self.optimizer,
+            )),
         };
         let mut records = vec![MetricRecord::Step(metrics.clone())];
         // What the spike policy did; skipped and non-finite steps as such are the monitor's

@@ -22,6 +22,7 @@ fn step(step: u64, loss: f64, tokens_per_s: f64) -> StepMetrics {
         elapsed_s: step as f64 * 0.5,
         skipped: false,
         z_loss: None,
+        memory: None,
     }
 }
 

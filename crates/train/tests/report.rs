@@ -18,6 +18,7 @@ fn step(step: u64, loss: f64) -> StepMetrics {
         elapsed_s: step as f64 * 0.2,
         skipped: false,
         z_loss: None,
+        memory: None,
     }
 }
 

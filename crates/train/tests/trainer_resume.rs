@@ -194,3 +194,49 @@ fn a_lora_run_resumes_bit_for_bit_and_saves_adapter_and_merged_model() {
     .unwrap_err();
     assert!(error.to_string().contains("lora.r"), "{error}");
 }
+
+/// Every step record carries the memory by stage: f32 AdamW holds gradients the size of the
+/// weights and two moments; under LoRA the gradients and moments are the adapters' only; the
+/// peak resident set covers the counted stages.
+#[test]
+fn step_records_report_memory_by_stage() {
+    let dir = tempfile::tempdir().unwrap();
+    write_shards(dir.path());
+    let lora = r#"lora={ r = 2, lora_alpha = 4, target_modules = ["q_proj"] }"#;
+    run(
+        config(dir.path(), &["output_dir=full", "training.steps=2"]),
+        options(false),
+    )
+    .unwrap();
+    run(
+        config(dir.path(), &["output_dir=lora", "training.steps=2", lora]),
+        options(false),
+    )
+    .unwrap();
+    let memory = |run: &str| {
+        let records =
+            stoke_train::metrics::MetricsLog::read_all(&dir.path().join(run).join("metrics.jsonl"))
+                .unwrap();
+        records
+            .into_iter()
+            .find_map(|r| match r {
+                stoke_train::metrics::MetricRecord::Step(s) => s.memory,
+                _ => None,
+            })
+            .expect("a step record with memory")
+    };
+    let full = memory("full");
+    assert!(full.weights_bytes > 0);
+    assert_eq!(full.gradients_bytes, full.weights_bytes);
+    assert_eq!(full.optimizer_bytes, 2 * full.weights_bytes);
+    assert!(
+        full.peak_rss_bytes >= full.weights_bytes + full.gradients_bytes + full.optimizer_bytes
+    );
+    let adapted = memory("lora");
+    assert!(
+        adapted.weights_bytes > full.weights_bytes,
+        "the adapters add to the weights"
+    );
+    assert!(adapted.gradients_bytes > 0 && adapted.gradients_bytes * 20 < full.gradients_bytes);
+    assert_eq!(adapted.optimizer_bytes, 2 * adapted.gradients_bytes);
+}
