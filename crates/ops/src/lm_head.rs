@@ -428,15 +428,7 @@ impl LinearTargetLogprobs {
         let hidden = plain_tensor(hidden, hidden_layout, name)?;
         let weight = plain_tensor(weight, weight_layout, name)?;
         let logits = hidden.matmul(&weight.t()?)?.contiguous()?;
-        let vocab = logits.dim(1)?;
-        let out = {
-            let (storage, layout) = logits.storage_and_layout();
-            let candle_core::Storage::Cpu(cpu) = &*storage else {
-                candle_core::bail!("{name}: logits left the CPU")
-            };
-            let data = contiguous_slice(T::cpu_storage_as_slice(cpu)?, layout, name)?;
-            target_logprobs_rows(data, vocab, &self.targets)
-        };
+        let out = logprobs_of::<T>(&logits, &self.targets, name)?;
         *self.lock_saved()? = Some(logits);
         Ok(T::to_cpu_storage_owned(out))
     }

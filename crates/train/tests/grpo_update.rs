@@ -75,15 +75,19 @@ fn updater(seed: u64, lr: f64, settings: UpdateSettings) -> PolicyUpdater {
 /// for the small gradients of a tiny model, so weights after one step compare the gradients
 /// themselves.
 fn gradient_revealing_updater(seed: u64, settings: UpdateSettings) -> PolicyUpdater {
-    let optimizer = OptimizerConfig::AdamW(AdamWConfig {
+    PolicyUpdater::new(nano_model(seed), gradient_revealing_optimizer(), settings).expect("updater")
+}
+
+/// AdamW with `lr = 1`, `eps = 1` (see `gradient_revealing_updater`).
+fn gradient_revealing_optimizer() -> OptimizerConfig {
+    OptimizerConfig::AdamW(AdamWConfig {
         lr: 1.0,
         beta1: 0.9,
         beta2: 0.95,
         eps: 1.0,
         weight_decay: 0.0,
         moments: Default::default(),
-    });
-    PolicyUpdater::new(nano_model(seed), optimizer, settings).expect("updater")
+    })
 }
 
 /// Log-probs of each sample's completion under the updater's current policy, at temperature 1.
@@ -569,15 +573,12 @@ fn activation_checkpointing_leaves_the_update_bit_identical() {
     let mut plain = gradient_revealing_updater(7, settings(loss, 10_000));
     let mut model = nano_model(7);
     model.set_activation_checkpointing(true);
-    let optimizer = OptimizerConfig::AdamW(AdamWConfig {
-        lr: 1.0,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1.0,
-        weight_decay: 0.0,
-        moments: Default::default(),
-    });
-    let mut ckpt = PolicyUpdater::new(model, optimizer, settings(loss, 10_000)).expect("updater");
+    let mut ckpt = PolicyUpdater::new(
+        model,
+        gradient_revealing_optimizer(),
+        settings(loss, 10_000),
+    )
+    .expect("updater");
     let owned = with_old_logprobs(&plain, fixture(21));
     let a = plain.update(&borrowed(&owned), 1.0, None).expect("plain");
     let b = ckpt
