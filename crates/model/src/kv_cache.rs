@@ -77,6 +77,12 @@ impl KvCache {
         Ok(KvCache { layers })
     }
 
+    /// Layer `layer`'s keys and values, `[B, num_kv_heads, len, head_dim]` each (None when
+    /// empty).
+    pub(crate) fn layer(&self, layer: usize) -> Option<&(Tensor, Tensor)> {
+        self.layers.get(layer).and_then(Option::as_ref)
+    }
+
     /// Appends this step's keys and values for `layer` and returns the full (past + new)
     /// keys and values to attend over.
     pub(crate) fn append(

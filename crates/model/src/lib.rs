@@ -9,6 +9,7 @@
 //! - `transformer`: the model and its forward pass, built on stoke-ops' differentiable ops.
 //! - `lora`: LoRA adapters in PEFT's layout (add, save/load, merge, the base without them).
 //! - `kv_cache`: the explicit cache for generation (the model holds no mutable state).
+//! - `decode`: the fused decode step (`Transformer::decode_step`) on a preallocated cache.
 //! - `mask`: additive attention biases (causal with padding, block-diagonal for packing).
 //! - `activation_checkpoint`: per-block recomputation in the backward pass (memory for time).
 //! - `checkpoint`: safetensors load (single/sharded, f32/bf16/f16) and atomic HF-layout save.
@@ -32,6 +33,7 @@
 pub mod activation_checkpoint;
 pub mod checkpoint;
 pub mod config;
+pub mod decode;
 pub mod error;
 pub mod kv_cache;
 pub mod lora;
@@ -43,4 +45,5 @@ pub use config::{Architecture, ModelConfig, Rope, RopeScaling};
 pub use error::ModelError;
 pub use kv_cache::KvCache;
 pub use mask::{causal_bias, document_causal_bias};
+pub use stoke_ops::decode::DecodeCache;
 pub use transformer::{Transformer, parameter_shapes};

@@ -26,7 +26,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use stoke_ops::bf16::PackedB;
+use stoke_ops::bf16::PackedA;
 use stoke_ops::{Precision, apply_rope, attention, rms_norm, swiglu};
 
 /// Standard deviation of the random initialisation of weight matrices (HF `initializer_range`).
@@ -94,7 +94,7 @@ pub(crate) struct Linear {
     pub(crate) weight: Tensor,
     pub(crate) bias: Option<Tensor>,
     /// The weight in bf16, packed once for inference (`Transformer::pack_weights`).
-    packed: Option<Arc<PackedB>>,
+    pub(crate) packed: Option<Arc<PackedA>>,
     pub(crate) lora: Option<LoraAdapter>,
 }
 
@@ -131,7 +131,7 @@ impl Linear {
 
 /// The feed-forward block; an enum so MoE variants can be added next to it.
 #[derive(Debug, Clone)]
-enum Mlp {
+pub(crate) enum Mlp {
     SwiGlu {
         gate_proj: Linear,
         up_proj: Linear,
@@ -155,21 +155,21 @@ impl Mlp {
 }
 
 #[derive(Debug, Clone)]
-struct SelfAttention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    q_norm: Option<Tensor>,
-    k_norm: Option<Tensor>,
+pub(crate) struct SelfAttention {
+    pub(crate) q_proj: Linear,
+    pub(crate) k_proj: Linear,
+    pub(crate) v_proj: Linear,
+    pub(crate) o_proj: Linear,
+    pub(crate) q_norm: Option<Tensor>,
+    pub(crate) k_norm: Option<Tensor>,
 }
 
 #[derive(Debug, Clone)]
 pub(crate) struct DecoderLayer {
-    input_layernorm: Tensor,
-    self_attn: SelfAttention,
-    post_attention_layernorm: Tensor,
-    mlp: Mlp,
+    pub(crate) input_layernorm: Tensor,
+    pub(crate) self_attn: SelfAttention,
+    pub(crate) post_attention_layernorm: Tensor,
+    pub(crate) mlp: Mlp,
 }
 
 /// Shapes and constants every layer needs during a forward pass (shared by the checkpointed
@@ -188,14 +188,14 @@ pub struct Transformer {
     /// Every base parameter by HF name (the variables; under LoRA they are frozen: the layers
     /// read detached views, and `trainable_parameters` lists the adapters instead).
     parameters: BTreeMap<String, Var>,
-    embed_tokens: Tensor,
+    pub(crate) embed_tokens: Tensor,
     pub(crate) layers: Vec<DecoderLayer>,
-    norm: Tensor,
-    lm_head: Option<Tensor>,
+    pub(crate) norm: Tensor,
+    pub(crate) lm_head: Option<Tensor>,
     /// LoRA adapters by PEFT name (`base_model.model.<module>.lora_A.weight`), with their config.
     pub(crate) lora: Option<(crate::lora::LoraConfig, BTreeMap<String, Var>)>,
     /// The LM head's weight packed in bf16 for inference (`pack_weights`).
-    packed_head: Option<Arc<PackedB>>,
+    pub(crate) packed_head: Option<Arc<PackedA>>,
     rotary: RotaryTable,
     /// How the linear layers and the LM head multiply (`Precision::F32` unless set).
     precision: Precision,
@@ -320,10 +320,10 @@ impl Transformer {
     pub fn pack_weights(&mut self) -> Result<(), ModelError> {
         self.precision = Precision::Bf16;
         if self.device().is_cpu() && self.dtype() == DType::F32 {
-            let pack = |weight: &Tensor| -> Result<Arc<PackedB>, ModelError> {
+            let pack = |weight: &Tensor| -> Result<Arc<PackedA>, ModelError> {
                 let (n, k) = weight.dims2()?;
                 let values: Vec<f32> = weight.flatten_all()?.to_vec1()?;
-                Ok(Arc::new(PackedB::from_rows(&values, n, k)))
+                Ok(Arc::new(PackedA::from_rows(&values, n, k)))
             };
             for linear in self.linears_mut() {
                 linear.packed = Some(pack(&linear.weight)?);

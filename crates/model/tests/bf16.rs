@@ -88,9 +88,10 @@ fn bf16_gradients_stay_within_the_stated_tolerance_of_f32() {
     }
 }
 
-/// Weights packed once for inference give the same logits, bit for bit, as bf16 with per-call
-/// packing (same packing, same kernel); a backward through them is an error; unpacking restores
-/// the differentiable path.
+/// Weights packed once for inference give the same logits as bf16 with per-call packing up to
+/// f32 summation order (the same bf16 values; the packed weights are the GEMM's left operand, or
+/// stream through the decode kernel for a few rows): within 1e-5 of the largest logit; a
+/// backward through them is an error; unpacking restores the differentiable path.
 #[test]
 fn packed_inference_weights_match_per_call_packing_and_refuse_a_backward() {
     let dir = &fixture_dirs()[0];
@@ -103,7 +104,19 @@ fn packed_inference_weights_match_per_call_packing_and_refuse_a_backward() {
     assert!(packed.packed_weight_bytes() > 0);
     let want = forward_full(&per_call, ids);
     let got = forward_full(&packed, ids);
-    assert_eq!(max_abs_diff(&got, &want), 0.0);
+    let bound = 1e-5 * abs_max(&want);
+    let diff = max_abs_diff(&got, &want);
+    assert!(diff <= bound, "packed vs per-call: {diff} > {bound}");
+    // Few rows (the decode kernel) as well.
+    let last = ids.narrow(1, 0, 3).expect("three tokens");
+    let diff = max_abs_diff(
+        &forward_full(&packed, &last),
+        &forward_full(&per_call, &last),
+    );
+    assert!(
+        diff <= bound,
+        "packed vs per-call, 3 rows: {diff} > {bound}"
+    );
 
     let error = loss(&packed, ids)
         .backward()

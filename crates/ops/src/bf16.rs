@@ -251,6 +251,69 @@ impl PackedA {
     pub fn depth(&self) -> usize {
         self.k
     }
+
+    /// Bytes held (for memory reports).
+    pub fn bytes(&self) -> usize {
+        self.data.len() * 4
+    }
+
+    /// This matrix as `matvec` weights: its rows of bf16 pairs, read in place.
+    pub fn weights(&self) -> crate::matvec::Weights<'_> {
+        crate::matvec::Weights::Bf16 {
+            data: &self.data,
+            rows: self.m,
+            cols: self.k,
+            stride: self.kp,
+        }
+    }
+}
+
+/// `x W^T` for `x` `[m, k]` row-major f32 and a weight `W` `[n, k]` held as a `PackedA` (the
+/// layout inference keeps weights in: decoding reads its rows directly, see `matvec`). Returns
+/// `[m, n]`. Few rows (decoding, a prefill's last positions) run the streaming `matvec` kernel
+/// over row blocks in parallel; more rows run the GEMM as `(W x^T)^T`, so the weight is the
+/// left operand and only the activations are packed per call.
+pub fn matmul_weight_rows(x: &[f32], m: usize, w: &PackedA) -> Vec<f32> {
+    let (n, k) = (w.m, w.k);
+    assert_eq!(
+        x.len(),
+        m * k,
+        "matmul_weight_rows: {} values for [{m}, {k}]",
+        x.len()
+    );
+    let mut out = vec![0.0f32; m * n];
+    if m == 0 || n == 0 {
+        return out;
+    }
+    if m <= 16 {
+        let mut inputs = crate::matvec::Inputs::new();
+        inputs.prepare(x, m, k, true);
+        let weights = w.weights();
+        const ROWS: usize = 256;
+        let c = SyncPtr(out.as_mut_ptr());
+        (0..n.div_ceil(ROWS)).into_par_iter().for_each(|block| {
+            let rows = block * ROWS..((block + 1) * ROWS).min(n);
+            // SAFETY: block `block` writes columns `rows` of every output row, disjoint from
+            // every other block's, inside `out` ([m, n]).
+            unsafe {
+                crate::matvec::matvec_raw(
+                    &weights,
+                    &inputs,
+                    rows.clone(),
+                    c.get().add(rows.start),
+                    n,
+                )
+            };
+        });
+        return out;
+    }
+    let transposed = matmul(w, &PackedB::from_rows(x, m, k));
+    for (j, row) in transposed.chunks_exact(m).enumerate() {
+        for (i, &v) in row.iter().enumerate() {
+            out[i * n + j] = v;
+        }
+    }
+    out
 }
 
 impl PackedB {

@@ -252,7 +252,7 @@ struct RmsNorm {
     eps: f64,
 }
 
-fn inv_rms<T: Float>(row: &[T], eps: f64) -> T {
+pub(crate) fn inv_rms<T: Float>(row: &[T], eps: f64) -> T {
     let sum_sq = row.iter().fold(T::zero(), |s, &v| s + v * v);
     let n = T::from(row.len()).unwrap_or_else(T::one);
     let eps = T::from(eps).unwrap_or_else(T::zero);

@@ -99,11 +99,12 @@ fn matmul_tn_bf16(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     Tensor::from_vec(matmul(&pa, &pb), (m, n), a.device())
 }
 
-/// `x W^T` with W already packed in bf16 (`PackedB::from_rows(W)`): for inference, where the
-/// weights do not change between calls and packing them per call would cost more than the
-/// product itself (decoding). x `[..., K]` f32 on the CPU. Not differentiable: a backward
-/// through it is an error naming the fix (training takes `linear`, which packs per call).
-pub fn linear_prepacked(x: &Tensor, packed: &std::sync::Arc<PackedB>) -> Result<Tensor> {
+/// `x W^T` with W already in bf16 (`PackedA::from_rows(W)`, the layout inference keeps
+/// weights in): for inference, where the weights do not change between calls and converting
+/// them per call would cost more than the product itself. x `[..., K]` f32 on the CPU. Not
+/// differentiable: a backward through it is an error naming the fix (training takes `linear`,
+/// which converts per call). See `bf16::matmul_weight_rows` for the kernels.
+pub fn linear_prepacked(x: &Tensor, packed: &std::sync::Arc<PackedA>) -> Result<Tensor> {
     let dims = x.dims().to_vec();
     let Some((&last, lead)) = dims.split_last() else {
         candle_core::bail!("linear_prepacked: x must have at least one dimension")
@@ -111,7 +112,7 @@ pub fn linear_prepacked(x: &Tensor, packed: &std::sync::Arc<PackedB>) -> Result<
     if last != packed.depth() {
         candle_core::bail!(
             "linear_prepacked: x {dims:?} and the packed weight [{}, {}] disagree on the input size",
-            packed.cols(),
+            packed.rows(),
             packed.depth()
         )
     }
@@ -121,11 +122,11 @@ pub fn linear_prepacked(x: &Tensor, packed: &std::sync::Arc<PackedB>) -> Result<
         .contiguous()?
         .apply_op1(Prepacked(packed.clone()))?;
     let mut out = lead.to_vec();
-    out.push(packed.cols());
+    out.push(packed.rows());
     y.reshape(out)
 }
 
-struct Prepacked(std::sync::Arc<PackedB>);
+struct Prepacked(std::sync::Arc<PackedA>);
 
 impl candle_core::CustomOp1 for Prepacked {
     fn name(&self) -> &'static str {
@@ -136,10 +137,10 @@ impl candle_core::CustomOp1 for Prepacked {
         let CpuStorage::F32(x) = storage else {
             candle_core::bail!("{}: f32 only", self.name())
         };
-        let (m, k) = layout.shape().dims2()?;
+        let (m, _) = layout.shape().dims2()?;
         let x = contiguous_slice(x, layout, self.name())?;
-        let out = matmul(&PackedA::from_rows(x, m, k), &self.0);
-        Ok((CpuStorage::F32(out), Shape::from((m, self.0.cols()))))
+        let out = crate::bf16::matmul_weight_rows(x, m, &self.0);
+        Ok((CpuStorage::F32(out), Shape::from((m, self.0.rows()))))
     }
 
     fn bwd(&self, _arg: &Tensor, _res: &Tensor, _grad_res: &Tensor) -> Result<Option<Tensor>> {

@@ -40,8 +40,10 @@ struct StoreState {
 }
 
 /// The copy the rollout decodes with: a deep snapshot, and in bf16 its weights packed once
-/// (`Transformer::pack_weights`), so decoding does not repack them every token. Packed and
-/// per-call bf16 products are bit-identical, so the rollout's log-probs are the trainer's way.
+/// (`Transformer::pack_weights`), so decoding does not repack them every token and runs the
+/// fused decode step. Packed and per-call bf16 products take the same bf16 values and sum in
+/// f32, so the rollout's log-probs are the trainer's up to f32 summation order (the IS-ratio
+/// statistics show the mismatch).
 fn rollout_copy(model: &Transformer) -> Result<Transformer, PipelineError> {
     let mut copy = model.snapshot()?;
     if copy.precision() == stoke_types::Precision::Bf16 {

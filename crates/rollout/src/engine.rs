@@ -13,7 +13,12 @@
 //! 2. Fan-out: the prompt rows of the cache are replicated `n` times with
 //!    `KvCache::select_batch`, so the `n` samples of a prompt (a GRPO group) share the prefill.
 //! 3. Decode: one token per live row per step. When rows finish, the cache is compacted to the
-//!    live rows (`select_batch` again), so finished samples cost nothing afterwards.
+//!    live rows, so finished samples cost nothing afterwards. A model that supports it
+//!    (`Transformer::supports_fused_decode`: f32 weights, or bf16 with packed weights, no
+//!    unmerged LoRA) decodes through the fused step (`Transformer::decode_step`) on a
+//!    preallocated `DecodeCache` filled from the prefill's cache; others through `forward` with
+//!    the graph's `KvCache` (`STOKE_DECODE=graph` forces that). Both give the same logits up to
+//!    f32 summation order.
 //!
 //! Weights: [`Engine::generate`] uses one borrowed model throughout. [`crate::live::generate_live`]
 //! runs the same loop but asks a [`LiveWeights`] for the newest weights before the prefill and
@@ -219,22 +224,38 @@ pub(crate) fn generate_with(
         cache: prompt_cache,
         key_valid: prompt_key_valid,
     } = prefill(&first, &request.prompts)?;
-    drop(first);
-
     // 2. Fan out n samples per prompt and draw each sample's first token.
     let n = params.n;
     let fan_out: Vec<usize> = (0..request.prompts.len())
         .flat_map(|i| std::iter::repeat_n(i, n))
         .collect();
-    let mut cache = if n == 1 {
-        prompt_cache
+    let mut caches = if fused_decode_allowed() && first.supports_fused_decode() {
+        // Left padding: each prompt's first real slot.
+        let starts: Vec<usize> = fan_out
+            .iter()
+            .map(|&i| {
+                prompt_key_valid[i]
+                    .iter()
+                    .take_while(|valid| !**valid)
+                    .count()
+            })
+            .collect();
+        let capacity = prompt_cache.len() + params.max_new_tokens.clamp(1, INITIAL_DECODE_SLOTS);
+        Caches::Fused(first.decode_cache_from(&prompt_cache, &fan_out, &starts, capacity)?)
     } else {
-        prompt_cache.select_batch(&fan_out)?
+        Caches::Graph {
+            cache: if n == 1 {
+                prompt_cache
+            } else {
+                prompt_cache.select_batch(&fan_out)?
+            },
+            key_valid: fan_out
+                .iter()
+                .map(|&i| prompt_key_valid[i].clone())
+                .collect(),
+        }
     };
-    let mut key_valid: Vec<Vec<bool>> = fan_out
-        .iter()
-        .map(|&i| prompt_key_valid[i].clone())
-        .collect();
+    drop(first);
     let mut sequences: Vec<Sequence> = fan_out
         .iter()
         .enumerate()
@@ -260,6 +281,7 @@ pub(crate) fn generate_with(
     }
 
     // 3. Decode. `live` maps cache rows to sequences.
+    let vocab = layout.config.vocab_size;
     let mut live: Vec<usize> = (0..sequences.len()).collect();
     let mut version = first_version;
     loop {
@@ -270,16 +292,11 @@ pub(crate) fn generate_with(
             break;
         }
         if still_live.len() < live.len() {
-            cache = cache.select_batch(&still_live)?;
-            key_valid = still_live
-                .iter()
-                .map(|&row| key_valid[row].clone())
-                .collect();
+            caches.keep_rows(&still_live)?;
             live = still_live.iter().map(|&row| live[row]).collect();
         }
         let (model, step_version) = layout.next_weights(source, version)?;
         version = step_version;
-        let rows = live.len();
         let input: Vec<u32> = live
             .iter()
             .map(|&s| *sequences[s].token_ids.last().unwrap_or(&PAD_ID))
@@ -288,24 +305,14 @@ pub(crate) fn generate_with(
             .iter()
             .map(|&s| sequences[s].next_position as u32)
             .collect();
-        for valid in &mut key_valid {
-            valid.push(true);
-        }
-        let input = Tensor::from_vec(input, (rows, 1), &device)?;
-        let positions = Tensor::from_vec(positions, (rows, 1), &device)?;
-        let bias = causal_bias(&key_valid, 1, &device)?;
-        let logits = model.forward(&input, &positions, &bias, Some(&mut cache))?;
+        let logits = caches.step(&model, input, positions, &device)?;
         drop(model);
-        let logits = logits
-            .i((.., 0, ..))?
-            .to_dtype(DType::F32)?
-            .to_vec2::<f32>()?;
         for (row, &s) in live.iter().enumerate() {
             let sequence = &mut sequences[s];
             sequence.next_position += 1;
             advance(
                 sequence,
-                &logits[row],
+                &logits[row * vocab..(row + 1) * vocab],
                 &rule,
                 &stop,
                 detokenizer,
@@ -346,6 +353,80 @@ pub(crate) fn generate_with(
         },
         token_versions,
     })
+}
+
+/// Decode slots the fused cache starts with past the prompt; it doubles when full.
+const INITIAL_DECODE_SLOTS: usize = 256;
+
+/// `STOKE_DECODE=graph` keeps decoding on the tensor graph (A/B checks, benchmarks); otherwise a
+/// model that supports it (`Transformer::supports_fused_decode`) decodes through the fused step.
+fn fused_decode_allowed() -> bool {
+    static ALLOWED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ALLOWED.get_or_init(|| std::env::var("STOKE_DECODE").as_deref() != Ok("graph"))
+}
+
+/// The decode loop's KV cache: the fused step's preallocated one, or the graph's.
+enum Caches {
+    Fused(stoke_model::DecodeCache),
+    Graph {
+        cache: KvCache,
+        /// Which cached key slots are real tokens, per row.
+        key_valid: Vec<Vec<bool>>,
+    },
+}
+
+impl Caches {
+    /// Keeps rows `rows` (strictly increasing: finished rows are dropped).
+    fn keep_rows(&mut self, rows: &[usize]) -> Result<(), RolloutError> {
+        match self {
+            Caches::Fused(cache) => cache.select_rows(rows),
+            Caches::Graph { cache, key_valid } => {
+                *cache = cache.select_batch(rows)?;
+                *key_valid = rows.iter().map(|&row| key_valid[row].clone()).collect();
+            }
+        }
+        Ok(())
+    }
+
+    /// One decode step of every row; the logits, `[rows, vocab]` row-major.
+    fn step(
+        &mut self,
+        model: &Transformer,
+        input: Vec<u32>,
+        positions: Vec<u32>,
+        device: &Device,
+    ) -> Result<Vec<f32>, RolloutError> {
+        match self {
+            Caches::Fused(cache) => {
+                if !model.supports_fused_decode() {
+                    return Err(RolloutError::LiveWeights(
+                        "new weights cannot continue a fused decode (unpacked bf16 weights or \
+                         LoRA adapters)"
+                            .into(),
+                    ));
+                }
+                if cache.len() == cache.capacity() {
+                    cache.reserve(cache.capacity() * 2);
+                }
+                Ok(model.decode_step(cache, &input, &positions)?)
+            }
+            Caches::Graph { cache, key_valid } => {
+                let rows = input.len();
+                for valid in key_valid.iter_mut() {
+                    valid.push(true);
+                }
+                let input = Tensor::from_vec(input, (rows, 1), device)?;
+                let positions = Tensor::from_vec(positions, (rows, 1), device)?;
+                let bias = causal_bias(key_valid, 1, device)?;
+                let logits = model.forward(&input, &positions, &bias, Some(cache))?;
+                Ok(logits
+                    .i((.., 0, ..))?
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?)
+            }
+        }
+    }
 }
 
 /// Samples the next token of `sequence` from `logits` and records whether it finished.

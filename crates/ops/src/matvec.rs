@@ -1,0 +1,613 @@
+//! Small-batch matrix products for decoding: `y[b, j] = sum_k W[j, k] x[b, k]` for a few input
+//! rows `b` (one per sequence being decoded) against a weight matrix that is streamed from memory
+//! once per call.
+//!
+//! Why hand-written: at decode time a linear layer is a matrix-vector product per sequence. The
+//! GEMM kernels (candle's `gemm`, stoke's bf16 AMX / `vdpbf16ps` tiles in `bf16.rs`) pad the
+//! batch to a full tile (16 or 64 rows) and pack the activations per call, so at batch 1-8 they
+//! spend most of their time on padding and bookkeeping, while the work is bound by the bytes of
+//! the weights. Here each weight row is loaded once and multiplied against every input row while
+//! it sits in registers.
+//!
+//! Weights come in two layouts:
+//! - f32, row-major `[rows, cols]` (a model's own tensors, borrowed);
+//! - bf16 in `PackedA`'s pair layout (row-major, two consecutive bf16 of a row per `u32`, rows
+//!   padded to a multiple of 32 values). A pair word's high half is already the f32 bit pattern
+//!   of the odd element and its low half shifted up is the even one, so one 64-byte load gives
+//!   32 weights as two f32 vectors with two integer instructions. The inputs are rearranged
+//!   once per call to match (`Inputs`, per 32-block: 16 even then 16 odd elements), and rounded
+//!   to bf16 first, so every product is exactly the product of two bf16 values (the precision
+//!   policy of `bf16.rs`) and every sum is in f32.
+//!
+//! Kernels: AVX-512F (`is_x86_feature_detected`, any AVX-512 CPU; FMA into f32 lanes, which runs
+//! at full rate where `vdpbf16ps` does not), and a portable loop. `STOKE_MATVEC_KERNEL=portable`
+//! forces the latter (tests, other CPUs). The two agree up to f32 summation order; each is
+//! deterministic and independent of how rows are split between threads (a row's sum never
+//! crosses a split).
+#![allow(unsafe_code)]
+
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use crate::bf16::round_bf16;
+
+/// A weight matrix `W[rows, cols]` for `matvec`.
+#[derive(Debug, Clone, Copy)]
+pub enum Weights<'a> {
+    /// Row-major f32, row stride `cols`.
+    F32 {
+        data: &'a [f32],
+        rows: usize,
+        cols: usize,
+    },
+    /// bf16 pairs (see the module doc); row `r`'s pair `p` is `data[r * stride + p]`,
+    /// `stride` a multiple of 16 pairs with zero padding past `cols`.
+    Bf16 {
+        data: &'a [u32],
+        rows: usize,
+        cols: usize,
+        stride: usize,
+    },
+}
+
+impl Weights<'_> {
+    pub fn rows(&self) -> usize {
+        match *self {
+            Weights::F32 { rows, .. } | Weights::Bf16 { rows, .. } => rows,
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        match *self {
+            Weights::F32 { cols, .. } | Weights::Bf16 { cols, .. } => cols,
+        }
+    }
+
+    pub fn is_bf16(&self) -> bool {
+        matches!(self, Weights::Bf16 { .. })
+    }
+
+    fn check(&self) {
+        match *self {
+            Weights::F32 { data, rows, cols } => assert!(
+                data.len() >= rows * cols,
+                "matvec: {} f32 weights for [{rows}, {cols}]",
+                data.len()
+            ),
+            Weights::Bf16 {
+                data,
+                rows,
+                cols,
+                stride,
+            } => assert!(
+                stride.is_multiple_of(16) && stride * 2 >= cols && data.len() >= rows * stride,
+                "matvec: {} bf16 pair words for [{rows}, {cols}] at stride {stride}",
+                data.len()
+            ),
+        }
+    }
+}
+
+/// Input rows prepared for one weight layout: plain f32 for f32 weights; for bf16 weights
+/// rounded to bf16, zero-padded to a multiple of 32 and rearranged per 32-block into 16 even
+/// then 16 odd elements. Reused between calls to avoid allocation.
+#[derive(Debug, Clone, Default)]
+pub struct Inputs {
+    batch: usize,
+    cols: usize,
+    /// Values per input row in `data`.
+    stride: usize,
+    bf16: bool,
+    data: Vec<f32>,
+}
+
+impl Inputs {
+    pub fn new() -> Inputs {
+        Inputs::default()
+    }
+
+    /// Prepares `x` (`[batch, cols]` row-major) for weights of the given layout.
+    pub fn prepare(&mut self, x: &[f32], batch: usize, cols: usize, bf16: bool) {
+        assert_eq!(
+            x.len(),
+            batch * cols,
+            "matvec inputs: {} values for [{batch}, {cols}]",
+            x.len()
+        );
+        self.batch = batch;
+        self.cols = cols;
+        self.bf16 = bf16;
+        if !bf16 {
+            self.stride = cols;
+            self.data.clear();
+            self.data.extend_from_slice(x);
+            return;
+        }
+        let stride = cols.div_ceil(32) * 32;
+        self.stride = stride;
+        self.data.clear();
+        self.data.resize(batch * stride, 0.0);
+        for (dst, row) in self.data.chunks_exact_mut(stride).zip(x.chunks_exact(cols)) {
+            for (block, out) in dst.chunks_exact_mut(32).enumerate() {
+                let base = block * 32;
+                for i in 0..16 {
+                    let even = base + 2 * i;
+                    if even < cols {
+                        out[i] = round_bf16(row[even]);
+                    }
+                    if even + 1 < cols {
+                        out[16 + i] = round_bf16(row[even + 1]);
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+}
+
+/// Which kernel runs `matvec`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    Avx512,
+    Portable,
+}
+
+impl Kernel {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Avx512 => "avx512",
+            Kernel::Portable => "portable",
+        }
+    }
+}
+
+/// The kernel in use: AVX-512F where the CPU has it, unless `STOKE_MATVEC_KERNEL=portable`.
+pub fn kernel() -> Kernel {
+    static CHOSEN: OnceLock<Kernel> = OnceLock::new();
+    *CHOSEN.get_or_init(|| {
+        let forced_portable = std::env::var("STOKE_MATVEC_KERNEL").as_deref() == Ok("portable");
+        if !forced_portable && avx512_available() {
+            Kernel::Avx512
+        } else {
+            Kernel::Portable
+        }
+    })
+}
+
+fn avx512_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `out[b * out_stride + (j - rows.start)] = sum_k W[j, k] x[b, k]` for `j` in `rows`, every
+/// input row `b`. The safe entry point (one writer of `out`).
+pub fn matvec(w: &Weights, x: &Inputs, rows: Range<usize>, out: &mut [f32], out_stride: usize) {
+    let batch = x.batch;
+    let width = rows.len();
+    if batch == 0 || width == 0 {
+        return;
+    }
+    assert!(
+        out_stride >= width && out.len() >= (batch - 1) * out_stride + width,
+        "matvec: output of {} values too small for {batch} rows of {width} at stride {out_stride}",
+        out.len()
+    );
+    // SAFETY: the assertion above bounds every write; `out` is borrowed mutably, so no one else
+    // reads or writes it meanwhile.
+    unsafe { matvec_raw(w, x, rows, out.as_mut_ptr(), out_stride) }
+}
+
+/// As `matvec`, writing through a raw pointer (threads writing disjoint columns of one buffer).
+///
+/// # Safety
+/// `out` points at element `(0, rows.start)` of a buffer where `out + b * out_stride + c` is
+/// valid for writes for every `b < x.batch()` and `c < rows.len()`, and nothing else accesses
+/// those elements during the call.
+pub(crate) unsafe fn matvec_raw(
+    w: &Weights,
+    x: &Inputs,
+    rows: Range<usize>,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    w.check();
+    assert!(
+        rows.end <= w.rows(),
+        "matvec: rows {rows:?} of {}",
+        w.rows()
+    );
+    assert_eq!(
+        (x.cols, x.bf16),
+        (w.cols(), w.is_bf16()),
+        "matvec: inputs prepared for {} columns ({}), weights have {} ({})",
+        x.cols,
+        if x.bf16 { "bf16" } else { "f32" },
+        w.cols(),
+        if w.is_bf16() { "bf16" } else { "f32" }
+    );
+    match kernel() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the kernel is chosen only where the CPU has AVX-512F; bounds as documented.
+        Kernel::Avx512 => unsafe { avx512::matvec(w, x, rows, out, out_stride) },
+        // SAFETY: bounds as documented (the caller's contract).
+        _ => unsafe { portable(w, x, rows, out, out_stride) },
+    }
+}
+
+/// # Safety
+/// As `matvec_raw`.
+unsafe fn portable(w: &Weights, x: &Inputs, rows: Range<usize>, out: *mut f32, out_stride: usize) {
+    let start = rows.start;
+    for j in rows {
+        for b in 0..x.batch {
+            let xr = &x.data[b * x.stride..(b + 1) * x.stride];
+            let mut lanes = [0f32; 16];
+            match *w {
+                Weights::F32 { data, cols, .. } => {
+                    let row = &data[j * cols..(j + 1) * cols];
+                    let (body, tail) = row.split_at(cols - cols % 16);
+                    for (wc, xc) in body.chunks_exact(16).zip(xr.chunks_exact(16)) {
+                        for l in 0..16 {
+                            lanes[l] += wc[l] * xc[l];
+                        }
+                    }
+                    for (l, (&wv, &xv)) in tail.iter().zip(&xr[cols - cols % 16..]).enumerate() {
+                        lanes[l] += wv * xv;
+                    }
+                }
+                Weights::Bf16 { data, stride, .. } => {
+                    let row = &data[j * stride..(j + 1) * stride];
+                    for (wc, xc) in row.chunks_exact(16).zip(xr.chunks_exact(32)) {
+                        for l in 0..16 {
+                            let even = f32::from_bits(wc[l] << 16);
+                            let odd = f32::from_bits(wc[l] & 0xffff_0000);
+                            lanes[l] += even * xc[l];
+                            lanes[l] += odd * xc[16 + l];
+                        }
+                    }
+                }
+            }
+            // SAFETY: (b, j - start) is inside the caller's output (see `matvec_raw`).
+            unsafe { *out.add(b * out_stride + j - start) = lanes.iter().sum() };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+// Register tiles are fixed-size arrays indexed by row and input: loops over indices read best.
+#[allow(clippy::needless_range_loop)]
+mod avx512 {
+    use super::{Inputs, Weights};
+    use std::arch::x86_64::*;
+    use std::ops::Range;
+
+    /// Input rows per kernel call.
+    const MAX_BATCH: usize = 8;
+
+    /// # Safety
+    /// AVX-512F is available; bounds as in `super::matvec_raw`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn matvec(
+        w: &Weights,
+        x: &Inputs,
+        rows: Range<usize>,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        let mut b0 = 0;
+        while b0 < x.batch {
+            let nb = (x.batch - b0).min(MAX_BATCH);
+            // SAFETY: rows b0..b0 + nb of x and of the output exist (see the caller).
+            unsafe {
+                let xp = x.data.as_ptr().add(b0 * x.stride);
+                let op = out.add(b0 * out_stride);
+                match *w {
+                    Weights::Bf16 { data, stride, .. } => bf16_rows(
+                        data.as_ptr(),
+                        stride,
+                        xp,
+                        x.stride,
+                        nb,
+                        rows.clone(),
+                        op,
+                        out_stride,
+                    ),
+                    Weights::F32 { data, cols, .. } => f32_rows(
+                        data.as_ptr(),
+                        cols,
+                        xp,
+                        x.stride,
+                        nb,
+                        rows.clone(),
+                        op,
+                        out_stride,
+                    ),
+                }
+            }
+            b0 += nb;
+        }
+    }
+
+    macro_rules! dispatch {
+        ($tile:ident, $nb:expr, $args:tt) => {
+            match $nb {
+                1 => dispatch!(@rows $tile, 8, 1, $args),
+                2 => dispatch!(@rows $tile, 6, 2, $args),
+                3 => dispatch!(@rows $tile, 4, 3, $args),
+                4 => dispatch!(@rows $tile, 4, 4, $args),
+                5 => dispatch!(@rows $tile, 2, 5, $args),
+                6 => dispatch!(@rows $tile, 2, 6, $args),
+                7 => dispatch!(@rows $tile, 2, 7, $args),
+                _ => dispatch!(@rows $tile, 2, 8, $args),
+            }
+        };
+        (@rows $tile:ident, $r:expr, $nb:expr, ($w:expr, $ws:expr, $x:expr, $xs:expr, $rows:expr, $out:expr, $os:expr)) => {{
+            let mut j = $rows.start;
+            while j + $r <= $rows.end {
+                $tile::<$r, $nb>($w, $ws, j, $x, $xs, $out.add(j - $rows.start), $os);
+                j += $r;
+            }
+            while j < $rows.end {
+                $tile::<1, $nb>($w, $ws, j, $x, $xs, $out.add(j - $rows.start), $os);
+                j += 1;
+            }
+        }};
+    }
+
+    /// # Safety
+    /// As `matvec`, with `nb <= MAX_BATCH` input rows at `x`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn bf16_rows(
+        w: *const u32,
+        stride: usize,
+        x: *const f32,
+        x_stride: usize,
+        nb: usize,
+        rows: Range<usize>,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        // SAFETY: forwarded bounds.
+        unsafe {
+            dispatch!(
+                bf16_tile,
+                nb,
+                (w, stride, x, x_stride, rows, out, out_stride)
+            )
+        }
+    }
+
+    /// # Safety
+    /// As `matvec`, with `nb <= MAX_BATCH` input rows at `x`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn f32_rows(
+        w: *const f32,
+        cols: usize,
+        x: *const f32,
+        x_stride: usize,
+        nb: usize,
+        rows: Range<usize>,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        // SAFETY: forwarded bounds.
+        unsafe { dispatch!(f32_tile, nb, (w, cols, x, x_stride, rows, out, out_stride)) }
+    }
+
+    /// Rows `j..j + R` of bf16 pair weights against `NB` prepared input rows.
+    ///
+    /// # Safety
+    /// The rows exist (`stride` pair words each, a multiple of 16), the inputs hold
+    /// `2 * stride` values per row (`x_stride`), and `out` has room for `NB` rows of `R`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn bf16_tile<const R: usize, const NB: usize>(
+        w: *const u32,
+        stride: usize,
+        j: usize,
+        x: *const f32,
+        x_stride: usize,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        let high = _mm512_set1_epi32(0xffff_0000_u32 as i32);
+        let mut acc = [[_mm512_setzero_ps(); NB]; R];
+        let blocks = stride / 16;
+        for block in 0..blocks {
+            let mut even = [_mm512_setzero_ps(); R];
+            let mut odd = [_mm512_setzero_ps(); R];
+            for r in 0..R {
+                // SAFETY: pair words block * 16 .. + 16 of row j + r exist.
+                let v = unsafe {
+                    _mm512_loadu_si512(w.add((j + r) * stride + block * 16) as *const __m512i)
+                };
+                even[r] = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
+                odd[r] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+            }
+            for b in 0..NB {
+                // SAFETY: values block * 32 .. + 32 of input row b exist.
+                let (xe, xo) = unsafe {
+                    let p = x.add(b * x_stride + block * 32);
+                    (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
+                };
+                for r in 0..R {
+                    acc[r][b] = _mm512_fmadd_ps(even[r], xe, acc[r][b]);
+                    acc[r][b] = _mm512_fmadd_ps(odd[r], xo, acc[r][b]);
+                }
+            }
+        }
+        for r in 0..R {
+            for b in 0..NB {
+                // SAFETY: (b, r) is inside the output tile.
+                unsafe { *out.add(b * out_stride + r) = _mm512_reduce_add_ps(acc[r][b]) };
+            }
+        }
+    }
+
+    /// Rows `j..j + R` of row-major f32 weights (`cols` per row) against `NB` input rows.
+    ///
+    /// # Safety
+    /// The rows exist, the inputs hold `cols` values per row (`x_stride`), and `out` has room
+    /// for `NB` rows of `R`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn f32_tile<const R: usize, const NB: usize>(
+        w: *const f32,
+        cols: usize,
+        j: usize,
+        x: *const f32,
+        x_stride: usize,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); NB]; R];
+        let body = cols - cols % 16;
+        let mut k = 0;
+        while k < body {
+            let mut wv = [_mm512_setzero_ps(); R];
+            for r in 0..R {
+                // SAFETY: values k .. k + 16 of row j + r exist.
+                wv[r] = unsafe { _mm512_loadu_ps(w.add((j + r) * cols + k)) };
+            }
+            for b in 0..NB {
+                // SAFETY: values k .. k + 16 of input row b exist.
+                let xv = unsafe { _mm512_loadu_ps(x.add(b * x_stride + k)) };
+                for r in 0..R {
+                    acc[r][b] = _mm512_fmadd_ps(wv[r], xv, acc[r][b]);
+                }
+            }
+            k += 16;
+        }
+        for r in 0..R {
+            for b in 0..NB {
+                let mut sum = _mm512_reduce_add_ps(acc[r][b]);
+                for kk in body..cols {
+                    // SAFETY: in bounds as above.
+                    sum += unsafe { *w.add((j + r) * cols + kk) * *x.add(b * x_stride + kk) };
+                }
+                // SAFETY: (b, r) is inside the output tile.
+                unsafe { *out.add(b * out_stride + r) = sum };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bf16::PackedA;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| (i as f32 * 0.37 + seed as f32).sin() * 1.7)
+            .collect()
+    }
+
+    /// f64 reference of the bf16 policy: both operands rounded to bf16.
+    fn reference(
+        w: &[f32],
+        x: &[f32],
+        rows: usize,
+        cols: usize,
+        batch: usize,
+        bf16: bool,
+    ) -> Vec<f64> {
+        let r = |v: f32| if bf16 { round_bf16(v) as f64 } else { v as f64 };
+        let mut out = vec![0.0; batch * rows];
+        for b in 0..batch {
+            for j in 0..rows {
+                out[b * rows + j] = (0..cols)
+                    .map(|k| r(w[j * cols + k]) * r(x[b * cols + k]))
+                    .sum();
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn both_layouts_match_the_reference_for_every_batch_size_and_odd_shapes() {
+        for (rows, cols) in [(37, 64), (16, 576), (9, 40), (3, 7)] {
+            let w = values(rows * cols, 1);
+            let packed = PackedA::from_rows(&w, rows, cols);
+            for batch in [1, 2, 3, 5, 8, 11] {
+                let x = values(batch * cols, 2);
+                for bf16 in [false, true] {
+                    let weights = if bf16 {
+                        packed.weights()
+                    } else {
+                        Weights::F32 {
+                            data: &w,
+                            rows,
+                            cols,
+                        }
+                    };
+                    let mut inputs = Inputs::new();
+                    inputs.prepare(&x, batch, cols, bf16);
+                    // Two disjoint row ranges, as two threads would split them.
+                    let mut out = vec![f32::NAN; batch * rows];
+                    let split = rows / 2;
+                    // SAFETY: each range's writes stay inside `out` (batch x rows, stride rows).
+                    unsafe {
+                        matvec_raw(&weights, &inputs, 0..split, out.as_mut_ptr(), rows);
+                        matvec_raw(
+                            &weights,
+                            &inputs,
+                            split..rows,
+                            out.as_mut_ptr().add(split),
+                            rows,
+                        );
+                    }
+                    let want = reference(&w, &x, rows, cols, batch, bf16);
+                    // The portable loop too, whatever `kernel()` chose.
+                    let mut portable_out = vec![f32::NAN; batch * rows];
+                    // SAFETY: as above.
+                    unsafe {
+                        portable(&weights, &inputs, 0..rows, portable_out.as_mut_ptr(), rows)
+                    };
+                    for (i, (&got, &want)) in portable_out.iter().zip(&want).enumerate() {
+                        let tol = 1e-5 * (1.0 + want.abs()) * (cols as f64).sqrt();
+                        assert!(
+                            (got as f64 - want).abs() <= tol,
+                            "portable [{rows}x{cols}] batch {batch} bf16 {bf16} element {i}: {got} vs {want}"
+                        );
+                    }
+                    for (i, (&got, &want)) in out.iter().zip(&want).enumerate() {
+                        let tol = 1e-5 * (1.0 + want.abs()) * (cols as f64).sqrt();
+                        assert!(
+                            (got as f64 - want).abs() <= tol,
+                            "[{rows}x{cols}] batch {batch} bf16 {bf16} element {i}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_safe_entry_point_refuses_a_short_output() {
+        let w = values(4 * 8, 1);
+        let weights = Weights::F32 {
+            data: &w,
+            rows: 4,
+            cols: 8,
+        };
+        let mut inputs = Inputs::new();
+        inputs.prepare(&values(16, 2), 2, 8, false);
+        let mut out = vec![0.0; 5];
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            matvec(&weights, &inputs, 0..4, &mut out, 4)
+        }));
+        assert!(caught.is_err());
+    }
+}
