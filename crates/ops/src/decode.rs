@@ -742,7 +742,7 @@ impl Step<'_> {
             rope(&mut q, cos, sin);
             let mut max = f32::NEG_INFINITY;
             for (score, key) in scores.iter_mut().zip(keys.chunks_exact(d)) {
-                *score = q.iter().zip(key).map(|(a, b)| a * b).sum::<f32>() * scale;
+                *score = crate::matvec::dot(&q, key) * scale;
                 max = max.max(*score);
             }
             let mut total = 0f32;
@@ -752,10 +752,7 @@ impl Step<'_> {
             }
             out.fill(0.0);
             for (&p, value) in scores.iter().zip(values.chunks_exact(d)) {
-                let p = p / total;
-                for (o, &v) in out.iter_mut().zip(value) {
-                    *o += p * v;
-                }
+                crate::matvec::axpy(&mut out, p / total, value);
             }
             // SAFETY: head `head` of row `row` in `attn` belongs to this task alone.
             let dst = unsafe {

@@ -6,8 +6,9 @@
 //!     batch 8 x seq 256, 2 warmup steps then 5 timed steps;
 //! (b) greedy decoding with the KV cache, batch 8 and batch 1: a 32-token prompt then 128 new
 //!     tokens, with prefill and decode timed separately (a bare model + cache loop, as the
-//!     reference does) and end to end through `Engine::generate` (sampling and bookkeeping
-//!     included).
+//!     reference does: the fused decode step where the model supports it, else `forward` with
+//!     the graph cache; `STOKE_DECODE=graph` forces the latter) and end to end through
+//!     `Engine::generate` (sampling and bookkeeping included).
 //!
 //! Run: `cargo run --release -p stoke-rollout --example bench_model [-- CONFIG.json]`
 //! Threads: candle uses rayon's global pool; set RAYON_NUM_THREADS=2 to match the reference's
@@ -35,12 +36,14 @@ const DECODE_BATCHES: [usize; 2] = [8, 1];
 type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn main() -> BenchResult<()> {
-    // [--precision f32|bf16] [--decode-only] [CONFIG.json]; bf16 packs the weights once
+    // [--precision f32|bf16] [--decode-only] [--weights DIR] [CONFIG.json]; bf16 packs the weights once
     // (`Transformer::pack_weights`), as generation does.
     let mut config_path =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bench/bench_config.json");
     let mut precision = stoke_ops::Precision::F32;
     let mut decode_only = false;
+    // A checkpoint folder (config.json + safetensors) instead of random weights of CONFIG.
+    let mut weights: Option<PathBuf> = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -52,15 +55,21 @@ fn main() -> BenchResult<()> {
                     .map_err(|e: String| format!("--precision: {e}"))?;
             }
             "--decode-only" => decode_only = true,
+            "--weights" => weights = Some(PathBuf::from(args.next().ok_or("--weights needs a model folder")?)),
             _ => config_path = PathBuf::from(arg),
         }
     }
     stoke_ops::numerics::init_compute_threads();
     let device = Device::Cpu;
-    let config = ModelConfig::from_file(&config_path)?;
-    let parameters = config.num_parameters();
-    let vocab = config.vocab_size;
-    let mut model = Transformer::init(config, &device, 0)?;
+    let mut model = match &weights {
+        Some(dir) => {
+            config_path = dir.join("config.json");
+            Transformer::load(dir, &device)?
+        }
+        None => Transformer::init(ModelConfig::from_file(&config_path)?, &device, 0)?,
+    };
+    let parameters = model.config().num_parameters();
+    let vocab = model.config().vocab_size;
     let load_at_start = load_average();
     let train = if decode_only {
         Value::Null
@@ -79,6 +88,7 @@ fn main() -> BenchResult<()> {
         "bf16_kernel": stoke_ops::bf16::backend().name(),
         "packed_weight_bytes": model.packed_weight_bytes(),
         "config": config_path.display().to_string(),
+        "weights": weights.as_ref().map_or("random (seed 0)".to_string(), |w| w.display().to_string()),
         "parameters": parameters,
         "threads": rayon_threads(),
         "load_average_at_start": load_at_start,
@@ -174,6 +184,23 @@ fn bare_decode(
         .to_dtype(DType::U32)?;
     let prefill = start.elapsed().as_secs_f64();
     let mut first_row = vec![next.i((0, 0))?.to_scalar::<u32>()?];
+    if fused_path(model) {
+        // The fused step on a preallocated cache (what `Engine::generate` runs).
+        let start = Instant::now();
+        let rows: Vec<usize> = (0..batch).collect();
+        let mut fused = model.decode_cache_from(&cache, &rows, &vec![0; batch], prompt_len + NEW_TOKENS)?;
+        let vocab = model.config().vocab_size;
+        let mut tokens: Vec<u32> = next.flatten_all()?.to_vec1()?;
+        for step in 0..NEW_TOKENS - 1 {
+            let positions = vec![(prompt_len + step) as u32; batch];
+            let logits = model.decode_step(&mut fused, &tokens, &positions)?;
+            tokens = logits.chunks_exact(vocab).map(argmax).collect();
+            if first_row.len() < 8 {
+                first_row.push(tokens[0]);
+            }
+        }
+        return Ok((prefill, start.elapsed().as_secs_f64(), first_row));
+    }
     let start = Instant::now();
     for step in 0..NEW_TOKENS - 1 {
         for valid in &mut key_valid {
@@ -191,6 +218,23 @@ fn bare_decode(
         }
     }
     Ok((prefill, start.elapsed().as_secs_f64(), first_row))
+}
+
+/// Whether decoding runs the fused step (`STOKE_DECODE=graph` keeps the tensor graph, as in
+/// `Engine::generate`).
+fn fused_path(model: &Transformer) -> bool {
+    model.supports_fused_decode() && std::env::var("STOKE_DECODE").as_deref() != Ok("graph")
+}
+
+/// The first index of the largest value (torch.argmax's tie rule).
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
 }
 
 fn bench_decode(
@@ -227,6 +271,7 @@ fn bench_decode(
 
     Ok(json!({
         "batch": batch,
+        "decode_path": if fused_path(model) { "fused" } else { "graph" },
         "prompt_len": PROMPT_LEN,
         "new_tokens": NEW_TOKENS,
         "prefill_seconds": prefill,
