@@ -308,12 +308,27 @@ pub fn matmul_weight_rows(x: &[f32], m: usize, w: &PackedA) -> Vec<f32> {
         return out;
     }
     let transposed = matmul(w, &PackedB::from_rows(x, m, k));
-    for (j, row) in transposed.chunks_exact(m).enumerate() {
-        for (i, &v) in row.iter().enumerate() {
-            out[i * n + j] = v;
-        }
-    }
+    transpose_into(&transposed, n, m, &mut out);
     out
+}
+
+/// `dst[i, j] = src[j, i]` for `src` `[rows, cols]`, in 32 x 32 blocks (both sides stay in cache),
+/// bands of 32 destination rows in parallel.
+fn transpose_into(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+    const B: usize = 32;
+    dst.par_chunks_mut(B * rows).enumerate().for_each(|(band, out)| {
+        let i0 = band * B;
+        let height = out.len() / rows;
+        for j0 in (0..rows).step_by(B) {
+            let width = (rows - j0).min(B);
+            for j in j0..j0 + width {
+                let from = &src[j * cols + i0..j * cols + i0 + height];
+                for (di, &v) in from.iter().enumerate() {
+                    out[di * rows + j] = v;
+                }
+            }
+        }
+    });
 }
 
 impl PackedB {
@@ -405,6 +420,26 @@ impl PackedB {
     fn panel(&self, p: usize) -> &[u16] {
         let len = self.panel_len();
         &self.data[p * len..(p + 1) * len]
+    }
+}
+
+#[cfg(test)]
+mod weight_rows_tests {
+    use super::*;
+
+    #[test]
+    fn weight_rows_products_equal_the_activation_side_gemm() {
+        let (n, k) = (70, 96);
+        let w: Vec<f32> = (0..n * k).map(|i| ((i as f32) * 0.61).sin()).collect();
+        let packed = PackedA::from_rows(&w, n, k);
+        for m in [1, 5, 16, 17, 40, 130] {
+            let x: Vec<f32> = (0..m * k).map(|i| ((i as f32) * 0.23).cos()).collect();
+            let want = matmul(&PackedA::from_rows(&x, m, k), &PackedB::from_rows(&w, n, k));
+            let got = matmul_weight_rows(&x, m, &packed);
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "m {m} element {i}: {a} vs {b}");
+            }
+        }
     }
 }
 
