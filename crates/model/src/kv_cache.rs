@@ -47,6 +47,15 @@ impl KvCache {
         }
     }
 
+    /// Bytes held by the cached keys and values.
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.elem_count() + v.elem_count()) * k.dtype().size_in_bytes())
+            .sum()
+    }
+
     /// A cache whose row i is this cache's row `rows[i]`; rows may repeat (n samples sharing
     /// one prefill: `rows = [0; n]`) or be dropped (finished sequences).
     pub fn select_batch(&self, rows: &[usize]) -> Result<KvCache, ModelError> {

@@ -316,19 +316,21 @@ pub fn matmul_weight_rows(x: &[f32], m: usize, w: &PackedA) -> Vec<f32> {
 /// bands of 32 destination rows in parallel.
 fn transpose_into(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
     const B: usize = 32;
-    dst.par_chunks_mut(B * rows).enumerate().for_each(|(band, out)| {
-        let i0 = band * B;
-        let height = out.len() / rows;
-        for j0 in (0..rows).step_by(B) {
-            let width = (rows - j0).min(B);
-            for j in j0..j0 + width {
-                let from = &src[j * cols + i0..j * cols + i0 + height];
-                for (di, &v) in from.iter().enumerate() {
-                    out[di * rows + j] = v;
+    dst.par_chunks_mut(B * rows)
+        .enumerate()
+        .for_each(|(band, out)| {
+            let i0 = band * B;
+            let height = out.len() / rows;
+            for j0 in (0..rows).step_by(B) {
+                let width = (rows - j0).min(B);
+                for j in j0..j0 + width {
+                    let from = &src[j * cols + i0..j * cols + i0 + height];
+                    for (di, &v) in from.iter().enumerate() {
+                        out[di * rows + j] = v;
+                    }
                 }
             }
-        }
-    });
+        });
 }
 
 impl PackedB {
@@ -437,7 +439,10 @@ mod weight_rows_tests {
             let want = matmul(&PackedA::from_rows(&x, m, k), &PackedB::from_rows(&w, n, k));
             let got = matmul_weight_rows(&x, m, &packed);
             for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "m {m} element {i}: {a} vs {b}");
+                assert!(
+                    (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                    "m {m} element {i}: {a} vs {b}"
+                );
             }
         }
     }

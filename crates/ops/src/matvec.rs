@@ -386,7 +386,11 @@ mod avx512 {
         while i < body {
             // SAFETY: i + 16 <= n for both slices.
             unsafe {
-                acc = _mm512_fmadd_ps(_mm512_loadu_ps(a.as_ptr().add(i)), _mm512_loadu_ps(b.as_ptr().add(i)), acc);
+                acc = _mm512_fmadd_ps(
+                    _mm512_loadu_ps(a.as_ptr().add(i)),
+                    _mm512_loadu_ps(b.as_ptr().add(i)),
+                    acc,
+                );
             }
             i += 16;
         }
@@ -409,7 +413,10 @@ mod avx512 {
             // SAFETY: i + 16 <= n for both slices.
             unsafe {
                 let p = y.as_mut_ptr().add(i);
-                _mm512_storeu_ps(p, _mm512_fmadd_ps(a, _mm512_loadu_ps(x.as_ptr().add(i)), _mm512_loadu_ps(p)));
+                _mm512_storeu_ps(
+                    p,
+                    _mm512_fmadd_ps(a, _mm512_loadu_ps(x.as_ptr().add(i)), _mm512_loadu_ps(p)),
+                );
             }
             i += 16;
         }
@@ -513,7 +520,9 @@ mod avx512 {
                 let at = (j + r) * stride + block * 16;
                 let v = unsafe { _mm512_loadu_si512(w.add(at) as *const __m512i) };
                 // The same line PREFETCH_TILES tiles on: a hint, valid for any address.
-                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(at + PREFETCH_TILES * R * stride) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(
+                    w.wrapping_add(at + PREFETCH_TILES * R * stride) as *const i8
+                );
                 even[r] = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
                 odd[r] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
             }
@@ -563,7 +572,9 @@ mod avx512 {
                 let at = (j + r) * cols + k;
                 wv[r] = unsafe { _mm512_loadu_ps(w.add(at)) };
                 // A hint, valid for any address (see bf16_tile).
-                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(at + PREFETCH_TILES * R * cols) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(
+                    w.wrapping_add(at + PREFETCH_TILES * R * cols) as *const i8
+                );
             }
             for b in 0..NB {
                 // SAFETY: values k .. k + 16 of input row b exist.

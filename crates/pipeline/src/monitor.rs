@@ -225,10 +225,10 @@ impl StepSink for RunSink<'_> {
         }
         let mut record = step_record(number, &step, &timing, monitor.started.elapsed());
         let updater = learner.updater();
-        record.memory = Some(stoke_train::metrics::MemoryReport::measure(
-            updater.model(),
-            updater.optimizer(),
-        ));
+        record.memory = Some(
+            stoke_train::metrics::MemoryReport::measure(updater.model(), updater.optimizer())
+                .with_kv_cache(modules.rollout.stats().kv_cache_peak_bytes),
+        );
         monitor.progress.step(&ProgressLine {
             step: number,
             reward_mean: record.reward_mean,

@@ -94,6 +94,8 @@ pub struct RolloutStats {
     pub samples_spanning_versions: u64,
     /// Tickets whose prompt the model cannot take (returned as groups without samples).
     pub rejected_tickets: u64,
+    /// The largest KV cache one engine call held (bytes).
+    pub kv_cache_peak_bytes: u64,
     /// Why the latest rejected ticket was rejected, naming its task.
     pub last_rejection: Option<String>,
 }
@@ -238,6 +240,9 @@ impl RolloutModule {
             call_stats.generate_seconds += seconds;
             call_stats.prefill_tokens += generation.output.prefill_tokens as u64;
             call_stats.generated_tokens += generation.output.generated_tokens as u64;
+            call_stats.kv_cache_peak_bytes = call_stats
+                .kv_cache_peak_bytes
+                .max(generation.output.kv_cache_bytes as u64);
             let per_group = seconds / call.len() as f64;
             let prompts = generation
                 .output
@@ -319,6 +324,7 @@ impl RolloutModule {
         stats.generated_tokens += call.generated_tokens;
         stats.generate_seconds += call.generate_seconds;
         stats.samples_spanning_versions += call.samples_spanning_versions;
+        stats.kv_cache_peak_bytes = stats.kv_cache_peak_bytes.max(call.kv_cache_peak_bytes);
         stats.wait_seconds += wait_seconds;
         stats.rejected_tickets += rejections.len() as u64;
         if let Some(last) = rejections.into_iter().last() {

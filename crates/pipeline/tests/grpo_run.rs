@@ -558,6 +558,9 @@ fn a_lora_grpo_run_trains_adapters_against_the_base_and_resumes_bit_for_bit() {
         .expect("memory reported");
     assert!(memory.gradients_bytes > 0 && memory.gradients_bytes * 10 < memory.weights_bytes);
     assert_eq!(memory.optimizer_bytes, 2 * memory.gradients_bytes);
+    // The rollouts' KV cache is its own stage, out of the activations' remainder.
+    assert!(memory.kv_cache_bytes > 0, "{memory:?}");
+    assert!(memory.peak_rss_bytes >= memory.weights_bytes + memory.kv_cache_bytes);
     let adapters = candle_core::safetensors::load(
         full.path().join("adapter/adapter_model.safetensors"),
         &candle_core::Device::Cpu,

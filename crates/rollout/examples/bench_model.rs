@@ -60,7 +60,11 @@ fn main() -> BenchResult<()> {
             "--temperature" => {
                 temperature = args.next().ok_or("--temperature needs a number")?.parse()?;
             }
-            "--weights" => weights = Some(PathBuf::from(args.next().ok_or("--weights needs a model folder")?)),
+            "--weights" => {
+                weights = Some(PathBuf::from(
+                    args.next().ok_or("--weights needs a model folder")?,
+                ))
+            }
             _ => config_path = PathBuf::from(arg),
         }
     }
@@ -193,7 +197,8 @@ fn bare_decode(
         // The fused step on a preallocated cache (what `Engine::generate` runs).
         let start = Instant::now();
         let rows: Vec<usize> = (0..batch).collect();
-        let mut fused = model.decode_cache_from(&cache, &rows, &vec![0; batch], prompt_len + NEW_TOKENS)?;
+        let mut fused =
+            model.decode_cache_from(&cache, &rows, &vec![0; batch], prompt_len + NEW_TOKENS)?;
         let vocab = model.config().vocab_size;
         let mut tokens: Vec<u32> = next.flatten_all()?.to_vec1()?;
         for step in 0..NEW_TOKENS - 1 {

@@ -229,6 +229,7 @@ pub(crate) fn generate_with(
     let fan_out: Vec<usize> = (0..request.prompts.len())
         .flat_map(|i| std::iter::repeat_n(i, n))
         .collect();
+    let mut kv_cache_bytes = prompt_cache.bytes();
     let mut caches = if fused_decode_allowed() && first.supports_fused_decode() {
         // Left padding: each prompt's first real slot.
         let starts: Vec<usize> = fan_out
@@ -256,6 +257,7 @@ pub(crate) fn generate_with(
         }
     };
     drop(first);
+    kv_cache_bytes = kv_cache_bytes.max(caches.bytes());
     let mut sequences: Vec<Sequence> = fan_out
         .iter()
         .enumerate()
@@ -306,6 +308,7 @@ pub(crate) fn generate_with(
             .map(|&s| sequences[s].next_position as u32)
             .collect();
         let logits = caches.step(&model, input, positions, &device)?;
+        kv_cache_bytes = kv_cache_bytes.max(caches.bytes());
         drop(model);
         for (row, &s) in live.iter().enumerate() {
             let sequence = &mut sequences[s];
@@ -350,6 +353,7 @@ pub(crate) fn generate_with(
             completions,
             prefill_tokens,
             generated_tokens,
+            kv_cache_bytes,
         },
         token_versions,
     })
@@ -376,6 +380,13 @@ enum Caches {
 }
 
 impl Caches {
+    fn bytes(&self) -> usize {
+        match self {
+            Caches::Fused(cache) => cache.bytes(),
+            Caches::Graph { cache, .. } => cache.bytes(),
+        }
+    }
+
     /// Keeps rows `rows` (strictly increasing: finished rows are dropped).
     fn keep_rows(&mut self, rows: &[usize]) -> Result<(), RolloutError> {
         match self {

@@ -135,4 +135,6 @@ pub struct GenerationOutput {
     pub prefill_tokens: usize,
     /// Tokens sampled over all completions.
     pub generated_tokens: usize,
+    /// The largest KV cache the call held (bytes): the prefill's, then the decode cache.
+    pub kv_cache_bytes: usize,
 }

@@ -324,7 +324,8 @@ impl<'a> Descending<'a> {
                 .select_nth_unstable_by(k - 1, |a, b| Self::before(logits, *a, *b));
             self.ids.truncate(k);
         }
-        self.ids.sort_unstable_by(|a, b| Self::before(logits, *a, *b));
+        self.ids
+            .sort_unstable_by(|a, b| Self::before(logits, *a, *b));
         self.sorted = self.ids.len();
     }
 
@@ -333,7 +334,9 @@ impl<'a> Descending<'a> {
         if i >= self.sorted {
             let logits = self.logits;
             // Sort the next block (doubling), found by partial selection of the rest.
-            let end = (self.sorted + self.sorted.max(64)).max(i + 1).min(self.ids.len());
+            let end = (self.sorted + self.sorted.max(64))
+                .max(i + 1)
+                .min(self.ids.len());
             let rest = &mut self.ids[self.sorted..];
             let take = end - self.sorted;
             if take < rest.len() {
@@ -400,7 +403,10 @@ mod tests {
         for scale in [1.0, 1.0 / 0.7, 1.0 / 1.3] {
             let exact = log_sum_exp(full.iter().map(|&id| logits[id as usize] as f64 * scale));
             let fast = scaled_log_normalizer(&logits, scale);
-            assert!((fast - exact).abs() <= 1e-7 * exact.abs().max(1.0), "{fast} vs {exact}");
+            assert!(
+                (fast - exact).abs() <= 1e-7 * exact.abs().max(1.0),
+                "{fast} vs {exact}"
+            );
         }
     }
 

@@ -107,8 +107,12 @@ pub struct MemoryReport {
     pub optimizer_bytes: u64,
     /// The process's peak resident set so far (`VmHWM`; 0 where unavailable).
     pub peak_rss_bytes: u64,
-    /// `peak_rss - weights - gradients - optimizer`: activations and everything else at the peak.
+    /// `peak_rss - weights - gradients - optimizer - kv_cache`: activations and everything else
+    /// at the peak.
     pub activations_bytes: u64,
+    /// The largest KV cache generation held so far (GRPO rollouts; 0 where nothing generates).
+    #[serde(default)]
+    pub kv_cache_bytes: u64,
 }
 
 impl MemoryReport {
@@ -134,7 +138,15 @@ impl MemoryReport {
             peak_rss_bytes,
             activations_bytes: peak_rss_bytes
                 .saturating_sub(weights_bytes + gradients_bytes + optimizer_bytes),
+            kv_cache_bytes: 0,
         }
+    }
+
+    /// With the KV cache counted as its own stage (taken out of `activations_bytes`).
+    pub fn with_kv_cache(mut self, bytes: u64) -> Self {
+        self.kv_cache_bytes = bytes;
+        self.activations_bytes = self.activations_bytes.saturating_sub(bytes);
+        self
     }
 }
 
