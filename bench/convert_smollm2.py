@@ -54,6 +54,9 @@ def write_hf(src: Path, out: Path) -> None:
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = model.config.to_dict()
     config["torch_dtype"] = "float32"
+    # The weights written are plain f32: the GGUF loader's quantization note would make
+    # transformers treat the folder as a quantized model (and refuse to fine-tune it).
+    config.pop("quantization_config", None)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     tokenizer.save_pretrained(out)
     print(f"wrote {out} ({sum(v.numel() for v in state.values())} parameters)")

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import os
 import re
 import sys
@@ -275,11 +276,17 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--attn-implementation", default="eager", choices=["eager", "sdpa"],
+    ap.add_argument("--attn-implementation", default=None, choices=["eager", "sdpa"],
                     help="transformers attention kernel; eager for every figure in bench/GRPO.md "
                     "(transformers' own default is sdpa, not measured on a quiet machine)")
+    ap.add_argument("--trl-defaults", action="store_true",
+                    help="TRL's own defaults for precision and memory: bf16=True, gradient_checkpointing=True, "
+                    "and transformers' default attention (sdpa) unless --attn-implementation is given "
+                    "(the issue-19 comparison on SmolLM2-135M)")
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/grpo_trl_run"), help="TRL output_dir (nothing is saved)")
     args = ap.parse_args()
+    if args.attn_implementation is None:
+        args.attn_implementation = "sdpa" if args.trl_defaults else "eager"
 
     _self_test()
     tasks = load_tasks(args.tasks)
@@ -397,9 +404,9 @@ def main() -> None:
     config = GRPOConfig(
         output_dir=str(args.work_dir),
         use_cpu=True,
-        bf16=False,
+        bf16=args.trl_defaults,
         fp16=False,
-        gradient_checkpointing=False,
+        gradient_checkpointing=args.trl_defaults,
         seed=args.seed,
         data_seed=args.seed,
         max_steps=args.steps,
@@ -507,6 +514,8 @@ def main() -> None:
         "cpu_per_wall": cpu_seconds / train_seconds,
         "load_average_start": load_average_start,
         "load_average_end": load_average_end,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "trl_defaults": args.trl_defaults,
         "steps_done": steps,
         "seconds_per_step_mean": step_total / steps,
         "seconds_per_step_median": sorted_steps[steps // 2],

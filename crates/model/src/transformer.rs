@@ -311,7 +311,9 @@ impl Transformer {
 
     /// For inference: switches to `Precision::Bf16` and packs every linear weight and the LM head
     /// into bf16 once (about half the f32 weights' bytes, held next to them), so decoding reads
-    /// each weight as bf16 once per step instead of packing it per call.
+    /// each weight as bf16 once per step instead of packing it per call. The layout is
+    /// `PackedA`'s row-major bf16 pairs: the fused decode step (`decode_step`) streams those rows
+    /// directly, and a prefill uses them as the GEMM's left operand (`bf16::matmul_weight_rows`).
     ///
     /// Invariant: the packed copies are not updated by later changes of the `Var`s (an optimizer
     /// step); call `unpack_weights` (or `pack_weights` again) after changing weights. A backward
