@@ -230,6 +230,7 @@ impl Transformer {
         dir: &Path,
         source_dir: Option<&Path>,
     ) -> Result<(), ModelError> {
+        self.refuse_inference_only("save")?;
         let staging = sibling(dir, "tmp")?;
         let result = self
             .write_files(&staging, source_dir)

@@ -21,13 +21,14 @@ use crate::transformer::{Linear, Mlp, Transformer};
 
 fn f32_slice<'g>(
     guard: &'g (candle_core::StorageRef<'_>, &candle_core::Layout),
-    what: &str,
+    (what, layer): &(&str, Option<usize>),
 ) -> Result<&'g [f32], ModelError> {
     let (storage, layout) = guard;
     match (&**storage, layout.contiguous_offsets()) {
         (Storage::Cpu(CpuStorage::F32(values)), Some((start, end))) => Ok(&values[start..end]),
         _ => Err(ModelError::InvalidArgument(format!(
-            "fused decoding reads contiguous f32 CPU tensors; {what} is not one"
+            "fused decoding reads contiguous f32 CPU tensors; {what}{} is not one",
+            layer.map_or(String::new(), |l| format!(" of layer {l}"))
         ))),
     }
 }
@@ -181,31 +182,34 @@ impl Transformer {
         }
         let bf16 = self.precision() == Precision::Bf16;
         // Read guards on every f32 tensor the step reads, in one fixed order.
-        let mut tensors: Vec<(&Tensor, String)> = vec![
-            (&self.embed_tokens, "the embedding".into()),
-            (&self.norm, "the final norm".into()),
+        // (tensor, (what, layer)) in the order the slices are taken below; names are only
+        // formatted for an error.
+        type Named<'t> = (&'t Tensor, (&'static str, Option<usize>));
+        let mut tensors: Vec<Named> = vec![
+            (&self.embed_tokens, ("the embedding", None)),
+            (&self.norm, ("the final norm", None)),
         ];
         if !bf16 {
-            tensors.push((self.lm_head_weight(), "the LM head".into()));
+            tensors.push((self.lm_head_weight(), ("the LM head", None)));
         }
         for (l, layer) in self.layers.iter().enumerate() {
-            tensors.push((&layer.input_layernorm, format!("layer {l} input norm")));
+            tensors.push((&layer.input_layernorm, ("the input norm", Some(l))));
             tensors.push((
                 &layer.post_attention_layernorm,
-                format!("layer {l} post-attention norm"),
+                ("the post-attention norm", Some(l)),
             ));
             for norm in [&layer.self_attn.q_norm, &layer.self_attn.k_norm]
                 .into_iter()
                 .flatten()
             {
-                tensors.push((norm, format!("layer {l} q/k norm")));
+                tensors.push((norm, ("a q/k norm", Some(l))));
             }
             for linear in layer.linears() {
                 if !bf16 {
-                    tensors.push((&linear.weight, format!("a layer {l} weight")));
+                    tensors.push((&linear.weight, ("a linear weight", Some(l))));
                 }
                 if let Some(bias) = &linear.bias {
-                    tensors.push((bias, format!("a layer {l} bias")));
+                    tensors.push((bias, ("a bias", Some(l))));
                 }
             }
         }

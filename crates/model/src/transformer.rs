@@ -201,6 +201,8 @@ pub struct Transformer {
     precision: Precision,
     /// Recompute each block's activations in the backward pass (`set_activation_checkpointing`).
     activation_checkpointing: bool,
+    /// Made by `inference_copy`: linear layers only packed (their f32 weights are placeholders).
+    inference_only: bool,
 }
 
 impl Transformer {
@@ -254,7 +256,21 @@ impl Transformer {
             }
             parameters.insert(name, Var::from_tensor(tensor)?);
         }
-        let get = |name: &str| -> Tensor { parameters[name].as_tensor().clone() };
+        Ok(Transformer::assemble(config, parameters, &BTreeMap::new()))
+    }
+
+    /// The model over `parameters` (every name of `parameter_shapes`, or else in `placeholders`).
+    fn assemble(
+        config: ModelConfig,
+        parameters: BTreeMap<String, Var>,
+        placeholders: &BTreeMap<String, Tensor>,
+    ) -> Transformer {
+        let get = |name: &str| -> Tensor {
+            match parameters.get(name) {
+                Some(var) => var.as_tensor().clone(),
+                None => placeholders[name].clone(),
+            }
+        };
         let linear = |prefix: &str, has_bias: bool| Linear {
             weight: get(&format!("{prefix}.weight")),
             bias: has_bias.then(|| get(&format!("{prefix}.bias"))),
@@ -284,7 +300,7 @@ impl Transformer {
             })
             .collect();
         let rotary = RotaryTable::new(&config);
-        Ok(Transformer {
+        Transformer {
             embed_tokens: get(EMBED_TOKENS),
             norm: get(FINAL_NORM),
             lm_head: (!config.tie_word_embeddings).then(|| get(LM_HEAD)),
@@ -296,7 +312,68 @@ impl Transformer {
             config,
             precision: Precision::F32,
             activation_checkpointing: false,
-        })
+            inference_only: false,
+        }
+    }
+
+    /// A copy for generation in bf16 (the GRPO rollout's weights): every linear weight and the LM
+    /// head only as packed bf16 (`pack_weights`), the embedding, norms and biases as new f32
+    /// copies, and no f32 copy of the linear layers. At Llama-3.2-1B's shapes 3.6 GB, where a
+    /// `snapshot` plus `pack_weights` holds 7.4 GB.
+    ///
+    /// Invariant: the copy runs bf16 forward passes (prefill) and fused decode steps only. Its
+    /// linear layers read zero-size placeholders where the f32 weights were, so everything else
+    /// is refused by name: a forward pass in f32 precision, `snapshot`, `to_dtype`, `save`.
+    /// `parameters()` lists the tensors it holds. A model with LoRA adapters (whose base a
+    /// snapshot already shares) or off the CPU gets `snapshot` + `pack_weights` instead.
+    pub fn inference_copy(&self) -> Result<Transformer, ModelError> {
+        if self.lora.is_some() || !self.device().is_cpu() || self.dtype() != DType::F32 {
+            let mut copy = self.snapshot()?;
+            copy.pack_weights()?;
+            return Ok(copy);
+        }
+        let is_linear = |name: &str| name.ends_with("_proj.weight") || name == LM_HEAD;
+        let mut parameters = BTreeMap::new();
+        let mut placeholders = BTreeMap::new();
+        for (name, shape) in parameter_shapes(&self.config) {
+            if is_linear(&name) {
+                let zero = Tensor::zeros((), DType::F32, self.device())?;
+                placeholders.insert(name, zero.broadcast_as(shape)?);
+            } else {
+                let var = Var::from_tensor(&self.parameters[&name].as_tensor().detach())?;
+                parameters.insert(name, var);
+            }
+        }
+        let mut copy = Transformer::assemble(self.config.clone(), parameters, &placeholders);
+        let pack = |weight: &Tensor| -> Result<Arc<PackedA>, ModelError> {
+            let (n, k) = weight.dims2()?;
+            let values: Vec<f32> = weight.flatten_all()?.to_vec1()?;
+            Ok(Arc::new(PackedA::from_rows(&values, n, k)))
+        };
+        let sources = self.layers.iter().flat_map(DecoderLayer::linears);
+        for (linear, source) in copy.linears_mut().zip(sources) {
+            linear.packed = Some(pack(&source.weight)?);
+        }
+        copy.packed_head = Some(pack(self.lm_head_weight())?);
+        copy.precision = Precision::Bf16;
+        copy.inference_only = true;
+        Ok(copy)
+    }
+
+    /// Whether this is an `inference_copy` (bf16 generation only).
+    pub fn is_inference_only(&self) -> bool {
+        self.inference_only
+    }
+
+    /// The error for an operation an inference copy cannot do.
+    pub(crate) fn refuse_inference_only(&self, what: &str) -> Result<(), ModelError> {
+        if self.inference_only {
+            return Err(ModelError::InvalidArgument(format!(
+                "{what}: this is an inference-only bf16 copy (Transformer::inference_copy) without \
+                 f32 linear weights; use the model it was made from"
+            )));
+        }
+        Ok(())
     }
 
     /// The precision of the linear layers and the LM head (see `stoke_types::Precision`).
@@ -321,6 +398,10 @@ impl Transformer {
     /// `to_dtype` copies start unpacked. Only f32 CPU weights are packed.
     pub fn pack_weights(&mut self) -> Result<(), ModelError> {
         self.precision = Precision::Bf16;
+        if self.inference_only {
+            // Already packed, and its f32 linear weights are placeholders.
+            return Ok(());
+        }
         if self.device().is_cpu() && self.dtype() == DType::F32 {
             let pack = |weight: &Tensor| -> Result<Arc<PackedA>, ModelError> {
                 let (n, k) = weight.dims2()?;
@@ -336,8 +417,13 @@ impl Transformer {
         Ok(())
     }
 
-    /// Drops the packed bf16 copies (`pack_weights`); the precision stays as it is.
+    /// Drops the packed bf16 copies (`pack_weights`); the precision stays as it is. Does nothing
+    /// to an `inference_copy`.
     pub fn unpack_weights(&mut self) {
+        if self.inference_only {
+            // The packed weights are an inference copy's only linear weights.
+            return;
+        }
         for linear in self.linears_mut() {
             linear.packed = None;
         }
@@ -418,6 +504,7 @@ impl Transformer {
 
     /// A copy with all parameters converted to `dtype` (new, independent `Var`s).
     pub fn to_dtype(&self, dtype: DType) -> Result<Transformer, ModelError> {
+        self.refuse_inference_only("to_dtype")?;
         let tensors = self
             .parameters
             .iter()
@@ -433,6 +520,7 @@ impl Transformer {
     /// copying; `from_tensors` then turns each detached tensor into a fresh `Var`, which copies
     /// its storage once (candle's `make_var`); `Tensor::copy` first would copy twice.
     pub fn snapshot(&self) -> Result<Transformer, ModelError> {
+        self.refuse_inference_only("snapshot")?;
         if let Some((config, adapters)) = &self.lora {
             // The frozen base never changes: the copy shares it and copies the adapters.
             let mut copy = self.without_adapters();
@@ -475,6 +563,9 @@ impl Transformer {
         attn_bias: &Tensor,
         mut cache: Option<&mut KvCache>,
     ) -> Result<Tensor, ModelError> {
+        if self.precision != Precision::Bf16 {
+            self.refuse_inference_only("a forward pass in f32 precision")?;
+        }
         let (batch, len) = input_ids.dims2()?;
         if positions.dims() != [batch, len] {
             return Err(ModelError::InvalidArgument(format!(

@@ -259,3 +259,76 @@ fn fused_decoding_refuses_bad_input_by_name() {
         .to_string();
     assert!(err.contains("pack_weights"), "{err}");
 }
+
+#[test]
+fn an_inference_copy_generates_as_the_packed_model_and_refuses_everything_else() {
+    for dir in fixture_dirs() {
+        let source = load(&dir);
+        let mut packed = source.snapshot().expect("snapshot");
+        packed.pack_weights().expect("pack");
+        let copy = source.inference_copy().expect("inference copy");
+        assert!(copy.is_inference_only() && copy.supports_fused_decode());
+        assert_eq!(copy.packed_weight_bytes(), packed.packed_weight_bytes());
+        // No f32 linear weights: only the embedding, norms and biases remain as parameters.
+        let held: usize = copy.parameters().iter().map(|(_, v)| v.elem_count()).sum();
+        let all: usize = source
+            .parameters()
+            .iter()
+            .map(|(_, v)| v.elem_count())
+            .sum();
+        assert!(held < all, "{}: {held} of {all}", name(&dir));
+        assert!(
+            copy.parameters()
+                .iter()
+                .all(|(n, _)| !n.ends_with("_proj.weight"))
+        );
+        // Prefill and decode steps: the same bits as the packed snapshot.
+        let prompts = prompts(&dir);
+        let a = prefill(&packed, &prompts);
+        let b = prefill(&copy, &prompts);
+        assert_eq!(a.last_logits, b.last_logits, "{}", name(&dir));
+        let rows = [0, 1, 2];
+        let mut ca = packed
+            .decode_cache_from(&a.cache, &rows, &a.starts, 12)
+            .expect("cache");
+        let mut cb = copy
+            .decode_cache_from(&b.cache, &rows, &b.starts, 12)
+            .expect("cache");
+        let positions: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
+        assert_eq!(
+            packed
+                .decode_step(&mut ca, &[3, 4, 5], &positions)
+                .expect("step"),
+            copy.decode_step(&mut cb, &[3, 4, 5], &positions)
+                .expect("step"),
+            "{}",
+            name(&dir)
+        );
+    }
+    let dir = &fixture_dirs()[0];
+    let mut copy = load(dir).inference_copy().expect("copy");
+    let out = tempfile::tempdir().expect("tempdir");
+    for err in [
+        copy.save(&out.path().join("m")).map(|_| ()),
+        copy.snapshot().map(|_| ()),
+        copy.to_dtype(DType::F64).map(|_| ()),
+    ] {
+        let err = err.unwrap_err().to_string();
+        assert!(err.contains("inference-only"), "{err}");
+    }
+    assert!(!out.path().join("m").exists());
+    copy.unpack_weights();
+    assert!(
+        copy.packed_weight_bytes() > 0,
+        "unpack must not strip an inference copy"
+    );
+    copy.set_precision(stoke_ops::Precision::F32);
+    let ids = Tensor::from_vec(vec![1u32, 2], (1, 2), &Device::Cpu).expect("ids");
+    let pos = Tensor::from_vec(vec![0u32, 1], (1, 2), &Device::Cpu).expect("pos");
+    let bias = causal_bias(&[vec![true; 2]], 2, &Device::Cpu).expect("bias");
+    let err = copy
+        .forward(&ids, &pos, &bias, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("inference-only"), "{err}");
+}

@@ -39,17 +39,17 @@ struct StoreState {
     waiting: usize,
 }
 
-/// The copy the rollout decodes with: a deep snapshot, and in bf16 its weights packed once
-/// (`Transformer::pack_weights`), so decoding does not repack them every token and runs the
-/// fused decode step. Packed and per-call bf16 products take the same bf16 values and sum in
+/// The copy the rollout decodes with: a deep snapshot, and in bf16 an inference-only copy
+/// (`Transformer::inference_copy`: the weights packed once, no f32 linear weights), so decoding
+/// does not repack them every token and runs the fused decode step. Packed and per-call bf16 products take the same bf16 values and sum in
 /// f32, so the rollout's log-probs are the trainer's up to f32 summation order (the IS-ratio
 /// statistics show the mismatch).
 fn rollout_copy(model: &Transformer) -> Result<Transformer, PipelineError> {
-    let mut copy = model.snapshot()?;
-    if copy.precision() == stoke_types::Precision::Bf16 {
-        copy.pack_weights()?;
+    if model.precision() == stoke_types::Precision::Bf16 {
+        // Only the packed bf16 weights, not an f32 copy of the linear layers next to them.
+        return Ok(model.inference_copy()?);
     }
-    Ok(copy)
+    Ok(model.snapshot()?)
 }
 
 /// The newest policy weights, shared as `Arc<WeightStore>` between the trainer and rollout.
