@@ -49,10 +49,31 @@ pub struct LoraConfig {
     #[serde(default)]
     pub lora_dropout: f64,
     /// Module names (`q_proj`, `self_attn.q_proj`, ...; a name matches a module whose path ends
-    /// with it) or `["all-linear"]`.
+    /// with it) or `["all-linear"]`; the string `"all-linear"` alone is taken as that list, as
+    /// PEFT takes it.
+    #[serde(deserialize_with = "names_or_all_linear")]
     pub target_modules: Vec<String>,
     #[serde(default)]
     pub use_rslora: bool,
+}
+
+/// `target_modules`: a list of names, or the string "all-linear". Other strings are refused: PEFT
+/// reads a string as a regular expression over module paths, which stoke does not implement.
+fn names_or_all_linear<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Targets {
+        One(String),
+        Many(Vec<String>),
+    }
+    match Targets::deserialize(d)? {
+        Targets::Many(names) => Ok(names),
+        Targets::One(s) if s == "all-linear" => Ok(vec![s]),
+        Targets::One(s) => Err(serde::de::Error::custom(format!(
+            "{s:?}: a single string must be \"all-linear\" (PEFT reads other strings as regular \
+             expressions, which stoke does not); give a list of module names instead"
+        ))),
+    }
 }
 
 impl LoraConfig {
@@ -451,5 +472,29 @@ impl Transformer {
         }
         *self = next;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod target_module_tests {
+    use super::*;
+
+    #[test]
+    fn target_modules_take_a_list_or_the_all_linear_string_and_refuse_other_strings() {
+        let parse = |t: &str| {
+            serde_json::from_str::<LoraConfig>(&format!(
+                r#"{{"r": 4, "lora_alpha": 8, "target_modules": {t}}}"#
+            ))
+        };
+        assert_eq!(
+            parse(r#""all-linear""#).unwrap().target_modules,
+            vec!["all-linear"]
+        );
+        assert_eq!(
+            parse(r#"["q_proj", "v_proj"]"#).unwrap().target_modules,
+            vec!["q_proj", "v_proj"]
+        );
+        let err = parse(r#"".*proj""#).unwrap_err().to_string();
+        assert!(err.contains("regular"), "{err}");
     }
 }
