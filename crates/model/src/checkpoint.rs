@@ -250,16 +250,12 @@ impl Transformer {
 
         let mut views = Vec::new();
         for (name, var) in self.parameters() {
-            let tensor = var.as_tensor().to_dtype(DType::F32)?;
-            let values: Vec<f32> = tensor.flatten_all()?.to_vec1()?;
-            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            views.push((
-                name,
-                F32View {
-                    shape: tensor.dims().to_vec(),
-                    bytes,
-                },
-            ));
+            let tensor = var
+                .as_tensor()
+                .to_dtype(DType::F32)?
+                .to_device(&candle_core::Device::Cpu)?
+                .contiguous()?;
+            views.push((name, F32View::new(tensor)?));
         }
         let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
         let weights_path = staging.join(WEIGHTS_FILE);
@@ -311,9 +307,34 @@ impl Transformer {
 }
 
 /// A contiguous little-endian f32 tensor for the safetensors writer.
+/// One contiguous f32 CPU tensor for safetensors, turned into bytes only when it is written
+/// (`data`), so a save holds one tensor's bytes at a time rather than a second copy of the whole
+/// model (at 1B shapes that copy was 5 GB).
 struct F32View {
     shape: Vec<usize>,
-    bytes: Vec<u8>,
+    tensor: Tensor,
+}
+
+impl F32View {
+    /// Checks once that `tensor` is what `data` reads (contiguous f32 on the CPU).
+    fn new(tensor: Tensor) -> Result<F32View, ModelError> {
+        {
+            let (storage, layout) = tensor.storage_and_layout();
+            if !matches!(
+                &*storage,
+                candle_core::Storage::Cpu(candle_core::CpuStorage::F32(_))
+            ) || layout.contiguous_offsets().is_none()
+            {
+                return Err(ModelError::InvalidArgument(
+                    "save: a parameter is not a contiguous f32 CPU tensor".into(),
+                ));
+            }
+        }
+        Ok(F32View {
+            shape: tensor.dims().to_vec(),
+            tensor,
+        })
+    }
 }
 
 impl View for F32View {
@@ -324,10 +345,18 @@ impl View for F32View {
         &self.shape
     }
     fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.bytes)
+        let (storage, layout) = self.tensor.storage_and_layout();
+        let bytes = match (&*storage, layout.contiguous_offsets()) {
+            (candle_core::Storage::Cpu(candle_core::CpuStorage::F32(values)), Some((a, b))) => {
+                values[a..b].iter().flat_map(|v| v.to_le_bytes()).collect()
+            }
+            // Unreachable: `new` checked the storage, and tensors are immutable views.
+            _ => Vec::new(),
+        };
+        Cow::Owned(bytes)
     }
     fn data_len(&self) -> usize {
-        self.bytes.len()
+        self.tensor.elem_count() * 4
     }
 }
 
