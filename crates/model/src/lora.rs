@@ -267,25 +267,39 @@ impl Transformer {
     /// A plain model with every adapter folded into its weight, `W + scale * B A`, computed in
     /// f64 and rounded once (new variables; this model is unchanged).
     pub fn merged(&self) -> Result<Transformer, ModelError> {
-        let mut tensors = BTreeMap::new();
-        for (name, var) in self.parameters() {
-            tensors.insert(name, var.as_tensor().detach());
-        }
+        // One new variable per tensor, made as it is needed (a merged layer's f64 temporaries
+        // and f32 result live only while its variable is made): the merge holds one copy of the
+        // model, not two (at 1B shapes the second copy made the end-of-run save run out of
+        // memory).
+        let mut adapted = BTreeMap::new();
         for (layer, block) in self.layers.iter().enumerate() {
             for (module, linear) in LINEAR_MODULES.iter().zip(block.linears()) {
-                let Some(lora) = &linear.lora else { continue };
-                let name = format!("model.layers.{layer}.{module}.weight");
-                let base = tensors[&name].to_dtype(DType::F64)?;
-                let delta = lora
-                    .b
-                    .to_dtype(DType::F64)?
-                    .matmul(&lora.a.to_dtype(DType::F64)?)?;
-                let merged = (base + delta.affine(lora.scale, 0.0)?)?.to_dtype(DType::F32)?;
-                tensors.insert(name, merged);
+                if let Some(lora) = &linear.lora {
+                    adapted.insert(format!("model.layers.{layer}.{module}.weight"), lora);
+                }
             }
         }
-        Ok(Transformer::from_tensors(self.config().clone(), tensors)?
-            .with_precision(self.precision()))
+        let mut parameters = BTreeMap::new();
+        for (name, var) in self.parameters() {
+            let merged = match adapted.get(&name) {
+                Some(lora) => {
+                    let base = var.as_tensor().to_dtype(DType::F64)?;
+                    let delta = lora
+                        .b
+                        .to_dtype(DType::F64)?
+                        .matmul(&lora.a.to_dtype(DType::F64)?)?;
+                    Var::from_tensor(
+                        &(base + delta.affine(lora.scale, 0.0)?)?.to_dtype(DType::F32)?,
+                    )?
+                }
+                None => Var::from_tensor(&var.as_tensor().detach())?,
+            };
+            parameters.insert(name, merged);
+        }
+        Ok(
+            Transformer::assemble(self.config().clone(), parameters, &BTreeMap::new())
+                .with_precision(self.precision()),
+        )
     }
 
     /// Writes the adapters as PEFT does: `adapter_model.safetensors` (f32) and

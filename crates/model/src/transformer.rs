@@ -260,7 +260,7 @@ impl Transformer {
     }
 
     /// The model over `parameters` (every name of `parameter_shapes`, or else in `placeholders`).
-    fn assemble(
+    pub(crate) fn assemble(
         config: ModelConfig,
         parameters: BTreeMap<String, Var>,
         placeholders: &BTreeMap<String, Tensor>,
