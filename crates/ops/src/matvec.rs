@@ -516,8 +516,8 @@ mod avx512 {
             let mut even = [_mm512_setzero_ps(); R];
             let mut odd = [_mm512_setzero_ps(); R];
             for r in 0..R {
-                // SAFETY: pair words block * 16 .. + 16 of row j + r exist.
                 let at = (j + r) * stride + block * 16;
+                // SAFETY: pair words block * 16 .. + 16 of row j + r exist.
                 let v = unsafe { _mm512_loadu_si512(w.add(at) as *const __m512i) };
                 // The same line PREFETCH_TILES tiles on: a hint, valid for any address.
                 _mm_prefetch::<_MM_HINT_T0>(
@@ -568,8 +568,8 @@ mod avx512 {
         while k < body {
             let mut wv = [_mm512_setzero_ps(); R];
             for r in 0..R {
-                // SAFETY: values k .. k + 16 of row j + r exist.
                 let at = (j + r) * cols + k;
+                // SAFETY: values k .. k + 16 of row j + r exist.
                 wv[r] = unsafe { _mm512_loadu_ps(w.add(at)) };
                 // A hint, valid for any address (see bf16_tile).
                 _mm_prefetch::<_MM_HINT_T0>(
