@@ -345,11 +345,6 @@ impl Transformer {
             }
         }
         let mut copy = Transformer::assemble(self.config.clone(), parameters, &placeholders);
-        let pack = |weight: &Tensor| -> Result<Arc<PackedA>, ModelError> {
-            let (n, k) = weight.dims2()?;
-            let values: Vec<f32> = weight.flatten_all()?.to_vec1()?;
-            Ok(Arc::new(PackedA::from_rows(&values, n, k)))
-        };
         let sources = self.layers.iter().flat_map(DecoderLayer::linears);
         for (linear, source) in copy.linears_mut().zip(sources) {
             linear.packed = Some(pack(&source.weight)?);
@@ -403,11 +398,6 @@ impl Transformer {
             return Ok(());
         }
         if self.device().is_cpu() && self.dtype() == DType::F32 {
-            let pack = |weight: &Tensor| -> Result<Arc<PackedA>, ModelError> {
-                let (n, k) = weight.dims2()?;
-                let values: Vec<f32> = weight.flatten_all()?.to_vec1()?;
-                Ok(Arc::new(PackedA::from_rows(&values, n, k)))
-            };
             for linear in self.linears_mut() {
                 linear.packed = Some(pack(&linear.weight)?);
             }
@@ -793,6 +783,13 @@ impl SelfAttention {
             .forward(&out, context.precision)?
             .reshape((batch, len, width))?)
     }
+}
+
+/// A weight `[out, in]` in bf16 for inference (`pack_weights`, `inference_copy`).
+fn pack(weight: &Tensor) -> Result<Arc<PackedA>, ModelError> {
+    let (n, k) = weight.dims2()?;
+    let values: Vec<f32> = weight.flatten_all()?.to_vec1()?;
+    Ok(Arc::new(PackedA::from_rows(&values, n, k)))
 }
 
 /// Box-Muller transform: one N(0, 1) sample from two uniforms.

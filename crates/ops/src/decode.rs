@@ -115,13 +115,24 @@ impl DecodeCache {
     }
 
     fn row_len(&self) -> usize {
-        self.layers * 2 * self.kv_heads * self.capacity * self.head_dim
+        self.view().row_len()
     }
 
     /// Offset of (row, layer, k or v, head, slot 0).
     fn offset(&self, row: usize, layer: usize, value: bool, head: usize) -> usize {
-        row * self.row_len()
-            + ((layer * 2 + value as usize) * self.kv_heads + head) * self.capacity * self.head_dim
+        self.view().offset(row, layer, value, head)
+    }
+
+    /// The shape, borrowed apart from the data (the step shares the data separately).
+    fn view(&self) -> CacheView<'_> {
+        CacheView {
+            layers: self.layers,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            capacity: self.capacity,
+            len: self.len,
+            start: &self.start,
+        }
     }
 
     pub fn rows(&self) -> usize {
@@ -383,6 +394,16 @@ pub fn decode_step(
     if !s.q_heads.is_multiple_of(s.kv_heads) || s.inv_freq.len() * 2 != s.head_dim {
         return Err("decode step: inconsistent head counts or RoPE table".into());
     }
+    // Every product of a step reads inputs prepared once for one layout.
+    let bf16 = model.head.is_bf16();
+    let same_layout = model.layers.iter().all(|l| {
+        [l.q, l.k, l.v, l.o, l.gate, l.up, l.down]
+            .iter()
+            .all(|x| x.weight.is_bf16() == bf16)
+    });
+    if !same_layout {
+        return Err("decode step: the weights mix f32 and bf16 layouts".into());
+    }
     let d = s.head_dim;
     // cos/sin per row, as `RotaryTable::cos_sin` computes them ([cos | cos], [sin | sin]).
     let mut cos = vec![0f32; rows * d];
@@ -420,14 +441,7 @@ pub fn decode_step(
     let barrier = SpinBarrier::new(threads);
     let job = Step {
         model,
-        cache: CacheView {
-            layers: cache.layers,
-            kv_heads: cache.kv_heads,
-            head_dim: d,
-            capacity: cache.capacity,
-            len: cache.len,
-            start: &cache.start,
-        },
+        cache: cache.view(),
         tokens,
         cos: &cos,
         sin: &sin,
@@ -473,9 +487,12 @@ struct CacheView<'a> {
 }
 
 impl CacheView<'_> {
+    fn row_len(&self) -> usize {
+        self.layers * 2 * self.kv_heads * self.capacity * self.head_dim
+    }
+
     fn offset(&self, row: usize, layer: usize, value: bool, head: usize) -> usize {
-        let row_len = self.layers * 2 * self.kv_heads * self.capacity * self.head_dim;
-        row * row_len
+        row * self.row_len()
             + ((layer * 2 + value as usize) * self.kv_heads + head) * self.capacity * self.head_dim
     }
 }
@@ -568,20 +585,7 @@ impl Step<'_> {
                 let lo = mine.start.max(first);
                 let hi = mine.end.min(first + width);
                 if lo < hi {
-                    if linear.weight.is_bf16() != layer.q.weight.is_bf16() {
-                        let mut own = Inputs::new();
-                        own.prepare(&normed, rows, hidden, linear.weight.is_bf16());
-                        self.product(
-                            linear,
-                            &own,
-                            lo - first..hi - first,
-                            &b.qkv,
-                            qkv_width,
-                            first,
-                        );
-                    } else {
-                        self.product(linear, &x, lo - first..hi - first, &b.qkv, qkv_width, first);
-                    }
+                    self.product(linear, &x, lo - first..hi - first, &b.qkv, qkv_width, first);
                 }
             }
             self.barrier.wait();
@@ -620,22 +624,7 @@ impl Step<'_> {
                 // SAFETY: `gate` and `up` are this thread's own, [rows, n].
                 unsafe {
                     matvec_raw(&layer.gate.weight, &x, mine.clone(), gate.as_mut_ptr(), n);
-                    let up_x;
-                    let up_inputs = if layer.up.weight.is_bf16() == layer.gate.weight.is_bf16() {
-                        &x
-                    } else {
-                        let mut own = Inputs::new();
-                        own.prepare(&normed, rows, hidden, layer.up.weight.is_bf16());
-                        up_x = own;
-                        &up_x
-                    };
-                    matvec_raw(
-                        &layer.up.weight,
-                        up_inputs,
-                        mine.clone(),
-                        up.as_mut_ptr(),
-                        n,
-                    );
+                    matvec_raw(&layer.up.weight, &x, mine.clone(), up.as_mut_ptr(), n);
                 }
                 for r in 0..rows {
                     // SAFETY: columns `mine` of `act` are this thread's until the barrier.
