@@ -35,6 +35,7 @@ pub mod gradcheck;
 pub mod kernels;
 pub mod linear;
 pub mod lm_head;
+pub mod logistic;
 pub mod loss;
 pub mod masked_softmax;
 pub mod matvec;

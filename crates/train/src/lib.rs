@@ -10,6 +10,7 @@ pub mod grpo;
 pub mod metrics;
 pub mod monitor;
 pub mod objective;
+pub mod preference;
 pub mod report;
 pub mod run;
 pub mod source;
