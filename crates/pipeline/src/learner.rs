@@ -72,7 +72,6 @@ pub struct Learner {
     /// The trainer step of session version 0 (nonzero after a resume).
     step_offset: u64,
     version: PolicyVersion,
-    consecutive_bad: u64,
 }
 
 impl Learner {
@@ -94,7 +93,6 @@ impl Learner {
             ptx,
             step_offset,
             version: PolicyVersion(0),
-            consecutive_bad: 0,
         }
     }
 
@@ -198,22 +196,17 @@ impl Learner {
         drop(samples);
 
         let mut stop = None;
-        match report.outcome {
-            UpdateOutcome::SkippedNonFinite => {
-                self.consecutive_bad += 1;
-                if self.consecutive_bad >= self.settings.max_bad_steps.max(1) {
-                    stop = Some(format!(
-                        "{} consecutive updates had a non-finite loss or gradient (last loss {}, \
-                         grad norm {}); no weights were changed by them; stopping at \
-                         grpo.max_bad_steps = {}",
-                        self.consecutive_bad,
-                        report.loss,
-                        report.grad_norm,
-                        self.settings.max_bad_steps
-                    ));
-                }
-            }
-            _ => self.consecutive_bad = 0,
+        // The step engine counts the streak (and the checkpoint keeps it).
+        let bad = self.updater.consecutive_bad_steps();
+        if report.outcome == UpdateOutcome::SkippedNonFinite
+            && bad >= self.settings.max_bad_steps.max(1)
+        {
+            stop = Some(format!(
+                "{bad} consecutive updates had a non-finite loss or gradient (last loss {}, \
+                 grad norm {}); no weights were changed by them; stopping at \
+                 grpo.max_bad_steps = {}",
+                report.loss, report.grad_norm, self.settings.max_bad_steps
+            ));
         }
 
         let next = self.version.next();

@@ -30,27 +30,9 @@ use crate::records::{RewardFailure, ScoredGroup};
 use crate::staleness::PolicyVersion;
 use stoke_train::metrics::{json_float, json_float_opt};
 
-/// What the trainer did with a batch.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StepOutcome {
-    #[default]
-    Applied,
-    /// Non-finite loss or gradient norm: no update applied.
-    SkippedNonFinite,
-    /// No samples or no completion tokens survived filtering.
-    SkippedEmpty,
-}
-
-impl StepOutcome {
-    pub fn name(self) -> &'static str {
-        match self {
-            StepOutcome::Applied => "applied",
-            StepOutcome::SkippedNonFinite => "skipped_non_finite",
-            StepOutcome::SkippedEmpty => "skipped_empty",
-        }
-    }
-}
+/// What the trainer did with a batch: the shared step outcome (GRPO has no spike policy, so
+/// never `skipped_spike`).
+pub use stoke_train::step::StepOutcome;
 
 /// Wall seconds spent in each module during one update's span (summed over worker threads).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -20,7 +20,7 @@ use crate::held_out::HeldOutResult;
 use crate::learner::{Learner, LearnerStep};
 use crate::metrics::{
     GrpoEvalRecord, GrpoMetricsLog, GrpoRecord, GrpoStepRecord, ModuleSeconds, ModuleUtilization,
-    RatioRecord, StepOutcome, batch_stats,
+    RatioRecord, batch_stats,
 };
 use crate::progress::{Progress, ProgressLine};
 use crate::records::{RewardFailure, ScoredGroup};
@@ -351,11 +351,7 @@ pub fn step_record(
     let mut record = GrpoStepRecord {
         step: number,
         policy_version: step.trained_version.0,
-        outcome: match report.outcome {
-            UpdateOutcome::Applied => StepOutcome::Applied,
-            UpdateOutcome::SkippedNonFinite => StepOutcome::SkippedNonFinite,
-            UpdateOutcome::SkippedEmpty => StepOutcome::SkippedEmpty,
-        },
+        outcome: report.outcome,
         groups_dropped: step.groups_dropped + step.groups_unusable,
         loss: report.loss,
         ptx_loss: report.ptx_loss,

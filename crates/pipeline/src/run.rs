@@ -122,6 +122,7 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
     let store = CheckpointStore::new(&out_dir.join("checkpoints"), settings.keep_checkpoints);
     let mut policy = policy;
     let mut start_step = 0;
+    let mut bad_streak = 0;
     let mut optimizer_state = None;
     let mut ptx_cursor = None;
     let mut resumed_from = None;
@@ -149,6 +150,10 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
                 None => loaded.model,
             };
             start_step = loaded.state.step;
+            // Checkpoints from before the shared step engine have no streak: 0.
+            bad_streak = loaded.state.extra["consecutive_bad_steps"]
+                .as_u64()
+                .unwrap_or(0);
             optimizer_state = Some(loaded.optimizer_state);
             ptx_cursor = (!loaded.state.source.is_null()).then_some(loaded.state.source);
             resumed_from = Some(start_step);
@@ -238,6 +243,7 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
         },
     )?;
     updater.set_steps(start_step);
+    updater.set_consecutive_bad_steps(bad_streak);
     if let Some(path) = &optimizer_state {
         updater
             .optimizer_mut()
@@ -392,6 +398,9 @@ pub fn trainer_state(learner: &Learner, tokens_seen: u64) -> TrainerState {
         step: learner.step(),
         tokens_seen,
         source: learner.ptx_cursor().unwrap_or(serde_json::Value::Null),
-        extra: serde_json::json!({ "kind": "grpo" }),
+        extra: serde_json::json!({
+            "kind": "grpo",
+            "consecutive_bad_steps": learner.updater().consecutive_bad_steps(),
+        }),
     }
 }

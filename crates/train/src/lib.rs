@@ -15,6 +15,7 @@ pub mod report;
 pub mod run;
 pub mod source;
 pub mod spike;
+pub mod step;
 pub mod trainer;
 
 /// The target log-probabilities of `hidden` through the LM head `head`, the way `model` is set

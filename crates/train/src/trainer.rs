@@ -34,7 +34,7 @@ use std::time::Instant;
 use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 use stoke_model::Transformer;
-use stoke_optim::{Optimizer, clip_grad_norm, global_grad_norm};
+use stoke_optim::Optimizer;
 
 use crate::checkpoint::{CheckpointStore, TrainerState};
 use crate::config::TrainConfig;
@@ -43,7 +43,8 @@ use crate::eval::{EvalResult, Evaluator};
 use crate::metrics::{EvalMetrics, MetricRecord, MetricsLog, StepMetrics, mfu};
 use crate::objective::Objective;
 use crate::source::BatchSource;
-use crate::spike::SpikeDetector;
+pub use crate::step::StepOutcome;
+use crate::step::{EngineState, StepEngine, StepSettings};
 
 /// What happened in one trainer step.
 #[derive(Clone, Debug, PartialEq)]
@@ -68,18 +69,6 @@ pub struct StepReport {
     /// The clip threshold used instead of the configured one (tightened after a spike).
     pub clip_override: Option<f64>,
     pub seconds: f64,
-}
-
-/// Whether the update was applied.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StepOutcome {
-    Applied,
-    /// The loss spiked and the policy skips such batches.
-    SkippedSpike,
-    /// Loss or gradient norm was NaN/Inf.
-    SkippedNonFinite,
-    /// No micro-batch had a loss token.
-    SkippedEmpty,
 }
 
 /// The trainer's own part of `TrainerState.extra`.
@@ -137,20 +126,16 @@ struct Checkpointing {
 pub struct Trainer {
     config: TrainConfig,
     model: Transformer,
-    optimizer: Optimizer,
+    engine: StepEngine,
     objective: Box<dyn Objective>,
     source: Box<dyn BatchSource>,
     evaluator: Option<Evaluator>,
     checkpointing: Option<Checkpointing>,
     metrics_log: Option<MetricsLog>,
     observer: Option<Box<dyn StepObserver>>,
-    spike: SpikeDetector,
     peak_flops: Option<f64>,
     num_params: u64,
-    step: u64,
     tokens_seen: u64,
-    consecutive_bad_steps: u64,
-    skipped_steps: u64,
     last_checkpoint: Option<(u64, PathBuf)>,
 }
 
@@ -163,24 +148,28 @@ impl Trainer {
         source: Box<dyn BatchSource>,
     ) -> Trainer {
         let num_params = model.config().num_parameters() as u64;
-        let spike = SpikeDetector::new(config.training.spike.clone());
+        let engine = StepEngine::new(
+            optimizer,
+            StepSettings {
+                schedule: config.schedule.clone(),
+                clip_norm: config.training.clip_norm,
+                spike: config.training.spike.clone(),
+                max_bad_steps: config.training.max_bad_steps.max(1),
+            },
+        );
         Trainer {
             config,
             model,
-            optimizer,
+            engine,
             objective,
             source,
             evaluator: None,
             checkpointing: None,
             metrics_log: None,
             observer: None,
-            spike,
             peak_flops: None,
             num_params,
-            step: 0,
             tokens_seen: 0,
-            consecutive_bad_steps: 0,
-            skipped_steps: 0,
             last_checkpoint: None,
         }
     }
@@ -226,11 +215,16 @@ impl Trainer {
     }
 
     pub fn optimizer(&self) -> &Optimizer {
-        &self.optimizer
+        self.engine.optimizer()
+    }
+
+    /// For checkpoint load.
+    pub fn optimizer_mut(&mut self) -> &mut Optimizer {
+        self.engine.optimizer_mut()
     }
 
     pub fn step(&self) -> u64 {
-        self.step
+        self.engine.steps()
     }
 
     pub fn tokens_seen(&self) -> u64 {
@@ -241,12 +235,13 @@ impl Trainer {
     pub fn restore(&mut self, state: TrainerState) -> Result<(), TrainError> {
         let extra: TrainerExtra = serde_json::from_value(state.extra)
             .map_err(|e| TrainError::Resume(format!("trainer state `extra`: {e}")))?;
-        self.spike
-            .restore(extra.spike)
-            .map_err(TrainError::Resume)?;
         self.source.restore(state.source)?;
-        self.consecutive_bad_steps = extra.consecutive_bad_steps;
-        self.step = state.step;
+        self.engine.restore(EngineState {
+            steps: state.step,
+            consecutive_bad_steps: extra.consecutive_bad_steps,
+            skipped_steps: 0,
+            spike: extra.spike,
+        })?;
         self.tokens_seen = state.tokens_seen;
         self.last_checkpoint = None;
         Ok(())
@@ -254,12 +249,13 @@ impl Trainer {
 
     /// The state a checkpoint taken now would hold.
     pub fn state(&self) -> TrainerState {
+        let engine = self.engine.state();
         let extra = TrainerExtra {
-            spike: self.spike.to_json(),
-            consecutive_bad_steps: self.consecutive_bad_steps,
+            spike: engine.spike,
+            consecutive_bad_steps: engine.consecutive_bad_steps,
         };
         TrainerState {
-            step: self.step,
+            step: engine.steps,
             tokens_seen: self.tokens_seen,
             source: self.source.cursor(),
             extra: serde_json::to_value(extra).unwrap_or(serde_json::Value::Null),
@@ -284,7 +280,7 @@ impl Trainer {
         let mut last_eval_step = None;
         let (mut timed_tokens, mut timed_seconds) = (0u64, 0.0f64);
         let started = Instant::now();
-        while self.step < total_steps {
+        while self.step() < total_steps {
             let Some(report) = self.train_step()? else {
                 stop = StopReason::DataExhausted;
                 break;
@@ -296,21 +292,22 @@ impl Trainer {
             }
             self.record_step(&report, started.elapsed().as_secs_f64())?;
             let eval_every = self.config.training.eval_every;
-            if eval_every > 0 && self.step.is_multiple_of(eval_every) && self.step < total_steps {
+            let step = self.step();
+            if eval_every > 0 && step.is_multiple_of(eval_every) && step < total_steps {
                 last_eval = self.evaluate_and_record()?;
-                last_eval_step = Some(self.step);
+                last_eval_step = Some(step);
             }
             // During a streak of non-finite steps the checkpoint waits: the streak either ends
             // (the next good step is saved at the next multiple) or stops the run.
             let every = self.config.training.checkpoint_every;
-            if every > 0 && self.step.is_multiple_of(every) && self.consecutive_bad_steps == 0 {
+            if every > 0 && step.is_multiple_of(every) && self.engine.consecutive_bad_steps() == 0 {
                 self.checkpoint()?;
             }
         }
-        if last_eval_step != Some(self.step) {
+        if last_eval_step != Some(self.step()) {
             last_eval = self.evaluate_and_record()?.or(last_eval);
         }
-        if self.last_checkpoint.as_ref().map(|(s, _)| *s) != Some(self.step) {
+        if self.last_checkpoint.as_ref().map(|(s, _)| *s) != Some(self.step()) {
             self.checkpoint()?;
         }
         if let Some(log) = &mut self.metrics_log {
@@ -318,13 +315,13 @@ impl Trainer {
         }
         Ok(TrainOutcome {
             stop,
-            steps: self.step,
+            steps: self.step(),
             tokens_seen: self.tokens_seen,
             last_loss,
             last_eval,
             last_checkpoint: self.last_checkpoint.as_ref().map(|(_, p)| p.clone()),
-            skipped_steps: self.skipped_steps,
-            spikes: self.spike.spikes,
+            skipped_steps: self.engine.skipped_steps(),
+            spikes: self.engine.spikes(),
             tokens_per_s: if timed_seconds > 0.0 {
                 timed_tokens as f64 / timed_seconds
             } else {
@@ -349,17 +346,13 @@ impl Trainer {
             .map(|b| (b.batch_size * b.seq_len) as u64)
             .sum();
         let loss_tokens: usize = batches.iter().map(|b| self.objective.loss_tokens(b)).sum();
-        // The schedule is indexed by trainer steps completed before this one, so skipped steps
-        // keep the learning rate on the planned curve.
-        let lr = self.config.peak_lr() * self.config.schedule.lr_factor(self.step);
-        self.step += 1;
         self.tokens_seen += step_tokens;
         let mut report = StepReport {
-            step: self.step,
+            step: self.engine.steps() + 1,
             loss: 0.0,
             z_loss: None,
             grad_norm: 0.0,
-            lr,
+            lr: self.engine.next_lr(),
             loss_tokens: loss_tokens as u64,
             step_tokens,
             tokens_seen: self.tokens_seen,
@@ -369,19 +362,13 @@ impl Trainer {
             seconds: 0.0,
         };
         if loss_tokens == 0 {
-            self.skipped_steps += 1;
+            self.engine.skip_empty();
             report.seconds = started.elapsed().as_secs_f64();
             return Ok(Some(report));
         }
 
         let scale = 1.0 / loss_tokens as f64;
-        let params: Vec<candle_core::Var> = self
-            .optimizer
-            .params()
-            .iter()
-            .map(|(_, v)| v.clone())
-            .collect();
-        let mut grads: Vec<Option<Tensor>> = vec![None; params.len()];
+        let mut grads = self.engine.gradients();
         let (mut nll_sum, mut z_sum, mut finite) = (0.0f64, 0.0f64, true);
         for batch in &batches {
             let output = self.objective.loss(&self.model, batch)?;
@@ -394,70 +381,29 @@ impl Trainer {
                 finite = false;
                 break;
             }
-            let store = (output.loss_sum * scale)?.backward()?;
-            for (slot, var) in grads.iter_mut().zip(&params) {
-                if let Some(grad) = store.get(var.as_tensor()) {
-                    *slot = Some(match slot.take() {
-                        None => grad.clone(),
-                        Some(sum) => (sum + grad)?,
-                    });
-                }
-            }
+            grads.add(&(output.loss_sum * scale)?.backward()?)?;
         }
         report.loss = nll_sum * scale;
         report.z_loss = self.objective.reports_z_loss().then_some(z_sum * scale);
         let objective_loss = (nll_sum + z_sum) * scale;
-        let mut grads: Vec<Tensor> = grads
-            .into_iter()
-            .zip(&params)
-            .map(|(grad, var)| match grad {
-                Some(grad) => Ok(grad),
-                None => var.as_tensor().zeros_like(),
-            })
-            .collect::<Result<_, candle_core::Error>>()?;
-        report.grad_norm = if finite && objective_loss.is_finite() {
-            global_grad_norm(&grads)?
-        } else {
-            f64::NAN
-        };
-
-        if !(objective_loss.is_finite() && report.grad_norm.is_finite()) {
-            self.consecutive_bad_steps += 1;
-            self.skipped_steps += 1;
-            report.outcome = StepOutcome::SkippedNonFinite;
-            report.seconds = started.elapsed().as_secs_f64();
-            if self.consecutive_bad_steps >= self.config.training.max_bad_steps {
-                // Leave a record of the failing step before stopping.
-                self.record_step(&report, 0.0)?;
-                return Err(TrainError::NonFinite {
-                    step: self.step,
-                    consecutive: self.consecutive_bad_steps,
-                    loss: objective_loss,
-                    grad_norm: report.grad_norm,
-                });
-            }
-            return Ok(Some(report));
-        }
-        self.consecutive_bad_steps = 0;
-
-        let configured_clip = self.config.training.clip_norm;
-        let decision = self.spike.decide(objective_loss, configured_clip);
-        let applied = !decision.skip;
-        report.spike = decision.is_spike;
-        report.clip_override = decision.clip_override;
-        self.spike.record(objective_loss, report.grad_norm, applied);
-        if applied {
-            if let Some(max_norm) = decision.clip_override.or(configured_clip) {
-                clip_grad_norm(&mut grads, max_norm)?;
-            }
-            let factor = self.config.schedule.lr_factor(self.step - 1);
-            self.optimizer.step(&grads, factor)?;
-            report.outcome = StepOutcome::Applied;
-        } else {
-            self.skipped_steps += 1;
-            report.outcome = StepOutcome::SkippedSpike;
-        }
+        let result = self
+            .engine
+            .finish(objective_loss, finite.then_some(grads))?;
+        report.grad_norm = result.grad_norm;
+        report.outcome = result.outcome;
+        report.spike = result.spike;
+        report.clip_override = result.clip_override;
         report.seconds = started.elapsed().as_secs_f64();
+        if result.stop {
+            // Leave a record of the failing step before stopping.
+            self.record_step(&report, 0.0)?;
+            return Err(TrainError::NonFinite {
+                step: report.step,
+                consecutive: result.consecutive_bad_steps,
+                loss: objective_loss,
+                grad_norm: report.grad_norm,
+            });
+        }
         Ok(Some(report))
     }
 
@@ -482,7 +428,7 @@ impl Trainer {
             z_loss: report.z_loss,
             memory: Some(crate::metrics::MemoryReport::measure(
                 &self.model,
-                &self.optimizer,
+                self.engine.optimizer(),
             )),
         };
         let mut records = vec![MetricRecord::Step(metrics.clone())];
@@ -521,7 +467,7 @@ impl Trainer {
         }
         let result = evaluator.evaluate(&self.model)?;
         let metrics = EvalMetrics {
-            step: self.step,
+            step: self.step(),
             loss: result.loss,
             bits_per_byte: result.bits_per_byte.unwrap_or(f64::NAN),
             tokens: result.tokens,
@@ -541,10 +487,11 @@ impl Trainer {
         let Some(checkpointing) = &self.checkpointing else {
             return Ok(None);
         };
-        for (name, var) in self.optimizer.params() {
+        let step = self.step();
+        for (name, var) in self.engine.optimizer().params() {
             if !all_finite(var.as_tensor())? {
                 return Err(TrainError::NonFiniteParameters {
-                    step: self.step,
+                    step,
                     parameter: name.clone(),
                 });
             }
@@ -556,15 +503,15 @@ impl Trainer {
         let path = checkpointing.store.save(
             &self.model,
             checkpointing.tokenizer_dir.as_deref(),
-            &self.optimizer,
+            self.engine.optimizer(),
             &state,
             &checkpointing.config_toml,
             &self.config.training.keep_steps,
         )?;
         if let Some(observer) = &mut self.observer {
-            observer.on_checkpoint(self.step, &path);
+            observer.on_checkpoint(step, &path);
         }
-        self.last_checkpoint = Some((self.step, path.clone()));
+        self.last_checkpoint = Some((step, path.clone()));
         Ok(Some(path))
     }
 }

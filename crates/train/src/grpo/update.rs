@@ -32,10 +32,10 @@
 
 use std::time::Instant;
 
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor};
 use stoke_data::packing::PackedBatch;
 use stoke_model::Transformer;
-use stoke_optim::{LrSchedule, Optimizer, OptimizerConfig, clip_grad_norm, global_grad_norm};
+use stoke_optim::{LrSchedule, Optimizer, OptimizerConfig};
 
 use super::sequences::{SequenceRow, completion_logprobs, token_budget_batches};
 use super::{
@@ -45,6 +45,7 @@ use super::{
 use crate::config::ConfigError;
 use crate::error::TrainError;
 use crate::objective::{NextTokenObjective, Objective};
+use crate::step::{StepEngine, StepResult, StepSettings};
 
 /// One sampled completion, with what the loss needs about it. Log-prob slices have one entry
 /// per completion token.
@@ -118,15 +119,9 @@ impl UpdateSettings {
     }
 }
 
-/// What an update did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum UpdateOutcome {
-    Applied,
-    /// A non-finite input, loss or gradient norm: nothing was applied.
-    SkippedNonFinite,
-    /// No samples, or no completion tokens: nothing to learn from.
-    SkippedEmpty,
-}
+/// What an update did: the shared step outcome (an update is never skipped as a spike, since
+/// GRPO runs without a spike policy).
+pub use crate::step::StepOutcome as UpdateOutcome;
 
 /// The figures of one update.
 #[derive(Clone, Debug, PartialEq)]
@@ -154,20 +149,19 @@ pub struct UpdateReport {
     pub seconds: f64,
 }
 
-/// Owns the policy and its optimizer; [`PolicyUpdater::update`] is one optimizer step.
+/// Owns the policy and its optimizer; [`PolicyUpdater::update`] is one optimizer step, taken by
+/// the shared [`StepEngine`] (no spike policy: the caller decides when bad steps stop the run).
 pub struct PolicyUpdater {
     model: Transformer,
-    optimizer: Optimizer,
+    engine: StepEngine,
     settings: UpdateSettings,
-    steps: u64,
 }
 
 impl std::fmt::Debug for PolicyUpdater {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PolicyUpdater")
-            .field("optimizer", &self.optimizer)
+            .field("engine", &self.engine)
             .field("settings", &self.settings)
-            .field("steps", &self.steps)
             .finish()
     }
 }
@@ -182,11 +176,21 @@ impl PolicyUpdater {
         settings.validate()?;
         // Under LoRA only the adapters train.
         let optimizer = Optimizer::new(optimizer, model.trainable_parameters())?;
+        let engine = StepEngine::new(
+            optimizer,
+            StepSettings {
+                schedule: settings.schedule.clone(),
+                clip_norm: settings.clip_grad_norm,
+                spike: StepSettings::spike_off(),
+                // Never reached: the caller owns the stop rule (`grpo.max_bad_steps`) and reads
+                // the streak from `consecutive_bad_steps`.
+                max_bad_steps: u64::MAX,
+            },
+        );
         Ok(PolicyUpdater {
             model,
-            optimizer,
+            engine,
             settings,
-            steps: 0,
         })
     }
 
@@ -195,12 +199,12 @@ impl PolicyUpdater {
     }
 
     pub fn optimizer(&self) -> &Optimizer {
-        &self.optimizer
+        self.engine.optimizer()
     }
 
     /// For checkpoint load.
     pub fn optimizer_mut(&mut self) -> &mut Optimizer {
-        &mut self.optimizer
+        self.engine.optimizer_mut()
     }
 
     pub fn settings(&self) -> &UpdateSettings {
@@ -209,12 +213,27 @@ impl PolicyUpdater {
 
     /// Updates done so far (applied or skipped).
     pub fn steps(&self) -> u64 {
-        self.steps
+        self.engine.steps()
     }
 
     /// Resume: the schedule continues from `steps`.
     pub fn set_steps(&mut self, steps: u64) {
-        self.steps = steps;
+        let mut state = self.engine.state();
+        state.steps = steps;
+        // Restoring the engine's own state cannot fail.
+        let _ = self.engine.restore(state);
+    }
+
+    /// Non-finite updates in a row up to now (0 after an applied or empty one).
+    pub fn consecutive_bad_steps(&self) -> u64 {
+        self.engine.consecutive_bad_steps()
+    }
+
+    /// Resume: the streak of non-finite updates the checkpoint ended on.
+    pub fn set_consecutive_bad_steps(&mut self, count: u64) {
+        let mut state = self.engine.state();
+        state.consecutive_bad_steps = count;
+        let _ = self.engine.restore(state);
     }
 
     /// One optimizer step on `samples` (all of one update), scored at `temperature`; see the
@@ -228,14 +247,13 @@ impl PolicyUpdater {
     ) -> Result<UpdateReport, TrainError> {
         let started = Instant::now();
         self.check_samples(samples)?;
-        let lr_factor = self.settings.schedule.lr_factor(self.steps);
         let tokens: usize = samples.iter().map(|s| s.completion_ids.len()).sum();
         let mut report = UpdateReport {
             outcome: UpdateOutcome::SkippedEmpty,
             loss: 0.0,
             ptx_loss: None,
             grad_norm: 0.0,
-            lr: peak_lr(self.optimizer.config()) * lr_factor,
+            lr: self.engine.next_lr(),
             clip: ClipFractions::default(),
             kl_mean: None,
             entropy_mean: 0.0,
@@ -243,10 +261,14 @@ impl PolicyUpdater {
             tokens,
             seconds: 0.0,
         };
-        if tokens > 0 {
-            self.step(samples, temperature, ptx, lr_factor, &mut report)?;
-        }
-        self.steps += 1;
+        let result = if tokens > 0 {
+            self.step(samples, temperature, ptx, &mut report)?
+        } else {
+            self.engine.skip_empty()
+        };
+        report.outcome = result.outcome;
+        report.grad_norm = result.grad_norm;
+        report.lr = result.lr;
         report.seconds = started.elapsed().as_secs_f64();
         Ok(report)
     }
@@ -257,22 +279,13 @@ impl PolicyUpdater {
         samples: &[PolicySample<'_>],
         temperature: f32,
         ptx: Option<&PackedBatch>,
-        lr_factor: f64,
         report: &mut UpdateReport,
-    ) -> Result<(), TrainError> {
+    ) -> Result<StepResult, TrainError> {
         if !self.inputs_finite(samples) {
-            report.outcome = UpdateOutcome::SkippedNonFinite;
             report.loss = f64::NAN;
-            report.grad_norm = f64::NAN;
-            return Ok(());
+            return self.engine.finish(f64::NAN, None);
         }
-        let params: Vec<Var> = self
-            .optimizer
-            .params()
-            .iter()
-            .map(|(_, var)| var.clone())
-            .collect();
-        let mut grads = GradientSum::new(params);
+        let mut grads = self.engine.gradients();
         let mut figures = BatchFigures::new(self.policy_level(), samples.len(), report.tokens);
         let lengths: Vec<usize> = samples
             .iter()
@@ -327,23 +340,7 @@ impl PolicyUpdater {
             }
         }
         figures.finish(report, self.settings.use_mismatch_correction);
-
-        let mut grads = grads.into_tensors()?;
-        report.grad_norm = if finite && report.loss.is_finite() {
-            global_grad_norm(&grads)?
-        } else {
-            f64::NAN
-        };
-        if !(report.loss.is_finite() && report.grad_norm.is_finite()) {
-            report.outcome = UpdateOutcome::SkippedNonFinite;
-            return Ok(());
-        }
-        if let Some(max_norm) = self.settings.clip_grad_norm {
-            clip_grad_norm(&mut grads, max_norm)?;
-        }
-        self.optimizer.step(&grads, lr_factor)?;
-        report.outcome = UpdateOutcome::Applied;
-        Ok(())
+        self.engine.finish(report.loss, finite.then_some(grads))
     }
 
     /// The GRPO loss of one micro-batch (whole-micro-batch aggregation, not yet weighted) and
@@ -472,43 +469,6 @@ pub fn kl_reward_penalty(rollout_logprobs: &[f32], ref_logprobs: &[f32], beta: f
         .map(|(&rollout, &reference)| f64::from(rollout) - f64::from(reference))
         .sum();
     beta * sum
-}
-
-/// Gradients summed over backward passes, one slot per optimizer parameter.
-struct GradientSum {
-    params: Vec<Var>,
-    sums: Vec<Option<Tensor>>,
-}
-
-impl GradientSum {
-    fn new(params: Vec<Var>) -> GradientSum {
-        let sums = vec![None; params.len()];
-        GradientSum { params, sums }
-    }
-
-    fn add(&mut self, store: &candle_core::backprop::GradStore) -> Result<(), TrainError> {
-        for (slot, var) in self.sums.iter_mut().zip(&self.params) {
-            if let Some(grad) = store.get(var.as_tensor()) {
-                *slot = Some(match slot.take() {
-                    None => grad.clone(),
-                    Some(sum) => (sum + grad)?,
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// One gradient per parameter, zeros where none arrived.
-    fn into_tensors(self) -> Result<Vec<Tensor>, TrainError> {
-        self.sums
-            .into_iter()
-            .zip(&self.params)
-            .map(|(sum, var)| match sum {
-                Some(sum) => Ok(sum),
-                None => Ok(var.as_tensor().zeros_like()?),
-            })
-            .collect()
-    }
 }
 
 /// Running figures over the micro-batches of one update.
@@ -648,13 +608,6 @@ fn padded(rows: &[&[f32]], width: usize, device: &Device) -> Result<Tensor, Trai
         data[b * width..b * width + row.len()].copy_from_slice(row);
     }
     Ok(Tensor::from_vec(data, (rows.len(), width), device)?)
-}
-
-fn peak_lr(config: &OptimizerConfig) -> f64 {
-    match config {
-        OptimizerConfig::AdamW(adamw) => adamw.lr,
-        OptimizerConfig::Muon(muon) => muon.lr,
-    }
 }
 
 fn scalar(t: &Tensor) -> Result<f64, TrainError> {
