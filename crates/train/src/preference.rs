@@ -22,9 +22,12 @@
 //! What this is not: no model forward, no data reading, no optimizer step.
 
 pub mod cpo;
+pub mod data;
 pub mod dpo;
 pub mod kto;
 pub mod orpo;
+pub mod scoring;
+pub mod train;
 
 use candle_core::{DType, Tensor};
 
@@ -75,7 +78,7 @@ impl SequenceLogps {
     /// tokens at slots `0..lengths[i]`).
     pub fn pairs(token_logps: &Tensor, lengths: &[usize]) -> Result<SequenceLogps, TrainError> {
         let rows = lengths.len();
-        if rows % 2 != 0 {
+        if !rows.is_multiple_of(2) {
             return Err(shape(format!(
                 "a paired batch needs an even number of rows (chosen then rejected), got {rows}"
             )));

@@ -136,7 +136,7 @@ impl CpoLoss {
 
     /// The loss over one micro-batch of pairs (`[chosen; rejected]`, with the graph).
     pub fn loss(&self, policy: &SequenceLogps) -> Result<PreferenceOutput, TrainError> {
-        if policy.rows() == 0 || policy.rows() % 2 != 0 {
+        if policy.rows() == 0 || !policy.rows().is_multiple_of(2) {
             return Err(shape(format!(
                 "{} rows: a non-empty [chosen; rejected] batch",
                 policy.rows()

@@ -246,7 +246,7 @@ impl DpoLoss {
         policy: &SequenceLogps,
         reference: &SequenceLogps,
     ) -> Result<PreferenceOutput, TrainError> {
-        if policy.rows() != reference.rows() || policy.rows() % 2 != 0 || policy.rows() == 0 {
+        if policy.rows() != reference.rows() || !policy.rows().is_multiple_of(2) || policy.rows() == 0 {
             return Err(shape(format!(
                 "{} policy rows and {} reference rows (a non-empty [chosen; rejected] batch each)",
                 policy.rows(),

@@ -1,0 +1,340 @@
+//! Preference data: JSONL files of pairs (`prompt`, `chosen`, `rejected`) for DPO, CPO/SimPO and
+//! ORPO, or of unpaired labels (`prompt`, `completion`, `label`) for KTO, tokenized in token space.
+//!
+//! Fields are OpenAI messages or plain strings, as TRL takes them: `prompt` a list of messages
+//! (or a string, one user message) and `chosen`/`rejected`/`completion` a list of assistant
+//! messages (or a string, one assistant message). With a chat template, the prompt is rendered
+//! once with the generation prompt, exactly the ids a sampler would continue from, and each
+//! response is the text the template adds after it when the conversation continues with that
+//! response (including the end-of-turn marker), tokenized on its own and appended as ids. So
+//! the prompt's ids never depend on the response (no BPE merge across the join, TRL #2054), and
+//! the pair's two sequences share the prompt prefix token for token. Without a chat template the
+//! texts are used raw and each response ends with the EOS token.
+//!
+//! Bad input: a line that is not JSON, misses or has an empty `prompt`/`chosen`/`rejected`/
+//! `completion`, has a non-boolean `label`, or a prompt of `max_len` tokens or more is an error
+//! naming the file and the line. By default such lines are skipped and counted
+//! ([`ReadReport`]); with `strict` the first one fails the read. A response that would run past
+//! `max_len` is cut to fit (TRL's `keep_start`) and counted. A run never sees a half-read pair:
+//! a line becomes an example only when every field tokenized.
+
+use std::path::Path;
+
+use serde_json::Value;
+use stoke_tokenizer::chat::{ChatMessage, ChatOptions, Role};
+use stoke_tokenizer::hf::Tokenizer;
+
+use crate::error::TrainError;
+
+/// A tokenized preference pair.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PreferencePair {
+    pub prompt_ids: Vec<u32>,
+    pub chosen_ids: Vec<u32>,
+    pub rejected_ids: Vec<u32>,
+    /// 1-based line in its file.
+    pub line: usize,
+}
+
+/// A tokenized KTO example.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LabelledCompletion {
+    pub prompt_ids: Vec<u32>,
+    pub completion_ids: Vec<u32>,
+    /// Desirable (true) or undesirable.
+    pub label: bool,
+    pub line: usize,
+}
+
+/// What a read kept and dropped.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReadReport {
+    /// Examples read.
+    pub examples: usize,
+    /// `file:line: reason` of every skipped line.
+    pub skipped: Vec<String>,
+    /// Responses cut to fit `max_len`.
+    pub truncated: usize,
+}
+
+/// How lines are tokenized.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadOptions {
+    /// Longest prompt + response, in tokens.
+    pub max_len: usize,
+    /// Fail on the first bad line instead of skipping it.
+    pub strict: bool,
+}
+
+/// Reads preference pairs from `path`.
+pub fn read_pairs(
+    path: &Path,
+    tokenizer: &Tokenizer,
+    options: ReadOptions,
+) -> Result<(Vec<PreferencePair>, ReadReport), TrainError> {
+    read_lines(path, options, |value, line, report| {
+        let prompt = prompt_field(value)?;
+        let chosen = response_field(value, "chosen")?;
+        let rejected = response_field(value, "rejected")?;
+        let prompt_ids = encode_prompt(tokenizer, &prompt)?;
+        check_prompt(&prompt_ids, options.max_len)?;
+        let mut chosen_ids = encode_response(tokenizer, &prompt, &chosen, "chosen")?;
+        let mut rejected_ids = encode_response(tokenizer, &prompt, &rejected, "rejected")?;
+        let room = options.max_len - prompt_ids.len();
+        for ids in [&mut chosen_ids, &mut rejected_ids] {
+            if ids.len() > room {
+                ids.truncate(room);
+                report.truncated += 1;
+            }
+        }
+        Ok(PreferencePair {
+            prompt_ids,
+            chosen_ids,
+            rejected_ids,
+            line,
+        })
+    })
+}
+
+/// Reads KTO examples from `path`.
+pub fn read_labelled(
+    path: &Path,
+    tokenizer: &Tokenizer,
+    options: ReadOptions,
+) -> Result<(Vec<LabelledCompletion>, ReadReport), TrainError> {
+    read_lines(path, options, |value, line, report| {
+        let prompt = prompt_field(value)?;
+        let completion = response_field(value, "completion")?;
+        let label = match value.get("label") {
+            Some(Value::Bool(label)) => *label,
+            Some(other) => {
+                return Err(format!("`label` must be true or false, got {other}"));
+            }
+            None => return Err("missing field `label`".into()),
+        };
+        let prompt_ids = encode_prompt(tokenizer, &prompt)?;
+        check_prompt(&prompt_ids, options.max_len)?;
+        let mut completion_ids = encode_response(tokenizer, &prompt, &completion, "completion")?;
+        let room = options.max_len - prompt_ids.len();
+        if completion_ids.len() > room {
+            completion_ids.truncate(room);
+            report.truncated += 1;
+        }
+        Ok(LabelledCompletion {
+            prompt_ids,
+            completion_ids,
+            label,
+            line,
+        })
+    })
+}
+
+fn read_lines<T>(
+    path: &Path,
+    options: ReadOptions,
+    mut parse: impl FnMut(&Value, usize, &mut ReadReport) -> Result<T, String>,
+) -> Result<(Vec<T>, ReadReport), TrainError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| TrainError::Other(format!("{}: {e}", path.display())))?;
+    let mut out = Vec::new();
+    let mut report = ReadReport::default();
+    for (index, line) in text.lines().enumerate() {
+        let number = index + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let parsed = serde_json::from_str::<Value>(line)
+            .map_err(|e| format!("not JSON: {e}"))
+            .and_then(|value| {
+                if value.is_object() {
+                    Ok(value)
+                } else {
+                    Err("not a JSON object".to_string())
+                }
+            })
+            .and_then(|value| parse(&value, number, &mut report));
+        match parsed {
+            Ok(example) => out.push(example),
+            Err(reason) => {
+                let message = format!("{}:{number}: {reason}", path.display());
+                if options.strict {
+                    return Err(TrainError::Other(message));
+                }
+                report.skipped.push(message);
+            }
+        }
+    }
+    report.examples = out.len();
+    if out.is_empty() {
+        return Err(TrainError::Other(format!(
+            "{}: no usable example ({} lines skipped{})",
+            path.display(),
+            report.skipped.len(),
+            report
+                .skipped
+                .first()
+                .map(|first| format!("; first: {first}"))
+                .unwrap_or_default()
+        )));
+    }
+    Ok((out, report))
+}
+
+/// A prompt or a response: messages, or one plain string.
+#[derive(Clone, Debug)]
+enum Turns {
+    Text(String),
+    Messages(Vec<ChatMessage>),
+}
+
+fn prompt_field(value: &Value) -> Result<Turns, String> {
+    let turns = turns(value, "prompt")?;
+    if let Turns::Messages(messages) = &turns
+        && messages.last().is_some_and(|m| m.role == Role::Assistant)
+    {
+        return Err("`prompt` ends with an assistant turn (the response is that turn)".into());
+    }
+    Ok(turns)
+}
+
+fn response_field(value: &Value, key: &str) -> Result<Turns, String> {
+    let turns = turns(value, key)?;
+    if let Turns::Messages(messages) = &turns
+        && let Some(index) = messages.iter().position(|m| m.role != Role::Assistant)
+    {
+        return Err(format!(
+            "`{key}[{index}]` is a {} message; responses are assistant turns",
+            messages[index].role.as_str()
+        ));
+    }
+    Ok(turns)
+}
+
+fn turns(value: &Value, key: &str) -> Result<Turns, String> {
+    match value.get(key) {
+        None | Some(Value::Null) => Err(format!("missing field `{key}`")),
+        Some(Value::String(text)) if text.is_empty() => Err(format!("`{key}` is empty")),
+        Some(Value::String(text)) => Ok(Turns::Text(text.clone())),
+        Some(Value::Array(items)) if items.is_empty() => Err(format!("`{key}` is empty")),
+        Some(Value::Array(items)) => {
+            let mut messages = Vec::with_capacity(items.len());
+            for (index, item) in items.iter().enumerate() {
+                let message: ChatMessage = serde_json::from_value(item.clone())
+                    .map_err(|e| format!("`{key}[{index}]`: {e}"))?;
+                let empty = message
+                    .content
+                    .as_ref()
+                    .is_none_or(|c| c.joined_text().is_empty());
+                if empty {
+                    return Err(format!("`{key}[{index}]` has no content"));
+                }
+                messages.push(message);
+            }
+            Ok(Turns::Messages(messages))
+        }
+        Some(other) => Err(format!(
+            "`{key}` must be a string or a list of messages, got {other}"
+        )),
+    }
+}
+
+fn prompt_messages(prompt: &Turns) -> Vec<ChatMessage> {
+    match prompt {
+        Turns::Text(text) => vec![ChatMessage::user(text.as_str())],
+        Turns::Messages(messages) => messages.clone(),
+    }
+}
+
+fn response_messages(response: &Turns) -> Vec<ChatMessage> {
+    match response {
+        Turns::Text(text) => vec![ChatMessage::assistant(text.as_str())],
+        Turns::Messages(messages) => messages.clone(),
+    }
+}
+
+fn encode_prompt(tokenizer: &Tokenizer, prompt: &Turns) -> Result<Vec<u32>, String> {
+    if tokenizer.chat_template().is_none() {
+        return match prompt {
+            Turns::Text(text) => tokenizer
+                .encode(text, true)
+                .map_err(|e| format!("prompt: {e}")),
+            Turns::Messages(_) => {
+                Err("`prompt` is a list of messages but the tokenizer has no chat template".into())
+            }
+        };
+    }
+    let options = ChatOptions {
+        add_generation_prompt: true,
+        ..ChatOptions::default()
+    };
+    tokenizer
+        .apply_chat_template(&prompt_messages(prompt), &options)
+        .map(|encoding| encoding.ids)
+        .map_err(|e| format!("prompt: chat template: {e}"))
+}
+
+/// The response's ids, to append to the prompt's (see the module doc).
+fn encode_response(
+    tokenizer: &Tokenizer,
+    prompt: &Turns,
+    response: &Turns,
+    key: &str,
+) -> Result<Vec<u32>, String> {
+    let ids = if tokenizer.chat_template().is_none() {
+        let Turns::Text(text) = response else {
+            return Err(format!(
+                "`{key}` is a list of messages but the tokenizer has no chat template"
+            ));
+        };
+        let mut ids = tokenizer
+            .encode(text, false)
+            .map_err(|e| format!("{key}: {e}"))?;
+        ids.extend(tokenizer.eos_token_ids().first().copied());
+        ids
+    } else {
+        let head = tokenizer
+            .chat_template()
+            .map(|template| template.name().to_string())
+            .unwrap_or_default();
+        let mut conversation = prompt_messages(prompt);
+        let prompt_text = tokenizer
+            .apply_chat_template(
+                &conversation,
+                &ChatOptions {
+                    add_generation_prompt: true,
+                    ..ChatOptions::default()
+                },
+            )
+            .map_err(|e| format!("prompt: chat template: {e}"))?
+            .text;
+        conversation.extend(response_messages(response));
+        let full = tokenizer
+            .apply_chat_template(&conversation, &ChatOptions::default())
+            .map_err(|e| format!("{key}: chat template: {e}"))?
+            .text;
+        let Some(tail) = full.strip_prefix(&prompt_text) else {
+            return Err(format!(
+                "{key}: the chat template `{head}` renders the prompt differently once the \
+                 response follows it, so the response cannot be appended in token space"
+            ));
+        };
+        tokenizer
+            .encode(tail, false)
+            .map_err(|e| format!("{key}: {e}"))?
+    };
+    if ids.is_empty() {
+        return Err(format!("`{key}` encodes to no token"));
+    }
+    Ok(ids)
+}
+
+fn check_prompt(prompt_ids: &[u32], max_len: usize) -> Result<(), String> {
+    if prompt_ids.len() >= max_len {
+        return Err(format!(
+            "the prompt is {} tokens, at or over the sequence limit of {max_len} \
+             (no room for a response)",
+            prompt_ids.len()
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,369 @@
+//! The preference training loop over pairs (DPO family, CPO/SimPO, ORPO): one optimizer step per
+//! call, through the shared [`StepEngine`].
+//!
+//! One step: take the next `pairs_per_micro_batch * micro_batches` pairs (the dataset in a
+//! seeded shuffled order, reshuffled every epoch); per micro-batch score them under the policy
+//! (one packed sequence per pair by default, see `scoring`), take the reference's values (from
+//! the cache, from a live reference model, or none for the reference-free losses), compute the
+//! loss, weight it by the micro-batch's share of the step's pairs, backpropagate and add the
+//! gradients. The engine then applies the non-finite guard, clipping, the schedule and the
+//! optimizer step. Metrics are the same pair-weighted means of the micro-batches' figures.
+//!
+//! TR-DPO (Gorbatovski et al. 2024): with a live reference and `sync_steps = n`, after every
+//! n-th step the reference becomes `alpha * policy + (1 - alpha) * reference` (TRL's
+//! `ref_model_mixup_alpha`, 0.6, and `ref_model_sync_steps`, 512).
+//!
+//! Determinism: the order, the batches and everything the loss sees depend on the data, the
+//! seed and computed values only.
+
+use std::time::Instant;
+
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+use stoke_model::Transformer;
+
+use super::data::PreferencePair;
+use super::scoring::{PairReference, pair_logps, reference_logps, score_reference};
+use super::{CpoLoss, DpoLoss, OrpoLoss, PreferenceOutput, SequenceLogps, invalid};
+use crate::error::TrainError;
+use crate::grpo::ScoringLayout;
+use crate::step::{StepEngine, StepOutcome};
+
+/// The loss a pair run trains with.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PairObjective {
+    Dpo(DpoLoss),
+    Cpo(CpoLoss),
+    Orpo(OrpoLoss),
+}
+
+impl PairObjective {
+    pub fn validate(&self) -> Result<(), TrainError> {
+        match self {
+            PairObjective::Dpo(loss) => loss.validate(),
+            PairObjective::Cpo(loss) => loss.validate(),
+            PairObjective::Orpo(loss) => loss.validate(),
+        }
+    }
+
+    /// Whether the loss reads reference log-probs.
+    pub fn needs_reference(&self) -> bool {
+        matches!(self, PairObjective::Dpo(loss) if loss.needs_reference())
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            PairObjective::Dpo(_) => "dpo",
+            PairObjective::Cpo(_) => "cpo",
+            PairObjective::Orpo(_) => "orpo",
+        }
+    }
+
+    pub fn loss(
+        &self,
+        policy: &SequenceLogps,
+        reference: Option<&SequenceLogps>,
+    ) -> Result<PreferenceOutput, TrainError> {
+        match self {
+            PairObjective::Dpo(loss) => {
+                let owned;
+                let reference = match reference {
+                    Some(reference) => reference,
+                    None if !loss.needs_reference() => {
+                        // A lone `sft` term reads no reference; give it zeros of the right shape.
+                        owned = SequenceLogps::from_values(
+                            vec![0.0; policy.rows()],
+                            vec![0.0; policy.rows()],
+                            policy.tokens.clone(),
+                            policy.shared.device(),
+                        )?;
+                        &owned
+                    }
+                    None => {
+                        return Err(invalid(
+                            "reference",
+                            "this DPO loss needs reference log-probs".into(),
+                        ));
+                    }
+                };
+                loss.loss(policy, reference)
+            }
+            PairObjective::Cpo(loss) => loss.loss(policy),
+            PairObjective::Orpo(loss) => loss.loss(policy),
+        }
+    }
+}
+
+/// Where the reference's log-probs come from.
+pub enum Reference {
+    /// The loss needs none.
+    None,
+    /// Precomputed for every pair (index-aligned with the dataset); only the policy is held.
+    Cached(Vec<PairReference>),
+    /// A second model, scored every step (needed for TR-DPO's sync).
+    Live(Box<Transformer>),
+}
+
+/// TR-DPO's reference update.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReferenceSync {
+    pub alpha: f64,
+    pub every: u64,
+}
+
+/// How steps are made of pairs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PairLoopSettings {
+    pub pairs_per_micro_batch: usize,
+    pub micro_batches: usize,
+    pub layout: ScoringLayout,
+    pub seed: u64,
+    pub sync: Option<ReferenceSync>,
+}
+
+/// The figures of one step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PairStepReport {
+    /// Steps completed, counting this one.
+    pub step: u64,
+    pub epoch: u64,
+    pub outcome: StepOutcome,
+    pub loss: f64,
+    pub grad_norm: f64,
+    pub lr: f64,
+    /// Pair-weighted means of the loss's metrics (TRL's names).
+    pub metrics: Vec<(&'static str, f64)>,
+    pub pairs: usize,
+    /// Prompt and response tokens of the step's sequences (each response with its prompt).
+    pub tokens: usize,
+    pub seconds: f64,
+}
+
+impl PairStepReport {
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        self.metrics
+            .iter()
+            .find(|(key, _)| *key == name)
+            .map(|(_, v)| *v)
+    }
+}
+
+/// The loop's state.
+pub struct PairTrainer {
+    model: Transformer,
+    engine: StepEngine,
+    objective: PairObjective,
+    reference: Reference,
+    pairs: Vec<PreferencePair>,
+    settings: PairLoopSettings,
+    order: Vec<usize>,
+    cursor: usize,
+    epoch: u64,
+}
+
+impl PairTrainer {
+    /// Checks that the pieces fit (the error names what is missing).
+    pub fn new(
+        model: Transformer,
+        engine: StepEngine,
+        objective: PairObjective,
+        reference: Reference,
+        pairs: Vec<PreferencePair>,
+        settings: PairLoopSettings,
+    ) -> Result<PairTrainer, TrainError> {
+        objective.validate()?;
+        if pairs.is_empty() {
+            return Err(invalid("data", "no preference pairs to train on".into()));
+        }
+        if settings.pairs_per_micro_batch == 0 || settings.micro_batches == 0 {
+            return Err(invalid(
+                "pairs_per_micro_batch",
+                "micro-batches need at least one pair, steps at least one micro-batch".into(),
+            ));
+        }
+        match (&reference, objective.needs_reference()) {
+            (Reference::None, true) => {
+                return Err(invalid(
+                    "reference",
+                    format!(
+                        "the {} loss needs a reference (cached or live)",
+                        objective.name()
+                    ),
+                ));
+            }
+            (Reference::Cached(entries), _) if entries.len() != pairs.len() => {
+                return Err(invalid(
+                    "reference",
+                    format!(
+                        "{} cached reference entries for {} pairs",
+                        entries.len(),
+                        pairs.len()
+                    ),
+                ));
+            }
+            _ => {}
+        }
+        if let Some(sync) = settings.sync {
+            if !matches!(reference, Reference::Live(_)) {
+                return Err(invalid(
+                    "reference.sync_steps",
+                    "TR-DPO's reference sync needs a live reference (mode = \"live\")".into(),
+                ));
+            }
+            if !(sync.alpha > 0.0 && sync.alpha <= 1.0) || sync.every == 0 {
+                return Err(invalid(
+                    "reference.mixup_alpha",
+                    format!(
+                        "needs 0 < mixup_alpha <= 1 and sync_steps >= 1, got {} and {}",
+                        sync.alpha, sync.every
+                    ),
+                ));
+            }
+        }
+        let mut trainer = PairTrainer {
+            model,
+            engine,
+            objective,
+            reference,
+            pairs,
+            settings,
+            order: Vec::new(),
+            cursor: 0,
+            epoch: 0,
+        };
+        trainer.shuffle();
+        Ok(trainer)
+    }
+
+    pub fn model(&self) -> &Transformer {
+        &self.model
+    }
+
+    pub fn engine(&self) -> &StepEngine {
+        &self.engine
+    }
+
+    pub fn reference_model(&self) -> Option<&Transformer> {
+        match &self.reference {
+            Reference::Live(model) => Some(model),
+            _ => None,
+        }
+    }
+
+    fn shuffle(&mut self) {
+        self.order = (0..self.pairs.len()).collect();
+        let mut rng = ChaCha8Rng::seed_from_u64(self.settings.seed ^ self.epoch);
+        self.order.shuffle(&mut rng);
+    }
+
+    /// The next `n` pair indices, wrapping into a new (reshuffled) epoch.
+    fn next_indices(&mut self, n: usize) -> Vec<usize> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            if self.cursor == self.order.len() {
+                self.epoch += 1;
+                self.cursor = 0;
+                self.shuffle();
+            }
+            out.push(self.order[self.cursor]);
+            self.cursor += 1;
+        }
+        out
+    }
+
+    /// One optimizer step (see the module doc).
+    pub fn step(&mut self) -> Result<PairStepReport, TrainError> {
+        let started = Instant::now();
+        let per = self.settings.pairs_per_micro_batch;
+        let total = per * self.settings.micro_batches;
+        let indices = self.next_indices(total);
+        let epoch = self.epoch;
+        let mut grads = self.engine.gradients();
+        let mut loss = 0.0;
+        let mut finite = true;
+        let mut sums: Vec<(&'static str, f64)> = Vec::new();
+        let mut tokens = 0usize;
+        for chunk in indices.chunks(per) {
+            let batch: Vec<&PreferencePair> = chunk.iter().map(|&i| &self.pairs[i]).collect();
+            tokens += batch
+                .iter()
+                .map(|p| 2 * p.prompt_ids.len() + p.chosen_ids.len() + p.rejected_ids.len())
+                .sum::<usize>();
+            let policy = pair_logps(&self.model, &batch, self.settings.layout)?;
+            let reference = match &self.reference {
+                Reference::None => None,
+                Reference::Cached(entries) => {
+                    let picked: Vec<PairReference> = chunk.iter().map(|&i| entries[i]).collect();
+                    Some(reference_logps(&batch, &picked, self.model.device())?)
+                }
+                Reference::Live(model) => {
+                    let entries = score_reference(model, &batch, self.settings.layout)?;
+                    Some(reference_logps(&batch, &entries, self.model.device())?)
+                }
+            };
+            let out = self.objective.loss(&policy, reference.as_ref())?;
+            let weight = chunk.len() as f64 / total as f64;
+            let value = out.loss.to_scalar::<f64>()?;
+            loss += weight * value;
+            for (name, metric) in &out.metrics {
+                match sums.iter_mut().find(|(key, _)| key == name) {
+                    Some((_, sum)) => *sum += weight * metric,
+                    None => sums.push((name, weight * metric)),
+                }
+            }
+            if !value.is_finite() {
+                finite = false;
+                break;
+            }
+            grads.add(&(out.loss * weight)?.backward()?)?;
+        }
+        let result = self.engine.finish(loss, finite.then_some(grads))?;
+        if result.outcome == StepOutcome::Applied
+            && let Some(sync) = self.settings.sync
+            && self.engine.steps().is_multiple_of(sync.every)
+            && let Reference::Live(reference) = &self.reference
+        {
+            mix_into(reference, &self.model, sync.alpha)?;
+        }
+        if result.stop {
+            return Err(TrainError::NonFinite {
+                step: self.engine.steps(),
+                consecutive: result.consecutive_bad_steps,
+                loss,
+                grad_norm: result.grad_norm,
+            });
+        }
+        Ok(PairStepReport {
+            step: self.engine.steps(),
+            epoch,
+            outcome: result.outcome,
+            loss,
+            grad_norm: result.grad_norm,
+            lr: result.lr,
+            metrics: sums,
+            pairs: total,
+            tokens,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+/// `reference <- alpha * policy + (1 - alpha) * reference`, parameter by parameter (TR-DPO).
+pub fn mix_into(
+    reference: &Transformer,
+    policy: &Transformer,
+    alpha: f64,
+) -> Result<(), TrainError> {
+    let policy_params = policy.parameters();
+    for (name, var) in reference.parameters() {
+        let Some((_, source)) = policy_params.iter().find(|(n, _)| *n == name) else {
+            return Err(TrainError::Other(format!(
+                "reference sync: the policy has no parameter `{name}`"
+            )));
+        };
+        let mixed = ((source.as_tensor() * alpha)? + (var.as_tensor() * (1.0 - alpha))?)?;
+        var.set(&mixed)?;
+    }
+    Ok(())
+}
