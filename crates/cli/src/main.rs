@@ -43,6 +43,8 @@ enum Command {
     Train(cmd::train::TrainArgs),
     /// Reinforcement learning with GRPO on the four-module pipeline, from a TOML config.
     Grpo(cmd::grpo::GrpoArgs),
+    /// Preference optimization on pairs (DPO family, CPO/SimPO, ORPO) from a TOML config.
+    Dpo(cmd::dpo::DpoArgs),
     /// Rejection-sampling fine-tuning: sample k per task, keep the verified-correct, SFT on them.
     Rft(cmd::rft::RftArgs),
     /// The R1 order from one config: cold-start SFT, reasoning RL, rejection-sampling SFT, final RL.
@@ -82,6 +84,7 @@ fn main() -> ExitCode {
         Command::Tokenizer(command) => cmd::tokenizer::run(command),
         Command::Train(args) => cmd::train::run_command(args),
         Command::Grpo(args) => cmd::grpo::run_command(args),
+        Command::Dpo(args) => cmd::dpo::run_command(args),
         Command::Rft(args) => cmd::rft::run_command(args),
         Command::R1(args) => cmd::r1::run_command(args),
         Command::Speedrun(args) => cmd::speedrun::run(args),

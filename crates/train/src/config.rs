@@ -59,7 +59,7 @@ use crate::spike::SpikePolicy;
 mod file;
 mod resolve;
 
-pub use resolve::{ScheduleDefaults, resolve_lr_schedule};
+pub use resolve::{ScheduleDefaults, resolve_lr_schedule, resolve_optimizer};
 
 pub use file::{
     BatchWarmupFile, ConfigFile, DataFile, DataKind, ModelFile, OptimizerFile, OptimizerKind,

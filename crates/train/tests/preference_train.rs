@@ -454,3 +454,79 @@ fn mixing_is_alpha_policy_plus_the_rest_reference() {
     mix_into(&reference, &policy, 0.25).unwrap();
     assert!(first_weight(&reference).iter().all(|&v| v == 0.25));
 }
+
+#[test]
+fn a_dpo_run_from_toml_logs_trl_metrics_saves_the_model_and_reuses_its_reference_cache() {
+    use stoke_train::preference::run::{PreferenceFile, run_preference};
+    let dir = tempfile::tempdir().unwrap();
+    let mut lines = pair_lines(6);
+    lines.push("{broken".into());
+    write(dir.path(), "pairs.jsonl", &lines);
+    let config = format!(
+        r#"
+output_dir = "run"
+[model]
+pretrained = "{}"
+[data]
+train = "pairs.jsonl"
+max_len = 120
+pairs_per_micro_batch = 2
+micro_batches = 2
+[objective]
+kind = "dpo"
+[dpo]
+beta = 0.5
+loss_type = "apo_zero"
+[optimizer]
+lr = 3e-3
+[training]
+steps = 6
+"#,
+        fixture().display()
+    );
+    let path = dir.path().join("dpo.toml");
+    std::fs::write(&path, config).unwrap();
+    let file = PreferenceFile::load(&path, &[]).unwrap();
+    let summary = run_preference(&file, true).unwrap();
+    assert_eq!(summary.steps, 6);
+    assert_eq!(summary.pairs, 6);
+    assert_eq!(summary.read.skipped.len(), 1);
+    assert!(summary.reference.ends_with("(written)"), "{}", summary.reference);
+    let log = std::fs::read_to_string(&summary.metrics_path).unwrap();
+    let records: Vec<serde_json::Value> =
+        log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(records.len(), 6);
+    for key in [
+        "loss",
+        "grad_norm",
+        "lr",
+        "rewards/chosen",
+        "rewards/rejected",
+        "rewards/margins",
+        "rewards/accuracies",
+        "logps/chosen",
+        "logps/rejected",
+        "tokens_per_s",
+    ] {
+        assert!(records[5][key].is_number(), "{key} missing: {}", records[5]);
+    }
+    assert_eq!(records[0]["rewards/margins"], 0.0);
+    assert!(records[5]["rewards/chosen"].as_f64().unwrap() > 0.0);
+    let saved = Transformer::load(&summary.model_dir, &Device::Cpu).unwrap();
+    assert_ne!(first_weight(&saved), first_weight(&model()), "the saved model trained");
+    assert!(summary.model_dir.join("tokenizer.json").exists());
+
+    // A second run on the same pairs and weights reads the cache.
+    let again = run_preference(&file, true).unwrap();
+    assert!(again.reference.ends_with("(reused)"), "{}", again.reference);
+
+    // Keys are checked by path.
+    let err = PreferenceFile::load(&path, &["dpo.betta=0.1".to_string()])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("dpo") && err.contains("betta"), "{err}");
+    let mut bad = file.clone();
+    bad.data.max_len = Some(4096);
+    let err = run_preference(&bad, true).unwrap_err().to_string();
+    assert!(err.contains("data.max_len"), "{err}");
+}

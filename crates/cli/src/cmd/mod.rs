@@ -2,6 +2,7 @@
 //! returning `anyhow::Result<()>`.
 
 pub mod data;
+pub mod dpo;
 pub mod grpo;
 pub mod model;
 pub mod r1;

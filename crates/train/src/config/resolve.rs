@@ -346,7 +346,8 @@ fn resolve_data(d: &DataFile, at: &dyn Fn(&Path) -> PathBuf) -> Result<DataConfi
     })
 }
 
-fn resolve_optimizer(
+/// The optimizer of an `[optimizer]` table; `lr` defaults to [`default_lr`] of `hidden_size`.
+pub fn resolve_optimizer(
     o: &OptimizerFile,
     hidden_size: usize,
 ) -> Result<OptimizerConfig, ConfigError> {

@@ -246,7 +246,10 @@ impl DpoLoss {
         policy: &SequenceLogps,
         reference: &SequenceLogps,
     ) -> Result<PreferenceOutput, TrainError> {
-        if policy.rows() != reference.rows() || !policy.rows().is_multiple_of(2) || policy.rows() == 0 {
+        if policy.rows() != reference.rows()
+            || !policy.rows().is_multiple_of(2)
+            || policy.rows() == 0
+        {
             return Err(shape(format!(
                 "{} policy rows and {} reference rows (a non-empty [chosen; rejected] batch each)",
                 policy.rows(),

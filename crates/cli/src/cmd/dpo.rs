@@ -1,0 +1,57 @@
+//! `stoke dpo CONFIG.toml [--set key=value]...`: preference optimization on pairs (the DPO
+//! family, CPO/SimPO, ORPO); see `stoke_train::preference::run` for the config format.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use stoke_train::preference::run::{PreferenceFile, run_preference};
+
+#[derive(Args)]
+pub struct DpoArgs {
+    /// The run's TOML config (relative paths inside it are relative to its folder).
+    config: PathBuf,
+    /// Override a key of the config, e.g. `--set dpo.beta=0.05` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+    /// No progress output.
+    #[arg(long)]
+    quiet: bool,
+}
+
+pub fn run_command(args: DpoArgs) -> anyhow::Result<()> {
+    let file = PreferenceFile::load(&args.config, &args.sets)
+        .with_context(|| format!("config {}", args.config.display()))?;
+    let summary = run_preference(&file, args.quiet)?;
+    println!(
+        "{} pairs ({} lines skipped, {} responses cut to max_len); reference: {}",
+        summary.pairs,
+        summary.read.skipped.len(),
+        summary.read.truncated,
+        summary.reference
+    );
+    println!(
+        "completed: {} steps, {:.2} s/step, {:.0} tokens/s",
+        summary.steps, summary.seconds_per_step, summary.tokens_per_s
+    );
+    let show = |label: &str, metrics: &Option<Vec<(&'static str, f64)>>| {
+        if let Some(metrics) = metrics {
+            let figures: Vec<String> = metrics
+                .iter()
+                .map(|(name, value)| format!("{name} {value:.4}"))
+                .collect();
+            println!("{label}: {}", figures.join(", "));
+        }
+    };
+    show("first step", &summary.first);
+    show("last step", &summary.last);
+    if let Some(loss) = summary.last_loss {
+        println!("final loss {loss:.4}");
+    }
+    if summary.skipped_steps > 0 {
+        println!("skipped steps: {}", summary.skipped_steps);
+    }
+    println!("metrics: {}", summary.metrics_path.display());
+    println!("model: {}", summary.model_dir.display());
+    Ok(())
+}

@@ -1,0 +1,517 @@
+//! `stoke dpo CONFIG.toml`: a preference run over pairs, end to end. It loads the model
+//! (usually an SFT model) and its tokenizer, reads the pairs, gets the reference's log-probs
+//! (from the on-disk cache, computed into it once when missing, or from a live reference model),
+//! trains with [`PairTrainer`], logs every step and saves the model.
+//!
+//! ```toml
+//! title = "dpo"
+//! output_dir = "../runs/dpo"       # relative paths are relative to this file's folder
+//! [model]
+//! pretrained = "../runs/sft/model" # an HF folder; tokenizer = "..." if it is elsewhere
+//! [data]
+//! train = "pairs.jsonl"            # prompt/chosen/rejected: messages or strings
+//! max_len = 512                    # prompt + response tokens (default: the model's limit, at most 1024)
+//! pairs_per_micro_batch = 4
+//! micro_batches = 1                # gradient accumulation
+//! # strict = true                  # fail on the first bad line instead of skipping it
+//! # layout = "rows"                # one row per response instead of one packed sequence per pair
+//! [objective]
+//! kind = "dpo"                     # dpo | cpo | orpo (SimPO: kind = "cpo", [cpo] loss_type = "simpo")
+//! [dpo]                            # TRL's DPOConfig names: beta, loss_type, loss_weights, ...
+//! beta = 0.1
+//! loss_type = "sigmoid"            # or ["sigmoid", "bco_pair", "sft"] with loss_weights (MPO)
+//! [reference]
+//! mode = "cached"                  # or "live" (two models in memory; needed by sync_steps)
+//! # sync_steps = 512               # TR-DPO; mixup_alpha = 0.6
+//! [optimizer]                      # the [optimizer] table of `stoke train`; lr default 1e-6 (TRL)
+//! lr = 5e-7
+//! [schedule]                       # the [schedule] table of `stoke train`; default constant
+//! [training]
+//! steps = 200
+//! # clip_norm = 1.0; max_bad_steps = 3; seed = 0
+//! ```
+//!
+//! Files written under `output_dir`: `metrics.jsonl` (one line per step: loss, grad norm, lr,
+//! outcome, tokens/s and the loss's metrics under TRL's names), `model/` (HF layout, with the
+//! tokenizer), and the reference cache `reference/ref-logps-<key>.json` (reused by any later run
+//! on the same pairs and reference weights).
+//!
+//! What this is not: no checkpoints or resume yet, no KTO loop (its loss and data reader exist).
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use candle_core::Device;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::{Deserialize, Serialize};
+use stoke_model::Transformer;
+use stoke_optim::{LrSchedule, Optimizer};
+use stoke_tokenizer::hf::Tokenizer;
+
+use super::data::{ReadOptions, ReadReport, read_pairs};
+use super::scoring::{PairReference, cache_key, load_cache, save_cache, score_reference};
+use super::train::{PairLoopSettings, PairObjective, PairTrainer, Reference, ReferenceSync};
+use super::{CpoLoss, DpoLoss, OrpoLoss};
+use crate::config::{
+    ConfigError, OptimizerFile, ScheduleDefaults, ScheduleFile, apply_overrides,
+    resolve_lr_schedule, resolve_optimizer,
+};
+use crate::error::TrainError;
+use crate::grpo::ScoringLayout;
+use crate::step::{StepEngine, StepOutcome, StepSettings};
+
+/// TRL's `DPOConfig.learning_rate`.
+pub const DEFAULT_LR: f64 = 1e-6;
+
+/// The TOML file.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PreferenceFile {
+    #[serde(default)]
+    pub title: Option<String>,
+    pub output_dir: PathBuf,
+    pub model: PreferenceModelFile,
+    pub data: PairDataFile,
+    #[serde(default)]
+    pub objective: ObjectiveFile,
+    #[serde(default)]
+    pub dpo: DpoLoss,
+    #[serde(default)]
+    pub cpo: CpoLoss,
+    #[serde(default)]
+    pub orpo: OrpoLoss,
+    #[serde(default)]
+    pub reference: ReferenceFile,
+    #[serde(default)]
+    pub optimizer: OptimizerFile,
+    #[serde(default)]
+    pub schedule: Option<ScheduleFile>,
+    pub training: PreferenceTrainingFile,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PreferenceModelFile {
+    pub pretrained: PathBuf,
+    #[serde(default)]
+    pub tokenizer: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairDataFile {
+    pub train: PathBuf,
+    #[serde(default)]
+    pub max_len: Option<usize>,
+    #[serde(default)]
+    pub strict: bool,
+    #[serde(default = "default_pairs")]
+    pub pairs_per_micro_batch: usize,
+    #[serde(default = "one")]
+    pub micro_batches: usize,
+    #[serde(default)]
+    pub layout: PairLayout,
+}
+
+fn default_pairs() -> usize {
+    4
+}
+fn one() -> usize {
+    1
+}
+
+/// How a pair goes through the forward pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PairLayout {
+    /// One sequence per pair, the prompt shared.
+    #[default]
+    Packed,
+    /// One row per response.
+    Rows,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectiveFile {
+    #[serde(default)]
+    pub kind: ObjectiveKind,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ObjectiveKind {
+    #[default]
+    Dpo,
+    Cpo,
+    Orpo,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReferenceMode {
+    #[default]
+    Cached,
+    Live,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReferenceFile {
+    #[serde(default)]
+    pub mode: ReferenceMode,
+    /// Default: `<output_dir>/reference`.
+    #[serde(default)]
+    pub cache_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub sync_steps: Option<u64>,
+    #[serde(default)]
+    pub mixup_alpha: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PreferenceTrainingFile {
+    pub steps: u64,
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default = "default_clip")]
+    pub clip_norm: Option<f64>,
+    #[serde(default = "default_bad_steps")]
+    pub max_bad_steps: u64,
+}
+
+fn default_clip() -> Option<f64> {
+    Some(1.0)
+}
+fn default_bad_steps() -> u64 {
+    3
+}
+
+impl PreferenceFile {
+    /// Reads `path`, applies `--set` overrides, and makes its relative paths absolute against
+    /// the file's folder. Errors name the key.
+    pub fn load(path: &Path, sets: &[String]) -> Result<PreferenceFile, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut table: toml::Table =
+            text.parse()
+                .map_err(|e: toml::de::Error| ConfigError::Syntax {
+                    path: path.to_path_buf(),
+                    message: e.to_string(),
+                })?;
+        apply_overrides(&mut table, sets)?;
+        let mut file: PreferenceFile = serde_path_to_error::deserialize(toml::Value::Table(table))
+            .map_err(|e| ConfigError::Key {
+                file: path.display().to_string(),
+                key: e.path().to_string(),
+                message: e.inner().to_string(),
+            })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let absolute = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        absolute(&mut file.output_dir);
+        absolute(&mut file.model.pretrained);
+        if let Some(t) = file.model.tokenizer.as_mut() {
+            absolute(t);
+        }
+        absolute(&mut file.data.train);
+        if let Some(c) = file.reference.cache_dir.as_mut() {
+            absolute(c);
+        }
+        Ok(file)
+    }
+
+    pub fn objective(&self) -> PairObjective {
+        match self.objective.kind {
+            ObjectiveKind::Dpo => PairObjective::Dpo(self.dpo.clone()),
+            ObjectiveKind::Cpo => PairObjective::Cpo(self.cpo.clone()),
+            ObjectiveKind::Orpo => PairObjective::Orpo(self.orpo.clone()),
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Clone, Debug)]
+pub struct PreferenceSummary {
+    pub steps: u64,
+    pub pairs: usize,
+    pub read: ReadReport,
+    pub first: Option<Vec<(&'static str, f64)>>,
+    pub last: Option<Vec<(&'static str, f64)>>,
+    pub last_loss: Option<f64>,
+    pub skipped_steps: u64,
+    /// Mean over the run's steps.
+    pub seconds_per_step: f64,
+    pub tokens_per_s: f64,
+    /// Where the reference came from: the cache file (and whether this run wrote it), or live.
+    pub reference: String,
+    pub model_dir: PathBuf,
+    pub metrics_path: PathBuf,
+}
+
+/// Runs `file` to the end. `quiet` turns the progress display off.
+pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSummary, TrainError> {
+    stoke_ops::numerics::init_compute_threads();
+    let device = Device::Cpu;
+    let objective = file.objective();
+    objective.validate()?;
+    let tokenizer_dir = file
+        .model
+        .tokenizer
+        .clone()
+        .unwrap_or_else(|| file.model.pretrained.clone());
+    let tokenizer = Tokenizer::from_dir(&tokenizer_dir)
+        .map_err(|e| TrainError::Other(format!("{}: {e}", tokenizer_dir.display())))?;
+    let policy = Transformer::load(&file.model.pretrained, &device)?;
+    let limit = policy.config().max_position_embeddings;
+    let max_len = file.data.max_len.unwrap_or(limit.min(1024));
+    if max_len > limit {
+        return Err(invalid_key(
+            "data.max_len",
+            format!("{max_len} is over the model's max_position_embeddings = {limit}"),
+        ));
+    }
+    let options = ReadOptions {
+        max_len,
+        strict: file.data.strict,
+    };
+    let (pairs, read) = read_pairs(&file.data.train, &tokenizer, options)?;
+    for skipped in &read.skipped {
+        eprintln!("skipped {skipped}");
+    }
+    let layout = match file.data.layout {
+        PairLayout::Packed => ScoringLayout::SharedPrefix,
+        PairLayout::Rows => ScoringLayout::Rows,
+    };
+    let sync = match (file.reference.sync_steps, file.reference.mixup_alpha) {
+        (Some(every), alpha) => Some(ReferenceSync {
+            alpha: alpha.unwrap_or(0.6),
+            every,
+        }),
+        (None, Some(_)) => {
+            return Err(invalid_key(
+                "reference.mixup_alpha",
+                "only applies with reference.sync_steps (TR-DPO)".into(),
+            ));
+        }
+        (None, None) => None,
+    };
+    std::fs::create_dir_all(&file.output_dir)
+        .map_err(|e| TrainError::Other(format!("{}: {e}", file.output_dir.display())))?;
+
+    let (reference, reference_note) = if !objective.needs_reference() {
+        (Reference::None, "none (reference-free loss)".to_string())
+    } else {
+        match file.reference.mode {
+            ReferenceMode::Live => (
+                Reference::Live(Box::new(Transformer::load(
+                    &file.model.pretrained,
+                    &device,
+                )?)),
+                "live (a second model)".to_string(),
+            ),
+            ReferenceMode::Cached => {
+                let dir = file
+                    .reference
+                    .cache_dir
+                    .clone()
+                    .unwrap_or_else(|| file.output_dir.join("reference"));
+                let (entries, note) = cached_reference(&policy, &pairs, &dir, layout, quiet)?;
+                (Reference::Cached(entries), note)
+            }
+        }
+    };
+
+    let optimizer_config = resolve_optimizer(
+        &OptimizerFile {
+            lr: Some(file.optimizer.lr.unwrap_or(DEFAULT_LR)),
+            weight_decay: Some(file.optimizer.weight_decay.unwrap_or(0.0)),
+            ..file.optimizer.clone()
+        },
+        policy.config().hidden_size,
+    )?;
+    let schedule = match &file.schedule {
+        Some(s) => resolve_lr_schedule(
+            s,
+            file.training.steps,
+            ScheduleDefaults {
+                warmup_steps: 0,
+                cosine_min_lr_ratio: 0.0,
+            },
+        )?,
+        None => LrSchedule::Constant { warmup_steps: 0 },
+    };
+    let step_settings = StepSettings {
+        schedule,
+        clip_norm: file.training.clip_norm,
+        spike: StepSettings::spike_off(),
+        max_bad_steps: file.training.max_bad_steps,
+    };
+    step_settings.validate()?;
+    let optimizer = Optimizer::new(optimizer_config, policy.trainable_parameters())?;
+    let engine = StepEngine::new(optimizer, step_settings);
+    let mut trainer = PairTrainer::new(
+        policy,
+        engine,
+        objective.clone(),
+        reference,
+        pairs,
+        PairLoopSettings {
+            pairs_per_micro_batch: file.data.pairs_per_micro_batch,
+            micro_batches: file.data.micro_batches,
+            layout,
+            seed: file.training.seed,
+            sync,
+        },
+    )?;
+
+    let metrics_path = file.output_dir.join("metrics.jsonl");
+    let mut log = std::fs::File::create(&metrics_path)
+        .map_err(|e| TrainError::Other(format!("{}: {e}", metrics_path.display())))?;
+    let total = file.training.steps;
+    let bar = progress(total, quiet);
+    let (mut first, mut last, mut last_loss) = (None, None, None);
+    let (mut tokens, mut seconds, mut skipped) = (0usize, 0f64, 0u64);
+    for _ in 0..total {
+        let report = trainer.step()?;
+        tokens += report.tokens;
+        seconds += report.seconds;
+        if report.outcome != StepOutcome::Applied {
+            skipped += 1;
+        }
+        let mut line = serde_json::json!({
+            "step": report.step,
+            "epoch": report.epoch,
+            "outcome": report.outcome.name(),
+            "loss": finite_or_null(report.loss),
+            "grad_norm": finite_or_null(report.grad_norm),
+            "lr": report.lr,
+            "pairs": report.pairs,
+            "tokens_per_s": report.tokens as f64 / report.seconds.max(1e-9),
+            "seconds": report.seconds,
+        });
+        for (name, value) in &report.metrics {
+            line[*name] = finite_or_null(*value);
+        }
+        writeln!(log, "{line}")
+            .map_err(|e| TrainError::Other(format!("{}: {e}", metrics_path.display())))?;
+        let margin = report.metric("rewards/margins").unwrap_or(f64::NAN);
+        let accuracy = report.metric("rewards/accuracies").unwrap_or(f64::NAN);
+        let message = format!(
+            "loss {:.4} margin {margin:.3} acc {accuracy:.2} chosen {:.2} rejected {:.2}",
+            report.loss,
+            report.metric("logps/chosen").unwrap_or(f64::NAN),
+            report.metric("logps/rejected").unwrap_or(f64::NAN),
+        );
+        match &bar {
+            Some(bar) => {
+                bar.set_position(report.step);
+                bar.set_message(message);
+            }
+            None if !quiet && plain_line_due(report.step, total) => {
+                eprintln!("step {}/{total} | {message}", report.step);
+            }
+            None => {}
+        }
+        if first.is_none() {
+            first = Some(report.metrics.clone());
+        }
+        if report.loss.is_finite() {
+            last_loss = Some(report.loss);
+        }
+        last = Some(report.metrics);
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let model_dir = file.output_dir.join("model");
+    crate::checkpoint::save_model(trainer.model(), &model_dir, Some(&tokenizer_dir))?;
+    Ok(PreferenceSummary {
+        steps: trainer.engine().steps(),
+        pairs: read.examples,
+        read,
+        first,
+        last,
+        last_loss,
+        skipped_steps: skipped,
+        seconds_per_step: seconds / total.max(1) as f64,
+        tokens_per_s: tokens as f64 / seconds.max(1e-9),
+        reference: reference_note,
+        model_dir,
+        metrics_path,
+    })
+}
+
+/// The reference values from the cache in `dir`, computed and written there when missing.
+fn cached_reference(
+    model: &Transformer,
+    pairs: &[super::data::PreferencePair],
+    dir: &Path,
+    layout: ScoringLayout,
+    quiet: bool,
+) -> Result<(Vec<PairReference>, String), TrainError> {
+    let key = cache_key(model, pairs)?;
+    let path = super::scoring::cache_path(dir, &key);
+    if let Some(entries) = load_cache(dir, &key, pairs.len())? {
+        return Ok((entries, format!("cached: {} (reused)", path.display())));
+    }
+    let bar = progress(pairs.len() as u64, quiet);
+    if let Some(bar) = &bar {
+        bar.set_message("reference log-probs");
+    } else if !quiet {
+        eprintln!("scoring the reference on {} pairs", pairs.len());
+    }
+    let mut entries = Vec::with_capacity(pairs.len());
+    const CHUNK: usize = 8;
+    for chunk in pairs.chunks(CHUNK) {
+        let batch: Vec<_> = chunk.iter().collect();
+        entries.extend(score_reference(model, &batch, layout)?);
+        if let Some(bar) = &bar {
+            bar.set_position(entries.len() as u64);
+        }
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    save_cache(dir, &key, &entries)?;
+    Ok((entries, format!("cached: {} (written)", path.display())))
+}
+
+fn progress(total: u64, quiet: bool) -> Option<ProgressBar> {
+    if quiet || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    let style =
+        ProgressStyle::with_template("{pos}/{len} | {msg} | ETA {eta} {wide_bar:.cyan/blue}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+    bar.set_style(style);
+    Some(bar)
+}
+
+/// Plain progress lines: the first step, about 20 over the run, and the last.
+fn plain_line_due(step: u64, total: u64) -> bool {
+    step == 1 || step == total || step.is_multiple_of((total / 20).max(1))
+}
+
+fn finite_or_null(value: f64) -> serde_json::Value {
+    if value.is_finite() {
+        serde_json::json!(value)
+    } else {
+        serde_json::Value::Null
+    }
+}
+
+fn invalid_key(key: &str, message: String) -> TrainError {
+    TrainError::Config(ConfigError::Invalid {
+        key: key.to_string(),
+        message,
+    })
+}
