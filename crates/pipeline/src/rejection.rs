@@ -23,6 +23,12 @@
 //! earlier turn) still gets its lines, and is counted in
 //! [`RejectionReport::prompts_with_other_context`]: its SFT lines lack that context.
 //!
+//! Preference pairs from the same samples (the iterative/online DPO route): per task, the kept
+//! correct completions in order are paired with the distinct wrong ones (scored, not correct,
+//! no verifier failure) in order, as many pairs as the shorter list; [`write_pairs_jsonl`]
+//! writes them in the format `stoke dpo` reads, with the sampled token ids alongside the
+//! texts, so DPO trains on exactly the tokens the policy produced.
+//!
 //! Invariants: sample `j` of task `i` draws from the engine's stream `(seed, i, j)`, so the
 //! output depends on (model, tasks, settings) only, not on batching; the JSONL file is written
 //! to a temporary name and renamed, so it is either complete or absent.
@@ -199,10 +205,23 @@ impl RejectionReport {
     }
 }
 
-/// The kept completions and the counts.
+/// A verified-correct and a wrong completion of one task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerifiedPair {
+    pub task_id: String,
+    pub prompt: String,
+    pub prompt_ids: Vec<u32>,
+    pub chosen: String,
+    pub chosen_ids: Vec<u32>,
+    pub rejected: String,
+    pub rejected_ids: Vec<u32>,
+}
+
+/// The kept completions, the preference pairs and the counts.
 #[derive(Clone, Debug)]
 pub struct RejectionResult {
     pub kept: Vec<KeptCompletion>,
+    pub pairs: Vec<VerifiedPair>,
     pub report: RejectionReport,
 }
 
@@ -273,6 +292,7 @@ pub fn sample_and_filter(
     };
     let mut report = RejectionReport::default();
     let mut kept = Vec::new();
+    let mut pairs = Vec::new();
     for (chunk_index, chunk) in tasks.chunks(PROMPTS_PER_CALL).enumerate() {
         let first = chunk_index * PROMPTS_PER_CALL;
         let request = GenerationRequest {
@@ -303,12 +323,63 @@ pub fn sample_and_filter(
                 completion: scored.rollout.samples[index].text.clone(),
                 sample_index: index,
             }));
+            pairs.extend(pair_group(&scored, &filtered));
         }
         report.seconds = started.elapsed().as_secs_f64();
         progress(&report);
     }
     report.seconds = started.elapsed().as_secs_f64();
-    Ok(RejectionResult { kept, report })
+    Ok(RejectionResult {
+        kept,
+        pairs,
+        report,
+    })
+}
+
+/// The kept correct samples of a task paired, in order, with its distinct wrong ones.
+pub fn pair_group(group: &ScoredGroup, filtered: &FilteredGroup) -> Vec<VerifiedPair> {
+    let samples = &group.rollout.samples;
+    let mut wrong: Vec<usize> = Vec::new();
+    for (index, (sample, reward)) in samples.iter().zip(&group.rewards).enumerate() {
+        let distinct = wrong.iter().all(|&w| samples[w].text != sample.text);
+        if !reward.correct() && reward.failure.is_none() && distinct {
+            wrong.push(index);
+        }
+    }
+    let task = &group.rollout.ticket.task;
+    filtered
+        .kept
+        .iter()
+        .zip(&wrong)
+        .map(|(&good, &bad)| VerifiedPair {
+            task_id: task.id.clone(),
+            prompt: task.prompt.clone(),
+            prompt_ids: task.prompt_ids.clone(),
+            chosen: samples[good].text.clone(),
+            chosen_ids: samples[good].completion_ids.clone(),
+            rejected: samples[bad].text.clone(),
+            rejected_ids: samples[bad].completion_ids.clone(),
+        })
+        .collect()
+}
+
+/// The JSON line of one pair: `stoke dpo`'s format, with the token ids it trains on.
+pub fn pair_line(pair: &VerifiedPair) -> String {
+    serde_json::json!({
+        "prompt": [{"role": "user", "content": pair.prompt}],
+        "chosen": [{"role": "assistant", "content": pair.chosen}],
+        "rejected": [{"role": "assistant", "content": pair.rejected}],
+        "prompt_ids": pair.prompt_ids,
+        "chosen_ids": pair.chosen_ids,
+        "rejected_ids": pair.rejected_ids,
+        "task_id": pair.task_id,
+    })
+    .to_string()
+}
+
+/// Writes one [`pair_line`] per pair to `path` (through a temporary file and a rename).
+pub fn write_pairs_jsonl(path: &Path, pairs: &[VerifiedPair]) -> Result<(), PipelineError> {
+    write_lines(path, pairs.iter().map(pair_line))
 }
 
 /// The JSON line of one kept completion (see the module doc).
@@ -327,13 +398,17 @@ pub fn chat_line(kept: &KeptCompletion) -> String {
 /// Writes one [`chat_line`] per kept completion to `path` (through a temporary file and a
 /// rename, so a stopped run leaves no partial file under the final name).
 pub fn write_chat_jsonl(path: &Path, kept: &[KeptCompletion]) -> Result<(), PipelineError> {
+    write_lines(path, kept.iter().map(chat_line))
+}
+
+fn write_lines(path: &Path, lines: impl Iterator<Item = String>) -> Result<(), PipelineError> {
     let mut temporary = path.as_os_str().to_owned();
     temporary.push(".tmp");
     let temporary = std::path::PathBuf::from(temporary);
     let write = || -> std::io::Result<()> {
         let mut file = std::io::BufWriter::new(std::fs::File::create(&temporary)?);
-        for line in kept {
-            writeln!(file, "{}", chat_line(line))?;
+        for line in lines {
+            writeln!(file, "{line}")?;
         }
         file.into_inner().map_err(|e| e.into_error())?.sync_all()
     };

@@ -245,3 +245,51 @@ fn a_task_with_a_system_message_is_counted_as_other_context() {
     .unwrap();
     assert_eq!(result.report.prompts_with_other_context, 1);
 }
+
+/// The same samples as preference pairs: each pairs a kept correct completion with a distinct
+/// wrong one of the same task, and the written file reads back through `stoke dpo`'s reader with
+/// exactly the sampled token ids.
+#[test]
+fn verified_pairs_put_a_correct_sample_against_a_wrong_one_in_token_space() {
+    use stoke_pipeline::rejection::write_pairs_jsonl;
+    use stoke_train::preference::data::{ReadOptions, read_pairs};
+    let (model, tokenizer, tasks, pool) = setup(5);
+    let result = sample_and_filter(
+        &model,
+        &tokenizer,
+        &tasks,
+        &pool,
+        &settings(2, true),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert!(!result.pairs.is_empty(), "no task had both a correct and a wrong sample");
+    for pair in &result.pairs {
+        assert!(pair.chosen.len().is_multiple_of(2), "chosen is not verified correct");
+        assert!(!pair.rejected.len().is_multiple_of(2), "rejected is correct");
+        assert!(
+            result
+                .kept
+                .iter()
+                .any(|k| k.task_id == pair.task_id && k.completion == pair.chosen),
+            "chosen is not one of the kept completions"
+        );
+        let task = tasks.iter().find(|t| t.id == pair.task_id).unwrap();
+        assert_eq!(pair.prompt_ids, task.prompt_ids);
+        assert!(!pair.chosen_ids.is_empty() && !pair.rejected_ids.is_empty());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pairs.jsonl");
+    write_pairs_jsonl(&path, &result.pairs).unwrap();
+    let options = ReadOptions {
+        max_len: 128,
+        strict: true,
+    };
+    let (read, report) = read_pairs(&path, &tokenizer, options).unwrap();
+    assert_eq!(report.examples, result.pairs.len());
+    for (got, want) in read.iter().zip(&result.pairs) {
+        assert_eq!(got.prompt_ids, want.prompt_ids);
+        assert_eq!(got.chosen_ids, want.chosen_ids);
+        assert_eq!(got.rejected_ids, want.rejected_ids);
+    }
+}

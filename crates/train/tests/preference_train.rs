@@ -491,10 +491,16 @@ steps = 6
     assert_eq!(summary.steps, 6);
     assert_eq!(summary.pairs, 6);
     assert_eq!(summary.read.skipped.len(), 1);
-    assert!(summary.reference.ends_with("(written)"), "{}", summary.reference);
+    assert!(
+        summary.reference.ends_with("(written)"),
+        "{}",
+        summary.reference
+    );
     let log = std::fs::read_to_string(&summary.metrics_path).unwrap();
-    let records: Vec<serde_json::Value> =
-        log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let records: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(records.len(), 6);
     for key in [
         "loss",
@@ -513,7 +519,11 @@ steps = 6
     assert_eq!(records[0]["rewards/margins"], 0.0);
     assert!(records[5]["rewards/chosen"].as_f64().unwrap() > 0.0);
     let saved = Transformer::load(&summary.model_dir, &Device::Cpu).unwrap();
-    assert_ne!(first_weight(&saved), first_weight(&model()), "the saved model trained");
+    assert_ne!(
+        first_weight(&saved),
+        first_weight(&model()),
+        "the saved model trained"
+    );
     assert!(summary.model_dir.join("tokenizer.json").exists());
 
     // A second run on the same pairs and weights reads the cache.

@@ -31,7 +31,9 @@
 //! model to `[model] path` (the policy that sampled). `[tasks]`/`[rewards]` and `[model]` are
 //! `stoke grpo`'s file types, resolved and loaded by its code.
 //!
-//! Outputs: `OUT/rft.jsonl` (the kept completions), `OUT/rejection.json` (the counts),
+//! Outputs: `OUT/rft.jsonl` (the kept completions), `OUT/pairs.jsonl` (the kept completions
+//! paired with wrong samples of the same task, with their token ids: `stoke dpo` data),
+//! `OUT/rejection.json` (the counts),
 //! `OUT/sft/` (the SFT run; the final model in `OUT/sft/model`). A rerun samples again (the
 //! samples depend only on model, tasks and settings, so the file is the same) and continues the
 //! SFT from its newest checkpoint.
@@ -47,7 +49,7 @@ use stoke_pipeline::config::{
     OutSection, ScheduleSection, TaskSourceFile,
 };
 use stoke_pipeline::rejection::{
-    RejectionReport, RejectionSettings, sample_and_filter, write_chat_jsonl,
+    RejectionReport, RejectionSettings, sample_and_filter, write_chat_jsonl, write_pairs_jsonl,
 };
 use stoke_pipeline::reward::RewardPool;
 use stoke_reward::RewardConfig;
@@ -311,6 +313,8 @@ pub fn run(plan: &RftPlan, quiet: bool) -> anyhow::Result<RftSummary> {
     }
     let jsonl = plan.out_dir.join("rft.jsonl");
     write_chat_jsonl(&jsonl, &result.kept)?;
+    // The same samples as preference pairs (verified-correct vs wrong) for `stoke dpo`.
+    write_pairs_jsonl(&plan.out_dir.join("pairs.jsonl"), &result.pairs)?;
     let options = RunOptions {
         // Continues an interrupted SFT from its newest checkpoint; starts fresh without one.
         resume: true,

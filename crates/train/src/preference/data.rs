@@ -11,6 +11,10 @@
 //! the pair's two sequences share the prompt prefix token for token. Without a chat template the
 //! texts are used raw and each response ends with the EOS token.
 //!
+//! A line may instead carry the token ids themselves (`prompt_ids`, `chosen_ids`,
+//! `rejected_ids`, as `stoke rft` writes them for the policy's own samples); they are used as
+//! given, so they must come from the run's tokenizer.
+//!
 //! Bad input: a line that is not JSON, misses or has an empty `prompt`/`chosen`/`rejected`/
 //! `completion`, has a non-boolean `label`, or a prompt of `max_len` tokens or more is an error
 //! naming the file and the line. By default such lines are skipped and counted
@@ -73,13 +77,25 @@ pub fn read_pairs(
     options: ReadOptions,
 ) -> Result<(Vec<PreferencePair>, ReadReport), TrainError> {
     read_lines(path, options, |value, line, report| {
-        let prompt = prompt_field(value)?;
-        let chosen = response_field(value, "chosen")?;
-        let rejected = response_field(value, "rejected")?;
-        let prompt_ids = encode_prompt(tokenizer, &prompt)?;
+        let (prompt_ids, mut chosen_ids, mut rejected_ids) = if value.get("prompt_ids").is_some() {
+            (
+                id_field(value, "prompt_ids")?,
+                id_field(value, "chosen_ids")?,
+                id_field(value, "rejected_ids")?,
+            )
+        } else {
+            let prompt = prompt_field(value)?;
+            let chosen = response_field(value, "chosen")?;
+            let rejected = response_field(value, "rejected")?;
+            let prompt_ids = encode_prompt(tokenizer, &prompt)?;
+            check_prompt(&prompt_ids, options.max_len)?;
+            (
+                prompt_ids,
+                encode_response(tokenizer, &prompt, &chosen, "chosen")?,
+                encode_response(tokenizer, &prompt, &rejected, "rejected")?,
+            )
+        };
         check_prompt(&prompt_ids, options.max_len)?;
-        let mut chosen_ids = encode_response(tokenizer, &prompt, &chosen, "chosen")?;
-        let mut rejected_ids = encode_response(tokenizer, &prompt, &rejected, "rejected")?;
         let room = options.max_len - prompt_ids.len();
         for ids in [&mut chosen_ids, &mut rejected_ids] {
             if ids.len() > room {
@@ -326,6 +342,28 @@ fn encode_response(
         return Err(format!("`{key}` encodes to no token"));
     }
     Ok(ids)
+}
+
+/// Token ids given in the line (`stoke rft` writes the sampled ids next to the texts, so DPO
+/// trains on exactly the sampled tokens). They must come from the run's tokenizer.
+fn id_field(value: &Value, key: &str) -> Result<Vec<u32>, String> {
+    let Some(Value::Array(items)) = value.get(key) else {
+        return Err(format!(
+            "`{key}` must be a list of token ids (lines with `prompt_ids` carry all three id lists)"
+        ));
+    };
+    if items.is_empty() {
+        return Err(format!("`{key}` is empty"));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(index, item)| {
+            item.as_u64()
+                .and_then(|id| u32::try_from(id).ok())
+                .ok_or_else(|| format!("`{key}[{index}]` is not a token id: {item}"))
+        })
+        .collect()
 }
 
 fn check_prompt(prompt_ids: &[u32], max_len: usize) -> Result<(), String> {
