@@ -263,10 +263,19 @@ fn verified_pairs_put_a_correct_sample_against_a_wrong_one_in_token_space() {
         &mut |_| {},
     )
     .unwrap();
-    assert!(!result.pairs.is_empty(), "no task had both a correct and a wrong sample");
+    assert!(
+        !result.pairs.is_empty(),
+        "no task had both a correct and a wrong sample"
+    );
     for pair in &result.pairs {
-        assert!(pair.chosen.len().is_multiple_of(2), "chosen is not verified correct");
-        assert!(!pair.rejected.len().is_multiple_of(2), "rejected is correct");
+        assert!(
+            pair.chosen.len().is_multiple_of(2),
+            "chosen is not verified correct"
+        );
+        assert!(
+            !pair.rejected.len().is_multiple_of(2),
+            "rejected is correct"
+        );
         assert!(
             result
                 .kept

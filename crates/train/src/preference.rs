@@ -174,6 +174,34 @@ impl SequenceLogps {
         Ok(((&self.shared + &self.tail)? / lengths)?)
     }
 
+    /// The two halves of a `[first; second]` batch.
+    pub fn split_halves(&self) -> Result<[SequenceLogps; 2], TrainError> {
+        let half = self.rows() / 2;
+        let (a_shared, b_shared) = halves(&self.shared)?;
+        let (a_tail, b_tail) = halves(&self.tail)?;
+        Ok([
+            SequenceLogps {
+                shared: a_shared,
+                tail: a_tail,
+                tokens: self.tokens[..half].to_vec(),
+            },
+            SequenceLogps {
+                shared: b_shared,
+                tail: b_tail,
+                tokens: self.tokens[half..].to_vec(),
+            },
+        ])
+    }
+
+    /// The same values without the graph.
+    pub fn detached(&self) -> SequenceLogps {
+        SequenceLogps {
+            shared: self.shared.detach(),
+            tail: self.tail.detach(),
+            tokens: self.tokens.clone(),
+        }
+    }
+
     pub fn rows(&self) -> usize {
         self.tokens.len()
     }

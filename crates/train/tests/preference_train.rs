@@ -540,3 +540,68 @@ steps = 6
     let err = run_preference(&bad, true).unwrap_err().to_string();
     assert!(err.contains("data.max_len"), "{err}");
 }
+
+#[test]
+fn kto_learns_from_unpaired_labels_with_the_mismatched_reference_point() {
+    use stoke_train::preference::KtoLoss;
+    use stoke_train::preference::data::read_labelled;
+    use stoke_train::preference::train::kto_rows;
+    let dir = tempfile::tempdir().unwrap();
+    let lines: Vec<String> = (0..8)
+        .map(|k| {
+            let (a, b) = (k % 5, (k / 5) % 4);
+            let good = k % 2 == 0;
+            let answer = if good { a + b } else { a + b + 3 };
+            json!({"prompt": format!("add {a} {b}"), "completion": format!("sum {answer}"),
+                   "label": good})
+            .to_string()
+        })
+        .collect();
+    let path = write(dir.path(), "kto.jsonl", &lines);
+    let (examples, _) = read_labelled(&path, &tokenizer(), OPTIONS).unwrap();
+    let rows = kto_rows(&examples);
+    // Example i's mismatched completion is example i + 1's, cyclically.
+    assert_eq!(rows[7].rejected_ids, examples[0].completion_ids);
+    assert_eq!(rows[2].prompt_ids, examples[2].prompt_ids);
+    let policy = model();
+    let all: Vec<_> = rows.iter().collect();
+    let cached = score_reference(&policy, &all, ScoringLayout::SharedPrefix).unwrap();
+    let mut trainer = PairTrainer::kto(
+        policy.clone(),
+        engine(&policy, 3e-3),
+        KtoLoss {
+            beta: 0.5,
+            ..KtoLoss::default()
+        },
+        Reference::Cached(cached),
+        &examples,
+        settings(None),
+    )
+    .unwrap();
+    let first = trainer.step().unwrap();
+    assert_eq!(
+        first.metric("kl"),
+        Some(0.0),
+        "the policy starts at the reference"
+    );
+    let mut last = first.clone();
+    for _ in 0..20 {
+        last = trainer.step().unwrap();
+    }
+    let margin = last.metric("rewards/margins").unwrap();
+    assert!(margin > 0.2, "margin {margin}");
+    assert!(last.loss < first.loss, "{} -> {}", first.loss, last.loss);
+    // KTO through the pair constructor is refused with a pointer to the right one.
+    let err = PairTrainer::new(
+        policy.clone(),
+        engine(&policy, 1e-3),
+        PairObjective::Kto(KtoLoss::default()),
+        Reference::None,
+        rows,
+        settings(None),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(err.contains("PairTrainer::kto"), "{err}");
+}

@@ -16,7 +16,8 @@
 //! # strict = true                  # fail on the first bad line instead of skipping it
 //! # layout = "rows"                # one row per response instead of one packed sequence per pair
 //! [objective]
-//! kind = "dpo"                     # dpo | cpo | orpo (SimPO: kind = "cpo", [cpo] loss_type = "simpo")
+//! kind = "dpo"                     # dpo | cpo | orpo | kto (SimPO: kind = "cpo", [cpo] loss_type = "simpo")
+//!                                  # kto reads prompt/completion/label lines; [kto] settings
 //! [dpo]                            # TRL's DPOConfig names: beta, loss_type, loss_weights, ...
 //! beta = 0.1
 //! loss_type = "sigmoid"            # or ["sigmoid", "bco_pair", "sft"] with loss_weights (MPO)
@@ -36,7 +37,7 @@
 //! tokenizer), and the reference cache `reference/ref-logps-<key>.json` (reused by any later run
 //! on the same pairs and reference weights).
 //!
-//! What this is not: no checkpoints or resume yet, no KTO loop (its loss and data reader exist).
+//! What this is not: no checkpoints or resume yet.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -48,10 +49,12 @@ use stoke_model::Transformer;
 use stoke_optim::{LrSchedule, Optimizer};
 use stoke_tokenizer::hf::Tokenizer;
 
+use super::data::read_labelled;
 use super::data::{ReadOptions, ReadReport, read_pairs};
 use super::scoring::{PairReference, cache_key, load_cache, save_cache, score_reference};
+use super::train::kto_rows;
 use super::train::{PairLoopSettings, PairObjective, PairTrainer, Reference, ReferenceSync};
-use super::{CpoLoss, DpoLoss, OrpoLoss};
+use super::{CpoLoss, DpoLoss, KtoLoss, OrpoLoss};
 use crate::config::{
     ConfigError, OptimizerFile, ScheduleDefaults, ScheduleFile, apply_overrides,
     resolve_lr_schedule, resolve_optimizer,
@@ -80,6 +83,8 @@ pub struct PreferenceFile {
     pub cpo: CpoLoss,
     #[serde(default)]
     pub orpo: OrpoLoss,
+    #[serde(default)]
+    pub kto: KtoLoss,
     #[serde(default)]
     pub reference: ReferenceFile,
     #[serde(default)]
@@ -145,6 +150,8 @@ pub enum ObjectiveKind {
     Dpo,
     Cpo,
     Orpo,
+    /// Unpaired `prompt`/`completion`/`label` lines.
+    Kto,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -232,6 +239,7 @@ impl PreferenceFile {
             ObjectiveKind::Dpo => PairObjective::Dpo(self.dpo.clone()),
             ObjectiveKind::Cpo => PairObjective::Cpo(self.cpo.clone()),
             ObjectiveKind::Orpo => PairObjective::Orpo(self.orpo.clone()),
+            ObjectiveKind::Kto => PairObjective::Kto(self.kto.clone()),
         }
     }
 }
@@ -281,7 +289,14 @@ pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSu
         max_len,
         strict: file.data.strict,
     };
-    let (pairs, read) = read_pairs(&file.data.train, &tokenizer, options)?;
+    // KTO's examples become (completion, mismatched completion) rows with a label.
+    let (pairs, labelled, read) = if file.objective.kind == ObjectiveKind::Kto {
+        let (examples, read) = read_labelled(&file.data.train, &tokenizer, options)?;
+        (kto_rows(&examples), Some(examples), read)
+    } else {
+        let (pairs, read) = read_pairs(&file.data.train, &tokenizer, options)?;
+        (pairs, None, read)
+    };
     for skipped in &read.skipped {
         eprintln!("skipped {skipped}");
     }
@@ -356,20 +371,31 @@ pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSu
     step_settings.validate()?;
     let optimizer = Optimizer::new(optimizer_config, policy.trainable_parameters())?;
     let engine = StepEngine::new(optimizer, step_settings);
-    let mut trainer = PairTrainer::new(
-        policy,
-        engine,
-        objective.clone(),
-        reference,
-        pairs,
-        PairLoopSettings {
-            pairs_per_micro_batch: file.data.pairs_per_micro_batch,
-            micro_batches: file.data.micro_batches,
-            layout,
-            seed: file.training.seed,
-            sync,
-        },
-    )?;
+    let loop_settings = PairLoopSettings {
+        pairs_per_micro_batch: file.data.pairs_per_micro_batch,
+        micro_batches: file.data.micro_batches,
+        layout,
+        seed: file.training.seed,
+        sync,
+    };
+    let mut trainer = match (&objective, &labelled) {
+        (PairObjective::Kto(loss), Some(examples)) => PairTrainer::kto(
+            policy,
+            engine,
+            loss.clone(),
+            reference,
+            examples,
+            loop_settings,
+        )?,
+        _ => PairTrainer::new(
+            policy,
+            engine,
+            objective.clone(),
+            reference,
+            pairs,
+            loop_settings,
+        )?,
+    };
 
     let metrics_path = file.output_dir.join("metrics.jsonl");
     let mut log = std::fs::File::create(&metrics_path)

@@ -23,19 +23,24 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 use stoke_model::Transformer;
 
+use super::data::LabelledCompletion;
 use super::data::PreferencePair;
 use super::scoring::{PairReference, pair_logps, reference_logps, score_reference};
-use super::{CpoLoss, DpoLoss, OrpoLoss, PreferenceOutput, SequenceLogps, invalid};
+use super::{
+    CpoLoss, DpoLoss, KtoInputs, KtoLoss, OrpoLoss, PreferenceOutput, SequenceLogps, invalid,
+};
 use crate::error::TrainError;
 use crate::grpo::ScoringLayout;
 use crate::step::{StepEngine, StepOutcome};
 
-/// The loss a pair run trains with.
+/// The loss a run trains with. KTO runs on unpaired examples, which the loop holds as pairs
+/// `(completion, mismatched completion)` with a label (see [`PairTrainer::kto`]).
 #[derive(Clone, Debug, PartialEq)]
 pub enum PairObjective {
     Dpo(DpoLoss),
     Cpo(CpoLoss),
     Orpo(OrpoLoss),
+    Kto(KtoLoss),
 }
 
 impl PairObjective {
@@ -44,12 +49,17 @@ impl PairObjective {
             PairObjective::Dpo(loss) => loss.validate(),
             PairObjective::Cpo(loss) => loss.validate(),
             PairObjective::Orpo(loss) => loss.validate(),
+            PairObjective::Kto(loss) => loss.validate(),
         }
     }
 
     /// Whether the loss reads reference log-probs.
     pub fn needs_reference(&self) -> bool {
-        matches!(self, PairObjective::Dpo(loss) if loss.needs_reference())
+        match self {
+            PairObjective::Dpo(loss) => loss.needs_reference(),
+            PairObjective::Kto(_) => true,
+            PairObjective::Cpo(_) | PairObjective::Orpo(_) => false,
+        }
     }
 
     pub fn name(&self) -> &'static str {
@@ -57,15 +67,38 @@ impl PairObjective {
             PairObjective::Dpo(_) => "dpo",
             PairObjective::Cpo(_) => "cpo",
             PairObjective::Orpo(_) => "orpo",
+            PairObjective::Kto(_) => "kto",
         }
     }
 
+    /// The loss of a micro-batch. For KTO, `labels` are the examples' labels and the rows are
+    /// `[completions; mismatched completions]`.
     pub fn loss(
         &self,
         policy: &SequenceLogps,
         reference: Option<&SequenceLogps>,
+        labels: Option<&[bool]>,
     ) -> Result<PreferenceOutput, TrainError> {
         match self {
+            PairObjective::Kto(loss) => {
+                let (Some(reference), Some(labels)) = (reference, labels) else {
+                    return Err(invalid(
+                        "reference",
+                        "KTO needs reference log-probs and labels".into(),
+                    ));
+                };
+                let [policy, policy_kl] = policy.split_halves()?;
+                let [reference, reference_kl] = reference.split_halves()?;
+                let policy_kl = policy_kl.detached();
+                loss.loss(&KtoInputs {
+                    policy: &policy,
+                    reference: &reference,
+                    labels,
+                    mismatched: loss
+                        .needs_mismatched()
+                        .then_some((&policy_kl, &reference_kl)),
+                })
+            }
             PairObjective::Dpo(loss) => {
                 let owned;
                 let reference = match reference {
@@ -156,6 +189,8 @@ pub struct PairTrainer {
     objective: PairObjective,
     reference: Reference,
     pairs: Vec<PreferencePair>,
+    /// KTO: the label of each example (`pairs[i]` is its completion and a mismatched one).
+    labels: Option<Vec<bool>>,
     settings: PairLoopSettings,
     order: Vec<usize>,
     cursor: usize,
@@ -176,6 +211,57 @@ impl PairTrainer {
         if pairs.is_empty() {
             return Err(invalid("data", "no preference pairs to train on".into()));
         }
+        if matches!(objective, PairObjective::Kto(_)) {
+            return Err(invalid(
+                "objective.kind",
+                "KTO trains on labelled completions: build it with PairTrainer::kto".into(),
+            ));
+        }
+        Self::assemble(model, engine, objective, reference, pairs, None, settings)
+    }
+
+    /// A KTO run on labelled completions. Example `i`'s mismatched completion (the KL reference
+    /// point's sample) is example `i + 1`'s completion after example `i`'s prompt, cyclically in
+    /// file order, fixed for the run as TRL fixes it when it builds its KL dataset, so a cached
+    /// reference covers it. [`kto_rows`] builds the rows (also for the cache).
+    pub fn kto(
+        model: Transformer,
+        engine: StepEngine,
+        loss: KtoLoss,
+        reference: Reference,
+        examples: &[LabelledCompletion],
+        settings: PairLoopSettings,
+    ) -> Result<PairTrainer, TrainError> {
+        if examples.len() < 2 {
+            return Err(invalid(
+                "data",
+                "KTO needs at least 2 examples (the KL term pairs each prompt with another \
+                 example's completion)"
+                    .into(),
+            ));
+        }
+        let labels = examples.iter().map(|e| e.label).collect();
+        Self::assemble(
+            model,
+            engine,
+            PairObjective::Kto(loss),
+            reference,
+            kto_rows(examples),
+            Some(labels),
+            settings,
+        )
+    }
+
+    fn assemble(
+        model: Transformer,
+        engine: StepEngine,
+        objective: PairObjective,
+        reference: Reference,
+        pairs: Vec<PreferencePair>,
+        labels: Option<Vec<bool>>,
+        settings: PairLoopSettings,
+    ) -> Result<PairTrainer, TrainError> {
+        objective.validate()?;
         if settings.pairs_per_micro_batch == 0 || settings.micro_batches == 0 {
             return Err(invalid(
                 "pairs_per_micro_batch",
@@ -227,6 +313,7 @@ impl PairTrainer {
             objective,
             reference,
             pairs,
+            labels,
             settings,
             order: Vec::new(),
             cursor: 0,
@@ -302,7 +389,13 @@ impl PairTrainer {
                     Some(reference_logps(&batch, &entries, self.model.device())?)
                 }
             };
-            let out = self.objective.loss(&policy, reference.as_ref())?;
+            let labels: Option<Vec<bool>> = self
+                .labels
+                .as_ref()
+                .map(|labels| chunk.iter().map(|&i| labels[i]).collect());
+            let out = self
+                .objective
+                .loss(&policy, reference.as_ref(), labels.as_deref())?;
             let weight = chunk.len() as f64 / total as f64;
             let value = out.loss.to_scalar::<f64>()?;
             loss += weight * value;
@@ -347,6 +440,20 @@ impl PairTrainer {
             seconds: started.elapsed().as_secs_f64(),
         })
     }
+}
+
+/// KTO examples as the loop's rows: example `i`'s prompt with its completion ("chosen") and
+/// with example `i + 1`'s completion ("rejected", the mismatched sample), cyclically.
+pub fn kto_rows(examples: &[LabelledCompletion]) -> Vec<PreferencePair> {
+    let n = examples.len();
+    (0..n)
+        .map(|i| PreferencePair {
+            prompt_ids: examples[i].prompt_ids.clone(),
+            chosen_ids: examples[i].completion_ids.clone(),
+            rejected_ids: examples[(i + 1) % n].completion_ids.clone(),
+            line: examples[i].line,
+        })
+        .collect()
 }
 
 /// `reference <- alpha * policy + (1 - alpha) * reference`, parameter by parameter (TR-DPO).
