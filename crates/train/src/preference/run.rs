@@ -29,7 +29,7 @@
 //! [schedule]                       # the [schedule] table of `stoke train`; default constant
 //! [training]
 //! steps = 200
-//! # clip_norm = 1.0; max_bad_steps = 3; seed = 0
+//! # clip_norm = 1.0; max_bad_steps = 3; seed = 0; precision = "bf16"; activation_checkpointing
 //! ```
 //!
 //! Files written under `output_dir`: `metrics.jsonl` (one line per step: loss, grad norm, lr,
@@ -186,6 +186,13 @@ pub struct PreferenceTrainingFile {
     pub clip_norm: Option<f64>,
     #[serde(default = "default_bad_steps")]
     pub max_bad_steps: u64,
+    /// The matrix products' precision (`stoke train`'s `training.precision`): "f32" or "bf16"
+    /// (bf16 products with f32 accumulation; master weights, gradients and optimizer state f32).
+    #[serde(default)]
+    pub precision: stoke_types::Precision,
+    /// Recompute activations in the backward pass (`stoke train`'s key).
+    #[serde(default)]
+    pub activation_checkpointing: bool,
 }
 
 fn default_clip() -> Option<f64> {
@@ -276,7 +283,9 @@ pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSu
         .unwrap_or_else(|| file.model.pretrained.clone());
     let tokenizer = Tokenizer::from_dir(&tokenizer_dir)
         .map_err(|e| TrainError::Other(format!("{}: {e}", tokenizer_dir.display())))?;
-    let policy = Transformer::load(&file.model.pretrained, &device)?;
+    let mut policy = Transformer::load(&file.model.pretrained, &device)?;
+    policy.set_precision(file.training.precision);
+    policy.set_activation_checkpointing(file.training.activation_checkpointing);
     let limit = policy.config().max_position_embeddings;
     let max_len = file.data.max_len.unwrap_or(limit.min(1024));
     if max_len > limit {
@@ -325,10 +334,10 @@ pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSu
     } else {
         match file.reference.mode {
             ReferenceMode::Live => (
-                Reference::Live(Box::new(Transformer::load(
-                    &file.model.pretrained,
-                    &device,
-                )?)),
+                Reference::Live(Box::new(
+                    Transformer::load(&file.model.pretrained, &device)?
+                        .with_precision(file.training.precision),
+                )),
                 "live (a second model)".to_string(),
             ),
             ReferenceMode::Cached => {

@@ -125,11 +125,13 @@ struct CacheFile {
     entries: Vec<[u64; 4]>,
 }
 
-/// The cache key of `pairs` under `reference`: xxh3-64 of every pair's token ids (lengths
-/// included) and of every weight's name, shape, dtype and bytes.
+/// The cache key of `pairs` under `reference`: xxh3-64 of the model's precision, every pair's
+/// token ids (lengths included) and every weight's name, shape, dtype and bytes.
 pub fn cache_key(reference: &Transformer, pairs: &[PreferencePair]) -> Result<String, TrainError> {
     let mut hash = Xxh3::new();
     hash.update(b"stoke-preference-reference-v1");
+    // bf16 products give other values than f32 ones.
+    hash.update(format!("{:?}", reference.precision()).as_bytes());
     for pair in pairs {
         for ids in [&pair.prompt_ids, &pair.chosen_ids, &pair.rejected_ids] {
             hash.update(&(ids.len() as u64).to_le_bytes());
