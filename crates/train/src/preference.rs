@@ -52,11 +52,16 @@ pub struct PreferenceOutput {
 impl PreferenceOutput {
     /// The value of metric `name`, if the loss reports it.
     pub fn metric(&self, name: &str) -> Option<f64> {
-        self.metrics
-            .iter()
-            .find(|(key, _)| *key == name)
-            .map(|(_, value)| *value)
+        find_metric(&self.metrics, name)
     }
+}
+
+/// The value of metric `name` in a list of named figures.
+pub fn find_metric(metrics: &[(&'static str, f64)], name: &str) -> Option<f64> {
+    metrics
+        .iter()
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| *value)
 }
 
 /// Per-sequence log-probs of a batch of completions, split where LD-DPO needs it: `shared` sums

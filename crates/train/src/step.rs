@@ -231,6 +231,16 @@ impl StepEngine {
         self.spike.spikes
     }
 
+    /// Resume: the schedule continues from `steps`.
+    pub fn set_steps(&mut self, steps: u64) {
+        self.steps = steps;
+    }
+
+    /// Resume: the streak of non-finite steps a checkpoint ended on.
+    pub fn set_consecutive_bad_steps(&mut self, count: u64) {
+        self.consecutive_bad_steps = count;
+    }
+
     /// The learning rate the next step uses.
     pub fn next_lr(&self) -> f64 {
         peak_lr(self.optimizer.config()) * self.settings.schedule.lr_factor(self.steps)

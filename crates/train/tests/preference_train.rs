@@ -270,7 +270,11 @@ fn the_cached_reference_equals_the_live_one_bit_for_bit() {
     var.set(&(var.as_tensor() * 1.5).unwrap()).unwrap();
     assert_ne!(cache_key(&other, &pairs).unwrap(), key);
     let bf16 = model().with_precision(stoke_types::Precision::Bf16);
-    assert_ne!(cache_key(&bf16, &pairs).unwrap(), key, "precision is part of the key");
+    assert_ne!(
+        cache_key(&bf16, &pairs).unwrap(),
+        key,
+        "precision is part of the key"
+    );
     // A cache for another dataset size is an error, not silently reused.
     assert!(load_cache(dir.path(), &key, pairs.len() + 1).is_err());
 }

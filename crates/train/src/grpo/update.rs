@@ -218,10 +218,7 @@ impl PolicyUpdater {
 
     /// Resume: the schedule continues from `steps`.
     pub fn set_steps(&mut self, steps: u64) {
-        let mut state = self.engine.state();
-        state.steps = steps;
-        // Restoring the engine's own state cannot fail.
-        let _ = self.engine.restore(state);
+        self.engine.set_steps(steps);
     }
 
     /// Non-finite updates in a row up to now (0 after an applied or empty one).
@@ -231,9 +228,7 @@ impl PolicyUpdater {
 
     /// Resume: the streak of non-finite updates the checkpoint ended on.
     pub fn set_consecutive_bad_steps(&mut self, count: u64) {
-        let mut state = self.engine.state();
-        state.consecutive_bad_steps = count;
-        let _ = self.engine.restore(state);
+        self.engine.set_consecutive_bad_steps(count);
     }
 
     /// One optimizer step on `samples` (all of one update), scored at `temperature`; see the

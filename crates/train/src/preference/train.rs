@@ -175,10 +175,7 @@ pub struct PairStepReport {
 
 impl PairStepReport {
     pub fn metric(&self, name: &str) -> Option<f64> {
-        self.metrics
-            .iter()
-            .find(|(key, _)| *key == name)
-            .map(|(_, v)| *v)
+        super::find_metric(&self.metrics, name)
     }
 }
 
