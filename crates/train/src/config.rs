@@ -346,10 +346,7 @@ impl TrainConfig {
 
     /// The peak learning rate reported in metrics (Muon: its matrix lr).
     pub fn peak_lr(&self) -> f64 {
-        match &self.optimizer {
-            OptimizerConfig::AdamW(c) => c.lr,
-            OptimizerConfig::Muon(c) => c.lr,
-        }
+        crate::step::peak_lr(&self.optimizer)
     }
 
     /// Micro-batches for the step that starts with `tokens_seen` tokens behind it.

@@ -316,7 +316,13 @@ fn bad_settings_name_their_key() {
         let err = loss.validate().unwrap_err().to_string();
         assert!(err.contains(key), "{json}: {err}");
     }
-    assert!(serde_json::from_str::<DpoLoss>(r#"{"loss_type": "kto_pair"}"#).is_err());
+    let err = serde_json::from_str::<DpoLoss>(r#"{"loss_type": ["sigmoid", "kto_pair"]}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("unknown loss type `kto_pair`") && err.contains("apo_zero"),
+        "{err}"
+    );
     assert!(serde_json::from_str::<DpoLoss>(r#"{"betta": 0.1}"#).is_err());
     let cpo: CpoLoss =
         serde_json::from_str(r#"{"loss_type": "hinge", "label_smoothing": 0.1}"#).unwrap();

@@ -124,18 +124,36 @@ fn default_discopop_tau() -> f64 {
     0.05
 }
 
-/// A string or a list of strings.
+/// Every loss type's name, for error messages.
+const LOSS_TYPE_NAMES: &str = "sigmoid, hinge, ipo, exo_pair, nca_pair, robust, bco_pair, \
+    sppo_hard, aot, aot_unpaired, apo_zero, apo_down, discopop, sft, sigmoid_norm";
+
+/// A loss type name or a list of them; an unknown name is an error that lists the known ones.
 fn one_or_many<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<DpoLossType>, D::Error> {
+    use serde::de::Error;
     #[derive(Deserialize)]
     #[serde(untagged)]
-    enum Either {
-        One(DpoLossType),
-        Many(Vec<DpoLossType>),
+    enum Names {
+        One(String),
+        Many(Vec<String>),
     }
-    Ok(match Either::deserialize(d)? {
-        Either::One(one) => vec![one],
-        Either::Many(many) => many,
-    })
+    let names = match Names::deserialize(d)
+        .map_err(|_| D::Error::custom("expected a loss type name or a list of them"))?
+    {
+        Names::One(one) => vec![one],
+        Names::Many(many) => many,
+    };
+    names
+        .iter()
+        .map(|name| {
+            serde_json::from_value(serde_json::Value::String(name.clone())).map_err(|_| {
+                D::Error::custom(format!(
+                    "unknown loss type `{name}`; TRL 1.16's are {LOSS_TYPE_NAMES} (kto_pair \
+                     became KTO: [objective] kind = \"kto\")"
+                ))
+            })
+        })
+        .collect()
 }
 
 impl Default for DpoLoss {
