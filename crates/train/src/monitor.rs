@@ -326,14 +326,7 @@ impl Monitor {
                 Box::new(std::io::stderr()),
             );
         }
-        let bar = ProgressBar::with_draw_target(Some(total_steps), ProgressDrawTarget::stderr());
-        let style = ProgressStyle::with_template(
-            // The bar takes whatever width is left, so the figures fit an 80-column terminal.
-            "{pos}/{len} | {msg} | ETA {eta} {wide_bar:.cyan/blue}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar())
-        .progress_chars("=> ");
-        bar.set_style(style);
+        let bar = step_bar(total_steps);
         Monitor::with_display(total_steps, Display::Bar(bar))
     }
 
@@ -564,4 +557,16 @@ fn fmt_duration(seconds: f64) -> String {
         60..3600 => format!("{}m{:02}s", s / 60, s % 60),
         _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
     }
+}
+
+/// The progress bar of long runs: position, the caller's message, ETA; the bar takes the width
+/// that is left, so the figures fit an 80-column terminal.
+pub fn step_bar(total: u64) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    let style =
+        ProgressStyle::with_template("{pos}/{len} | {msg} | ETA {eta} {wide_bar:.cyan/blue}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+    bar.set_style(style);
+    bar
 }

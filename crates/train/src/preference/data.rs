@@ -87,22 +87,16 @@ pub fn read_pairs(
             let prompt = prompt_field(value)?;
             let chosen = response_field(value, "chosen")?;
             let rejected = response_field(value, "rejected")?;
-            let prompt_ids = encode_prompt(tokenizer, &prompt)?;
-            check_prompt(&prompt_ids, options.max_len)?;
-            (
-                prompt_ids,
-                encode_response(tokenizer, &prompt, &chosen, "chosen")?,
-                encode_response(tokenizer, &prompt, &rejected, "rejected")?,
-            )
+            let rendered = encode_prompt(tokenizer, &prompt)?;
+            check_prompt(&rendered.ids, options.max_len)?;
+            let chosen = encode_response(tokenizer, &prompt, &rendered, &chosen, "chosen")?;
+            let rejected = encode_response(tokenizer, &prompt, &rendered, &rejected, "rejected")?;
+            (rendered.ids, chosen, rejected)
         };
         check_prompt(&prompt_ids, options.max_len)?;
         let room = options.max_len - prompt_ids.len();
-        for ids in [&mut chosen_ids, &mut rejected_ids] {
-            if ids.len() > room {
-                ids.truncate(room);
-                report.truncated += 1;
-            }
-        }
+        fit(&mut chosen_ids, room, report);
+        fit(&mut rejected_ids, room, report);
         Ok(PreferencePair {
             prompt_ids,
             chosen_ids,
@@ -128,16 +122,17 @@ pub fn read_labelled(
             }
             None => return Err("missing field `label`".into()),
         };
-        let prompt_ids = encode_prompt(tokenizer, &prompt)?;
-        check_prompt(&prompt_ids, options.max_len)?;
-        let mut completion_ids = encode_response(tokenizer, &prompt, &completion, "completion")?;
-        let room = options.max_len - prompt_ids.len();
-        if completion_ids.len() > room {
-            completion_ids.truncate(room);
-            report.truncated += 1;
-        }
+        let rendered = encode_prompt(tokenizer, &prompt)?;
+        check_prompt(&rendered.ids, options.max_len)?;
+        let mut completion_ids =
+            encode_response(tokenizer, &prompt, &rendered, &completion, "completion")?;
+        fit(
+            &mut completion_ids,
+            options.max_len - rendered.ids.len(),
+            report,
+        );
         Ok(LabelledCompletion {
-            prompt_ids,
+            prompt_ids: rendered.ids,
             completion_ids,
             label,
             line,
@@ -268,12 +263,22 @@ fn response_messages(response: &Turns) -> Vec<ChatMessage> {
     }
 }
 
-fn encode_prompt(tokenizer: &Tokenizer, prompt: &Turns) -> Result<Vec<u32>, String> {
+/// A prompt rendered once: its ids and, with a chat template, its text (the prefix each
+/// response's rendering must start with).
+struct RenderedPrompt {
+    ids: Vec<u32>,
+    text: String,
+}
+
+fn encode_prompt(tokenizer: &Tokenizer, prompt: &Turns) -> Result<RenderedPrompt, String> {
     if tokenizer.chat_template().is_none() {
         return match prompt {
-            Turns::Text(text) => tokenizer
-                .encode(text, true)
-                .map_err(|e| format!("prompt: {e}")),
+            Turns::Text(text) => Ok(RenderedPrompt {
+                ids: tokenizer
+                    .encode(text, true)
+                    .map_err(|e| format!("prompt: {e}"))?,
+                text: text.clone(),
+            }),
             Turns::Messages(_) => {
                 Err("`prompt` is a list of messages but the tokenizer has no chat template".into())
             }
@@ -285,14 +290,26 @@ fn encode_prompt(tokenizer: &Tokenizer, prompt: &Turns) -> Result<Vec<u32>, Stri
     };
     tokenizer
         .apply_chat_template(&prompt_messages(prompt), &options)
-        .map(|encoding| encoding.ids)
+        .map(|encoding| RenderedPrompt {
+            ids: encoding.ids,
+            text: encoding.text,
+        })
         .map_err(|e| format!("prompt: chat template: {e}"))
+}
+
+/// Cuts a response to the room left after its prompt (TRL's `keep_start`), counting the cut.
+fn fit(ids: &mut Vec<u32>, room: usize, report: &mut ReadReport) {
+    if ids.len() > room {
+        ids.truncate(room);
+        report.truncated += 1;
+    }
 }
 
 /// The response's ids, to append to the prompt's (see the module doc).
 fn encode_response(
     tokenizer: &Tokenizer,
     prompt: &Turns,
+    rendered: &RenderedPrompt,
     response: &Turns,
     key: &str,
 ) -> Result<Vec<u32>, String> {
@@ -313,22 +330,12 @@ fn encode_response(
             .map(|template| template.name().to_string())
             .unwrap_or_default();
         let mut conversation = prompt_messages(prompt);
-        let prompt_text = tokenizer
-            .apply_chat_template(
-                &conversation,
-                &ChatOptions {
-                    add_generation_prompt: true,
-                    ..ChatOptions::default()
-                },
-            )
-            .map_err(|e| format!("prompt: chat template: {e}"))?
-            .text;
         conversation.extend(response_messages(response));
         let full = tokenizer
             .apply_chat_template(&conversation, &ChatOptions::default())
             .map_err(|e| format!("{key}: chat template: {e}"))?
             .text;
-        let Some(tail) = full.strip_prefix(&prompt_text) else {
+        let Some(tail) = full.strip_prefix(rendered.text.as_str()) else {
             return Err(format!(
                 "{key}: the chat template `{head}` renders the prompt differently once the \
                  response follows it, so the response cannot be appended in token space"

@@ -43,7 +43,7 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use candle_core::Device;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
 use stoke_model::Transformer;
 use stoke_optim::{LrSchedule, Optimizer};
@@ -522,13 +522,7 @@ fn progress(total: u64, quiet: bool) -> Option<ProgressBar> {
     if quiet || !std::io::stderr().is_terminal() {
         return None;
     }
-    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-    let style =
-        ProgressStyle::with_template("{pos}/{len} | {msg} | ETA {eta} {wide_bar:.cyan/blue}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> ");
-    bar.set_style(style);
-    Some(bar)
+    Some(crate::monitor::step_bar(total))
 }
 
 /// Plain progress lines: the first step, about 20 over the run, and the last.
