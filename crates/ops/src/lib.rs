@@ -29,6 +29,7 @@ pub mod activation;
 pub mod allocator;
 pub mod attention;
 pub mod bf16;
+pub mod cpu;
 pub mod decode;
 pub mod fused_attention;
 pub mod gradcheck;

@@ -19,8 +19,9 @@
 //!   to bf16 first, so every product is exactly the product of two bf16 values (the precision
 //!   policy of `bf16.rs`) and every sum is in f32.
 //!
-//! Kernels: AVX-512F (`is_x86_feature_detected`, any AVX-512 CPU; FMA into f32 lanes, which runs
-//! at full rate where `vdpbf16ps` does not), and a portable loop. `STOKE_MATVEC_KERNEL=portable`
+//! Kernels: AVX-512F (any AVX-512 CPU; FMA into f32 lanes, which runs at full rate where
+//! `vdpbf16ps` does not), AVX2 + FMA (the same tiles in 8 lanes and 16 registers), and a
+//! portable loop; `cpu::level` picks the widest. `STOKE_MATVEC_KERNEL=portable`
 //! forces the latter (tests, other CPUs). The two agree up to f32 summation order; each is
 //! deterministic and independent of how rows are split between threads (a row's sum never
 //! crosses a split).
@@ -152,6 +153,7 @@ impl Inputs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
     Avx512,
+    Avx2,
     Portable,
 }
 
@@ -159,33 +161,26 @@ impl Kernel {
     pub fn name(self) -> &'static str {
         match self {
             Kernel::Avx512 => "avx512",
+            Kernel::Avx2 => "avx2",
             Kernel::Portable => "portable",
         }
     }
 }
 
-/// The kernel in use: AVX-512F where the CPU has it, unless `STOKE_MATVEC_KERNEL=portable`.
+/// The kernel in use: the widest the CPU has (`cpu::level`, which `STOKE_SIMD` lowers), unless
+/// `STOKE_MATVEC_KERNEL=portable`.
 pub fn kernel() -> Kernel {
     static CHOSEN: OnceLock<Kernel> = OnceLock::new();
     *CHOSEN.get_or_init(|| {
-        let forced_portable = std::env::var("STOKE_MATVEC_KERNEL").as_deref() == Ok("portable");
-        if !forced_portable && avx512_available() {
-            Kernel::Avx512
-        } else {
-            Kernel::Portable
+        if std::env::var("STOKE_MATVEC_KERNEL").as_deref() == Ok("portable") {
+            return Kernel::Portable;
+        }
+        match crate::cpu::level() {
+            crate::cpu::Level::Avx512 => Kernel::Avx512,
+            crate::cpu::Level::Avx2 => Kernel::Avx2,
+            crate::cpu::Level::Baseline => Kernel::Portable,
         }
     })
-}
-
-fn avx512_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
 }
 
 /// `out[b * out_stride + (j - rows.start)] = sum_k W[j, k] x[b, k]` for `j` in `rows`, every
@@ -219,6 +214,38 @@ pub(crate) unsafe fn matvec_raw(
     out: *mut f32,
     out_stride: usize,
 ) {
+    // SAFETY: forwarded; `kernel()` is available on this CPU.
+    unsafe { matvec_with(kernel(), w, x, rows, out, out_stride) }
+}
+
+impl Kernel {
+    /// Whether this CPU can run the kernel.
+    pub fn available(self) -> bool {
+        match self {
+            Kernel::Avx512 => crate::cpu::detected() >= crate::cpu::Level::Avx512,
+            Kernel::Avx2 => crate::cpu::detected() >= crate::cpu::Level::Avx2,
+            Kernel::Portable => true,
+        }
+    }
+}
+
+/// As `matvec_raw` with a given kernel.
+///
+/// # Safety
+/// As `matvec_raw`, and `kernel.available()`.
+unsafe fn matvec_with(
+    kernel: Kernel,
+    w: &Weights,
+    x: &Inputs,
+    rows: Range<usize>,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    assert!(
+        kernel.available(),
+        "matvec: the {} kernel is not available",
+        kernel.name()
+    );
     w.check();
     assert!(
         rows.end <= w.rows(),
@@ -234,10 +261,13 @@ pub(crate) unsafe fn matvec_raw(
         w.cols(),
         if w.is_bf16() { "bf16" } else { "f32" }
     );
-    match kernel() {
+    match kernel {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the kernel is chosen only where the CPU has AVX-512F; bounds as documented.
+        // SAFETY: the CPU has AVX-512F (asserted); bounds as documented.
         Kernel::Avx512 => unsafe { avx512::matvec(w, x, rows, out, out_stride) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has AVX2 and FMA (asserted); bounds as documented.
+        Kernel::Avx2 => unsafe { avx2::matvec(w, x, rows, out, out_stride) },
         // SAFETY: bounds as documented (the caller's contract).
         _ => unsafe { portable(w, x, rows, out, out_stride) },
     }
@@ -247,9 +277,12 @@ pub(crate) unsafe fn matvec_raw(
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot: lengths differ");
     #[cfg(target_arch = "x86_64")]
-    if kernel() == Kernel::Avx512 {
+    match kernel() {
         // SAFETY: AVX-512F is available (the kernel choice); lengths are equal.
-        return unsafe { avx512::dot(a, b) };
+        Kernel::Avx512 => return unsafe { avx512::dot(a, b) },
+        // SAFETY: AVX2 and FMA are available (the kernel choice); lengths are equal.
+        Kernel::Avx2 => return unsafe { avx2::dot(a, b) },
+        Kernel::Portable => {}
     }
     let mut lanes = [0f32; 16];
     let body = a.len() - a.len() % 16;
@@ -269,9 +302,12 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 pub(crate) fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
     assert_eq!(y.len(), x.len(), "axpy: lengths differ");
     #[cfg(target_arch = "x86_64")]
-    if kernel() == Kernel::Avx512 {
+    match kernel() {
         // SAFETY: AVX-512F is available (the kernel choice); lengths are equal.
-        return unsafe { avx512::axpy(y, alpha, x) };
+        Kernel::Avx512 => return unsafe { avx512::axpy(y, alpha, x) },
+        // SAFETY: AVX2 and FMA are available (the kernel choice); lengths are equal.
+        Kernel::Avx2 => return unsafe { avx2::axpy(y, alpha, x) },
+        Kernel::Portable => {}
     }
     for (o, &v) in y.iter_mut().zip(x) {
         *o += alpha * v;
@@ -599,6 +635,314 @@ mod avx512 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+// Register tiles are fixed-size arrays indexed by row and input: loops over indices read best.
+// `j + R <= end` reads as "a whole tile fits" for every R, 1 included.
+#[allow(clippy::needless_range_loop, clippy::int_plus_one)]
+mod avx2 {
+    //! The AVX-512 kernels' tiles in 8 lanes: a 32-value bf16 block is two 8-pair loads, each
+    //! giving 8 even and 8 odd weights; tiles are smaller (16 registers, not 32).
+    use super::{Inputs, Weights};
+    use std::arch::x86_64::*;
+    use std::ops::Range;
+
+    const MAX_BATCH: usize = 8;
+    /// As in the AVX-512 kernels: prefetch this many row tiles ahead.
+    const PREFETCH_TILES: usize = 2;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum(v: __m256) -> f32 {
+        let quad = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+        let one = _mm_add_ss(pair, _mm_shuffle_ps::<0b01>(pair, pair));
+        _mm_cvtss_f32(one)
+    }
+
+    /// # Safety
+    /// AVX2 and FMA are available; bounds as in `super::matvec_raw`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn matvec(
+        w: &Weights,
+        x: &Inputs,
+        rows: Range<usize>,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        let mut b0 = 0;
+        while b0 < x.batch {
+            let nb = (x.batch - b0).min(MAX_BATCH);
+            // SAFETY: rows b0..b0 + nb of x and of the output exist (see the caller).
+            unsafe {
+                let xp = x.data.as_ptr().add(b0 * x.stride);
+                let op = out.add(b0 * out_stride);
+                match *w {
+                    Weights::Bf16 { data, stride, .. } => bf16_rows(
+                        data.as_ptr(),
+                        stride,
+                        xp,
+                        x.stride,
+                        nb,
+                        rows.clone(),
+                        op,
+                        out_stride,
+                    ),
+                    Weights::F32 { data, cols, .. } => f32_rows(
+                        data.as_ptr(),
+                        cols,
+                        xp,
+                        x.stride,
+                        nb,
+                        rows.clone(),
+                        op,
+                        out_stride,
+                    ),
+                }
+            }
+            b0 += nb;
+        }
+    }
+
+    /// # Safety
+    /// AVX2 and FMA are available; `a.len() == b.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len();
+        let body = n - n % 16;
+        let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        while i < body {
+            // SAFETY: i + 16 <= n for both slices.
+            unsafe {
+                let (pa, pb) = (a.as_ptr().add(i), b.as_ptr().add(i));
+                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa), _mm256_loadu_ps(pb), acc0);
+                acc1 =
+                    _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(8)), _mm256_loadu_ps(pb.add(8)), acc1);
+            }
+            i += 16;
+        }
+        let mut sum = hsum(_mm256_add_ps(acc0, acc1));
+        for k in body..n {
+            sum += a[k] * b[k];
+        }
+        sum
+    }
+
+    /// # Safety
+    /// AVX2 and FMA are available; `y.len() == x.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+        let n = y.len();
+        let body = n - n % 8;
+        let a = _mm256_set1_ps(alpha);
+        let mut i = 0;
+        while i < body {
+            // SAFETY: i + 8 <= n for both slices.
+            unsafe {
+                let p = y.as_mut_ptr().add(i);
+                _mm256_storeu_ps(
+                    p,
+                    _mm256_fmadd_ps(a, _mm256_loadu_ps(x.as_ptr().add(i)), _mm256_loadu_ps(p)),
+                );
+            }
+            i += 8;
+        }
+        for k in body..n {
+            y[k] += alpha * x[k];
+        }
+    }
+
+    /// Rows `rows` in tiles of `$r` weight rows (then single rows) against `$nb` inputs.
+    macro_rules! tiles {
+        ($tile:ident, $r:expr, $nb:expr, $args:expr) => {{
+            let (w, ws, x, xs, rows, out, os) = $args;
+            let mut j = rows.start;
+            while j + $r <= rows.end {
+                $tile::<$r, $nb>(w, ws, j, x, xs, out.add(j - rows.start), os);
+                j += $r;
+            }
+            while j < rows.end {
+                $tile::<1, $nb>(w, ws, j, x, xs, out.add(j - rows.start), os);
+                j += 1;
+            }
+        }};
+    }
+
+    /// # Safety
+    /// As `matvec`, with `nb <= MAX_BATCH` input rows at `x`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn bf16_rows(
+        w: *const u32,
+        stride: usize,
+        x: *const f32,
+        x_stride: usize,
+        nb: usize,
+        rows: Range<usize>,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        let args = (w, stride, x, x_stride, rows, out, out_stride);
+        // Tiles fit 16 registers: R x NB accumulators, 2R weight vectors, 2 input vectors.
+        // SAFETY: forwarded bounds.
+        unsafe {
+            match nb {
+                1 => tiles!(bf16_tile, 4, 1, args),
+                2 => tiles!(bf16_tile, 3, 2, args),
+                3 => tiles!(bf16_tile, 2, 3, args),
+                4 => tiles!(bf16_tile, 2, 4, args),
+                5 => tiles!(bf16_tile, 1, 5, args),
+                6 => tiles!(bf16_tile, 1, 6, args),
+                7 => tiles!(bf16_tile, 1, 7, args),
+                _ => tiles!(bf16_tile, 1, 8, args),
+            }
+        }
+    }
+
+    /// # Safety
+    /// As `matvec`, with `nb <= MAX_BATCH` input rows at `x`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn f32_rows(
+        w: *const f32,
+        cols: usize,
+        x: *const f32,
+        x_stride: usize,
+        nb: usize,
+        rows: Range<usize>,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        let args = (w, cols, x, x_stride, rows, out, out_stride);
+        // R x NB accumulators, R weight vectors, 1 input vector.
+        // SAFETY: forwarded bounds.
+        unsafe {
+            match nb {
+                1 => tiles!(f32_tile, 4, 1, args),
+                2 => tiles!(f32_tile, 4, 2, args),
+                3 => tiles!(f32_tile, 3, 3, args),
+                4 => tiles!(f32_tile, 2, 4, args),
+                5 => tiles!(f32_tile, 2, 5, args),
+                6 => tiles!(f32_tile, 2, 6, args),
+                7 => tiles!(f32_tile, 1, 7, args),
+                _ => tiles!(f32_tile, 1, 8, args),
+            }
+        }
+    }
+
+    /// Rows `j..j + R` of bf16 pair weights against `NB` prepared input rows.
+    ///
+    /// # Safety
+    /// As `super::avx512::bf16_tile`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn bf16_tile<const R: usize, const NB: usize>(
+        w: *const u32,
+        stride: usize,
+        j: usize,
+        x: *const f32,
+        x_stride: usize,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        let high = _mm256_set1_epi32(0xffff_0000_u32 as i32);
+        let mut acc = [[_mm256_setzero_ps(); NB]; R];
+        let blocks = stride / 16;
+        for block in 0..blocks {
+            for r in 0..R {
+                // One 64-byte line per row and block: a hint, valid for any address.
+                _mm_prefetch::<_MM_HINT_T0>(
+                    w.wrapping_add((j + r) * stride + block * 16 + PREFETCH_TILES * R * stride)
+                        as *const i8,
+                );
+            }
+            for half in 0..2 {
+                let mut even = [_mm256_setzero_ps(); R];
+                let mut odd = [_mm256_setzero_ps(); R];
+                for r in 0..R {
+                    let at = (j + r) * stride + block * 16 + half * 8;
+                    // SAFETY: pair words at .. at + 8 of row j + r exist (stride is a multiple
+                    // of 16 pair words).
+                    let v = unsafe { _mm256_loadu_si256(w.add(at) as *const __m256i) };
+                    even[r] = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v));
+                    odd[r] = _mm256_castsi256_ps(_mm256_and_si256(v, high));
+                }
+                for b in 0..NB {
+                    // SAFETY: values block * 32 .. + 32 of input row b exist; this half reads
+                    // the even values 8 * half .. + 8 and the odd ones 16 + 8 * half .. + 8.
+                    let (xe, xo) = unsafe {
+                        let p = x.add(b * x_stride + block * 32 + half * 8);
+                        (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(16)))
+                    };
+                    for r in 0..R {
+                        acc[r][b] = _mm256_fmadd_ps(even[r], xe, acc[r][b]);
+                        acc[r][b] = _mm256_fmadd_ps(odd[r], xo, acc[r][b]);
+                    }
+                }
+            }
+        }
+        for r in 0..R {
+            for b in 0..NB {
+                // SAFETY: (b, r) is inside the output tile.
+                unsafe { *out.add(b * out_stride + r) = hsum(acc[r][b]) };
+            }
+        }
+    }
+
+    /// Rows `j..j + R` of row-major f32 weights (`cols` per row) against `NB` input rows.
+    ///
+    /// # Safety
+    /// As `super::avx512::f32_tile`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn f32_tile<const R: usize, const NB: usize>(
+        w: *const f32,
+        cols: usize,
+        j: usize,
+        x: *const f32,
+        x_stride: usize,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); NB]; R];
+        let body = cols - cols % 8;
+        let mut k = 0;
+        while k < body {
+            let mut wv = [_mm256_setzero_ps(); R];
+            for r in 0..R {
+                let at = (j + r) * cols + k;
+                // SAFETY: values k .. k + 8 of row j + r exist.
+                wv[r] = unsafe { _mm256_loadu_ps(w.add(at)) };
+                if k % 16 == 0 {
+                    // A hint, valid for any address (one per 64-byte line).
+                    _mm_prefetch::<_MM_HINT_T0>(
+                        w.wrapping_add(at + PREFETCH_TILES * R * cols) as *const i8
+                    );
+                }
+            }
+            for b in 0..NB {
+                // SAFETY: values k .. k + 8 of input row b exist.
+                let xv = unsafe { _mm256_loadu_ps(x.add(b * x_stride + k)) };
+                for r in 0..R {
+                    acc[r][b] = _mm256_fmadd_ps(wv[r], xv, acc[r][b]);
+                }
+            }
+            k += 8;
+        }
+        for r in 0..R {
+            for b in 0..NB {
+                let mut sum = hsum(acc[r][b]);
+                for kk in body..cols {
+                    // SAFETY: in bounds as above.
+                    sum += unsafe { *w.add((j + r) * cols + kk) * *x.add(b * x_stride + kk) };
+                }
+                // SAFETY: (b, r) is inside the output tile.
+                unsafe { *out.add(b * out_stride + r) = sum };
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -636,7 +980,7 @@ mod tests {
         for (rows, cols) in [(37, 64), (16, 576), (9, 40), (3, 7)] {
             let w = values(rows * cols, 1);
             let packed = PackedA::from_rows(&w, rows, cols);
-            for batch in [1, 2, 3, 5, 8, 11] {
+            for batch in [1, 2, 3, 4, 5, 6, 7, 8, 11] {
                 let x = values(batch * cols, 2);
                 for bf16 in [false, true] {
                     let weights = if bf16 {
@@ -650,44 +994,74 @@ mod tests {
                     };
                     let mut inputs = Inputs::new();
                     inputs.prepare(&x, batch, cols, bf16);
-                    // Two disjoint row ranges, as two threads would split them.
-                    let mut out = vec![f32::NAN; batch * rows];
-                    let split = rows / 2;
-                    // SAFETY: each range's writes stay inside `out` (batch x rows, stride rows).
-                    unsafe {
-                        matvec_raw(&weights, &inputs, 0..split, out.as_mut_ptr(), rows);
-                        matvec_raw(
-                            &weights,
-                            &inputs,
-                            split..rows,
-                            out.as_mut_ptr().add(split),
-                            rows,
-                        );
-                    }
                     let want = reference(&w, &x, rows, cols, batch, bf16);
-                    // The portable loop too, whatever `kernel()` chose.
-                    let mut portable_out = vec![f32::NAN; batch * rows];
-                    // SAFETY: as above.
-                    unsafe {
-                        portable(&weights, &inputs, 0..rows, portable_out.as_mut_ptr(), rows)
-                    };
-                    for (i, (&got, &want)) in portable_out.iter().zip(&want).enumerate() {
-                        let tol = 1e-5 * (1.0 + want.abs()) * (cols as f64).sqrt();
-                        assert!(
-                            (got as f64 - want).abs() <= tol,
-                            "portable [{rows}x{cols}] batch {batch} bf16 {bf16} element {i}: {got} vs {want}"
-                        );
-                    }
-                    for (i, (&got, &want)) in out.iter().zip(&want).enumerate() {
-                        let tol = 1e-5 * (1.0 + want.abs()) * (cols as f64).sqrt();
-                        assert!(
-                            (got as f64 - want).abs() <= tol,
-                            "[{rows}x{cols}] batch {batch} bf16 {bf16} element {i}: {got} vs {want}"
-                        );
+                    for kernel in [Kernel::Portable, Kernel::Avx2, Kernel::Avx512] {
+                        if !kernel.available() {
+                            eprintln!(
+                                "skipped: the {} kernel is not available on this CPU",
+                                kernel.name()
+                            );
+                            continue;
+                        }
+                        // Two disjoint row ranges, as two threads would split them.
+                        let mut out = vec![f32::NAN; batch * rows];
+                        let split = rows / 2;
+                        // SAFETY: each range's writes stay inside `out` (batch x rows, stride
+                        // rows); the kernel is available.
+                        unsafe {
+                            matvec_with(
+                                kernel,
+                                &weights,
+                                &inputs,
+                                0..split,
+                                out.as_mut_ptr(),
+                                rows,
+                            );
+                            matvec_with(
+                                kernel,
+                                &weights,
+                                &inputs,
+                                split..rows,
+                                out.as_mut_ptr().add(split),
+                                rows,
+                            );
+                        }
+                        for (i, (&got, &want)) in out.iter().zip(&want).enumerate() {
+                            let tol = 1e-5 * (1.0 + want.abs()) * (cols as f64).sqrt();
+                            assert!(
+                                (got as f64 - want).abs() <= tol,
+                                "{} [{rows}x{cols}] batch {batch} bf16 {bf16} element {i}: {got} vs {want}",
+                                kernel.name()
+                            );
+                        }
                     }
                 }
             }
         }
+    }
+
+    #[test]
+    fn dot_and_axpy_match_plain_loops_with_every_kernel() {
+        for n in [0, 1, 7, 8, 15, 16, 17, 64, 100] {
+            let a = values(n, 3);
+            let b = values(n, 4);
+            let dot_want: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
+            let got = dot(&a, &b);
+            assert!(
+                (got as f64 - dot_want).abs() <= 1e-5 * (1.0 + n as f64),
+                "dot n {n}: {got} vs {dot_want}"
+            );
+            let mut y = values(n, 5);
+            let want: Vec<f32> = y.iter().zip(&a).map(|(&v, &x)| v + 0.5 * x).collect();
+            axpy(&mut y, 0.5, &a);
+            for (g, w) in y.iter().zip(&want) {
+                assert!(
+                    (g - w).abs() <= 1e-6 * (1.0 + w.abs()),
+                    "axpy n {n}: {g} vs {w}"
+                );
+            }
+        }
+        eprintln!("dot/axpy ran on the {} kernel", kernel().name());
     }
 
     #[test]
