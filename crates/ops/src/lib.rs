@@ -28,6 +28,7 @@
 pub mod activation;
 pub mod allocator;
 pub mod attention;
+pub(crate) mod attention_rows;
 pub mod bf16;
 pub mod cpu;
 pub mod decode;

@@ -377,24 +377,38 @@ fn the_layout_choice_packs_short_completions_of_long_shared_prompts_only() {
     let short: Vec<(Vec<u32>, Vec<u32>)> = (0..8)
         .map(|_| (prompt.clone(), random_ids(&mut rng, 4)))
         .collect();
-    assert_eq!(
-        ScoringLayout::choose(&model, &as_rows(&short)),
-        ScoringLayout::SharedPrefix
-    );
     let distinct: Vec<(Vec<u32>, Vec<u32>)> = (0..8)
         .map(|_| (random_ids(&mut rng, 40), random_ids(&mut rng, 4)))
         .collect();
-    assert_eq!(
-        ScoringLayout::choose(&model, &as_rows(&distinct)),
-        ScoringLayout::Rows
-    );
-    // Long completions of a short prompt: packing would make attention quadratic for nothing.
     let tiny_prompt = random_ids(&mut rng, 2);
     let long: Vec<(Vec<u32>, Vec<u32>)> = (0..8)
         .map(|_| (tiny_prompt.clone(), random_ids(&mut rng, 60)))
         .collect();
+    for masked_only in [false, true] {
+        assert_eq!(
+            ScoringLayout::choose_for(&model, &as_rows(&short), masked_only),
+            ScoringLayout::SharedPrefix
+        );
+        assert_eq!(
+            ScoringLayout::choose_for(&model, &as_rows(&distinct), masked_only),
+            ScoringLayout::Rows
+        );
+    }
+    // Long completions of a short prompt: with dense attention packing would make attention
+    // quadratic in the packed length for nothing.
+    assert_eq!(
+        ScoringLayout::choose_for(&model, &as_rows(&long), false),
+        ScoringLayout::Rows
+    );
+    // With attention over the allowed pairs only (the CPU), packing costs the same attention
+    // and saves the repeated prompt tokens.
+    assert_eq!(
+        ScoringLayout::choose_for(&model, &as_rows(&long), true),
+        ScoringLayout::SharedPrefix
+    );
     assert_eq!(
         ScoringLayout::choose(&model, &as_rows(&long)),
-        ScoringLayout::Rows
+        ScoringLayout::SharedPrefix,
+        "the CPU model's choice is the masked-pairs one"
     );
 }

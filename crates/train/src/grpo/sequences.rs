@@ -23,8 +23,10 @@
 //! the keys it would see in its own row, at the same positions, so the log-probs are the same up
 //! to float rounding (tested); the first token of every completion is predicted from the one
 //! shared last prompt position. The layout is chosen per call by a FLOP estimate
-//! ([`ScoringLayout::choose`]): packing saves the prompt's repeats in every linear layer but makes
-//! attention quadratic in the packed length, so it wins for short completions of long prompts.
+//! ([`ScoringLayout::choose`]): packing saves the prompt's repeats in every linear layer; on the
+//! CPU attention costs only the pairs the mask allows, so packing wins whenever rows share a
+//! prompt; where attention is dense (other devices) the packed length makes it quadratic, and
+//! packing wins only for short completions of long prompts.
 //!
 //! [`token_budget_batches`] splits rows into micro-batches by padded size, for callers that
 //! score more rows than fit in one forward pass.
@@ -103,9 +105,21 @@ pub enum ScoringLayout {
 
 impl ScoringLayout {
     /// The layout with the smaller estimated forward cost: linear layers cost `2 * P_lin` FLOPs
-    /// per token (`P_lin` the per-layer weights times layers), attention `4 * d * L` per
-    /// (query, key) pair, both over padded shapes.
+    /// per token (`P_lin` the per-layer weights times layers) over padded shapes, attention
+    /// `4 * d * L` per (query, key) pair it computes. On the CPU attention computes only the
+    /// pairs the mask allows (`stoke_ops::fused_attention`), so packing never costs attention
+    /// there; elsewhere it computes the padded square.
     pub fn choose(model: &Transformer, rows: &[SequenceRow<'_>]) -> ScoringLayout {
+        ScoringLayout::choose_for(model, rows, model.device().is_cpu())
+    }
+
+    /// [`ScoringLayout::choose`] with the attention's cost model given: `masked_only` counts
+    /// the allowed pairs, otherwise every padded pair.
+    pub fn choose_for(
+        model: &Transformer,
+        rows: &[SequenceRow<'_>],
+        masked_only: bool,
+    ) -> ScoringLayout {
         let groups = prompt_groups(rows);
         if groups.len() == rows.len() {
             return ScoringLayout::Rows;
@@ -116,20 +130,44 @@ impl ScoringLayout {
         let linear_per_token =
             2.0 * layers * (4.0 * d * attention_width + 3.0 * d * c.intermediate_size as f64);
         let attention_per_pair = 4.0 * attention_width * layers;
-        let cost = |sequences: usize, length: usize| {
-            let tokens = (sequences * length) as f64;
-            tokens * linear_per_token + tokens * length as f64 * attention_per_pair
+        let triangle = |n: usize| (n * (n + 1) / 2) as f64;
+        let cost = |sequences: usize, length: usize, allowed_pairs: f64| {
+            let pairs = if masked_only {
+                allowed_pairs
+            } else {
+                (sequences * length * length) as f64
+            };
+            (sequences * length) as f64 * linear_per_token + pairs * attention_per_pair
         };
-        let rows_cost = cost(
-            rows.len(),
-            rows.iter().map(SequenceRow::len).max().unwrap_or(0),
-        );
+        let row_len = rows.iter().map(SequenceRow::len).max().unwrap_or(0);
+        // A padding query of a row sees the row's real tokens.
+        let row_pairs: f64 = rows
+            .iter()
+            .map(|r| triangle(r.len()) + ((row_len - r.len()) * r.len()) as f64)
+            .sum();
+        let rows_cost = cost(rows.len(), row_len, row_pairs);
         let packed_len = groups
             .iter()
             .map(|g| packed_length(&rows[g.clone()]))
             .max()
             .unwrap_or(0);
-        if cost(groups.len(), packed_len) < rows_cost {
+        // A completion sees the prompt and its own earlier tokens; padding sees itself.
+        let packed_pairs: f64 = groups
+            .iter()
+            .map(|g| {
+                let group = &rows[g.clone()];
+                let prompt = group[0].prompt_ids.len();
+                let completions: f64 = group
+                    .iter()
+                    .map(|r| {
+                        let len = r.completion_ids.len();
+                        (len * prompt) as f64 + triangle(len)
+                    })
+                    .sum();
+                triangle(prompt) + completions + (packed_len - packed_length(group)) as f64
+            })
+            .sum();
+        if cost(groups.len(), packed_len, packed_pairs) < rows_cost {
             ScoringLayout::SharedPrefix
         } else {
             ScoringLayout::Rows
@@ -465,17 +503,47 @@ fn padded_slots(rows: &[SequenceRow<'_>], max_completion: usize, padding: usize)
 /// Entropy `logsumexp(z) - sum(softmax(z) * z)` of `z = hidden @ head^T` per row, `[N]` f32,
 /// a chunk of rows at a time.
 fn entropy_rows(hidden: &Tensor, head: &Tensor) -> Result<Tensor, TrainError> {
+    use rayon::prelude::*;
     let rows = hidden.dim(0)?;
+    let vocab = head.dim(0)?;
     let head_t = head.t()?;
-    let mut parts = Vec::with_capacity(rows.div_ceil(ENTROPY_CHUNK_ROWS));
+    let mut entropy = Vec::with_capacity(rows);
     for start in (0..rows).step_by(ENTROPY_CHUNK_ROWS) {
         let len = ENTROPY_CHUNK_ROWS.min(rows - start);
-        let logits = hidden.narrow(0, start, len)?.matmul(&head_t)?;
-        let shifted = logits.broadcast_sub(&logits.max_keepdim(1)?)?;
-        let exp = shifted.exp()?;
-        let sum = exp.sum_keepdim(1)?;
-        let expected = (exp * &shifted)?.sum_keepdim(1)?.broadcast_div(&sum)?;
-        parts.push((sum.log()? - expected)?.squeeze(1)?);
+        let logits: Vec<f32> = hidden
+            .narrow(0, start, len)?
+            .matmul(&head_t)?
+            .flatten_all()?
+            .to_vec1()?;
+        // One pass per row: H = log Z - sum(e^(x - m) (x - m)) / Z with Z = sum e^(x - m).
+        let chunk: Vec<f32> = logits
+            .par_chunks(vocab)
+            .map(|row| {
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                stoke_ops::vexp::dispatch(|| {
+                    let (mut z, mut weighted) = ([0f32; 8], [0f32; 8]);
+                    let mut chunks = row.chunks_exact(8);
+                    for c in &mut chunks {
+                        for l in 0..8 {
+                            let x = c[l] - max;
+                            let e = stoke_ops::vexp::exp(x);
+                            z[l] += e;
+                            weighted[l] += e * x;
+                        }
+                    }
+                    let (mut z_sum, mut w_sum) =
+                        (z.iter().sum::<f32>(), weighted.iter().sum::<f32>());
+                    for &v in chunks.remainder() {
+                        let x = v - max;
+                        let e = stoke_ops::vexp::exp(x);
+                        z_sum += e;
+                        w_sum += e * x;
+                    }
+                    z_sum.ln() - w_sum / z_sum
+                })
+            })
+            .collect();
+        entropy.extend(chunk);
     }
-    Ok(Tensor::cat(&parts, 0)?)
+    Ok(Tensor::from_vec(entropy, rows, hidden.device())?)
 }
