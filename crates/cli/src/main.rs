@@ -72,6 +72,9 @@ fn default_candle_threads() {
 
 fn main() -> ExitCode {
     default_candle_threads();
+    // FTZ/DAZ on every compute thread and the allocator settings for training loops
+    // (stoke_ops::numerics, stoke_ops::allocator), before any tensor work.
+    stoke_ops::numerics::init_compute_threads();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Score(args) => cmd::model::score(args),

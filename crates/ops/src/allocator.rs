@@ -9,7 +9,14 @@
 //! the benchmark model (d256, 4 layers, batch 8 x 256), system time was ~30% of the step.
 //! With mmap disabled and trimming off, the heap grows to the step's peak once and is reused.
 //!
-//! What it is not: a different allocator (no new global allocator; glibc's malloc with three
+//! One arena: glibc gives every thread that allocates its own arena, and tensors made on one
+//! thread (a rayon worker, the rollout thread) are freed on another, so with several arenas
+//! and no trimming each keeps its own high-water mark. Measured on a GRPO run at SmolLM2-135M
+//! (sync, 2 threads): peak RSS grew 3.2 -> 4.4 GiB over four steps with the default arenas and
+//! stayed at 2.9 GiB with one, at the same step time (the kernels allocate few, large blocks,
+//! so the shared arena's lock is not contended).
+//!
+//! What it is not: a different allocator (no new global allocator; glibc's malloc with four
 //! `mallopt` settings), and it does nothing on non-glibc targets. Cost: the process keeps its
 //! peak heap (it would need it again next step anyway).
 #![allow(unsafe_code)]
@@ -31,6 +38,7 @@ pub fn keep_freed_memory() -> bool {
         // are valid parameter numbers with in-range values. It returns 1 on success.
         unsafe {
             libc::mallopt(libc::M_MMAP_MAX, 0) == 1
+                && libc::mallopt(libc::M_ARENA_MAX, 1) == 1
                 && libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
                 && libc::mallopt(libc::M_TOP_PAD, TOP_PAD) == 1
         }
