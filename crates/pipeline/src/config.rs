@@ -44,7 +44,7 @@
 //! - `[grpo]`: steps 100, prompts_per_step 8, group_size 16, max_new_tokens 256,
 //!   temperature 1.0 (constant: `temperature_end` = `temperature`, `temperature_decay_steps` 0),
 //!   top_p 1.0, top_k off (0 also means off), seed 0, mode "async", max_off_policy_steps 1 (0 in
-//!   mode "sync"), weight_sync "between_batches", rollout_batch_groups = prompts_per_step,
+//!   mode "sync"), lag "bounded", weight_sync "between_batches", rollout_batch_groups = prompts_per_step,
 //!   buffer_bytes 16 MiB, kl_placement "loss", reference_reset_every off, old_logprobs
 //!   "rollout", drop_equal_reward_groups false, clip_grad_norm 1.0 (0 turns it off),
 //!   micro_batch_tokens 8192, max_bad_steps 3, reward_workers and threads = the machine's cores,
@@ -86,7 +86,7 @@ use stoke_train::grpo::GrpoLossFile;
 
 use crate::error::PipelineError;
 use crate::settings::{
-    EvalSettings, GrpoSettings, KlPlacement, OldLogprobs, PipelineMode, PtxSettings,
+    EvalSettings, GrpoSettings, KlPlacement, Lag, OldLogprobs, PipelineMode, PtxSettings,
     TemperatureSchedule, WeightSync,
 };
 
@@ -294,6 +294,10 @@ impl GrpoConfig {
                 PipelineMode::Sync => 0,
                 PipelineMode::Async => 1,
             }),
+            lag: match g.lag.unwrap_or(LagFile::Bounded) {
+                LagFile::Bounded => Lag::Bounded,
+                LagFile::Fixed => Lag::Fixed,
+            },
             weight_sync: match g.weight_sync.unwrap_or(WeightSyncFile::BetweenBatches) {
                 WeightSyncFile::BetweenBatches => WeightSync::BetweenBatches,
                 WeightSyncFile::InFlight => WeightSync::InFlight,
@@ -388,6 +392,10 @@ impl GrpoConfig {
                 PipelineMode::Async => ModeFile::Async,
             }),
             max_off_policy_steps: Some(s.max_off_policy_steps),
+            lag: Some(match s.lag {
+                Lag::Bounded => LagFile::Bounded,
+                Lag::Fixed => LagFile::Fixed,
+            }),
             weight_sync: Some(match s.weight_sync {
                 WeightSync::BetweenBatches => WeightSyncFile::BetweenBatches,
                 WeightSync::InFlight => WeightSyncFile::InFlight,

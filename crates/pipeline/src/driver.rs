@@ -18,7 +18,8 @@
 //!
 //! Group `i` of the session always gets the same task and the same sampling stream
 //! ([`TaskPlan`]), whatever the mode: sync and async runs differ only in which weights produced
-//! the samples.
+//! the samples. With a fixed lag (`Lag::Fixed`) those weights are a function of the update slot
+//! too, and the trainer takes each batch in group order, so an async run is repeatable.
 //!
 //! Failure: the first module error is kept, every buffer, the gate and the weight store are
 //! closed so all threads wind down, and that error is returned. Per-sample problems (reward
@@ -350,11 +351,17 @@ pub fn run_async(
                 let mut tickets = vec![plan.ticket(first)];
                 issued += 1;
                 // Extend the batch only with permits granted at once: waiting here while holding
-                // permits of an earlier slot could deadlock an on-policy (k = 0) run.
-                while tickets.len() < rollout_batch_groups
-                    && issued < total_groups
-                    && modules.gate.would_admit()
-                {
+                // permits of an earlier slot could deadlock an on-policy (k = 0) run. Under a
+                // fixed lag a batch is a fixed chunk of one slot (its permits are granted at once
+                // too), so the engine calls, and with them every rounding, repeat run to run.
+                let extend = || {
+                    if bound.fixed_lag() {
+                        modules.gate.next_slot() == first.update_slot
+                    } else {
+                        modules.gate.would_admit()
+                    }
+                };
+                while tickets.len() < rollout_batch_groups && issued < total_groups && extend() {
                     let Ok(permit) = modules.gate.acquire() else {
                         return;
                     };
@@ -437,6 +444,9 @@ pub fn run_async(
                         }
                     }
                 }
+                // Groups arrive in whatever order the reward threads finish them; the update
+                // sees them in group order, as in sync mode, so a fixed-lag run repeats exactly.
+                batch.sort_by_key(|group| group.rollout.ticket.group_id);
                 let trainer_waiting = waiting_started.elapsed().as_secs_f64();
                 let batch_busy = busy_of(&batch);
                 let update = modules

@@ -52,7 +52,7 @@ pub use records::{
     GroupTicket, RewardFailure, RolloutGroup, Sample, SampleReward, ScoredGroup, Task,
 };
 pub use settings::{
-    EvalSettings, GrpoSettings, KlPlacement, OldLogprobs, PipelineMode, PtxSettings,
+    EvalSettings, GrpoSettings, KlPlacement, Lag, OldLogprobs, PipelineMode, PtxSettings,
     TemperatureSchedule, WeightSync,
 };
 pub use staleness::{

@@ -9,7 +9,8 @@
 //! caller runs it on whatever thread the scheduler gives it).
 //!
 //! How a call runs:
-//! 1. Wait until the store holds a version >= every ticket's `permit.policy_version`.
+//! 1. Wait until the store holds a version >= every ticket's `permit.policy_version` (with
+//!    `fixed_lag`: exactly that version, per ticket).
 //! 2. Tickets whose prompt the model cannot take (empty, ids outside the vocabulary, no room
 //!    below `max_position_embeddings`) are rejected: they come back as a group with no samples
 //!    (so the trainer's slot still receives its record and nothing waits for it), counted in
@@ -34,7 +35,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use stoke_model::ModelConfig;
+use stoke_model::{ModelConfig, Transformer};
 use stoke_rollout::{
     Completion, Detokenizer, FixedWeights, GenerationRequest, LiveWeights, SamplingParams,
     generate_live,
@@ -43,7 +44,7 @@ use stoke_tokenizer::hf::Tokenizer;
 
 use crate::error::PipelineError;
 use crate::records::{GroupTicket, RolloutGroup, Sample};
-use crate::settings::{GrpoSettings, WeightSync};
+use crate::settings::{GrpoSettings, Lag, WeightSync};
 use crate::staleness::PolicyVersion;
 use crate::weights::WeightStore;
 
@@ -60,6 +61,9 @@ pub struct RolloutSettings {
     /// Ids that end a sample (normally the tokenizer's EOS ids); kept in `completion_ids`.
     pub stop_token_ids: Vec<u32>,
     pub weight_sync: WeightSync,
+    /// Sample every ticket with exactly its permit's version (a fixed-lag pipeline; the store
+    /// must keep enough versions), instead of the newest weights at or above it.
+    pub fixed_lag: bool,
 }
 
 impl RolloutSettings {
@@ -73,6 +77,7 @@ impl RolloutSettings {
             seed: settings.seed,
             stop_token_ids,
             weight_sync: settings.weight_sync,
+            fixed_lag: settings.lag == Lag::Fixed,
         }
     }
 }
@@ -181,32 +186,9 @@ impl RolloutModule {
         if tickets.is_empty() {
             return Ok(Vec::new());
         }
-        let needed = tickets
-            .iter()
-            .map(|ticket| ticket.permit.policy_version)
-            .max()
-            .unwrap_or_default();
         let wait_started = Instant::now();
-        let (model, version) =
-            self.weights
-                .wait_for(needed)
-                .ok_or_else(|| PipelineError::ModuleStopped {
-                    module: "rollout",
-                    reason: format!(
-                        "the weight store closed before version {} was published",
-                        needed.0
-                    ),
-                })?;
+        let versions = self.weights_for(&tickets)?;
         let wait_seconds = wait_started.elapsed().as_secs_f64();
-        let fixed = FixedWeights {
-            model,
-            version: version.0,
-        };
-        let weights: &dyn LiveWeights = match self.settings.weight_sync {
-            WeightSync::BetweenBatches => &fixed,
-            WeightSync::InFlight => &*self.weights,
-        };
-
         let mut rejections = Vec::new();
         let accepted: Vec<usize> = (0..tickets.len())
             .filter(
@@ -222,46 +204,22 @@ impl RolloutModule {
 
         let mut results: Vec<(Vec<Sample>, f64)> = vec![(Vec::new(), 0.0); tickets.len()];
         let mut call_stats = RolloutStats::default();
-        for call in engine_calls(&tickets, &accepted) {
-            let first = &tickets[call[0]];
-            let request = GenerationRequest {
-                prompts: call
-                    .iter()
-                    .map(|&index| tickets[index].task.prompt_ids.clone())
-                    .collect(),
-                params: self.sampling_params(first.temperature),
-                first_prompt_number: first.group_id,
+        for (model, version, indices) in versions {
+            let fixed = FixedWeights {
+                model,
+                version: version.0,
             };
-            let started = Instant::now();
-            let detokenizer: &dyn Detokenizer = &*self.tokenizer;
-            let generation = generate_live(weights, &request, Some(detokenizer))?;
-            let seconds = started.elapsed().as_secs_f64();
-            call_stats.engine_calls += 1;
-            call_stats.generate_seconds += seconds;
-            call_stats.prefill_tokens += generation.output.prefill_tokens as u64;
-            call_stats.generated_tokens += generation.output.generated_tokens as u64;
-            call_stats.kv_cache_peak_bytes = call_stats
-                .kv_cache_peak_bytes
-                .max(generation.output.kv_cache_bytes as u64);
-            let per_group = seconds / call.len() as f64;
-            let prompts = generation
-                .output
-                .completions
-                .into_iter()
-                .zip(generation.token_versions);
-            for (&index, (completions, versions)) in call.iter().zip(prompts) {
-                let samples: Vec<Sample> = completions
-                    .into_iter()
-                    .zip(versions)
-                    .map(|(completion, versions)| to_sample(completion, versions))
-                    .collect();
-                call_stats.groups += 1;
-                call_stats.samples += samples.len() as u64;
-                call_stats.samples_spanning_versions += samples
-                    .iter()
-                    .filter(|sample| sample.token_versions.first() != sample.token_versions.last())
-                    .count() as u64;
-                results[index] = (samples, per_group);
+            let weights: &dyn LiveWeights = match self.settings.weight_sync {
+                WeightSync::BetweenBatches => &fixed,
+                WeightSync::InFlight => &*self.weights,
+            };
+            let accepted: Vec<usize> = accepted
+                .iter()
+                .copied()
+                .filter(|index| indices.contains(index))
+                .collect();
+            for call in engine_calls(&tickets, &accepted) {
+                self.generate_call(weights, &tickets, &call, &mut results, &mut call_stats)?;
             }
         }
 
@@ -275,6 +233,103 @@ impl RolloutModule {
                 generate_seconds,
             })
             .collect())
+    }
+
+    /// One engine call over the tickets at `call` (consecutive group ids, one temperature);
+    /// each ticket's samples go to `results[index]`.
+    fn generate_call(
+        &self,
+        weights: &dyn LiveWeights,
+        tickets: &[GroupTicket],
+        call: &[usize],
+        results: &mut [(Vec<Sample>, f64)],
+        call_stats: &mut RolloutStats,
+    ) -> Result<(), PipelineError> {
+        let first = &tickets[call[0]];
+        let request = GenerationRequest {
+            prompts: call
+                .iter()
+                .map(|&index| tickets[index].task.prompt_ids.clone())
+                .collect(),
+            params: self.sampling_params(first.temperature),
+            first_prompt_number: first.group_id,
+        };
+        let started = Instant::now();
+        let detokenizer: &dyn Detokenizer = &*self.tokenizer;
+        let generation = generate_live(weights, &request, Some(detokenizer))?;
+        let seconds = started.elapsed().as_secs_f64();
+        call_stats.engine_calls += 1;
+        call_stats.generate_seconds += seconds;
+        call_stats.prefill_tokens += generation.output.prefill_tokens as u64;
+        call_stats.generated_tokens += generation.output.generated_tokens as u64;
+        call_stats.kv_cache_peak_bytes = call_stats
+            .kv_cache_peak_bytes
+            .max(generation.output.kv_cache_bytes as u64);
+        let per_group = seconds / call.len() as f64;
+        let prompts = generation
+            .output
+            .completions
+            .into_iter()
+            .zip(generation.token_versions);
+        for (&index, (completions, versions)) in call.iter().zip(prompts) {
+            let samples: Vec<Sample> = completions
+                .into_iter()
+                .zip(versions)
+                .map(|(completion, versions)| to_sample(completion, versions))
+                .collect();
+            call_stats.groups += 1;
+            call_stats.samples += samples.len() as u64;
+            call_stats.samples_spanning_versions += samples
+                .iter()
+                .filter(|sample| sample.token_versions.first() != sample.token_versions.last())
+                .count() as u64;
+            results[index] = (samples, per_group);
+        }
+        Ok(())
+    }
+
+    /// The weights each ticket samples with: bounded lag takes the newest weights once every
+    /// ticket's version is out (one entry for all tickets); fixed lag takes exactly each
+    /// ticket's version (one entry per distinct version, oldest first).
+    #[allow(clippy::type_complexity)]
+    fn weights_for(
+        &self,
+        tickets: &[GroupTicket],
+    ) -> Result<Vec<(Arc<Transformer>, PolicyVersion, Vec<usize>)>, PipelineError> {
+        if !self.settings.fixed_lag {
+            let needed = tickets
+                .iter()
+                .map(|ticket| ticket.permit.policy_version)
+                .max()
+                .unwrap_or_default();
+            let (model, version) =
+                self.weights
+                    .wait_for(needed)
+                    .ok_or_else(|| PipelineError::ModuleStopped {
+                        module: "rollout",
+                        reason: format!(
+                            "the weight store closed before version {} was published",
+                            needed.0
+                        ),
+                    })?;
+            return Ok(vec![(model, version, (0..tickets.len()).collect())]);
+        }
+        let mut versions: Vec<PolicyVersion> = tickets
+            .iter()
+            .map(|ticket| ticket.permit.policy_version)
+            .collect();
+        versions.sort_unstable();
+        versions.dedup();
+        versions
+            .into_iter()
+            .map(|version| {
+                let model = self.weights.wait_for_exact(version)?;
+                let indices = (0..tickets.len())
+                    .filter(|&index| tickets[index].permit.policy_version == version)
+                    .collect();
+                Ok((model, version, indices))
+            })
+            .collect()
     }
 
     fn sampling_params(&self, temperature: f32) -> SamplingParams {

@@ -44,7 +44,7 @@ use crate::records::Task;
 use crate::reward::{RewardPool, RewardSpec};
 use crate::rollout::{RolloutModule, RolloutSettings};
 use crate::scheduler::ThreadScheduler;
-use crate::settings::{GrpoSettings, KlPlacement, PipelineMode};
+use crate::settings::{GrpoSettings, KlPlacement, Lag, PipelineMode};
 use crate::staleness::{StalenessBound, StalenessGate};
 use crate::weights::WeightStore;
 
@@ -190,19 +190,17 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
             "the tokenizer and model config name no end-of-sequence token to stop generation on",
         ));
     }
-    let weights = Arc::new(WeightStore::new(&policy)?);
+    // A fixed lag samples slot s with version s - k, which must still be kept after s - k + 1
+    // is out (see `staleness`).
+    let kept_versions = match settings.lag {
+        Lag::Bounded => 1,
+        Lag::Fixed => settings.max_off_policy_steps as usize + 1,
+    };
+    let weights = Arc::new(WeightStore::with_history(&policy, kept_versions)?);
     let rollout = RolloutModule::new(
         Arc::clone(&weights),
         Arc::clone(&tokenizer),
-        RolloutSettings {
-            group_size: settings.group_size,
-            max_new_tokens: settings.max_new_tokens,
-            top_p: settings.top_p,
-            top_k: settings.top_k,
-            seed: settings.seed,
-            stop_token_ids: stop_token_ids.clone(),
-            weight_sync: settings.weight_sync,
-        },
+        RolloutSettings::from_grpo(&settings, stop_token_ids.clone()),
     )?;
     let reward_pool = RewardPool::new(rewards, settings.reward_workers, settings.reward_timeout)?;
     let inference = Arc::new(Mutex::new(InferenceModule::new(
@@ -213,7 +211,8 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
         settings.max_off_policy_steps,
         settings.prompts_per_step as u64,
     )
-    .map_err(|reason| PipelineError::config("grpo.prompts_per_step", reason))?;
+    .map_err(|reason| PipelineError::config("grpo.prompts_per_step", reason))?
+    .with_fixed_lag(settings.lag == Lag::Fixed);
     let gate = Arc::new(StalenessGate::new(bound));
     let scheduler = match settings.mode {
         PipelineMode::Sync => ThreadScheduler::exclusive(settings.threads),

@@ -25,6 +25,14 @@
 //! rollout and trainer smaller than that can fill with later slots while an earlier slot's sample
 //! waits to be pushed, and the pipeline stalls; size it at least that large.
 //!
+//! **Fixed lag** ([`StalenessBound::with_fixed_lag`]): the permit is stamped with version
+//! `s - k` exactly (0 for the first `k` slots) instead of the version published at the grant,
+//! so which weights produce a sample depends on its slot only, never on thread timing: a seeded
+//! run repeats exactly (verl's one-step-off-policy schedule for `k = 1`). The rollout side then
+//! needs version `s - k` after `s - k + 1` may already be out; since the published version is at
+//! most `s` while slot `s` is generated, a weight store that keeps the newest `k + 1` versions
+//! always has it ([`crate::WeightStore::with_history`]).
+//!
 //! What it is not: it does not move samples (the buffer does) and it does not retry or replace
 //! failed generations: a permit's slot is counted as granted, so a generation that fails must
 //! still deliver a record (for instance one with zero reward) or the trainer waits for it.
@@ -48,6 +56,7 @@ impl PolicyVersion {
 pub struct StalenessBound {
     max_off_policy_steps: u64,
     samples_per_update: u64,
+    fixed_lag: bool,
 }
 
 impl StalenessBound {
@@ -60,7 +69,23 @@ impl StalenessBound {
         Ok(StalenessBound {
             max_off_policy_steps,
             samples_per_update,
+            fixed_lag: false,
         })
+    }
+
+    /// Stamps every permit of slot `s` with version `s - k` (see the module doc), or, with
+    /// `false`, with the newest version published at the grant (the default).
+    pub fn with_fixed_lag(self, fixed_lag: bool) -> Self {
+        StalenessBound { fixed_lag, ..self }
+    }
+
+    pub fn fixed_lag(&self) -> bool {
+        self.fixed_lag
+    }
+
+    /// The version a permit of `update_slot` samples with under fixed lag.
+    fn lagged_version(&self, update_slot: u64) -> PolicyVersion {
+        PolicyVersion(update_slot.saturating_sub(self.max_off_policy_steps))
     }
 
     pub fn max_off_policy_steps(&self) -> u64 {
@@ -88,7 +113,8 @@ impl StalenessBound {
 /// trainer update whose batch the sample belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GenerationPermit {
-    /// The published version at the moment of the grant; the generation must use these weights.
+    /// The weights the generation must use: the version published at the moment of the grant,
+    /// or under fixed lag exactly `update_slot - k`.
     pub policy_version: PolicyVersion,
     /// The trainer update (from version `update_slot` to `update_slot + 1`) that consumes it.
     pub update_slot: u64,
@@ -187,7 +213,11 @@ impl StalenessGate {
             return Err(GateClosed);
         }
         Ok(GenerationPermit {
-            policy_version: state.published,
+            policy_version: if self.bound.fixed_lag {
+                self.bound.lagged_version(update_slot)
+            } else {
+                state.published
+            },
             update_slot,
             permit_index,
         })
@@ -198,6 +228,11 @@ impl StalenessGate {
         let state = self.lock();
         let slot = state.next_permit / self.bound.samples_per_update;
         !state.closed && self.slot_open(slot, state.published)
+    }
+
+    /// The update slot the next permit belongs to.
+    pub fn next_slot(&self) -> u64 {
+        self.lock().next_permit / self.bound.samples_per_update
     }
 
     /// The trainer announces a new version; it must be the successor of the current one.
@@ -260,6 +295,31 @@ mod tests {
         assert!(!gate.would_admit());
         assert!(gate.publish(PolicyVersion(1)).is_ok());
         assert!(gate.would_admit());
+    }
+
+    #[test]
+    fn fixed_lag_stamps_the_slot_minus_k_whatever_is_published() {
+        let bound = StalenessBound::new(1, 2)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .with_fixed_lag(true);
+        let gate = StalenessGate::new(bound);
+        let versions = |n: usize| -> Vec<(u64, u64)> {
+            (0..n)
+                .map(|_| gate.acquire().map(|p| (p.update_slot, p.policy_version.0)))
+                .map(|r| r.unwrap_or((99, 99)))
+                .collect()
+        };
+        // Slots 0 and 1 both sample with version 0.
+        assert_eq!(versions(4), vec![(0, 0), (0, 0), (1, 0), (1, 0)]);
+        // Slot 2 samples with version 1 even when version 2 is already out.
+        assert!(gate.publish(PolicyVersion(1)).is_ok());
+        assert!(gate.publish(PolicyVersion(2)).is_ok());
+        assert_eq!(versions(2), vec![(2, 1), (2, 1)]);
+        // Bounded lag would have stamped the newest version.
+        let bounded =
+            StalenessGate::new(StalenessBound::new(1, 1).unwrap_or_else(|e| panic!("{e}")));
+        assert!(bounded.publish(PolicyVersion(1)).is_ok());
+        assert_eq!(bounded.acquire().map(|p| p.policy_version.0), Ok(1));
     }
 
     #[test]

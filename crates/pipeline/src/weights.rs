@@ -18,7 +18,10 @@
 //!   `Arc` is under the lock.
 //! - After [`WeightStore::close`], `wait_for` returns `None` for versions not yet published (and
 //!   publishing is refused, as the staleness gate does), so blocked rollout threads can exit.
+//! - [`WeightStore::with_history`] keeps the newest `n` versions (the newest alone by default);
+//!   a fixed-lag pipeline asks for an exact older version with [`WeightStore::wait_for_exact`].
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
@@ -32,6 +35,10 @@ use crate::staleness::PolicyVersion;
 struct StoreState {
     model: Arc<Transformer>,
     version: PolicyVersion,
+    /// Older versions still kept, oldest first (at most `kept - 1`).
+    older: VecDeque<(PolicyVersion, Arc<Transformer>)>,
+    /// Versions kept, the newest included (at least 1).
+    kept: usize,
     closed: bool,
     /// Total time spent copying weights in `new` and `publish`.
     publish_seconds: f64,
@@ -60,14 +67,31 @@ pub struct WeightStore {
 }
 
 impl WeightStore {
-    /// Version 0: a snapshot of `initial`.
+    /// Version 0: a snapshot of `initial`; only the newest version is kept.
     pub fn new(initial: &Transformer) -> Result<WeightStore, PipelineError> {
+        WeightStore::with_history(initial, 1)
+    }
+
+    /// Version 0: a snapshot of `initial`; the newest `versions` versions stay readable through
+    /// [`WeightStore::wait_for_exact`] (each one a rollout copy in memory).
+    pub fn with_history(
+        initial: &Transformer,
+        versions: usize,
+    ) -> Result<WeightStore, PipelineError> {
+        if versions == 0 {
+            return Err(PipelineError::config(
+                "weights.versions",
+                "the store keeps at least the newest version",
+            ));
+        }
         let started = Instant::now();
         let model = Arc::new(rollout_copy(initial)?);
         Ok(WeightStore {
             state: Mutex::new(StoreState {
                 model,
                 version: PolicyVersion(0),
+                older: VecDeque::new(),
+                kept: versions,
                 closed: false,
                 publish_seconds: started.elapsed().as_secs_f64(),
                 waiting: 0,
@@ -97,7 +121,13 @@ impl WeightStore {
         let seconds = started.elapsed().as_secs_f64();
         let mut state = self.lock();
         self.check_publishable(&state, model, version)?;
-        state.model = snapshot;
+        let previous = (state.version, std::mem::replace(&mut state.model, snapshot));
+        if state.kept > 1 {
+            state.older.push_back(previous);
+            while state.older.len() >= state.kept {
+                state.older.pop_front();
+            }
+        }
         state.version = version;
         state.publish_seconds += seconds;
         drop(state);
@@ -167,6 +197,47 @@ impl WeightStore {
             state.waiting -= 1;
         }
         (state.version >= version).then(|| (Arc::clone(&state.model), state.version))
+    }
+
+    /// Blocks until `version` is published and returns exactly its weights. Errors: the store
+    /// closed before that (`ModuleStopped`), or the version is older than the kept history.
+    pub fn wait_for_exact(
+        &self,
+        version: PolicyVersion,
+    ) -> Result<Arc<Transformer>, PipelineError> {
+        let mut state = self.lock();
+        while state.version < version && !state.closed {
+            state.waiting += 1;
+            state = self
+                .published
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+            state.waiting -= 1;
+        }
+        if state.version < version {
+            return Err(PipelineError::ModuleStopped {
+                module: "rollout",
+                reason: format!(
+                    "the weight store closed before version {} was published",
+                    version.0
+                ),
+            });
+        }
+        if state.version == version {
+            return Ok(Arc::clone(&state.model));
+        }
+        state
+            .older
+            .iter()
+            .find(|(kept, _)| *kept == version)
+            .map(|(_, model)| Arc::clone(model))
+            .ok_or_else(|| PipelineError::ModuleStopped {
+                module: "weights",
+                reason: format!(
+                    "version {} is no longer kept (newest {}, {} version(s) kept)",
+                    version.0, state.version.0, state.kept
+                ),
+            })
     }
 
     /// Refuses further publications and releases every `wait_for` still waiting with `None`.
@@ -330,6 +401,37 @@ mod tests {
         assert!(error.to_string().contains("closed"), "{error}");
         // What was published stays readable.
         assert!(store.wait_for(PolicyVersion(0)).is_some());
+    }
+
+    #[test]
+    fn a_store_with_history_returns_exact_older_versions() {
+        let trainer = tiny_model(1);
+        let store = WeightStore::with_history(&trainer, 2).expect("store");
+        let zero = first_values(&trainer);
+        step_in_place(&trainer);
+        store
+            .publish(&trainer, PolicyVersion(1))
+            .expect("publish 1");
+        let one = first_values(&trainer);
+        let exact = |v: u64| {
+            store
+                .wait_for_exact(PolicyVersion(v))
+                .map(|m| first_values(&m))
+        };
+        assert_eq!(exact(0).expect("version 0 kept"), zero);
+        assert_eq!(exact(1).expect("version 1"), one);
+        step_in_place(&trainer);
+        store
+            .publish(&trainer, PolicyVersion(2))
+            .expect("publish 2");
+        assert_eq!(exact(1).expect("version 1 kept"), one);
+        let error = exact(0).unwrap_err();
+        assert!(error.to_string().contains("no longer kept"), "{error}");
+        // The default store keeps the newest only.
+        let single = WeightStore::new(&trainer).expect("store");
+        single.publish(&trainer, PolicyVersion(1)).expect("publish");
+        assert!(single.wait_for_exact(PolicyVersion(0)).is_err());
+        assert!(WeightStore::with_history(&trainer, 0).is_err());
     }
 
     #[test]

@@ -22,7 +22,7 @@ use stoke_pipeline::rollout::{RolloutModule, RolloutSettings};
 use stoke_pipeline::run::{GrpoRun, RunOptions, run};
 use stoke_pipeline::scheduler::ThreadScheduler;
 use stoke_pipeline::weights::WeightStore;
-use stoke_pipeline::{GrpoSettings, PipelineError, StalenessBound, StalenessGate, Task};
+use stoke_pipeline::{GrpoSettings, Lag, PipelineError, StalenessBound, StalenessGate, Task};
 use stoke_reward::{Details, Reference, RewardInput, RewardOutcome, Verifier};
 use stoke_tokenizer::hf::Tokenizer;
 use stoke_train::grpo::update::{PolicyUpdater, UpdateSettings};
@@ -138,19 +138,15 @@ fn session(
     stop_token_ids: Vec<u32>,
 ) -> (Modules, Learner, TaskPlan) {
     let policy = model();
-    let weights = Arc::new(WeightStore::new(&policy).unwrap());
+    let kept = match settings.lag {
+        Lag::Bounded => 1,
+        Lag::Fixed => settings.max_off_policy_steps as usize + 1,
+    };
+    let weights = Arc::new(WeightStore::with_history(&policy, kept).unwrap());
     let rollout = RolloutModule::new(
         Arc::clone(&weights),
         tokenizer(),
-        RolloutSettings {
-            group_size: settings.group_size,
-            max_new_tokens: settings.max_new_tokens,
-            top_p: settings.top_p,
-            top_k: settings.top_k,
-            seed: settings.seed,
-            stop_token_ids,
-            weight_sync: settings.weight_sync,
-        },
+        RolloutSettings::from_grpo(settings, stop_token_ids),
     )
     .unwrap();
     let spec = RewardSpec {
@@ -164,7 +160,8 @@ fn session(
         settings.max_off_policy_steps,
         settings.prompts_per_step as u64,
     )
-    .unwrap();
+    .unwrap()
+    .with_fixed_lag(settings.lag == Lag::Fixed);
     let gate = Arc::new(StalenessGate::new(bound));
     let updater = PolicyUpdater::new(
         policy,
@@ -321,6 +318,67 @@ fn staleness_never_exceeds_the_bound_under_random_module_delays() {
         // The trainer sleeps, so generation runs ahead: the pipeline really was asynchronous.
         assert!(max_lag >= 1, "k = {k}: no sample was ever off-policy");
     }
+}
+
+#[test]
+fn a_fixed_lag_samples_update_n_with_version_n_minus_k_and_repeats_exactly() {
+    for k in [1u64, 2] {
+        let mut weights = Vec::new();
+        for (delay_seed, trainer_sleep_ms) in [(5u64, 0u64), (23, 40)] {
+            let settings = settings(&format!(
+                "mode = \"async\"\nmax_off_policy_steps = {k}\nlag = \"fixed\"\nsteps = 5"
+            ));
+            let verifier = Scripted {
+                max_delay_ms: 15,
+                seed: delay_seed,
+                ..Scripted::new()
+            };
+            let (modules, mut learner, plan) = session(&settings, Arc::new(verifier), vec![294]);
+            let mut recorder = Recorder {
+                sleep_ms: trainer_sleep_ms,
+                seed: delay_seed,
+                ..Recorder::default()
+            };
+            run_async(
+                &modules,
+                &mut learner,
+                &plan,
+                shape(&settings),
+                &mut recorder,
+            )
+            .unwrap();
+            for (trained, samples) in &recorder.steps {
+                for versions in samples {
+                    assert!(
+                        versions.iter().all(|&v| v == trained.saturating_sub(k)),
+                        "k = {k}: update {trained} trained tokens of versions {versions:?}"
+                    );
+                }
+            }
+            let values: Vec<Vec<f32>> = learner
+                .updater()
+                .model()
+                .parameters()
+                .iter()
+                .map(|(_, var)| var.as_tensor().flatten_all().unwrap().to_vec1().unwrap())
+                .collect();
+            weights.push(values);
+        }
+        assert!(
+            weights[0] == weights[1],
+            "k = {k}: two fixed-lag runs under other module delays ended with other weights"
+        );
+    }
+}
+
+#[test]
+fn fixed_lag_with_in_flight_weight_updates_is_refused_by_name() {
+    let text =
+        base_config("steps = 2\nmode = \"async\"\nlag = \"fixed\"\nweight_sync = \"in_flight\"");
+    let error = GrpoConfig::parse(&text, Path::new("/tmp/grpo-test.toml"), &[])
+        .expect_err("refused")
+        .to_string();
+    assert!(error.contains("lag"), "{error}");
 }
 
 #[test]

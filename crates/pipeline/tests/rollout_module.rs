@@ -41,6 +41,7 @@ fn settings(weight_sync: WeightSync) -> RolloutSettings {
         seed: 17,
         stop_token_ids: vec![EOS],
         weight_sync,
+        fixed_lag: false,
     }
 }
 

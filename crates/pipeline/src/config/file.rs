@@ -87,6 +87,14 @@ pub enum WeightSyncFile {
     InFlight,
 }
 
+/// `Lag` as written in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LagFile {
+    Bounded,
+    Fixed,
+}
+
 /// `KlPlacement` as written in the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -131,6 +139,8 @@ pub struct GrpoSection {
     pub mode: Option<ModeFile>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_off_policy_steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag: Option<LagFile>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_sync: Option<WeightSyncFile>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

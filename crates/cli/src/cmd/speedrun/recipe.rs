@@ -52,9 +52,11 @@ pub struct Recipe {
 }
 
 /// The GRPO stage's sizes (on the SFT model, arithmetic tasks of the training split, the
-/// exact-match reward). Measured on the quick recipe (seed 0): lr 3e-5 at temperature 0.7 raised
-/// greedy held-out accuracy 64% -> 74% in 200 updates, where 1e-4 gave 66% and 3e-4 fell to 36%;
-/// temperature 1.0 at 3e-5 gave 71%.
+/// exact-match reward; AdamW with a cosine decay to 0 over the steps). Measured on the quick
+/// recipe (seed 0, fixed lag, so every run repeats): at a constant lr 3e-5 greedy held-out
+/// accuracy went 64% -> 76% (step 50) -> 78% (100) -> 67% (200), overshooting; the cosine decay
+/// over 200 updates holds it at 75% (sampled pass@1 42% -> 53%). Earlier (bounded lag): 1e-4
+/// gave 66% and 3e-4 fell to 36%; temperature 1.0 at 3e-5 gave 71%.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GrpoSizes {
     pub steps: u64,
@@ -289,8 +291,9 @@ impl Recipe {
              [rewards.default]\nkind = \"exact_match\"\nmode = \"gsm8k\"\nextract_answer = true\n\n\
              [grpo]\nsteps = {steps}\nprompts_per_step = {prompts}\ngroup_size = {group}\n\
              max_new_tokens = {max_new}\ntemperature = {temperature}\nseed = {seed}\n\
-             mode = \"async\"\nmax_off_policy_steps = 1\n\n\
+             mode = \"async\"\nmax_off_policy_steps = 1\nlag = \"fixed\"\n\n\
              [optimizer]\nkind = \"adamw\"\nlr = {lr:e}\nweight_decay = 0.0\n\n\
+             [schedule]\nkind = \"cosine\"\n\n\
              [eval]\nevery = {eval_every}\nsamples = 4\nproblems = {held_out}\n\n\
              [checkpoint]\nevery = 0\nkeep = 1\n\n\
              [out]\ndir = {run_dir}\n",

@@ -291,7 +291,7 @@ fn training_section(
 }
 
 fn grpo_section(h: &mut String, g: &GrpoStageSummary) -> anyhow::Result<()> {
-    h.push_str("<h2>6. GRPO</h2>\n<p>Reinforcement learning with verifiable rewards on the SFT model: groups of sampled replies to training-split questions, the exact-match reward, group-relative advantages, the clipped policy loss; rollout, reward and trainer run as separate modules joined by bounded buffers, generation up to one policy version ahead of the trainer.</p>\n");
+    h.push_str("<h2>6. GRPO</h2>\n<p>Reinforcement learning with verifiable rewards on the SFT model: groups of sampled replies to training-split questions, the exact-match reward, group-relative advantages, the clipped policy loss; rollout, reward and trainer run as separate modules joined by bounded buffers; each update trains on samples generated one policy version earlier (a fixed lag, so the seeded run repeats exactly while generation overlaps training).</p>\n");
     let mut rows = vec![
         (
             "updates".to_string(),
