@@ -40,18 +40,7 @@ pub(crate) type BlockFn = dyn Fn(&Tensor) -> Result<Tensor> + Send + Sync;
 /// `params` are the variables `block` reads (tensors of `Var`s); their gradients arrive through
 /// the returned tensor's graph like any other.
 pub(crate) fn checkpointed(x: &Tensor, params: &[Tensor], block: Arc<BlockFn>) -> Result<Tensor> {
-    let stash = Arc::new(Mutex::new(vec![None; params.len()]));
-    let mut anchor = Tensor::zeros((), DType::F32, x.device())?;
-    for (slot, param) in params.iter().enumerate() {
-        anchor = anchor.apply_op2(
-            param,
-            Link {
-                stash: stash.clone(),
-                slot,
-                first: slot == 0,
-            },
-        )?;
-    }
+    let (anchor, stash) = linked_params(params, x.device())?;
     x.apply_op2(
         &anchor,
         Checkpoint {
@@ -63,9 +52,33 @@ pub(crate) fn checkpointed(x: &Tensor, params: &[Tensor], block: Arc<BlockFn>) -
     )
 }
 
-type Stash = Arc<Mutex<Vec<Option<Tensor>>>>;
+/// Gradients a block node computed for its parameters, slot `i` for `params[i]`, until the
+/// parameter's link hands it to candle's gradient store.
+pub(crate) type Stash = Arc<Mutex<Vec<Option<Tensor>>>>;
 
-fn lock(stash: &Stash) -> Result<std::sync::MutexGuard<'_, Vec<Option<Tensor>>>> {
+/// The anchor that ties `params` into the graph upstream of a node whose backward computes
+/// their gradients itself (a checkpointed or fused block): the node takes the anchor as an
+/// input, returns a zero gradient for it, and puts `params[i]`'s gradient in `stash[i]`.
+pub(crate) fn linked_params(
+    params: &[Tensor],
+    device: &candle_core::Device,
+) -> Result<(Tensor, Stash)> {
+    let stash = Arc::new(Mutex::new(vec![None; params.len()]));
+    let mut anchor = Tensor::zeros((), DType::F32, device)?;
+    for (slot, param) in params.iter().enumerate() {
+        anchor = anchor.apply_op2(
+            param,
+            Link {
+                stash: stash.clone(),
+                slot,
+                first: slot == 0,
+            },
+        )?;
+    }
+    Ok((anchor, stash))
+}
+
+pub(crate) fn lock(stash: &Stash) -> Result<std::sync::MutexGuard<'_, Vec<Option<Tensor>>>> {
     stash
         .lock()
         .map_err(|_| candle_core::Error::Msg("activation checkpoint: poisoned lock".into()))

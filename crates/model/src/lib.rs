@@ -35,6 +35,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod decode;
 pub mod error;
+pub(crate) mod fused_block;
 pub mod kv_cache;
 pub mod lora;
 pub mod mask;

@@ -180,6 +180,8 @@ struct ForwardContext {
     sin: Tensor,
     bias: Tensor,
     precision: Precision,
+    /// The shared inputs of the fused block path, when this pass may take it.
+    fused: Option<Arc<crate::fused_block::FusedInputs>>,
 }
 
 #[derive(Debug, Clone)]
@@ -201,6 +203,8 @@ pub struct Transformer {
     precision: Precision,
     /// Recompute each block's activations in the backward pass (`set_activation_checkpointing`).
     activation_checkpointing: bool,
+    /// Layers run as one fused node where they can (`fused_block`); off: the op composition.
+    fused_blocks: bool,
     /// Made by `inference_copy`: linear layers only packed (their f32 weights are placeholders).
     inference_only: bool,
 }
@@ -312,6 +316,7 @@ impl Transformer {
             config,
             precision: Precision::F32,
             activation_checkpointing: false,
+            fused_blocks: true,
             inference_only: false,
         }
     }
@@ -462,6 +467,17 @@ impl Transformer {
         self.activation_checkpointing = on;
     }
 
+    /// Whether layers without a KV cache run as one fused node with a hand-written backward
+    /// (`fused_block`, the default) or as the composition of ops (the reference form, and what
+    /// `STOKE_BLOCK=graph` selects for every model). Values agree up to summation order.
+    pub fn set_fused_blocks(&mut self, on: bool) {
+        self.fused_blocks = on;
+    }
+
+    pub fn fused_blocks(&self) -> bool {
+        self.fused_blocks
+    }
+
     /// This model with the given precision (builder form of `set_precision`).
     pub fn with_precision(mut self, precision: Precision) -> Self {
         self.precision = precision;
@@ -590,15 +606,38 @@ impl Transformer {
         let (cos, sin) = self.rotary.cos_sin(positions, dtype)?;
         let cos = cos.to_device(self.device())?;
         let sin = sin.to_device(self.device())?;
+        let bias = attn_bias.to_dtype(dtype)?;
+        let fused = match cache {
+            None if self.fused_blocks
+                && self.device().is_cpu()
+                && matches!(dtype, DType::F32 | DType::F64) =>
+            {
+                Some(Arc::new(crate::fused_block::FusedInputs::new(
+                    &cos, &sin, &bias,
+                )?))
+            }
+            _ => None,
+        };
         let context = Arc::new(ForwardContext {
             config: Arc::new(self.config.clone()),
             cos,
             sin,
-            bias: attn_bias.to_dtype(dtype)?,
+            bias,
             precision: self.precision,
+            fused,
         });
         let checkpointing =
             self.activation_checkpointing && cache.is_none() && self.device().is_cpu();
+        let block_shape = stoke_ops::block::BlockShape {
+            batch,
+            len,
+            hidden: self.config.hidden_size,
+            q_heads: self.config.num_attention_heads,
+            kv_heads: self.config.num_key_value_heads,
+            head_dim: self.config.head_dim,
+            intermediate: self.config.intermediate_size,
+            rms_norm_eps: self.config.rms_norm_eps,
+        };
         let ids = input_ids.to_dtype(DType::U32)?.flatten_all()?;
         let mut hidden = self.embed_tokens.index_select(&ids, 0)?.reshape((
             batch,
@@ -606,7 +645,20 @@ impl Transformer {
             self.config.hidden_size,
         ))?;
         for (index, layer) in self.layers.iter().enumerate() {
-            hidden = if checkpointing {
+            let fused = context
+                .fused
+                .as_ref()
+                .filter(|_| crate::fused_block::applies(layer, &hidden));
+            hidden = if let Some(inputs) = fused {
+                crate::fused_block::forward(
+                    layer,
+                    &hidden,
+                    inputs,
+                    block_shape,
+                    self.precision,
+                    checkpointing,
+                )?
+            } else if checkpointing {
                 let (block, ctx) = (layer.clone(), context.clone());
                 let run = move |x: &Tensor| {
                     block

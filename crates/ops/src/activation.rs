@@ -39,7 +39,7 @@ fn sigmoid<T: Real>(x: T) -> T {
     T::one() / (T::one() + (-x).fast_exp())
 }
 
-fn forward<T: Real>(gate: &[T], up: &[T]) -> Vec<T> {
+pub(crate) fn forward<T: Real>(gate: &[T], up: &[T]) -> Vec<T> {
     let mut out = vec![T::zero(); gate.len()];
     out.par_chunks_mut(CHUNK)
         .zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK)))
@@ -54,7 +54,7 @@ fn forward<T: Real>(gate: &[T], up: &[T]) -> Vec<T> {
 }
 
 /// Returns `[dgate..., dup...]` (2n values) for n-element inputs.
-fn backward<T: Real>(gate: &[T], up: &[T], grad: &[T]) -> Vec<T> {
+pub(crate) fn backward<T: Real>(gate: &[T], up: &[T], grad: &[T]) -> Vec<T> {
     let n = gate.len();
     let mut out = vec![T::zero(); 2 * n];
     let (dgate, dup) = out.split_at_mut(n);

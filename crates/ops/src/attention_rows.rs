@@ -75,7 +75,7 @@ impl Dims {
 
 /// The keys each bias row allows: its maximal runs of finite entries.
 #[derive(Debug)]
-pub(crate) struct KeyRuns {
+pub struct KeyRuns {
     /// Row `r`'s runs are `runs[offsets[r]..offsets[r + 1]]`.
     offsets: Vec<usize>,
     runs: Vec<(usize, usize)>,
@@ -180,9 +180,16 @@ fn blocks(dims: &Dims, runs: &KeyRuns, b: usize, g: usize) -> Vec<Block> {
 }
 
 /// What the forward keeps for the backward.
-pub(crate) struct Saved<T> {
+pub struct Saved<T> {
     /// Per (batch, key/value head) task: the probabilities of its blocks.
     probs: Vec<Vec<T>>,
+}
+
+impl<T> Saved<T> {
+    /// Probabilities kept, over all tasks.
+    pub fn kept_values(&self) -> usize {
+        self.probs.iter().map(Vec::len).sum()
+    }
 }
 
 /// `K^T` of one (batch, key/value head): `[D][padded]`, zero past `k_len`.
@@ -198,7 +205,7 @@ fn transposed<T: Real>(k: &[T], k_len: usize, head_dim: usize, padded: usize) ->
 
 /// The three products of a block, per element type: plain loops by default, AVX2 tiles for f32
 /// on CPUs that have them.
-pub(crate) trait Tiles: Real {
+pub trait Tiles: Real {
     /// `out[r * stride + col + j - lo] = sum_d a[r][d] * bt[d][j]` for `j` in `lo..hi`; `bt` is
     /// `[D][ld]` with `ld` a multiple of TILE at least `hi`.
     fn row_products(

@@ -37,7 +37,7 @@ pub fn target_logprobs(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
 }
 
 /// The element types the kernels run on (f32, f64).
-pub(crate) trait Real: WithDType + Float + NumAssign + Send + Sync {
+pub trait Real: WithDType + Float + NumAssign + Send + Sync {
     /// `exp` for the elementwise kernels: `crate::vexp::exp` in f32 (vectorizable, <= 2 ulp),
     /// the standard `exp` in f64 (the gradient checks' precision).
     fn fast_exp(self) -> Self;
@@ -259,7 +259,7 @@ pub(crate) fn inv_rms<T: Float>(row: &[T], eps: f64) -> T {
     T::one() / (sum_sq / n + eps).sqrt()
 }
 
-fn rms_norm_rows<T: Real>(x: &[T], w: &[T], eps: f64) -> Vec<T> {
+pub(crate) fn rms_norm_rows<T: Real>(x: &[T], w: &[T], eps: f64) -> Vec<T> {
     let width = w.len();
     let mut out = vec![T::zero(); x.len()];
     out.par_chunks_mut(width)
@@ -274,7 +274,7 @@ fn rms_norm_rows<T: Real>(x: &[T], w: &[T], eps: f64) -> Vec<T> {
 }
 
 /// Returns (dx, dw) for RMSNorm; dw is summed over rows.
-fn rms_norm_grad<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> (Vec<T>, Vec<T>) {
+pub(crate) fn rms_norm_grad<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> (Vec<T>, Vec<T>) {
     let width = w.len();
     let n = T::from(width).unwrap_or_else(T::one);
     let mut dx = vec![T::zero(); x.len()];

@@ -16,12 +16,17 @@
 //! training objective should use it instead of `forward` + `token_logprobs`). See
 //! bench/README.md, "Training (issue 5)".
 //!
+//! `block` is a whole decoder layer's forward and hand-written backward on slices (what
+//! `stoke-model` trains with: one graph node per layer, no per-op gradient buffers), and `gemm`
+//! the products it and the bf16 linear layers take, under the precision policy.
+//!
 //! Dtypes: operations keep the input dtype (f32 in training, f64 in gradient checks);
 //! `rms_norm` computes in f32 when given f16/bf16, as transformers does.
 //!
 //! Precision (`stoke_types::Precision`): `linear` and `linear_target_logprobs_with` take it.
-//! In `Bf16` their products (forward and backward) run through `bf16` (bf16-rounded inputs, f32
-//! accumulation, f32 results; AMX, AVX512-BF16 or portable, chosen at run time) on f32 tensors;
+//! In `Bf16` their products (forward and backward) run through `gemm::product` (bf16-rounded
+//! inputs, f32 accumulation, f32 results; AMX or AVX512-BF16 where those outrun f32 FMA, else
+//! the f32 kernel on the rounded values; chosen at run time) on f32 tensors;
 //! everything else stays f32. `vexp` is the vectorized f32 `exp` of the softmax and SwiGLU
 //! kernels.
 
@@ -30,9 +35,11 @@ pub mod allocator;
 pub mod attention;
 pub(crate) mod attention_rows;
 pub mod bf16;
+pub mod block;
 pub mod cpu;
 pub mod decode;
 pub mod fused_attention;
+pub mod gemm;
 pub mod gradcheck;
 pub mod kernels;
 pub mod linear;

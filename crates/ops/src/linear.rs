@@ -1,7 +1,8 @@
 //! Linear layers under a precision policy: `linear(x, w, precision) = x W^T`.
 //!
 //! `Precision::F32` is candle's f32 matmul, unchanged (the exact mode). `Precision::Bf16` runs
-//! the product through `crate::bf16` (inputs rounded to bf16, f32 accumulation, f32 result) as
+//! the product through `crate::gemm::product` (inputs rounded to bf16, f32 accumulation, f32
+//! result; `bf16`'s kernels or the f32 kernel on rounded values, whichever is faster here) as
 //! one graph node whose backward follows the same policy:
 //! `dx = dy W` and `dW = dy^T x`, both bf16 x bf16 -> f32 from the f32 `dy`, `x` and `W`.
 //! The weight stays the f32 master copy; it is rounded while packed, once per call.
@@ -17,7 +18,8 @@
 use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use stoke_types::Precision;
 
-use crate::bf16::{PackedA, PackedB, matmul};
+use crate::bf16::PackedA;
+use crate::gemm::Operand;
 use crate::kernels::contiguous_slice;
 
 /// `x W^T` for x `[..., K]` and W `[N, K]`; result `[..., N]`.
@@ -86,17 +88,43 @@ pub(crate) fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> 
 /// `A B`: a `[M, K]`, b `[K, N]`; no graph.
 fn matmul_nn_bf16(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let ((m, k), (_, n)) = (a.dims2()?, b.dims2()?);
-    let pa = with_f32(a, |s| PackedA::from_rows(s, m, k))?;
-    let pb = with_f32(b, |s| PackedB::from_cols(s, k, n))?;
-    Tensor::from_vec(matmul(&pa, &pb), (m, n), a.device())
+    let mut c = vec![0f32; m * n];
+    with_f32(a, |a| {
+        with_f32(b, |b| {
+            crate::gemm::product(
+                Precision::Bf16,
+                m,
+                n,
+                k,
+                Operand::plain(a),
+                Operand::plain(b),
+                &mut c,
+                false,
+            )
+        })
+    })??;
+    Tensor::from_vec(c, (m, n), a.device())
 }
 
 /// `A^T B`: a `[K, M]`, b `[K, N]`; no graph.
 fn matmul_tn_bf16(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let ((k, m), (_, n)) = (a.dims2()?, b.dims2()?);
-    let pa = with_f32(a, |s| PackedA::from_cols(s, k, m))?;
-    let pb = with_f32(b, |s| PackedB::from_cols(s, k, n))?;
-    Tensor::from_vec(matmul(&pa, &pb), (m, n), a.device())
+    let mut c = vec![0f32; m * n];
+    with_f32(a, |a| {
+        with_f32(b, |b| {
+            crate::gemm::product(
+                Precision::Bf16,
+                m,
+                n,
+                k,
+                Operand::t(a),
+                Operand::plain(b),
+                &mut c,
+                false,
+            )
+        })
+    })??;
+    Tensor::from_vec(c, (m, n), a.device())
 }
 
 /// `x W^T` with W already in bf16 (`PackedA::from_rows(W)`, the layout inference keeps
@@ -173,7 +201,17 @@ impl CustomOp2 for Bf16Linear {
         let (n, _) = l2.shape().dims2()?;
         let x = contiguous_slice(x, l1, self.name())?;
         let w = contiguous_slice(w, l2, self.name())?;
-        let out = matmul(&PackedA::from_rows(x, m, k), &PackedB::from_rows(w, n, k));
+        let mut out = vec![0f32; m * n];
+        crate::gemm::product(
+            Precision::Bf16,
+            m,
+            n,
+            k,
+            Operand::plain(x),
+            Operand::t(w),
+            &mut out,
+            false,
+        );
         Ok((CpuStorage::F32(out), Shape::from((m, n))))
     }
 

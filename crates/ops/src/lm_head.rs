@@ -24,6 +24,7 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor};
 
 use crate::bf16::{self, PackedA, PackedB};
+use crate::gemm;
 use crate::kernels::{Real, TargetLogprobsBackward, contiguous_slice, target_logprobs_rows};
 use crate::linear::{uses_bf16, with_f32};
 use rayon::prelude::*;
@@ -267,21 +268,130 @@ impl ChunkedBf16TargetLogprobs {
         &self,
         hidden: &[f32],
         width: usize,
-        head: &PackedB,
+        head: &Head,
         mut f: impl FnMut(usize, &mut [f32]) -> Result<()>,
     ) -> Result<()> {
         let rows = self.targets.len();
-        let vocab = head.cols();
+        let vocab = head.vocab();
         let step = self.chunk.max(1);
         let mut logits = vec![0.0f32; step.min(rows) * vocab];
         for first in (0..rows).step_by(step) {
             let here = step.min(rows - first);
-            let a = PackedA::from_rows(&hidden[first * width..(first + here) * width], here, width);
             let chunk = &mut logits[..here * vocab];
-            bf16::matmul_into(&a, head, chunk);
+            head.logits(
+                &hidden[first * width..(first + here) * width],
+                here,
+                width,
+                chunk,
+            );
             f(first, chunk)?;
         }
         Ok(())
+    }
+
+    /// The backward on the rounded-f32 route: `(dhidden, dW)`, with `dW = dlogits^T hidden`
+    /// accumulated chunk by chunk straight into `[V, H]`.
+    fn backward_rounded(
+        &self,
+        hidden: &[f32],
+        weight: &[f32],
+        width: usize,
+        logp: &[f32],
+        grad: &[f32],
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let rows = self.targets.len();
+        let vocab = weight.len() / width.max(1);
+        let head = Head::Rounded {
+            weight: gemm::rounded(weight),
+            vocab,
+        };
+        let Head::Rounded { weight: w, .. } = &head else {
+            unreachable!("built as rounded")
+        };
+        let h = gemm::rounded(hidden);
+        let mut dhidden = vec![0.0f32; rows * width];
+        let mut dweight = vec![0.0f32; vocab * width];
+        let mut first_chunk = true;
+        self.for_each_chunk(hidden, width, &head, |first, logits| {
+            let here = logits.len() / vocab;
+            logits_to_grad_in_place(
+                logits,
+                vocab,
+                &self.targets[first..first + here],
+                &logp[first..first + here],
+                &grad[first..first + here],
+            );
+            let dlogits = gemm::rounded(logits);
+            gemm::product_exact(
+                here,
+                width,
+                vocab,
+                gemm::Operand::plain(&dlogits),
+                gemm::Operand::plain(w),
+                &mut dhidden[first * width..(first + here) * width],
+                false,
+            );
+            gemm::product_exact(
+                vocab,
+                width,
+                here,
+                gemm::Operand::t(&dlogits),
+                gemm::Operand::plain(&h[first * width..(first + here) * width]),
+                &mut dweight,
+                !first_chunk,
+            );
+            first_chunk = false;
+            Ok(())
+        })?;
+        Ok((dhidden, dweight))
+    }
+}
+
+/// The LM head's weight `[V, H]` in the form the bf16 route multiplies (`gemm::bf16_route`):
+/// packed for `bf16`'s kernels, or rounded to bf16 values for the f32 kernel.
+enum Head {
+    Packed(PackedB),
+    Rounded { weight: Vec<f32>, vocab: usize },
+}
+
+impl Head {
+    fn new(weight: &[f32], vocab: usize, width: usize) -> Head {
+        match gemm::bf16_route() {
+            gemm::Bf16Route::Packed(_) => Head::Packed(PackedB::from_rows(weight, vocab, width)),
+            gemm::Bf16Route::RoundedF32 => Head::Rounded {
+                weight: gemm::rounded(weight),
+                vocab,
+            },
+        }
+    }
+
+    fn vocab(&self) -> usize {
+        match self {
+            Head::Packed(p) => p.cols(),
+            Head::Rounded { vocab, .. } => *vocab,
+        }
+    }
+
+    /// `logits = hidden W^T` for `rows` rows of `hidden`.
+    fn logits(&self, hidden: &[f32], rows: usize, width: usize, logits: &mut [f32]) {
+        match self {
+            Head::Packed(head) => {
+                let a = PackedA::from_rows(hidden, rows, width);
+                bf16::matmul_into(&a, head, logits);
+            }
+            Head::Rounded { weight, vocab } => {
+                let h = gemm::rounded(hidden);
+                gemm::product_exact(
+                    rows,
+                    *vocab,
+                    width,
+                    gemm::Operand::plain(&h),
+                    gemm::Operand::t(weight),
+                    logits,
+                    false,
+                );
+            }
+        }
     }
 }
 
@@ -303,7 +413,7 @@ impl CustomOp2 for ChunkedBf16TargetLogprobs {
         let (_, width) = l1.shape().dims2()?;
         let (vocab, _) = l2.shape().dims2()?;
         let hidden = contiguous_slice(hidden, l1, Self::NAME)?;
-        let head = PackedB::from_rows(contiguous_slice(weight, l2, Self::NAME)?, vocab, width);
+        let head = Head::new(contiguous_slice(weight, l2, Self::NAME)?, vocab, width);
         let mut out = Vec::with_capacity(self.targets.len());
         self.for_each_chunk(hidden, width, &head, |first, logits| {
             let here = logits.len() / vocab;
@@ -328,9 +438,19 @@ impl CustomOp2 for ChunkedBf16TargetLogprobs {
         let (vocab, _) = weight.dims2()?;
         let logp: Vec<f32> = res.detach().to_vec1()?;
         let grad: Vec<f32> = grad_res.detach().to_vec1()?;
+        if gemm::bf16_route() == gemm::Bf16Route::RoundedF32 {
+            let (dhidden, dweight) = with_f32(weight, |w| {
+                with_f32(hidden, |h| self.backward_rounded(h, w, width, &logp, &grad))
+            })???;
+            let device = hidden.device();
+            return Ok((
+                Some(Tensor::from_vec(dhidden, (rows, width), device)?),
+                Some(Tensor::from_vec(dweight, (vocab, width), device)?),
+            ));
+        }
         let (head, head_t) = with_f32(weight, |w| {
             (
-                PackedB::from_rows(w, vocab, width),
+                Head::Packed(PackedB::from_rows(w, vocab, width)),
                 PackedB::from_cols(w, vocab, width),
             )
         })?;
