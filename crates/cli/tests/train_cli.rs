@@ -35,10 +35,12 @@ warmup_steps = 4
 [training]
 steps = 40
 seed = 5
-checkpoint_every = 4
-keep_last = 2
-eval_every = 10
-eval_batches = 2
+[checkpoint]
+every = 4
+keep = 2
+[eval]
+every = 10
+batches = 2
 "#;
 
 /// splitmix64, for reproducible documents.

@@ -46,12 +46,13 @@
 //!   top_p 1.0, top_k off (0 also means off), seed 0, mode "async", max_off_policy_steps 1 (0 in
 //!   mode "sync"), lag "bounded", weight_sync "between_batches", rollout_batch_groups = prompts_per_step,
 //!   buffer_bytes 16 MiB, kl_placement "loss", reference_reset_every off, old_logprobs
-//!   "rollout", drop_equal_reward_groups false, clip_grad_norm 1.0 (0 turns it off),
+//!   "rollout", drop_equal_reward_groups false,
 //!   micro_batch_tokens 8192, max_bad_steps 3, reward_workers and threads = the machine's cores,
 //!   reward_timeout_s 30, precision "f32", activation_checkpointing false.
 //! - `[grpo.loss]`: GrpoLossFile's defaults (clipped surrogate eps 0.2/0.2, token-mean, beta 0).
-//! - `[optimizer]`: AdamW, lr 1e-6, betas (0.9, 0.999), eps 1e-8, weight_decay 0 (TRL's; users of
-//!   tiny models set a larger lr). `kind = "muon"` takes the Muon keys of `stoke train`.
+//! - `[optimizer]`: AdamW, lr 1e-6, betas (0.9, 0.999), eps 1e-8, weight_decay 0, clip_grad_norm
+//!   1.0 (0 turns it off) (TRL's; users of tiny models set a larger lr). `grpo.clip_grad_norm`,
+//!   the old name, is read with a deprecation warning. `kind = "muon"` takes the Muon keys of `stoke train`.
 //! - `[schedule]`: constant, warmup_steps 0. Cosine: over `grpo.steps` to min_lr_ratio 0; WSD:
 //!   decay over the last 20% to min_lr_ratio 0, linear.
 //! - `[eval]`: every 0 (before the first update and after the last only), samples 8, problems 64.
@@ -81,7 +82,7 @@ use std::time::Duration;
 use stoke_optim::{AdamWConfig, LrSchedule, MuonConfig, OptimizerConfig};
 use stoke_reward::RewardConfig;
 use stoke_reward::exact_match::{ExactMatchConfig, MatchMode};
-use stoke_train::config::{OptimizerFile, OptimizerKind, ScheduleKind, apply_overrides};
+use stoke_train::config::{OptimizerFile, OptimizerKind, ScheduleKind, apply_overrides, keys};
 use stoke_train::grpo::GrpoLossFile;
 
 use crate::error::PipelineError;
@@ -167,7 +168,14 @@ impl GrpoConfig {
         let name = origin.display().to_string();
         let mut table: toml::Table =
             toml::from_str(text).map_err(|e| PipelineError::config(name.clone(), e.to_string()))?;
-        apply_overrides(&mut table, sets).map_err(|e| match e {
+        let renamed = |e: stoke_train::config::ConfigError| match e {
+            stoke_train::config::ConfigError::Key { key, message, .. } => {
+                PipelineError::config(key, message)
+            }
+            other => PipelineError::config(name.clone(), other.to_string()),
+        };
+        keys::migrate_renamed_with_warnings(&mut table, RENAMED, &name).map_err(renamed)?;
+        apply_overrides(&mut table, &keys::rename_sets(sets, RENAMED)).map_err(|e| match e {
             stoke_train::config::ConfigError::Override { arg, message } => {
                 PipelineError::config(format!("--set {arg}"), message)
             }
@@ -234,16 +242,14 @@ impl GrpoConfig {
         };
         let temperature = g.temperature.unwrap_or(1.0) as f32;
         let prompts_per_step = g.prompts_per_step.unwrap_or(DEFAULT_PROMPTS_PER_STEP);
-        let clip_grad_norm = match g.clip_grad_norm {
-            None => Some(1.0),
-            Some(0.0) => None,
-            Some(c) if c.is_finite() && c > 0.0 => Some(c),
-            Some(c) => {
+        let clip_grad_norm = match keys::clip_grad_norm(file.optimizer.clip_grad_norm) {
+            Some(c) if !(c.is_finite() && c > 0.0) => {
                 return Err(PipelineError::config(
-                    "grpo.clip_grad_norm",
+                    keys::CLIP_GRAD_NORM,
                     format!("must be > 0 (0 turns clipping off), got {c}"),
                 ));
             }
+            clip => clip,
         };
         let reward_timeout_s = g.reward_timeout_s.unwrap_or(DEFAULT_REWARD_TIMEOUT_S);
         let reward_timeout = Duration::try_from_secs_f64(reward_timeout_s).map_err(|_| {
@@ -412,7 +418,6 @@ impl GrpoConfig {
                 OldLogprobs::Recompute => OldLogprobsFile::Recompute,
             }),
             drop_equal_reward_groups: Some(s.drop_equal_reward_groups),
-            clip_grad_norm: Some(s.clip_grad_norm.unwrap_or(0.0)),
             micro_batch_tokens: Some(s.micro_batch_tokens),
             max_bad_steps: Some(s.max_bad_steps),
             reward_workers: Some(s.reward_workers),
@@ -431,7 +436,10 @@ impl GrpoConfig {
             held_out: self.held_out.as_ref().map(task_file),
             rewards: self.rewards.iter().cloned().collect(),
             grpo,
-            optimizer: optimizer_file(&s.optimizer),
+            optimizer: OptimizerFile {
+                clip_grad_norm: Some(s.clip_grad_norm.unwrap_or(0.0)),
+                ..optimizer_file(&s.optimizer)
+            },
             schedule: schedule_file(&s.schedule),
             eval: EvalSection {
                 every: Some(s.eval.every),
@@ -467,6 +475,13 @@ impl GrpoConfig {
     }
 }
 
+/// Keys of `stoke grpo` renamed to the vocabulary every command shares (see
+/// `stoke_train::config::keys`).
+pub const RENAMED: &[keys::Renamed] = &[keys::Renamed {
+    old: "grpo.clip_grad_norm",
+    new: keys::CLIP_GRAD_NORM,
+}];
+
 /// Keys (or key prefixes ending in `.`) that may change when a run is resumed: they set how long
 /// it runs, how it is evaluated, checkpointed and resourced, not what an update computes.
 const RESUME_FREE_KEYS: &[&str] = &[
@@ -491,46 +506,7 @@ pub fn resume_differences(
     saved: &GrpoConfig,
     current: &GrpoConfig,
 ) -> Vec<(String, String, String)> {
-    let flatten = |config: &GrpoConfig| {
-        let mut out = BTreeMap::new();
-        if let Ok(value) = toml::Value::try_from(config.to_file()) {
-            flatten_into("", &value, &mut out);
-        }
-        out
-    };
-    let (a, b) = (flatten(saved), flatten(current));
-    let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
-    let free = |key: &str| {
-        RESUME_FREE_KEYS
-            .iter()
-            .any(|free| key == *free || (free.ends_with('.') && key.starts_with(free)))
-    };
-    keys.into_iter()
-        .filter(|key| !free(key))
-        .filter(|key| a.get(*key) != b.get(*key))
-        .map(|key| {
-            let show = |v: Option<&String>| v.cloned().unwrap_or_else(|| "(unset)".into());
-            (key.clone(), show(a.get(key)), show(b.get(key)))
-        })
-        .collect()
-}
-
-fn flatten_into(prefix: &str, value: &toml::Value, out: &mut BTreeMap<String, String>) {
-    match value {
-        toml::Value::Table(table) => {
-            for (k, v) in table {
-                let key = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
-                flatten_into(&key, v, out);
-            }
-        }
-        other => {
-            out.insert(prefix.to_string(), other.to_string());
-        }
-    }
+    keys::differences(&saved.to_file(), &current.to_file(), RESUME_FREE_KEYS)
 }
 
 /// The file key of a field `GrpoSettings::validate` names.

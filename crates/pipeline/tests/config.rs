@@ -136,7 +136,6 @@ kl_placement = "reward"
 reference_reset_every = 5
 old_logprobs = "recompute"
 drop_equal_reward_groups = true
-clip_grad_norm = 0.5
 micro_batch_tokens = 1024
 max_bad_steps = 4
 reward_workers = 3
@@ -152,6 +151,7 @@ aggregation = { kind = "sequence_mean_token_mean" }
 kind = "adamw"
 lr = 3e-5
 weight_decay = 0.01
+clip_grad_norm = 0.5
 
 [schedule]
 kind = "cosine"
@@ -337,4 +337,29 @@ fn resume_differences_ignore_length_and_cadence_but_not_the_math() {
         .map(|(key, _, _)| key)
         .collect();
     assert_eq!(keys, ["grpo.group_size", "grpo.precision", "optimizer.lr"]);
+}
+
+#[test]
+fn the_old_clip_name_is_read_as_the_shared_one_and_both_are_refused() {
+    let old = load(&format!("{MINIMAL}[grpo]\nclip_grad_norm = 0.25\n"), &[]).unwrap();
+    assert_eq!(old.settings.clip_grad_norm, Some(0.25));
+    let new = load(
+        &format!("{MINIMAL}[optimizer]\nclip_grad_norm = 0.25\n"),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(new.settings, old.settings);
+    let set = load(MINIMAL, &["grpo.clip_grad_norm=0"]).unwrap();
+    assert_eq!(set.settings.clip_grad_norm, None);
+    // The saved config writes the new name only.
+    let text = new.to_toml().unwrap();
+    assert!(!text.contains("[grpo]\nclip_grad_norm"), "{text}");
+    let (field, reason) = field_of(load(
+        &format!("{MINIMAL}[grpo]\nclip_grad_norm = 0.25\n[optimizer]\nclip_grad_norm = 1.0\n"),
+        &[],
+    ));
+    assert_eq!(field, "grpo.clip_grad_norm");
+    assert!(reason.contains("optimizer.clip_grad_norm"), "{reason}");
+    let (field, _) = field_of(load(MINIMAL, &["optimizer.clip_grad_norm=-1"]));
+    assert_eq!(field, "optimizer.clip_grad_norm");
 }

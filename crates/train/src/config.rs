@@ -57,13 +57,15 @@ use stoke_optim::{BatchSizeWarmup, LrSchedule, OptimizerConfig};
 use crate::spike::SpikePolicy;
 
 mod file;
+pub mod keys;
 mod resolve;
 
 pub use resolve::{ScheduleDefaults, resolve_lr_schedule, resolve_optimizer};
 
 pub use file::{
-    BatchWarmupFile, ConfigFile, DataFile, DataKind, ModelFile, OptimizerFile, OptimizerKind,
-    ScheduleFile, ScheduleKind, SpikeFile, TrainingFile, apply_overrides,
+    BatchWarmupFile, CheckpointFile, ConfigFile, DataFile, DataKind, EvalFile, ModelFile,
+    OptimizerFile, OptimizerKind, ScheduleFile, ScheduleKind, SpikeFile, TrainingFile,
+    apply_overrides,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -244,20 +246,43 @@ pub fn default_warmup(steps: u64) -> u64 {
     (steps / 20).min(1000)
 }
 
+/// Keys of `stoke train` renamed to the vocabulary every command shares (see `keys`).
+pub const RENAMED: &[keys::Renamed] = &[
+    keys::Renamed {
+        old: "training.clip_norm",
+        new: keys::CLIP_GRAD_NORM,
+    },
+    keys::Renamed {
+        old: "training.eval_every",
+        new: "eval.every",
+    },
+    keys::Renamed {
+        old: "training.eval_batches",
+        new: "eval.batches",
+    },
+    keys::Renamed {
+        old: "training.checkpoint_every",
+        new: "checkpoint.every",
+    },
+    keys::Renamed {
+        old: "training.keep_last",
+        new: "checkpoint.keep",
+    },
+    keys::Renamed {
+        old: "training.keep_steps",
+        new: "checkpoint.keep_steps",
+    },
+];
+
 impl TrainConfig {
     /// Reads `path`, applies `--set` overrides and resolves it (relative paths against the file's
     /// folder). Returns the config.
     pub fn load(path: &Path, sets: &[String]) -> Result<TrainConfig, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let mut table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Syntax {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
-        apply_overrides(&mut table, sets)?;
-        let file = ConfigFile::from_table(table, &path.display().to_string())?;
+        let mut table = keys::read_table(path)?;
+        let origin = path.display().to_string();
+        keys::migrate_renamed_with_warnings(&mut table, RENAMED, &origin)?;
+        apply_overrides(&mut table, &keys::rename_sets(sets, RENAMED))?;
+        let file = ConfigFile::from_table(table, &origin)?;
         let base = path.parent().unwrap_or(Path::new("."));
         let base = if base.as_os_str().is_empty() {
             Path::new(".")
@@ -312,7 +337,7 @@ impl TrainConfig {
             && !(c.is_finite() && c > 0.0)
         {
             return Err(invalid(
-                "training.clip_norm",
+                keys::CLIP_GRAD_NORM,
                 format!("must be > 0 (0 turns it off), got {c}"),
             ));
         }
@@ -369,10 +394,9 @@ impl TrainConfig {
 
     /// Parses the text written by [`TrainConfig::to_toml`] (paths are absolute already).
     pub fn from_toml(text: &str, origin: &str) -> Result<TrainConfig, ConfigError> {
-        let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Syntax {
-            path: PathBuf::from(origin),
-            message: e.to_string(),
-        })?;
+        let mut table = keys::parse_table(text, Path::new(origin))?;
+        // Configs saved by earlier releases use the old names; read them quietly.
+        keys::migrate_renamed(&mut table, RENAMED, origin)?;
         let file = ConfigFile::from_table(table, origin)?;
         TrainConfig::from_file(file, Path::new("/"))
     }
@@ -392,40 +416,20 @@ pub fn math_fields_differ(
         "output_dir",
         "training.steps",
         "training.max_bad_steps",
-        "training.eval_every",
-        "training.eval_batches",
-        "training.checkpoint_every",
-        "training.keep_last",
-        "training.keep_steps",
+        "eval.",
+        "checkpoint.",
         // Exact (bit-identical gradients), so it may change between sessions of a run.
         "training.activation_checkpointing",
         "data.eval",
         "data.max_epochs",
     ];
-    let flatten = |c: &TrainConfig| {
-        let mut out = std::collections::BTreeMap::new();
-        if let Ok(toml::Value::Table(t)) = toml::Value::try_from(c.to_file()) {
-            flatten_into("", &toml::Value::Table(t), &mut out);
-        }
-        out
-    };
-    let (a, b) = (flatten(saved), flatten(current));
-    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
-    keys.sort();
-    keys.dedup();
-    let mut diffs = Vec::new();
-    for key in keys {
-        if FREE.contains(&key.as_str())
-            || key.starts_with("schedule.") && !key.starts_with("schedule.batch_warmup")
-        {
-            continue;
-        }
-        let (x, y) = (a.get(key), b.get(key));
-        if x != y {
-            let show = |v: Option<&String>| v.cloned().unwrap_or_else(|| "(unset)".into());
-            diffs.push((key.clone(), show(x), show(y)));
-        }
-    }
+    // The schedule is compared by its values below (all of it but batch warmup).
+    let mut diffs: Vec<_> = keys::differences(&saved.to_file(), &current.to_file(), FREE)
+        .into_iter()
+        .filter(|(key, _, _)| {
+            !key.starts_with("schedule.") || key.starts_with("schedule.batch_warmup")
+        })
+        .collect();
     if let Some(step) = (0..resume_step)
         .find(|&s| saved.schedule.lr_factor(s).to_bits() != current.schedule.lr_factor(s).to_bits())
     {
@@ -439,26 +443,4 @@ pub fn math_fields_differ(
         ));
     }
     diffs
-}
-
-fn flatten_into(
-    prefix: &str,
-    value: &toml::Value,
-    out: &mut std::collections::BTreeMap<String, String>,
-) {
-    match value {
-        toml::Value::Table(t) => {
-            for (k, v) in t {
-                let key = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
-                flatten_into(&key, v, out);
-            }
-        }
-        other => {
-            out.insert(prefix.to_string(), other.to_string());
-        }
-    }
 }

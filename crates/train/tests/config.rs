@@ -150,7 +150,7 @@ fn resume_refuses_math_changes_and_allows_the_rest() {
         &[
             "schedule.warmup_steps=5",
             "training.steps=200",
-            "training.eval_every=5",
+            "eval.every=5",
         ],
     )
     .unwrap();
@@ -304,4 +304,44 @@ fn int8_moments_parse_round_trip_and_count_as_math_on_resume() {
         error.contains("moments") && error.contains("int4"),
         "{error}"
     );
+}
+
+#[test]
+fn old_key_names_are_read_under_the_shared_vocabulary_and_both_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let old_text = BASE.replace(
+        "steps = 100",
+        "steps = 100\nclip_norm = 0.5\neval_every = 7\neval_batches = 3\ncheckpoint_every = 9\nkeep_last = 4\nkeep_steps = [18]",
+    );
+    let new_text = format!(
+        "{BASE}[optimizer]\nclip_grad_norm = 0.5\n[eval]\nevery = 7\nbatches = 3\n\
+         [checkpoint]\nevery = 9\nkeep = 4\nkeep_steps = [18]\n"
+    );
+    let old_path = dir.path().join("old.toml");
+    let new_path = dir.path().join("new.toml");
+    std::fs::write(&old_path, &old_text).unwrap();
+    std::fs::write(&new_path, &new_text).unwrap();
+    let old = TrainConfig::load(&old_path, &[]).unwrap();
+    let new = TrainConfig::load(&new_path, &[]).unwrap();
+    assert_eq!(old, new);
+    assert_eq!(new.training.clip_norm, Some(0.5));
+    assert_eq!(new.training.eval_every, 7);
+    assert_eq!(new.training.eval_batches, 3);
+    assert_eq!(new.training.checkpoint_every, 9);
+    assert_eq!(new.training.keep_last, 4);
+    assert_eq!(new.training.keep_steps, vec![18]);
+    // An override under the old name replaces the file's value under the new one.
+    let set = TrainConfig::load(&new_path, &["training.clip_norm=0".to_string()]).unwrap();
+    assert_eq!(set.training.clip_norm, None);
+    // The saved form uses the new names only.
+    let saved = new.to_toml().unwrap();
+    for old_name in ["clip_norm", "eval_every", "keep_last", "checkpoint_every"] {
+        assert!(!saved.contains(old_name), "{old_name} in {saved}");
+    }
+    let both = format!("{old_text}[optimizer]\nclip_grad_norm = 1.0\n");
+    let both_path = dir.path().join("both.toml");
+    std::fs::write(&both_path, both).unwrap();
+    let error = TrainConfig::load(&both_path, &[]).unwrap_err().to_string();
+    assert!(error.contains("training.clip_norm"), "{error}");
+    assert!(error.contains("optimizer.clip_grad_norm"), "{error}");
 }

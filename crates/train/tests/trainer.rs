@@ -16,7 +16,7 @@ fn nan_injection_stops_the_run_and_writes_no_checkpoint_after_it() {
     let config = test_config(
         dir.path(),
         "seq_len = 16\nmicro_batch_size = 2",
-        "steps = 10\ncheckpoint_every = 1\nkeep_last = 0\nmax_bad_steps = 2",
+        "steps = 10\nmax_bad_steps = 2\n[checkpoint]\nevery = 1\nkeep = 0",
     );
     let mut rng = Rng(3);
     let batches: Vec<_> = (0..10).map(|_| random_batch(&mut rng, 2, 16)).collect();

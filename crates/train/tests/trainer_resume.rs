@@ -27,9 +27,10 @@ kind = "constant"
 warmup_steps = 2
 [training]
 steps = 6
-checkpoint_every = 3
 [training.spike]
 min_history = 2
+[checkpoint]
+every = 3
 "#;
 
 fn write_shards(dir: &Path) {

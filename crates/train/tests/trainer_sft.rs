@@ -53,8 +53,9 @@ kind = "constant"
 warmup_steps = 2
 [training]
 steps = 40
-eval_every = 20
-eval_batches = 2
+[eval]
+every = 20
+batches = 2
 "#,
         fixture().display()
     );

@@ -36,7 +36,7 @@ use stoke_pipeline::config::{GrpoConfig, GrpoConfigFile, OutSection, resume_diff
 use stoke_pipeline::metrics::{GrpoMetricsLog, GrpoRecord};
 use stoke_pipeline::rejection::RejectionReport;
 use stoke_pipeline::run::RunOptions as GrpoRunOptions;
-use stoke_train::config::{ConfigFile, apply_overrides};
+use stoke_train::config::{ConfigFile, apply_overrides, keys};
 use stoke_train::run::RunOptions as TrainRunOptions;
 
 use super::grpo::run_config;
@@ -331,6 +331,11 @@ fn plan_stage(
 ) -> anyhow::Result<StagePlan> {
     match stage {
         Stage::ColdStart => {
+            keys::migrate_renamed_with_warnings(
+                &mut table.table,
+                stoke_train::config::RENAMED,
+                &table.origin,
+            )?;
             table.set_owned("output_dir", path_value(dir), "the stage folder")?;
             if !table.has_any(&["model.preset", "model.config", "model.pretrained"]) {
                 let Some(model) = previous_model else {
@@ -345,6 +350,11 @@ fn plan_stage(
             Ok(StagePlan::Sft(table))
         }
         Stage::ReasoningRl | Stage::FinalRl => {
+            keys::migrate_renamed_with_warnings(
+                &mut table.table,
+                stoke_pipeline::config::RENAMED,
+                &table.origin,
+            )?;
             table.set_owned("out.dir", path_value(dir), "the stage folder")?;
             if let Some(model) = previous_model {
                 table.set_default("model.path", path_value(model))?;

@@ -155,9 +155,6 @@ pub struct GrpoSection {
     pub old_logprobs: Option<OldLogprobsFile>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drop_equal_reward_groups: Option<bool>,
-    /// Global gradient-norm clip; 0 turns clipping off.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub clip_grad_norm: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub micro_batch_tokens: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

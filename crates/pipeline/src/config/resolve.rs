@@ -182,6 +182,7 @@ pub(super) fn optimizer_file(config: &OptimizerConfig) -> OptimizerFile {
             nesterov: Some(c.nesterov),
             ns_steps: Some(c.ns_steps),
             moments: (!c.adamw.moments.is_f32()).then_some(c.adamw.moments),
+            clip_grad_norm: None,
         },
     }
 }

@@ -33,6 +33,12 @@ pub struct ConfigFile {
     #[serde(default)]
     pub schedule: ScheduleFile,
     pub training: TrainingFile,
+    /// Held-out evaluation cadence (the shared `[eval]` section).
+    #[serde(default)]
+    pub eval: EvalFile,
+    /// Checkpoint cadence and retention (the shared `[checkpoint]` section).
+    #[serde(default)]
+    pub checkpoint: CheckpointFile,
     /// LoRA adapters instead of full fine-tuning: `r`, `lora_alpha`, `target_modules` (Hugging
     /// Face module names or "all-linear"), `lora_dropout` (0), `use_rslora` (false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -121,6 +127,34 @@ pub struct OptimizerFile {
     /// AdamW moment storage: "f32" (default) or "int8" (8-bit, a quarter of the memory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moments: Option<stoke_optim::MomentFormat>,
+    /// Global gradient-norm clip before the step; 0 turns clipping off (default 1.0). Every
+    /// command reads it here (`training.clip_norm` and `grpo.clip_grad_norm` are its old names).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_grad_norm: Option<f64>,
+}
+
+/// `[eval]` of `stoke train`: evaluate on the eval data every N steps (0: only at the end).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalFile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<u64>,
+    /// Eval batches per evaluation (default 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batches: Option<usize>,
+}
+
+/// `[checkpoint]` of `stoke train`: save every N steps (0: only at the end), keep the newest
+/// `keep` (default 2) plus the steps in `keep_steps`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointFile {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep: Option<usize>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keep_steps: Vec<u64>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -167,25 +201,12 @@ pub struct TrainingFile {
     pub steps: u64,
     #[serde(default)]
     pub seed: u64,
-    /// Global gradient-norm clip; 0 turns clipping off (default 1.0).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub clip_norm: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub z_loss: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logit_softcap: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_bad_steps: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub eval_every: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub eval_batches: Option<usize>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub checkpoint_every: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub keep_last: Option<usize>,
-    #[serde(default)]
-    pub keep_steps: Vec<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spike: Option<SpikeFile>,
     /// Matmul precision: "f32" (default, the exact mode) or "bf16" (mixed precision; see
@@ -218,11 +239,7 @@ pub struct SpikeFile {
 impl ConfigFile {
     /// Deserialises a table, naming the offending key on error.
     pub fn from_table(table: toml::Table, origin: &str) -> Result<ConfigFile, ConfigError> {
-        serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| ConfigError::Key {
-            file: origin.to_string(),
-            key: e.path().to_string(),
-            message: e.inner().to_string(),
-        })
+        super::keys::from_table(table, origin)
     }
 }
 

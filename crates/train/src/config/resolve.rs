@@ -10,8 +10,8 @@ use stoke_optim::{
 };
 
 use super::file::{
-    BatchWarmupFile, ConfigFile, DataFile, DataKind, ModelFile, OptimizerFile, OptimizerKind,
-    ScheduleFile, ScheduleKind, SpikeFile, TrainingFile,
+    BatchWarmupFile, CheckpointFile, ConfigFile, DataFile, DataKind, EvalFile, ModelFile,
+    OptimizerFile, OptimizerKind, ScheduleFile, ScheduleKind, SpikeFile, TrainingFile,
 };
 use super::{
     ConfigError, DataConfig, DataSource, ModelSource, ModelSpec, TrainConfig, TrainingConfig,
@@ -81,11 +81,7 @@ impl TrainConfig {
         let training = TrainingConfig {
             steps,
             seed: t.seed,
-            clip_norm: match t.clip_norm {
-                None => Some(1.0),
-                Some(0.0) => None,
-                Some(c) => Some(c),
-            },
+            clip_norm: super::keys::clip_grad_norm(file.optimizer.clip_grad_norm),
             z_loss: t.z_loss.unwrap_or(0.0),
             logit_softcap: t.logit_softcap,
             max_bad_steps: t.max_bad_steps.unwrap_or(3),
@@ -99,11 +95,11 @@ impl TrainConfig {
                     .max_consecutive_skips
                     .unwrap_or(spike_default.max_consecutive_skips),
             },
-            eval_every: t.eval_every.unwrap_or(0),
-            eval_batches: t.eval_batches.unwrap_or(8),
-            checkpoint_every: t.checkpoint_every.unwrap_or(0),
-            keep_last: t.keep_last.unwrap_or(2),
-            keep_steps: t.keep_steps.clone(),
+            eval_every: file.eval.every.unwrap_or(0),
+            eval_batches: file.eval.batches.unwrap_or(8),
+            checkpoint_every: file.checkpoint.every.unwrap_or(0),
+            keep_last: file.checkpoint.keep.unwrap_or(2),
+            keep_steps: file.checkpoint.keep_steps.clone(),
             precision: t.precision.unwrap_or_default(),
             activation_checkpointing: t.activation_checkpointing.unwrap_or(false),
         };
@@ -183,6 +179,7 @@ impl TrainConfig {
                 nesterov: Some(c.nesterov),
                 ns_steps: Some(c.ns_steps),
                 moments: (!c.adamw.moments.is_f32()).then_some(c.adamw.moments),
+                clip_grad_norm: None,
             },
         };
         let mut schedule = match &self.schedule {
@@ -247,21 +244,27 @@ impl TrainConfig {
                 shuffle: Some(self.data.shuffle),
                 max_epochs: self.data.max_epochs,
             },
-            optimizer,
+            optimizer: OptimizerFile {
+                clip_grad_norm: Some(t.clip_norm.unwrap_or(0.0)),
+                ..optimizer
+            },
             schedule,
             lora: self.lora.clone(),
+            eval: EvalFile {
+                every: Some(t.eval_every),
+                batches: Some(t.eval_batches),
+            },
+            checkpoint: CheckpointFile {
+                every: Some(t.checkpoint_every),
+                keep: Some(t.keep_last),
+                keep_steps: t.keep_steps.clone(),
+            },
             training: TrainingFile {
                 steps: t.steps,
                 seed: t.seed,
-                clip_norm: Some(t.clip_norm.unwrap_or(0.0)),
                 z_loss: Some(t.z_loss),
                 logit_softcap: t.logit_softcap,
                 max_bad_steps: Some(t.max_bad_steps),
-                eval_every: Some(t.eval_every),
-                eval_batches: Some(t.eval_batches),
-                checkpoint_every: Some(t.checkpoint_every),
-                keep_last: Some(t.keep_last),
-                keep_steps: t.keep_steps.clone(),
                 spike: Some(SpikeFile {
                     action: Some(s.action),
                     sigma: Some(s.sigma),

@@ -24,12 +24,13 @@
 //! [reference]
 //! mode = "cached"                  # or "live" (two models in memory; needed by sync_steps)
 //! # sync_steps = 512               # TR-DPO; mixup_alpha = 0.6
-//! [optimizer]                      # the [optimizer] table of `stoke train`; lr default 1e-6 (TRL)
+//! [optimizer]                      # the [optimizer] table of `stoke train`; lr default 1e-6 (TRL),
+//!                                  # clip_grad_norm 1.0 (0 = off)
 //! lr = 5e-7
 //! [schedule]                       # the [schedule] table of `stoke train`; default constant
 //! [training]
 //! steps = 200
-//! # clip_norm = 1.0; max_bad_steps = 3; seed = 0; precision = "bf16"; activation_checkpointing
+//! # max_bad_steps = 3; seed = 0; precision = "bf16"; activation_checkpointing
 //! ```
 //!
 //! Files written under `output_dir`: `metrics.jsonl` (one line per step: loss, grad norm, lr,
@@ -56,7 +57,7 @@ use super::train::kto_rows;
 use super::train::{PairLoopSettings, PairObjective, PairTrainer, Reference, ReferenceSync};
 use super::{CpoLoss, DpoLoss, KtoLoss, OrpoLoss};
 use crate::config::{
-    ConfigError, OptimizerFile, ScheduleDefaults, ScheduleFile, apply_overrides,
+    ConfigError, OptimizerFile, ScheduleDefaults, ScheduleFile, apply_overrides, keys,
     resolve_lr_schedule, resolve_optimizer,
 };
 use crate::error::TrainError;
@@ -182,8 +183,6 @@ pub struct PreferenceTrainingFile {
     pub steps: u64,
     #[serde(default)]
     pub seed: u64,
-    #[serde(default = "default_clip")]
-    pub clip_norm: Option<f64>,
     #[serde(default = "default_bad_steps")]
     pub max_bad_steps: u64,
     /// The matrix products' precision (`stoke train`'s `training.precision`): "f32" or "bf16"
@@ -195,34 +194,25 @@ pub struct PreferenceTrainingFile {
     pub activation_checkpointing: bool,
 }
 
-fn default_clip() -> Option<f64> {
-    Some(1.0)
-}
 fn default_bad_steps() -> u64 {
     3
 }
+
+/// Keys of `stoke dpo` renamed to the shared vocabulary (see `config::keys`).
+pub const RENAMED: &[keys::Renamed] = &[keys::Renamed {
+    old: "training.clip_norm",
+    new: keys::CLIP_GRAD_NORM,
+}];
 
 impl PreferenceFile {
     /// Reads `path`, applies `--set` overrides, and makes its relative paths absolute against
     /// the file's folder. Errors name the key.
     pub fn load(path: &Path, sets: &[String]) -> Result<PreferenceFile, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let mut table: toml::Table =
-            text.parse()
-                .map_err(|e: toml::de::Error| ConfigError::Syntax {
-                    path: path.to_path_buf(),
-                    message: e.to_string(),
-                })?;
-        apply_overrides(&mut table, sets)?;
-        let mut file: PreferenceFile = serde_path_to_error::deserialize(toml::Value::Table(table))
-            .map_err(|e| ConfigError::Key {
-                file: path.display().to_string(),
-                key: e.path().to_string(),
-                message: e.inner().to_string(),
-            })?;
+        let mut table = keys::read_table(path)?;
+        let origin = path.display().to_string();
+        keys::migrate_renamed_with_warnings(&mut table, RENAMED, &origin)?;
+        apply_overrides(&mut table, &keys::rename_sets(sets, RENAMED))?;
+        let mut file: PreferenceFile = keys::from_table(table, &origin)?;
         let base = path.parent().unwrap_or(Path::new("."));
         let absolute = |p: &mut PathBuf| {
             if p.is_relative() {
@@ -373,7 +363,7 @@ pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSu
     };
     let step_settings = StepSettings {
         schedule,
-        clip_norm: file.training.clip_norm,
+        clip_norm: keys::clip_grad_norm(file.optimizer.clip_grad_norm),
         spike: StepSettings::spike_off(),
         max_bad_steps: file.training.max_bad_steps,
     };

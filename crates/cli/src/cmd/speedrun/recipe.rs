@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use stoke_data::packing::PackingPolicy;
 use stoke_eval::arithmetic::Level;
 use stoke_train::config::{
-    ConfigFile, DataFile, DataKind, ModelFile, OptimizerFile, OptimizerKind, ScheduleFile,
-    ScheduleKind, TrainConfig, TrainingFile,
+    CheckpointFile, ConfigFile, DataFile, DataKind, EvalFile, ModelFile, OptimizerFile,
+    OptimizerKind, ScheduleFile, ScheduleKind, TrainConfig, TrainingFile,
 };
 
 /// Every size of one speedrun.
@@ -237,6 +237,17 @@ impl Recipe {
             optimizer: optimizer_file(&self.pretrain),
             schedule: wsd(),
             training: training_file(&self.pretrain, seed),
+            eval: EvalFile {
+                every: Some(self.pretrain.eval_every),
+                batches: Some(4),
+            },
+            // One checkpoint at the end: the speedrun is short enough to rerun, and each
+            // checkpoint writes the optimizer state too.
+            checkpoint: CheckpointFile {
+                every: Some(0),
+                keep: Some(1),
+                keep_steps: Vec::new(),
+            },
             lora: None,
         }
     }
@@ -266,6 +277,17 @@ impl Recipe {
             optimizer: optimizer_file(&self.sft),
             schedule: wsd(),
             training: training_file(&self.sft, seed),
+            eval: EvalFile {
+                every: Some(self.sft.eval_every),
+                batches: Some(4),
+            },
+            // One checkpoint at the end: the speedrun is short enough to rerun, and each
+            // checkpoint writes the optimizer state too.
+            checkpoint: CheckpointFile {
+                every: Some(0),
+                keep: Some(1),
+                keep_steps: Vec::new(),
+            },
             lora: None,
         }
     }
@@ -346,17 +368,9 @@ fn training_file(stage: &StageSizes, seed: u64) -> TrainingFile {
     TrainingFile {
         steps: stage.steps,
         seed,
-        clip_norm: None,
         z_loss: None,
         logit_softcap: None,
         max_bad_steps: None,
-        eval_every: Some(stage.eval_every),
-        eval_batches: Some(4),
-        // One checkpoint at the end: the speedrun is short enough to rerun, and each
-        // checkpoint writes the optimizer state too.
-        checkpoint_every: Some(0),
-        keep_last: Some(1),
-        keep_steps: Vec::new(),
         spike: None,
         precision: None,
         activation_checkpointing: None,
