@@ -1,7 +1,8 @@
 //! `stoke speedrun`: the main job. The whole training pipeline in miniature, on CPU, on data it
 //! generates: arithmetic word problems -> tokenizer -> token shards -> pretraining from scratch ->
-//! SFT on chat conversations -> GRPO with the exact-match reward on the four-module pipeline ->
-//! held-out exact-match accuracy of all three models -> report card and a final model folder
+//! SFT on chat conversations -> preference optimization (DPO, APO-zero) on the SFT model's own
+//! verified samples -> GRPO with the exact-match reward on the four-module pipeline -> held-out
+//! exact-match accuracy of every model -> report card and a final model folder
 //! that `stoke generate --chat` can talk to.
 //!
 //! `run` below reads as the algorithm, one stage per block; each stage lives in its own module
@@ -10,9 +11,10 @@
 //!
 //! Outputs under `--out` (default `runs/speedrun`, or `runs/speedrun-quick`): `data/`,
 //! `tokenizer/`, `shards/`, `pretrain/` and `sft/` (trainer run folders with config.toml,
-//! metrics.jsonl, report.html, model/), `grpo/` (the GRPO run folder), `model_config.json` (the
-//! architecture), `pretrain.toml`, `sft.toml` and `grpo.toml` (the stage configs, for
-//! `stoke train` and `stoke grpo`), `eval/*.jsonl` (every evaluated
+//! metrics.jsonl, report.html, model/), `preference/` (the sampled pairs and one run folder per
+//! loss), `grpo/` (the GRPO run folder), `model_config.json` (the architecture), `pretrain.toml`,
+//! `sft.toml`, `dpo-<loss>.toml` and `grpo.toml` (the stage configs, for `stoke train`,
+//! `stoke dpo` and `stoke grpo`), `eval/*.jsonl` (every evaluated
 //! completion), `model/` (the final model, Hugging Face layout with tokenizer files),
 //! `report.html` (the report card) and `speedrun.json` (the summary the integration test
 //! reads). A rerun into the same folder replaces these.
@@ -21,6 +23,7 @@
 //! `evaluations` and its summary to the report card; nothing else changes.
 
 mod data;
+mod preference;
 mod recipe;
 mod report_card;
 mod rl;
@@ -193,8 +196,16 @@ pub fn run(args: SpeedrunArgs) -> anyhow::Result<()> {
     );
     timings.push(StageTiming::done("sft", clock));
 
-    // 6. GRPO: reinforcement learning with the exact-match reward on the SFT model.
-    let clock = stage_header(6, "GRPO: reinforcement learning with verifiable rewards");
+    // 6. Preference optimization on the SFT model's own verified samples.
+    let clock = stage_header(
+        6,
+        "preference optimization: DPO and APO-zero on the SFT model's verified samples",
+    );
+    let preference = preference::preference(&recipe, &out, &sft.model_dir, seed)?;
+    timings.push(StageTiming::done("preference", clock));
+
+    // 7. GRPO: reinforcement learning with the exact-match reward on the SFT model.
+    let clock = stage_header(7, "GRPO: reinforcement learning with verifiable rewards");
     let grpo = rl::grpo(&recipe, &out, &sft.model_dir, seed)?;
     println!(
         "{} updates of {} prompts x {} samples, reward {:.3} -> {:.3} ({:.2} s per update, {:.0} samples/s)",
@@ -208,18 +219,19 @@ pub fn run(args: SpeedrunArgs) -> anyhow::Result<()> {
     );
     timings.push(StageTiming::done("grpo", clock));
 
-    // 7. Evaluation: held-out exact-match accuracy of each model on the same prompts.
-    let clock = stage_header(7, "evaluation: held-out exact-match accuracy");
+    // 8. Evaluation: held-out exact-match accuracy of each model on the same prompts.
+    let clock = stage_header(8, "evaluation: held-out exact-match accuracy");
     let accuracy_config = AccuracyConfig {
         batch_size: recipe.eval_batch_size,
         max_new_tokens: recipe.eval_max_new_tokens,
     };
     let mut evaluations = Vec::new();
-    for (label, model_dir) in [
-        ("pretrained", &pretrain.model_dir),
-        ("sft", &sft.model_dir),
-        ("grpo", &grpo.model_dir),
-    ] {
+    let mut models = vec![("pretrained", &pretrain.model_dir), ("sft", &sft.model_dir)];
+    for run in &preference.runs {
+        models.push((run.label.as_str(), &run.model_dir));
+    }
+    models.push(("grpo", &grpo.model_dir));
+    for (label, model_dir) in models {
         let model = Transformer::load(model_dir, &Device::Cpu)
             .with_context(|| format!("loading {}", model_dir.display()))?;
         let report = evaluate(&model, &tokenizer, &generated.held_out, &accuracy_config)
@@ -236,8 +248,8 @@ pub fn run(args: SpeedrunArgs) -> anyhow::Result<()> {
     }
     timings.push(StageTiming::done("evaluation", clock));
 
-    // 8. Outputs: the final model folder, the report card and the summary.
-    let clock = stage_header(8, "report card and final model");
+    // 9. Outputs: the final model folder, the report card and the summary.
+    let clock = stage_header(9, "report card and final model");
     let final_model = out.join("model");
     copy_dir(&grpo.model_dir, &final_model)?;
     Transformer::load(&final_model, &Device::Cpu)
@@ -252,6 +264,7 @@ pub fn run(args: SpeedrunArgs) -> anyhow::Result<()> {
         shards: shard_stats,
         pretrain,
         sft,
+        preference,
         grpo,
         evaluations,
         final_model: final_model.clone(),

@@ -44,6 +44,7 @@ pub struct Recipe {
     pub pretrain: StageSizes,
     pub sft: StageSizes,
     pub grpo: GrpoSizes,
+    pub preference: PreferenceSizes,
     /// Generation cap for the accuracy evaluation (a worked solution is 20-45 tokens).
     pub eval_max_new_tokens: usize,
     pub eval_batch_size: usize,
@@ -67,6 +68,25 @@ pub struct GrpoSizes {
     /// Training-split problems the prompts are drawn from.
     pub problems: usize,
     pub eval_every: u64,
+}
+
+/// The preference stage's sizes: `samples` answers sampled from the SFT model for each of
+/// `prompts` training-split questions, correct paired against wrong, and one run of each loss
+/// (TRL's `loss_type` names) on the pairs, AdamW with a cosine decay to 0. Measured on the quick
+/// recipe (seed 0; 256 x 8 samples, 38% correct, 638 pairs): lr 1e-5 for 60 steps moved
+/// held-out accuracy 64% -> 65% (sigmoid) and 64% -> 64% (APO-zero); 2e-5 for 80 steps fell to
+/// 49% / 44% and 1e-4 to 39% / 23%, the chosen log-probs falling with the rejected ones
+/// (likelihood displacement): on this tiny model the pairs do not teach what GRPO does.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PreferenceSizes {
+    pub prompts: usize,
+    pub samples: usize,
+    pub temperature: f32,
+    pub losses: &'static [&'static str],
+    pub steps: u64,
+    pub pairs_per_micro_batch: usize,
+    pub lr: f64,
+    pub beta: f64,
 }
 
 /// A small Llama: RMSNorm, RoPE, SwiGLU, grouped-query attention.
@@ -133,6 +153,16 @@ impl Recipe {
                 problems: 4_000,
                 eval_every: 50,
             },
+            preference: PreferenceSizes {
+                prompts: 256,
+                samples: 8,
+                temperature: 1.0,
+                losses: &["sigmoid", "apo_zero"],
+                steps: 60,
+                pairs_per_micro_batch: 8,
+                lr: 1e-5,
+                beta: 0.1,
+            },
             eval_max_new_tokens: 64,
             eval_batch_size: 50,
             report_samples: 8,
@@ -180,6 +210,16 @@ impl Recipe {
                 temperature: 0.7,
                 problems: 2_000,
                 eval_every: 50,
+            },
+            preference: PreferenceSizes {
+                prompts: 256,
+                samples: 8,
+                temperature: 1.0,
+                losses: &["sigmoid", "apo_zero"],
+                steps: 60,
+                pairs_per_micro_batch: 8,
+                lr: 1e-5,
+                beta: 0.1,
             },
             eval_max_new_tokens: 48,
             eval_batch_size: 50,
@@ -332,6 +372,46 @@ impl Recipe {
             lr = g.lr,
             eval_every = g.eval_every,
             run_dir = quote(run_dir),
+        )
+    }
+}
+
+impl Recipe {
+    /// One run of the preference stage (`stoke dpo <out>/dpo-<loss>.toml` reruns it): `loss` on
+    /// `pairs`, starting from and referenced to the SFT model in `model_dir`, written to
+    /// `run_dir`; the reference log-probs cached in `cache_dir` (shared by the stage's runs).
+    pub fn dpo_config(
+        &self,
+        loss: &str,
+        model_dir: &Path,
+        pairs: &Path,
+        run_dir: &Path,
+        cache_dir: &Path,
+        seed: u64,
+    ) -> String {
+        let p = self.preference;
+        let quote = |path: &Path| toml::Value::String(path.display().to_string()).to_string();
+        format!(
+            "# speedrun ({name}) - {loss} on the SFT model's own verified samples\n\
+             output_dir = {run_dir}\n\n\
+             [model]\npretrained = {model}\n\n\
+             [data]\ntrain = {pairs}\nmax_len = {max_len}\npairs_per_micro_batch = {per_batch}\n\n\
+             [objective]\nkind = \"dpo\"\n\n\
+             [dpo]\nbeta = {beta}\nloss_type = \"{loss}\"\n\n\
+             [reference]\nmode = \"cached\"\ncache_dir = {cache}\n\n\
+             [optimizer]\nkind = \"adamw\"\nlr = {lr:e}\nweight_decay = 0.0\n\n\
+             [schedule]\nkind = \"cosine\"\n\n\
+             [training]\nsteps = {steps}\nseed = {seed}\n",
+            name = self.name,
+            run_dir = quote(run_dir),
+            model = quote(model_dir),
+            pairs = quote(pairs),
+            max_len = self.seq_len,
+            per_batch = p.pairs_per_micro_batch,
+            beta = p.beta,
+            cache = quote(cache_dir),
+            lr = p.lr,
+            steps = p.steps,
         )
     }
 }

@@ -12,6 +12,7 @@ use std::fmt::Write as _;
 use anyhow::Context;
 use stoke_train::report::{ChartSpec, Series, YScale, escape};
 
+use super::preference::PreferenceStageSummary;
 use super::recipe::Recipe;
 use super::rl::GrpoStageSummary;
 use super::summary::{ModelEvaluation, SpeedrunSummary};
@@ -182,9 +183,10 @@ fn render(s: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<String> {
         &s.sft,
     )?;
 
+    preference_section(&mut h, &s.preference)?;
     grpo_section(&mut h, &s.grpo)?;
 
-    h.push_str("<h2>7. Held-out accuracy</h2>\n<p>Greedy completions of the same held-out questions, rendered with the chat template. <b>Accuracy</b> counts a completion right when its final <code>#### N</code> line holds the answer (the reward crate's exact-match verifier, gsm8k mode); <b>flexible</b> also accepts the last number of a completion without that line.</p>\n");
+    h.push_str("<h2>8. Held-out accuracy</h2>\n<p>Greedy completions of the same held-out questions, rendered with the chat template. <b>Accuracy</b> counts a completion right when its final <code>#### N</code> line holds the answer (the reward crate's exact-match verifier, gsm8k mode); <b>flexible</b> also accepts the last number of a completion without that line.</p>\n");
     accuracy_bars(&mut h, &s.evaluations);
     let eval_rows: Vec<(String, String)> = s
         .evaluations
@@ -220,7 +222,7 @@ fn render(s: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<String> {
     table(&mut h, &level_rows);
     samples_table(&mut h, &s.evaluations, recipe.report_samples);
 
-    h.push_str("<h2>8. The final model</h2>\n");
+    h.push_str("<h2>9. The final model</h2>\n");
     let _ = writeln!(
         h,
         "<p>Hugging Face layout with tokenizer files in <code>{}</code>. Chat with it:</p>\n<pre>stoke generate --model {} --chat --temperature 0 --max-tokens 64 --format text --prompt \"...\"</pre>",
@@ -290,8 +292,83 @@ fn training_section(
     Ok(())
 }
 
+fn preference_section(h: &mut String, p: &PreferenceStageSummary) -> anyhow::Result<()> {
+    h.push_str("<h2>6. Preference optimization</h2>\n<p>The SFT model samples answers to training-split questions; the exact-match verifier scores them; each question's correct answers are paired against its wrong ones. Each loss then trains a copy of the SFT model on the pairs against the SFT model as reference (its log-probs computed once and cached, so one model is in memory). <b>logps/chosen</b> falling with <b>logps/rejected</b> is likelihood displacement; section 8 shows what each run did to held-out accuracy.</p>\n");
+    let metric = |m: &[(String, f64)], name: &str| {
+        m.iter()
+            .find(|(k, _)| k == name)
+            .map_or(f64::NAN, |(_, v)| *v)
+    };
+    let mut rows = vec![
+        (
+            "pairs".to_string(),
+            format!(
+                "{} from {} questions x {} samples ({:.1}% of samples correct, {:.1} s)",
+                p.pairs,
+                p.prompts,
+                p.samples_per_prompt,
+                100.0 * p.correct as f64 / p.sampled.max(1) as f64,
+                p.sampling_seconds
+            ),
+        ),
+        ("pairs file".into(), p.pairs_file.display().to_string()),
+    ];
+    for run in &p.runs {
+        rows.push((
+            run.label.clone(),
+            format!(
+                "{} steps, {:.1} s; logps/chosen {:.2} -> {:.2}, logps/rejected {:.2} -> {:.2}, reward accuracy {:.2} -> {:.2} ({})",
+                run.steps,
+                run.seconds,
+                metric(&run.first, "logps/chosen"),
+                metric(&run.last, "logps/chosen"),
+                metric(&run.first, "logps/rejected"),
+                metric(&run.last, "logps/rejected"),
+                metric(&run.first, "rewards/accuracies"),
+                metric(&run.last, "rewards/accuracies"),
+                run.config.display()
+            ),
+        ));
+    }
+    table(h, &rows);
+    let series = |pick: fn(&(u64, f64, f64, f64)) -> f64, suffix: &str| {
+        p.runs
+            .iter()
+            .map(|run| {
+                Series::new(
+                    format!("{} {suffix}", run.label),
+                    run.curve.iter().map(|c| (c.0 as f64, pick(c))).collect(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut logps = series(|c| c.1, "chosen");
+    logps.extend(series(|c| c.2, "rejected"));
+    for chart in [
+        ChartSpec::new(
+            "Preference: summed log-probs of the chosen and rejected answers",
+            "step",
+            "log-prob",
+            logps,
+            YScale::Linear,
+        ),
+        ChartSpec::new(
+            "Preference: reward margin (chosen - rejected)",
+            "step",
+            "margin",
+            series(|c| c.3, "margin"),
+            YScale::Linear,
+        ),
+    ] {
+        h.push_str("<figure>\n");
+        h.push_str(&chart.render().context("drawing a chart")?);
+        h.push_str("\n</figure>\n");
+    }
+    Ok(())
+}
+
 fn grpo_section(h: &mut String, g: &GrpoStageSummary) -> anyhow::Result<()> {
-    h.push_str("<h2>6. GRPO</h2>\n<p>Reinforcement learning with verifiable rewards on the SFT model: groups of sampled replies to training-split questions, the exact-match reward, group-relative advantages, the clipped policy loss; rollout, reward and trainer run as separate modules joined by bounded buffers; each update trains on samples generated one policy version earlier (a fixed lag, so the seeded run repeats exactly while generation overlaps training).</p>\n");
+    h.push_str("<h2>7. GRPO</h2>\n<p>Reinforcement learning with verifiable rewards on the SFT model: groups of sampled replies to training-split questions, the exact-match reward, group-relative advantages, the clipped policy loss; rollout, reward and trainer run as separate modules joined by bounded buffers; each update trains on samples generated one policy version earlier (a fixed lag, so the seeded run repeats exactly while generation overlaps training).</p>\n");
     let mut rows = vec![
         (
             "updates".to_string(),

@@ -11,6 +11,7 @@ use serde::Serialize;
 use stoke_eval::accuracy::{AccuracyReport, LevelAccuracy, SampleRecord};
 
 use super::data::DataStats;
+use super::preference::PreferenceStageSummary;
 use super::rl::GrpoStageSummary;
 use super::shards::ShardStats;
 use super::tokenizer::TokenizerStats;
@@ -98,8 +99,10 @@ pub struct SpeedrunSummary {
     pub shards: ShardStats,
     pub pretrain: TrainingStageSummary,
     pub sft: TrainingStageSummary,
+    pub preference: PreferenceStageSummary,
     pub grpo: GrpoStageSummary,
-    /// In pipeline order: the pretrained model, the SFT model, the GRPO model.
+    /// In pipeline order: the pretrained model, the SFT model, the preference-optimized models
+    /// (one per loss, labelled by TRL's loss name), the GRPO model.
     pub evaluations: Vec<ModelEvaluation>,
     pub final_model: PathBuf,
     pub report: PathBuf,
