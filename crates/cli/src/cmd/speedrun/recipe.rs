@@ -89,6 +89,20 @@ pub struct PreferenceSizes {
     pub beta: f64,
 }
 
+impl PreferenceSizes {
+    /// The full and the quick recipe's preference stage (the same sizes; see the type's doc).
+    pub const BOTH_RECIPES: PreferenceSizes = PreferenceSizes {
+        prompts: 256,
+        samples: 8,
+        temperature: 1.0,
+        losses: &["sigmoid", "apo_zero"],
+        steps: 60,
+        pairs_per_micro_batch: 8,
+        lr: 1e-5,
+        beta: 0.1,
+    };
+}
+
 /// A small Llama: RMSNorm, RoPE, SwiGLU, grouped-query attention.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ModelShape {
@@ -153,16 +167,7 @@ impl Recipe {
                 problems: 4_000,
                 eval_every: 50,
             },
-            preference: PreferenceSizes {
-                prompts: 256,
-                samples: 8,
-                temperature: 1.0,
-                losses: &["sigmoid", "apo_zero"],
-                steps: 60,
-                pairs_per_micro_batch: 8,
-                lr: 1e-5,
-                beta: 0.1,
-            },
+            preference: PreferenceSizes::BOTH_RECIPES,
             eval_max_new_tokens: 64,
             eval_batch_size: 50,
             report_samples: 8,
@@ -211,16 +216,7 @@ impl Recipe {
                 problems: 2_000,
                 eval_every: 50,
             },
-            preference: PreferenceSizes {
-                prompts: 256,
-                samples: 8,
-                temperature: 1.0,
-                losses: &["sigmoid", "apo_zero"],
-                steps: 60,
-                pairs_per_micro_batch: 8,
-                lr: 1e-5,
-                beta: 0.1,
-            },
+            preference: PreferenceSizes::BOTH_RECIPES,
             eval_max_new_tokens: 48,
             eval_batch_size: 50,
             report_samples: 6,
