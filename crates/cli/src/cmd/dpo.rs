@@ -52,6 +52,7 @@ pub fn run_command(args: DpoArgs) -> anyhow::Result<()> {
         println!("skipped steps: {}", summary.skipped_steps);
     }
     println!("metrics: {}", summary.metrics_path.display());
+    println!("report: {}", summary.report_path.display());
     println!("model: {}", summary.model_dir.display());
     Ok(())
 }

@@ -158,35 +158,6 @@ pub(super) fn resolve_optimizer(o: &OptimizerFile) -> Result<OptimizerConfig, Pi
     Ok(config)
 }
 
-pub(super) fn optimizer_file(config: &OptimizerConfig) -> OptimizerFile {
-    match config {
-        OptimizerConfig::AdamW(c) => OptimizerFile {
-            kind: OptimizerKind::Adamw,
-            lr: Some(c.lr),
-            beta1: Some(c.beta1),
-            beta2: Some(c.beta2),
-            eps: Some(c.eps),
-            weight_decay: Some(c.weight_decay),
-            moments: (!c.moments.is_f32()).then_some(c.moments),
-            ..OptimizerFile::default()
-        },
-        OptimizerConfig::Muon(c) => OptimizerFile {
-            kind: OptimizerKind::Muon,
-            lr: Some(c.lr),
-            beta1: Some(c.adamw.beta1),
-            beta2: Some(c.adamw.beta2),
-            eps: Some(c.adamw.eps),
-            weight_decay: Some(c.weight_decay),
-            adamw_lr: Some(c.adamw.lr),
-            momentum: Some(c.momentum),
-            nesterov: Some(c.nesterov),
-            ns_steps: Some(c.ns_steps),
-            moments: (!c.adamw.moments.is_f32()).then_some(c.adamw.moments),
-            clip_grad_norm: None,
-        },
-    }
-}
-
 /// `[schedule]` through stoke train's resolver (the same keys and checks) with the GRPO defaults:
 /// constant, no warmup, cosine and WSD down to 0.
 pub(super) fn resolve_schedule(
@@ -220,37 +191,16 @@ pub(super) fn resolve_schedule(
     Ok(schedule)
 }
 
+/// `[schedule]` with every value explicit: stoke train's file form (GRPO's section has no
+/// `decay_fraction` or `batch_warmup`; the explicit form sets neither).
 pub(super) fn schedule_file(schedule: &LrSchedule) -> ScheduleSection {
-    match *schedule {
-        LrSchedule::Constant { warmup_steps } => ScheduleSection {
-            kind: Some(ScheduleKind::Constant),
-            warmup_steps: Some(warmup_steps),
-            ..ScheduleSection::default()
-        },
-        LrSchedule::Cosine {
-            warmup_steps,
-            total_steps,
-            min_lr_ratio,
-        } => ScheduleSection {
-            kind: Some(ScheduleKind::Cosine),
-            warmup_steps: Some(warmup_steps),
-            min_lr_ratio: Some(min_lr_ratio),
-            decay_steps: Some(total_steps.saturating_sub(warmup_steps)),
-            ..ScheduleSection::default()
-        },
-        LrSchedule::Wsd {
-            warmup_steps,
-            decay_start,
-            decay_steps,
-            min_lr_ratio,
-            decay_shape,
-        } => ScheduleSection {
-            kind: Some(ScheduleKind::Wsd),
-            warmup_steps: Some(warmup_steps),
-            min_lr_ratio: Some(min_lr_ratio),
-            decay_start: Some(decay_start),
-            decay_steps: Some(decay_steps),
-            decay_shape: Some(decay_shape),
-        },
+    let f = ScheduleFile::explicit(schedule);
+    ScheduleSection {
+        kind: Some(f.kind),
+        warmup_steps: f.warmup_steps,
+        min_lr_ratio: f.min_lr_ratio,
+        decay_start: f.decay_start,
+        decay_steps: f.decay_steps,
+        decay_shape: f.decay_shape,
     }
 }

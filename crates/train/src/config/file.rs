@@ -262,21 +262,8 @@ pub fn apply_overrides(table: &mut toml::Table, sets: &[String]) -> Result<(), C
             return Err(fail(format!("`{key}` is not a dotted key path")));
         }
         let value = parse_value(raw.trim());
-        let mut current = &mut *table;
-        for (depth, part) in parts[..parts.len() - 1].iter().enumerate() {
-            let entry = current
-                .entry(part.to_string())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-            current = match entry {
-                toml::Value::Table(t) => t,
-                _ => {
-                    return Err(fail(format!(
-                        "`{}` is a value, not a table",
-                        parts[..=depth].join(".")
-                    )));
-                }
-            };
-        }
+        let current = super::keys::table_at_or_insert(table, &parts[..parts.len() - 1])
+            .map_err(|prefix| fail(format!("`{prefix}` is a value, not a table")))?;
         current.insert(parts[parts.len() - 1].to_string(), value);
     }
     Ok(())

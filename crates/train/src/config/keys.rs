@@ -76,6 +76,25 @@ fn table_at<'a>(table: &'a mut toml::Table, parts: &[&str]) -> Option<&'a mut to
     Some(current)
 }
 
+/// The table at the dotted path `parts` under `table`, creating missing tables. Err: the dotted
+/// prefix that names a value instead of a table (`--set` and the renames both walk this way).
+pub(super) fn table_at_or_insert<'a>(
+    table: &'a mut toml::Table,
+    parts: &[&str],
+) -> Result<&'a mut toml::Table, String> {
+    let mut current = table;
+    for (depth, part) in parts.iter().enumerate() {
+        let entry = current
+            .entry(part.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        current = match entry {
+            toml::Value::Table(t) => t,
+            _ => return Err(parts[..=depth].join(".")),
+        };
+    }
+    Ok(current)
+}
+
 /// Moves every `old` key present to its `new` name (creating tables as needed) and returns one
 /// deprecation message per moved key; both names set is an error naming them.
 pub fn migrate_renamed(
@@ -96,22 +115,12 @@ pub fn migrate_renamed(
         let Some((new_leaf, new_parents)) = new.split_last() else {
             continue;
         };
-        let mut current = &mut *table;
-        for part in new_parents {
-            let entry = current
-                .entry(part.to_string())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-            current = match entry {
-                toml::Value::Table(t) => t,
-                _ => {
-                    return Err(ConfigError::Key {
-                        file: origin.to_string(),
-                        key: rename.new.to_string(),
-                        message: format!("`{part}` is a value, not a table"),
-                    });
-                }
-            };
-        }
+        let current =
+            table_at_or_insert(table, new_parents).map_err(|prefix| ConfigError::Key {
+                file: origin.to_string(),
+                key: rename.new.to_string(),
+                message: format!("`{prefix}` is a value, not a table"),
+            })?;
         if current.contains_key(*new_leaf) {
             return Err(ConfigError::Key {
                 file: origin.to_string(),

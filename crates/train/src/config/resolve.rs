@@ -156,65 +156,8 @@ impl TrainConfig {
                 eval.iter().cloned().collect(),
             ),
         };
-        let optimizer = match &self.optimizer {
-            OptimizerConfig::AdamW(c) => OptimizerFile {
-                kind: OptimizerKind::Adamw,
-                lr: Some(c.lr),
-                beta1: Some(c.beta1),
-                beta2: Some(c.beta2),
-                eps: Some(c.eps),
-                weight_decay: Some(c.weight_decay),
-                moments: (!c.moments.is_f32()).then_some(c.moments),
-                ..OptimizerFile::default()
-            },
-            OptimizerConfig::Muon(c) => OptimizerFile {
-                kind: OptimizerKind::Muon,
-                lr: Some(c.lr),
-                beta1: Some(c.adamw.beta1),
-                beta2: Some(c.adamw.beta2),
-                eps: Some(c.adamw.eps),
-                weight_decay: Some(c.weight_decay),
-                adamw_lr: Some(c.adamw.lr),
-                momentum: Some(c.momentum),
-                nesterov: Some(c.nesterov),
-                ns_steps: Some(c.ns_steps),
-                moments: (!c.adamw.moments.is_f32()).then_some(c.adamw.moments),
-                clip_grad_norm: None,
-            },
-        };
-        let mut schedule = match &self.schedule {
-            LrSchedule::Constant { warmup_steps } => ScheduleFile {
-                kind: ScheduleKind::Constant,
-                warmup_steps: Some(*warmup_steps),
-                ..ScheduleFile::default()
-            },
-            LrSchedule::Cosine {
-                warmup_steps,
-                total_steps,
-                min_lr_ratio,
-            } => ScheduleFile {
-                kind: ScheduleKind::Cosine,
-                warmup_steps: Some(*warmup_steps),
-                min_lr_ratio: Some(*min_lr_ratio),
-                decay_steps: Some(total_steps.saturating_sub(*warmup_steps)),
-                ..ScheduleFile::default()
-            },
-            LrSchedule::Wsd {
-                warmup_steps,
-                decay_start,
-                decay_steps,
-                min_lr_ratio,
-                decay_shape,
-            } => ScheduleFile {
-                kind: ScheduleKind::Wsd,
-                warmup_steps: Some(*warmup_steps),
-                min_lr_ratio: Some(*min_lr_ratio),
-                decay_start: Some(*decay_start),
-                decay_steps: Some(*decay_steps),
-                decay_shape: Some(*decay_shape),
-                ..ScheduleFile::default()
-            },
-        };
+        let optimizer = OptimizerFile::explicit(&self.optimizer);
+        let mut schedule = ScheduleFile::explicit(&self.schedule);
         schedule.batch_warmup = self.batch_warmup.as_ref().map(|w| BatchWarmupFile {
             start_tokens_per_step: w.start_tokens_per_step,
             ramp_tokens: w.ramp_tokens,
@@ -522,4 +465,77 @@ pub fn resolve_lr_schedule(
         ));
     }
     Ok(schedule)
+}
+
+impl OptimizerFile {
+    /// The file form of a resolved optimizer with every value explicit (what a run's saved
+    /// config holds; `stoke grpo` writes the same form).
+    pub fn explicit(config: &OptimizerConfig) -> OptimizerFile {
+        match config {
+            OptimizerConfig::AdamW(c) => OptimizerFile {
+                kind: OptimizerKind::Adamw,
+                lr: Some(c.lr),
+                beta1: Some(c.beta1),
+                beta2: Some(c.beta2),
+                eps: Some(c.eps),
+                weight_decay: Some(c.weight_decay),
+                moments: (!c.moments.is_f32()).then_some(c.moments),
+                ..OptimizerFile::default()
+            },
+            OptimizerConfig::Muon(c) => OptimizerFile {
+                kind: OptimizerKind::Muon,
+                lr: Some(c.lr),
+                beta1: Some(c.adamw.beta1),
+                beta2: Some(c.adamw.beta2),
+                eps: Some(c.adamw.eps),
+                weight_decay: Some(c.weight_decay),
+                adamw_lr: Some(c.adamw.lr),
+                momentum: Some(c.momentum),
+                nesterov: Some(c.nesterov),
+                ns_steps: Some(c.ns_steps),
+                moments: (!c.adamw.moments.is_f32()).then_some(c.adamw.moments),
+                clip_grad_norm: None,
+            },
+        }
+    }
+}
+
+impl ScheduleFile {
+    /// The file form of a resolved schedule with every value explicit (`stoke grpo` writes the
+    /// same form into its `[schedule]`).
+    pub fn explicit(schedule: &LrSchedule) -> ScheduleFile {
+        match schedule {
+            LrSchedule::Constant { warmup_steps } => ScheduleFile {
+                kind: ScheduleKind::Constant,
+                warmup_steps: Some(*warmup_steps),
+                ..ScheduleFile::default()
+            },
+            LrSchedule::Cosine {
+                warmup_steps,
+                total_steps,
+                min_lr_ratio,
+            } => ScheduleFile {
+                kind: ScheduleKind::Cosine,
+                warmup_steps: Some(*warmup_steps),
+                min_lr_ratio: Some(*min_lr_ratio),
+                decay_steps: Some(total_steps.saturating_sub(*warmup_steps)),
+                ..ScheduleFile::default()
+            },
+            LrSchedule::Wsd {
+                warmup_steps,
+                decay_start,
+                decay_steps,
+                min_lr_ratio,
+                decay_shape,
+            } => ScheduleFile {
+                kind: ScheduleKind::Wsd,
+                warmup_steps: Some(*warmup_steps),
+                min_lr_ratio: Some(*min_lr_ratio),
+                decay_start: Some(*decay_start),
+                decay_steps: Some(*decay_steps),
+                decay_shape: Some(*decay_shape),
+                ..ScheduleFile::default()
+            },
+        }
+    }
 }

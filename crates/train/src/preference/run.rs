@@ -34,8 +34,9 @@
 //! ```
 //!
 //! Files written under `output_dir`: `metrics.jsonl` (one line per step: loss, grad norm, lr,
-//! outcome, tokens/s and the loss's metrics under TRL's names), `model/` (HF layout, with the
-//! tokenizer), and the reference cache `reference/ref-logps-<key>.json` (reused by any later run
+//! outcome, tokens/s and the loss's metrics under TRL's names), `report.html` (the trainer's
+//! summary and curves, plus the log-probs, rewards and margins charts), `model/` (HF layout, with
+//! the tokenizer), and the reference cache `reference/ref-logps-<key>.json` (reused by any later run
 //! on the same pairs and reference weights).
 //!
 //! What this is not: no checkpoints or resume yet.
@@ -258,6 +259,7 @@ pub struct PreferenceSummary {
     pub reference: String,
     pub model_dir: PathBuf,
     pub metrics_path: PathBuf,
+    pub report_path: PathBuf,
 }
 
 /// Runs `file` to the end. `quiet` turns the progress display off.
@@ -403,10 +405,16 @@ pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSu
     let bar = progress(total, quiet);
     let (mut first, mut last, mut last_loss) = (None, None, None);
     let (mut tokens, mut seconds, mut skipped) = (0usize, 0f64, 0u64);
+    let (mut records, mut history) = (Vec::new(), Vec::new());
     for _ in 0..total {
         let report = trainer.step()?;
         tokens += report.tokens;
         seconds += report.seconds;
+        records.push(super::report::standard_record(
+            &report,
+            tokens as u64,
+            seconds,
+        ));
         if report.outcome != StepOutcome::Applied {
             skipped += 1;
         }
@@ -450,13 +458,20 @@ pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSu
         if report.loss.is_finite() {
             last_loss = Some(report.loss);
         }
-        last = Some(report.metrics);
+        last = Some(report.metrics.clone());
+        history.push(report);
     }
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
     let model_dir = file.output_dir.join("model");
     crate::checkpoint::save_model(trainer.model(), &model_dir, Some(&tokenizer_dir))?;
+    let title = file
+        .title
+        .clone()
+        .unwrap_or_else(|| format!("stoke dpo: {}", file.objective().name()));
+    let report_path =
+        super::report::write_preference_report(&file.output_dir, &title, &records, &history)?;
     Ok(PreferenceSummary {
         steps: trainer.engine().steps(),
         pairs: read.examples,
@@ -470,6 +485,7 @@ pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSu
         reference: reference_note,
         model_dir,
         metrics_path,
+        report_path,
     })
 }
 
