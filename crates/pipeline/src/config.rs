@@ -56,7 +56,7 @@
 //! - `[schedule]`: constant, warmup_steps 0. Cosine: over `grpo.steps` to min_lr_ratio 0; WSD:
 //!   decay over the last 20% to min_lr_ratio 0, linear.
 //! - `[eval]`: every 0 (before the first update and after the last only), samples 8, problems 64.
-//! - `[checkpoint]`: every 0 (only at the end), keep 2.
+//! - `[checkpoint]`: every 0 (only at the end), keep 2, keep_steps [] (stoke train's section).
 //! - `[ptx]`: off; when present `shards` is required, coef 0.1, batch_size 4, seq_len 256.
 //! - `[out] dir`: `runs/<config file stem>` next to the config file.
 //!
@@ -79,10 +79,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use stoke_optim::{AdamWConfig, LrSchedule, MuonConfig, OptimizerConfig};
+use stoke_optim::{AdamWConfig, LrSchedule, OptimizerConfig};
 use stoke_reward::RewardConfig;
 use stoke_reward::exact_match::{ExactMatchConfig, MatchMode};
-use stoke_train::config::{OptimizerFile, OptimizerKind, ScheduleKind, apply_overrides, keys};
+use stoke_train::config::{OptimizerFile, ScheduleKind, apply_overrides, keys};
 use stoke_train::grpo::GrpoLossFile;
 
 use crate::error::PipelineError;
@@ -332,6 +332,7 @@ impl GrpoConfig {
             eval,
             checkpoint_every: file.checkpoint.every.unwrap_or(0),
             keep_checkpoints: file.checkpoint.keep.unwrap_or(DEFAULT_KEEP_CHECKPOINTS),
+            keep_steps: file.checkpoint.keep_steps.clone(),
             threads: g.threads.unwrap_or(cores),
             precision: g.precision.unwrap_or_default(),
             activation_checkpointing: g.activation_checkpointing.unwrap_or(false),
@@ -449,6 +450,7 @@ impl GrpoConfig {
             checkpoint: CheckpointSection {
                 every: Some(s.checkpoint_every),
                 keep: Some(s.keep_checkpoints),
+                keep_steps: s.keep_steps.clone(),
             },
             ptx: s.ptx.as_ref().map(|p| PtxSection {
                 shards: p.shards.clone(),

@@ -41,6 +41,7 @@ pub struct RunMonitor {
     eval_every: u64,
     total_steps: u64,
     checkpoint_every: u64,
+    keep_steps: Vec<u64>,
     samples_per_step: usize,
     skipped_steps: u64,
     tokens_seen: u64,
@@ -77,6 +78,7 @@ impl RunMonitor {
             eval_every: settings.eval.every,
             total_steps: settings.steps,
             checkpoint_every: settings.checkpoint_every,
+            keep_steps: settings.keep_steps.clone(),
             samples_per_step: settings.samples_per_step(),
             skipped_steps: 0,
             tokens_seen: 0,
@@ -133,7 +135,7 @@ impl RunMonitor {
                 learner.updater().optimizer(),
                 &state,
                 &self.config_toml,
-                &[],
+                &self.keep_steps,
             )
             .map_err(stoke_train::error::TrainError::from)?;
         self.last_checkpoint = Some(step);

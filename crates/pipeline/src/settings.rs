@@ -181,6 +181,8 @@ pub struct GrpoSettings {
     /// Save a checkpoint every N updates (0: only at the end).
     pub checkpoint_every: u64,
     pub keep_checkpoints: usize,
+    /// Steps whose checkpoints are kept besides the newest `keep_checkpoints`.
+    pub keep_steps: Vec<u64>,
     /// CPU threads the scheduler shares between modules (default: the machine's cores).
     pub threads: usize,
     /// Matmul precision of the policy, its rollout snapshots (weights packed in bf16 for

@@ -165,6 +165,7 @@ problems = 10
 [checkpoint]
 every = 6
 keep = 3
+keep_steps = [12]
 
 [ptx]
 shards = "shards"
@@ -192,6 +193,8 @@ fn full_config_round_trips_through_to_toml() {
     assert_eq!(s.weight_sync, WeightSync::InFlight);
     assert_eq!(s.loss.kl.map(|k| k.beta), Some(0.04));
     assert_eq!(s.reward_timeout.as_millis(), 2500);
+    assert_eq!((s.checkpoint_every, s.keep_checkpoints), (6, 3));
+    assert_eq!(s.keep_steps, [12]);
     assert!((s.temperature.at(5) - 0.6).abs() < 1e-6);
     assert!(text.contains("temperature = 0.7\n"), "{text}");
     assert_eq!(

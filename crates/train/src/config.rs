@@ -60,7 +60,9 @@ mod file;
 pub mod keys;
 mod resolve;
 
-pub use resolve::{ScheduleDefaults, resolve_lr_schedule, resolve_optimizer};
+pub use resolve::{
+    ScheduleDefaults, resolve_lr_schedule, resolve_optimizer, resolve_optimizer_with,
+};
 
 pub use file::{
     BatchWarmupFile, CheckpointFile, ConfigFile, DataFile, DataKind, EvalFile, ModelFile,

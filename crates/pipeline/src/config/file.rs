@@ -204,14 +204,8 @@ pub struct EvalSection {
     pub problems: Option<usize>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CheckpointSection {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub every: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub keep: Option<usize>,
-}
+/// `[checkpoint]`: stoke train's section (`every`, `keep`, `keep_steps`).
+pub type CheckpointSection = stoke_train::config::CheckpointFile;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -3,7 +3,9 @@
 //! resolution or the whole-config checks ([`super::GrpoConfig::from_file`] does those).
 
 use super::*;
-use stoke_train::config::{ConfigError, ScheduleDefaults, ScheduleFile, resolve_lr_schedule};
+use stoke_train::config::{
+    ConfigError, ScheduleDefaults, ScheduleFile, resolve_lr_schedule, resolve_optimizer_with,
+};
 
 pub(super) fn resolve_tasks(
     section: &str,
@@ -105,47 +107,19 @@ pub(super) fn resolve_rewards(
 }
 
 pub(super) fn resolve_optimizer(o: &OptimizerFile) -> Result<OptimizerConfig, PipelineError> {
-    let lr = o.lr.unwrap_or(DEFAULT_LR);
-    let adamw = AdamWConfig {
-        lr,
-        beta1: o.beta1.unwrap_or(0.9),
-        beta2: o.beta2.unwrap_or(0.999),
-        eps: o.eps.unwrap_or(1e-8),
-        weight_decay: o.weight_decay.unwrap_or(0.0),
-        moments: o.moments.unwrap_or_default(),
+    // stoke train's resolver with GRPO's defaults (lr DEFAULT_LR, no weight decay).
+    let defaults = AdamWConfig {
+        lr: DEFAULT_LR,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+        moments: Default::default(),
     };
-    let config = match o.kind {
-        OptimizerKind::Adamw => {
-            for (key, set) in [
-                ("adamw_lr", o.adamw_lr.is_some()),
-                ("momentum", o.momentum.is_some()),
-                ("nesterov", o.nesterov.is_some()),
-                ("ns_steps", o.ns_steps.is_some()),
-            ] {
-                if set {
-                    return Err(PipelineError::config(
-                        format!("optimizer.{key}"),
-                        "only applies to kind = \"muon\"",
-                    ));
-                }
-            }
-            OptimizerConfig::AdamW(adamw)
-        }
-        OptimizerKind::Muon => {
-            let muon = MuonConfig::default();
-            OptimizerConfig::Muon(MuonConfig {
-                lr,
-                momentum: o.momentum.unwrap_or(muon.momentum),
-                nesterov: o.nesterov.unwrap_or(muon.nesterov),
-                ns_steps: o.ns_steps.unwrap_or(muon.ns_steps),
-                weight_decay: adamw.weight_decay,
-                adamw: AdamWConfig {
-                    lr: o.adamw_lr.unwrap_or(lr),
-                    ..adamw
-                },
-            })
-        }
-    };
+    let config = resolve_optimizer_with(o, &defaults).map_err(|e| match e {
+        ConfigError::Invalid { key, message } => PipelineError::config(key, message),
+        other => PipelineError::config("optimizer", other.to_string()),
+    })?;
     config.validate().map_err(|e| match e {
         stoke_optim::OptimError::InvalidConfig { field, reason } => {
             // The optimizer names its fields `adamw.lr`, `muon.adamw.eps`, ...; the file has

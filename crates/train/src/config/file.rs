@@ -144,9 +144,9 @@ pub struct EvalFile {
     pub batches: Option<usize>,
 }
 
-/// `[checkpoint]` of `stoke train`: save every N steps (0: only at the end), keep the newest
-/// `keep` (default 2) plus the steps in `keep_steps`.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+/// `[checkpoint]` of `stoke train` and `stoke grpo`: save every N steps (0: only at the end),
+/// keep the newest `keep` (default 2) plus the steps in `keep_steps`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointFile {
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -297,15 +297,29 @@ pub fn resolve_optimizer(
     o: &OptimizerFile,
     hidden_size: usize,
 ) -> Result<OptimizerConfig, ConfigError> {
-    let lr = o.lr.unwrap_or_else(|| default_lr(hidden_size));
-    let base = AdamWConfig::default();
+    let defaults = AdamWConfig {
+        lr: default_lr(hidden_size),
+        ..AdamWConfig::default()
+    };
+    resolve_optimizer_with(o, &defaults)
+}
+
+/// The optimizer of an `[optimizer]` table, each unset AdamW value (lr included) taken from
+/// `defaults` (each command has its own: `stoke grpo` a fixed lr and no weight decay). Muon's
+/// own values default to `MuonConfig::default()`. Not validated here.
+pub fn resolve_optimizer_with(
+    o: &OptimizerFile,
+    defaults: &AdamWConfig,
+) -> Result<OptimizerConfig, ConfigError> {
+    let lr = o.lr.unwrap_or(defaults.lr);
+    let base = defaults;
     let adamw = AdamWConfig {
         lr,
         beta1: o.beta1.unwrap_or(base.beta1),
         beta2: o.beta2.unwrap_or(base.beta2),
         eps: o.eps.unwrap_or(base.eps),
         weight_decay: o.weight_decay.unwrap_or(base.weight_decay),
-        moments: o.moments.unwrap_or_default(),
+        moments: o.moments.unwrap_or(base.moments),
     };
     Ok(match o.kind {
         OptimizerKind::Adamw => {
