@@ -311,8 +311,7 @@ pub fn resolve_optimizer_with(
     o: &OptimizerFile,
     defaults: &AdamWConfig,
 ) -> Result<OptimizerConfig, ConfigError> {
-    let lr = o.lr.unwrap_or(defaults.lr);
-    let base = defaults;
+    let (lr, base) = (o.lr.unwrap_or(defaults.lr), defaults);
     let adamw = AdamWConfig {
         lr,
         beta1: o.beta1.unwrap_or(base.beta1),

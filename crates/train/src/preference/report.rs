@@ -109,14 +109,31 @@ pub fn preference_section(steps: &[PairStepReport]) -> ReportSection {
     }
 }
 
+/// The steps as the trainer's standard records, with running token and time totals.
+pub fn standard_records(steps: &[PairStepReport]) -> Vec<MetricRecord> {
+    let (mut tokens, mut seconds) = (0u64, 0f64);
+    steps
+        .iter()
+        .map(|s| {
+            tokens += s.tokens as u64;
+            seconds += s.seconds;
+            standard_record(s, tokens, seconds)
+        })
+        .collect()
+}
+
 /// Writes `out_dir/report.html` for a run's steps and returns its path.
 pub fn write_preference_report(
     out_dir: &Path,
     title: &str,
-    records: &[MetricRecord],
     steps: &[PairStepReport],
 ) -> Result<PathBuf, MetricsError> {
-    write_report(out_dir, title, records, &[preference_section(steps)])
+    write_report(
+        out_dir,
+        title,
+        &standard_records(steps),
+        &[preference_section(steps)],
+    )
 }
 
 #[cfg(test)]
@@ -170,12 +187,8 @@ mod tests {
     #[test]
     fn the_report_page_holds_the_standard_summary_and_the_section() {
         let steps = [step(1, -5.0, -7.0), step(2, -5.5, -9.0)];
-        let records: Vec<MetricRecord> = steps
-            .iter()
-            .map(|s| standard_record(s, 400 * s.step, 0.5 * s.step as f64))
-            .collect();
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = write_preference_report(dir.path(), "dpo", &records, &steps).expect("written");
+        let path = write_preference_report(dir.path(), "dpo", &steps).expect("written");
         let html = std::fs::read_to_string(path).expect("read");
         assert!(html.contains("Preference figures"), "no section");
         assert!(html.contains("logps/rejected"), "no figure");

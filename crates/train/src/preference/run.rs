@@ -405,16 +405,11 @@ pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSu
     let bar = progress(total, quiet);
     let (mut first, mut last, mut last_loss) = (None, None, None);
     let (mut tokens, mut seconds, mut skipped) = (0usize, 0f64, 0u64);
-    let (mut records, mut history) = (Vec::new(), Vec::new());
+    let mut history = Vec::new();
     for _ in 0..total {
         let report = trainer.step()?;
         tokens += report.tokens;
         seconds += report.seconds;
-        records.push(super::report::standard_record(
-            &report,
-            tokens as u64,
-            seconds,
-        ));
         if report.outcome != StepOutcome::Applied {
             skipped += 1;
         }
@@ -470,8 +465,7 @@ pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSu
         .title
         .clone()
         .unwrap_or_else(|| format!("stoke dpo: {}", file.objective().name()));
-    let report_path =
-        super::report::write_preference_report(&file.output_dir, &title, &records, &history)?;
+    let report_path = super::report::write_preference_report(&file.output_dir, &title, &history)?;
     Ok(PreferenceSummary {
         steps: trainer.engine().steps(),
         pairs: read.examples,
