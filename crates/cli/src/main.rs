@@ -24,6 +24,11 @@ enum Command {
     Score(cmd::model::ScoreArgs),
     /// Generate completions for a prompt.
     Generate(cmd::model::GenerateArgs),
+    /// Serve a model over an OpenAI-compatible HTTP API (continuous batching, streaming,
+    /// log-probs, live weight updates).
+    Serve(cmd::serve::ServeArgs),
+    /// Chat in the terminal with a local model or an OpenAI-compatible server (streaming).
+    Chat(cmd::serve::ChatArgs),
     /// Print a model's parsed configuration and parameter count.
     Inspect(cmd::model::InspectArgs),
     /// Fold a LoRA adapter (PEFT layout) into its base model and save the merged model.
@@ -79,6 +84,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Score(args) => cmd::model::score(args),
         Command::Generate(args) => cmd::model::generate(args),
+        Command::Serve(args) => cmd::serve::serve(args),
+        Command::Chat(args) => cmd::serve::chat(args),
         Command::Inspect(args) => cmd::model::inspect(args),
         Command::Merge(args) => cmd::model::merge(args),
         Command::Verify(args) => cmd::verify::run(args),

@@ -61,6 +61,16 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
             ],
         ),
         (
+            "stoke-serve",
+            &[
+                "stoke-types",
+                "stoke-ops",
+                "stoke-model",
+                "stoke-tokenizer",
+                "stoke-rollout",
+            ],
+        ),
+        (
             "stoke-cli",
             &[
                 "stoke-types",
@@ -75,6 +85,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "stoke-train",
                 "stoke-pipeline",
                 "stoke-eval",
+                "stoke-serve",
             ],
         ),
     ];

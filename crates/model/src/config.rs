@@ -270,6 +270,20 @@ impl ModelConfig {
         self.num_attention_heads / self.num_key_value_heads
     }
 
+    /// Whether weights of a model of `other` can replace this one's mid-generation (live weight
+    /// updates): every field that shapes the computation is equal. The source fields (how the
+    /// file spelled things: `rope_theta` or `rope_parameters`, `transformers_version`, ...) and
+    /// the special token ids do not count.
+    pub fn same_layout(&self, other: &ModelConfig) -> bool {
+        let strip = |c: &ModelConfig| ModelConfig {
+            source_fields: Map::new(),
+            bos_token_id: None,
+            eos_token_ids: Vec::new(),
+            ..c.clone()
+        };
+        strip(self) == strip(other)
+    }
+
     /// The config.json transformers loads back: the source fields we do not model, overwritten
     /// with ours. RoPE is written in the 4.x form (`rope_theta` + `rope_scaling`), which both
     /// transformers 4.x and 5.x read; `rope_parameters` is dropped to avoid two sources of truth.

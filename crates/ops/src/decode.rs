@@ -10,7 +10,8 @@
 //!   (sequence, key/value head) pairs) and meet at a spin barrier between dependent stages, four
 //!   per layer; the cheap row-wise work (norms, residual adds) is repeated by every thread on its
 //!   own copy of the hidden state, so it needs no barrier;
-//! - the KV cache is one preallocated buffer written in place.
+//! - each sequence's KV cache is one preallocated buffer written in place; sequences of
+//!   different lengths share a step, and join or leave between steps (continuous batching).
 //!
 //! Numerics follow the graph path (`Transformer::forward`): f32 throughout, RMSNorm as
 //! `kernels::rms_norm_fused`, RoPE in the rotate-half form, softmax in f32; with bf16 weights
@@ -76,25 +77,56 @@ pub struct ModelRef<'a> {
     pub head: Weights<'a>,
 }
 
-/// Keys (after RoPE) and values of every decoded sequence, preallocated for `capacity` slots.
+/// Keys (after RoPE) and values of every decoded sequence.
 ///
-/// Layout: row-major `[row][layer][k | v][kv_head][capacity][head_dim]`, so a sequence's whole
-/// cache is contiguous (dropping finished rows moves blocks, in place). Every row holds `len`
-/// slots; row `r`'s slots before `start[r]` are padding (a left-padded prompt) and never
-/// attended to.
+/// Each row (sequence) owns its buffer, laid out `[layer][k | v][kv_head][capacity][head_dim]`,
+/// with its own capacity, its own number of filled slots (`len`) and its own first real slot
+/// (`start`: slots before it are left padding of a batched prompt and never attended to). Rows
+/// are ragged: a step appends one slot to every row, wherever that row is, so sequences of
+/// different lengths share a step, and rows join (`append`) and leave (`select_rows`) between
+/// steps without moving the others (continuous batching).
 #[derive(Debug, Clone)]
 pub struct DecodeCache {
     layers: usize,
     kv_heads: usize,
     head_dim: usize,
+    rows: Vec<CacheRow>,
+}
+
+/// One sequence's keys and values.
+#[derive(Debug, Clone)]
+struct CacheRow {
     capacity: usize,
+    start: usize,
     len: usize,
-    start: Vec<usize>,
     data: Vec<f32>,
 }
 
+impl CacheRow {
+    fn new(layers: usize, kv_heads: usize, head_dim: usize, capacity: usize) -> CacheRow {
+        CacheRow {
+            capacity,
+            start: 0,
+            len: 0,
+            data: vec![0.0; layers * 2 * kv_heads * capacity * head_dim],
+        }
+    }
+}
+
+/// Offset of (layer, k or v, head, slot 0) in a row buffer of `capacity` slots.
+fn row_offset(
+    kv_heads: usize,
+    head_dim: usize,
+    capacity: usize,
+    layer: usize,
+    value: bool,
+    head: usize,
+) -> usize {
+    ((layer * 2 + value as usize) * kv_heads + head) * capacity * head_dim
+}
+
 impl DecodeCache {
-    /// An empty cache of `rows` sequences.
+    /// An empty cache of `rows` sequences of `capacity` slots each.
     pub fn new(
         rows: usize,
         layers: usize,
@@ -102,63 +134,65 @@ impl DecodeCache {
         head_dim: usize,
         capacity: usize,
     ) -> Self {
-        let per_row = layers * 2 * kv_heads * capacity * head_dim;
         DecodeCache {
             layers,
             kv_heads,
             head_dim,
-            capacity,
-            len: 0,
-            start: vec![0; rows],
-            data: vec![0.0; rows * per_row],
+            rows: (0..rows)
+                .map(|_| CacheRow::new(layers, kv_heads, head_dim, capacity))
+                .collect(),
         }
     }
 
-    fn row_len(&self) -> usize {
-        self.view().row_len()
-    }
-
-    /// Offset of (row, layer, k or v, head, slot 0).
+    /// Offset of (layer, k or v, head, slot 0) inside `row`'s buffer.
     fn offset(&self, row: usize, layer: usize, value: bool, head: usize) -> usize {
-        self.view().offset(row, layer, value, head)
-    }
-
-    /// The shape, borrowed apart from the data (the step shares the data separately).
-    fn view(&self) -> CacheView<'_> {
-        CacheView {
-            layers: self.layers,
-            kv_heads: self.kv_heads,
-            head_dim: self.head_dim,
-            capacity: self.capacity,
-            len: self.len,
-            start: &self.start,
-        }
+        row_offset(
+            self.kv_heads,
+            self.head_dim,
+            self.rows[row].capacity,
+            layer,
+            value,
+            head,
+        )
     }
 
     pub fn rows(&self) -> usize {
-        self.start.len()
+        self.rows.len()
     }
 
+    /// The largest number of filled slots of any row (all rows have the same when they were
+    /// filled and stepped together).
     pub fn len(&self) -> usize {
-        self.len
+        self.rows.iter().map(|r| r.len).max().unwrap_or(0)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
+    /// The smallest capacity of any row (slots per row).
     pub fn capacity(&self) -> usize {
-        self.capacity
+        self.rows.iter().map(|r| r.capacity).min().unwrap_or(0)
+    }
+
+    /// Filled slots of `row`.
+    pub fn row_len(&self, row: usize) -> usize {
+        self.rows[row].len
+    }
+
+    /// Slots `row` has room for.
+    pub fn row_capacity(&self, row: usize) -> usize {
+        self.rows[row].capacity
     }
 
     /// Bytes held (the memory report's KV cache).
     pub fn bytes(&self) -> usize {
-        self.data.len() * 4
+        self.rows.iter().map(|r| r.data.len() * 4).sum()
     }
 
     /// Fills slots `0..len` of `row`, `layer` from keys and values `[kv_heads, len, head_dim]`
-    /// (the graph cache's layout), and sets the row's first real slot. Every row must be filled
-    /// to the same `len` before a step (`set_len`).
+    /// (the graph cache's layout), and sets the row's first real slot. The row's filled length
+    /// is set with `set_len` (every row) or `set_row_len`.
     pub fn fill(
         &mut self,
         row: usize,
@@ -169,84 +203,116 @@ impl DecodeCache {
         start: usize,
     ) {
         let (heads, d) = (self.kv_heads, self.head_dim);
-        assert!(row < self.rows() && layer < self.layers && len <= self.capacity && start <= len);
+        assert!(
+            row < self.rows()
+                && layer < self.layers
+                && len <= self.rows[row].capacity
+                && start <= len
+        );
         assert_eq!(keys.len(), heads * len * d, "DecodeCache::fill: keys");
         assert_eq!(values.len(), heads * len * d, "DecodeCache::fill: values");
         for (value, src) in [(false, keys), (true, values)] {
             for head in 0..heads {
                 let at = self.offset(row, layer, value, head);
-                self.data[at..at + len * d]
+                self.rows[row].data[at..at + len * d]
                     .copy_from_slice(&src[head * len * d..(head + 1) * len * d]);
             }
         }
-        self.start[row] = start;
+        self.rows[row].start = start;
     }
 
-    /// Room for at least `capacity` slots per row (filled slots are kept; the buffer is
+    /// Room for at least `capacity` slots in every row (filled slots are kept; buffers are
     /// reallocated, so grow geometrically).
     pub fn reserve(&mut self, capacity: usize) {
-        if capacity <= self.capacity {
+        for row in 0..self.rows() {
+            self.reserve_row(row, capacity);
+        }
+    }
+
+    /// Room for at least `capacity` slots in `row`.
+    pub fn reserve_row(&mut self, row: usize, capacity: usize) {
+        let old = &self.rows[row];
+        if capacity <= old.capacity {
             return;
         }
-        let mut grown = DecodeCache::new(
-            self.rows(),
-            self.layers,
-            self.kv_heads,
-            self.head_dim,
-            capacity,
-        );
+        let mut grown = CacheRow::new(self.layers, self.kv_heads, self.head_dim, capacity);
         let d = self.head_dim;
-        for row in 0..self.rows() {
-            for layer in 0..self.layers {
-                for value in [false, true] {
-                    for head in 0..self.kv_heads {
-                        let from = self.offset(row, layer, value, head);
-                        let to = grown.offset(row, layer, value, head);
-                        grown.data[to..to + self.len * d]
-                            .copy_from_slice(&self.data[from..from + self.len * d]);
-                    }
+        for layer in 0..self.layers {
+            for value in [false, true] {
+                for head in 0..self.kv_heads {
+                    let from = row_offset(self.kv_heads, d, old.capacity, layer, value, head);
+                    let to = row_offset(self.kv_heads, d, capacity, layer, value, head);
+                    grown.data[to..to + old.len * d]
+                        .copy_from_slice(&old.data[from..from + old.len * d]);
                 }
             }
         }
-        grown.len = self.len;
-        grown.start = std::mem::take(&mut self.start);
-        *self = grown;
+        grown.len = old.len;
+        grown.start = old.start;
+        self.rows[row] = grown;
     }
 
     /// The number of filled slots of every row.
     pub fn set_len(&mut self, len: usize) {
-        assert!(
-            len <= self.capacity,
-            "DecodeCache::set_len: {len} > capacity {}",
-            self.capacity
-        );
-        self.len = len;
+        for row in 0..self.rows() {
+            self.set_row_len(row, len);
+        }
     }
 
-    /// Keeps rows `rows` (in that order; a row may repeat). Strictly increasing rows (dropping
-    /// finished sequences) move in place; anything else copies.
+    /// The number of filled slots of `row`.
+    pub fn set_row_len(&mut self, row: usize, len: usize) {
+        let r = &mut self.rows[row];
+        assert!(
+            len <= r.capacity && r.start <= len,
+            "DecodeCache::set_row_len: {len} outside {}..={}",
+            r.start,
+            r.capacity
+        );
+        r.len = len;
+    }
+
+    /// Keeps rows `rows` (in that order; a row may repeat, which copies it).
     pub fn select_rows(&mut self, rows: &[usize]) {
         assert!(
             rows.iter().all(|&r| r < self.rows()),
             "DecodeCache::select_rows: a row out of range for {} rows",
             self.rows()
         );
-        let n = self.row_len();
-        if rows.windows(2).all(|w| w[0] < w[1]) {
-            for (to, &from) in rows.iter().enumerate() {
-                if to != from {
-                    self.data.copy_within(from * n..(from + 1) * n, to * n);
-                }
-            }
-            self.data.truncate(rows.len() * n);
-        } else {
-            let mut data = Vec::with_capacity(rows.len() * n);
-            for &from in rows {
-                data.extend_from_slice(&self.data[from * n..(from + 1) * n]);
-            }
-            self.data = data;
+        let mut taken: Vec<Option<CacheRow>> = std::mem::take(&mut self.rows)
+            .into_iter()
+            .map(Some)
+            .collect();
+        let mut kept = Vec::with_capacity(rows.len());
+        for (i, &from) in rows.iter().enumerate() {
+            // The last use of a row moves it; earlier uses copy it.
+            let again = rows[i + 1..].contains(&from);
+            let row = if again {
+                taken[from].clone()
+            } else {
+                taken[from].take()
+            };
+            kept.push(row.expect("a row is moved only at its last use"));
         }
-        self.start = rows.iter().map(|&r| self.start[r]).collect();
+        self.rows = kept;
+    }
+
+    /// Moves every row of `other` (a cache of the same model shape) after this cache's rows.
+    pub fn append(&mut self, other: DecodeCache) -> Result<(), String> {
+        if (self.layers, self.kv_heads, self.head_dim)
+            != (other.layers, other.kv_heads, other.head_dim)
+        {
+            return Err(format!(
+                "DecodeCache::append: a cache of {} layers x {} kv heads x {} onto one of {} x {} x {}",
+                other.layers,
+                other.kv_heads,
+                other.head_dim,
+                self.layers,
+                self.kv_heads,
+                self.head_dim
+            ));
+        }
+        self.rows.extend(other.rows);
+        Ok(())
     }
 }
 
@@ -374,10 +440,15 @@ pub fn decode_step(
             positions.len()
         ));
     }
-    if cache.len >= cache.capacity {
+    if let Some((row, full)) = cache
+        .rows
+        .iter()
+        .enumerate()
+        .find(|(_, r)| r.len >= r.capacity)
+    {
         return Err(format!(
-            "decode step: the KV cache is full ({} slots)",
-            cache.capacity
+            "decode step: row {row} of the KV cache is full ({} slots)",
+            full.capacity
         ));
     }
     if (cache.layers, cache.kv_heads, cache.head_dim)
@@ -429,19 +500,32 @@ pub fn decode_step(
     let mut proj = vec![0f32; rows * s.hidden];
     let mut act = vec![0f32; rows * s.intermediate];
     let mut logits = vec![0f32; rows * s.vocab];
+    let cache_rows: Vec<RowView> = cache
+        .rows
+        .iter_mut()
+        .map(|r| RowView {
+            capacity: r.capacity,
+            start: r.start,
+            len: r.len,
+            data: Shared::new(&mut r.data),
+        })
+        .collect();
     let buffers = Buffers {
         qkv: Shared::new(&mut qkv),
         attn: Shared::new(&mut attn),
         proj: Shared::new(&mut proj),
         act: Shared::new(&mut act),
         logits: Shared::new(&mut logits),
-        cache: Shared::new(&mut cache.data),
     };
     let threads = threads.clamp(1, 64);
     let barrier = SpinBarrier::new(threads);
     let job = Step {
         model,
-        cache: cache.view(),
+        cache: CacheView {
+            kv_heads: s.kv_heads,
+            head_dim: d,
+            rows: &cache_rows,
+        },
         tokens,
         cos: &cos,
         sin: &sin,
@@ -463,7 +547,10 @@ pub fn decode_step(
             job.run(0);
         });
     }
-    cache.len += 1;
+    drop(cache_rows);
+    for row in &mut cache.rows {
+        row.len += 1;
+    }
     Ok(logits)
 }
 
@@ -473,27 +560,34 @@ struct Buffers {
     proj: Shared,
     act: Shared,
     logits: Shared,
-    cache: Shared,
 }
 
-/// The cache's shape, copied so the data can be shared separately.
+/// One cache row's shape, copied so its data can be shared separately.
+struct RowView {
+    capacity: usize,
+    start: usize,
+    len: usize,
+    data: Shared,
+}
+
+/// The cache's shape and its rows' data, for one step.
 struct CacheView<'a> {
-    layers: usize,
     kv_heads: usize,
     head_dim: usize,
-    capacity: usize,
-    len: usize,
-    start: &'a [usize],
+    rows: &'a [RowView],
 }
 
 impl CacheView<'_> {
-    fn row_len(&self) -> usize {
-        self.layers * 2 * self.kv_heads * self.capacity * self.head_dim
-    }
-
+    /// Offset of (layer, k or v, head, slot 0) inside `row`'s buffer.
     fn offset(&self, row: usize, layer: usize, value: bool, head: usize) -> usize {
-        row * self.row_len()
-            + ((layer * 2 + value as usize) * self.kv_heads + head) * self.capacity * self.head_dim
+        row_offset(
+            self.kv_heads,
+            self.head_dim,
+            self.rows[row].capacity,
+            layer,
+            value,
+            head,
+        )
     }
 }
 
@@ -695,12 +789,13 @@ impl Step<'_> {
         let eps = s.rms_norm_eps;
         // SAFETY: stage 1 wrote `qkv`; only reads until the barrier after this stage.
         let qkv = unsafe { b.qkv.read(row * qkv_width..(row + 1) * qkv_width) };
-        let slot = c.len;
+        let cache = &c.rows[row].data;
+        let slot = c.rows[row].len;
         let k_at = c.offset(row, l, false, g);
         let v_at = c.offset(row, l, true, g);
         {
             // SAFETY: (row, layer, head g) of the cache belongs to this task alone.
-            let key = unsafe { b.cache.write(k_at + slot * d..k_at + (slot + 1) * d) };
+            let key = unsafe { cache.write(k_at + slot * d..k_at + (slot + 1) * d) };
             key.copy_from_slice(&qkv[q_out + g * d..q_out + (g + 1) * d]);
             if let Some(norm) = layer.k_norm {
                 let raw = key.to_vec();
@@ -708,15 +803,15 @@ impl Step<'_> {
             }
             rope(key, cos, sin);
             // SAFETY: as above.
-            let value = unsafe { b.cache.write(v_at + slot * d..v_at + (slot + 1) * d) };
+            let value = unsafe { cache.write(v_at + slot * d..v_at + (slot + 1) * d) };
             value.copy_from_slice(&qkv[q_out + kv_out + g * d..q_out + kv_out + (g + 1) * d]);
         }
-        let first = c.start[row];
+        let first = c.rows[row].start;
         let slots = slot + 1 - first;
         // SAFETY: this task's own cache region; written above, read now by this task only.
-        let keys = unsafe { b.cache.read(k_at + first * d..k_at + (slot + 1) * d) };
+        let keys = unsafe { cache.read(k_at + first * d..k_at + (slot + 1) * d) };
         // SAFETY: as above.
-        let values = unsafe { b.cache.read(v_at + first * d..v_at + (slot + 1) * d) };
+        let values = unsafe { cache.read(v_at + first * d..v_at + (slot + 1) * d) };
         let scale = (1.0 / (d as f64).sqrt()) as f32;
         let group = s.q_heads / s.kv_heads;
         let mut q = vec![0f32; d];
@@ -774,8 +869,17 @@ mod tests {
         }
     }
 
+    /// Element 0 of (row, layer 0, k or v, head 0, slot 0).
+    fn first(cache: &DecodeCache, row: usize, value: bool) -> f32 {
+        cache.rows[row].data[cache.offset(row, 0, value, 0)]
+    }
+
+    fn starts(cache: &DecodeCache) -> Vec<usize> {
+        cache.rows.iter().map(|r| r.start).collect()
+    }
+
     #[test]
-    fn select_rows_drops_in_place_and_fans_out_by_copy() {
+    fn select_rows_drops_rows_and_fans_out_by_copy() {
         let mut cache = DecodeCache::new(3, 1, 1, 2, 2);
         for row in 0..3 {
             let k: Vec<f32> = vec![row as f32; 4];
@@ -785,15 +889,38 @@ mod tests {
         cache.set_len(2);
         cache.select_rows(&[0, 2]);
         assert_eq!(cache.rows(), 2);
-        assert_eq!(cache.data[cache.offset(1, 0, false, 0)], 2.0);
-        assert_eq!(cache.data[cache.offset(1, 0, true, 0)], 12.0);
-        assert_eq!(cache.start, vec![0, 1]);
+        assert_eq!(first(&cache, 1, false), 2.0);
+        assert_eq!(first(&cache, 1, true), 12.0);
+        assert_eq!(starts(&cache), vec![0, 1]);
         cache.select_rows(&[1, 1, 0]);
         assert_eq!(cache.rows(), 3);
-        assert_eq!(cache.data[cache.offset(0, 0, false, 0)], 2.0);
-        assert_eq!(cache.data[cache.offset(1, 0, false, 0)], 2.0);
-        assert_eq!(cache.data[cache.offset(2, 0, true, 0)], 10.0);
-        assert_eq!(cache.start, vec![1, 1, 0]);
+        assert_eq!(first(&cache, 0, false), 2.0);
+        assert_eq!(first(&cache, 1, false), 2.0);
+        assert_eq!(first(&cache, 2, true), 10.0);
+        assert_eq!(starts(&cache), vec![1, 1, 0]);
+    }
+
+    #[test]
+    fn rows_of_other_lengths_and_capacities_join_and_leave() {
+        let mut cache = DecodeCache::new(1, 1, 1, 2, 4);
+        cache.fill(0, 0, &[1.0; 6], &[2.0; 6], 3, 0);
+        cache.set_len(3);
+        let mut joining = DecodeCache::new(2, 1, 1, 2, 9);
+        joining.fill(1, 0, &[5.0; 2], &[6.0; 2], 1, 0);
+        joining.set_row_len(1, 1);
+        cache.append(joining).unwrap();
+        assert_eq!(cache.rows(), 3);
+        assert_eq!(
+            (0..3)
+                .map(|r| (cache.row_len(r), cache.row_capacity(r)))
+                .collect::<Vec<_>>(),
+            vec![(3, 4), (0, 9), (1, 9)]
+        );
+        assert_eq!((cache.len(), cache.capacity()), (3, 4));
+        assert_eq!(first(&cache, 2, true), 6.0);
+        cache.select_rows(&[2]);
+        assert_eq!((cache.len(), cache.capacity()), (1, 9));
+        assert!(DecodeCache::new(0, 2, 1, 2, 4).append(cache).is_err());
     }
 
     #[test]
@@ -812,7 +939,7 @@ mod tests {
         let before = cache.clone();
         cache.reserve(5);
         assert_eq!(
-            (cache.capacity(), cache.len(), cache.start.clone()),
+            (cache.capacity(), cache.len(), starts(&cache)),
             (5, 2, vec![0, 1])
         );
         for row in 0..2 {
@@ -821,7 +948,10 @@ mod tests {
                     for head in 0..2 {
                         let a = before.offset(row, layer, value, head);
                         let b = cache.offset(row, layer, value, head);
-                        assert_eq!(before.data[a..a + 6], cache.data[b..b + 6]);
+                        assert_eq!(
+                            before.rows[row].data[a..a + 6],
+                            cache.rows[row].data[b..b + 6]
+                        );
                     }
                 }
             }

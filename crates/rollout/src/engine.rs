@@ -157,7 +157,7 @@ impl WeightLayout {
                 "weights went back from version {previous_version} to {version}"
             )));
         }
-        if model.config() != &self.config {
+        if !model.config().same_layout(&self.config) {
             return Err(RolloutError::LiveWeights(format!(
                 "version {version} has another model config than the weights the generation \
                  started with (the KV cache cannot carry over)"

@@ -4,8 +4,9 @@
 //! The engine knows nothing of text: prompts arrive tokenized, and text comes back only through a
 //! caller-supplied [`Detokenizer`]. Modules: [`sampling`] (one logits row -> one token),
 //! [`stop`] (when a sample ends), [`request`] (typed request/response), [`engine`] (batching and
-//! the KV cache), [`live`] (generation whose weights may change between decode steps).
+//! the KV cache of one request), [`batcher`] (continuous batching of many requests), [`live`] (generation whose weights may change between decode steps).
 
+pub mod batcher;
 pub mod engine;
 pub mod error;
 pub mod live;
@@ -14,9 +15,13 @@ pub mod sampling;
 pub mod score;
 pub mod stop;
 
+pub use batcher::{
+    BatchEvent, BatchLimits, BatchLoad, BatchRequest, Batcher, EventSink, LogprobRequest,
+    RequestId, StepReport, TokenLogprob,
+};
 pub use engine::Engine;
 pub use error::RolloutError;
 pub use live::{FixedWeights, LiveGeneration, LiveWeights, generate_live};
 pub use request::{Completion, FinishReason, GenerationOutput, GenerationRequest, SamplingParams};
-pub use sampling::{SampleStream, SampledToken, SamplingRule};
+pub use sampling::{LogprobMode, SampleStream, SampledToken, SamplingRule};
 pub use stop::{Detokenizer, StopCriteria};

@@ -177,6 +177,77 @@ pub fn log_softmax_at(logits: &[f32], id: u32) -> f32 {
     (logits[id as usize] as f64 - log_normalizer) as f32
 }
 
+/// Which distribution reported log-probabilities come from (what a server returns beside the
+/// sampled tokens).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogprobMode {
+    /// The distribution the token was drawn from: after temperature, top-k and top-p,
+    /// renormalized (what importance ratios in RL need). Greedy reports the raw distribution, as
+    /// [`sample`] does. Tokens outside the kept set have no processed log-probability.
+    #[default]
+    Processed,
+    /// The model's own distribution: `log softmax(logits)`, before any processing.
+    Raw,
+}
+
+/// The log-probability of `token` (drawn by [`sample`] under `rule`) in `mode`.
+pub fn logprob_in_mode(
+    logits: &[f32],
+    rule: &SamplingRule,
+    mode: LogprobMode,
+    token: SampledToken,
+) -> f32 {
+    match mode {
+        LogprobMode::Processed => token.logprob,
+        LogprobMode::Raw => {
+            if rule.is_greedy() {
+                token.logprob
+            } else {
+                log_softmax_at(logits, token.id)
+            }
+        }
+    }
+}
+
+/// The `n` most likely tokens in `mode` (descending, lowest id first on ties) with their
+/// log-probabilities. In processed mode only tokens the rule keeps are listed, so fewer than `n`
+/// may come back.
+pub fn top_logprobs(
+    logits: &[f32],
+    rule: &SamplingRule,
+    mode: LogprobMode,
+    n: usize,
+) -> Vec<(u32, f32)> {
+    if n == 0 {
+        return Vec::new();
+    }
+    if mode == LogprobMode::Raw || rule.is_greedy() {
+        let log_normalizer = scaled_log_normalizer(logits, 1.0);
+        let mut order = Descending::new(logits);
+        order.keep_top(n.min(order.len()).max(1));
+        return order
+            .ids
+            .iter()
+            .take(n)
+            .map(|&id| (id, (logits[id as usize] as f64 - log_normalizer) as f32))
+            .collect();
+    }
+    let mut truncation = Truncation::new(logits, rule);
+    (0..truncation.kept.min(n))
+        .map(|i| {
+            let id = truncation.order.get(i);
+            (id, truncation.logprob(id) as f32)
+        })
+        .collect()
+}
+
+/// The 1-based rank of `id` in the model's distribution: how many tokens have a logit at least
+/// as large (vLLM's `rank` of a prompt or sampled token).
+pub fn rank_of(logits: &[f32], id: u32) -> usize {
+    let value = logits[id as usize];
+    logits.iter().filter(|&&x| x >= value).count().max(1)
+}
+
 /// A token that survived truncation, with its log-probability under the renormalized
 /// distribution.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -8,6 +8,7 @@ pub mod model;
 pub mod r1;
 pub mod rft;
 pub mod sandbox;
+pub mod serve;
 pub mod speedrun;
 pub mod stage_config;
 pub mod tokenizer;

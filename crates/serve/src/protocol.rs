@@ -1,0 +1,726 @@
+//! The requests of the OpenAI-compatible API, as vLLM accepts them, and their checked form.
+//!
+//! What it is: serde types for `/v1/completions` and `/v1/chat/completions` bodies (OpenAI's
+//! fields plus vLLM's extras: `top_k`, `stop_token_ids`, `ignore_eos`, `prompt_logprobs`,
+//! `return_token_ids`, `return_tokens_as_token_ids`, `skip_special_tokens`,
+//! `add_generation_prompt`, `chat_template_kwargs`), and [`GenerationSpec`], the validated
+//! request the routes hand to the batcher: prompts as token ids, sampling parameters, what to
+//! report. What it is not: response shapes (`response.rs`) or HTTP.
+//!
+//! Validation: a field of the wrong type is a 400 naming its path (`serde_path_to_error`); a
+//! value out of range, an unknown model, a prompt past the context or a token id outside the
+//! vocabulary is a 400 naming the field. Unknown fields are ignored, as OpenAI and vLLM do, but
+//! fields stoke knows and does not implement (`logit_bias`, penalties, `best_of > n`, `suffix`)
+//! are refused when set, never silently dropped.
+//!
+//! Differences from vLLM, on purpose: an unknown `model` is a 400 (vLLM answers 404); the
+//! reported log-probs default to the distribution actually sampled from (`logprobs_mode`:
+//! `processed_logprobs`; vLLM's default is `raw_logprobs`), which is what RL importance ratios
+//! need; `raw_logprobs` is one field away.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::Value;
+use stoke_rollout::{LogprobMode, LogprobRequest, SamplingParams};
+use stoke_tokenizer::chat::{ChatMessage, ChatOptions, TemplateValue};
+use stoke_tokenizer::hf::Tokenizer;
+
+use crate::error::ApiError;
+
+/// What the routes know of the served model when they check a request.
+#[derive(Debug)]
+pub struct ModelInfo {
+    /// The name clients use in `model` (`--served-model-name`, default the directory name).
+    pub name: String,
+    pub vocab_size: usize,
+    /// Longest prompt + completion.
+    pub max_model_len: usize,
+    /// Token ids that end a sample unless `ignore_eos` (the model's and tokenizer's eos ids).
+    pub eos_token_ids: Vec<u32>,
+    /// Largest `logprobs` / `top_logprobs` / `prompt_logprobs` accepted.
+    pub max_logprobs: usize,
+    /// The log-prob mode of requests that do not choose one.
+    pub default_logprobs_mode: LogprobMode,
+}
+
+/// A `stop` field: one string or several.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopField {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            StopField::One(stop) => vec![stop],
+            StopField::Many(stops) => stops,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+    #[serde(default)]
+    pub continuous_usage_stats: bool,
+}
+
+/// Fields both endpoints share.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CommonFields {
+    pub model: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub n: Option<i64>,
+    pub seed: Option<i64>,
+    pub stop: Option<StopField>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub prompt_logprobs: Option<i64>,
+    #[serde(default)]
+    pub return_token_ids: bool,
+    #[serde(default)]
+    pub return_tokens_as_token_ids: bool,
+    pub skip_special_tokens: Option<bool>,
+    /// `processed_logprobs` (default) or `raw_logprobs` (also `processed` / `raw`).
+    pub logprobs_mode: Option<String>,
+    // Known and not implemented: refused when set to anything but their neutral value.
+    pub logit_bias: Option<Value>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub min_tokens: Option<i64>,
+    pub min_p: Option<f64>,
+}
+
+/// A `/v1/completions` body (`common` is read from the same object: `parse_request`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: Value,
+    #[serde(skip)]
+    pub common: CommonFields,
+    /// Top-N log-probs per token (the sampled token is always included).
+    pub logprobs: Option<i64>,
+    #[serde(default)]
+    pub echo: bool,
+    pub suffix: Option<String>,
+    pub best_of: Option<i64>,
+}
+
+/// A `/v1/chat/completions` body (`common` is read from the same object: `parse_request`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<Value>,
+    #[serde(skip)]
+    pub common: CommonFields,
+    pub max_completion_tokens: Option<i64>,
+    #[serde(default)]
+    pub logprobs: bool,
+    pub top_logprobs: Option<i64>,
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    pub continue_final_message: bool,
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    #[serde(default)]
+    pub echo: bool,
+}
+
+/// Parses a JSON body into `T`, naming the path of a field of the wrong type.
+pub fn parse_body<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiError> {
+    parse_value(&parse_json(body)?)
+}
+
+/// A body as JSON; 400 when it is not.
+pub fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
+}
+
+/// `value` as `T`; a field of the wrong type is a 400 naming its path.
+pub fn parse_value<T: for<'de> Deserialize<'de>>(value: &Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(|error| {
+        let path = error.path().to_string();
+        let inner = error.into_inner();
+        if path == "." {
+            ApiError::bad_request(format!("the request body does not match the API: {inner}"))
+        } else {
+            ApiError::invalid(path.clone(), format!("{path}: {inner}"))
+        }
+    })
+}
+
+/// A generation request whose shared fields are read from the same object.
+pub trait WithCommon: for<'de> Deserialize<'de> {
+    fn set_common(&mut self, common: CommonFields);
+}
+
+impl WithCommon for CompletionRequest {
+    fn set_common(&mut self, common: CommonFields) {
+        self.common = common;
+    }
+}
+
+impl WithCommon for ChatRequest {
+    fn set_common(&mut self, common: CommonFields) {
+        self.common = common;
+    }
+}
+
+/// Parses a completions or chat body: its own fields, then the shared ones.
+pub fn parse_request<T: WithCommon>(body: &[u8]) -> Result<T, ApiError> {
+    let value = parse_json(body)?;
+    if !value.is_object() {
+        return Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+        ));
+    }
+    let mut request: T = parse_value(&value)?;
+    request.set_common(parse_value(&value)?);
+    Ok(request)
+}
+
+/// One prompt, as token ids (and its text when it came as text).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptSpec {
+    pub ids: Vec<u32>,
+    pub text: Option<String>,
+}
+
+/// A checked generation request.
+#[derive(Debug, Clone)]
+pub struct GenerationSpec {
+    pub prompts: Vec<PromptSpec>,
+    /// Sampling; `max_new_tokens` is at least 1 (a request for 0 tokens generates one, which
+    /// is dropped: `generate_nothing`).
+    pub params: SamplingParams,
+    /// The tokens the user asked to stop on (reported as `stop_reason`), a subset of
+    /// `params.stop_token_ids`.
+    pub user_stop_token_ids: Vec<u32>,
+    pub logprobs: LogprobRequest,
+    /// Report generated tokens' log-probs (with `logprobs.top` alternatives).
+    pub report_logprobs: bool,
+    /// Report `prompt_logprobs` (vLLM's field) with this many alternatives.
+    pub report_prompt_logprobs: Option<usize>,
+    /// `max_tokens: 0` with `echo`: prompt only.
+    pub generate_nothing: bool,
+    pub echo: bool,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub return_token_ids: bool,
+    pub tokens_as_ids: bool,
+    pub skip_special_tokens: bool,
+    /// The seed was given (otherwise a random one was drawn).
+    pub seeded: bool,
+}
+
+fn positive(
+    field: &str,
+    value: Option<i64>,
+    default: usize,
+    max: usize,
+) -> Result<usize, ApiError> {
+    match value {
+        None => Ok(default),
+        Some(v) if v >= 1 && (v as u64) <= max as u64 => Ok(v as usize),
+        Some(v) => Err(ApiError::invalid(
+            field,
+            format!("`{field}` must be an integer from 1 to {max}, got {v}"),
+        )),
+    }
+}
+
+fn top_count(field: &str, value: Option<i64>, max: usize) -> Result<Option<usize>, ApiError> {
+    match value {
+        None => Ok(None),
+        Some(v) if v >= 0 && (v as u64) <= max as u64 => Ok(Some(v as usize)),
+        Some(v) => Err(ApiError::invalid(
+            field,
+            format!("`{field}` must be from 0 to {max} (--max-logprobs), got {v}"),
+        )),
+    }
+}
+
+impl CommonFields {
+    /// Refuses the fields stoke does not implement when they ask for anything.
+    fn refuse_unimplemented(&self) -> Result<(), ApiError> {
+        let neutral = |field: &str, value: Option<f64>, neutral: f64| match value {
+            Some(v) if v != neutral => Err(ApiError::invalid(
+                field,
+                format!("`{field}` is not supported by stoke serve (only {neutral})"),
+            )),
+            _ => Ok(()),
+        };
+        neutral("presence_penalty", self.presence_penalty, 0.0)?;
+        neutral("frequency_penalty", self.frequency_penalty, 0.0)?;
+        neutral("repetition_penalty", self.repetition_penalty, 1.0)?;
+        neutral("min_p", self.min_p, 0.0)?;
+        if let Some(bias) = &self.logit_bias
+            && !(bias.is_null() || bias.as_object().is_some_and(|m| m.is_empty()))
+        {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                "`logit_bias` is not supported by stoke serve",
+            ));
+        }
+        if self.min_tokens.is_some_and(|v| v != 0) {
+            return Err(ApiError::invalid(
+                "min_tokens",
+                "`min_tokens` is not supported by stoke serve",
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_model(&self, info: &ModelInfo) -> Result<(), ApiError> {
+        match &self.model {
+            Some(name) if name != &info.name => Err(ApiError::invalid(
+                "model",
+                format!(
+                    "The model `{name}` does not exist; this server serves `{}`",
+                    info.name
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn logprobs_mode(&self, info: &ModelInfo) -> Result<LogprobMode, ApiError> {
+        match self.logprobs_mode.as_deref() {
+            None => Ok(info.default_logprobs_mode),
+            Some("processed_logprobs" | "processed") => Ok(LogprobMode::Processed),
+            Some("raw_logprobs" | "raw") => Ok(LogprobMode::Raw),
+            Some(other) => Err(ApiError::invalid(
+                "logprobs_mode",
+                format!(
+                    "`logprobs_mode` must be processed_logprobs or raw_logprobs, got {other:?}"
+                ),
+            )),
+        }
+    }
+
+    /// The sampling parameters apart from the token budget.
+    fn sampling(&self, info: &ModelInfo) -> Result<(SamplingParams, Vec<u32>, bool), ApiError> {
+        self.refuse_unimplemented()?;
+        let temperature = self.temperature.unwrap_or(1.0);
+        if !temperature.is_finite() || !(0.0..=100.0).contains(&temperature) {
+            return Err(ApiError::invalid(
+                "temperature",
+                format!("`temperature` must be from 0 to 100, got {temperature}"),
+            ));
+        }
+        let top_p = self.top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ApiError::invalid(
+                "top_p",
+                format!("`top_p` must be in (0, 1], got {top_p}"),
+            ));
+        }
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => None,
+            Some(k) if k > 0 => Some(k as usize),
+            Some(k) => {
+                return Err(ApiError::invalid(
+                    "top_k",
+                    format!("`top_k` must be -1 (off) or at least 1, got {k}"),
+                ));
+            }
+        };
+        let n = positive("n", self.n, 1, 256)?;
+        let user_stop_token_ids = self.stop_token_ids.clone().unwrap_or_default();
+        if let Some(&id) = user_stop_token_ids
+            .iter()
+            .find(|&&id| id as usize >= info.vocab_size)
+        {
+            return Err(ApiError::invalid(
+                "stop_token_ids",
+                format!(
+                    "token id {id} is outside the vocabulary (size {})",
+                    info.vocab_size
+                ),
+            ));
+        }
+        let mut stop_token_ids = user_stop_token_ids.clone();
+        if !self.ignore_eos {
+            stop_token_ids.extend(&info.eos_token_ids);
+        }
+        stop_token_ids.sort_unstable();
+        stop_token_ids.dedup();
+        let stop_strings = self
+            .stop
+            .clone()
+            .map(StopField::into_vec)
+            .unwrap_or_default();
+        if let Some(index) = stop_strings.iter().position(String::is_empty) {
+            return Err(ApiError::invalid(
+                "stop",
+                format!("`stop` entry {index} is an empty string"),
+            ));
+        }
+        let (seed, seeded) = match self.seed {
+            Some(seed) => (seed as u64, true),
+            None => (rand::random::<u64>(), false),
+        };
+        Ok((
+            SamplingParams {
+                max_new_tokens: 1,
+                temperature: temperature as f32,
+                top_k,
+                top_p: top_p as f32,
+                seed,
+                n,
+                stop_token_ids,
+                stop_strings,
+            },
+            user_stop_token_ids,
+            seeded,
+        ))
+    }
+}
+
+/// The token budget: `max_tokens` if given (checked against the context), else `default`.
+/// Returns (max_new_tokens, generate_nothing).
+fn token_budget(
+    field: &str,
+    max_tokens: Option<i64>,
+    default: Option<usize>,
+    longest_prompt: usize,
+    echo: bool,
+    info: &ModelInfo,
+) -> Result<(usize, bool), ApiError> {
+    let room = info.max_model_len.saturating_sub(longest_prompt);
+    let context_error = |requested: usize| {
+        ApiError::invalid(
+            field,
+            format!(
+                "This model's maximum context length is {} tokens. However, you requested {} \
+                 tokens ({longest_prompt} in the prompt, {requested} in the completion). Please \
+                 reduce the prompt or `{field}`.",
+                info.max_model_len,
+                longest_prompt + requested
+            ),
+        )
+    };
+    if room == 0 {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!(
+                "the prompt has {longest_prompt} tokens; this model's maximum context length is \
+                 {} tokens, leaving no room for a completion",
+                info.max_model_len
+            ),
+        ));
+    }
+    match max_tokens {
+        None => Ok((default.unwrap_or(room).min(room), false)),
+        Some(0) if echo => Ok((1, true)),
+        Some(v) if v < 1 => Err(ApiError::invalid(
+            field,
+            format!("`{field}` must be at least 1 (0 only with `echo`), got {v}"),
+        )),
+        Some(v) if v as u64 > room as u64 => Err(context_error(v as usize)),
+        Some(v) => Ok((v as usize, false)),
+    }
+}
+
+/// The prompts of a completions request as token ids.
+fn completion_prompts(
+    prompt: &Value,
+    tokenizer: &Tokenizer,
+    info: &ModelInfo,
+) -> Result<Vec<PromptSpec>, ApiError> {
+    let shape_error = || {
+        ApiError::invalid(
+            "prompt",
+            "`prompt` must be a string, a list of strings, a list of token ids or a list of \
+             lists of token ids",
+        )
+    };
+    let encode = |text: &str| -> Result<PromptSpec, ApiError> {
+        let ids = tokenizer
+            .encode(text, true)
+            .map_err(|e| ApiError::invalid("prompt", format!("tokenizing the prompt: {e}")))?;
+        Ok(PromptSpec {
+            ids,
+            text: Some(text.to_string()),
+        })
+    };
+    let ids_of = |value: &Value| -> Option<Vec<u32>> {
+        value
+            .as_array()?
+            .iter()
+            .map(|v| v.as_u64().and_then(|id| u32::try_from(id).ok()))
+            .collect()
+    };
+    let prompts = match prompt {
+        Value::String(text) => vec![encode(text)?],
+        Value::Array(items) if items.is_empty() => {
+            return Err(ApiError::invalid("prompt", "`prompt` is an empty list"));
+        }
+        Value::Array(items) if items.iter().all(Value::is_string) => items
+            .iter()
+            .map(|item| encode(item.as_str().unwrap_or_default()))
+            .collect::<Result<_, _>>()?,
+        Value::Array(items) if items.iter().all(Value::is_number) => vec![PromptSpec {
+            ids: ids_of(prompt).ok_or_else(shape_error)?,
+            text: None,
+        }],
+        Value::Array(items) if items.iter().all(Value::is_array) => items
+            .iter()
+            .map(|item| {
+                Ok(PromptSpec {
+                    ids: ids_of(item).ok_or_else(shape_error)?,
+                    text: None,
+                })
+            })
+            .collect::<Result<_, ApiError>>()?,
+        _ => return Err(shape_error()),
+    };
+    for (index, prompt) in prompts.iter().enumerate() {
+        if prompt.ids.is_empty() {
+            return Err(ApiError::invalid(
+                "prompt",
+                format!("prompt {index} is empty (it needs at least one token)"),
+            ));
+        }
+        if let Some(&id) = prompt
+            .ids
+            .iter()
+            .find(|&&id| id as usize >= info.vocab_size)
+        {
+            return Err(ApiError::invalid(
+                "prompt",
+                format!(
+                    "prompt {index}: token id {id} is outside the vocabulary (size {})",
+                    info.vocab_size
+                ),
+            ));
+        }
+    }
+    Ok(prompts)
+}
+
+impl CompletionRequest {
+    pub fn into_spec(
+        self,
+        tokenizer: &Tokenizer,
+        info: &ModelInfo,
+    ) -> Result<GenerationSpec, ApiError> {
+        let common = &self.common;
+        common.check_model(info)?;
+        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::invalid(
+                "suffix",
+                "`suffix` is not supported by stoke serve",
+            ));
+        }
+        let (mut params, user_stop_token_ids, seeded) = common.sampling(info)?;
+        if let Some(best_of) = self.best_of
+            && best_of as usize != params.n
+        {
+            return Err(ApiError::invalid(
+                "best_of",
+                "`best_of` other than `n` is not supported by stoke serve",
+            ));
+        }
+        let prompts = completion_prompts(&self.prompt, tokenizer, info)?;
+        let longest = prompts.iter().map(|p| p.ids.len()).max().unwrap_or(0);
+        let (max_new_tokens, generate_nothing) = token_budget(
+            "max_tokens",
+            common.max_tokens,
+            Some(16),
+            longest,
+            self.echo,
+            info,
+        )?;
+        params.max_new_tokens = max_new_tokens;
+        let top = top_count("logprobs", self.logprobs, info.max_logprobs)?;
+        let prompt_top = top_count("prompt_logprobs", common.prompt_logprobs, info.max_logprobs)?;
+        let logprobs = LogprobRequest {
+            top: top.unwrap_or(0),
+            mode: common.logprobs_mode(info)?,
+            // Echo with log-probs needs the prompt's log-probs (first entry null).
+            prompt: match (prompt_top, self.echo && top.is_some()) {
+                (Some(p), _) => Some(p.max(top.unwrap_or(0))),
+                (None, true) => top,
+                (None, false) => None,
+            },
+        };
+        Ok(GenerationSpec {
+            prompts,
+            params,
+            user_stop_token_ids,
+            logprobs,
+            report_logprobs: top.is_some(),
+            report_prompt_logprobs: prompt_top,
+            generate_nothing,
+            echo: self.echo,
+            stream: common.stream,
+            include_usage: common
+                .stream_options
+                .as_ref()
+                .is_some_and(|o| o.include_usage),
+            return_token_ids: common.return_token_ids,
+            tokens_as_ids: common.return_tokens_as_token_ids,
+            skip_special_tokens: common.skip_special_tokens.unwrap_or(true),
+            seeded,
+        })
+    }
+}
+
+/// Tool-call `arguments` arrive as JSON strings (OpenAI); templates expect objects (vLLM parses
+/// them the same way before rendering).
+fn prepare_message(index: usize, mut message: Value) -> Result<ChatMessage, ApiError> {
+    let field = format!("messages[{index}]");
+    if let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) {
+        for call in calls {
+            let arguments = call
+                .get_mut("function")
+                .and_then(|f| f.get_mut("arguments"));
+            if let Some(arguments) = arguments
+                && let Some(text) = arguments.as_str()
+                && let Ok(parsed) = serde_json::from_str::<Value>(text)
+            {
+                *arguments = parsed;
+            }
+        }
+    }
+    serde_json::from_value(message)
+        .map_err(|e| ApiError::invalid(field.clone(), format!("{field}: {e}")))
+}
+
+fn template_value(field: &str, value: &Value) -> Result<TemplateValue, ApiError> {
+    serde_json::from_value(value.clone())
+        .map_err(|e| ApiError::invalid(field, format!("`{field}`: {e}")))
+}
+
+impl ChatRequest {
+    /// Whether the response should parse tool calls out of the generated text.
+    pub fn wants_tool_calls(&self) -> bool {
+        self.tools.as_ref().is_some_and(|t| !t.is_empty())
+            && !matches!(
+                self.tool_choice.as_ref().and_then(Value::as_str),
+                Some("none")
+            )
+    }
+
+    pub fn into_spec(
+        self,
+        tokenizer: &Tokenizer,
+        info: &ModelInfo,
+    ) -> Result<GenerationSpec, ApiError> {
+        let common = &self.common;
+        common.check_model(info)?;
+        if self.continue_final_message {
+            return Err(ApiError::invalid(
+                "continue_final_message",
+                "`continue_final_message` is not supported by stoke serve",
+            ));
+        }
+        if self.echo {
+            return Err(ApiError::invalid(
+                "echo",
+                "`echo` is not supported for chat by stoke serve",
+            ));
+        }
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid("messages", "`messages` is empty"));
+        }
+        let messages = self
+            .messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| prepare_message(i, m.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut variables = BTreeMap::new();
+        if let Some(kwargs) = &self.chat_template_kwargs {
+            for (key, value) in kwargs {
+                variables.insert(
+                    key.clone(),
+                    template_value(&format!("chat_template_kwargs.{key}"), value)?,
+                );
+            }
+        }
+        if let Some(tools) = &self.tools
+            && !tools.is_empty()
+            && self.wants_tool_calls()
+        {
+            variables.insert(
+                "tools".to_string(),
+                template_value("tools", &Value::Array(tools.clone()))?,
+            );
+        }
+        let options = ChatOptions {
+            add_generation_prompt: self.add_generation_prompt.unwrap_or(true),
+            variables,
+        };
+        let encoding = tokenizer
+            .apply_chat_template(&messages, &options)
+            .map_err(|e| {
+                ApiError::invalid("messages", format!("rendering the chat template: {e}"))
+            })?;
+        if encoding.ids.is_empty() {
+            return Err(ApiError::invalid(
+                "messages",
+                "the rendered conversation is empty",
+            ));
+        }
+        let prompts = vec![PromptSpec {
+            ids: encoding.ids,
+            text: Some(encoding.text),
+        }];
+        let (mut params, user_stop_token_ids, seeded) = common.sampling(info)?;
+        let (field, max_tokens) = match (self.max_completion_tokens, common.max_tokens) {
+            (Some(v), _) => ("max_completion_tokens", Some(v)),
+            (None, v) => ("max_tokens", v),
+        };
+        let (max_new_tokens, _) =
+            token_budget(field, max_tokens, None, prompts[0].ids.len(), false, info)?;
+        params.max_new_tokens = max_new_tokens;
+        let top = if self.logprobs {
+            Some(top_count("top_logprobs", self.top_logprobs, info.max_logprobs)?.unwrap_or(0))
+        } else if self.top_logprobs.is_some_and(|v| v > 0) {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "`top_logprobs` needs `logprobs: true`",
+            ));
+        } else {
+            None
+        };
+        let prompt_top = top_count("prompt_logprobs", common.prompt_logprobs, info.max_logprobs)?;
+        Ok(GenerationSpec {
+            prompts,
+            params,
+            user_stop_token_ids,
+            logprobs: LogprobRequest {
+                top: top.unwrap_or(0),
+                mode: common.logprobs_mode(info)?,
+                prompt: prompt_top,
+            },
+            report_logprobs: top.is_some(),
+            report_prompt_logprobs: prompt_top,
+            generate_nothing: false,
+            echo: false,
+            stream: common.stream,
+            include_usage: common
+                .stream_options
+                .as_ref()
+                .is_some_and(|o| o.include_usage),
+            return_token_ids: common.return_token_ids,
+            tokens_as_ids: common.return_tokens_as_token_ids,
+            skip_special_tokens: common.skip_special_tokens.unwrap_or(true),
+            seeded,
+        })
+    }
+}
