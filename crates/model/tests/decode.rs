@@ -332,3 +332,51 @@ fn an_inference_copy_generates_as_the_packed_model_and_refuses_everything_else()
         .to_string();
     assert!(err.contains("inference-only"), "{err}");
 }
+
+#[test]
+fn head_logits_equal_the_graph_head_and_do_not_depend_on_the_other_rows() {
+    for dir in fixture_dirs() {
+        for bf16 in [false, true] {
+            let mut model = load(&dir);
+            if bf16 {
+                model.pack_weights().expect("pack");
+            }
+            let c = model.config().clone();
+            let rows = 3;
+            let hidden: Vec<f32> = (0..rows * c.hidden_size)
+                .map(|i| ((i as f32) * 0.61).sin())
+                .collect();
+            let got = model.head_logits(&hidden, rows).expect("head logits");
+            let tensor =
+                Tensor::from_vec(hidden.clone(), (rows, c.hidden_size), &Device::Cpu).unwrap();
+            let want = model
+                .lm_logits(&tensor)
+                .and_then(|t| Ok(t.flatten_all()?.to_vec1::<f32>()?))
+                .expect("graph head");
+            let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let worst = got
+                .iter()
+                .zip(&want)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            let tol = if bf16 { 1e-2 } else { 1e-5 };
+            assert!(
+                worst <= tol * scale,
+                "{} bf16 {bf16}: {worst} of {scale}",
+                name(&dir)
+            );
+            let alone = model
+                .head_logits(&hidden[c.hidden_size..2 * c.hidden_size], 1)
+                .unwrap();
+            assert!(
+                alone
+                    .iter()
+                    .zip(&got[c.vocab_size..2 * c.vocab_size])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{} bf16 {bf16}: row 1 alone differs",
+                name(&dir)
+            );
+        }
+        let model = load(&dir);
+        assert!(model.head_logits(&[1.0; 3], 2).is_err());
+    }
+}

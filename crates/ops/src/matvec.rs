@@ -261,17 +261,38 @@ unsafe fn matvec_with(
         w.cols(),
         if w.is_bf16() { "bf16" } else { "f32" }
     );
-    match kernel {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has AVX-512F (asserted); bounds as documented.
-        Kernel::Avx512 => unsafe { avx512::matvec(w, x, rows, out, out_stride) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has AVX2 and FMA (asserted); bounds as documented.
-        Kernel::Avx2 => unsafe { avx2::matvec(w, x, rows, out, out_stride) },
-        // SAFETY: bounds as documented (the caller's contract).
-        _ => unsafe { portable(w, x, rows, out, out_stride) },
+    // A kernel call streams its rows once per group of 8 inputs. Past 8 inputs the rows go in
+    // blocks small enough to stay in L2 while every group passes over them, so the weights are
+    // read from memory once per call, not once per group. Each output is still one tile's sum
+    // over its own row, in the same order: results do not change with the blocking.
+    let block = if x.batch > 8 {
+        let row_bytes = w.cols() * if w.is_bf16() { 2 } else { 4 };
+        (BLOCK_BYTES / row_bytes.max(1)).clamp(8, rows.len().max(8)) / 8 * 8
+    } else {
+        rows.len().max(1)
+    };
+    let mut start = rows.start;
+    while start < rows.end {
+        let end = (start + block).min(rows.end);
+        // SAFETY: `out + (start - rows.start)` is element (0, start) of the caller's buffer, and
+        // the block's columns lie inside the caller's range.
+        let out = unsafe { out.add(start - rows.start) };
+        match kernel {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the CPU has AVX-512F (asserted); bounds as documented.
+            Kernel::Avx512 => unsafe { avx512::matvec(w, x, start..end, out, out_stride) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the CPU has AVX2 and FMA (asserted); bounds as documented.
+            Kernel::Avx2 => unsafe { avx2::matvec(w, x, start..end, out, out_stride) },
+            // SAFETY: bounds as documented (the caller's contract).
+            _ => unsafe { portable(w, x, start..end, out, out_stride) },
+        }
+        start = end;
     }
 }
+
+/// Bytes of weight rows per block when more than one group of inputs passes over them.
+const BLOCK_BYTES: usize = 192 << 10;
 
 /// `sum_i a[i] b[i]` (the attention's query-key products), in 16 lanes.
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -1034,6 +1055,61 @@ mod tests {
                                 kernel.name()
                             );
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_output_does_not_depend_on_the_other_inputs_of_the_call() {
+        // Past 8 inputs the rows are blocked (a large LM-head-like matrix: several blocks);
+        // every input row alone must give the same bits as among 20.
+        for (rows, cols) in [(700, 576), (45, 1536), (13, 40)] {
+            let w = values(rows * cols, 5);
+            let packed = PackedA::from_rows(&w, rows, cols);
+            let batch = 20;
+            let x = values(batch * cols, 6);
+            for bf16 in [false, true] {
+                let weights = if bf16 {
+                    packed.weights()
+                } else {
+                    Weights::F32 {
+                        data: &w,
+                        rows,
+                        cols,
+                    }
+                };
+                for kernel in [Kernel::Portable, Kernel::Avx2, Kernel::Avx512] {
+                    if !kernel.available() {
+                        eprintln!(
+                            "skipped: the {} kernel is not available on this CPU",
+                            kernel.name()
+                        );
+                        continue;
+                    }
+                    let run = |x: &[f32], n: usize| {
+                        let mut inputs = Inputs::new();
+                        inputs.prepare(x, n, cols, bf16);
+                        let mut out = vec![f32::NAN; n * rows];
+                        // SAFETY: writes stay inside `out` (n x rows); the kernel is available.
+                        unsafe {
+                            matvec_with(kernel, &weights, &inputs, 0..rows, out.as_mut_ptr(), rows)
+                        };
+                        out
+                    };
+                    let all = run(&x, batch);
+                    for b in [0, 7, 8, 19] {
+                        let alone = run(&x[b * cols..(b + 1) * cols], 1);
+                        let together = &all[b * rows..(b + 1) * rows];
+                        assert!(
+                            alone
+                                .iter()
+                                .zip(together)
+                                .all(|(a, t)| a.to_bits() == t.to_bits()),
+                            "{} [{rows}x{cols}] bf16 {bf16} input {b}",
+                            kernel.name()
+                        );
                     }
                 }
             }

@@ -801,18 +801,13 @@ fn prefill_chunk(
                 }));
             }
         }
-        if last {
-            prefill.last_logits = logits.last().cloned();
-        }
-    } else if last {
+    }
+    if last {
+        // The first token's logits come from the same kernel whether or not the prompt was
+        // scored (and as in `Engine::generate`), so asking for prompt log-probs never changes
+        // the tokens.
         let hidden_last = hidden.i((0, chunk - 1))?.unsqueeze(0)?.contiguous()?;
-        prefill.last_logits = Some(
-            model
-                .lm_logits(&hidden_last)?
-                .to_dtype(DType::F32)?
-                .flatten_all()?
-                .to_vec1::<f32>()?,
-        );
+        prefill.last_logits = crate::engine::last_position_logits(model, &hidden_last)?.pop();
     }
     prefill.done += chunk;
     Ok(())

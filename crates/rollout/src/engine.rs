@@ -486,15 +486,35 @@ fn prefill(model: &Transformer, prompts: &[Vec<u32>]) -> Result<Prefill, Rollout
     // Only the last position's logits are needed: the LM head runs on one row per prompt.
     let hidden = model.forward_hidden(&ids, &positions, &bias, Some(&mut cache))?;
     let last_hidden = hidden.i((.., width - 1, ..))?.contiguous()?;
-    let last = model
-        .lm_logits(&last_hidden)?
-        .to_dtype(DType::F32)?
-        .to_vec2::<f32>()?;
+    let last = last_position_logits(model, &last_hidden)?;
     Ok(Prefill {
         last_logits: last,
         cache,
         key_valid,
     })
+}
+
+/// Logits of each row of `hidden` (`[rows, hidden]`, final-normed): through the streaming head
+/// kernel for a model the fused decode step runs (one pass over the LM head for every row; the
+/// continuous batcher computes first tokens the same way), else the graph's LM head.
+pub(crate) fn last_position_logits(
+    model: &Transformer,
+    hidden: &Tensor,
+) -> Result<Vec<Vec<f32>>, RolloutError> {
+    if model.supports_fused_decode() {
+        let rows = hidden.dim(0)?;
+        let flat = hidden
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let vocab = model.config().vocab_size;
+        let logits = model.head_logits(&flat, rows)?;
+        return Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect());
+    }
+    Ok(model
+        .lm_logits(hidden)?
+        .to_dtype(DType::F32)?
+        .to_vec2::<f32>()?)
 }
 
 fn check_prompts(model: &Transformer, prompts: &[Vec<u32>]) -> Result<(), RolloutError> {
