@@ -208,13 +208,19 @@ fn stream(generation: Generation, id: String, created: u64) -> Response {
                         .app()
                         .metrics
                         .count_request("chat", finish_reason);
-                    out.push(chunk(vec![json!({
+                    let all = &generation.choices[choice].versions;
+                    let mut body = json!({
                         "index": choice,
                         "delta": delta,
                         "logprobs": null,
                         "finish_reason": finish_reason,
                         "stop_reason": stop_reason,
-                    })]));
+                    });
+                    let versions = out.versions(choice, all, all.len());
+                    if !versions.is_empty() {
+                        body["weight_versions"] = json!(versions);
+                    }
+                    out.push(chunk(vec![body]));
                     return Ok(());
                 }
                 let spec = &generation.spec;
@@ -233,7 +239,7 @@ fn stream(generation: Generation, id: String, created: u64) -> Response {
                     "delta": {"content": text},
                     "logprobs": logprobs,
                     "finish_reason": null,
-                    "weight_versions": [entry.versions[token]],
+                    "weight_versions": out.versions(choice, &entry.versions, token + 1),
                 });
                 if spec.return_token_ids {
                     body["token_ids"] = json!([entry.token_ids[token]]);

@@ -306,13 +306,20 @@ fn stream(generation: Generation, id: String, created: u64) -> Response {
                         .app()
                         .metrics
                         .count_request("completions", finish_reason);
-                    out.push(chunk(vec![json!({
+                    let all = &generation.choices[choice].versions;
+                    let reported = generation.reported_tokens(choice);
+                    let mut body = json!({
                         "index": choice,
                         "text": text,
                         "logprobs": null,
                         "finish_reason": finish_reason,
                         "stop_reason": stop_reason,
-                    })]));
+                    });
+                    let versions = out.versions(choice, all, reported);
+                    if !versions.is_empty() {
+                        body["weight_versions"] = json!(versions);
+                    }
+                    out.push(chunk(vec![body]));
                     return Ok(());
                 }
                 if spec.generate_nothing {
@@ -337,7 +344,7 @@ fn stream(generation: Generation, id: String, created: u64) -> Response {
                     "logprobs": logprobs,
                     "finish_reason": null,
                     "stop_reason": null,
-                    "weight_versions": [entry.versions[token]],
+                    "weight_versions": out.versions(choice, &entry.versions, token + 1),
                 });
                 if spec.return_token_ids {
                     body["token_ids"] = json!([entry.token_ids[token]]);

@@ -27,12 +27,15 @@ pub enum Phase {
     End,
 }
 
-/// The chunks a formatter produces, and per-choice state it keeps between calls (the char
-/// offset of the next token, for `text_offset`).
+/// The chunks a formatter produces, and per-choice state it keeps between calls: the char
+/// offset of the next token (for `text_offset`) and how many tokens' weight versions were sent
+/// (a token whose chunk is skipped, having no text yet, sends its version with the next chunk,
+/// so every token's version arrives).
 #[derive(Debug, Default)]
 pub struct Out {
     chunks: Vec<Value>,
     offsets: Vec<usize>,
+    versions_sent: Vec<usize>,
 }
 
 impl Out {
@@ -42,6 +45,17 @@ impl Out {
 
     pub fn offset(&self, choice: usize) -> usize {
         self.offsets.get(choice).copied().unwrap_or(0)
+    }
+
+    /// The weight versions of choice `choice`'s tokens not sent yet, up to `through` tokens,
+    /// marked as sent.
+    pub fn versions(&mut self, choice: usize, all: &[u64], through: usize) -> Vec<u64> {
+        if choice >= self.versions_sent.len() {
+            self.versions_sent.resize(choice + 1, 0);
+        }
+        let from = self.versions_sent[choice].min(through);
+        self.versions_sent[choice] = through.max(from);
+        all[from..through.min(all.len())].to_vec()
     }
 
     pub fn set_offset(&mut self, choice: usize, offset: usize) {
