@@ -399,3 +399,61 @@ impl CustomOp2 for FusedBlock {
         Ok((Some(dx), danchor))
     }
 }
+
+/// Inference through the fused block, with the layer's keys (after RoPE) and values for a KV
+/// cache: `(y, k, v)`, `y` `[B, T, hidden]` (bit-identical to `forward`'s), `k` and `v`
+/// `[B, kv_heads, T, head_dim]`. Nothing joins the autograd graph: a prompt's prefill.
+pub(crate) fn forward_with_kv(
+    layer: &DecoderLayer,
+    x: &Tensor,
+    inputs: &Arc<FusedInputs>,
+    shape: BlockShape,
+    precision: Precision,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let op = FusedBlock {
+        weights: tensors(layer),
+        slots: Vec::new(),
+        stash: Stash::default(),
+        inputs: inputs.clone(),
+        shape,
+        precision,
+        keep: false,
+        saved: Mutex::new(None),
+    };
+    let x = x.detach().contiguous()?;
+    let kv_dims = (shape.batch, shape.kv_heads, shape.len, shape.head_dim);
+    fn run<T: Element>(op: &FusedBlock, x: &Tensor) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
+        with_values::<T, _>(&[Some(x)], |v| {
+            let x = v[0].unwrap_or(&[]);
+            op.with_block::<T, _>(|w, inputs| {
+                Ok(block::forward_with_kv(
+                    &op.shape,
+                    w,
+                    inputs,
+                    op.precision,
+                    x,
+                ))
+            })
+        })
+    }
+    let device = x.device();
+    match x.dtype() {
+        DType::F32 => {
+            let (y, k, v) = run::<f32>(&op, &x)?;
+            Ok((
+                Tensor::from_vec(y, x.shape(), device)?,
+                Tensor::from_vec(k, kv_dims, device)?,
+                Tensor::from_vec(v, kv_dims, device)?,
+            ))
+        }
+        DType::F64 => {
+            let (y, k, v) = run::<f64>(&op, &x)?;
+            Ok((
+                Tensor::from_vec(y, x.shape(), device)?,
+                Tensor::from_vec(k, kv_dims, device)?,
+                Tensor::from_vec(v, kv_dims, device)?,
+            ))
+        }
+        other => candle_core::bail!("{NAME}: f32 and f64 only, got {other:?}"),
+    }
+}

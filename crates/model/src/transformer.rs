@@ -607,10 +607,23 @@ impl Transformer {
         let cos = cos.to_device(self.device())?;
         let sin = sin.to_device(self.device())?;
         let bias = attn_bias.to_dtype(dtype)?;
+        // The fused block runs training and scoring (no cache) and a prompt's prefill (an empty
+        // cache, filled with the keys and values it returns).
+        let prefill = cache.as_deref().is_some_and(KvCache::is_empty);
         let fused = match cache {
             None if self.fused_blocks
                 && self.device().is_cpu()
                 && matches!(dtype, DType::F32 | DType::F64) =>
+            {
+                Some(Arc::new(crate::fused_block::FusedInputs::new(
+                    &cos, &sin, &bias,
+                )?))
+            }
+            Some(_)
+                if prefill
+                    && self.fused_blocks
+                    && self.device().is_cpu()
+                    && matches!(dtype, DType::F32 | DType::F64) =>
             {
                 Some(Arc::new(crate::fused_block::FusedInputs::new(
                     &cos, &sin, &bias,
@@ -649,7 +662,18 @@ impl Transformer {
                 .fused
                 .as_ref()
                 .filter(|_| crate::fused_block::applies(layer, &hidden));
-            hidden = if let Some(inputs) = fused {
+            hidden = if let (Some(inputs), Some(cache)) = (fused, cache.as_deref_mut()) {
+                // Prefill: the keys and values go to the cache; inference only, off the graph.
+                let (y, k, v) = crate::fused_block::forward_with_kv(
+                    layer,
+                    &hidden,
+                    inputs,
+                    block_shape,
+                    self.precision,
+                )?;
+                cache.append(index, &k, &v)?;
+                y
+            } else if let Some(inputs) = fused {
                 crate::fused_block::forward(
                     layer,
                     &hidden,

@@ -180,3 +180,62 @@ fn packed_documents_equal_separate_forward_passes() {
         );
     }
 }
+
+/// A prompt's prefill runs through the fused decoder block (an empty cache): its hidden states
+/// equal the cache-free forward's bit for bit, and the keys and values it caches let the graph
+/// path continue as if it had prefilled them itself (the next chunk's hidden states match a
+/// prefill of the whole prompt).
+#[test]
+fn the_fused_prefill_fills_the_cache_the_graph_path_continues_from() {
+    for (label, model) in models() {
+        let ids = [vec![3u32, 14, 15, 9, 26, 5, 35, 8, 9, 7]];
+        let len = ids[0].len();
+        let all = tensor_u32(&ids);
+        let positions = tensor_u32(&[(0..len as u32).collect()]);
+        let bias = causal_bias(&[vec![true; len]], len, &Device::Cpu).unwrap();
+        let free = model.forward_hidden(&all, &positions, &bias, None).unwrap();
+        let mut cache = KvCache::new(model.config().num_hidden_layers);
+        let cached = model
+            .forward_hidden(&all, &positions, &bias, Some(&mut cache))
+            .unwrap();
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect()
+        };
+        assert_eq!(bits(&free), bits(&cached), "{label}: prefill hidden states");
+        assert_eq!(cache.len(), len);
+
+        // Prefill 6 tokens (fused), then 4 more through the graph with the cache.
+        let split = 6;
+        let first = tensor_u32(&[ids[0][..split].to_vec()]);
+        let first_pos = tensor_u32(&[(0..split as u32).collect()]);
+        let first_bias = causal_bias(&[vec![true; split]], split, &Device::Cpu).unwrap();
+        let mut chunked = KvCache::new(model.config().num_hidden_layers);
+        model
+            .forward_hidden(&first, &first_pos, &first_bias, Some(&mut chunked))
+            .unwrap();
+        let rest = tensor_u32(&[ids[0][split..].to_vec()]);
+        let rest_pos = tensor_u32(&[(split as u32..len as u32).collect()]);
+        let rest_bias = causal_bias(&[vec![true; len]], len - split, &Device::Cpu).unwrap();
+        let tail = model
+            .forward_hidden(&rest, &rest_pos, &rest_bias, Some(&mut chunked))
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let whole = free.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let width = model.config().hidden_size;
+        for (i, (a, b)) in tail.iter().zip(&whole[split * width..]).enumerate() {
+            assert!(
+                (a - b).abs() <= CACHE_TOLERANCE * (1.0 + b.abs()),
+                "{label}: value {i} of the second chunk: {a} vs {b}"
+            );
+        }
+    }
+}

@@ -475,6 +475,37 @@ pub fn forward<T: BlockReal>(
     x: &[T],
     keep: bool,
 ) -> (Vec<T>, Option<BlockActivations<T>>) {
+    let (y, saved, _) = forward_impl(shape, w, inputs, precision, x, keep, false);
+    (y, saved)
+}
+
+/// Inference with a KV cache to fill (a prompt's prefill): the block's output `y` `[N, hidden]`
+/// and its keys (after RoPE) and values in the attention layout `[B, kv_heads, T, head_dim]`,
+/// the layout of a KV cache. The same arithmetic as `forward`, so `y` is bit-identical to it.
+pub fn forward_with_kv<T: BlockReal>(
+    shape: &BlockShape,
+    w: &BlockWeights<'_, T>,
+    inputs: &BlockInputs<'_, T>,
+    precision: Precision,
+    x: &[T],
+) -> (Vec<T>, Vec<T>, Vec<T>) {
+    let (y, _, kv) = forward_impl(shape, w, inputs, precision, x, false, true);
+    let (k, v) = kv.expect("keys and values were asked for");
+    (y, k, v)
+}
+
+type KeysValues<T> = Option<(Vec<T>, Vec<T>)>;
+
+#[allow(clippy::too_many_arguments)]
+fn forward_impl<T: BlockReal>(
+    shape: &BlockShape,
+    w: &BlockWeights<'_, T>,
+    inputs: &BlockInputs<'_, T>,
+    precision: Precision,
+    x: &[T],
+    keep: bool,
+    want_kv: bool,
+) -> (Vec<T>, Option<BlockActivations<T>>, KeysValues<T>) {
     check_sizes(shape, w, inputs, x);
     let (n, d, i) = (shape.rows(), shape.hidden, shape.intermediate);
     let (qw, kvw, hd) = (shape.q_width(), shape.kv_width(), shape.head_dim);
@@ -556,7 +587,12 @@ pub fn forward<T: BlockReal>(
         true,
     );
 
-    let saved = keep.then(|| BlockActivations {
+    let (kv, kept) = match (keep, want_kv) {
+        (true, _) => (None, Some((kh, vh))),
+        (false, true) => (Some((kh, vh)), None),
+        (false, false) => (None, None),
+    };
+    let saved = kept.map(|(kh, vh)| BlockActivations {
         q_lin: w.q_norm.map(|_| q_lin),
         k_lin: w.k_norm.map(|_| k_lin),
         qh,
@@ -569,7 +605,7 @@ pub fn forward<T: BlockReal>(
         up,
         act,
     });
-    (y, saved)
+    (y, saved, kv)
 }
 
 /// `(dx, parameter gradients)` from `dy` `[N, hidden]`; `saved` from `forward(.., keep: true)`
