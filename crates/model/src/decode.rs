@@ -159,71 +159,6 @@ impl Transformer {
         Ok(out)
     }
 
-    /// Logits `[rows, vocab]` (row-major) of final-normed hidden states `hidden` (`[rows,
-    /// hidden]`), through the streaming decode kernels: the LM head is read once for all rows,
-    /// split between rayon's threads. For the few rows a prefill needs (each prompt's last
-    /// position), where a GEMM with one row spends most of its time outside its microkernel.
-    /// Each logit is the same sum whatever the rows or threads (`stoke_ops::matvec`). Same
-    /// precision rules as `decode_step`: the packed bf16 head in bf16, else the f32 one.
-    pub fn head_logits(&self, hidden: &[f32], rows: usize) -> Result<Vec<f32>, ModelError> {
-        let c = self.config();
-        let (width, vocab) = (c.hidden_size, c.vocab_size);
-        if hidden.len() != rows * width || !self.device().is_cpu() {
-            return Err(ModelError::InvalidArgument(format!(
-                "head_logits: {} values for {rows} rows of {width}, on {:?}",
-                hidden.len(),
-                self.device().location()
-            )));
-        }
-        let head_tensor = self.lm_head_weight();
-        let guard = head_tensor.storage_and_layout();
-        let weights = match &self.packed_head {
-            Some(packed) if self.precision() == Precision::Bf16 => packed.weights(),
-            _ => Weights::F32 {
-                data: f32_slice(&guard, &("the LM head", None))?,
-                rows: vocab,
-                cols: width,
-            },
-        };
-        let mut inputs = stoke_ops::matvec::Inputs::new();
-        inputs.prepare(hidden, rows, width, weights.is_bf16());
-        let threads = rayon::current_num_threads().clamp(1, 64);
-        let chunk = vocab.div_ceil(threads).div_ceil(16) * 16;
-        let parts: Vec<(usize, Vec<f32>)> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..threads)
-                .map(|t| {
-                    let (start, end) = ((t * chunk).min(vocab), ((t + 1) * chunk).min(vocab));
-                    let (weights, inputs) = (&weights, &inputs);
-                    scope.spawn(move || {
-                        stoke_ops::numerics::set_ftz_daz_on_this_thread();
-                        let mut out = vec![0f32; rows * (end - start)];
-                        stoke_ops::matvec::matvec(
-                            weights,
-                            inputs,
-                            start..end,
-                            &mut out,
-                            end - start,
-                        );
-                        (start, out)
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("a head thread does not panic"))
-                .collect()
-        });
-        let mut logits = vec![0f32; rows * vocab];
-        for (start, part) in parts {
-            let len = part.len() / rows.max(1);
-            for r in 0..rows {
-                logits[r * vocab + start..r * vocab + start + len]
-                    .copy_from_slice(&part[r * len..(r + 1) * len]);
-            }
-        }
-        Ok(logits)
-    }
-
     /// One decode step (see `stoke_ops::decode`): `tokens[r]` at `positions[r]` for each row of
     /// `cache`; returns the logits `[rows, vocab]` row-major. Uses rayon's thread count.
     pub fn decode_step(
@@ -232,18 +167,55 @@ impl Transformer {
         tokens: &[u32],
         positions: &[u32],
     ) -> Result<Vec<f32>, ModelError> {
+        self.check_positions(positions)?;
+        let threads = rayon::current_num_threads();
+        self.with_model_ref(|model| {
+            stoke_ops::decode::decode_step(model, cache, tokens, positions, threads)
+        })
+    }
+
+    /// A prompt's next tokens into cache row `row` in one pass (see
+    /// `stoke_ops::decode::prefill_step`): the logits of the tokens `logits_for` (indices into
+    /// `tokens`), `[len, vocab]` row-major. Same kernels as `decode_step`, so a prefill costs no
+    /// weight packing and a prompt's tokens are scored as decoding would score them.
+    pub fn prefill_step(
+        &self,
+        cache: &mut DecodeCache,
+        row: usize,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_for: &[usize],
+    ) -> Result<Vec<f32>, ModelError> {
+        self.check_positions(positions)?;
+        let threads = rayon::current_num_threads();
+        self.with_model_ref(|model| {
+            stoke_ops::decode::prefill_step(
+                model, cache, row, tokens, positions, logits_for, threads,
+            )
+        })
+    }
+
+    fn check_positions(&self, positions: &[u32]) -> Result<(), ModelError> {
+        let max = self.config().max_position_embeddings;
+        if let Some(&p) = positions.iter().find(|&&p| p as usize >= max) {
+            return Err(ModelError::InvalidArgument(format!(
+                "decode step: position {p} is past max_position_embeddings = {max}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on the model's tensors as the fused step reads them.
+    fn with_model_ref<R>(
+        &self,
+        f: impl FnOnce(&ModelRef) -> Result<R, String>,
+    ) -> Result<R, ModelError> {
         if !self.supports_fused_decode() {
             return Err(ModelError::InvalidArgument(
                 "fused decoding needs f32 CPU weights without LoRA adapters, and packed weights \
                  in bf16 precision (Transformer::pack_weights)"
                     .into(),
             ));
-        }
-        let max = self.config().max_position_embeddings;
-        if let Some(&p) = positions.iter().find(|&&p| p as usize >= max) {
-            return Err(ModelError::InvalidArgument(format!(
-                "decode step: position {p} is past max_position_embeddings = {max}"
-            )));
         }
         let bf16 = self.precision() == Precision::Bf16;
         // Read guards on every f32 tensor the step reads, in one fixed order.
@@ -344,8 +316,6 @@ impl Transformer {
             final_norm,
             head,
         };
-        let threads = rayon::current_num_threads();
-        stoke_ops::decode::decode_step(&model, cache, tokens, positions, threads)
-            .map_err(ModelError::InvalidArgument)
+        f(&model).map_err(ModelError::InvalidArgument)
     }
 }

@@ -333,50 +333,138 @@ fn an_inference_copy_generates_as_the_packed_model_and_refuses_everything_else()
     assert!(err.contains("inference-only"), "{err}");
 }
 
+/// `prefill_step`: a prompt's tokens in one pass give the logits and the cache that feeding
+/// them one at a time gives, bit for bit (the same kernels compute each value in the same
+/// order), in any chunking; and they match the graph path within the stated tolerances.
 #[test]
-fn head_logits_equal_the_graph_head_and_do_not_depend_on_the_other_rows() {
+fn prefill_equals_token_by_token_bit_for_bit_and_the_graph_within_tolerance() {
     for dir in fixture_dirs() {
         for bf16 in [false, true] {
             let mut model = load(&dir);
             if bf16 {
                 model.pack_weights().expect("pack");
             }
-            let c = model.config().clone();
-            let rows = 3;
-            let hidden: Vec<f32> = (0..rows * c.hidden_size)
-                .map(|i| ((i as f32) * 0.61).sin())
-                .collect();
-            let got = model.head_logits(&hidden, rows).expect("head logits");
-            let tensor =
-                Tensor::from_vec(hidden.clone(), (rows, c.hidden_size), &Device::Cpu).unwrap();
-            let want = model
-                .lm_logits(&tensor)
-                .and_then(|t| Ok(t.flatten_all()?.to_vec1::<f32>()?))
-                .expect("graph head");
-            let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
-            let worst = got
-                .iter()
-                .zip(&want)
-                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-            let tol = if bf16 { 1e-2 } else { 1e-5 };
-            assert!(
-                worst <= tol * scale,
-                "{} bf16 {bf16}: {worst} of {scale}",
-                name(&dir)
+            let prompt = prompts(&dir)[2].clone();
+            let m = prompt.len();
+            let vocab = model.config().vocab_size;
+            let positions: Vec<u32> = (0..m as u32).collect();
+            let run = |chunks: &[usize]| {
+                let mut cache = model.new_decode_cache(2, m + 2);
+                let mut logits = Vec::new();
+                let mut at = 0;
+                for &len in chunks {
+                    let wanted: Vec<usize> = (0..len).collect();
+                    logits.extend(
+                        model
+                            .prefill_step(
+                                &mut cache,
+                                1,
+                                &prompt[at..at + len],
+                                &positions[at..at + len],
+                                &wanted,
+                            )
+                            .expect("prefill"),
+                    );
+                    at += len;
+                }
+                (logits, cache)
+            };
+            let (one_pass, cache) = run(&[m]);
+            let (by_token, _) = run(&vec![1; m]);
+            let (chunked, _) = run(&[3, m - 3]);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let label = format!("{} bf16 {bf16}", name(&dir));
+            assert_eq!(
+                bits(&one_pass),
+                bits(&by_token),
+                "{label}: one pass vs token by token"
             );
-            let alone = model
-                .head_logits(&hidden[c.hidden_size..2 * c.hidden_size], 1)
+            assert_eq!(
+                bits(&one_pass),
+                bits(&chunked),
+                "{label}: one pass vs chunks"
+            );
+            assert_eq!(cache.row_len(1), m);
+            assert_eq!(cache.row_len(0), 0);
+            // Only the last token's logits when only it is asked for.
+            let mut cache = model.new_decode_cache(1, m);
+            let last = model
+                .prefill_step(&mut cache, 0, &prompt, &positions, &[m - 1])
                 .unwrap();
+            assert_eq!(bits(&last), bits(&one_pass[(m - 1) * vocab..]), "{label}");
+            // Against the graph (the same tolerances as decoding).
+            let pre = prefill(&model, std::slice::from_ref(&prompt));
+            let want = &pre.last_logits[0];
+            let scale = want.iter().fold(0f32, |a, x| a.max(x.abs()));
+            let worst = last
+                .iter()
+                .zip(want)
+                .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+            let tol = if bf16 { 1e-2 } else { 1e-5 };
+            assert!(worst <= tol * scale.max(1.0), "{label}: {worst} of {scale}");
             assert!(
-                alone
-                    .iter()
-                    .zip(&got[c.vocab_size..2 * c.vocab_size])
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{} bf16 {bf16}: row 1 alone differs",
+                model
+                    .prefill_step(&mut cache, 0, &prompt[..1], &[0], &[0])
+                    .is_err(),
+                "{label}: a full row is refused"
+            );
+        }
+    }
+}
+
+/// A prefill chunk of 48 tokens or more multiplies with a GEMM (f32 weights): its logits match
+/// the graph path and token-by-token feeding within the f32 tolerance, and a second run gives
+/// the same bits.
+#[test]
+fn a_long_prefill_chunk_matches_the_graph_and_repeats_bit_for_bit() {
+    for dir in fixture_dirs() {
+        let model = load(&dir);
+        let c = model.config().clone();
+        let m = 60.min(c.max_position_embeddings - 1);
+        let prompt: Vec<u32> = (0..m as u32)
+            .map(|i| (i * 7919 + 13) % c.vocab_size as u32)
+            .collect();
+        let positions: Vec<u32> = (0..m as u32).collect();
+        let wanted: Vec<usize> = (0..m).collect();
+        let run = || {
+            let mut cache = model.new_decode_cache(1, m);
+            model
+                .prefill_step(&mut cache, 0, &prompt, &positions, &wanted)
+                .expect("prefill")
+        };
+        let once = run();
+        assert_eq!(
+            once.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            run().iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "{}",
+            name(&dir)
+        );
+        let mut cache = model.new_decode_cache(1, m);
+        let mut by_token = Vec::new();
+        for i in 0..m {
+            by_token.extend(
+                model
+                    .prefill_step(&mut cache, 0, &prompt[i..=i], &positions[i..=i], &[0])
+                    .unwrap(),
+            );
+        }
+        let ids = Tensor::from_vec(prompt.clone(), (1, m), &Device::Cpu).unwrap();
+        let graph = forward_full(&model, &ids)
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let scale = graph.iter().fold(0f32, |a, x| a.max(x.abs())).max(1.0);
+        for (what, other) in [("token by token", &by_token), ("the graph", &graph)] {
+            let worst = once
+                .iter()
+                .zip(other.iter())
+                .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+            assert!(
+                worst <= 1e-5 * scale,
+                "{} vs {what}: {worst} of {scale}",
                 name(&dir)
             );
         }
-        let model = load(&dir);
-        assert!(model.head_logits(&[1.0; 3], 2).is_err());
     }
 }

@@ -8,7 +8,7 @@
 //! - every linear layer is a `matvec` that reads each weight once for the whole batch;
 //! - the threads of one step split every product's output rows (and the attention's
 //!   (sequence, key/value head) pairs) and meet at a spin barrier between dependent stages, four
-//!   per layer; the cheap row-wise work (norms, residual adds) is repeated by every thread on its
+//!   per layer (five in a prefill); the cheap row-wise work (norms, residual adds) is repeated by every thread on its
 //!   own copy of the hidden state, so it needs no barrier;
 //! - each sequence's KV cache is one preallocated buffer written in place; sequences of
 //!   different lengths share a step, and join or leave between steps (continuous batching).
@@ -19,8 +19,10 @@
 //! `bf16.rs`). Results equal the graph's up to f32 summation order, and do not depend on the
 //! number of threads.
 //!
-//! What it is not: a prefill (prompts go through the batched graph, then `DecodeCache` takes the
-//! keys and values), a sampler, or differentiable.
+//! `prefill_step` runs the same code for several tokens of one sequence (a prompt): their keys
+//! and values are written first, then each attends causally to its row.
+//!
+//! What it is not: a sampler, or differentiable.
 #![allow(unsafe_code)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -431,7 +433,6 @@ pub fn decode_step(
     positions: &[u32],
     threads: usize,
 ) -> Result<Vec<f32>, String> {
-    let s = model.shape;
     let rows = cache.rows();
     if tokens.len() != rows || positions.len() != rows {
         return Err(format!(
@@ -451,6 +452,80 @@ pub fn decode_step(
             full.capacity
         ));
     }
+    let targets: Vec<(usize, usize)> = cache.rows.iter().map(|r| r.len).enumerate().collect();
+    let all: Vec<usize> = (0..rows).collect();
+    let logits = run_step(model, cache, tokens, positions, &targets, &all, threads)?;
+    for row in &mut cache.rows {
+        row.len += 1;
+    }
+    Ok(logits)
+}
+
+/// Prefills `tokens` (the next tokens of the sequence in cache row `row`, at `positions`) in one
+/// pass: their keys and values are appended to the row, each token attends to the row's earlier
+/// slots and to the tokens before it (causal). Returns the logits of the tokens listed in
+/// `logits_for` (indices into `tokens`, e.g. only the last: what sampling needs), `[len,
+/// vocab]` row-major. Up to `GEMM_MIN_ROWS` tokens the products stream each weight once per
+/// block of rows for all tokens (`matvec`): no per-call packing, so a short prompt costs little
+/// more than its arithmetic, and every value is the one the decode step computes for that token
+/// (same kernels, same summation order per output), so such chunks give the same bits in any
+/// chunking. A longer chunk multiplies f32 weights with a GEMM (faster there; its values equal
+/// the streaming ones to f32 rounding, and repeat bit for bit for the same chunk).
+pub fn prefill_step(
+    model: &ModelRef,
+    cache: &mut DecodeCache,
+    row: usize,
+    tokens: &[u32],
+    positions: &[u32],
+    logits_for: &[usize],
+    threads: usize,
+) -> Result<Vec<f32>, String> {
+    let m = tokens.len();
+    if row >= cache.rows() {
+        return Err(format!(
+            "prefill: row {row} of a cache of {} rows",
+            cache.rows()
+        ));
+    }
+    if positions.len() != m || m == 0 {
+        return Err(format!(
+            "prefill: {m} tokens and {} positions",
+            positions.len()
+        ));
+    }
+    let target = &cache.rows[row];
+    if target.len + m > target.capacity {
+        return Err(format!(
+            "prefill: {m} tokens after {} do not fit row {row}'s {} slots",
+            target.len, target.capacity
+        ));
+    }
+    if let Some(&bad) = logits_for.iter().find(|&&i| i >= m) {
+        return Err(format!("prefill: logits asked for token {bad} of {m}"));
+    }
+    let targets: Vec<(usize, usize)> = (0..m).map(|i| (row, target.len + i)).collect();
+    let logits = run_step(
+        model, cache, tokens, positions, &targets, logits_for, threads,
+    )?;
+    cache.rows[row].len += m;
+    Ok(logits)
+}
+
+/// One pass of input rows through the model: input row `r` (`tokens[r]` at `positions[r]`)
+/// writes its keys and values to slot `targets[r].1` of cache row `targets[r].0` and attends to
+/// that row's slots from its first real one through its own. Returns the logits of input rows
+/// `head_rows`. The caller checked that the slots exist and advances the rows' lengths.
+fn run_step(
+    model: &ModelRef,
+    cache: &mut DecodeCache,
+    tokens: &[u32],
+    positions: &[u32],
+    targets: &[(usize, usize)],
+    head_rows: &[usize],
+    threads: usize,
+) -> Result<Vec<f32>, String> {
+    let s = model.shape;
+    let rows = tokens.len();
     if (cache.layers, cache.kv_heads, cache.head_dim)
         != (model.layers.len(), s.kv_heads, s.head_dim)
     {
@@ -499,14 +574,13 @@ pub fn decode_step(
     let mut attn = vec![0f32; rows * q_out];
     let mut proj = vec![0f32; rows * s.hidden];
     let mut act = vec![0f32; rows * s.intermediate];
-    let mut logits = vec![0f32; rows * s.vocab];
+    let mut logits = vec![0f32; head_rows.len() * s.vocab];
     let cache_rows: Vec<RowView> = cache
         .rows
         .iter_mut()
         .map(|r| RowView {
             capacity: r.capacity,
             start: r.start,
-            len: r.len,
             data: Shared::new(&mut r.data),
         })
         .collect();
@@ -526,6 +600,9 @@ pub fn decode_step(
             head_dim: d,
             rows: &cache_rows,
         },
+        targets,
+        head_rows,
+        prefill: targets.windows(2).any(|w| w[0].0 == w[1].0),
         tokens,
         cos: &cos,
         sin: &sin,
@@ -547,10 +624,6 @@ pub fn decode_step(
             job.run(0);
         });
     }
-    drop(cache_rows);
-    for row in &mut cache.rows {
-        row.len += 1;
-    }
     Ok(logits)
 }
 
@@ -566,7 +639,6 @@ struct Buffers {
 struct RowView {
     capacity: usize,
     start: usize,
-    len: usize,
     data: Shared,
 }
 
@@ -594,6 +666,12 @@ impl CacheView<'_> {
 struct Step<'a> {
     model: &'a ModelRef<'a>,
     cache: CacheView<'a>,
+    /// (cache row, slot) of each input row.
+    targets: &'a [(usize, usize)],
+    /// The input rows whose logits are computed.
+    head_rows: &'a [usize],
+    /// Several input rows write one cache row (a prefill).
+    prefill: bool,
     tokens: &'a [u32],
     cos: &'a [f32],
     sin: &'a [f32],
@@ -604,6 +682,9 @@ struct Step<'a> {
 
 /// Output rows of a product per unit of work split between threads.
 const ROW_ALIGN: usize = 16;
+
+/// Tokens of a prefill chunk from which products run as a GEMM (f32 weights).
+const GEMM_MIN_ROWS: usize = 48;
 
 impl Step<'_> {
     /// `out[b, cols]` = rows `range` of `linear` (plus its bias) for every input row; `out` is a
@@ -627,7 +708,7 @@ impl Step<'_> {
         // SAFETY: the columns `offset + range` of every row are this thread's until the barrier
         // (the split in the callers is disjoint) and lie inside `out` (asserted).
         unsafe {
-            matvec_raw(
+            self.multiply(
                 &linear.weight,
                 x,
                 range.clone(),
@@ -645,6 +726,44 @@ impl Step<'_> {
                 }
             }
         }
+    }
+
+    /// `out[b, j - range.start] = sum_k W[j, k] x[b, k]` for `j` in `range`: the streaming
+    /// kernel, or for a large prefill chunk with f32 weights a GEMM on this thread (past
+    /// `GEMM_MIN_ROWS` tokens it is faster than streaming the weights per 8 tokens). Decode
+    /// steps always stream, so a sequence's values never depend on how many share its step.
+    ///
+    /// # Safety
+    /// As `matvec_raw`.
+    unsafe fn multiply(
+        &self,
+        weights: &Weights,
+        x: &Inputs,
+        range: std::ops::Range<usize>,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        if let (true, Weights::F32 { data, cols, .. }, Some(xs)) = (
+            self.prefill && x.batch() >= GEMM_MIN_ROWS,
+            weights,
+            x.f32_rows(),
+        ) {
+            // SAFETY: forwarded (the caller's contract); the weight rows exist.
+            unsafe {
+                crate::gemm::product_rows_t_on_this_thread(
+                    x.batch(),
+                    range.len(),
+                    *cols,
+                    xs,
+                    &data[range.start * cols..range.end * cols],
+                    out,
+                    out_stride,
+                )
+            };
+            return;
+        }
+        // SAFETY: forwarded.
+        unsafe { matvec_raw(weights, x, range, out, out_stride) };
     }
 
     fn run(&self, thread: usize) {
@@ -683,9 +802,23 @@ impl Step<'_> {
                 }
             }
             self.barrier.wait();
-            // Stage 2: RoPE, cache append and attention, split by (row, kv head).
-            for task in share(rows * s.kv_heads, thread, t, 1) {
-                self.attention(layer, l, task / s.kv_heads, task % s.kv_heads);
+            // Stage 2: keys (normed, rotated) and values into the cache, then attention, by
+            // (row, kv head). When rows share a cache row (a prefill), a row reads the keys
+            // other tasks write, so all are written first, behind a barrier; and its later rows
+            // attend to more slots, so the tasks are dealt out in turn rather than in ranges.
+            if self.prefill {
+                for task in share(rows * s.kv_heads, thread, t, 1) {
+                    self.write_kv(layer, l, task / s.kv_heads, task % s.kv_heads);
+                }
+                self.barrier.wait();
+                for task in (thread..rows * s.kv_heads).step_by(t) {
+                    self.attention(layer, l, task / s.kv_heads, task % s.kv_heads);
+                }
+            } else {
+                for task in share(rows * s.kv_heads, thread, t, 1) {
+                    self.write_kv(layer, l, task / s.kv_heads, task % s.kv_heads);
+                    self.attention(layer, l, task / s.kv_heads, task % s.kv_heads);
+                }
             }
             self.barrier.wait();
             // Stage 3: o_proj.
@@ -717,8 +850,8 @@ impl Step<'_> {
                 up.resize(rows * n, 0.0);
                 // SAFETY: `gate` and `up` are this thread's own, [rows, n].
                 unsafe {
-                    matvec_raw(&layer.gate.weight, &x, mine.clone(), gate.as_mut_ptr(), n);
-                    matvec_raw(&layer.up.weight, &x, mine.clone(), up.as_mut_ptr(), n);
+                    self.multiply(&layer.gate.weight, &x, mine.clone(), gate.as_mut_ptr(), n);
+                    self.multiply(&layer.up.weight, &x, mine.clone(), up.as_mut_ptr(), n);
                 }
                 for r in 0..rows {
                     // SAFETY: columns `mine` of `act` are this thread's until the barrier.
@@ -757,8 +890,14 @@ impl Step<'_> {
                 *v += add;
             }
         }
-        rms_norm_into(&h, m.final_norm, s.rms_norm_eps, &mut normed);
-        x.prepare(&normed, rows, hidden, m.head.is_bf16());
+        let wanted: Vec<f32> = self
+            .head_rows
+            .iter()
+            .flat_map(|&r| h[r * hidden..(r + 1) * hidden].iter().copied())
+            .collect();
+        let mut normed = vec![0f32; wanted.len()];
+        rms_norm_into(&wanted, m.final_norm, s.rms_norm_eps, &mut normed);
+        x.prepare(&normed, self.head_rows.len(), hidden, m.head.is_bf16());
         let head = LinearRef {
             weight: m.head,
             bias: None,
@@ -773,14 +912,52 @@ impl Step<'_> {
         );
     }
 
-    /// RoPE on the new query heads of group `g` and its key head, the key and value written to
-    /// the cache's newest slot, then softmax attention of each query head over the row's slots.
+    /// Input row `row`'s key and value of key/value head `g` (key normed, rotated) into its slot
+    /// of the cache.
+    fn write_kv(&self, layer: &LayerRef, l: usize, row: usize, g: usize) {
+        let s = self.model.shape;
+        let d = s.head_dim;
+        let (q_out, kv_out) = (s.q_heads * d, s.kv_heads * d);
+        let qkv_width = q_out + 2 * kv_out;
+        let (cache_row, slot) = self.targets[row];
+        let c = &self.cache;
+        let cache = &c.rows[cache_row].data;
+        let (cos, sin) = (
+            &self.cos[row * d..(row + 1) * d],
+            &self.sin[row * d..(row + 1) * d],
+        );
+        // SAFETY: stage 1 wrote `qkv`; only reads until the barrier after this stage.
+        let qkv = unsafe {
+            self.buffers
+                .qkv
+                .read(row * qkv_width..(row + 1) * qkv_width)
+        };
+        let k_at = c.offset(cache_row, l, false, g);
+        let v_at = c.offset(cache_row, l, true, g);
+        // SAFETY: (cache row, layer, head g, slot) belongs to this task alone: input rows have
+        // distinct (cache row, slot) targets.
+        let key = unsafe { cache.write(k_at + slot * d..k_at + (slot + 1) * d) };
+        key.copy_from_slice(&qkv[q_out + g * d..q_out + (g + 1) * d]);
+        if let Some(norm) = layer.k_norm {
+            let raw = key.to_vec();
+            rms_norm_into(&raw, norm, s.rms_norm_eps, key);
+        }
+        rope(key, cos, sin);
+        // SAFETY: as above.
+        let value = unsafe { cache.write(v_at + slot * d..v_at + (slot + 1) * d) };
+        value.copy_from_slice(&qkv[q_out + kv_out + g * d..q_out + kv_out + (g + 1) * d]);
+    }
+
+    /// RoPE on input row `row`'s query heads of group `g`, then softmax attention of each over
+    /// its cache row's slots from the first real one through its own.
     fn attention(&self, layer: &LayerRef, l: usize, row: usize, g: usize) {
         let s = self.model.shape;
         let d = s.head_dim;
         let (q_out, kv_out) = (s.q_heads * d, s.kv_heads * d);
         let qkv_width = q_out + 2 * kv_out;
+        let (cache_row, slot) = self.targets[row];
         let c = &self.cache;
+        let cache = &c.rows[cache_row].data;
         let b = self.buffers;
         let (cos, sin) = (
             &self.cos[row * d..(row + 1) * d],
@@ -789,26 +966,12 @@ impl Step<'_> {
         let eps = s.rms_norm_eps;
         // SAFETY: stage 1 wrote `qkv`; only reads until the barrier after this stage.
         let qkv = unsafe { b.qkv.read(row * qkv_width..(row + 1) * qkv_width) };
-        let cache = &c.rows[row].data;
-        let slot = c.rows[row].len;
-        let k_at = c.offset(row, l, false, g);
-        let v_at = c.offset(row, l, true, g);
-        {
-            // SAFETY: (row, layer, head g) of the cache belongs to this task alone.
-            let key = unsafe { cache.write(k_at + slot * d..k_at + (slot + 1) * d) };
-            key.copy_from_slice(&qkv[q_out + g * d..q_out + (g + 1) * d]);
-            if let Some(norm) = layer.k_norm {
-                let raw = key.to_vec();
-                rms_norm_into(&raw, norm, eps, key);
-            }
-            rope(key, cos, sin);
-            // SAFETY: as above.
-            let value = unsafe { cache.write(v_at + slot * d..v_at + (slot + 1) * d) };
-            value.copy_from_slice(&qkv[q_out + kv_out + g * d..q_out + kv_out + (g + 1) * d]);
-        }
-        let first = c.rows[row].start;
+        let k_at = c.offset(cache_row, l, false, g);
+        let v_at = c.offset(cache_row, l, true, g);
+        let first = c.rows[cache_row].start;
         let slots = slot + 1 - first;
-        // SAFETY: this task's own cache region; written above, read now by this task only.
+        // SAFETY: stage 2a wrote these slots (or earlier steps did); no task writes the cache
+        // in this stage.
         let keys = unsafe { cache.read(k_at + first * d..k_at + (slot + 1) * d) };
         // SAFETY: as above.
         let values = unsafe { cache.read(v_at + first * d..v_at + (slot + 1) * d) };

@@ -185,6 +185,56 @@ pub fn product_exact<T: Scalar>(
     }
 }
 
+/// `C[m, rows] = X[m, k] W[rows, k]^T` on the calling thread (no pool), for kernels that split
+/// a product's output columns between their own threads: `x` row-major `[m, k]`, `w` the
+/// weight rows row-major `[rows, k]`, C at `c` with row stride `c_stride`.
+///
+/// # Safety
+/// `c + i * c_stride + j` is valid for writes for `i < m`, `j < rows`, and nothing else
+/// accesses those elements during the call.
+pub unsafe fn product_rows_t_on_this_thread(
+    m: usize,
+    rows: usize,
+    k: usize,
+    x: &[f32],
+    w: &[f32],
+    c: *mut f32,
+    c_stride: usize,
+) {
+    assert!(
+        x.len() >= m * k && w.len() >= rows * k,
+        "gemm: operands too short"
+    );
+    if m == 0 || rows == 0 {
+        return;
+    }
+    // SAFETY: X holds m x k and W rows x k values (asserted); C's elements are the caller's
+    // to write. B = W^T: element (kk, j) at w[j * k + kk], so row stride 1, column stride k.
+    unsafe {
+        gemm::gemm(
+            m,
+            rows,
+            k,
+            c,
+            1,
+            c_stride as isize,
+            false,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            1.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
 /// `C[m, n] (+)= A[m, k] B[k, n]` on f32 data under `precision` (see the module doc).
 #[allow(clippy::too_many_arguments)]
 pub fn product(

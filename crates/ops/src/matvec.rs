@@ -147,6 +147,11 @@ impl Inputs {
     pub fn batch(&self) -> usize {
         self.batch
     }
+
+    /// The inputs as given, `[batch, cols]` row-major, when prepared for f32 weights.
+    pub(crate) fn f32_rows(&self) -> Option<&[f32]> {
+        (!self.bf16).then_some(&self.data[..self.batch * self.cols])
+    }
 }
 
 /// Which kernel runs `matvec`.
@@ -261,38 +266,51 @@ unsafe fn matvec_with(
         w.cols(),
         if w.is_bf16() { "bf16" } else { "f32" }
     );
-    // A kernel call streams its rows once per group of 8 inputs. Past 8 inputs the rows go in
-    // blocks small enough to stay in L2 while every group passes over them, so the weights are
-    // read from memory once per call, not once per group. Each output is still one tile's sum
-    // over its own row, in the same order: results do not change with the blocking.
+    // A kernel call streams its rows once per group of 8 inputs. Past 8 inputs the work is
+    // tiled so that a block of weight rows and a chunk of inputs stay in L2 together while every
+    // group of the chunk passes over the block: the weights are read from memory once per chunk
+    // (once per call up to 64 inputs, as decoding has), the inputs once per block. Each output
+    // is still one tile's sum over its own row, in the same order, and the groups of 8 start at
+    // the same inputs: results do not change with the tiling.
     let block = if x.batch > 8 {
         let row_bytes = w.cols() * if w.is_bf16() { 2 } else { 4 };
         (BLOCK_BYTES / row_bytes.max(1)).clamp(8, rows.len().max(8)) / 8 * 8
     } else {
         rows.len().max(1)
     };
-    let mut start = rows.start;
-    while start < rows.end {
-        let end = (start + block).min(rows.end);
-        // SAFETY: `out + (start - rows.start)` is element (0, start) of the caller's buffer, and
-        // the block's columns lie inside the caller's range.
-        let out = unsafe { out.add(start - rows.start) };
-        match kernel {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the CPU has AVX-512F (asserted); bounds as documented.
-            Kernel::Avx512 => unsafe { avx512::matvec(w, x, start..end, out, out_stride) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the CPU has AVX2 and FMA (asserted); bounds as documented.
-            Kernel::Avx2 => unsafe { avx2::matvec(w, x, start..end, out, out_stride) },
-            // SAFETY: bounds as documented (the caller's contract).
-            _ => unsafe { portable(w, x, start..end, out, out_stride) },
+    let mut first = 0;
+    while first < x.batch {
+        let last = (first + INPUT_CHUNK).min(x.batch);
+        let mut start = rows.start;
+        while start < rows.end {
+            let end = (start + block).min(rows.end);
+            // SAFETY: `out + (start - rows.start)` is element (0, start) of the caller's buffer,
+            // and the block's columns lie inside the caller's range.
+            let out = unsafe { out.add(start - rows.start) };
+            match kernel {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the CPU has AVX-512F (asserted); bounds as documented.
+                Kernel::Avx512 => unsafe {
+                    avx512::matvec(w, x, first..last, start..end, out, out_stride)
+                },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the CPU has AVX2 and FMA (asserted); bounds as documented.
+                Kernel::Avx2 => unsafe {
+                    avx2::matvec(w, x, first..last, start..end, out, out_stride)
+                },
+                // SAFETY: bounds as documented (the caller's contract).
+                _ => unsafe { portable(w, x, first..last, start..end, out, out_stride) },
+            }
+            start = end;
         }
-        start = end;
+        first = last;
     }
 }
 
 /// Bytes of weight rows per block when more than one group of inputs passes over them.
 const BLOCK_BYTES: usize = 192 << 10;
+/// Inputs per chunk (a multiple of the kernels' 8-input groups).
+const INPUT_CHUNK: usize = 64;
 
 /// `sum_i a[i] b[i]` (the attention's query-key products), in 16 lanes.
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -337,10 +355,17 @@ pub(crate) fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
 
 /// # Safety
 /// As `matvec_raw`.
-unsafe fn portable(w: &Weights, x: &Inputs, rows: Range<usize>, out: *mut f32, out_stride: usize) {
+unsafe fn portable(
+    w: &Weights,
+    x: &Inputs,
+    inputs: Range<usize>,
+    rows: Range<usize>,
+    out: *mut f32,
+    out_stride: usize,
+) {
     let start = rows.start;
     for j in rows {
-        for b in 0..x.batch {
+        for b in inputs.clone() {
             let xr = &x.data[b * x.stride..(b + 1) * x.stride];
             let mut lanes = [0f32; 16];
             match *w {
@@ -394,13 +419,14 @@ mod avx512 {
     pub(super) unsafe fn matvec(
         w: &Weights,
         x: &Inputs,
+        inputs: Range<usize>,
         rows: Range<usize>,
         out: *mut f32,
         out_stride: usize,
     ) {
-        let mut b0 = 0;
-        while b0 < x.batch {
-            let nb = (x.batch - b0).min(MAX_BATCH);
+        let mut b0 = inputs.start;
+        while b0 < inputs.end {
+            let nb = (inputs.end - b0).min(MAX_BATCH);
             // SAFETY: rows b0..b0 + nb of x and of the output exist (see the caller).
             unsafe {
                 let xp = x.data.as_ptr().add(b0 * x.stride);
@@ -686,13 +712,14 @@ mod avx2 {
     pub(super) unsafe fn matvec(
         w: &Weights,
         x: &Inputs,
+        inputs: Range<usize>,
         rows: Range<usize>,
         out: *mut f32,
         out_stride: usize,
     ) {
-        let mut b0 = 0;
-        while b0 < x.batch {
-            let nb = (x.batch - b0).min(MAX_BATCH);
+        let mut b0 = inputs.start;
+        while b0 < inputs.end {
+            let nb = (inputs.end - b0).min(MAX_BATCH);
             // SAFETY: rows b0..b0 + nb of x and of the output exist (see the caller).
             unsafe {
                 let xp = x.data.as_ptr().add(b0 * x.stride);
@@ -1063,12 +1090,12 @@ mod tests {
 
     #[test]
     fn an_output_does_not_depend_on_the_other_inputs_of_the_call() {
-        // Past 8 inputs the rows are blocked (a large LM-head-like matrix: several blocks);
-        // every input row alone must give the same bits as among 20.
+        // Past 8 inputs the rows are blocked (a large LM-head-like matrix: several blocks) and
+        // past 64 the inputs are chunked; every input row alone gives the same bits as among 70.
         for (rows, cols) in [(700, 576), (45, 1536), (13, 40)] {
             let w = values(rows * cols, 5);
             let packed = PackedA::from_rows(&w, rows, cols);
-            let batch = 20;
+            let batch = 70;
             let x = values(batch * cols, 6);
             for bf16 in [false, true] {
                 let weights = if bf16 {
@@ -1099,7 +1126,7 @@ mod tests {
                         out
                     };
                     let all = run(&x, batch);
-                    for b in [0, 7, 8, 19] {
+                    for b in [0, 7, 8, 19, 64, 69] {
                         let alone = run(&x[b * cols..(b + 1) * cols], 1);
                         let together = &all[b * rows..(b + 1) * rows];
                         assert!(

@@ -19,11 +19,12 @@
 //! - **Chunked prefill**: a prompt is prefilled in chunks of `prefill_chunk` tokens, and at most
 //!   about `prefill_budget` prompt tokens are prefilled per step (at least one chunk when any
 //!   request waits), so a long prompt does not stall the running sequences for its whole length.
-//!   Each prompt is prefilled on its own, at chunk boundaries that depend on its length alone.
+//!   Each prompt is prefilled on its own, straight into its cache row, by the fused step's
+//!   prefill (`Transformer::prefill_step`), at chunk boundaries that depend on its length alone.
 //! - **Batch invariance**: a sequence's tokens depend only on its own prompt, parameters and
 //!   random stream (`SampleStream(seed, prompt_number, sample)`), never on what else shares its
-//!   steps: prefill runs per prompt, and every product of the fused decode step computes each
-//!   output from its own row in a fixed order (`stoke_ops::matvec`), whatever the batch.
+//!   steps: its prefill runs alone, and every product of a decode step computes each output from
+//!   its own row in a fixed order (`stoke_ops::matvec`), whatever the batch.
 //! - The `n` samples of a request share one prefill (its KV rows are copied).
 //! - Weights may be swapped between steps ([`Batcher::set_weights`]); every token reports the
 //!   version that produced it, and sequences in flight continue on their cache (as
@@ -34,8 +35,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use candle_core::{DType, Device, IndexOp, Tensor};
-use stoke_model::{DecodeCache, KvCache, Transformer, causal_bias};
+use stoke_model::{DecodeCache, Transformer};
 
 use crate::error::RolloutError;
 use crate::request::{FinishReason, SamplingParams};
@@ -185,7 +185,8 @@ struct RequestState {
 /// A prompt in chunked prefill.
 struct Prefill {
     id: RequestId,
-    cache: KvCache,
+    /// One row, room for the whole sequence; copied `n` times when the prompt is in.
+    cache: DecodeCache,
     /// Prompt tokens prefilled so far.
     done: usize,
     prompt_logprobs: Option<Vec<Option<TokenLogprob>>>,
@@ -500,10 +501,9 @@ impl Batcher {
             self.reserved_bytes += state.reserved_bytes;
             self.waiting.pop_front();
             let state = &self.requests[&id];
-            let layers = self.model.config().num_hidden_layers;
             self.prefilling.push(Prefill {
                 id,
-                cache: KvCache::new(layers),
+                cache: self.model.new_decode_cache(1, state.capacity),
                 done: 0,
                 prompt_logprobs: state.logprobs.prompt.map(|_| vec![None]),
                 last_logits: None,
@@ -620,11 +620,8 @@ impl Batcher {
             self.cancel(id);
             return Ok(done);
         }
-        let rows = vec![0; joining.len()];
-        let mut rows_cache =
-            self.model
-                .decode_cache_from(&prefill.cache, &rows, &rows, state.capacity)?;
-        rows_cache.set_len(state.prompt_ids.len());
+        let mut rows_cache = prefill.cache;
+        rows_cache.select_rows(&vec![0; joining.len()]);
         self.cache
             .append(rows_cache)
             .map_err(RolloutError::LiveWeights)?;
@@ -765,32 +762,35 @@ fn check_model(model: &Transformer) -> Result<(), RolloutError> {
     Ok(())
 }
 
-/// Runs the next `chunk` prompt tokens of `prefill` through the model, scores them when prompt
-/// log-probs are wanted, and keeps the last position's logits when the prompt is complete.
+/// Runs the next `chunk` prompt tokens of `prefill` through the model (the fused step's
+/// prefill, into the request's cache row), scores them when prompt log-probs are wanted, and
+/// keeps the last position's logits when the prompt is complete.
 fn prefill_chunk(
     model: &Transformer,
     state: &RequestState,
     prefill: &mut Prefill,
     chunk: usize,
 ) -> Result<(), RolloutError> {
-    let device = Device::Cpu;
     let past = prefill.done;
     let ids = &state.prompt_ids[past..past + chunk];
-    let input = Tensor::from_slice(ids, (1, chunk), &device)?;
     let positions: Vec<u32> = (past as u32..(past + chunk) as u32).collect();
-    let positions = Tensor::from_vec(positions, (1, chunk), &device)?;
-    let bias = causal_bias(&[vec![true; past + chunk]], chunk, &device)?;
-    let hidden = model.forward_hidden(&input, &positions, &bias, Some(&mut prefill.cache))?;
     let total = state.prompt_ids.len();
     let last = past + chunk == total;
+    let scoring = prefill.prompt_logprobs.is_some();
+    // Logits of every position when the prompt is scored, else of the last one only.
+    let wanted: Vec<usize> = if scoring {
+        (0..chunk).collect()
+    } else if last {
+        vec![chunk - 1]
+    } else {
+        Vec::new()
+    };
+    let logits = model.prefill_step(&mut prefill.cache, 0, ids, &positions, &wanted)?;
+    let vocab = model.config().vocab_size;
     if let (Some(scores), Some(top)) = (prefill.prompt_logprobs.as_mut(), state.logprobs.prompt) {
         // Every position of the chunk predicts the next prompt token (the last one of the
         // prompt predicts the first generated token, scored by sampling instead).
-        let logits = model
-            .lm_logits(&hidden.i(0)?)?
-            .to_dtype(DType::F32)?
-            .to_vec2::<f32>()?;
-        for (offset, row) in logits.iter().enumerate() {
+        for (offset, row) in logits.chunks_exact(vocab).enumerate() {
             let position = past + offset;
             if let Some(&next) = state.prompt_ids.get(position + 1) {
                 scores.push(Some(TokenLogprob {
@@ -803,11 +803,7 @@ fn prefill_chunk(
         }
     }
     if last {
-        // The first token's logits come from the same kernel whether or not the prompt was
-        // scored (and as in `Engine::generate`), so asking for prompt log-probs never changes
-        // the tokens.
-        let hidden_last = hidden.i((0, chunk - 1))?.unsqueeze(0)?.contiguous()?;
-        prefill.last_logits = crate::engine::last_position_logits(model, &hidden_last)?.pop();
+        prefill.last_logits = logits.chunks_exact(vocab).last().map(<[f32]>::to_vec);
     }
     prefill.done += chunk;
     Ok(())

@@ -7,11 +7,12 @@
 //! caller's [`Detokenizer`]).
 //!
 //! How a request runs:
-//! 1. Prefill: all prompts in one batch, LEFT-padded to the longest. Row b's positions start at 0
-//!    at its first real token; padded key slots are masked with `causal_bias(key_valid, q_len)`.
-//!    Each prompt is prefilled once, whatever `n` is.
-//! 2. Fan-out: the prompt rows of the cache are replicated `n` times with
-//!    `KvCache::select_batch`, so the `n` samples of a prompt (a GRPO group) share the prefill.
+//! 1. Prefill, once per prompt whatever `n` is. A model the fused step runs prefills each prompt
+//!    into its own row of a `DecodeCache` (`Transformer::prefill_step`); others take all prompts
+//!    in one graph batch, LEFT-padded to the longest (row b's positions start at 0 at its first
+//!    real token; padded key slots are masked with `causal_bias(key_valid, q_len)`).
+//! 2. Fan-out: each prompt's cache row is replicated `n` times, so the `n` samples of a prompt
+//!    (a GRPO group) share the prefill.
 //! 3. Decode: one token per live row per step. When rows finish, the cache is compacted to the
 //!    live rows, so finished samples cost nothing afterwards. A model that supports it
 //!    (`Transformer::supports_fused_decode`: f32 weights, or bf16 with packed weights, no
@@ -219,43 +220,50 @@ pub(crate) fn generate_with(
     let layout = WeightLayout::of(&first);
     let max_positions = layout.config.max_position_embeddings;
     let device = layout.device.clone();
-    let Prefill {
-        last_logits: prompt_logits,
-        cache: prompt_cache,
-        key_valid: prompt_key_valid,
-    } = prefill(&first, &request.prompts)?;
-    // 2. Fan out n samples per prompt and draw each sample's first token.
+    // 2. Fan out n samples per prompt (they share its prefill) and draw each sample's first
+    // token.
     let n = params.n;
     let fan_out: Vec<usize> = (0..request.prompts.len())
         .flat_map(|i| std::iter::repeat_n(i, n))
         .collect();
-    let mut kv_cache_bytes = prompt_cache.bytes();
-    let mut caches = if fused_decode_allowed() && first.supports_fused_decode() {
-        // Left padding: each prompt's first real slot.
-        let starts: Vec<usize> = fan_out
-            .iter()
-            .map(|&i| {
-                prompt_key_valid[i]
-                    .iter()
-                    .take_while(|valid| !**valid)
-                    .count()
-            })
-            .collect();
-        let capacity = prompt_cache.len() + params.max_new_tokens.clamp(1, INITIAL_DECODE_SLOTS);
-        Caches::Fused(first.decode_cache_from(&prompt_cache, &fan_out, &starts, capacity)?)
-    } else {
-        Caches::Graph {
-            cache: if n == 1 {
-                prompt_cache
-            } else {
-                prompt_cache.select_batch(&fan_out)?
-            },
-            key_valid: fan_out
-                .iter()
-                .map(|&i| prompt_key_valid[i].clone())
-                .collect(),
-        }
-    };
+    let (prompt_logits, mut caches, mut kv_cache_bytes) =
+        if fused_decode_allowed() && first.supports_fused_decode() {
+            // Each prompt into its own row by the fused step's prefill (no padding, and a
+            // prompt's tokens do not depend on the other prompts of the request).
+            let longest = request.prompts.iter().map(Vec::len).max().unwrap_or(0);
+            let capacity = longest + params.max_new_tokens.clamp(1, INITIAL_DECODE_SLOTS);
+            let mut cache = first.new_decode_cache(request.prompts.len(), capacity);
+            let mut logits = Vec::with_capacity(request.prompts.len());
+            for (row, prompt) in request.prompts.iter().enumerate() {
+                let positions: Vec<u32> = (0..prompt.len() as u32).collect();
+                logits.push(first.prefill_step(
+                    &mut cache,
+                    row,
+                    prompt,
+                    &positions,
+                    &[prompt.len() - 1],
+                )?);
+            }
+            let bytes = cache.bytes();
+            cache.select_rows(&fan_out);
+            (logits, Caches::Fused(cache), bytes)
+        } else {
+            let Prefill {
+                last_logits,
+                cache,
+                key_valid,
+            } = prefill(&first, &request.prompts)?;
+            let bytes = cache.bytes();
+            let caches = Caches::Graph {
+                cache: if n == 1 {
+                    cache
+                } else {
+                    cache.select_batch(&fan_out)?
+                },
+                key_valid: fan_out.iter().map(|&i| key_valid[i].clone()).collect(),
+            };
+            (last_logits, caches, bytes)
+        };
     drop(first);
     kv_cache_bytes = kv_cache_bytes.max(caches.bytes());
     let mut sequences: Vec<Sequence> = fan_out
@@ -486,35 +494,15 @@ fn prefill(model: &Transformer, prompts: &[Vec<u32>]) -> Result<Prefill, Rollout
     // Only the last position's logits are needed: the LM head runs on one row per prompt.
     let hidden = model.forward_hidden(&ids, &positions, &bias, Some(&mut cache))?;
     let last_hidden = hidden.i((.., width - 1, ..))?.contiguous()?;
-    let last = last_position_logits(model, &last_hidden)?;
+    let last = model
+        .lm_logits(&last_hidden)?
+        .to_dtype(DType::F32)?
+        .to_vec2::<f32>()?;
     Ok(Prefill {
         last_logits: last,
         cache,
         key_valid,
     })
-}
-
-/// Logits of each row of `hidden` (`[rows, hidden]`, final-normed): through the streaming head
-/// kernel for a model the fused decode step runs (one pass over the LM head for every row; the
-/// continuous batcher computes first tokens the same way), else the graph's LM head.
-pub(crate) fn last_position_logits(
-    model: &Transformer,
-    hidden: &Tensor,
-) -> Result<Vec<Vec<f32>>, RolloutError> {
-    if model.supports_fused_decode() {
-        let rows = hidden.dim(0)?;
-        let flat = hidden
-            .to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        let vocab = model.config().vocab_size;
-        let logits = model.head_logits(&flat, rows)?;
-        return Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect());
-    }
-    Ok(model
-        .lm_logits(hidden)?
-        .to_dtype(DType::F32)?
-        .to_vec2::<f32>()?)
 }
 
 fn check_prompts(model: &Transformer, prompts: &[Vec<u32>]) -> Result<(), RolloutError> {
