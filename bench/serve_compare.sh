@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# Runs one server under bench/serve_load.py's workloads and prints the load figures and the
-# server's peak resident memory (VmHWM summed over the server's processes: vLLM runs an API
-# server, an engine core and a worker). By hand, never in CI.
+# Starts one server, runs bench/serve_load.py's workloads against it one after another (lowest
+# concurrency first), prints one JSON line per workload with the server's peak resident memory
+# so far (VmHWM summed over the server's processes: vLLM runs an API server, an engine core and
+# a worker), and stops the server. By hand, never in CI.
 #
-#   bench/serve_compare.sh NAME PORT 'SERVER COMMAND' [LOAD ARGS...]
+#   bench/serve_compare.sh NAME PORT 'SERVER COMMAND' 'CLIENTS:REQUESTS ...' [LOAD ARGS...]
 #
 # e.g.
 #   bench/serve_compare.sh stoke-f32 8011 \
 #     'target/release/stoke serve --model /tmp/smollm2/hf --served-model-name smollm2 --port 8011' \
-#     --clients 64 --requests 128 --no-seed
+#     '1:8 4:16 64:128' --no-seed
 #   bench/serve_compare.sh vllm 8012 \
 #     'env LD_PRELOAD=/work/vllm-venv/lib/libiomp5.so VLLM_CPU_KVCACHE_SPACE=4 /work/vllm-venv/bin/python -m vllm.entrypoints.openai.api_server --model /tmp/smollm2/hf --served-model-name smollm2 --max-model-len 2048 --host 127.0.0.1 --port 8012' \
-#     --clients 64 --requests 128 --no-seed
+#     '1:8 4:16 64:128' --no-seed
 set -euo pipefail
-name=$1 port=$2 command=$3
-shift 3
+name=$1 port=$2 command=$3 loads=$4
+shift 4
 here=$(cd "$(dirname "$0")" && pwd)
 log=/tmp/serve_compare_$name.log
 setsid bash -c "exec $command" >"$log" 2>&1 &
@@ -27,13 +28,17 @@ done
 curl -sf "http://127.0.0.1:$port/health" >/dev/null || { echo "$name did not start; see $log"; exit 1; }
 # One warm-up request (vLLM compiles on first use).
 python3 "$here/serve_load.py" --url "http://127.0.0.1:$port" --model smollm2 --clients 1 --requests 1 --no-seed >/dev/null
-python3 "$here/serve_load.py" --url "http://127.0.0.1:$port" --model smollm2 "$@" > "/tmp/serve_compare_$name.json"
-peak_kb=0
-for pid in $(pgrep -g "$leader"); do
-  kb=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)
-  peak_kb=$((peak_kb + ${kb:-0}))
-done
-python3 - "$name" "$peak_kb" "/tmp/serve_compare_$name.json" <<'EOF'
+for load in $loads; do
+  clients=${load%%:*} requests=${load##*:}
+  out=/tmp/serve_compare_${name}_c$clients.json
+  python3 "$here/serve_load.py" --url "http://127.0.0.1:$port" --model smollm2 \
+    --clients "$clients" --requests "$requests" "$@" > "$out"
+  peak_kb=0
+  for pid in $(pgrep -g "$leader"); do
+    kb=$(awk '/VmHWM/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)
+    peak_kb=$((peak_kb + ${kb:-0}))
+  done
+  python3 - "$name" "$peak_kb" "$out" <<'EOF'
 import json, sys
 name, peak_kb, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 result = json.load(open(path))
@@ -41,3 +46,4 @@ result["server"] = name
 result["peak_rss_mib"] = round(peak_kb / 1024)
 print(json.dumps(result))
 EOF
+done

@@ -8,8 +8,8 @@
 //! - every linear layer is a `matvec` that reads each weight once for the whole batch;
 //! - the threads of one step split every product's output rows (and the attention's
 //!   (sequence, key/value head) pairs) and meet at a spin barrier between dependent stages, four
-//!   per layer (five in a prefill); the cheap row-wise work (norms, residual adds) is repeated by every thread on its
-//!   own copy of the hidden state, so it needs no barrier;
+//!   per layer (five in a prefill); the cheap row-wise work (norms, residual adds) is repeated by
+//!   every thread on its own copy of the hidden state, so it needs no barrier;
 //! - each sequence's KV cache is one preallocated buffer written in place; sequences of
 //!   different lengths share a step, and join or leave between steps (continuous batching).
 //!
