@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Starts one server, runs bench/serve_load.py's workloads against it one after another (lowest
-# concurrency first), prints one JSON line per workload with the server's peak resident memory
+# concurrency first; the load `micro` runs bench/serve_micro.py's single requests), prints one
+# JSON line per workload with the server's peak resident memory
 # so far (VmHWM summed over the server's processes: vLLM runs an API server, an engine core and
 # a worker), and stops the server. By hand, never in CI.
 #
@@ -29,6 +30,11 @@ curl -sf "http://127.0.0.1:$port/health" >/dev/null || { echo "$name did not sta
 # One warm-up request (vLLM compiles on first use).
 python3 "$here/serve_load.py" --url "http://127.0.0.1:$port" --model smollm2 --clients 1 --requests 1 --no-seed >/dev/null
 for load in $loads; do
+  if [ "$load" = micro ]; then
+    python3 "$here/serve_micro.py" --url "http://127.0.0.1:$port" --model smollm2 \
+      | python3 -c "import json, sys; r = json.load(sys.stdin); r['server'] = '$name'; print(json.dumps(r))"
+    continue
+  fi
   clients=${load%%:*} requests=${load##*:}
   out=/tmp/serve_compare_${name}_c$clients.json
   python3 "$here/serve_load.py" --url "http://127.0.0.1:$port" --model smollm2 \

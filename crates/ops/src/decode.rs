@@ -414,6 +414,22 @@ fn rms_norm_into(x: &[f32], weight: &[f32], eps: f64, out: &mut [f32]) {
 }
 
 /// Rotate-half RoPE of one head in place.
+fn add_into(x: &mut [f32], add: &[f32]) {
+    for (v, &a) in x.iter_mut().zip(add) {
+        *v += a;
+    }
+}
+
+/// `out = silu(gate) * up`, with the vectorized `exp` (the fused training block's SwiGLU uses
+/// the same one).
+fn swiglu_into(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    crate::vexp::dispatch(|| {
+        for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+            *o = g * crate::vexp::sigmoid(g) * u;
+        }
+    })
+}
+
 fn rope(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     let half = x.len() / 2;
     for i in 0..half {
@@ -854,19 +870,16 @@ impl Step<'_> {
                     self.multiply(&layer.up.weight, &x, mine.clone(), up.as_mut_ptr(), n);
                 }
                 for r in 0..rows {
+                    let (g, u) = (&mut gate[r * n..(r + 1) * n], &mut up[r * n..(r + 1) * n]);
+                    if let Some(bias) = layer.gate.bias {
+                        add_into(g, &bias[mine.clone()]);
+                    }
+                    if let Some(bias) = layer.up.bias {
+                        add_into(u, &bias[mine.clone()]);
+                    }
                     // SAFETY: columns `mine` of `act` are this thread's until the barrier.
                     let out = unsafe { b.act.write(r * inter + mine.start..r * inter + mine.end) };
-                    for (i, o) in out.iter_mut().enumerate() {
-                        let mut g = gate[r * n + i];
-                        let mut u = up[r * n + i];
-                        if let Some(bias) = layer.gate.bias {
-                            g += bias[mine.start + i];
-                        }
-                        if let Some(bias) = layer.up.bias {
-                            u += bias[mine.start + i];
-                        }
-                        *o = g / (1.0 + (-g).exp()) * u;
-                    }
+                    swiglu_into(g, u, out);
                 }
             }
             self.barrier.wait();
@@ -992,11 +1005,10 @@ impl Step<'_> {
                 *score = crate::matvec::dot(&q, key) * scale;
                 max = max.max(*score);
             }
-            let mut total = 0f32;
             for score in &mut scores {
-                *score = (*score - max).exp();
-                total += *score;
+                *score -= max;
             }
+            let total = crate::vexp::exp_in_place_sum(&mut scores);
             out.fill(0.0);
             for (&p, value) in scores.iter().zip(values.chunks_exact(d)) {
                 crate::matvec::axpy(&mut out, p / total, value);

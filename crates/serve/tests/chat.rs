@@ -110,6 +110,29 @@ fn tools_reach_the_template() {
                "return_token_ids": true}),
     );
     assert_eq!(ids(&answer["prompt_token_ids"]), rendered(None));
+    // chat_template_kwargs reach the template as its variables (here the same tools); kwargs
+    // that are not an object are a 400 naming the field.
+    let answer = ok(
+        &client,
+        "/v1/chat/completions",
+        json!({"messages": messages(), "max_tokens": 2, "chat_template_kwargs": {"tools": tools},
+               "return_token_ids": true}),
+    );
+    assert_eq!(ids(&answer["prompt_token_ids"]), rendered(Some(tools.clone())));
+    let (status, error) = client
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": messages(), "max_tokens": 2, "chat_template_kwargs": "tools"}),
+        )
+        .unwrap();
+    assert_eq!(status, 400, "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("chat_template_kwargs"),
+        "{error}"
+    );
     // An earlier assistant tool call with JSON-string arguments renders as the template expects.
     let history = json!([
         {"role": "user", "content": "Weather in Paris?"},

@@ -266,6 +266,9 @@ fn the_small_routes_answer() {
     assert_eq!(models["object"], "list");
     assert_eq!(models["data"][0]["id"], "tiny");
     assert_eq!(models["data"][0]["max_model_len"], 128);
+    let (status, version) = client.get("/version").unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(version["version"], env!("CARGO_PKG_VERSION"));
     let tokens = ok(&client, "/tokenize", json!({"prompt": "Hello world"}));
     let ids = tokens["tokens"].clone();
     assert_eq!(tokens["count"], ids.as_array().unwrap().len());
