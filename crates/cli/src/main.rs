@@ -35,6 +35,9 @@ enum Command {
     Merge(cmd::model::MergeArgs),
     /// Score completions offline with a reward function.
     Verify(cmd::verify::VerifyArgs),
+    /// Evaluate a model folder or an OpenAI-compatible endpoint on tasks described in TOML.
+    #[command(subcommand)]
+    Eval(cmd::eval::EvalCommand),
     /// The sandbox for untrusted code.
     #[command(subcommand)]
     Sandbox(cmd::sandbox::SandboxCommand),
@@ -89,6 +92,7 @@ fn main() -> ExitCode {
         Command::Inspect(args) => cmd::model::inspect(args),
         Command::Merge(args) => cmd::model::merge(args),
         Command::Verify(args) => cmd::verify::run(args),
+        Command::Eval(command) => cmd::eval::run(command),
         Command::Sandbox(command) => cmd::sandbox::run(command),
         Command::Data(command) => cmd::data::run(command),
         Command::Tokenizer(command) => cmd::tokenizer::run(command),

@@ -3,68 +3,15 @@
 //! echoed log-probs equal `stoke score`'s within 1e-5, it stops cleanly on SIGINT; `stoke chat`
 //! streams replies from a local model and from a URL, and ends at end of input.
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::io::Write;
+use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
 use stoke_serve::Client;
 
-fn fixture_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/qwen2_bias_tied")
-}
+mod server;
 
-/// A `stoke serve` process on a free loopback port, and its URL (read from its first line).
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Server {
-    fn start() -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_stoke"))
-            .args(["serve", "--model"])
-            .arg(fixture_dir())
-            .args([
-                "--port",
-                "0",
-                "--served-model-name",
-                "tiny",
-                "--kv-cache-gib",
-                "0.25",
-            ])
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("stoke serve starts");
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        stderr.read_line(&mut line).unwrap();
-        let url = line
-            .split_whitespace()
-            .find(|word| word.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no URL in {line:?}"))
-            .to_string();
-        // Keep draining stderr so the server never blocks on it.
-        std::thread::spawn(move || for _ in stderr.lines() {});
-        Server { child, url }
-    }
-
-    /// SIGINT, as Ctrl-C; the server must exit cleanly.
-    fn stop(mut self) {
-        let pid = self.child.id().to_string();
-        let status = Command::new("kill").args(["-INT", &pid]).status().unwrap();
-        assert!(status.success());
-        let exit = self.child.wait().unwrap();
-        assert!(exit.success(), "stoke serve exited with {exit}");
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use server::{Server, fixture_dir};
 
 fn stoke_json(args: &[&str]) -> Vec<Value> {
     let output = Command::new(env!("CARGO_BIN_EXE_stoke"))

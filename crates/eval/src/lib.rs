@@ -10,10 +10,19 @@
 
 pub mod accuracy;
 pub mod arithmetic;
+pub mod builtin;
 pub mod corpus;
+pub mod docs;
+pub mod harness;
+pub mod metrics;
+pub mod target;
+pub mod task;
 
 pub use accuracy::{
     AccuracyConfig, AccuracyError, AccuracyReport, LevelAccuracy, SampleRecord, evaluate,
 };
 pub use arithmetic::{ArithmeticTask, Level, Problem, Split, TaskError};
 pub use corpus::{ChatRecord, CorpusError, DocumentStyle, WrittenFile};
+pub use harness::{EvalError, ItemRecord, Metric, RunOptions, TaskResult};
+pub use target::{EndpointTarget, LocalTarget, Target, TargetError};
+pub use task::{OutputType, Task, TaskFile};

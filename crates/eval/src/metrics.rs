@@ -159,7 +159,10 @@ mod tests {
 
     #[test]
     fn majority_counts_answers_and_skips_missing_ones() {
-        assert_eq!(majority(&[Some("1"), Some("2"), Some("2"), None]), Some("2"));
+        assert_eq!(
+            majority(&[Some("1"), Some("2"), Some("2"), None]),
+            Some("2")
+        );
         assert_eq!(majority(&[Some("1"), Some("2")]), Some("1"));
         assert_eq!(majority(&[None, None]), None);
     }

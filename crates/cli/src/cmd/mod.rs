@@ -3,6 +3,7 @@
 
 pub mod data;
 pub mod dpo;
+pub mod eval;
 pub mod grpo;
 pub mod model;
 pub mod r1;

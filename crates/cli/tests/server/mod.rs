@@ -1,0 +1,65 @@
+//! A `stoke serve` process over the tiny Qwen2 fixture for the CLI tests that need a server
+//! (stopped by SIGINT in `stop`, killed if a test fails first).
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+/// The tiny Qwen2 fixture: random weights, a Qwen chat template, 128 positions.
+pub fn fixture_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/qwen2_bias_tied")
+}
+
+/// A `stoke serve` process on a free loopback port, and its URL (read from its first line).
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Server {
+    pub fn start() -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_stoke"))
+            .args(["serve", "--model"])
+            .arg(fixture_dir())
+            .args([
+                "--port",
+                "0",
+                "--served-model-name",
+                "tiny",
+                "--kv-cache-gib",
+                "0.25",
+            ])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("stoke serve starts");
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        stderr.read_line(&mut line).unwrap();
+        let url = line
+            .split_whitespace()
+            .find(|word| word.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no URL in {line:?}"))
+            .to_string();
+        // Keep draining stderr so the server never blocks on it.
+        std::thread::spawn(move || for _ in stderr.lines() {});
+        Server { child, url }
+    }
+
+    /// SIGINT, as Ctrl-C; the server must exit cleanly.
+    pub fn stop(mut self) {
+        let pid = self.child.id().to_string();
+        let status = Command::new("kill").args(["-INT", &pid]).status().unwrap();
+        assert!(status.success());
+        let exit = self.child.wait().unwrap();
+        assert!(exit.success(), "stoke serve exited with {exit}");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
