@@ -323,4 +323,24 @@ fn a_checkpoint_series_is_evaluated_in_step_order() {
         series[1]["results"][0]["metrics"]
     );
     assert!(out.join("step-00000010/mc/items.jsonl").is_file());
+
+    // The quality analysis reads the series: the same random weights at both steps make a
+    // four-way task that is not above chance (1 / 4 from the results).
+    let series_path = out.join("series.json").display().to_string();
+    let analysis_path = out.join("quality.json");
+    let printed = ok(&[
+        "eval",
+        "quality",
+        "--series",
+        &series_path,
+        "--out",
+        &analysis_path.display().to_string(),
+    ]);
+    assert!(printed.starts_with("mc: "), "{printed}");
+    let analysis: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(&analysis_path).unwrap()).unwrap();
+    assert_eq!(analysis[0]["checkpoints"], 2);
+    assert_eq!(analysis[0]["random_baseline"], 0.25);
+    let error = failure(&["eval", "quality", "--series", &task]);
+    assert!(error.contains("mc.toml"), "{error}");
 }

@@ -110,6 +110,10 @@ pub struct TaskResult {
     /// Items read back from an earlier run's records.
     pub resumed: usize,
     pub metrics: BTreeMap<String, Metric>,
+    /// The expected score of random guessing on the main metric (multiple choice: the mean of
+    /// 1 / choices over items), when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub random_baseline: Option<f64>,
 }
 
 /// Where records go and what to show while running.
@@ -440,6 +444,14 @@ pub fn evaluate(
         }
     }
     let metrics = aggregate(task, &records);
+    let random_baseline =
+        (task.file.output_type == OutputType::MultipleChoice && !records.is_empty()).then(|| {
+            records
+                .iter()
+                .map(|r| 1.0 / r.choices.len().max(1) as f64)
+                .sum::<f64>()
+                / records.len() as f64
+        });
     Ok((
         TaskResult {
             task: task.name.clone(),
@@ -448,6 +460,7 @@ pub fn evaluate(
             items: records.len(),
             resumed,
             metrics,
+            random_baseline,
         },
         records,
     ))

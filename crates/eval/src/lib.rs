@@ -15,6 +15,7 @@ pub mod corpus;
 pub mod docs;
 pub mod harness;
 pub mod metrics;
+pub mod quality;
 pub mod target;
 pub mod task;
 

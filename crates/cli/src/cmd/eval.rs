@@ -13,8 +13,57 @@ use stoke_tokenizer::hf::Tokenizer;
 
 #[derive(Subcommand)]
 pub enum EvalCommand {
-    /// Evaluate a model (folder or endpoint) on one or more task files.
+    /// Evaluate a model (folder, checkpoint series or endpoint) on one or more tasks.
     Run(RunArgs),
+    /// Benchmark quality over checkpoint series (`series.json` of `run --checkpoints`, one per
+    /// seed or model): monotonicity, noise, distance above random, rank consistency.
+    Quality(QualityArgs),
+}
+
+#[derive(Args)]
+pub struct QualityArgs {
+    /// A `series.json`; repeat for several runs (seeds or models) over the same steps.
+    #[arg(long = "series", required = true)]
+    series: Vec<PathBuf>,
+    /// The random baseline of a task's main metric, TASK=VALUE (default: 1 / choices for
+    /// multiple choice, 0 for generative tasks).
+    #[arg(long = "random-baseline", value_parser = parse_baseline)]
+    random_baseline: Vec<(String, f64)>,
+    /// Also write the analysis as JSON here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+fn parse_baseline(text: &str) -> Result<(String, f64), String> {
+    let (task, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}`: expected TASK=VALUE"))?;
+    let value: f64 = value
+        .parse()
+        .map_err(|e| format!("`{text}`: the value: {e}"))?;
+    Ok((task.to_string(), value))
+}
+
+fn quality(args: QualityArgs) -> anyhow::Result<()> {
+    let runs = args
+        .series
+        .iter()
+        .map(|path| {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            serde_json::from_str::<Vec<stoke_eval::quality::SeriesPoint>>(&text)
+                .with_context(|| format!("parsing {}", path.display()))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let analysis = stoke_eval::quality::analyze(&runs, &args.random_baseline)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    for task in &analysis {
+        println!("{}", task.line());
+    }
+    if let Some(path) = &args.out {
+        write_json(path, &analysis)?;
+    }
+    Ok(())
 }
 
 #[derive(Args)]
@@ -60,6 +109,7 @@ pub struct RunArgs {
 pub fn run(command: EvalCommand) -> anyhow::Result<()> {
     match command {
         EvalCommand::Run(args) => run_tasks(args),
+        EvalCommand::Quality(args) => quality(args),
     }
 }
 
