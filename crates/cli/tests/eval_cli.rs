@@ -344,3 +344,85 @@ fn a_checkpoint_series_is_evaluated_in_step_order() {
     let error = failure(&["eval", "quality", "--series", &task]);
     assert!(error.contains("mc.toml"), "{error}");
 }
+
+#[test]
+fn contamination_finds_planted_items_and_scores_the_clean_subset() {
+    let work = tempfile::tempdir().unwrap();
+    write_tasks(work.path());
+    // Items of 16 words each, none shared between items (13-grams need 13 words).
+    let lines: String = (0..12)
+        .map(|i| {
+            let words: Vec<String> = (0..14).map(|k| format!("w{i}x{k}")).collect();
+            format!(
+                "{}\n",
+                json!({"question": words.join(" "), "choices": ["yes", "no"], "gold": i % 2})
+            )
+        })
+        .collect();
+    std::fs::write(work.path().join("long.jsonl"), lines).unwrap();
+    let task = work.path().join("long.toml");
+    std::fs::write(
+        &task,
+        "output_type = \"multiple_choice\"\ndata = \"long.jsonl\"\n\
+         doc_to_text = \"Q: {{question}}\\nA:\"\ndoc_to_choice = \"choices\"\n\
+         doc_to_target = \"gold\"\n",
+    )
+    .unwrap();
+    let model = fixture_dir().display().to_string();
+    let out = work.path().join("out");
+    let out_str = out.display().to_string();
+    let task_str = task.display().to_string();
+    ok(&[
+        "eval", "run", "--task", &task_str, "--model", &model, "--out", &out_str,
+    ]);
+    // Items 2 and 5 (their text and answer) planted in training documents, in other case and
+    // punctuation; the rest of the corpus unrelated.
+    let planted = |i: usize| {
+        let words: Vec<String> = (0..14).map(|k| format!("W{i}X{k}")).collect();
+        format!("q -- {}?? A: {}!", words.join(", "), ["yes", "no"][i % 2])
+    };
+    let corpus = work.path().join("corpus.jsonl");
+    std::fs::write(
+        &corpus,
+        format!(
+            "{}\n{}\n{}\n",
+            json!({"text": format!("Some other text. {} More text.", planted(2))}),
+            json!({"text": "Shall I compare thee to a summer's day? Thou art more lovely."}),
+            json!({"text": planted(5)}),
+        ),
+    )
+    .unwrap();
+    let report = work.path().join("report");
+    let printed = ok(&[
+        "eval",
+        "contamination",
+        "--task",
+        &task_str,
+        "--corpus",
+        &corpus.display().to_string(),
+        "--results",
+        &out_str,
+        "--out",
+        &report.display().to_string(),
+    ]);
+    assert!(printed.contains("2 of 12 items contaminated"), "{printed}");
+    assert!(printed.contains("clean (10 items)"), "{printed}");
+    let json: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(report.join("contamination.json")).unwrap())
+            .unwrap();
+    assert_eq!(json[0]["report"]["contaminated"], json!([2, 5]));
+    assert_eq!(json[0]["scores"]["clean_items"], 10);
+    // A corpus file that does not parse is named with its line.
+    std::fs::write(&corpus, "{\"text\": \"fine\"}\nnot json\n").unwrap();
+    let error = failure(&[
+        "eval",
+        "contamination",
+        "--task",
+        &task_str,
+        "--corpus",
+        &corpus.display().to_string(),
+        "--out",
+        &report.display().to_string(),
+    ]);
+    assert!(error.contains("corpus.jsonl:2"), "{error}");
+}

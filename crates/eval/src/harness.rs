@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use stoke_reward::{Outcome, Reward, RewardInput, Verifier};
 
 use crate::metrics::{bits_per_byte, majority, mean_stderr, multiple_choice, pass_at_k};
-use crate::target::{Target, TargetError};
+use crate::target::{GenerateRequest, Sample, Target, TargetError};
 use crate::task::{Item, OutputType, Task, TaskError, Work};
 
 #[derive(Debug, thiserror::Error)]
@@ -228,6 +228,85 @@ fn joined(context: &[u32], continuation: &[u32], max_length: usize) -> Option<(V
     Some((ids, from))
 }
 
+/// Generative items run in batches of this many prompts (the engine decodes them together).
+const GENERATE_BATCH: usize = 32;
+
+/// A generative item's prompt ids and token budget (the settings' `max_tokens`, less where the
+/// context ends first).
+fn prepare_generate(
+    task: &Task,
+    item: &Item,
+    target: &dyn Target,
+) -> Result<GenerateRequest, EvalError> {
+    let Work::Generate { prompt, .. } = &item.work else {
+        return Err(item_error(task, item, "not a generative item".into()));
+    };
+    let max_length = target.max_length();
+    let ids = target
+        .tokenizer()
+        .encode(prompt, false)
+        .map_err(|e| item_error(task, item, format!("tokenizing the prompt: {e}")))?;
+    if ids.is_empty() || ids.len() + 1 > max_length {
+        return Err(item_error(
+            task,
+            item,
+            format!(
+                "the prompt has {} tokens: it must have 1 to {} (the model's context)",
+                ids.len(),
+                max_length.saturating_sub(1)
+            ),
+        ));
+    }
+    Ok(GenerateRequest {
+        max_tokens: task.file.generation.max_tokens.min(max_length - ids.len()),
+        ids,
+        number: item.index as u64,
+    })
+}
+
+/// A generative item's record: its samples graded.
+fn finish_generate(
+    task: &Task,
+    item: &Item,
+    samples: Vec<Sample>,
+    grader: Option<&Reward>,
+) -> Result<ItemRecord, EvalError> {
+    let Work::Generate {
+        prompt,
+        bare_prompt,
+        reference,
+    } = &item.work
+    else {
+        return Err(item_error(task, item, "not a generative item".into()));
+    };
+    let grader = grader.ok_or_else(|| EvalError::Grader("no grader".into()))?;
+    let inputs: Vec<RewardInput> = samples
+        .iter()
+        .map(|s| RewardInput::new(bare_prompt, &s.text, reference).with_tokens(s.tokens))
+        .collect();
+    let verdicts = grader.score_group(&inputs);
+    let samples = samples
+        .iter()
+        .zip(verdicts)
+        .map(|(s, v)| SampleRecord {
+            completion: s.text.clone(),
+            score: v.score,
+            outcome: v.outcome,
+            extracted: v.details.extracted,
+            reason: v.details.reason,
+        })
+        .collect();
+    Ok(ItemRecord {
+        task: task.name.clone(),
+        key: item.key(task),
+        index: item.index,
+        location: item.location.clone(),
+        prompt: prompt.clone(),
+        choices: Vec::new(),
+        outcomes: Outcomes::Generate { samples },
+    })
+}
+
 fn run_item(
     task: &Task,
     item: &Item,
@@ -272,51 +351,14 @@ fn run_item(
                 },
             )
         }
-        Work::Generate {
-            prompt,
-            bare_prompt,
-            reference,
-        } => {
-            let settings = &task.file.generation;
-            let ids = target
-                .tokenizer()
-                .encode(prompt, false)
-                .map_err(|e| item_error(task, item, format!("tokenizing the prompt: {e}")))?;
-            if ids.is_empty() || ids.len() + 1 > max_length {
-                return Err(item_error(
-                    task,
-                    item,
-                    format!(
-                        "the prompt has {} tokens: it must have 1 to {} (the model's context)",
-                        ids.len(),
-                        max_length - 1
-                    ),
-                ));
-            }
-            let mut settings = settings.clone();
-            settings.max_tokens = settings.max_tokens.min(max_length - ids.len());
-            let seed = task.file.generation.seed.wrapping_add(item.index as u64);
+        Work::Generate { .. } => {
+            let request = prepare_generate(task, item, target)?;
             let samples = target
-                .generate(&ids, &settings, seed)
-                .map_err(|e| target_error(task, item, e))?;
-            let grader = grader.ok_or_else(|| EvalError::Grader("no grader".into()))?;
-            let inputs: Vec<RewardInput> = samples
-                .iter()
-                .map(|s| RewardInput::new(bare_prompt, &s.text, reference).with_tokens(s.tokens))
-                .collect();
-            let verdicts = grader.score_group(&inputs);
-            let samples = samples
-                .iter()
-                .zip(verdicts)
-                .map(|(s, v)| SampleRecord {
-                    completion: s.text.clone(),
-                    score: v.score,
-                    outcome: v.outcome,
-                    extracted: v.details.extracted,
-                    reason: v.details.reason,
-                })
-                .collect();
-            (prompt.clone(), Vec::new(), Outcomes::Generate { samples })
+                .generate(std::slice::from_ref(&request), &task.file.generation)
+                .map_err(|e| target_error(task, item, e))?
+                .pop()
+                .unwrap_or_default();
+            return finish_generate(task, item, samples, grader);
         }
         Work::Rolling { text } => {
             let tokenizer = target.tokenizer();
@@ -412,37 +454,76 @@ pub fn evaluate(
     let mut records = Vec::with_capacity(items.len());
     let mut resumed = 0;
     let started = std::time::Instant::now();
-    for (done, item) in items.iter().enumerate() {
-        let key = item.key(task);
-        if let Some(record) = cached.remove(&key) {
-            resumed += 1;
-            records.push(record);
-            continue;
-        }
-        let record = run_item(task, item, target, grader.as_ref())?;
-        if let (Some(file), Some(path)) = (writer.as_mut(), &options.records) {
-            let line = serde_json::to_string(&record).map_err(|e| EvalError::Io {
+    let write = |file: &mut Option<std::fs::File>, record: &ItemRecord| -> Result<(), EvalError> {
+        if let (Some(file), Some(path)) = (file.as_mut(), &options.records) {
+            let io = |e: String| EvalError::Io {
                 path: path.display().to_string(),
-                message: e.to_string(),
-            })?;
+                message: e,
+            };
+            let line = serde_json::to_string(record).map_err(|e| io(e.to_string()))?;
             writeln!(file, "{line}")
                 .and_then(|_| file.flush())
-                .map_err(|e| EvalError::Io {
-                    path: path.display().to_string(),
-                    message: e.to_string(),
-                })?;
+                .map_err(|e| io(e.to_string()))?;
         }
-        records.push(record);
-        if options.progress_every > 0 && (done + 1) % options.progress_every == 0 {
-            eprintln!(
-                "eval {}: {}/{} items ({:.1} items/s)",
-                task.name,
-                done + 1,
-                items.len(),
-                (done + 1 - resumed) as f64 / started.elapsed().as_secs_f64().max(1e-9)
-            );
+        Ok(())
+    };
+    // Items still to run: generative ones go in batches (the engine decodes a batch together).
+    let mut pending: Vec<&Item> = Vec::new();
+    for item in &items {
+        match cached.remove(&item.key(task)) {
+            Some(record) => {
+                resumed += 1;
+                records.push(record);
+            }
+            None => pending.push(item),
         }
     }
+    let batch = if task.file.output_type == OutputType::GenerateUntil {
+        GENERATE_BATCH
+    } else {
+        1
+    };
+    let mut done = 0;
+    for chunk in pending.chunks(batch) {
+        let fresh: Vec<ItemRecord> = if batch > 1 {
+            let requests = chunk
+                .iter()
+                .map(|item| prepare_generate(task, item, target))
+                .collect::<Result<Vec<_>, _>>()?;
+            let outputs = target
+                .generate(&requests, &task.file.generation)
+                .map_err(|e| target_error(task, chunk[0], e))?;
+            if outputs.len() != chunk.len() {
+                return Err(item_error(
+                    task,
+                    chunk[0],
+                    format!("{} answers for {} prompts", outputs.len(), chunk.len()),
+                ));
+            }
+            chunk
+                .iter()
+                .zip(outputs)
+                .map(|(item, samples)| finish_generate(task, item, samples, grader.as_ref()))
+                .collect::<Result<_, _>>()?
+        } else {
+            vec![run_item(task, chunk[0], target, grader.as_ref())?]
+        };
+        for record in fresh {
+            write(&mut writer, &record)?;
+            records.push(record);
+            done += 1;
+            if options.progress_every > 0 && done % options.progress_every == 0 {
+                eprintln!(
+                    "eval {}: {}/{} items ({:.1} items/s)",
+                    task.name,
+                    resumed + done,
+                    items.len(),
+                    done as f64 / started.elapsed().as_secs_f64().max(1e-9)
+                );
+            }
+        }
+    }
+    records.sort_by_key(|r| r.index);
     let metrics = aggregate(task, &records);
     let random_baseline =
         (task.file.output_type == OutputType::MultipleChoice && !records.is_empty()).then(|| {

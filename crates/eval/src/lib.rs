@@ -11,6 +11,7 @@
 pub mod accuracy;
 pub mod arithmetic;
 pub mod builtin;
+pub mod contamination;
 pub mod corpus;
 pub mod docs;
 pub mod harness;

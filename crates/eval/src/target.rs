@@ -42,13 +42,23 @@ pub trait Target {
     /// For each `(ids, from)`: the summed log-probability of `ids[from..]`, each token given
     /// the ones before it, and whether every one of them was the most likely token. `from >= 1`.
     fn score(&self, sequences: &[(Vec<u32>, usize)]) -> Result<Vec<(f64, bool)>, TargetError>;
-    /// `settings.n` completions of `prompt`, sampled with `seed`.
+    /// `settings.n` completions of each prompt. Prompt `number` (the item's index) selects the
+    /// random streams with `settings.seed`, so batching does not change what an item gets.
     fn generate(
         &self,
-        prompt: &[u32],
+        prompts: &[GenerateRequest],
         settings: &GenerationFile,
-        seed: u64,
-    ) -> Result<Vec<Sample>, TargetError>;
+    ) -> Result<Vec<Vec<Sample>>, TargetError>;
+}
+
+/// One prompt to complete.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateRequest {
+    pub ids: Vec<u32>,
+    /// The item's number: with the task's seed, what its samples depend on.
+    pub number: u64,
+    /// `settings.max_tokens`, or fewer where the context ends first.
+    pub max_tokens: usize,
 }
 
 fn stop_token_ids(tokenizer: &Tokenizer, model_eos: &[u32]) -> Vec<u32> {
@@ -59,11 +69,161 @@ fn stop_token_ids(tokenizer: &Tokenizer, model_eos: &[u32]) -> Vec<u32> {
     ids
 }
 
+/// Positions per fused prefill call when scoring (bounds the logits held at once).
+const SCORE_CHUNK: usize = 256;
+
+fn argmax(row: &[f32]) -> usize {
+    row.iter()
+        .enumerate()
+        .fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| {
+            if v > b.1 { (i, v) } else { b }
+        })
+        .0
+}
+
 /// A model folder evaluated in this process.
 pub struct LocalTarget<'m> {
     pub model: &'m Transformer,
     pub tokenizer: Tokenizer,
     pub name: String,
+}
+
+/// Log-prob sum and greedy flag of scored tokens, fed one logits row at a time.
+struct Tally {
+    total: f64,
+    greedy: bool,
+}
+
+impl Tally {
+    fn new() -> Tally {
+        Tally {
+            total: 0.0,
+            greedy: true,
+        }
+    }
+
+    fn add(&mut self, row: &[f32], next: u32) {
+        self.total += f64::from(stoke_rollout::sampling::log_softmax_at(row, next));
+        self.greedy &= argmax(row) == next as usize;
+    }
+}
+
+/// Longest continuation (after the shared prefix) fed token by token in `score_shared`; longer
+/// ones are prefilled one sequence at a time.
+const SHARED_TAIL_MAX: usize = 32;
+
+impl LocalTarget<'_> {
+    fn model_error(e: impl std::fmt::Display) -> TargetError {
+        TargetError::Model(e.to_string())
+    }
+
+    /// One sequence: the fused prefill into a cache row (the server's path), in chunks, the
+    /// head only at the positions that predict a scored token; or the graph path for models
+    /// the fused step does not run.
+    fn score_one(&self, ids: &[u32], from: usize) -> Result<(f64, bool), TargetError> {
+        let mut tally = Tally::new();
+        if !self.model.supports_fused_decode() {
+            let logits = stoke_rollout::score::full_sequence_logits(self.model, ids, &Device::Cpu)
+                .map_err(Self::model_error)?;
+            for t in from..ids.len() {
+                tally.add(&logits[t - 1], ids[t]);
+            }
+            return Ok((tally.total, tally.greedy));
+        }
+        let vocab = self.model.config().vocab_size;
+        let mut cache = self.model.new_decode_cache(1, ids.len());
+        for start in (0..ids.len()).step_by(SCORE_CHUNK) {
+            let end = (start + SCORE_CHUNK).min(ids.len());
+            let positions: Vec<u32> = (start as u32..end as u32).collect();
+            let wanted: Vec<usize> = (start..end)
+                .filter(|&p| p + 1 >= from && p + 1 < ids.len())
+                .map(|p| p - start)
+                .collect();
+            let logits = self
+                .model
+                .prefill_step(&mut cache, 0, &ids[start..end], &positions, &wanted)
+                .map_err(Self::model_error)?;
+            for (&offset, row) in wanted.iter().zip(logits.chunks_exact(vocab)) {
+                tally.add(row, ids[start + offset + 1]);
+            }
+        }
+        Ok((tally.total, tally.greedy))
+    }
+
+    /// Sequences that share a prefix up to their scored part (a multiple-choice item's context
+    /// before each choice): the prefix prefilled once, its cache copied to one row per
+    /// sequence, the short continuations fed together as decode steps (rows that are done take
+    /// a filler token whose logits are ignored). Same kernels as `score_one`, so the same
+    /// numbers below the prefill's GEMM threshold. `None` when there is nothing to share.
+    fn score_shared(
+        &self,
+        sequences: &[(Vec<u32>, usize)],
+    ) -> Result<Option<Vec<(f64, bool)>>, TargetError> {
+        let Some((first, _)) = sequences.first() else {
+            return Ok(Some(Vec::new()));
+        };
+        let common = sequences
+            .iter()
+            .map(|(ids, _)| first.iter().zip(ids).take_while(|(a, b)| a == b).count())
+            .min()
+            .unwrap_or(0);
+        let min_from = sequences.iter().map(|s| s.1.max(1)).min().unwrap_or(1);
+        let shared = common.min(min_from);
+        let longest = sequences.iter().map(|s| s.0.len()).max().unwrap_or(0);
+        if sequences.len() < 2 || shared == 0 || longest - shared > SHARED_TAIL_MAX {
+            return Ok(None);
+        }
+        let vocab = self.model.config().vocab_size;
+        let mut cache = self.model.new_decode_cache(1, longest + 1);
+        let mut last = Vec::new();
+        for start in (0..shared).step_by(SCORE_CHUNK) {
+            let end = (start + SCORE_CHUNK).min(shared);
+            let positions: Vec<u32> = (start as u32..end as u32).collect();
+            let wanted = if end == shared {
+                vec![end - start - 1]
+            } else {
+                vec![]
+            };
+            last = self
+                .model
+                .prefill_step(&mut cache, 0, &first[start..end], &positions, &wanted)
+                .map_err(Self::model_error)?;
+        }
+        let mut tallies: Vec<Tally> = sequences.iter().map(|_| Tally::new()).collect();
+        for ((ids, from), tally) in sequences.iter().zip(&mut tallies) {
+            if (*from).max(1) == shared && shared < ids.len() {
+                tally.add(&last, ids[shared]);
+            }
+        }
+        cache.select_rows(&vec![0; sequences.len()]);
+        // Step t feeds position shared + t; its logits predict position shared + t + 1.
+        let mut t = 0;
+        while sequences.iter().any(|(ids, _)| shared + t + 1 < ids.len()) {
+            let q = shared + t;
+            let tokens: Vec<u32> = sequences
+                .iter()
+                .map(|(ids, _)| ids.get(q).copied().unwrap_or(ids[0]))
+                .collect();
+            let positions = vec![q as u32; sequences.len()];
+            let logits = self
+                .model
+                .decode_step(&mut cache, &tokens, &positions)
+                .map_err(Self::model_error)?;
+            for (((ids, from), tally), row) in sequences
+                .iter()
+                .zip(&mut tallies)
+                .zip(logits.chunks_exact(vocab))
+            {
+                if q + 1 < ids.len() && q + 1 >= (*from).max(1) {
+                    tally.add(row, ids[q + 1]);
+                }
+            }
+            t += 1;
+        }
+        Ok(Some(
+            tallies.into_iter().map(|t| (t.total, t.greedy)).collect(),
+        ))
+    }
 }
 
 impl Target for LocalTarget<'_> {
@@ -80,71 +240,77 @@ impl Target for LocalTarget<'_> {
     }
 
     fn score(&self, sequences: &[(Vec<u32>, usize)]) -> Result<Vec<(f64, bool)>, TargetError> {
+        if self.model.supports_fused_decode()
+            && let Some(scores) = self.score_shared(sequences)?
+        {
+            return Ok(scores);
+        }
         sequences
             .iter()
-            .map(|(ids, from)| {
-                let logits =
-                    stoke_rollout::score::full_sequence_logits(self.model, ids, &Device::Cpu)
-                        .map_err(|e| TargetError::Model(e.to_string()))?;
-                let mut total = 0f64;
-                let mut greedy = true;
-                for t in (*from).max(1)..ids.len() {
-                    let row = &logits[t - 1];
-                    total += f64::from(stoke_rollout::sampling::log_softmax_at(row, ids[t]));
-                    let best = row
-                        .iter()
-                        .enumerate()
-                        .fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| {
-                            if v > b.1 { (i, v) } else { b }
-                        })
-                        .0;
-                    greedy &= best == ids[t] as usize;
-                }
-                Ok((total, greedy))
-            })
+            .map(|(ids, from)| self.score_one(ids, (*from).max(1)))
             .collect()
     }
 
     fn generate(
         &self,
-        prompt: &[u32],
+        prompts: &[GenerateRequest],
         settings: &GenerationFile,
-        seed: u64,
-    ) -> Result<Vec<Sample>, TargetError> {
-        let params = SamplingParams {
-            max_new_tokens: settings.max_tokens,
-            temperature: settings.temperature,
-            top_k: Some(settings.top_k).filter(|&k| k > 0),
-            top_p: settings.top_p,
-            seed,
-            n: settings.n,
-            stop_token_ids: stop_token_ids(&self.tokenizer, &self.model.config().eos_token_ids),
-            stop_strings: settings.stop.clone(),
-        };
-        let request = GenerationRequest::new(vec![prompt.to_vec()], params);
-        let output = Engine::new(self.model)
-            .generate(&request, Some(&self.tokenizer as &dyn Detokenizer))
-            .map_err(|e| TargetError::Model(e.to_string()))?;
-        output
-            .completions
-            .into_iter()
-            .next()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|c| {
-                let text = match c.text {
-                    Some(text) => text,
-                    None => self
-                        .tokenizer
-                        .decode(&c.token_ids, true)
-                        .map_err(|e| TargetError::Model(e.to_string()))?,
-                };
-                Ok(Sample {
-                    text,
-                    tokens: c.token_ids.len(),
-                })
-            })
-            .collect()
+    ) -> Result<Vec<Vec<Sample>>, TargetError> {
+        let stop_tokens = stop_token_ids(&self.tokenizer, &self.model.config().eos_token_ids);
+        let engine = Engine::new(self.model);
+        let mut out = Vec::with_capacity(prompts.len());
+        // One engine call per run of consecutive numbers with the same token budget (the
+        // engine numbers prompts first_prompt_number + i).
+        let mut start = 0;
+        while start < prompts.len() {
+            let mut end = start + 1;
+            while end < prompts.len()
+                && prompts[end].number == prompts[end - 1].number + 1
+                && prompts[end].max_tokens == prompts[start].max_tokens
+            {
+                end += 1;
+            }
+            let params = SamplingParams {
+                max_new_tokens: prompts[start].max_tokens,
+                temperature: settings.temperature,
+                top_k: Some(settings.top_k).filter(|&k| k > 0),
+                top_p: settings.top_p,
+                seed: settings.seed,
+                n: settings.n,
+                stop_token_ids: stop_tokens.clone(),
+                stop_strings: settings.stop.clone(),
+            };
+            let mut request = GenerationRequest::new(
+                prompts[start..end].iter().map(|p| p.ids.clone()).collect(),
+                params,
+            );
+            request.first_prompt_number = prompts[start].number;
+            let output = engine
+                .generate(&request, Some(&self.tokenizer as &dyn Detokenizer))
+                .map_err(Self::model_error)?;
+            for completions in output.completions {
+                out.push(
+                    completions
+                        .into_iter()
+                        .map(|c| {
+                            let text = match c.text {
+                                Some(text) => text,
+                                None => self
+                                    .tokenizer
+                                    .decode(&c.token_ids, true)
+                                    .map_err(Self::model_error)?,
+                            };
+                            Ok(Sample {
+                                text,
+                                tokens: c.token_ids.len(),
+                            })
+                        })
+                        .collect::<Result<Vec<_>, TargetError>>()?,
+                );
+            }
+            start = end;
+        }
+        Ok(out)
     }
 }
 
@@ -249,6 +415,48 @@ impl EndpointTarget {
     }
 }
 
+impl EndpointTarget {
+    /// One prompt's completions; the request's seed is the task's seed plus the item number.
+    fn complete(
+        &self,
+        prompt: &GenerateRequest,
+        settings: &GenerationFile,
+    ) -> Result<Vec<Sample>, TargetError> {
+        let seed = settings.seed.wrapping_add(prompt.number);
+        let path = "/v1/completions";
+        let mut body = json!({"model": self.model, "prompt": prompt.ids,
+            "max_tokens": prompt.max_tokens, "temperature": settings.temperature,
+            "top_p": settings.top_p, "n": settings.n, "seed": seed});
+        if settings.top_k > 0 {
+            body["top_k"] = json!(settings.top_k);
+        }
+        if !settings.stop.is_empty() {
+            body["stop"] = json!(settings.stop);
+        }
+        let answer = self.post(path, &body)?;
+        let mut choices = answer["choices"].as_array().cloned().unwrap_or_default();
+        choices.sort_by_key(|c| c["index"].as_u64().unwrap_or(0));
+        if choices.len() != settings.n {
+            return Err(self.error(
+                path,
+                format!("{} choices for n = {}", choices.len(), settings.n),
+            ));
+        }
+        choices
+            .iter()
+            .map(|c| {
+                let text = c["text"].as_str().unwrap_or_default().to_string();
+                let tokens = self
+                    .tokenizer
+                    .encode(&text, false)
+                    .map_err(|e| self.error(path, format!("tokenizing a completion: {e}")))?
+                    .len();
+                Ok(Sample { text, tokens })
+            })
+            .collect()
+    }
+}
+
 impl Target for EndpointTarget {
     fn describe(&self) -> String {
         format!("{} ({})", self.base, self.model)
@@ -312,40 +520,9 @@ impl Target for EndpointTarget {
 
     fn generate(
         &self,
-        prompt: &[u32],
+        prompts: &[GenerateRequest],
         settings: &GenerationFile,
-        seed: u64,
-    ) -> Result<Vec<Sample>, TargetError> {
-        let path = "/v1/completions";
-        let mut body = json!({"model": self.model, "prompt": prompt,
-            "max_tokens": settings.max_tokens, "temperature": settings.temperature,
-            "top_p": settings.top_p, "n": settings.n, "seed": seed});
-        if settings.top_k > 0 {
-            body["top_k"] = json!(settings.top_k);
-        }
-        if !settings.stop.is_empty() {
-            body["stop"] = json!(settings.stop);
-        }
-        let answer = self.post(path, &body)?;
-        let mut choices = answer["choices"].as_array().cloned().unwrap_or_default();
-        choices.sort_by_key(|c| c["index"].as_u64().unwrap_or(0));
-        if choices.len() != settings.n {
-            return Err(self.error(
-                path,
-                format!("{} choices for n = {}", choices.len(), settings.n),
-            ));
-        }
-        choices
-            .iter()
-            .map(|c| {
-                let text = c["text"].as_str().unwrap_or_default().to_string();
-                let tokens = self
-                    .tokenizer
-                    .encode(&text, false)
-                    .map_err(|e| self.error(path, format!("tokenizing a completion: {e}")))?
-                    .len();
-                Ok(Sample { text, tokens })
-            })
-            .collect()
+    ) -> Result<Vec<Vec<Sample>>, TargetError> {
+        prompts.iter().map(|p| self.complete(p, settings)).collect()
     }
 }

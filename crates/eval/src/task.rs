@@ -530,6 +530,32 @@ impl Task {
             .map_err(|e| self.item_error(doc, format!("chat template: {e}")))
     }
 
+    /// Each document's own text and answer (no few-shot examples, no chat markup): what a
+    /// contamination check looks for in training data.
+    pub fn bare_texts(&self) -> Result<Vec<String>, TaskError> {
+        self.docs
+            .iter()
+            .map(|doc| {
+                let mut text = self.text(doc, "doc_to_text", &self.file.doc_to_text)?;
+                let answer = match self.file.output_type {
+                    OutputType::MultipleChoice => Some(self.shot_answer(doc)?),
+                    OutputType::GenerateUntil => self
+                        .file
+                        .doc_to_target
+                        .as_ref()
+                        .map(|spec| self.text(doc, "doc_to_target", spec))
+                        .transpose()?,
+                    OutputType::LoglikelihoodRolling => None,
+                };
+                if let Some(answer) = answer {
+                    text.push_str(&self.file.target_delimiter);
+                    text.push_str(&answer);
+                }
+                Ok(text)
+            })
+            .collect()
+    }
+
     /// Every item of the task (the tokenizer renders chat templates).
     pub fn items(&self, tokenizer: Option<&Tokenizer>) -> Result<Vec<Item>, TaskError> {
         self.docs

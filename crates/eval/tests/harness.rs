@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use stoke_eval::harness::{Outcomes, RunOptions, evaluate};
-use stoke_eval::target::{Sample, Target, TargetError};
+use stoke_eval::target::{GenerateRequest, Sample, Target, TargetError};
 use stoke_eval::task::{GenerationFile, Work};
 use stoke_eval::{Task, builtin};
 use stoke_sandbox::{IsolationLevel, Sandbox, SandboxConfig};
@@ -44,23 +44,27 @@ impl Target for Replay {
     }
     fn generate(
         &self,
-        prompt: &[u32],
+        prompts: &[GenerateRequest],
         settings: &GenerationFile,
-        _seed: u64,
-    ) -> Result<Vec<Sample>, TargetError> {
-        let text = self.tokenizer.decode(prompt, false).unwrap();
-        let answers = self
-            .answers
-            .get(&text)
-            .ok_or_else(|| TargetError::Model(format!("no answer for {text:?}")))?;
-        assert_eq!(answers.len(), settings.n);
-        Ok(answers
+    ) -> Result<Vec<Vec<Sample>>, TargetError> {
+        prompts
             .iter()
-            .map(|a| Sample {
-                text: a.clone(),
-                tokens: 1,
+            .map(|p| {
+                let text = self.tokenizer.decode(&p.ids, false).unwrap();
+                let answers = self
+                    .answers
+                    .get(&text)
+                    .ok_or_else(|| TargetError::Model(format!("no answer for {text:?}")))?;
+                assert_eq!(answers.len(), settings.n);
+                Ok(answers
+                    .iter()
+                    .map(|a| Sample {
+                        text: a.clone(),
+                        tokens: 1,
+                    })
+                    .collect())
             })
-            .collect())
+            .collect()
     }
 }
 

@@ -18,6 +18,34 @@ pub enum EvalCommand {
     /// Benchmark quality over checkpoint series (`series.json` of `run --checkpoints`, one per
     /// seed or model): monotonicity, noise, distance above random, rank consistency.
     Quality(QualityArgs),
+    /// N-gram overlap between tasks' items and a training corpus: the contaminated items, their
+    /// fraction, and (given an eval run's folder) the score on the clean subset beside the full one.
+    Contamination(ContaminationArgs),
+}
+
+#[derive(Args)]
+pub struct ContaminationArgs {
+    /// Task files or built-in task names; repeat for several.
+    #[arg(long = "task", required = true)]
+    tasks: Vec<PathBuf>,
+    /// Training data: files or folders of .jsonl (.zst), .txt or .parquet; repeat for several.
+    #[arg(long = "corpus", required = true)]
+    corpus: Vec<PathBuf>,
+    /// The text field of JSONL and Parquet training records.
+    #[arg(long, default_value = "text")]
+    text_field: String,
+    /// N-gram length in words (after lowercasing and splitting on non-alphanumerics).
+    #[arg(long, default_value_t = stoke_eval::contamination::DEFAULT_N)]
+    n: usize,
+    /// An `eval run` output folder: also score each task on its clean items.
+    #[arg(long)]
+    results: Option<PathBuf>,
+    /// Where built-in tasks write their data, and the JSON report (contamination.json).
+    #[arg(long)]
+    out: PathBuf,
+    /// HumanEval's data for the built-in `humaneval` task.
+    #[arg(long)]
+    human_eval: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -110,20 +138,25 @@ pub fn run(command: EvalCommand) -> anyhow::Result<()> {
     match command {
         EvalCommand::Run(args) => run_tasks(args),
         EvalCommand::Quality(args) => quality(args),
+        EvalCommand::Contamination(args) => contamination(args),
     }
 }
 
 fn load_tasks(args: &RunArgs) -> anyhow::Result<Vec<Task>> {
-    args.tasks
+    tasks_from(&args.tasks, &args.out, args.human_eval.as_deref())
+}
+
+fn tasks_from(
+    tasks: &[PathBuf],
+    out: &Path,
+    human_eval: Option<&Path>,
+) -> anyhow::Result<Vec<Task>> {
+    tasks
         .iter()
         .map(|path| {
             let name = path.to_string_lossy();
             if !path.exists() && builtin::NAMES.contains(&name.as_ref()) {
-                Ok(builtin::task(
-                    &name,
-                    &args.out.join("builtin"),
-                    args.human_eval.as_deref(),
-                )?)
+                Ok(builtin::task(&name, &out.join("builtin"), human_eval)?)
             } else {
                 Ok(Task::load(path)?)
             }
@@ -142,9 +175,14 @@ fn local_target<'m>(model: &'m Transformer, dir: &Path) -> anyhow::Result<LocalT
 }
 
 fn load_model(dir: &Path, precision: stoke_types::Precision) -> anyhow::Result<Transformer> {
-    Ok(Transformer::load(dir, &candle_core::Device::Cpu)
+    let mut model = Transformer::load(dir, &candle_core::Device::Cpu)
         .with_context(|| format!("loading the model {}", dir.display()))?
-        .with_precision(precision))
+        .with_precision(precision);
+    if precision == stoke_types::Precision::Bf16 {
+        // The fused step's bf16 weights, as `stoke generate` and `stoke serve` use them.
+        model.pack_weights()?;
+    }
+    Ok(model)
 }
 
 fn run_tasks(args: RunArgs) -> anyhow::Result<()> {
@@ -252,4 +290,73 @@ fn write_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Result<()> 
     std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("results: {}", path.display());
     Ok(())
+}
+
+fn contamination(args: ContaminationArgs) -> anyhow::Result<()> {
+    use stoke_eval::contamination::{IndexConfig, index_files, report};
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let tasks = tasks_from(&args.tasks, &args.out, args.human_eval.as_deref())?;
+    let config = IndexConfig {
+        n: args.n,
+        ..IndexConfig::default()
+    };
+    let started = std::time::Instant::now();
+    let index = index_files(&args.corpus, &config, &args.text_field)?;
+    eprintln!(
+        "indexed {} documents: {} distinct {}-grams ({:.1} MiB) in {:.1} s",
+        index.documents(),
+        index.len(),
+        args.n,
+        index.memory_bytes() as f64 / (1 << 20) as f64,
+        started.elapsed().as_secs_f64()
+    );
+    let mut out = Vec::new();
+    for task in &tasks {
+        let texts = task.bare_texts()?;
+        let found = report(&index, &texts);
+        let mut line = format!(
+            "{}: {} of {} items contaminated ({:.1}%, {}-grams; {} too short to check)",
+            task.name,
+            found.contaminated.len(),
+            found.items,
+            100.0 * found.fraction,
+            found.n,
+            found.too_short
+        );
+        let mut scores = serde_json::Value::Null;
+        if let Some(dir) = &args.results {
+            let path = dir.join(&task.name).join("items.jsonl");
+            let records: Vec<stoke_eval::ItemRecord> = stoke_eval::harness::read_records(&path)?
+                .into_values()
+                .collect();
+            if records.is_empty() {
+                bail!(
+                    "{} holds no item records of task {}",
+                    path.display(),
+                    task.name
+                );
+            }
+            let clean: Vec<stoke_eval::ItemRecord> = records
+                .iter()
+                .filter(|r| !found.contaminated.contains(&r.index))
+                .cloned()
+                .collect();
+            let all = stoke_eval::harness::aggregate(task, &records);
+            let kept = stoke_eval::harness::aggregate(task, &clean);
+            for (name, metric) in &all {
+                let clean_value = kept.get(name).map_or(f64::NAN, |m| m.value);
+                line.push_str(&format!(
+                    "; {name} {:.4} all / {:.4} clean ({} items)",
+                    metric.value,
+                    clean_value,
+                    clean.len()
+                ));
+            }
+            scores = serde_json::json!({"all": all, "clean": kept, "clean_items": clean.len()});
+        }
+        println!("{line}");
+        out.push(serde_json::json!({"task": task.name, "report": found, "scores": scores}));
+    }
+    write_json(&args.out.join("contamination.json"), &out)
 }
