@@ -48,10 +48,13 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "stoke-train",
             ],
         ),
+        // The eval harness grades with the reward crate's verifiers, whose code kinds need a
+        // sandbox the harness is handed.
         (
             "stoke-eval",
             &[
                 "stoke-types",
+                "stoke-sandbox",
                 "stoke-ops",
                 "stoke-model",
                 "stoke-tokenizer",
