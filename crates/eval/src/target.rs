@@ -378,31 +378,26 @@ impl EndpointTarget {
     }
 
     fn get(&self, path: &str) -> Result<Value, TargetError> {
-        let url = format!("{}{path}", self.base);
-        let mut response = self
-            .agent
-            .get(&url)
-            .call()
-            .map_err(|e| self.error(path, e.to_string()))?;
-        let status = response.status().as_u16();
-        let text = response
-            .body_mut()
-            .read_to_string()
-            .map_err(|e| self.error(path, e.to_string()))?;
-        if status != 200 {
-            return Err(self.error(path, format!("status {status}: {text}")));
-        }
-        serde_json::from_str(&text).map_err(|e| self.error(path, format!("not JSON ({e}): {text}")))
+        let response = self.agent.get(&format!("{}{path}", self.base)).call();
+        self.answer(path, response)
     }
 
     fn post(&self, path: &str, body: &Value) -> Result<Value, TargetError> {
-        let url = format!("{}{path}", self.base);
-        let mut response = self
+        let response = self
             .agent
-            .post(&url)
+            .post(&format!("{}{path}", self.base))
             .header("Content-Type", "application/json")
-            .send(body.to_string())
-            .map_err(|e| self.error(path, e.to_string()))?;
+            .send(body.to_string());
+        self.answer(path, response)
+    }
+
+    /// A 200 answer's JSON body; anything else an error naming the URL.
+    fn answer(
+        &self,
+        path: &str,
+        response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<Value, TargetError> {
+        let mut response = response.map_err(|e| self.error(path, e.to_string()))?;
         let status = response.status().as_u16();
         let text = response
             .body_mut()
@@ -413,9 +408,7 @@ impl EndpointTarget {
         }
         serde_json::from_str(&text).map_err(|e| self.error(path, format!("not JSON ({e}): {text}")))
     }
-}
 
-impl EndpointTarget {
     /// One prompt's completions; the request's seed is the task's seed plus the item number.
     fn complete(
         &self,
