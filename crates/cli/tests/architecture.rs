@@ -32,22 +32,6 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
             "stoke-rollout",
             &["stoke-types", "stoke-ops", "stoke-model", "stoke-tokenizer"],
         ),
-        // The pipeline holds the policy (model), its tokenizer, the optimizer settings and the
-        // PTX shards directly, besides the three modules' crates.
-        (
-            "stoke-pipeline",
-            &[
-                "stoke-types",
-                "stoke-ops",
-                "stoke-model",
-                "stoke-optim",
-                "stoke-data",
-                "stoke-tokenizer",
-                "stoke-rollout",
-                "stoke-reward",
-                "stoke-train",
-            ],
-        ),
         // The eval harness grades with the reward crate's verifiers, whose code kinds need a
         // sandbox the harness is handed.
         (
@@ -61,6 +45,24 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "stoke-rollout",
                 "stoke-reward",
                 "stoke-data",
+            ],
+        ),
+        // The pipeline holds the policy (model), its tokenizer, the optimizer settings and the
+        // PTX shards directly, besides the three modules' crates; its held-out evaluation runs
+        // through the eval harness (one evaluator in the codebase).
+        (
+            "stoke-pipeline",
+            &[
+                "stoke-types",
+                "stoke-ops",
+                "stoke-model",
+                "stoke-optim",
+                "stoke-data",
+                "stoke-tokenizer",
+                "stoke-rollout",
+                "stoke-reward",
+                "stoke-train",
+                "stoke-eval",
             ],
         ),
         (

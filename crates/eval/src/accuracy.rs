@@ -1,9 +1,11 @@
-//! Held-out exact-match accuracy of a chat model on arithmetic problems.
+//! Held-out exact-match accuracy of a chat model on arithmetic problems: the speedrun's
+//! evaluation, run through the evaluation harness ([`crate::harness`]) like any task.
 //!
-//! What it is: each problem's question is rendered as a one-turn user conversation with the
-//! tokenizer's chat template (generation prompt added), generated greedily in batches by
-//! `stoke_rollout::Engine` until an end-of-turn token, and scored with the reward crate's
-//! exact-match verifier in `gsm8k` mode against the problem's integer answer. Two scores:
+//! What it is: the problems become a `generate_until` task held in memory: each question is
+//! rendered as a one-turn user conversation with the tokenizer's chat template (generation prompt
+//! added), generated greedily in batches by the local target (`stoke_rollout::Engine`) until an
+//! end-of-turn token, and graded by the reward crate's exact-match verifier in `gsm8k` mode
+//! against the problem's integer answer. Two scores:
 //! - **strict** (the headline `accuracy`): the completion has a final `#### N` line and the
 //!   verifier finds N equal to the answer, i.e. right answer in the trained format;
 //! - **flexible**: the verifier alone, which falls back to the completion's last number, so a model
@@ -22,12 +24,14 @@ pub use stoke_reward::stats::pass_at_k;
 use serde::{Deserialize, Serialize};
 use stoke_model::Transformer;
 use stoke_reward::exact_match::{ExactMatchConfig, ExactMatchVerifier, MatchMode};
-use stoke_reward::{Outcome, RewardInput, Verifier};
-use stoke_rollout::{Detokenizer, Engine, GenerationRequest, SamplingParams};
-use stoke_tokenizer::chat::{ChatMessage, ChatOptions};
+use stoke_reward::{Outcome, RewardConfig, RewardInput, Verifier};
 use stoke_tokenizer::hf::Tokenizer;
 
 use crate::arithmetic::{Level, Problem, parse_final_answer};
+use crate::docs::Doc;
+use crate::harness::{self, EvalError, Outcomes, RunOptions};
+use crate::target::LocalTarget;
+use crate::task::{GenerationFile, OutputType, Task, TaskFile};
 
 /// How an evaluation runs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -97,20 +101,62 @@ pub enum AccuracyError {
     NoProblems,
     #[error("batch_size and max_new_tokens must be at least 1")]
     BadConfig,
-    #[error("rendering problem {index} with the chat template: {source}")]
-    Template {
-        index: usize,
-        source: stoke_tokenizer::error::TokenizerError,
-    },
-    #[error("the tokenizer has no end-of-turn (eos) token to stop generation on")]
-    NoStopToken,
-    #[error("generating: {0}")]
-    Generation(#[from] stoke_rollout::RolloutError),
-    #[error("the verifier: {0}")]
-    Verifier(String),
+    #[error("{0}")]
+    Harness(#[from] EvalError),
+    #[error("the harness returned {got} records for {expected} problems")]
+    Incomplete { got: usize, expected: usize },
 }
 
-/// Greedy held-out accuracy of `model` on `problems`.
+/// The arithmetic problems as an evaluation task of the harness: the question as a one-turn
+/// chat, greedy, graded by [`answer_verifier`]'s settings.
+fn task(problems: &[Problem], config: &AccuracyConfig) -> Result<Task, AccuracyError> {
+    let file = TaskFile {
+        name: Some("arithmetic".into()),
+        output_type: OutputType::GenerateUntil,
+        data: "<held-out problems>".into(),
+        limit: None,
+        doc_to_text: "question".into(),
+        doc_to_target: Some("answer".into()),
+        doc_to_choice: None,
+        target_delimiter: " ".into(),
+        fewshot_delimiter: "\n\n".into(),
+        description: String::new(),
+        num_fewshot: 0,
+        fewshot_seed: 1234,
+        fewshot_data: None,
+        chat_template: true,
+        generation: GenerationFile {
+            max_tokens: config.max_new_tokens,
+            ..GenerationFile::default()
+        },
+        grader: Some(RewardConfig::ExactMatch(ExactMatchConfig {
+            mode: MatchMode::Gsm8k,
+            extract_answer: true,
+        })),
+        reference: Default::default(),
+    };
+    let docs = problems
+        .iter()
+        .enumerate()
+        .map(|(index, p)| Doc {
+            fields: serde_json::json!({"question": p.question, "answer": p.answer.to_string()})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+            location: format!("held-out problem {index}"),
+        })
+        .collect();
+    Ok(Task::from_docs(
+        "arithmetic".into(),
+        file,
+        docs,
+        "held-out arithmetic problems",
+    )
+    .map_err(EvalError::from)?)
+}
+
+/// Greedy held-out accuracy of `model` on `problems`, through the evaluation harness (the
+/// arithmetic problems as a chat task with the exact-match grader).
 pub fn evaluate(
     model: &Transformer,
     tokenizer: &Tokenizer,
@@ -124,50 +170,50 @@ pub fn evaluate(
         return Err(AccuracyError::BadConfig);
     }
     let started = Instant::now();
-    let prompts = problems
-        .iter()
-        .enumerate()
-        .map(|(index, problem)| {
-            chat_prompt(tokenizer, &problem.question)
-                .map_err(|source| AccuracyError::Template { index, source })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut stop_token_ids = tokenizer.eos_token_ids();
-    stop_token_ids.extend(model.config().eos_token_ids.iter().copied());
-    stop_token_ids.sort_unstable();
-    stop_token_ids.dedup();
-    if stop_token_ids.is_empty() {
-        return Err(AccuracyError::NoStopToken);
-    }
-    let params = SamplingParams {
-        max_new_tokens: config.max_new_tokens,
-        temperature: 0.0,
-        stop_token_ids,
-        ..SamplingParams::default()
+    let task = task(problems, config)?;
+    let target = LocalTarget {
+        model,
+        tokenizer: tokenizer.clone(),
+        name: "model".into(),
     };
-    let verifier = answer_verifier().map_err(|e| AccuracyError::Verifier(e.to_string()))?;
-
-    let engine = Engine::new(model);
-    let detokenizer: &dyn Detokenizer = tokenizer;
+    let options = RunOptions {
+        generate_batch: config.batch_size,
+        ..RunOptions::default()
+    };
+    let (_, items) = harness::evaluate(&task, &target, None, &options)?;
+    if items.len() != problems.len() {
+        return Err(AccuracyError::Incomplete {
+            got: items.len(),
+            expected: problems.len(),
+        });
+    }
     let mut records = Vec::with_capacity(problems.len());
     let mut generated_tokens = 0;
-    for (chunk_index, chunk) in prompts.chunks(config.batch_size).enumerate() {
-        let first = chunk_index * config.batch_size;
-        let request = GenerationRequest {
-            prompts: chunk.to_vec(),
-            params: params.clone(),
-            first_prompt_number: first as u64,
+    for (item, problem) in items.iter().zip(problems) {
+        let sample = match &item.outcomes {
+            Outcomes::Generate { samples } => samples.first(),
+            _ => None,
         };
-        let output = engine.generate(&request, Some(detokenizer))?;
-        generated_tokens += output.generated_tokens;
-        for (offset, samples) in output.completions.iter().enumerate() {
-            let problem = &problems[first + offset];
-            let completion = samples
-                .first()
-                .map(|c| (c.text.clone().unwrap_or_default(), c.token_ids.len()));
-            let (text, completion_tokens) = completion.unwrap_or_default();
-            records.push(score(&verifier, problem, text, completion_tokens));
-        }
+        let Some(sample) = sample else {
+            return Err(AccuracyError::Incomplete {
+                got: 0,
+                expected: 1,
+            });
+        };
+        generated_tokens += sample.tokens;
+        let flexible_correct = sample.outcome == Outcome::Correct;
+        let formatted = parse_final_answer(&sample.completion).is_some();
+        records.push(SampleRecord {
+            level: problem.level,
+            question: problem.question.clone(),
+            answer: problem.answer,
+            extracted: sample.extracted.clone(),
+            formatted,
+            correct: formatted && flexible_correct,
+            flexible_correct,
+            completion_tokens: sample.tokens,
+            completion: sample.completion.clone(),
+        });
     }
     let n = records.len() as f64;
     let share = |f: fn(&SampleRecord) -> bool| records.iter().filter(|r| f(r)).count() as f64 / n;
@@ -203,20 +249,6 @@ pub fn answer_verifier() -> Result<ExactMatchVerifier, stoke_reward::ConfigError
         mode: MatchMode::Gsm8k,
         extract_answer: true,
     })
-}
-
-/// The prompt ids of a one-turn user conversation, ready for the assistant's reply.
-pub fn chat_prompt(
-    tokenizer: &Tokenizer,
-    question: &str,
-) -> Result<Vec<u32>, stoke_tokenizer::error::TokenizerError> {
-    let options = ChatOptions {
-        add_generation_prompt: true,
-        ..ChatOptions::default()
-    };
-    Ok(tokenizer
-        .apply_chat_template(&[ChatMessage::user(question)], &options)?
-        .ids)
 }
 
 /// Scores one completion against the problem's answer.

@@ -22,7 +22,7 @@ use stoke_reward::{Outcome, Reward, RewardInput, Verifier};
 
 use crate::metrics::{bits_per_byte, majority, mean_stderr, multiple_choice, pass_at_k};
 use crate::target::{GenerateRequest, Sample, Target, TargetError};
-use crate::task::{Item, OutputType, Task, TaskError, Work};
+use crate::task::{GenerationFile, Item, OutputType, Task, TaskError, Work};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {
@@ -50,6 +50,12 @@ pub enum EvalError {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SampleRecord {
     pub completion: String,
+    /// Completion length in tokens.
+    #[serde(default)]
+    pub tokens: usize,
+    /// Generation stopped at the token budget.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
     pub score: f64,
     pub outcome: Outcome,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -123,6 +129,8 @@ pub struct RunOptions {
     pub records: Option<PathBuf>,
     /// Print a progress line every this many items (0: quiet).
     pub progress_every: usize,
+    /// Generative items per target call (0: 32).
+    pub generate_batch: usize,
 }
 
 /// Records of an earlier run in `path` (missing file: none), keyed by item key; a torn last
@@ -290,6 +298,8 @@ fn finish_generate(
         .zip(verdicts)
         .map(|(s, v)| SampleRecord {
             completion: s.text.clone(),
+            tokens: s.tokens,
+            truncated: s.truncated,
             score: v.score,
             outcome: v.outcome,
             extracted: v.details.extracted,
@@ -479,7 +489,11 @@ pub fn evaluate(
         }
     }
     let batch = if task.file.output_type == OutputType::GenerateUntil {
-        GENERATE_BATCH
+        if options.generate_batch == 0 {
+            GENERATE_BATCH
+        } else {
+            options.generate_batch
+        }
     } else {
         1
     };
@@ -574,53 +588,14 @@ pub fn aggregate(task: &Task, records: &[ItemRecord]) -> BTreeMap<String, Metric
         }
         OutputType::GenerateUntil => {
             let settings = &task.file.generation;
-            let n = settings.n;
-            let mut ks = settings.pass_at.clone();
-            if ks.is_empty() {
-                ks.push(1);
-                if n > 1 {
-                    ks.push(n);
-                }
-            }
-            ks.sort_unstable();
-            ks.dedup();
-            let groups: Vec<&Vec<SampleRecord>> = records
+            let groups: Vec<&[SampleRecord]> = records
                 .iter()
                 .filter_map(|r| match &r.outcomes {
-                    Outcomes::Generate { samples } => Some(samples),
+                    Outcomes::Generate { samples } => Some(samples.as_slice()),
                     _ => None,
                 })
                 .collect();
-            let correct = |s: &SampleRecord| s.outcome == Outcome::Correct;
-            for k in ks {
-                let values: Vec<f64> = groups
-                    .iter()
-                    .filter_map(|g| pass_at_k(g.len(), g.iter().filter(|s| correct(s)).count(), k))
-                    .collect();
-                out.insert(format!("pass@{k}"), metric(&values));
-            }
-            let means: Vec<f64> = groups
-                .iter()
-                .map(|g| g.iter().map(|s| s.score).sum::<f64>() / g.len().max(1) as f64)
-                .collect();
-            out.insert(format!("mean@{n}"), metric(&means));
-            if n > 1 {
-                let majorities: Vec<f64> = groups
-                    .iter()
-                    .map(|g| {
-                        let answers: Vec<Option<&str>> =
-                            g.iter().map(|s| s.extracted.as_deref()).collect();
-                        let winner = majority(&answers);
-                        let right = winner.is_some_and(|w| {
-                            g.iter()
-                                .find(|s| s.extracted.as_deref() == Some(w))
-                                .is_some_and(correct)
-                        });
-                        f64::from(u8::from(right))
-                    })
-                    .collect();
-                out.insert(format!("maj@{n}"), metric(&majorities));
-            }
+            out = generative_metrics(&groups, settings.n, &settings.pass_at);
         }
         OutputType::LoglikelihoodRolling => {
             let docs: Vec<(f64, usize)> = records
@@ -661,4 +636,80 @@ pub fn aggregate(task: &Task, records: &[ItemRecord]) -> BTreeMap<String, Metric
         }
     }
     out
+}
+
+/// The metrics of generative items, each a group of `n` graded samples: `pass@k` for each k of
+/// `pass_at` (default: 1, and n when n > 1; unbiased, Chen et al. 2021; "passed" is the
+/// grader's `Correct`), `mean@n` (mean score), and with n > 1 `maj@n` (the most common extracted
+/// answer is a right one). Standard errors are over items.
+pub fn generative_metrics(
+    groups: &[&[SampleRecord]],
+    n: usize,
+    pass_at: &[usize],
+) -> BTreeMap<String, Metric> {
+    let mut out = BTreeMap::new();
+    let mut ks = pass_at.to_vec();
+    if ks.is_empty() {
+        ks.push(1);
+        if n > 1 {
+            ks.push(n);
+        }
+    }
+    ks.sort_unstable();
+    ks.dedup();
+    let correct = |s: &SampleRecord| s.outcome == Outcome::Correct;
+    for k in ks {
+        let values: Vec<f64> = groups
+            .iter()
+            .filter_map(|g| pass_at_k(g.len(), g.iter().filter(|s| correct(s)).count(), k))
+            .collect();
+        out.insert(format!("pass@{k}"), metric(&values));
+    }
+    let means: Vec<f64> = groups
+        .iter()
+        .map(|g| g.iter().map(|s| s.score).sum::<f64>() / g.len().max(1) as f64)
+        .collect();
+    out.insert(format!("mean@{n}"), metric(&means));
+    if n > 1 {
+        let majorities: Vec<f64> = groups
+            .iter()
+            .map(|g| {
+                let answers: Vec<Option<&str>> = g.iter().map(|s| s.extracted.as_deref()).collect();
+                let winner = majority(&answers);
+                let right = winner.is_some_and(|w| {
+                    g.iter()
+                        .find(|s| s.extracted.as_deref() == Some(w))
+                        .is_some_and(correct)
+                });
+                f64::from(u8::from(right))
+            })
+            .collect();
+        out.insert(format!("maj@{n}"), metric(&majorities));
+    }
+    out
+}
+
+/// `settings.n` completions of each prompt, `batch` prompts per target call (0: 32); the
+/// harness's generation path for callers that grade samples themselves (a training run's
+/// held-out evaluation with its own reward pool).
+pub fn generate(
+    target: &dyn Target,
+    prompts: &[GenerateRequest],
+    settings: &GenerationFile,
+    batch: usize,
+) -> Result<Vec<Vec<Sample>>, TargetError> {
+    let batch = if batch == 0 { GENERATE_BATCH } else { batch };
+    let mut out = Vec::with_capacity(prompts.len());
+    for chunk in prompts.chunks(batch) {
+        let outputs = target.generate(chunk, settings)?;
+        if outputs.len() != chunk.len() {
+            return Err(TargetError::Model(format!(
+                "{} answers for {} prompts",
+                outputs.len(),
+                chunk.len()
+            )));
+        }
+        out.extend(outputs);
+    }
+    Ok(out)
 }

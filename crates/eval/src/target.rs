@@ -12,7 +12,7 @@ use candle_core::Device;
 use serde_json::{Value, json};
 use stoke_model::Transformer;
 use stoke_rollout::engine::Engine;
-use stoke_rollout::{Detokenizer, GenerationRequest, SamplingParams};
+use stoke_rollout::{Detokenizer, FinishReason, GenerationRequest, SamplingParams};
 use stoke_tokenizer::hf::Tokenizer;
 
 use crate::task::GenerationFile;
@@ -29,7 +29,13 @@ pub enum TargetError {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
     pub text: String,
+    /// Completion length in tokens.
     pub tokens: usize,
+    /// The completion's token ids where the target returns them (a local model); empty from an
+    /// endpoint, which answers with text.
+    pub ids: Vec<u32>,
+    /// Generation stopped at the token budget, not at a stop token or string.
+    pub truncated: bool,
 }
 
 /// A model to evaluate.
@@ -303,6 +309,8 @@ impl Target for LocalTarget<'_> {
                             Ok(Sample {
                                 text,
                                 tokens: c.token_ids.len(),
+                                truncated: c.finish_reason == FinishReason::Length,
+                                ids: c.token_ids,
                             })
                         })
                         .collect::<Result<Vec<_>, TargetError>>()?,
@@ -444,7 +452,12 @@ impl EndpointTarget {
                     .encode(&text, false)
                     .map_err(|e| self.error(path, format!("tokenizing a completion: {e}")))?
                     .len();
-                Ok(Sample { text, tokens })
+                Ok(Sample {
+                    text,
+                    tokens,
+                    ids: Vec::new(),
+                    truncated: c["finish_reason"].as_str() == Some("length"),
+                })
             })
             .collect()
     }

@@ -264,6 +264,58 @@ impl Task {
         base: &Path,
         path: &Path,
     ) -> Result<Task, TaskError> {
+        Self::check(&file, path)?;
+        let mut docs = read_docs(&base.join(&file.data))?;
+        if let Some(limit) = file.limit {
+            docs.truncate(limit);
+        }
+        let fewshot_docs = match &file.fewshot_data {
+            Some(p) => Some(read_docs(&base.join(p))?),
+            None => None,
+        };
+        Ok(Task {
+            name,
+            file,
+            path: path.to_path_buf(),
+            docs,
+            fewshot_docs,
+        })
+    }
+
+    /// A task over documents already in memory (a training run's own held-out set); `file.data`
+    /// and `file.fewshot_data` are not read (few-shot examples come from `docs`). `origin`
+    /// names the task in errors.
+    pub fn from_docs(
+        name: String,
+        file: TaskFile,
+        docs: Vec<Doc>,
+        origin: &str,
+    ) -> Result<Task, TaskError> {
+        let path = Path::new(origin);
+        Self::check(&file, path)?;
+        if file.fewshot_data.is_some() {
+            return Err(TaskError::File {
+                path: origin.to_string(),
+                message: "`fewshot_data` is a file: an in-memory task draws few-shot examples \
+                          from its own documents"
+                    .into(),
+            });
+        }
+        let mut docs = docs;
+        if let Some(limit) = file.limit {
+            docs.truncate(limit);
+        }
+        Ok(Task {
+            name,
+            file,
+            path: path.to_path_buf(),
+            docs,
+            fewshot_docs: None,
+        })
+    }
+
+    /// What a task file must hold for its output type.
+    fn check(file: &TaskFile, path: &Path) -> Result<(), TaskError> {
         let file_error = |message: String| TaskError::File {
             path: path.display().to_string(),
             message,
@@ -307,21 +359,7 @@ impl Task {
                 )));
             }
         }
-        let mut docs = read_docs(&base.join(&file.data))?;
-        if let Some(limit) = file.limit {
-            docs.truncate(limit);
-        }
-        let fewshot_docs = match &file.fewshot_data {
-            Some(p) => Some(read_docs(&base.join(p))?),
-            None => None,
-        };
-        Ok(Task {
-            name,
-            file,
-            path: path.to_path_buf(),
-            docs,
-            fewshot_docs,
-        })
+        Ok(())
     }
 
     fn item_error(&self, doc: &Doc, message: impl Into<String>) -> TaskError {

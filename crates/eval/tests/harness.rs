@@ -61,6 +61,8 @@ impl Target for Replay {
                     .map(|a| Sample {
                         text: a.clone(),
                         tokens: 1,
+                        ids: Vec::new(),
+                        truncated: false,
                     })
                     .collect())
             })

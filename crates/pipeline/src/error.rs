@@ -22,6 +22,8 @@ pub enum PipelineError {
     },
     #[error("rollout: {0}")]
     Rollout(#[from] stoke_rollout::RolloutError),
+    #[error("held-out evaluation: {0}")]
+    Eval(#[from] stoke_eval::TargetError),
     /// Boxed: the trainer's error is large and would make every `Result` of the pipeline large.
     #[error("trainer: {0}")]
     Train(Box<stoke_train::error::TrainError>),

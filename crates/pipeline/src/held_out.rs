@@ -1,28 +1,32 @@
 //! Held-out evaluation during a GRPO run: greedy pass@1 and sampled pass@1 / pass@k of the
-//! current policy on the first `problems` held-out tasks, scored by the run's own reward pool
-//! (so verifier failures are handled as in training).
+//! current policy on the first `problems` held-out tasks, run through the evaluation harness
+//! (`stoke_eval::harness`: its local target generates, its metrics aggregate) and scored by the
+//! run's own reward pool (each task's reward, verifier failures handled as in training).
 //!
-//! pass@k uses the unbiased estimator of Chen et al. (`stoke_reward::stats::pass_at_k`) over
+//! pass@k uses the unbiased estimator of Chen et al. (the harness's `generative_metrics`) over
 //! `samples` draws per problem at the run's sampling settings; "correct" is the verifier's
 //! `Correct` outcome. Sampling streams come from a seed separate from training's, so evaluation
 //! never changes which samples training draws.
 //!
-//! What it is not: the speedrun's report-card accuracy (`stoke_eval::accuracy`, greedy only,
-//! per level), although on the arithmetic task greedy pass@1 is the same figure.
+//! On the arithmetic task greedy pass@1 is the speedrun's flexible accuracy (the same harness and
+//! verifier; the speedrun also reports the strict, formatted-answer figure).
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use stoke_eval::harness::{self, SampleRecord, generative_metrics};
+use stoke_eval::target::{GenerateRequest, LocalTarget};
+use stoke_eval::task::GenerationFile;
 use stoke_model::Transformer;
-use stoke_reward::stats::pass_at_k;
-use stoke_rollout::{Detokenizer, Engine, GenerationRequest, SamplingParams};
+use stoke_reward::Outcome;
+use stoke_rollout::{Completion, FinishReason};
 use stoke_tokenizer::hf::Tokenizer;
 
 use crate::error::PipelineError;
 use crate::records::{RolloutGroup, Task};
 use crate::reward::RewardPool;
 
-/// Prompts per engine call.
+/// Prompts per target call.
 const EVAL_BATCH: usize = 32;
 /// Offset of evaluation's sampling seed from the run's.
 const EVAL_SEED_OFFSET: u64 = 0x5EED_E7A1;
@@ -35,7 +39,6 @@ pub struct EvalSampling {
     pub top_p: f32,
     pub top_k: Option<usize>,
     pub max_new_tokens: usize,
-    pub stop_token_ids: Vec<u32>,
     pub seed: u64,
 }
 
@@ -85,26 +88,33 @@ pub fn evaluate(
     } else {
         greedy.clone()
     };
-    let n = tasks.len() as f64;
-    let greedy_pass_at_1 = greedy.iter().filter(|g| g.correct[0]).count() as f64 / n;
-    let estimate = |k: usize| {
-        sampled
-            .iter()
-            .map(|g| pass_at_k(g.correct.len(), g.correct.iter().filter(|c| **c).count(), k))
-            .sum::<f64>()
-            / n
+    let metric = |groups: &[Vec<SampleRecord>], k: usize| {
+        let refs: Vec<&[SampleRecord]> = groups.iter().map(Vec::as_slice).collect();
+        let n = groups.first().map_or(1, Vec::len);
+        generative_metrics(&refs, n, &[k])
+            .get(&format!("pass@{k}"))
+            .map_or(0.0, |m| m.value)
     };
-    let mean_length = greedy.iter().map(|g| g.lengths[0] as f64).sum::<f64>() / n;
+    let greedy_pass_at_1 = metric(&greedy, 1);
+    let n = tasks.len() as f64;
+    let mean_length = greedy.iter().map(|g| g[0].tokens as f64).sum::<f64>() / n;
     let examples = greedy
         .iter()
+        .zip(tasks)
         .take(4)
-        .map(|g| (g.task_id.clone(), g.first_text.clone(), g.correct[0]))
+        .map(|(g, t)| {
+            (
+                t.id.clone(),
+                g[0].completion.clone(),
+                g[0].outcome == Outcome::Correct,
+            )
+        })
         .collect();
     Ok(HeldOutResult {
         problems: tasks.len(),
         greedy_pass_at_1,
-        pass_at_1: estimate(1),
-        pass_at_k: estimate(k),
+        pass_at_1: metric(&sampled, 1),
+        pass_at_k: metric(&sampled, k),
         k,
         mean_length,
         seconds: started.elapsed().as_secs_f64(),
@@ -112,14 +122,7 @@ pub fn evaluate(
     })
 }
 
-#[derive(Clone, Debug)]
-struct ProblemOutcome {
-    task_id: String,
-    correct: Vec<bool>,
-    lengths: Vec<usize>,
-    first_text: String,
-}
-
+/// Each task's samples, graded by the run's reward pool (harness records).
 fn generate_and_score(
     model: &Transformer,
     tokenizer: &Tokenizer,
@@ -128,58 +131,73 @@ fn generate_and_score(
     sampling: &EvalSampling,
     n: usize,
     temperature: f32,
-) -> Result<Vec<ProblemOutcome>, PipelineError> {
-    let engine = Engine::new(model);
-    let detokenizer: &dyn Detokenizer = tokenizer;
-    let params = SamplingParams {
-        max_new_tokens: sampling.max_new_tokens,
+) -> Result<Vec<Vec<SampleRecord>>, PipelineError> {
+    let target = LocalTarget {
+        model,
+        tokenizer: tokenizer.clone(),
+        name: "policy".into(),
+    };
+    let settings = GenerationFile {
+        max_tokens: sampling.max_new_tokens,
         temperature,
-        top_k: sampling.top_k,
         top_p: if temperature == 0.0 {
             1.0
         } else {
             sampling.top_p
         },
-        seed: sampling.seed.wrapping_add(EVAL_SEED_OFFSET),
+        top_k: sampling.top_k.unwrap_or(0),
+        stop: Vec::new(),
         n,
-        stop_token_ids: sampling.stop_token_ids.clone(),
-        stop_strings: Vec::new(),
+        seed: sampling.seed.wrapping_add(EVAL_SEED_OFFSET),
+        pass_at: Vec::new(),
     };
-    let mut outcomes = Vec::with_capacity(tasks.len());
-    for (chunk_index, chunk) in tasks.chunks(EVAL_BATCH).enumerate() {
-        let first = chunk_index * EVAL_BATCH;
-        let request = GenerationRequest {
-            prompts: chunk.iter().map(|t| t.prompt_ids.clone()).collect(),
-            params: params.clone(),
-            first_prompt_number: first as u64,
-        };
-        let output = engine.generate(&request, Some(detokenizer))?;
-        for (offset, completions) in output.completions.into_iter().enumerate() {
-            let task = Arc::clone(&chunk[offset]);
-            let group = RolloutGroup::offline(
-                (first + offset) as u64,
-                Arc::clone(&task),
-                temperature,
-                completions,
-            );
-            let lengths = group
-                .samples
-                .iter()
-                .map(|s| s.completion_ids.len())
-                .collect();
-            let first_text = group
-                .samples
-                .first()
-                .map(|s| s.text.clone())
-                .unwrap_or_default();
-            let scored = rewards.score(group);
-            outcomes.push(ProblemOutcome {
-                task_id: task.id.clone(),
-                correct: scored.rewards.iter().map(|r| r.correct()).collect(),
-                lengths,
-                first_text,
-            });
-        }
+    let requests: Vec<GenerateRequest> = tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| GenerateRequest {
+            ids: t.prompt_ids.clone(),
+            number: i as u64,
+            max_tokens: sampling.max_new_tokens,
+        })
+        .collect();
+    let outputs = harness::generate(&target, &requests, &settings, EVAL_BATCH)?;
+    let mut groups = Vec::with_capacity(tasks.len());
+    for (index, (task, samples)) in tasks.iter().zip(outputs).enumerate() {
+        let completions = samples
+            .iter()
+            .enumerate()
+            .map(|(sample_index, s)| Completion {
+                prompt_index: index,
+                sample_index,
+                token_ids: s.ids.clone(),
+                logprobs: Vec::new(),
+                text: Some(s.text.clone()),
+                finish_reason: if s.truncated {
+                    FinishReason::Length
+                } else {
+                    FinishReason::Eos {
+                        token_id: s.ids.last().copied().unwrap_or(0),
+                    }
+                },
+            })
+            .collect();
+        let group = RolloutGroup::offline(index as u64, Arc::clone(task), temperature, completions);
+        let scored = rewards.score(group);
+        groups.push(
+            samples
+                .into_iter()
+                .zip(scored.rewards)
+                .map(|(s, r)| SampleRecord {
+                    completion: s.text,
+                    tokens: s.tokens,
+                    truncated: s.truncated,
+                    score: r.score,
+                    outcome: r.outcome,
+                    extracted: None,
+                    reason: None,
+                })
+                .collect(),
+        );
     }
-    Ok(outcomes)
+    Ok(groups)
 }

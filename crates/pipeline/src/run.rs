@@ -302,7 +302,6 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
         top_p: settings.top_p,
         top_k: settings.top_k,
         max_new_tokens: settings.max_new_tokens,
-        stop_token_ids,
         seed: settings.seed,
     };
     let mut monitor = RunMonitor::open(

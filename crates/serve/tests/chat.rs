@@ -118,7 +118,10 @@ fn tools_reach_the_template() {
         json!({"messages": messages(), "max_tokens": 2, "chat_template_kwargs": {"tools": tools},
                "return_token_ids": true}),
     );
-    assert_eq!(ids(&answer["prompt_token_ids"]), rendered(Some(tools.clone())));
+    assert_eq!(
+        ids(&answer["prompt_token_ids"]),
+        rendered(Some(tools.clone()))
+    );
     let (status, error) = client
         .post(
             "/v1/chat/completions",
