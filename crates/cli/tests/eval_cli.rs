@@ -282,6 +282,65 @@ fn bad_tasks_data_and_endpoints_are_named() {
         &out,
     ]);
     assert!(error.contains(&url), "{error}");
+
+    // A server that accepts and never answers: the request times out, naming the URL.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("http://{}", silent.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in silent.incoming() {
+            held.push(stream);
+        }
+    });
+    let error = failure(&[
+        "eval",
+        "run",
+        "--task",
+        &work.path().join("mc.toml").display().to_string(),
+        "--url",
+        &silent_url,
+        "--tokenizer",
+        &model,
+        "--timeout",
+        "1",
+        "--out",
+        &out,
+    ]);
+    assert!(
+        error.contains(&silent_url) && error.to_lowercase().contains("timed out"),
+        "{error}"
+    );
+
+    // A server that answers every request with 500: the status and the URL are named.
+    let failing = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let failing_url = format!("http://{}", failing.local_addr().unwrap());
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for stream in failing.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf);
+            let _ = stream.write_all(
+                b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 11\r\nConnection: close\r\n\r\nengine died",
+            );
+        }
+    });
+    let error = failure(&[
+        "eval",
+        "run",
+        "--task",
+        &work.path().join("mc.toml").display().to_string(),
+        "--url",
+        &failing_url,
+        "--tokenizer",
+        &model,
+        "--out",
+        &out,
+    ]);
+    assert!(
+        error.contains(&failing_url) && error.contains("500") && error.contains("engine died"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -323,6 +382,19 @@ fn a_checkpoint_series_is_evaluated_in_step_order() {
         series[1]["results"][0]["metrics"]
     );
     assert!(out.join("step-00000010/mc/items.jsonl").is_file());
+    // The report charts each metric across the steps with its confidence band and the random
+    // baseline.
+    let report = std::fs::read_to_string(out.join("report.html")).unwrap();
+    for expected in [
+        "Task mc",
+        "mc: acc (95% band)",
+        "mc: acc_norm (95% band)",
+        "random baseline",
+    ] {
+        assert!(report.contains(expected), "no {expected:?} in the report");
+    }
+    assert_eq!(report.matches("<svg").count(), 2);
+    assert_eq!(report.matches("<polygon").count(), 2, "one band per chart");
 
     // The quality analysis reads the series: the same random weights at both steps make a
     // four-way task that is not above chance (1 / 4 from the results).
@@ -335,8 +407,13 @@ fn a_checkpoint_series_is_evaluated_in_step_order() {
         &series_path,
         "--out",
         &analysis_path.display().to_string(),
+        "--report",
+        &out.join("quality").display().to_string(),
     ]);
     assert!(printed.starts_with("mc: "), "{printed}");
+    let report = std::fs::read_to_string(out.join("quality/report.html")).unwrap();
+    assert!(report.contains(printed.lines().next().unwrap().split(" (").next().unwrap()));
+    assert!(report.contains("Task mc") && report.contains("<polygon"));
     let analysis: Vec<Value> =
         serde_json::from_str(&std::fs::read_to_string(&analysis_path).unwrap()).unwrap();
     assert_eq!(analysis[0]["checkpoints"], 2);

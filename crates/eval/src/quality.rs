@@ -154,7 +154,7 @@ pub fn kendall_tau(x: &[f64], y: &[f64]) -> f64 {
     (concordant - discordant) as f64 / denominator
 }
 
-fn main_metric(output_type: OutputType) -> (&'static str, f64) {
+pub fn main_metric(output_type: OutputType) -> (&'static str, f64) {
     match output_type {
         OutputType::MultipleChoice => ("acc", 1.0),
         OutputType::GenerateUntil => ("pass@1", 1.0),

@@ -329,6 +329,7 @@ pub struct EndpointTarget {
     tokenizer: Tokenizer,
     max_length: usize,
     agent: ureq::Agent,
+    timeout: Duration,
 }
 
 impl EndpointTarget {
@@ -357,6 +358,7 @@ impl EndpointTarget {
             tokenizer,
             max_length: 0,
             agent,
+            timeout,
         };
         let models = target.get("/v1/models")?;
         let data = models["data"].as_array().cloned().unwrap_or_default();
@@ -405,12 +407,21 @@ impl EndpointTarget {
         path: &str,
         response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
     ) -> Result<Value, TargetError> {
-        let mut response = response.map_err(|e| self.error(path, e.to_string()))?;
+        let transport = |e: ureq::Error| {
+            match e {
+            ureq::Error::Timeout(_) => self.error(
+                path,
+                format!(
+                    "timed out: no answer within {:.0?} (raise --timeout if the server is only slow)",
+                    self.timeout
+                ),
+            ),
+            other => self.error(path, other.to_string()),
+        }
+        };
+        let mut response = response.map_err(transport)?;
         let status = response.status().as_u16();
-        let text = response
-            .body_mut()
-            .read_to_string()
-            .map_err(|e| self.error(path, e.to_string()))?;
+        let text = response.body_mut().read_to_string().map_err(transport)?;
         if status != 200 {
             return Err(self.error(path, format!("status {status}: {text}")));
         }

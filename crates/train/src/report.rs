@@ -112,11 +112,12 @@ pub fn render_report(
         escape(title)
     );
 
-    html.push_str("<h2>Summary</h2>\n");
-    if records.is_empty() {
-        html.push_str("<p>No metric records.</p>\n");
-    } else {
+    // A page of caller sections only (an evaluation report) has no training summary.
+    if !records.is_empty() {
+        html.push_str("<h2>Summary</h2>\n");
         push_table(&mut html, &summary_rows(&steps, &evals, alerts.len()));
+    } else if sections.is_empty() {
+        html.push_str("<h2>Summary</h2>\n<p>No metric records.</p>\n");
     }
 
     if !alerts.is_empty() {

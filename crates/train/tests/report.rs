@@ -294,3 +294,41 @@ fn long_series_are_decimated_to_a_small_svg() {
     let svg = line_chart_svg("long", "step", "y", &[Series::new("a", points)]).unwrap();
     assert!(svg.len() < 200_000, "svg is {} bytes", svg.len());
 }
+
+#[test]
+fn a_band_is_a_shaded_polygon_inside_the_axis_range() {
+    // x in [0, 0.2], so every tick label >= 1 is on the y axis.
+    let line = vec![(0.0, 0.5), (0.1, 0.6), (0.2, 0.7)];
+    let band = vec![(0.0, 0.1, 0.9), (0.1, 0.2, 1.0), (0.2, 0.3, 1.1)];
+    let plain = line_chart_svg("acc", "step", "acc", &[Series::new("a", line.clone())]).unwrap();
+    let banded = line_chart_svg(
+        "acc",
+        "step",
+        "acc",
+        &[Series::new("a", line).with_band(band)],
+    )
+    .unwrap();
+    assert!(!plain.contains("<polygon"), "no band, no polygon");
+    assert_eq!(banded.matches("<polygon").count(), 1, "{banded}");
+    assert!(
+        banded.contains("opacity=\"0.18\""),
+        "the band is translucent"
+    );
+    // The y axis reaches the band's top (1.1), beyond the line's 0.7.
+    let ticks = |svg: &str| -> Vec<f64> {
+        svg_texts(svg)
+            .iter()
+            .filter_map(|t| t.parse().ok())
+            .collect()
+    };
+    assert!(
+        ticks(&banded).iter().any(|&t| t >= 1.0),
+        "{:?}",
+        ticks(&banded)
+    );
+    assert!(
+        ticks(&plain).iter().all(|&t| t < 1.0),
+        "{:?}",
+        ticks(&plain)
+    );
+}

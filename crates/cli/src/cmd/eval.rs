@@ -11,6 +11,8 @@ use stoke_eval::{EndpointTarget, LocalTarget, Target, Task, TaskResult, builtin}
 use stoke_model::Transformer;
 use stoke_tokenizer::hf::Tokenizer;
 
+use super::eval_report;
+
 #[derive(Subcommand)]
 pub enum EvalCommand {
     /// Evaluate a model (folder, checkpoint series or endpoint) on one or more tasks.
@@ -60,6 +62,10 @@ pub struct QualityArgs {
     /// Also write the analysis as JSON here.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Write report.html in this folder: each task's metrics across steps, one line per
+    /// series with its 95% band, and the verdicts.
+    #[arg(long)]
+    report: Option<PathBuf>,
 }
 
 fn parse_baseline(text: &str) -> Result<(String, f64), String> {
@@ -90,6 +96,22 @@ fn quality(args: QualityArgs) -> anyhow::Result<()> {
     }
     if let Some(path) = &args.out {
         write_json(path, &analysis)?;
+    }
+    if let Some(dir) = &args.report {
+        let labelled: Vec<eval_report::Run<'_>> = args
+            .series
+            .iter()
+            .zip(&runs)
+            .map(|(path, points)| eval_report::Run {
+                // `<run>/series.json` is labelled by its folder.
+                label: path.parent().and_then(|p| p.file_name()).map_or_else(
+                    || path.display().to_string(),
+                    |n| n.to_string_lossy().into(),
+                ),
+                points,
+            })
+            .collect();
+        eval_report::write(dir, "Benchmark quality", &labelled, &analysis)?;
     }
     Ok(())
 }
@@ -236,9 +258,15 @@ fn run_tasks(args: RunArgs) -> anyhow::Result<()> {
                 let target = local_target(&model, &model_dir)?;
                 let out = args.out.join(stoke_train::checkpoint::step_dir_name(step));
                 let results = run_all(&tasks, &target, sandbox.clone(), &out, args.progress_every)?;
-                series.push(serde_json::json!({"step": step, "results": results}));
+                series.push(stoke_eval::quality::SeriesPoint { step, results });
+                // Written after every checkpoint, so an interrupted series still has its charts.
+                write_json(&args.out.join("series.json"), &series)?;
+                let run = eval_report::Run {
+                    label: dir.display().to_string(),
+                    points: &series,
+                };
+                eval_report::write(&args.out, "Evaluation across checkpoints", &[run], &[])?;
             }
-            write_json(&args.out.join("series.json"), &series)?;
         }
         (None, None, None) => bail!("give --model DIR, --checkpoints DIR or --url URL"),
     }
@@ -258,6 +286,7 @@ fn run_all(
         let options = RunOptions {
             records: Some(out.join(&task.name).join("items.jsonl")),
             progress_every,
+            ..RunOptions::default()
         };
         let (result, _) = evaluate(task, target, sandbox.clone(), &options)?;
         let metrics: Vec<String> = result

@@ -20,6 +20,8 @@ use crate::metrics::MetricsError;
 pub struct Series {
     pub name: String,
     pub points: Vec<(f64, f64)>,
+    /// A shaded band around the line, `(x, low, high)` (a confidence interval); empty: none.
+    pub band: Vec<(f64, f64, f64)>,
 }
 
 impl Series {
@@ -27,9 +29,19 @@ impl Series {
         Series {
             name: name.into(),
             points,
+            band: Vec::new(),
         }
     }
+
+    /// The series with a shaded band `(x, low, high)` drawn under its line.
+    pub fn with_band(mut self, band: Vec<(f64, f64, f64)>) -> Series {
+        self.band = band;
+        self
+    }
 }
+
+/// A series' drawable line and band (y already on the axis scale).
+type Drawable = (String, Vec<(f64, f64)>, Vec<(f64, f64, f64)>);
 
 /// Vertical axis scale.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,7 +129,16 @@ impl ChartSpec {
         };
         // Drawable points per series; on a log axis y is drawn as log10(y).
         let mut skipped = 0usize;
-        let cleaned: Vec<(String, Vec<(f64, f64)>)> = self
+        let scale = |y: f64| {
+            if !log {
+                y
+            } else if y > 0.0 {
+                y.log10()
+            } else {
+                f64::NAN
+            }
+        };
+        let cleaned: Vec<Drawable> = self
             .series
             .iter()
             .map(|s| {
@@ -125,17 +146,20 @@ impl ChartSpec {
                     .points
                     .iter()
                     .filter_map(|&(x, y)| {
-                        let y = if log {
-                            if y > 0.0 { y.log10() } else { f64::NAN }
-                        } else {
-                            y
-                        };
+                        let y = scale(y);
                         (x.is_finite() && y.is_finite()).then_some((x, y))
                     })
                     .collect();
                 skipped += s.points.len() - points.len();
                 points.sort_by(|a, b| a.0.total_cmp(&b.0));
-                (s.name.clone(), decimate(points, MAX_POINTS))
+                let mut band: Vec<(f64, f64, f64)> = s
+                    .band
+                    .iter()
+                    .map(|&(x, lo, hi)| (x, scale(lo), scale(hi)))
+                    .filter(|(x, lo, hi)| x.is_finite() && lo.is_finite() && hi.is_finite())
+                    .collect();
+                band.sort_by(|a, b| a.0.total_cmp(&b.0));
+                (s.name.clone(), decimate(points, MAX_POINTS), band)
             })
             .collect();
 
@@ -151,13 +175,20 @@ impl ChartSpec {
     fn draw(
         &self,
         svg: &mut String,
-        series: &[(String, Vec<(f64, f64)>)],
+        series: &[Drawable],
         log: bool,
         skipped: usize,
     ) -> Result<(), Box<dyn std::error::Error>> {
         let root = SVGBackend::with_string(svg, (WIDTH, HEIGHT)).into_drawing_area();
         root.fill(&WHITE)?;
-        let all = series.iter().flat_map(|(_, p)| p);
+        let band_edges: Vec<(f64, f64)> = series
+            .iter()
+            .flat_map(|(_, _, b)| b.iter().flat_map(|&(x, lo, hi)| [(x, lo), (x, hi)]))
+            .collect();
+        let all = series
+            .iter()
+            .flat_map(|(_, p, _)| p)
+            .chain(band_edges.iter());
         let (x_range, y_range) = match padded_ranges(all) {
             AxisRanges::Drawable(x, y) => (x, y),
             AxisRanges::TooWide => return Err("the values span more than an f64 can hold".into()),
@@ -202,7 +233,22 @@ impl ChartSpec {
             .light_line_style(RGBColor(235, 235, 235))
             .draw()?;
 
-        for (index, (name, points)) in series.iter().enumerate() {
+        for (index, (_, _, band)) in series.iter().enumerate() {
+            if band.len() < 2 {
+                continue;
+            }
+            let color = COLORS[index % COLORS.len()];
+            let outline: Vec<(f64, f64)> = band
+                .iter()
+                .map(|&(x, _, hi)| (x, hi))
+                .chain(band.iter().rev().map(|&(x, lo, _)| (x, lo)))
+                .collect();
+            chart.draw_series(std::iter::once(Polygon::new(
+                outline,
+                color.mix(0.18).filled(),
+            )))?;
+        }
+        for (index, (name, points, _)) in series.iter().enumerate() {
             let color = COLORS[index % COLORS.len()];
             let style = ShapeStyle::from(&color).stroke_width(2);
             chart
@@ -213,7 +259,7 @@ impl ChartSpec {
                 chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
             }
         }
-        if series.iter().any(|(name, _)| !name.is_empty()) {
+        if series.iter().any(|(name, _, _)| !name.is_empty()) {
             chart
                 .configure_series_labels()
                 .position(SeriesLabelPosition::UpperRight)
