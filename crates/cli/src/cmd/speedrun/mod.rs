@@ -56,6 +56,11 @@ pub struct SpeedrunArgs {
     /// Seed of the data, the model's initialization and the data order.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Pretraining and SFT keep a checkpoint every this many steps (0: one at the end), a
+    /// series for `stoke eval run --checkpoints OUT/pretrain/checkpoints` and `stoke eval
+    /// quality`.
+    #[arg(long, default_value_t = 0)]
+    checkpoint_every: u64,
 }
 
 /// Folders and files a previous run into the same `--out` left; removed before a new run.
@@ -160,6 +165,7 @@ pub fn run(args: SpeedrunArgs) -> anyhow::Result<()> {
                 eval_data: Some(shard_stats.eval.dir.clone()),
             },
             seed,
+            args.checkpoint_every,
         ),
         &out.join("pretrain.toml"),
     )?;
@@ -186,6 +192,7 @@ pub fn run(args: SpeedrunArgs) -> anyhow::Result<()> {
                 eval_data: Some(generated.held_out_chat.path.clone()),
             },
             seed,
+            args.checkpoint_every,
         ),
         &out.join("sft.toml"),
     )?;

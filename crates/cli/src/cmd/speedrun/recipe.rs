@@ -258,7 +258,12 @@ impl Recipe {
     }
 
     /// Pretraining from scratch on the token shards.
-    pub fn pretrain_config(&self, paths: &StagePaths, seed: u64) -> ConfigFile {
+    pub fn pretrain_config(
+        &self,
+        paths: &StagePaths,
+        seed: u64,
+        checkpoint_every: u64,
+    ) -> ConfigFile {
         ConfigFile {
             title: Some(format!("speedrun ({}) - pretraining", self.name)),
             output_dir: paths.run_dir.clone(),
@@ -287,19 +292,13 @@ impl Recipe {
                 every: Some(self.pretrain.eval_every),
                 batches: Some(4),
             },
-            // One checkpoint at the end: the speedrun is short enough to rerun, and each
-            // checkpoint writes the optimizer state too.
-            checkpoint: CheckpointFile {
-                every: Some(0),
-                keep: Some(1),
-                keep_steps: Vec::new(),
-            },
+            checkpoint: checkpoints(checkpoint_every),
             lora: None,
         }
     }
 
     /// SFT of the pretrained model on the chat JSONL (loss on assistant tokens only).
-    pub fn sft_config(&self, paths: &StagePaths, seed: u64) -> ConfigFile {
+    pub fn sft_config(&self, paths: &StagePaths, seed: u64, checkpoint_every: u64) -> ConfigFile {
         ConfigFile {
             title: Some(format!("speedrun ({}) - SFT", self.name)),
             output_dir: paths.run_dir.clone(),
@@ -327,15 +326,20 @@ impl Recipe {
                 every: Some(self.sft.eval_every),
                 batches: Some(4),
             },
-            // One checkpoint at the end: the speedrun is short enough to rerun, and each
-            // checkpoint writes the optimizer state too.
-            checkpoint: CheckpointFile {
-                every: Some(0),
-                keep: Some(1),
-                keep_steps: Vec::new(),
-            },
+            checkpoint: checkpoints(checkpoint_every),
             lora: None,
         }
+    }
+}
+
+/// Checkpoints of a training stage: by default one at the end (the speedrun is short enough to
+/// rerun, and each checkpoint writes the optimizer state too); with `every > 0`, one every that
+/// many steps, all kept (a series for `stoke eval run --checkpoints`).
+fn checkpoints(every: u64) -> CheckpointFile {
+    CheckpointFile {
+        every: Some(every),
+        keep: Some(usize::from(every == 0)),
+        keep_steps: Vec::new(),
     }
 }
 
