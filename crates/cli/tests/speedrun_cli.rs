@@ -45,7 +45,18 @@ fn number(summary: &Value, pointer: &str) -> f64 {
 fn quick_speedrun_pretrains_fine_tunes_evaluates_and_leaves_a_chat_model() {
     let out = tempfile::tempdir().unwrap();
     let out_dir = out.path().to_str().unwrap();
-    let run = stoke(&["speedrun", "--quick", "--out", out_dir, "--seed", "0"]);
+    // Checkpoints every 40 steps: SFT (80 steps) leaves a two-point series for the quality
+    // analysis below.
+    let run = stoke(&[
+        "speedrun",
+        "--quick",
+        "--out",
+        out_dir,
+        "--seed",
+        "0",
+        "--checkpoint-every",
+        "40",
+    ]);
     let stdout = String::from_utf8_lossy(&run.stdout);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(
@@ -191,6 +202,40 @@ fn quick_speedrun_pretrains_fine_tunes_evaluates_and_leaves_a_chat_model() {
         line["finish_reason"]["kind"], "eos",
         "the final (GRPO) model ends its turn: {text:?}"
     );
+
+    // Benchmark quality over the SFT checkpoints (README's example): the lettered multiple
+    // choice is at chance for this tiny model, the arithmetic exact match climbs and passes.
+    let sft_checkpoints = out.path().join("sft/checkpoints");
+    let eval_dir = out.path().join("eval-sft");
+    let evaluated = stoke(&[
+        "eval",
+        "run",
+        "--task",
+        "arithmetic_mc",
+        "--task",
+        "arithmetic",
+        "--checkpoints",
+        sft_checkpoints.to_str().unwrap(),
+        "--out",
+        eval_dir.to_str().unwrap(),
+        "--progress-every",
+        "0",
+    ]);
+    assert!(
+        evaluated.status.success(),
+        "eval failed: {}",
+        String::from_utf8_lossy(&evaluated.stderr)
+    );
+    let quality = stoke(&[
+        "eval",
+        "quality",
+        "--series",
+        eval_dir.join("series.json").to_str().unwrap(),
+    ]);
+    let verdicts = String::from_utf8_lossy(&quality.stdout);
+    assert!(quality.status.success(), "{verdicts}");
+    assert!(verdicts.contains("arithmetic_mc: at chance"), "{verdicts}");
+    assert!(verdicts.contains("arithmetic: ok"), "{verdicts}");
 }
 
 fn first_held_out_question(path: &Path) -> String {

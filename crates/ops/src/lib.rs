@@ -38,6 +38,7 @@ pub mod bf16;
 pub mod block;
 pub mod cpu;
 pub mod decode;
+pub mod distill;
 pub mod fused_attention;
 pub mod gemm;
 pub mod gradcheck;
