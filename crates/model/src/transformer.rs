@@ -437,6 +437,13 @@ impl Transformer {
             + head
     }
 
+    /// The model with every weight detached: its forward passes build no autograd graph (a
+    /// teacher or a reference model that is only read).
+    pub fn into_frozen(mut self) -> Transformer {
+        self.freeze_base();
+        self
+    }
+
     /// Detaches every base tensor the forward pass reads, so no gradient is computed or kept
     /// for them (LoRA). The variables in `parameters` keep the same storage.
     pub(crate) fn freeze_base(&mut self) {

@@ -26,6 +26,10 @@
 //! # r = 16
 //! # lora_alpha = 32
 //! # target_modules = ["q_proj", "v_proj"]   # or ["all-linear"]
+//! # [distill]                 # optional: logit distillation instead of cross-entropy
+//! # teacher = "../teacher"    # model folder with the student's tokenizer
+//! # beta = 0.5                # 0 forward KL, 1 reverse KL, between: the GKD mixture (TRL)
+//! # temperature = 1.0
 //! ```
 //!
 //! Defaults derived from the model size, where published recipes agree:
@@ -236,6 +240,30 @@ pub struct TrainConfig {
     /// LoRA: train adapters on the frozen model (checkpoints hold the adapter and the merged
     /// model).
     pub lora: Option<stoke_model::lora::LoraConfig>,
+    /// Logit distillation from a teacher instead of next-token cross-entropy.
+    pub distill: Option<DistillConfig>,
+}
+
+fn default_distill_beta() -> f64 {
+    0.5
+}
+fn default_distill_temperature() -> f64 {
+    1.0
+}
+
+/// `[distill]`: train on the generalized JSD to a teacher's next-token distributions at the
+/// batch's loss positions (TRL's `GKDTrainer.generalized_jsd_loss`; `beta` 0 forward KL, 1
+/// reverse KL, between the GKD mixture; TRL's default 0.5). The teacher is a model folder with
+/// the student's tokenizer; it runs without gradients, one micro-batch at a time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DistillConfig {
+    /// Hugging Face model folder of the teacher (relative to the config file).
+    pub teacher: PathBuf,
+    #[serde(default = "default_distill_beta")]
+    pub beta: f64,
+    #[serde(default = "default_distill_temperature")]
+    pub temperature: f64,
 }
 
 /// `min(3e-3, 6e-4 * 768 / hidden)`; see the module doc.
@@ -296,6 +324,14 @@ impl TrainConfig {
 
     /// Checks ranges and combinations (also for configs built in code).
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(distill) = &self.distill {
+            if !(0.0..=1.0).contains(&distill.beta) {
+                return Err(invalid("distill.beta", "must be in [0, 1]"));
+            }
+            if !(distill.temperature > 0.0 && distill.temperature.is_finite()) {
+                return Err(invalid("distill.temperature", "must be positive"));
+            }
+        }
         let d = &self.data;
         if d.seq_len == 0 {
             return Err(invalid("data.seq_len", "must be > 0"));

@@ -28,7 +28,8 @@ use crate::error::TrainError;
 pub struct ObjectiveOutput {
     /// Differentiable scalar: sum over loss tokens of (cross-entropy + z-loss term).
     pub loss_sum: Tensor,
-    /// Sum of the per-token cross-entropy in nats (no z-loss), for metrics.
+    /// Sum of the objective's per-token loss in nats without the z-loss term, for metrics:
+    /// the cross-entropy, or the divergence to the teacher under distillation.
     pub nll_sum: f64,
     /// Sum of the z-loss terms (already multiplied by the coefficient); 0 when off.
     pub z_loss_sum: f64,
@@ -116,6 +117,55 @@ impl Objective for NextTokenObjective {
 
     fn reports_z_loss(&self) -> bool {
         self.z_loss > 0.0
+    }
+}
+
+/// Logit distillation over packed batches (`[distill]`): at every loss position, the generalized
+/// JSD (`stoke_ops::distill`, TRL's `generalized_jsd_loss`) between the student's and the
+/// teacher's next-token distributions, summed like the cross-entropy (the trainer divides by
+/// the step's loss tokens, TRL's `num_items_in_batch` normalisation). The teacher's logits exist
+/// for one micro-batch's loss positions at a time, without gradients.
+pub struct DistillObjective {
+    /// Frozen (`Transformer::into_frozen`).
+    pub teacher: Transformer,
+    pub beta: f64,
+    pub temperature: f64,
+}
+
+impl Objective for DistillObjective {
+    fn loss_tokens(&self, batch: &PackedBatch) -> usize {
+        batch.num_loss_tokens()
+    }
+
+    fn loss(
+        &self,
+        model: &Transformer,
+        batch: &PackedBatch,
+    ) -> Result<ObjectiveOutput, TrainError> {
+        let Some(student) = score_loss_tokens(model, batch, None, true)? else {
+            return Ok(ObjectiveOutput {
+                loss_sum: Tensor::zeros((), DType::F32, model.device())?,
+                nll_sum: 0.0,
+                z_loss_sum: 0.0,
+                loss_tokens: 0,
+            });
+        };
+        let teacher = score_loss_tokens(&self.teacher, batch, None, true)?
+            .and_then(|t| t.logits)
+            .ok_or_else(|| TrainError::Other("the teacher scored no loss position".into()))?;
+        let logits = student
+            .logits
+            .as_ref()
+            .ok_or_else(|| TrainError::Other("the student's logits were not kept".into()))?;
+        let divergence =
+            stoke_ops::distill::generalized_jsd(logits, &teacher, self.beta, self.temperature)?;
+        let loss_sum = divergence.sum_all()?;
+        Ok(ObjectiveOutput {
+            nll_sum: scalar(&loss_sum)?,
+            loss_sum,
+            z_loss_sum: 0.0,
+            loss_tokens: student.targets.dim(0)?,
+        })
     }
 }
 

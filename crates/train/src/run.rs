@@ -32,7 +32,7 @@ use crate::error::TrainError;
 use crate::eval::{EvalResult, Evaluator, bytes_per_token};
 use crate::metrics::{MetricsLog, measure_peak_flops};
 use crate::monitor::Monitor;
-use crate::objective::NextTokenObjective;
+use crate::objective::{DistillObjective, NextTokenObjective, Objective};
 use crate::report::{ReportSection, SectionBody, write_report};
 use crate::source::{BatchSource, ChatSource, ChatSourceConfig, ShardSource};
 use crate::trainer::{StopReason, Trainer};
@@ -156,26 +156,29 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
     if let Some((_, optimizer_state)) = &resumed {
         optimizer.load_state(optimizer_state)?;
     }
+    let objective: Box<dyn Objective> = match &config.distill {
+        Some(distill) => Box::new(distill_objective(
+            distill,
+            &model,
+            tokenizer.as_ref(),
+            &config,
+            &device,
+        )?),
+        None => Box::new(NextTokenObjective {
+            z_loss: config.training.z_loss,
+            logit_softcap: config.training.logit_softcap,
+        }),
+    };
     let vocab_size = model.config().vocab_size;
     let source = open_train_source(&config, tokenizer.as_ref(), vocab_size)?;
     let evaluator = build_evaluator(&config, tokenizer.as_ref(), vocab_size)?;
-    let objective = NextTokenObjective {
-        z_loss: config.training.z_loss,
-        logit_softcap: config.training.logit_softcap,
-    };
     let metrics_path = run_dir.join("metrics.jsonl");
     let metrics_log =
         MetricsLog::open(&metrics_path, resumed.as_ref().map(|(state, _)| state.step))?;
 
-    let mut trainer = Trainer::new(
-        config.clone(),
-        model,
-        optimizer,
-        Box::new(objective),
-        source,
-    )
-    .with_checkpoints(store, config_toml, config.model.tokenizer.clone())
-    .with_metrics_log(metrics_log);
+    let mut trainer = Trainer::new(config.clone(), model, optimizer, objective, source)
+        .with_checkpoints(store, config_toml, config.model.tokenizer.clone())
+        .with_metrics_log(metrics_log);
     if let Some(evaluator) = evaluator {
         trainer = trainer.with_evaluator(evaluator);
     }
@@ -471,4 +474,63 @@ fn summary_section(
         body: SectionBody::Table(rows),
         charts: Vec::new(),
     }
+}
+
+/// The teacher of `[distill]`, loaded frozen, after checking that it predicts over the student's
+/// vocabulary: the same logit width and, where both have tokenizer files, the same token for
+/// every id.
+fn distill_objective(
+    distill: &crate::config::DistillConfig,
+    student: &Transformer,
+    tokenizer: Option<&Tokenizer>,
+    config: &TrainConfig,
+    device: &Device,
+) -> Result<DistillObjective, TrainError> {
+    let shown = distill.teacher.display();
+    let mut teacher = Transformer::load(&distill.teacher, device)
+        .map_err(|e| TrainError::Other(format!("distill.teacher {shown}: {e}")))?;
+    let (ours, theirs) = (student.config().vocab_size, teacher.config().vocab_size);
+    if ours != theirs {
+        return Err(TrainError::Other(format!(
+            "distill.teacher {shown}: the teacher predicts over {theirs} ids and the student over \
+             {ours}; distillation needs one shared tokenizer"
+        )));
+    }
+    if let Some(student_tokenizer) = tokenizer
+        && distill.teacher.join("tokenizer.json").is_file()
+    {
+        let teacher_tokenizer = Tokenizer::from_dir(&distill.teacher)?;
+        let size = student_tokenizer.vocab_size();
+        let differs = (teacher_tokenizer.vocab_size() != size)
+            .then_some(u32::MAX)
+            .or_else(|| {
+                (0..size as u32).find(|&id| {
+                    student_tokenizer.id_to_token(id) != teacher_tokenizer.id_to_token(id)
+                })
+            });
+        if let Some(id) = differs {
+            let detail = if id == u32::MAX {
+                format!(
+                    "{} tokens against the student's {size}",
+                    teacher_tokenizer.vocab_size()
+                )
+            } else {
+                format!(
+                    "id {id} is {:?} for the teacher and {:?} for the student",
+                    teacher_tokenizer.id_to_token(id),
+                    student_tokenizer.id_to_token(id)
+                )
+            };
+            return Err(TrainError::Other(format!(
+                "distill.teacher {shown}: not the student's tokenizer ({detail}); distillation \
+                 needs one shared tokenizer"
+            )));
+        }
+    }
+    teacher.set_precision(config.training.precision);
+    Ok(DistillObjective {
+        teacher: teacher.into_frozen(),
+        beta: distill.beta,
+        temperature: distill.temperature,
+    })
 }

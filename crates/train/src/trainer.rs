@@ -214,6 +214,11 @@ impl Trainer {
         &self.model
     }
 
+    /// The trained model (a teacher for distillation, a policy handed on).
+    pub fn into_model(self) -> Transformer {
+        self.model
+    }
+
     pub fn optimizer(&self) -> &Optimizer {
         self.engine.optimizer()
     }

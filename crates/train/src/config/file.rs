@@ -43,6 +43,9 @@ pub struct ConfigFile {
     /// Face module names or "all-linear"), `lora_dropout` (0), `use_rslora` (false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<stoke_model::lora::LoraConfig>,
+    /// Logit distillation: `teacher` (a model folder), `beta` (0.5), `temperature` (1.0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distill: Option<super::DistillConfig>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

@@ -118,6 +118,10 @@ impl TrainConfig {
             batch_warmup,
             training,
             lora: file.lora.clone(),
+            distill: file.distill.as_ref().map(|d| super::DistillConfig {
+                teacher: at(&d.teacher),
+                ..d.clone()
+            }),
         };
         if let Some(lora) = &config.lora {
             lora.validate().map_err(|e| {
@@ -193,6 +197,7 @@ impl TrainConfig {
             },
             schedule,
             lora: self.lora.clone(),
+            distill: self.distill.clone(),
             eval: EvalFile {
                 every: Some(t.eval_every),
                 batches: Some(t.eval_batches),

@@ -294,6 +294,7 @@ impl Recipe {
             },
             checkpoint: checkpoints(checkpoint_every),
             lora: None,
+            distill: None,
         }
     }
 
@@ -328,6 +329,7 @@ impl Recipe {
             },
             checkpoint: checkpoints(checkpoint_every),
             lora: None,
+            distill: None,
         }
     }
 }
