@@ -26,6 +26,7 @@ pub mod advantage;
 pub mod aggregation;
 pub mod correction;
 pub mod kl;
+pub mod opd;
 pub mod policy_loss;
 pub mod sequences;
 pub mod update;

@@ -1,8 +1,9 @@
 //! Per-token policy-gradient losses over log-probabilities, as candle tensors differentiable
 //! w.r.t. the current policy's log-probs.
 //!
-//! Inputs: current log-probs `[B, T]`, old (behaviour) log-probs `[B, T]`, advantages `[B]`,
-//! mask `[B, T]` (1 for completion tokens that count). The importance ratio is
+//! Inputs: current log-probs `[B, T]`, old (behaviour) log-probs `[B, T]`, advantages `[B]`
+//! (one per completion) or `[B, T]` (one per token: on-policy distillation,
+//! `opd::token_advantages`), mask `[B, T]` (1 for completion tokens that count). The importance ratio is
 //! - token level: `rho_bt = exp(cur_bt - old_bt)`;
 //! - sequence level (GSPO, TRL `importance_sampling_level="sequence"`):
 //!   `rho_b = exp( sum_t(m_bt (cur_bt - old_bt)) / max(sum_t m_bt, 1) )`, one ratio per
@@ -156,7 +157,7 @@ impl PolicyLoss {
         Ok(log_weight.exp()?)
     }
 
-    /// Per-token loss for `advantages` `[B]`; see the module doc for the formulas.
+    /// Per-token loss for `advantages` `[B]` or `[B, T]`; see the module doc for the formulas.
     pub fn per_token(
         &self,
         current_logprobs: &Tensor,
@@ -166,7 +167,10 @@ impl PolicyLoss {
     ) -> Result<PolicyLossOutput, GrpoError> {
         let (batch, len) = current_logprobs.dims2()?;
         let ratio = self.ratio(current_logprobs, old_logprobs, mask)?;
-        let advantages = advantages.unsqueeze(1)?;
+        let advantages = match advantages.rank() {
+            1 => advantages.unsqueeze(1)?,
+            _ => advantages.clone(),
+        };
         // Where the clip fractions are counted: tokens at token level, completions at sequence level.
         let count_mask = match self.level() {
             RatioLevel::Token => mask.clone(),
