@@ -264,6 +264,20 @@ impl GrpoConfig {
             }
             other => PipelineError::config("grpo.loss", other.to_string()),
         })?;
+        if loss.distill.is_some() {
+            if g.reference_reset_every.is_some() {
+                return Err(PipelineError::config(
+                    "grpo.reference_reset_every",
+                    "would replace the teacher of [grpo.loss.distill] with the policy",
+                ));
+            }
+            if file.model.reference.is_none() {
+                return Err(PipelineError::config(
+                    "model.reference",
+                    "[grpo.loss.distill] needs the teacher: the model folder to distill from",
+                ));
+            }
+        }
         let optimizer = resolve_optimizer(&file.optimizer)?;
         let schedule = resolve_schedule(&file.schedule, steps)?;
         let ptx = match &file.ptx {
@@ -382,6 +396,7 @@ impl GrpoConfig {
             kl_estimator: kl.map(|k| k.estimator).unwrap_or_default(),
             beta: kl.map_or(0.0, |k| k.beta),
             correction: s.loss.correction,
+            distill: s.loss.distill,
         };
         let grpo = GrpoSection {
             steps: Some(s.steps),

@@ -171,6 +171,10 @@ impl Learner {
                     (Some(rows), Some(_)) if self.settings.kl_placement == KlPlacement::Loss => {
                         Some(rows[s].as_slice())
                     }
+                    // On-policy distillation: the teacher's log-probs of the sampled tokens.
+                    (Some(rows), None) if self.settings.loss.distill.is_some() => {
+                        Some(rows[s].as_slice())
+                    }
                     _ => None,
                 };
                 samples.push(PolicySample {

@@ -137,6 +137,16 @@ fn session(
     verifier: Arc<dyn Verifier>,
     stop_token_ids: Vec<u32>,
 ) -> (Modules, Learner, TaskPlan) {
+    session_with(settings, verifier, stop_token_ids, None)
+}
+
+/// [`session`] with a reference (or teacher) model in the inference module.
+fn session_with(
+    settings: &GrpoSettings,
+    verifier: Arc<dyn Verifier>,
+    stop_token_ids: Vec<u32>,
+    reference: Option<Transformer>,
+) -> (Modules, Learner, TaskPlan) {
     let policy = model();
     let kept = match settings.lag {
         Lag::Bounded => 1,
@@ -155,7 +165,7 @@ fn session(
         group_level: false,
     };
     let rewards = RewardPool::new(vec![spec], 2, Duration::from_secs(30)).unwrap();
-    let inference = Arc::new(Mutex::new(InferenceModule::new(None, 4096)));
+    let inference = Arc::new(Mutex::new(InferenceModule::new(reference, 4096)));
     let bound = StalenessBound::new(
         settings.max_off_policy_steps,
         settings.prompts_per_step as u64,
@@ -625,4 +635,106 @@ fn a_lora_grpo_run_trains_adapters_against_the_base_and_resumes_bit_for_bit() {
     )
     .unwrap();
     assert_eq!(adapters.len(), model().config().num_hidden_layers * 3 * 2);
+}
+
+/// On-policy distillation (`[grpo.loss.distill]`) with k = 0: every trained token was sampled
+/// by the weights being updated, and the teacher's log-probs the learner trains on are the
+/// teacher's scores of exactly those token ids (recomputed here independently).
+#[test]
+fn on_policy_distillation_trains_on_the_teachers_scores_of_the_sampled_tokens() {
+    let text = base_config(
+        "steps = 3\nmode = \"async\"\nmax_off_policy_steps = 0\n[grpo.loss.distill]\nkl_coef = 1.0",
+    )
+    .replacen(
+        "[model]\n",
+        &format!("[model]\nreference = \"{}\"\n", fixture_dir().display()),
+        1,
+    );
+    let settings = GrpoConfig::parse(&text, Path::new("/tmp/grpo-test.toml"), &[])
+        .expect("distill config parses")
+        .settings;
+    assert!(settings.loss.distill.is_some());
+    let teacher_config = model().config().clone();
+    let teacher = Transformer::init(teacher_config.clone(), &Device::Cpu, 9).unwrap();
+    let (modules, mut learner, plan) = session_with(
+        &settings,
+        Arc::new(Scripted::new()),
+        vec![294],
+        Some(Transformer::init(teacher_config, &Device::Cpu, 9).unwrap()),
+    );
+    struct Check {
+        teacher: Transformer,
+        steps: Vec<(u64, usize)>,
+    }
+    impl StepSink for Check {
+        fn on_step(
+            &mut self,
+            _learner: &Learner,
+            step: LearnerStep,
+            _timing: StepTiming,
+            _modules: &Modules,
+        ) -> Result<(), PipelineError> {
+            let mut tokens = 0;
+            for group in &step.groups {
+                let rows = group.ref_logprobs.as_ref().expect("teacher log-probs");
+                let temperature = group.rollout.ticket.temperature;
+                for (sample, teacher_row) in group.rollout.samples.iter().zip(rows) {
+                    assert!(
+                        sample
+                            .token_versions
+                            .iter()
+                            .all(|v| v.0 == step.trained_version.0),
+                        "a token sampled by another version than the one trained"
+                    );
+                    let row = stoke_train::grpo::sequences::SequenceRow {
+                        prompt_ids: &group.rollout.ticket.task.prompt_ids,
+                        completion_ids: &sample.completion_ids,
+                    };
+                    let scores = stoke_train::grpo::sequences::completion_logprobs(
+                        &self.teacher,
+                        &[row],
+                        temperature,
+                        false,
+                    )
+                    .unwrap();
+                    let own: Vec<Vec<f32>> = scores.logprobs.to_vec2().unwrap();
+                    assert_eq!(teacher_row.len(), sample.completion_ids.len());
+                    for (a, b) in teacher_row.iter().zip(&own[0]) {
+                        assert!((a - b).abs() < 1e-4, "{teacher_row:?} vs {:?}", own[0]);
+                    }
+                    tokens += teacher_row.len();
+                }
+            }
+            self.steps.push((step.trained_version.0, tokens));
+            Ok(())
+        }
+    }
+    let mut check = Check {
+        teacher,
+        steps: Vec::new(),
+    };
+    run_async(&modules, &mut learner, &plan, shape(&settings), &mut check).unwrap();
+    assert_eq!(check.steps.len(), 3);
+    assert!(check.steps.iter().all(|&(_, tokens)| tokens > 0));
+    assert_eq!(learner.step(), 3);
+}
+
+#[test]
+fn on_policy_distillation_without_a_teacher_or_with_a_kl_term_is_refused_by_name() {
+    let error = GrpoConfig::parse(
+        &base_config("steps = 2\n[grpo.loss.distill]\nkl_coef = 1.0"),
+        Path::new("/tmp/grpo-test.toml"),
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("model.reference"), "{error}");
+    let error = GrpoConfig::parse(
+        &base_config("steps = 2\n[grpo.loss]\nbeta = 0.1\n[grpo.loss.distill]\nkl_coef = 1.0"),
+        Path::new("/tmp/grpo-test.toml"),
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("beta"), "{error}");
 }

@@ -80,6 +80,10 @@ pub struct GrpoLossFile {
     pub beta: f64,
     #[serde(default)]
     pub correction: MismatchCorrection,
+    /// On-policy distillation (`[grpo.loss.distill]`): per-token advantages from the teacher,
+    /// which is the run's reference model (`[model] reference`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distill: Option<opd::OpdConfig>,
 }
 
 impl GrpoLossFile {
@@ -89,12 +93,24 @@ impl GrpoLossFile {
         self.policy.validate()?;
         self.aggregation.validate()?;
         self.correction.validate()?;
+        if let Some(distill) = &self.distill {
+            distill.validate()?;
+            if self.beta > 0.0 {
+                return Err(GrpoError::config(
+                    "beta",
+                    "on-policy distillation takes the reference's place (the teacher is \
+                     [model] reference): set beta = 0 with [grpo.loss.distill]"
+                        .into(),
+                ));
+            }
+        }
         Ok(GrpoLoss {
             advantage: self.advantage,
             policy: self.policy,
             aggregation: self.aggregation,
             kl: KlPenalty::new(self.kl_estimator, self.beta)?,
             correction: self.correction,
+            distill: self.distill,
         })
     }
 }
@@ -107,6 +123,8 @@ pub struct GrpoLoss {
     pub aggregation: LossAggregation,
     pub kl: Option<KlPenalty>,
     pub correction: MismatchCorrection,
+    /// On-policy distillation: the advantages are per token (`opd::token_advantages`).
+    pub distill: Option<opd::OpdConfig>,
 }
 
 /// One batch's log-probs, advantages and mask. `rollout_logprobs` are the sampler's own
@@ -122,7 +140,7 @@ pub struct PolicyBatch<'a> {
     pub ref_logprobs: Option<&'a Tensor>,
     /// `[B, T]` log-probs recorded by the rollout engine.
     pub rollout_logprobs: Option<&'a Tensor>,
-    /// `[B]`.
+    /// `[B]`, or `[B, T]` per-token advantages (on-policy distillation).
     pub advantages: &'a Tensor,
     /// `[B, T]` 0/1, same dtype as the log-probs.
     pub mask: &'a Tensor,
@@ -217,10 +235,12 @@ fn check_shapes(batch: &PolicyBatch<'_>) -> Result<(), GrpoError> {
             )));
         }
     }
-    if batch.advantages.dims() != [dims.0] {
+    if batch.advantages.dims() != [dims.0] && batch.advantages.dims() != [dims.0, dims.1] {
         return Err(GrpoError::Shape(format!(
-            "advantages must be [{}], got {:?}",
+            "advantages must be [{}] or [{}, {}], got {:?}",
             dims.0,
+            dims.0,
+            dims.1,
             batch.advantages.dims()
         )));
     }

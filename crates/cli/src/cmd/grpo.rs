@@ -180,9 +180,19 @@ pub fn prepare(config: &GrpoConfig, quiet: bool) -> anyhow::Result<PreparedGrpo>
         Tokenizer::from_dir(model_dir)
             .with_context(|| format!("loading the tokenizer from {}", model_dir.display()))?,
     );
-    let needs_reference = config.settings.loss.kl.is_some();
+    let distill = config.settings.loss.distill.is_some();
+    let needs_reference = config.settings.loss.kl.is_some() || distill;
     let reference = match (&config.reference_model, needs_reference) {
         (_, false) => None,
+        (Some(dir), true) if distill => {
+            let teacher = Transformer::load(dir, &Device::Cpu)
+                .with_context(|| format!("loading the teacher from {}", dir.display()))?;
+            check_teacher(dir, &teacher, &policy, &tokenizer)?;
+            Some(teacher)
+        }
+        (None, true) if distill => bail!(
+            "[grpo.loss.distill] needs the teacher: set [model] reference to its model folder"
+        ),
         (Some(dir), true) => Some(
             Transformer::load(dir, &Device::Cpu)
                 .with_context(|| format!("loading the reference from {}", dir.display()))?,
@@ -310,6 +320,42 @@ fn build_rewards(config: &GrpoConfig) -> anyhow::Result<Vec<RewardSpec>> {
             Ok(RewardSpec::from_reward(name.clone(), built))
         })
         .collect()
+}
+
+/// On-policy distillation scores the policy's token ids under the teacher: both must predict
+/// over the same vocabulary, with the same token for every id where the teacher has tokenizer
+/// files.
+fn check_teacher(
+    dir: &std::path::Path,
+    teacher: &Transformer,
+    policy: &Transformer,
+    tokenizer: &Tokenizer,
+) -> anyhow::Result<()> {
+    let (theirs, ours) = (teacher.config().vocab_size, policy.config().vocab_size);
+    if theirs != ours {
+        bail!(
+            "[model] reference {}: the teacher predicts over {theirs} ids and the policy over \
+             {ours}; on-policy distillation needs one shared tokenizer",
+            dir.display()
+        );
+    }
+    if dir.join("tokenizer.json").is_file() {
+        let other = Tokenizer::from_dir(dir)
+            .with_context(|| format!("loading the teacher's tokenizer from {}", dir.display()))?;
+        if let Some(id) = (0..tokenizer.vocab_size().max(other.vocab_size()) as u32)
+            .find(|&id| tokenizer.id_to_token(id) != other.id_to_token(id))
+        {
+            bail!(
+                "[model] reference {}: not the policy's tokenizer (id {id} is {:?} for the \
+                 teacher and {:?} for the policy); on-policy distillation needs one shared \
+                 tokenizer",
+                dir.display(),
+                other.id_to_token(id),
+                tokenizer.id_to_token(id)
+            );
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

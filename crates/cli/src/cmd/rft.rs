@@ -169,7 +169,6 @@ impl RftPlan {
             ptx: None,
             out: file.out.clone(),
             lora: None,
-            distill: None,
         };
         let mut source = GrpoConfig::from_file(source, &stage.base, stem)
             .with_context(|| stage.origin.clone())?;

@@ -11,8 +11,51 @@
 //! divergence (that is `stoke_ops::distill`, for logit distillation).
 
 use candle_core::Tensor;
+use serde::{Deserialize, Serialize};
 
 use super::GrpoError;
+
+fn default_kl_coef() -> f64 {
+    1.0
+}
+
+/// `[grpo.loss.distill]`: the weight of the teacher's per-token signal and of the verifiable
+/// reward's advantage (0: distillation alone).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpdConfig {
+    #[serde(default = "default_kl_coef")]
+    pub kl_coef: f64,
+    #[serde(default)]
+    pub reward_weight: f64,
+}
+
+impl Default for OpdConfig {
+    fn default() -> Self {
+        OpdConfig {
+            kl_coef: default_kl_coef(),
+            reward_weight: 0.0,
+        }
+    }
+}
+
+impl OpdConfig {
+    pub fn validate(&self) -> Result<(), GrpoError> {
+        if !(self.kl_coef.is_finite() && self.kl_coef > 0.0) {
+            return Err(GrpoError::config(
+                "distill.kl_coef",
+                format!("must be positive, got {}", self.kl_coef),
+            ));
+        }
+        if !(self.reward_weight.is_finite() && self.reward_weight >= 0.0) {
+            return Err(GrpoError::config(
+                "distill.reward_weight",
+                format!("must be >= 0, got {}", self.reward_weight),
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// `[B, T]` advantages: `kl_coef * (teacher - student)` on masked tokens (0 elsewhere), plus
 /// `reward_weight * reward_advantages[b]` on the masked tokens of completion `b` when given.

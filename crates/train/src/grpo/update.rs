@@ -373,7 +373,7 @@ impl PolicyUpdater {
         } else {
             None
         };
-        let reference = if self.settings.loss.kl.is_some() {
+        let reference = if self.settings.loss.kl.is_some() || self.settings.loss.distill.is_some() {
             // `check_samples` made sure every sample has them.
             let rows: Vec<&[f32]> = chunk
                 .iter()
@@ -384,7 +384,26 @@ impl PolicyUpdater {
             None
         };
         let advantages: Vec<f32> = chunk.iter().map(|s| s.advantage as f32).collect();
-        let advantages = Tensor::from_vec(advantages, chunk.len(), device)?;
+        let mut advantages = Tensor::from_vec(advantages, chunk.len(), device)?;
+        if let (Some(distill), Some(teacher)) = (self.settings.loss.distill, reference.as_ref()) {
+            // On-policy distillation: per-token advantages from the teacher's log-probs of the
+            // sampled tokens against the sampler's own.
+            let rows: Vec<&[f32]> = chunk.iter().map(|s| s.rollout_logprobs).collect();
+            let behaviour = padded(&rows, width, device)?;
+            advantages = super::opd::token_advantages(
+                &behaviour,
+                teacher,
+                &scores.mask,
+                distill.kl_coef,
+                Some((&advantages, distill.reward_weight)),
+            )
+            .map_err(grpo_error)?;
+        }
+        let reference = if self.settings.loss.kl.is_some() {
+            reference
+        } else {
+            None
+        };
         let batch = PolicyBatch {
             current_logprobs: current,
             old_logprobs: &old,
@@ -403,7 +422,8 @@ impl PolicyUpdater {
 
     /// Refuses malformed samples, naming the sample and the field.
     fn check_samples(&self, samples: &[PolicySample<'_>]) -> Result<(), TrainError> {
-        let needs_ref = self.settings.loss.kl.is_some();
+        let distill = self.settings.loss.distill.is_some();
+        let needs_ref = self.settings.loss.kl.is_some() || distill;
         for (i, sample) in samples.iter().enumerate() {
             let tokens = sample.completion_ids.len();
             let bad = |what: String| TrainError::Other(format!("policy sample {i}: {what}"));
@@ -411,14 +431,17 @@ impl PolicyUpdater {
                 return Err(bad("the prompt is empty".into()));
             }
             let mut named = vec![("old_logprobs", sample.old_logprobs)];
-            if self.settings.use_mismatch_correction {
+            if self.settings.use_mismatch_correction || distill {
                 named.push(("rollout_logprobs", Some(sample.rollout_logprobs)));
             }
             if needs_ref {
                 if sample.ref_logprobs.is_none() {
-                    return Err(bad(
-                        "ref_logprobs missing, but the loss has a KL term (beta > 0)".into(),
-                    ));
+                    return Err(bad(if distill {
+                        "ref_logprobs (the teacher's) missing, but the loss distills on-policy"
+                            .into()
+                    } else {
+                        "ref_logprobs missing, but the loss has a KL term (beta > 0)".into()
+                    }));
                 }
                 named.push(("ref_logprobs", sample.ref_logprobs));
             }
@@ -443,8 +466,11 @@ impl PolicyUpdater {
         samples.iter().all(|s| {
             s.advantage.is_finite()
                 && finite(s.old_logprobs)
-                && (!self.settings.use_mismatch_correction || finite(Some(s.rollout_logprobs)))
-                && (self.settings.loss.kl.is_none() || finite(s.ref_logprobs))
+                && (!(self.settings.use_mismatch_correction
+                    || self.settings.loss.distill.is_some())
+                    || finite(Some(s.rollout_logprobs)))
+                && ((self.settings.loss.kl.is_none() && self.settings.loss.distill.is_none())
+                    || finite(s.ref_logprobs))
         })
     }
 
