@@ -33,6 +33,9 @@ enum Command {
     Inspect(cmd::model::InspectArgs),
     /// Fold a LoRA adapter (PEFT layout) into its base model and save the merged model.
     Merge(cmd::model::MergeArgs),
+    /// Release a model folder: Hugging Face layout with tokenizer and chat template, a model card
+    /// with the training lineage and eval figures; refuses non-finite weights.
+    Export(cmd::export::ExportArgs),
     /// Score completions offline with a reward function.
     Verify(cmd::verify::VerifyArgs),
     /// Evaluate a model folder or an OpenAI-compatible endpoint on tasks described in TOML.
@@ -91,6 +94,7 @@ fn main() -> ExitCode {
         Command::Chat(args) => cmd::serve::chat(args),
         Command::Inspect(args) => cmd::model::inspect(args),
         Command::Merge(args) => cmd::model::merge(args),
+        Command::Export(args) => cmd::export::run(args),
         Command::Verify(args) => cmd::verify::run(args),
         Command::Eval(command) => cmd::eval::run(command),
         Command::Sandbox(command) => cmd::sandbox::run(command),

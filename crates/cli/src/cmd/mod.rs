@@ -5,6 +5,7 @@ pub mod data;
 pub mod dpo;
 pub mod eval;
 pub mod eval_report;
+pub mod export;
 pub mod grpo;
 pub mod model;
 pub mod r1;
