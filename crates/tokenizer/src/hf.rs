@@ -187,6 +187,19 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// The first id the two tokenizers map to different tokens (or that only one of them has),
+    /// with each one's token: `None` when they share one vocabulary, as a teacher and its
+    /// student must.
+    pub fn first_vocabulary_difference(
+        &self,
+        other: &Tokenizer,
+    ) -> Option<(TokenId, Option<String>, Option<String>)> {
+        let size = self.vocab_size().max(other.vocab_size()) as TokenId;
+        (0..size)
+            .map(|id| (id, self.id_to_token(id), other.id_to_token(id)))
+            .find(|(_, a, b)| a != b)
+    }
+
     /// The beginning-of-sequence token text, if the config names one.
     pub fn bos_token(&self) -> Option<&str> {
         self.tokens.bos.as_deref()

@@ -500,30 +500,13 @@ fn distill_objective(
         && distill.teacher.join("tokenizer.json").is_file()
     {
         let teacher_tokenizer = Tokenizer::from_dir(&distill.teacher)?;
-        let size = student_tokenizer.vocab_size();
-        let differs = (teacher_tokenizer.vocab_size() != size)
-            .then_some(u32::MAX)
-            .or_else(|| {
-                (0..size as u32).find(|&id| {
-                    student_tokenizer.id_to_token(id) != teacher_tokenizer.id_to_token(id)
-                })
-            });
-        if let Some(id) = differs {
-            let detail = if id == u32::MAX {
-                format!(
-                    "{} tokens against the student's {size}",
-                    teacher_tokenizer.vocab_size()
-                )
-            } else {
-                format!(
-                    "id {id} is {:?} for the teacher and {:?} for the student",
-                    teacher_tokenizer.id_to_token(id),
-                    student_tokenizer.id_to_token(id)
-                )
-            };
+        if let Some((id, teacher_token, student_token)) =
+            teacher_tokenizer.first_vocabulary_difference(student_tokenizer)
+        {
             return Err(TrainError::Other(format!(
-                "distill.teacher {shown}: not the student's tokenizer ({detail}); distillation \
-                 needs one shared tokenizer"
+                "distill.teacher {shown}: not the student's tokenizer (id {id} is \
+                 {teacher_token:?} for the teacher and {student_token:?} for the student); \
+                 distillation needs one shared tokenizer"
             )));
         }
     }

@@ -342,16 +342,14 @@ fn check_teacher(
     if dir.join("tokenizer.json").is_file() {
         let other = Tokenizer::from_dir(dir)
             .with_context(|| format!("loading the teacher's tokenizer from {}", dir.display()))?;
-        if let Some(id) = (0..tokenizer.vocab_size().max(other.vocab_size()) as u32)
-            .find(|&id| tokenizer.id_to_token(id) != other.id_to_token(id))
+        if let Some((id, teacher_token, policy_token)) =
+            other.first_vocabulary_difference(tokenizer)
         {
             bail!(
-                "[model] reference {}: not the policy's tokenizer (id {id} is {:?} for the \
-                 teacher and {:?} for the policy); on-policy distillation needs one shared \
-                 tokenizer",
-                dir.display(),
-                other.id_to_token(id),
-                tokenizer.id_to_token(id)
+                "[model] reference {}: not the policy's tokenizer (id {id} is {teacher_token:?} \
+                 for the teacher and {policy_token:?} for the policy); on-policy distillation \
+                 needs one shared tokenizer",
+                dir.display()
             );
         }
     }
