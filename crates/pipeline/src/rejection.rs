@@ -9,7 +9,8 @@
 //!
 //! The filter, per task, in sample order:
 //! - only samples whose outcome is `Correct` are candidates (a verifier that panicked or timed
-//!   out counts as not correct, as in GRPO);
+//!   out counts as not correct, as in GRPO); with `verify` off every sample is (offline
+//!   distillation: a teacher's samples taken as they are);
 //! - a correct sample that hit `max_new_tokens` is dropped unless `keep_truncated`: its text
 //!   does not end where the policy ended it, and SFT would teach it to stop there (the chat
 //!   template closes the turn);
@@ -65,6 +66,10 @@ pub struct RejectionSettings {
     pub seed: u64,
     /// Keep correct samples that hit `max_new_tokens` (default off; see the module doc).
     pub keep_truncated: bool,
+    /// Keep only samples the reward calls `Correct` (default). Off: every sample is a candidate,
+    /// verified or not (sequence-level distillation from a teacher trusted as it is); rewards are
+    /// still computed and counted, and preference pairs still take correct samples only.
+    pub verify: bool,
 }
 
 impl RejectionSettings {
@@ -230,6 +235,7 @@ pub fn filter_group(
     group: &ScoredGroup,
     keep_per_prompt: usize,
     keep_truncated: bool,
+    verify: bool,
 ) -> FilteredGroup {
     let mut filtered = FilteredGroup::default();
     let mut kept_texts: Vec<&str> = Vec::new();
@@ -237,10 +243,11 @@ pub fn filter_group(
         if reward.failure.is_some() {
             filtered.reward_failures += 1;
         }
-        if !reward.correct() {
+        if reward.correct() {
+            filtered.correct += 1;
+        } else if verify {
             continue;
         }
-        filtered.correct += 1;
         if sample.truncated() && !keep_truncated {
             filtered.truncated += 1;
         } else if kept_texts.contains(&sample.text.as_str()) {
@@ -315,7 +322,12 @@ pub fn sample_and_filter(
             );
             let sample_count = group.samples.len();
             let scored = rewards.score(group);
-            let filtered = filter_group(&scored, settings.keep_per_prompt, settings.keep_truncated);
+            let filtered = filter_group(
+                &scored,
+                settings.keep_per_prompt,
+                settings.keep_truncated,
+                settings.verify,
+            );
             report.add(&filtered, sample_count);
             kept.extend(filtered.kept.iter().map(|&index| KeptCompletion {
                 task_id: task.id.clone(),
@@ -350,6 +362,7 @@ pub fn pair_group(group: &ScoredGroup, filtered: &FilteredGroup) -> Vec<Verified
     filtered
         .kept
         .iter()
+        .filter(|&&index| group.rewards[index].correct())
         .zip(&wrong)
         .map(|(&good, &bad)| VerifiedPair {
             task_id: task.id.clone(),
@@ -530,15 +543,20 @@ mod tests {
                 reward(Outcome::Correct),
             ],
         );
-        let filtered = filter_group(&scored, 3, false);
+        let filtered = filter_group(&scored, 3, false, true);
         assert_eq!(filtered.kept, vec![1, 4, 5]);
         assert_eq!(filtered.correct, 6);
         assert_eq!(filtered.duplicates, 1);
         assert_eq!(filtered.truncated, 1);
         assert_eq!(filtered.over_cap, 1);
-        let with_truncated = filter_group(&scored, 3, true);
+        let with_truncated = filter_group(&scored, 3, true, true);
         assert_eq!(with_truncated.kept, vec![1, 3, 4]);
         assert_eq!(with_truncated.truncated, 0);
+        // Unverified (offline distillation): the wrong first sample is a candidate too; the
+        // correct count is unchanged.
+        let unverified = filter_group(&scored, 3, false, false);
+        assert_eq!(unverified.kept, vec![0, 1, 4]);
+        assert_eq!(unverified.correct, 6);
     }
 
     #[test]
@@ -550,7 +568,7 @@ mod tests {
                 SampleReward::failed(RewardFailure::Panicked("boom".into())),
             ],
         );
-        let filtered = filter_group(&scored, 4, false);
+        let filtered = filter_group(&scored, 4, false, true);
         assert!(filtered.kept.is_empty());
         assert_eq!(filtered.reward_failures, 2);
         assert_eq!(filtered.correct, 0);
@@ -584,6 +602,7 @@ mod tests {
             max_new_tokens: 8,
             seed: 0,
             keep_truncated: false,
+            verify: true,
         };
         let error = settings.validate().unwrap_err().to_string();
         assert!(error.contains("sampling.keep_per_prompt"), "{error}");

@@ -72,6 +72,7 @@ fn settings(keep_per_prompt: usize, keep_truncated: bool) -> RejectionSettings {
         max_new_tokens: 6,
         seed: 3,
         keep_truncated,
+        verify: true,
     }
 }
 

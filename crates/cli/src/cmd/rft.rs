@@ -18,6 +18,9 @@
 //! max_new_tokens = 256   # (default 256)
 //! seed = 0               # sampling streams; also the default arithmetic task seed
 //! keep_truncated = false # keep correct completions that hit max_new_tokens (default false)
+//! verify = true          # keep only verified-correct samples; false keeps every distinct one
+//!                        # (offline distillation: [model] path is the teacher that samples and
+//!                        # [sft.model] pretrained the student that trains on its samples)
 //! reward_workers = 2     # (default: the machine's cores), reward_timeout_s (30)
 //! [sft]                  # a `stoke train` config (or: sft = "sft.toml")
 //! data = { seq_len = 256, micro_batch_size = 8 }
@@ -105,6 +108,9 @@ pub struct SamplingSection {
     pub max_new_tokens: Option<usize>,
     pub seed: Option<u64>,
     pub keep_truncated: Option<bool>,
+    /// Keep only verified-correct samples (default true); false: sequence-level distillation,
+    /// every distinct sample kept.
+    pub verify: Option<bool>,
     pub reward_workers: Option<usize>,
     pub reward_timeout_s: Option<f64>,
 }
@@ -182,6 +188,7 @@ impl RftPlan {
             max_new_tokens: s.max_new_tokens.unwrap_or(DEFAULT_MAX_NEW_TOKENS),
             seed,
             keep_truncated: s.keep_truncated.unwrap_or(false),
+            verify: s.verify.unwrap_or(true),
         };
         settings.validate().with_context(|| stage.origin.clone())?;
         let out_dir = source.out_dir.clone();

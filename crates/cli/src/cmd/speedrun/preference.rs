@@ -99,6 +99,7 @@ pub fn preference(
         max_new_tokens: recipe.eval_max_new_tokens,
         seed,
         keep_truncated: false,
+        verify: true,
     };
     let result = sample_and_filter(
         &prepared.policy,
