@@ -183,6 +183,22 @@ fn row_divergence<T: Real>(s: &[T], t: &[T], divergence: Divergence) -> T {
     total
 }
 
+/// `dL/ds` at one entry, from the student's and the teacher's log-probabilities there:
+/// `-p_t` (forward KL), `p_s (s - t + 1)` (reverse KL), `(1 - beta) p_s (s - m)` (mixture); 0
+/// where the student's probability is 0 (its terms vanish).
+fn logprob_gradient<T: Real>(s: T, t: T, divergence: Divergence, mix: (T, T, T)) -> T {
+    let ps = s.exp();
+    match divergence {
+        Divergence::Forward => -t.exp(),
+        _ if ps == T::zero() => T::zero(),
+        Divergence::Reverse => ps * (s - t + T::one()),
+        Divergence::Mixture { .. } => {
+            let (log_one_minus, log_beta, one_minus) = mix;
+            one_minus * ps * (s - log_mix(s, log_one_minus, t, log_beta))
+        }
+    }
+}
+
 fn backward_rows<T: Real>(
     student: &[T],
     teacher: &[T],
@@ -192,6 +208,13 @@ fn backward_rows<T: Real>(
     temperature: f64,
 ) -> Vec<T> {
     let inv_t = T::from(1.0 / temperature).unwrap_or_else(T::one);
+    // The mixture's log(1 - beta), log(beta) and 1 - beta, once per call.
+    let beta = match divergence {
+        Divergence::Mixture { beta } => beta,
+        _ => 0.5,
+    };
+    let cast = |v: f64| T::from(v).unwrap_or_else(T::zero);
+    let mix = (cast((-beta).ln_1p()), cast(beta.ln()), cast(1.0 - beta));
     let mut out = vec![T::zero(); student.len()];
     out.par_chunks_mut(width)
         .zip(student.par_chunks(width).zip(teacher.par_chunks(width)))
@@ -199,62 +222,17 @@ fn backward_rows<T: Real>(
         .for_each_init(
             || vec![T::zero(); width],
             |t, ((dz, (zs, zt)), &gr)| {
-                // dz holds s, then g, then the gradient.
+                // dz holds s, then the gradient.
                 log_softmax_row(zs, inv_t, dz);
                 log_softmax_row(zt, inv_t, t);
-                match divergence {
-                    Divergence::Forward => {
-                        // g = -p_t; its sum is -1 up to rounding (the computed sum is used).
-                        let g_sum = -t.iter().fold(T::zero(), |a, &tv| a + tv.exp());
-                        for (d, &tv) in dz.iter_mut().zip(t.iter()) {
-                            let ps = d.exp();
-                            *d = (-tv.exp() - ps * g_sum) * inv_t * gr;
-                        }
-                    }
-                    Divergence::Reverse => {
-                        let gs: Vec<(T, T)> = dz
-                            .iter()
-                            .zip(t.iter())
-                            .map(|(&sv, &tv)| {
-                                let ps = sv.exp();
-                                let g = if ps == T::zero() {
-                                    T::zero()
-                                } else {
-                                    ps * (sv - tv + T::one())
-                                };
-                                (ps, g)
-                            })
-                            .collect();
-                        let g_sum = gs.iter().fold(T::zero(), |a, &(_, g)| a + g);
-                        for (d, &(ps, g)) in dz.iter_mut().zip(&gs) {
-                            *d = (g - ps * g_sum) * inv_t * gr;
-                        }
-                    }
-                    Divergence::Mixture { beta } => {
-                        let one_minus = T::from(1.0 - beta).unwrap_or_else(T::zero);
-                        let (la, lb) = (
-                            T::from((-beta).ln_1p()).unwrap_or_else(T::zero),
-                            T::from(beta.ln()).unwrap_or_else(T::zero),
-                        );
-                        let gs: Vec<(T, T)> = dz
-                            .iter()
-                            .zip(t.iter())
-                            .map(|(&sv, &tv)| {
-                                let ps = sv.exp();
-                                let m = log_mix(sv, la, tv, lb);
-                                let g = if ps == T::zero() {
-                                    T::zero()
-                                } else {
-                                    one_minus * ps * (sv - m)
-                                };
-                                (ps, g)
-                            })
-                            .collect();
-                        let g_sum = gs.iter().fold(T::zero(), |a, &(_, g)| a + g);
-                        for (d, &(ps, g)) in dz.iter_mut().zip(&gs) {
-                            *d = (g - ps * g_sum) * inv_t * gr;
-                        }
-                    }
+                // t becomes g = dL/ds (read before it is overwritten), then the gradient.
+                let mut g_sum = T::zero();
+                for (&sv, tg) in dz.iter().zip(t.iter_mut()) {
+                    *tg = logprob_gradient(sv, *tg, divergence, mix);
+                    g_sum += *tg;
+                }
+                for (d, &g) in dz.iter_mut().zip(t.iter()) {
+                    *d = (g - d.exp() * g_sum) * inv_t * gr;
                 }
             },
         );
