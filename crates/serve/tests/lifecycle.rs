@@ -168,11 +168,26 @@ fn pause_holds_decoding_and_resume_continues_it() {
     server.stop();
 }
 
+/// Tokens of the request that runs across a weight swap.
+const LONG: usize = 1500;
+
 #[test]
 fn update_weights_swaps_between_steps_and_reports_versions() {
-    let (server, client) = start_default();
+    // The fixture with a 2,048-token context, so the long request below generates 1,500 tokens:
+    // long enough to be seen running and still running at the swap on a loaded machine (100
+    // tokens of this tiny model could finish between two polls).
+    let context = tempfile::tempdir().unwrap();
+    let mut served = config();
+    served.model_dir = fixture_with_context(context.path(), 2048);
+    let (server, client) = start(served);
     let dir = tempfile::tempdir().unwrap();
     let new_model = scaled_copy(dir.path(), 0.7);
+    // The same architecture as the served copy (update_weights refuses another config).
+    std::fs::copy(
+        context.path().join("config.json"),
+        dir.path().join("config.json"),
+    )
+    .unwrap();
     let (_, before) = client.get("/weights/checksum").unwrap();
     assert_eq!(before["version"], 0);
     assert_eq!(
@@ -190,8 +205,8 @@ fn update_weights_swaps_between_steps_and_reports_versions() {
             .post_stream(
                 "/v1/completions",
                 // No token ids asked: chunks of tokens without text are skipped, and their
-                // versions come with the next chunk, so all 100 still arrive.
-                &json!({"prompt": [9, 8, 7], "max_tokens": 100, "ignore_eos": true, "stream": true}),
+                // versions come with the next chunk, so all 1,500 still arrive.
+                &json!({"prompt": [9, 8, 7], "max_tokens": LONG, "ignore_eos": true, "stream": true}),
                 |event| {
                     for choice in event["choices"].as_array().unwrap() {
                         if let Some(v) = choice["weight_versions"].as_array() {
@@ -217,7 +232,7 @@ fn update_weights_swaps_between_steps_and_reports_versions() {
     assert_eq!(answer["version"], 5);
     let (versions, finished) = running.join().unwrap();
     assert!(finished);
-    assert_eq!(versions.len(), 100);
+    assert_eq!(versions.len(), LONG);
     assert!(versions.windows(2).all(|w| w[0] <= w[1]), "{versions:?}");
     assert_eq!(versions[0], 0);
     assert_eq!(*versions.last().unwrap(), 5, "{versions:?}");
