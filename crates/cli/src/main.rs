@@ -56,6 +56,9 @@ enum Command {
     Grpo(cmd::grpo::GrpoArgs),
     /// Preference optimization on pairs (DPO family, CPO/SimPO, ORPO) from a TOML config.
     Dpo(cmd::dpo::DpoArgs),
+    /// Distillation data: a teacher's completions with their token ids, for a student's SFT.
+    #[command(subcommand)]
+    Distill(cmd::distill::DistillCommand),
     /// Rejection-sampling fine-tuning: sample k per task, keep the verified-correct, SFT on them.
     Rft(cmd::rft::RftArgs),
     /// The R1 order from one config: cold-start SFT, reasoning RL, rejection-sampling SFT, final RL.
@@ -104,6 +107,7 @@ fn main() -> ExitCode {
         Command::Grpo(args) => cmd::grpo::run_command(args),
         Command::Dpo(args) => cmd::dpo::run_command(args),
         Command::Rft(args) => cmd::rft::run_command(args),
+        Command::Distill(command) => cmd::distill::run(command),
         Command::R1(args) => cmd::r1::run_command(args),
         Command::Speedrun(args) => cmd::speedrun::run(args),
     };

@@ -247,3 +247,93 @@ fn rft_samples_filters_and_fine_tunes() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("rejection sampling: 3 prompts"), "{stdout}");
 }
+
+/// `stoke distill generate`: the teacher's samples with their token ids, every distinct one kept
+/// (verify off by default), counts in generate.json; a student SFT on the file trains on the ids
+/// (no line skipped); a student with another tokenizer is refused before any sampling.
+#[test]
+fn distill_generate_writes_token_ids_a_student_trains_on() {
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path());
+    let config = dir.path().join("generate.toml");
+    std::fs::write(
+        &config,
+        "[model]\npath = \"model\"\n[tasks]\nkind = \"arithmetic\"\nproblems = 3\n\
+         [sampling]\nsamples = 2\nmax_new_tokens = 6\nkeep_truncated = true\nreward_workers = 1\n\
+         [out]\ndir = \"out\"\n",
+    )
+    .unwrap();
+    let output = run(&["distill", "generate"], &config);
+    assert!(output.status.success(), "{}", text(&output));
+    let out = dir.path().join("out");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("generate.json")).unwrap()).unwrap();
+    assert_eq!(report["prompts"], 3);
+    assert_eq!(report["samples"], 6);
+    let tokenizer = stoke_tokenizer::hf::Tokenizer::from_dir(&dir.path().join("model")).unwrap();
+    let lines = std::fs::read_to_string(out.join("distill.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len() as u64, report["kept"].as_u64().unwrap());
+    assert!(!lines.is_empty());
+    for line in &lines {
+        let ids = |key: &str| -> Vec<u32> {
+            line[key]
+                .as_array()
+                .unwrap_or_else(|| panic!("no {key} in {line}"))
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect()
+        };
+        let (prompt, completion) = (ids("prompt_ids"), ids("completion_ids"));
+        assert!(!completion.is_empty() && completion.len() <= 6, "{line}");
+        // The prompt ids are the teacher's chat-template rendering of the question.
+        let question = line["messages"][0]["content"].as_str().unwrap();
+        let rendered = tokenizer.decode(&prompt, false).unwrap();
+        assert!(rendered.contains(question), "{rendered:?} vs {question:?}");
+        assert!(
+            rendered.ends_with("<|im_start|>assistant\n"),
+            "{rendered:?}"
+        );
+        assert_eq!(
+            tokenizer.decode(&completion, false).unwrap(),
+            line["messages"][1]["content"].as_str().unwrap()
+        );
+    }
+
+    // The student's SFT takes every line (by its ids).
+    let sft = dir.path().join("student.toml");
+    std::fs::write(
+        &sft,
+        "output_dir = \"student\"\n[model]\npretrained = \"model\"\n\
+         [data]\nkind = \"chat\"\ntrain = [\"out/distill.jsonl\"]\nseq_len = 128\nmicro_batch_size = 2\n\
+         [schedule]\nkind = \"constant\"\n[training]\nsteps = 1\n",
+    )
+    .unwrap();
+    let output = run(&["train"], &sft);
+    assert!(output.status.success(), "{}", text(&output));
+    // A skipped or truncated line would be reported ("warning: ... N skipped").
+    let all = text(&output);
+    assert!(!all.contains("distill.jsonl:"), "{all}");
+    assert!(!all.contains("skipped"), "{all}");
+
+    // A student over another tokenizer is refused, naming it.
+    let other = tempfile::tempdir().unwrap();
+    common::tiny_chat_model(other.path(), &vec!["zebra quartz jumps".to_string(); 4]);
+    let student = other.path().join("model");
+    let output = run(
+        &[
+            "distill",
+            "generate",
+            "--set",
+            &format!("model.student=\"{}\"", student.display()),
+        ],
+        &config,
+    );
+    assert!(!output.status.success());
+    let all = text(&output);
+    assert!(all.contains("not the teacher's tokenizer"), "{all}");
+    assert!(all.contains(&student.display().to_string()), "{all}");
+}

@@ -18,11 +18,15 @@
 //! - at most `keep_per_prompt` texts are kept; the first ones in sample order win.
 //!
 //! Each kept completion becomes one line `{"messages": [{"role": "user", "content": PROMPT},
-//! {"role": "assistant", "content": COMPLETION}], "task_id": ..., "sample": j}` where PROMPT is
-//! `Task::prompt` (the last user message of the task). A task whose prompt tokens are not the
-//! chat-template rendering of that one user message (a JSONL task with a system message or an
-//! earlier turn) still gets its lines, and is counted in
-//! [`RejectionReport::prompts_with_other_context`]: its SFT lines lack that context.
+//! {"role": "assistant", "content": COMPLETION}], "prompt_ids": [...], "completion_ids": [...],
+//! "task_id": ..., "sample": j}` where PROMPT is `Task::prompt` (the last user message of the
+//! task) and the ids are exactly what the model was prompted with and sampled. `stoke train`'s
+//! SFT reader trains on the ids when a line has them (no retokenization, so the student learns
+//! the very tokens the teacher chose, and a prompt with a system message or earlier turns keeps
+//! them); the messages are for people and for readers without ids. A task whose prompt tokens are
+//! not the chat-template rendering of that one user message is counted in
+//! [`RejectionReport::prompts_with_other_context`]: its messages lack that context (its ids do
+//! not).
 //!
 //! Preference pairs from the same samples (the iterative/online DPO route): per task, the kept
 //! correct completions in order are paired with the distinct wrong ones (scored, not correct,
@@ -119,6 +123,11 @@ pub struct KeptCompletion {
     /// The task's prompt as the verifier saw it (the user message of the SFT line).
     pub prompt: String,
     pub completion: String,
+    /// The prompt exactly as the model was given it (chat template applied, generation prompt
+    /// included) and the sampled token ids (ending in the stop token when the sample stopped):
+    /// SFT trains on these ids as they are, so no retokenization changes what was sampled.
+    pub prompt_ids: Vec<u32>,
+    pub completion_ids: Vec<u32>,
     /// Which of the task's samples it was.
     pub sample_index: usize,
 }
@@ -333,6 +342,8 @@ pub fn sample_and_filter(
                 task_id: task.id.clone(),
                 prompt: task.prompt.clone(),
                 completion: scored.rollout.samples[index].text.clone(),
+                prompt_ids: task.prompt_ids.clone(),
+                completion_ids: scored.rollout.samples[index].completion_ids.clone(),
                 sample_index: index,
             }));
             pairs.extend(pair_group(&scored, &filtered));
@@ -402,6 +413,8 @@ pub fn chat_line(kept: &KeptCompletion) -> String {
             {"role": "user", "content": kept.prompt},
             {"role": "assistant", "content": kept.completion},
         ],
+        "prompt_ids": kept.prompt_ids,
+        "completion_ids": kept.completion_ids,
         "task_id": kept.task_id,
         "sample": kept.sample_index,
     })
@@ -580,6 +593,8 @@ mod tests {
             task_id: "q7".into(),
             prompt: "What is \"2\" + 3?".into(),
             completion: "2 + 3 = 5\n#### 5".into(),
+            prompt_ids: vec![1, 2, 3],
+            completion_ids: vec![7, 8, 0],
             sample_index: 3,
         });
         let value: serde_json::Value = serde_json::from_str(&line).unwrap();
@@ -589,6 +604,8 @@ mod tests {
         assert_eq!(value["messages"][1]["content"], "2 + 3 = 5\n#### 5");
         assert_eq!(value["task_id"], "q7");
         assert_eq!(value["sample"], 3);
+        assert_eq!(value["prompt_ids"], serde_json::json!([1, 2, 3]));
+        assert_eq!(value["completion_ids"], serde_json::json!([7, 8, 0]));
     }
 
     #[test]

@@ -519,3 +519,77 @@ fn tokenizer_without_chat_template_is_one_clear_error() {
     assert!(matches!(err, SourceError::Tokenizer(_)), "{err}");
     assert!(err.to_string().contains("chat template"), "{err}");
 }
+
+/// A line with `prompt_ids` and `completion_ids` (what `stoke rft` and `stoke distill generate`
+/// write) trains on exactly those ids: the prompt is never a target, the completion always is,
+/// and its `messages` (here deliberately different text) are not rendered. Unusable ids are
+/// reported with their line.
+#[test]
+fn token_id_lines_are_trained_as_given_without_retokenizing() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokenizer = qwen2();
+    let prompt = tokenizer
+        .apply_chat_template(
+            &messages(&[("user", "What is 2 + 3?".to_string())]),
+            &ChatOptions {
+                add_generation_prompt: true,
+                ..ChatOptions::default()
+            },
+        )
+        .unwrap()
+        .ids;
+    // Not the tokenizer's own encoding of any text: "5" spelled as two odd pieces plus <|im_end|>.
+    let im_end = tokenizer.token_to_id("<|im_end|>").unwrap();
+    let completion = vec![17u32, 18, 19, im_end];
+    let vocab = tokenizer.vocab_size() as u32;
+    let lines = vec![
+        json!({"messages": [{"role": "user", "content": "ignored"},
+                            {"role": "assistant", "content": "ignored"}],
+               "prompt_ids": prompt, "completion_ids": completion})
+        .to_string(), // 1
+        json!({"prompt_ids": prompt}).to_string(), // 2
+        json!({"prompt_ids": prompt, "completion_ids": []}).to_string(), // 3
+        json!({"prompt_ids": prompt, "completion_ids": [5, vocab]}).to_string(), // 4
+        json!({"prompt_ids": [1, -2], "completion_ids": [5]}).to_string(), // 5
+    ];
+    let path = write_jsonl(dir.path(), &lines);
+    let mut source = ChatSource::open(&path, &tokenizer, config(Some(1))).unwrap();
+    let skipped: Vec<(usize, String)> = source
+        .skipped()
+        .iter()
+        .map(|s| (s.line, s.reason.to_string()))
+        .collect();
+    assert_eq!(skipped.len(), 4, "{skipped:?}");
+    assert_eq!(skipped[0].0, 2);
+    assert!(
+        skipped[0].1.contains("without `completion_ids`"),
+        "{skipped:?}"
+    );
+    assert_eq!(skipped[1].0, 3);
+    assert!(
+        skipped[1].1.contains("`completion_ids` is empty"),
+        "{skipped:?}"
+    );
+    assert_eq!(skipped[2].0, 4);
+    assert!(
+        skipped[2]
+            .1
+            .contains(&format!("`completion_ids[1]` is {vocab}")),
+        "{skipped:?}"
+    );
+    assert_eq!(skipped[3].0, 5);
+    let batches = all_batches(&mut source);
+    assert_eq!(batches.len(), 1);
+    let batch = &batches[0];
+    let positions = piece_positions(batch, 0, 0);
+    let inputs: Vec<u32> = positions.iter().map(|&i| batch.tokens[i]).collect();
+    let mut whole = prompt.clone();
+    whole.extend(&completion);
+    assert_eq!(inputs, whole);
+    let trained: Vec<u32> = positions
+        .iter()
+        .filter(|&&i| batch.loss_mask[i])
+        .map(|&i| batch.targets[i])
+        .collect();
+    assert_eq!(trained, completion);
+}

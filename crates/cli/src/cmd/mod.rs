@@ -2,6 +2,7 @@
 //! returning `anyhow::Result<()>`.
 
 pub mod data;
+pub mod distill;
 pub mod dpo;
 pub mod eval;
 pub mod eval_report;

@@ -52,7 +52,8 @@ use stoke_pipeline::config::{
     OutSection, ScheduleSection, TaskSourceFile,
 };
 use stoke_pipeline::rejection::{
-    RejectionReport, RejectionSettings, sample_and_filter, write_chat_jsonl, write_pairs_jsonl,
+    RejectionReport, RejectionResult, RejectionSettings, sample_and_filter, write_chat_jsonl,
+    write_pairs_jsonl,
 };
 use stoke_pipeline::reward::RewardPool;
 use stoke_reward::RewardConfig;
@@ -155,42 +156,16 @@ impl RftPlan {
                 stage.origin
             );
         }
-        let s = &file.sampling;
-        let seed = s.seed.unwrap_or(0);
-        let source = GrpoConfigFile {
-            model: model.clone(),
-            tasks: file.tasks.clone(),
-            held_out: None,
-            rewards: file.rewards.clone(),
-            grpo: GrpoSection {
-                seed: Some(seed),
-                reward_workers: s.reward_workers,
-                reward_timeout_s: s.reward_timeout_s,
-                ..GrpoSection::default()
-            },
-            optimizer: Default::default(),
-            schedule: ScheduleSection::default(),
-            eval: EvalSection::default(),
-            checkpoint: CheckpointSection::default(),
-            ptx: None,
-            out: file.out.clone(),
-            lora: None,
-        };
-        let mut source = GrpoConfig::from_file(source, &stage.base, stem)
-            .with_context(|| stage.origin.clone())?;
-        source.held_out = None;
-        let settings = RejectionSettings {
-            samples_per_prompt: s.samples.unwrap_or(DEFAULT_SAMPLES),
-            keep_per_prompt: s.keep_per_prompt.unwrap_or(DEFAULT_KEEP_PER_PROMPT),
-            temperature: s.temperature.unwrap_or(1.0) as f32,
-            top_p: s.top_p.unwrap_or(1.0) as f32,
-            top_k: s.top_k.filter(|&k| k > 0),
-            max_new_tokens: s.max_new_tokens.unwrap_or(DEFAULT_MAX_NEW_TOKENS),
-            seed,
-            keep_truncated: s.keep_truncated.unwrap_or(false),
-            verify: s.verify.unwrap_or(true),
-        };
-        settings.validate().with_context(|| stage.origin.clone())?;
+        let (source, settings) = sampling_source(
+            model,
+            file.tasks,
+            file.rewards,
+            &file.sampling,
+            file.out,
+            &stage,
+            stem,
+            true,
+        )?;
         let out_dir = source.out_dir.clone();
 
         let mut sft = StageTable::load(file.sft, "sft", Path::new(&stage.origin), &stage.base)?;
@@ -217,6 +192,107 @@ impl RftPlan {
             out_dir,
         })
     }
+}
+
+/// The sampling half of a recipe (`stoke rft`, `stoke distill generate`): model, tasks and
+/// rewards in `stoke grpo`'s resolved form (no held-out set), and the sampling settings;
+/// `verify_default` is `[sampling] verify` when the file does not say.
+#[allow(clippy::too_many_arguments)]
+pub fn sampling_source(
+    model: ModelSection,
+    tasks: Option<TaskSourceFile>,
+    rewards: BTreeMap<String, RewardConfig>,
+    s: &SamplingSection,
+    out: OutSection,
+    stage: &StageTable,
+    stem: &str,
+    verify_default: bool,
+) -> anyhow::Result<(GrpoConfig, RejectionSettings)> {
+    let seed = s.seed.unwrap_or(0);
+    let source = GrpoConfigFile {
+        model,
+        tasks,
+        held_out: None,
+        rewards,
+        grpo: GrpoSection {
+            seed: Some(seed),
+            reward_workers: s.reward_workers,
+            reward_timeout_s: s.reward_timeout_s,
+            ..GrpoSection::default()
+        },
+        optimizer: Default::default(),
+        schedule: ScheduleSection::default(),
+        eval: EvalSection::default(),
+        checkpoint: CheckpointSection::default(),
+        ptx: None,
+        out,
+        lora: None,
+    };
+    let mut source =
+        GrpoConfig::from_file(source, &stage.base, stem).with_context(|| stage.origin.clone())?;
+    source.held_out = None;
+    let samples = s.samples.unwrap_or(DEFAULT_SAMPLES);
+    let settings = RejectionSettings {
+        samples_per_prompt: samples,
+        keep_per_prompt: s.keep_per_prompt.unwrap_or(if verify_default {
+            DEFAULT_KEEP_PER_PROMPT
+        } else {
+            samples
+        }),
+        temperature: s.temperature.unwrap_or(1.0) as f32,
+        top_p: s.top_p.unwrap_or(1.0) as f32,
+        top_k: s.top_k.filter(|&k| k > 0),
+        max_new_tokens: s.max_new_tokens.unwrap_or(DEFAULT_MAX_NEW_TOKENS),
+        seed,
+        keep_truncated: s.keep_truncated.unwrap_or(false),
+        verify: s.verify.unwrap_or(verify_default),
+    };
+    settings.validate().with_context(|| stage.origin.clone())?;
+    Ok((source, settings))
+}
+
+/// Loads the model, tasks and rewards of `source` and samples and filters every task
+/// (`stoke_pipeline::rejection::sample_and_filter`), with progress on stderr unless `quiet`.
+pub fn sample(
+    source: &GrpoConfig,
+    settings: &RejectionSettings,
+    quiet: bool,
+) -> anyhow::Result<RejectionResult> {
+    let prepared = prepare(source, quiet)?;
+    let pool = &source.settings;
+    let rewards = RewardPool::new(prepared.rewards, pool.reward_workers, pool.reward_timeout)?;
+    let total = prepared.tasks.len();
+    let mut progress = |report: &RejectionReport| {
+        if !quiet {
+            eprintln!(
+                "sampling: {}/{total} prompts, {} kept ({:.1}% of samples), {:.1} s",
+                report.prompts,
+                report.kept,
+                100.0 * report.acceptance_rate(),
+                report.seconds
+            );
+        }
+    };
+    let result = sample_and_filter(
+        &prepared.policy,
+        &prepared.tokenizer,
+        &prepared.tasks,
+        &rewards,
+        settings,
+        &mut progress,
+    )?;
+    rewards.shutdown();
+    if result.report.prompts_with_other_context > 0 {
+        // Shown in quiet runs too: the lines' messages differ from what the model was prompted
+        // with (their token ids do not).
+        eprintln!(
+            "warning: {} of {} tasks are prompted with more than one user message (a system \
+             message or earlier turns); the `messages` of their lines hold only the last user \
+             message (their `prompt_ids`, which SFT trains on, hold everything)",
+            result.report.prompts_with_other_context, result.report.prompts
+        );
+    }
+    Ok(result)
 }
 
 /// The `stoke train` config of a stage table (resolved: its model folder must exist).
@@ -272,42 +348,7 @@ pub fn run(plan: &RftPlan, quiet: bool) -> anyhow::Result<RftSummary> {
             plan.sft.origin
         );
     }
-    let prepared = prepare(&plan.source, quiet)?;
-    let settings = &plan.source.settings;
-    let rewards = RewardPool::new(
-        prepared.rewards,
-        settings.reward_workers,
-        settings.reward_timeout,
-    )?;
-    let total = prepared.tasks.len();
-    let mut progress = |report: &RejectionReport| {
-        if !quiet {
-            eprintln!(
-                "rejection sampling: {}/{total} prompts, {} kept ({:.1}% of samples), {:.1} s",
-                report.prompts,
-                report.kept,
-                100.0 * report.acceptance_rate(),
-                report.seconds
-            );
-        }
-    };
-    let result = sample_and_filter(
-        &prepared.policy,
-        &prepared.tokenizer,
-        &prepared.tasks,
-        &rewards,
-        &plan.settings,
-        &mut progress,
-    )?;
-    rewards.shutdown();
-    if result.report.prompts_with_other_context > 0 {
-        // Shown in quiet runs too: the SFT lines differ from what the policy was prompted with.
-        eprintln!(
-            "warning: {} of {} tasks are prompted with more than one user message (a system \
-             message or earlier turns); their SFT lines hold only the last user message",
-            result.report.prompts_with_other_context, result.report.prompts
-        );
-    }
+    let result = sample(&plan.source, &plan.settings, quiet)?;
     let report_path = plan.out_dir.join("rejection.json");
     std::fs::write(&report_path, serde_json::to_string_pretty(&result.report)?)
         .with_context(|| format!("writing {}", report_path.display()))?;

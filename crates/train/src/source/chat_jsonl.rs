@@ -1,6 +1,10 @@
 //! Reading chat JSONL for [`super::ChatSource`]: each line is parsed as a chat record
 //! (`{"messages": [...]}`, other top-level fields ignored), rendered with the tokenizer's chat
-//! template into token ids and an assistant-token mask, and truncated to one row. A line that
+//! template into token ids and an assistant-token mask, and truncated to one row. A line with
+//! `"prompt_ids"` and `"completion_ids"` (what `stoke rft` and `stoke distill generate` write: the
+//! prompt as the model was given it and the tokens it sampled) is taken as those ids, the
+//! completion the trained part, with no rendering or retokenization; its `messages` are then not
+//! read. A line that
 //! cannot be used becomes a [`SkippedLine`] naming the file, the 1-based line and the reason;
 //! nothing is dropped silently and nothing panics. [`ChatLoadReport`] counts what was kept,
 //! skipped and truncated.
@@ -37,6 +41,9 @@ pub enum SkipReason {
     NoAssistantTurn,
     /// The chat template refused the conversation (e.g. roles that do not alternate).
     Template(String),
+    /// `prompt_ids`/`completion_ids` unusable: only one given, empty, or an id outside the
+    /// tokenizer's vocabulary.
+    TokenIds(String),
     /// After truncation to `seq_len + 1` tokens no assistant token is left as a target.
     NoTrainableTokens {
         tokens: usize,
@@ -59,6 +66,7 @@ impl fmt::Display for SkipReason {
             SkipReason::EmptyConversation => write!(f, "`messages` is empty"),
             SkipReason::NoAssistantTurn => write!(f, "no assistant message (nothing to train on)"),
             SkipReason::Template(err) => write!(f, "chat template: {err}"),
+            SkipReason::TokenIds(err) => write!(f, "token ids: {err}"),
             SkipReason::NoTrainableTokens { tokens } => write!(
                 f,
                 "no assistant token within the first row ({tokens} tokens rendered)"
@@ -129,7 +137,10 @@ pub(super) struct Conversation {
 /// The typed form of one line; unknown top-level fields are ignored.
 #[derive(Deserialize)]
 struct ChatRecord {
-    messages: Vec<ChatMessage>,
+    /// Required unless the line carries token ids.
+    messages: Option<Vec<ChatMessage>>,
+    prompt_ids: Option<Vec<u32>>,
+    completion_ids: Option<Vec<u32>>,
 }
 
 /// Reads, renders and truncates every line; returns the usable conversations and the report.
@@ -206,16 +217,66 @@ fn render_line(text: &str, tokenizer: &Tokenizer) -> Result<(Vec<u32>, Vec<bool>
         return Err(SkipReason::BlankLine);
     }
     let record: ChatRecord = serde_json::from_str(text).map_err(|err| classify(text, err))?;
-    if record.messages.is_empty() {
+    match (record.prompt_ids, record.completion_ids) {
+        (Some(prompt), Some(completion)) => return token_ids(prompt, completion, tokenizer),
+        (Some(_), None) => {
+            return Err(SkipReason::TokenIds(
+                "`prompt_ids` without `completion_ids`".into(),
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(SkipReason::TokenIds(
+                "`completion_ids` without `prompt_ids`".into(),
+            ));
+        }
+        (None, None) => {}
+    }
+    let Some(messages) = record.messages else {
+        return Err(SkipReason::MissingMessages);
+    };
+    if messages.is_empty() {
         return Err(SkipReason::EmptyConversation);
     }
-    if !record.messages.iter().any(|m| m.role == Role::Assistant) {
+    if !messages.iter().any(|m| m.role == Role::Assistant) {
         return Err(SkipReason::NoAssistantTurn);
     }
     let encoding = tokenizer
-        .apply_chat_template(&record.messages, &ChatOptions::default())
+        .apply_chat_template(&messages, &ChatOptions::default())
         .map_err(|err| SkipReason::Template(err.to_string()))?;
     Ok((encoding.ids, encoding.assistant_mask))
+}
+
+/// A line's own token ids: the prompt (not trained) then the completion (trained), checked
+/// against the vocabulary.
+fn token_ids(
+    prompt: Vec<u32>,
+    completion: Vec<u32>,
+    tokenizer: &Tokenizer,
+) -> Result<(Vec<u32>, Vec<bool>), SkipReason> {
+    if prompt.is_empty() {
+        return Err(SkipReason::TokenIds("`prompt_ids` is empty".into()));
+    }
+    if completion.is_empty() {
+        return Err(SkipReason::TokenIds("`completion_ids` is empty".into()));
+    }
+    let vocab = tokenizer.vocab_size();
+    for (field, ids) in [("prompt_ids", &prompt), ("completion_ids", &completion)] {
+        if let Some((index, id)) = ids
+            .iter()
+            .enumerate()
+            .find(|&(_, &id)| id as usize >= vocab)
+        {
+            return Err(SkipReason::TokenIds(format!(
+                "`{field}[{index}]` is {id}, outside the tokenizer's {vocab} ids (data from \
+                 another tokenizer?)"
+            )));
+        }
+    }
+    let mut assistant = vec![false; prompt.len()];
+    assistant.resize(prompt.len() + completion.len(), true);
+    let mut ids = prompt;
+    ids.extend(completion);
+    Ok((ids, assistant))
 }
 
 /// Names what is wrong with a line that does not parse as a chat record.
