@@ -12,8 +12,12 @@ and mean of steps 2..N, the time before step 1, total wall time, peak RSS and th
 metrics. The loss is TRL's generalized_jsd_loss with beta 0.5 (GKDConfig's default) at temperature
 1 (compute_loss passes none; GKDConfig.temperature is the generation temperature).
 
-What it is not: part of CI (it needs the venv with torch / transformers / trl), or the on-policy
-regime (lmbda > 0 adds student generation to the step; TRL's default lmbda is 0.5).
+With --lmbda 1 every batch is on-policy (GKD's on-policy regime, the reference for `stoke grpo`
+with [grpo.loss.distill]): the student generates --max-new-tokens at --temperature for the
+batch's prompts and the loss is taken on its own tokens; TRL's default lmbda is 0.5 (a coin flip
+per step).
+
+What it is not: part of CI (it needs the venv with torch / transformers / trl).
 
 Pinned versions: torch 2.15.0, transformers 5.24.0, trl 1.16.0 (/work/venv).
 
@@ -51,6 +55,9 @@ def main() -> None:
     ap.add_argument("--beta", type=float, default=0.5)
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--lmbda", type=float, default=0.0, help="fraction of on-policy (student-generated) batches")
+    ap.add_argument("--max-new-tokens", type=int, default=128, help="GKDConfig.max_new_tokens (on-policy batches)")
+    ap.add_argument("--temperature", type=float, default=0.9, help="GKDConfig.temperature (generation)")
     ap.add_argument("--no-grad-ckpt", action="store_true", help="gradient checkpointing off (TRL's default: on)")
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/gkd_trl_run"))
     args = ap.parse_args()
@@ -95,7 +102,9 @@ def run(args: argparse.Namespace, records: list[dict]) -> dict:
         max_steps=args.steps,
         learning_rate=args.lr,
         beta=args.beta,
-        lmbda=0.0,
+        lmbda=args.lmbda,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
         seq_kd=False,
         max_length=args.max_length,
         gradient_checkpointing=not args.no_grad_ckpt,
@@ -130,6 +139,7 @@ def run(args: argparse.Namespace, records: list[dict]) -> dict:
         "total_seconds": time.perf_counter() - PROCESS_START,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "gradient_checkpointing": config.gradient_checkpointing,
+        "lmbda": config.lmbda,
         "last_log": logs[-1] if logs else None,
     }
 
