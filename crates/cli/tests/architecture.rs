@@ -18,6 +18,11 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("stoke-model", &["stoke-types", "stoke-ops"]),
         ("stoke-optim", &[]),
         (
+            "stoke-rollout",
+            &["stoke-types", "stoke-ops", "stoke-model", "stoke-tokenizer"],
+        ),
+        // The trainer samples from the student for on-policy distillation (`[distill] lmbda`).
+        (
             "stoke-train",
             &[
                 "stoke-types",
@@ -26,11 +31,8 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "stoke-optim",
                 "stoke-data",
                 "stoke-tokenizer",
+                "stoke-rollout",
             ],
-        ),
-        (
-            "stoke-rollout",
-            &["stoke-types", "stoke-ops", "stoke-model", "stoke-tokenizer"],
         ),
         // The eval harness grades with the reward crate's verifiers, whose code kinds need a
         // sandbox the harness is handed.

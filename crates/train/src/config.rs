@@ -30,6 +30,9 @@
 //! # teacher = "../teacher"    # model folder with the student's tokenizer
 //! # beta = 0.5                # 0 forward KL, 1 reverse KL, between: the GKD mixture (TRL)
 //! # temperature = 1.0
+//! # lmbda = 0.0               # share of on-policy micro-batches (the student's own replies)
+//! # max_new_tokens = 128      # of those replies, sampled at
+//! # generation_temperature = 0.9
 //! ```
 //!
 //! Defaults derived from the model size, where published recipes agree:
@@ -255,6 +258,12 @@ fn default_distill_temperature() -> f64 {
 /// batch's loss positions (TRL's `GKDTrainer.generalized_jsd_loss`; `beta` 0 forward KL, 1
 /// reverse KL, between the GKD mixture; TRL's default 0.5). The teacher is a model folder with
 /// the student's tokenizer; it runs without gradients, one micro-batch at a time.
+///
+/// `lmbda` (GKD's, TRL's name) is the share of micro-batches trained on-policy: the student
+/// samples its own reply to each conversation's prompt (`max_new_tokens`, at
+/// `generation_temperature`, TRL's `GKDConfig.temperature`) and the divergence is taken on those
+/// tokens (`objective::OnPolicySampling`). 0 (the default here; TRL's is 0.5) is the supervised
+/// regime on the data's replies.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DistillConfig {
@@ -262,8 +271,24 @@ pub struct DistillConfig {
     pub teacher: PathBuf,
     #[serde(default = "default_distill_beta")]
     pub beta: f64,
+    /// Of the divergence (TRL's `generalized_jsd_loss` temperature).
     #[serde(default = "default_distill_temperature")]
     pub temperature: f64,
+    #[serde(default)]
+    pub lmbda: f64,
+    #[serde(default = "default_distill_max_new_tokens")]
+    pub max_new_tokens: usize,
+    #[serde(default = "default_distill_generation_temperature")]
+    pub generation_temperature: f64,
+}
+
+/// TRL `GKDConfig.max_new_tokens`.
+fn default_distill_max_new_tokens() -> usize {
+    128
+}
+/// TRL `GKDConfig.temperature`.
+fn default_distill_generation_temperature() -> f64 {
+    0.9
 }
 
 /// `min(3e-3, 6e-4 * 768 / hidden)`; see the module doc.
@@ -330,6 +355,20 @@ impl TrainConfig {
             }
             if !(distill.temperature > 0.0 && distill.temperature.is_finite()) {
                 return Err(invalid("distill.temperature", "must be positive"));
+            }
+            if !(0.0..=1.0).contains(&distill.lmbda) {
+                return Err(invalid("distill.lmbda", "must be in [0, 1]"));
+            }
+            if distill.lmbda > 0.0 && distill.max_new_tokens == 0 {
+                return Err(invalid("distill.max_new_tokens", "must be at least 1"));
+            }
+            if !(distill.generation_temperature >= 0.0
+                && distill.generation_temperature.is_finite())
+            {
+                return Err(invalid(
+                    "distill.generation_temperature",
+                    "must be >= 0 (0: greedy)",
+                ));
             }
         }
         let d = &self.data;

@@ -125,11 +125,175 @@ impl Objective for NextTokenObjective {
 /// teacher's next-token distributions, summed like the cross-entropy (the trainer divides by
 /// the step's loss tokens, TRL's `num_items_in_batch` normalisation). The teacher's logits exist
 /// for one micro-batch's loss positions at a time, without gradients.
+///
+/// With [`OnPolicySampling`] (GKD's `lmbda`), a drawn share of micro-batches trains on the
+/// student's own completions of the batch's prompts instead of the data's.
 pub struct DistillObjective {
     /// Frozen (`Transformer::into_frozen`).
     pub teacher: Transformer,
     pub beta: f64,
     pub temperature: f64,
+    pub on_policy: Option<OnPolicySampling>,
+}
+
+/// GKD's on-policy regime (Agarwal et al. 2024; TRL `GKDTrainer`'s `lmbda`): a micro-batch is
+/// drawn on-policy with probability `lmbda`, and then every conversation in it is cut at its first
+/// trained token (the prompt: everything before the first assistant reply), the student samples a
+/// completion of each prompt (the rollout engine, no gradient), and the divergence to the teacher
+/// is taken on the sampled tokens. Only the first assistant turn of a multi-turn conversation is
+/// regenerated; a piece that starts inside a reply (a conversation cut across rows) has no prompt
+/// and is left out.
+///
+/// The draw is a hash of the seed and the batch's tokens, so a resumed run draws exactly as the
+/// uninterrupted one. The on-policy batch's loss is rescaled to the data batch's token count, so
+/// the micro-batch keeps the weight the step's normaliser gave it (a mean over the sampled
+/// tokens, weighted like the data batch).
+#[derive(Clone, Debug, PartialEq)]
+pub struct OnPolicySampling {
+    /// Share of micro-batches taken on-policy, in [0, 1].
+    pub lmbda: f64,
+    pub max_new_tokens: usize,
+    /// Sampling temperature (0: greedy).
+    pub temperature: f32,
+    pub seed: u64,
+    /// End-of-sequence ids: a sample ends with (and keeps) the first one it draws.
+    pub stop_token_ids: Vec<u32>,
+}
+
+impl OnPolicySampling {
+    /// The batch's draw in [0, 1): a hash of the seed and its tokens.
+    fn draw(&self, batch: &PackedBatch) -> (f64, u64) {
+        let mut bytes = Vec::with_capacity(8 + 4 * batch.tokens.len());
+        bytes.extend(self.seed.to_le_bytes());
+        for token in &batch.tokens {
+            bytes.extend(token.to_le_bytes());
+        }
+        let hash = xxhash_rust::xxh3::xxh3_64(&bytes);
+        ((hash >> 11) as f64 / (1u64 << 53) as f64, hash)
+    }
+
+    /// Whether this micro-batch is taken on-policy, and the seed of its samples.
+    pub fn takes(&self, batch: &PackedBatch) -> Option<u64> {
+        let (draw, hash) = self.draw(batch);
+        (draw < self.lmbda).then_some(hash)
+    }
+
+    /// The batch's prompts (each conversation up to and including the token before its first
+    /// trained target), in row and piece order.
+    pub fn prompts(batch: &PackedBatch) -> Vec<Vec<u32>> {
+        let mut prompts = Vec::new();
+        for (r, row) in batch.rows.iter().enumerate() {
+            let base = r * batch.seq_len;
+            for p in 0..row.pieces.len() {
+                let positions: Vec<usize> = (base..base + batch.seq_len)
+                    .filter(|&i| batch.doc_ids[i] == p as u32)
+                    .collect();
+                let Some(&start) = positions.first() else {
+                    continue;
+                };
+                if let Some(&first) = positions.iter().find(|&&i| batch.loss_mask[i])
+                    && first > start
+                {
+                    prompts.push(batch.tokens[start..=first].to_vec());
+                }
+            }
+        }
+        prompts
+    }
+
+    /// The student's completions of the batch's prompts as a batch of its own (one row per
+    /// conversation, the loss on the sampled tokens); `None` when the batch has no prompt.
+    pub fn student_batch(
+        &self,
+        model: &Transformer,
+        batch: &PackedBatch,
+        seed: u64,
+    ) -> Result<Option<PackedBatch>, TrainError> {
+        let prompts = Self::prompts(batch);
+        let Some(longest) = prompts.iter().map(Vec::len).max() else {
+            return Ok(None);
+        };
+        let room = model
+            .config()
+            .max_position_embeddings
+            .saturating_sub(longest);
+        let max_new_tokens = self.max_new_tokens.min(room);
+        if max_new_tokens == 0 {
+            return Ok(None);
+        }
+        let request = stoke_rollout::GenerationRequest {
+            prompts,
+            params: stoke_rollout::SamplingParams {
+                max_new_tokens,
+                temperature: self.temperature,
+                top_k: None,
+                top_p: 1.0,
+                seed,
+                n: 1,
+                stop_token_ids: self.stop_token_ids.clone(),
+                stop_strings: Vec::new(),
+            },
+            first_prompt_number: 0,
+        };
+        let output = stoke_rollout::Engine::new(model)
+            .generate(&request, None)
+            .map_err(|e| TrainError::Other(format!("on-policy distillation sampling: {e}")))?;
+        let sequences: Vec<(usize, Vec<u32>)> = request
+            .prompts
+            .iter()
+            .zip(&output.completions)
+            .map(|(prompt, samples)| {
+                let mut tokens = prompt.clone();
+                if let Some(sample) = samples.first() {
+                    tokens.extend(&sample.token_ids);
+                }
+                (prompt.len(), tokens)
+            })
+            .collect();
+        Ok(Some(completion_batch(&sequences)))
+    }
+}
+
+/// One row per `(prompt length, tokens)`, padded to the longest: next-token targets, the loss on
+/// the tokens after the prompt, positions from 0, padding outside every document.
+fn completion_batch(sequences: &[(usize, Vec<u32>)]) -> PackedBatch {
+    let seq_len = sequences
+        .iter()
+        .map(|(_, t)| t.len())
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let size = sequences.len() * seq_len;
+    let mut batch = PackedBatch {
+        batch_size: sequences.len(),
+        seq_len,
+        tokens: vec![0; size],
+        targets: vec![0; size],
+        position_ids: vec![0; size],
+        doc_ids: vec![stoke_data::packing::PAD_DOC; size],
+        loss_mask: vec![false; size],
+        rows: Vec::with_capacity(sequences.len()),
+    };
+    for (r, (prompt_len, tokens)) in sequences.iter().enumerate() {
+        let base = r * seq_len;
+        for (t, &token) in tokens.iter().enumerate() {
+            batch.tokens[base + t] = token;
+            batch.position_ids[base + t] = t as u32;
+            batch.doc_ids[base + t] = 0;
+            if let Some(&next) = tokens.get(t + 1) {
+                batch.targets[base + t] = next;
+                batch.loss_mask[base + t] = t + 1 >= *prompt_len;
+            }
+        }
+        batch.rows.push(stoke_data::packing::PackedRow {
+            pieces: vec![stoke_data::packing::DocPiece {
+                doc: r as u64,
+                start: 0,
+                len: tokens.len() as u32,
+            }],
+        });
+    }
+    batch
 }
 
 impl Objective for DistillObjective {
@@ -138,6 +302,44 @@ impl Objective for DistillObjective {
     }
 
     fn loss(
+        &self,
+        model: &Transformer,
+        batch: &PackedBatch,
+    ) -> Result<ObjectiveOutput, TrainError> {
+        let data_tokens = batch.num_loss_tokens();
+        let sampled;
+        let batch = match &self.on_policy {
+            Some(on_policy) => match on_policy.takes(batch) {
+                Some(seed) => match on_policy.student_batch(model, batch, seed)? {
+                    Some(own) if own.num_loss_tokens() > 0 => {
+                        sampled = own;
+                        &sampled
+                    }
+                    _ => batch,
+                },
+                None => batch,
+            },
+            None => batch,
+        };
+        let output = self.divergence(model, batch)?;
+        let tokens = batch.num_loss_tokens();
+        if tokens == data_tokens || output.loss_tokens == 0 {
+            return Ok(output);
+        }
+        // The student's own batch: a mean over its sampled tokens, weighted like the data batch.
+        let scale = data_tokens as f64 / tokens as f64;
+        Ok(ObjectiveOutput {
+            loss_sum: (output.loss_sum * scale)?,
+            nll_sum: output.nll_sum * scale,
+            z_loss_sum: 0.0,
+            loss_tokens: data_tokens,
+        })
+    }
+}
+
+impl DistillObjective {
+    /// The summed divergence over `batch`'s loss positions.
+    fn divergence(
         &self,
         model: &Transformer,
         batch: &PackedBatch,

@@ -32,7 +32,7 @@ use crate::error::TrainError;
 use crate::eval::{EvalResult, Evaluator, bytes_per_token};
 use crate::metrics::{MetricsLog, measure_peak_flops};
 use crate::monitor::Monitor;
-use crate::objective::{DistillObjective, NextTokenObjective, Objective};
+use crate::objective::{DistillObjective, NextTokenObjective, Objective, OnPolicySampling};
 use crate::report::{ReportSection, SectionBody, write_report};
 use crate::source::{BatchSource, ChatSource, ChatSourceConfig, ShardSource};
 use crate::trainer::{StopReason, Trainer};
@@ -511,9 +511,32 @@ fn distill_objective(
         }
     }
     teacher.set_precision(config.training.precision);
+    let on_policy = if distill.lmbda > 0.0 {
+        let mut stop_token_ids: Vec<u32> = tokenizer.map(|t| t.eos_token_ids()).unwrap_or_default();
+        stop_token_ids.extend(student.config().eos_token_ids.iter().copied());
+        stop_token_ids.sort_unstable();
+        stop_token_ids.dedup();
+        if stop_token_ids.is_empty() {
+            return Err(TrainError::Other(
+                "distill.lmbda: the student's tokenizer and config name no end-of-sequence token \
+                 to end its sampled replies on"
+                    .into(),
+            ));
+        }
+        Some(OnPolicySampling {
+            lmbda: distill.lmbda,
+            max_new_tokens: distill.max_new_tokens,
+            temperature: distill.generation_temperature as f32,
+            seed: config.training.seed,
+            stop_token_ids,
+        })
+    } else {
+        None
+    };
     Ok(DistillObjective {
         teacher: teacher.into_frozen(),
         beta: distill.beta,
         temperature: distill.temperature,
+        on_policy,
     })
 }

@@ -10,7 +10,7 @@ use common::{Rng, VecSource, batch_from_docs, nano_model, parameter_values, test
 use stoke_data::packing::PackedBatch;
 use stoke_model::Transformer;
 use stoke_optim::Optimizer;
-use stoke_train::objective::{DistillObjective, NextTokenObjective, Objective};
+use stoke_train::objective::{DistillObjective, NextTokenObjective, Objective, OnPolicySampling};
 use stoke_train::trainer::{StepOutcome, Trainer};
 
 const SEQ: usize = 24;
@@ -81,6 +81,7 @@ fn a_student_distilled_from_a_teacher_approaches_its_distributions() {
             teacher: teacher.clone().into_frozen(),
             beta,
             temperature: 1.0,
+            on_policy: None,
         };
         let student = nano_model(3);
         let before = divergence(&objective, &student, held_out);
@@ -106,6 +107,7 @@ fn a_student_distilled_from_a_teacher_approaches_its_distributions() {
             teacher: teacher.clone().into_frozen(),
             beta,
             temperature: 1.0,
+            on_policy: None,
         };
         let after = divergence(&objective, trainer.model(), held_out);
         assert!(
@@ -140,6 +142,9 @@ fn a_teacher_over_another_vocabulary_is_refused() {
         teacher: teacher_dir.clone(),
         beta: 0.5,
         temperature: 1.0,
+        lmbda: 0.0,
+        max_new_tokens: 128,
+        generation_temperature: 0.9,
     });
     let options = stoke_train::run::RunOptions {
         quiet: true,
@@ -153,4 +158,129 @@ fn a_teacher_over_another_vocabulary_is_refused() {
         "{error}"
     );
     assert!(error.contains("308") && error.contains("300"), "{error}");
+}
+
+/// `batch` with the first `prompt` positions of every piece untrained: a chat-like batch whose
+/// replies start after `prompt` tokens.
+fn with_prompts(mut batch: PackedBatch, prompt: usize) -> PackedBatch {
+    for r in 0..batch.batch_size {
+        for p in 0..batch.rows[r].pieces.len() {
+            let positions: Vec<usize> = (r * batch.seq_len..(r + 1) * batch.seq_len)
+                .filter(|&i| batch.doc_ids[i] == p as u32)
+                .collect();
+            for &i in positions.iter().take(prompt - 1) {
+                batch.loss_mask[i] = false;
+            }
+        }
+    }
+    batch
+}
+
+fn on_policy(lmbda: f64) -> OnPolicySampling {
+    OnPolicySampling {
+        lmbda,
+        max_new_tokens: 6,
+        temperature: 1.0,
+        seed: 3,
+        stop_token_ids: vec![299],
+    }
+}
+
+#[test]
+fn prompts_are_each_conversation_up_to_its_first_trained_token() {
+    let docs = vec![
+        vec![vec![1, 2, 3, 4, 5], vec![6, 7, 8]],
+        vec![vec![9, 10, 11, 12]],
+    ];
+    let batch = with_prompts(batch_from_docs(&docs, 10), 2);
+    assert_eq!(
+        OnPolicySampling::prompts(&batch),
+        vec![vec![1, 2], vec![6, 7], vec![9, 10]]
+    );
+    // A piece trained from its first position (cut inside a reply) has no prompt.
+    let batch = batch_from_docs(&docs, 10);
+    assert!(OnPolicySampling::prompts(&batch).is_empty());
+}
+
+/// lmbda 1: the micro-batch is replaced by the student's own samples of its prompts (the same
+/// samples for the same seed), the loss is on exactly the sampled tokens, and the divergence the
+/// objective returns is their mean weighted by the data batch's token count.
+#[test]
+fn on_policy_batches_train_on_the_students_own_samples() {
+    let mut rng = Rng(5);
+    let batch = with_prompts(pattern_batch(&mut rng, 3), 4);
+    let student = nano_model(2);
+    let sampling = on_policy(1.0);
+    let seed = sampling.takes(&batch).expect("lmbda 1 takes every batch");
+    let own = sampling
+        .student_batch(&student, &batch, seed)
+        .unwrap()
+        .expect("the batch has prompts");
+    let again = sampling
+        .student_batch(&student, &batch, seed)
+        .unwrap()
+        .unwrap();
+    assert_eq!(own, again, "the same seed samples the same replies");
+    let prompts = OnPolicySampling::prompts(&batch);
+    assert_eq!(own.batch_size, prompts.len());
+    for (r, prompt) in prompts.iter().enumerate() {
+        let row = &own.tokens[r * own.seq_len..(r + 1) * own.seq_len];
+        let used = own.rows[r].pieces[0].len as usize;
+        assert_eq!(&row[..prompt.len()], prompt.as_slice());
+        let sampled = used - prompt.len();
+        assert!((1..=6).contains(&sampled), "{sampled} sampled tokens");
+        let mask = &own.loss_mask[r * own.seq_len..(r + 1) * own.seq_len];
+        let trained: Vec<usize> = (0..own.seq_len).filter(|&t| mask[t]).collect();
+        let want: Vec<usize> = (prompt.len() - 1..used - 1).collect();
+        assert_eq!(trained, want, "the loss is on the sampled tokens only");
+        if sampled < 6 {
+            assert_eq!(row[used - 1], 299, "a short reply ended on the stop id");
+        }
+    }
+
+    let teacher = nano_model(9).into_frozen();
+    let plain = DistillObjective {
+        teacher: teacher.clone(),
+        beta: 0.5,
+        temperature: 1.0,
+        on_policy: None,
+    };
+    let on = DistillObjective {
+        teacher,
+        beta: 0.5,
+        temperature: 1.0,
+        on_policy: Some(sampling),
+    };
+    let out = on.loss(&student, &batch).unwrap();
+    let reference = plain.loss(&student, &own).unwrap();
+    assert_eq!(out.loss_tokens, batch.num_loss_tokens());
+    let mean = reference.nll_sum / reference.loss_tokens as f64;
+    assert!(
+        (out.nll_sum / out.loss_tokens as f64 - mean).abs() < 1e-6 * mean.abs().max(1.0),
+        "{} vs {mean}",
+        out.nll_sum / out.loss_tokens as f64
+    );
+    // The data batch's own divergence is another number.
+    let data = plain.loss(&student, &batch).unwrap();
+    assert!((data.nll_sum / data.loss_tokens as f64 - mean).abs() > 1e-6);
+}
+
+/// lmbda in (0, 1): about that share of batches is drawn, the same ones on every call.
+#[test]
+fn lmbda_draws_that_share_of_batches_deterministically() {
+    let sampling = on_policy(0.3);
+    let mut rng = Rng(17);
+    let batches: Vec<PackedBatch> = (0..300).map(|_| pattern_batch(&mut rng, 1)).collect();
+    let drawn: Vec<bool> = batches
+        .iter()
+        .map(|b| sampling.takes(b).is_some())
+        .collect();
+    let again: Vec<bool> = batches
+        .iter()
+        .map(|b| sampling.takes(b).is_some())
+        .collect();
+    assert_eq!(drawn, again);
+    let share = drawn.iter().filter(|&&d| d).count() as f64 / 300.0;
+    assert!((0.22..=0.38).contains(&share), "share {share}");
+    assert!(batches.iter().all(|b| on_policy(0.0).takes(b).is_none()));
 }
