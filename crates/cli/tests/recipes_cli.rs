@@ -319,6 +319,64 @@ fn distill_generate_writes_token_ids_a_student_trains_on() {
     assert!(!all.contains("distill.jsonl:"), "{all}");
     assert!(!all.contains("skipped"), "{all}");
 
+    // With the teacher's top-3 stored, a student distils from the file alone (no teacher model).
+    let output = run(
+        &[
+            "distill",
+            "generate",
+            "--set",
+            "model.top_k_logprobs=3",
+            "--set",
+            "out.dir=\"out_topk\"",
+        ],
+        &config,
+    );
+    assert!(output.status.success(), "{}", text(&output));
+    let stored = std::fs::read_to_string(dir.path().join("out_topk/distill.jsonl")).unwrap();
+    for line in stored.lines() {
+        let line: serde_json::Value = serde_json::from_str(line).unwrap();
+        let tokens = line["completion_ids"].as_array().unwrap().len();
+        let ids = line["teacher_topk_ids"].as_array().unwrap();
+        let logprobs = line["teacher_topk_logprobs"].as_array().unwrap();
+        assert_eq!((ids.len(), logprobs.len()), (tokens, tokens), "{line}");
+        for row in logprobs {
+            let row: Vec<f64> = row
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect();
+            assert_eq!(row.len(), 3);
+            assert!(
+                row[0] >= row[1] && row[1] >= row[2] && row[0] <= 0.0,
+                "{row:?}"
+            );
+        }
+    }
+    let distill = |data: &str, name: &str| {
+        let path = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "output_dir = \"{name}\"\n[model]\npretrained = \"model\"\n\
+                 [data]\nkind = \"chat\"\ntrain = [\"{data}\"]\nseq_len = 128\nmicro_batch_size = 2\n\
+                 [schedule]\nkind = \"constant\"\n[training]\nsteps = 2\n[distill]\nbeta = 0.0\n"
+            ),
+        )
+        .unwrap();
+        run(&["train"], &path)
+    };
+    let output = distill("out_topk/distill.jsonl", "stored");
+    assert!(output.status.success(), "{}", text(&output));
+    assert!(dir.path().join("stored/model/model.safetensors").is_file());
+    let output = distill("out/distill.jsonl", "nothing");
+    assert!(!output.status.success());
+    assert!(
+        text(&output).contains("carry no teacher top-k"),
+        "{}",
+        text(&output)
+    );
+
     // A student over another tokenizer is refused, naming it.
     let other = tempfile::tempdir().unwrap();
     common::tiny_chat_model(other.path(), &vec!["zebra quartz jumps".to_string(); 4]);

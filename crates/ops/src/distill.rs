@@ -347,6 +347,88 @@ impl CustomOp3 for JsdBackward {
     }
 }
 
+/// The generalized JSD on a teacher's top-k support plus a tail bucket, per row: `student`
+/// logits [N, V] at `temperature`; `teacher_ids` [N, K] (u32) and `teacher_logprobs` [N, K]
+/// (the teacher's log-probs of those ids; `-inf` marks an entry the teacher did not return).
+/// On each side the k gathered log-probs get a (K+1)-th entry `log(1 - sum exp)` (the sum
+/// clamped to `exp(-1e-7)`, as TRL), and the divergence of the module doc is summed over the
+/// valid entries and the tail. Returns [N], differentiable in the student only.
+pub fn sparse_generalized_jsd(
+    student: &Tensor,
+    teacher_ids: &Tensor,
+    teacher_logprobs: &Tensor,
+    beta: f64,
+    temperature: f64,
+) -> Result<Tensor> {
+    let divergence = Divergence::new(beta)?;
+    if !(temperature > 0.0 && temperature.is_finite()) {
+        candle_core::bail!(
+            "sparse generalized JSD: temperature must be positive, got {temperature}"
+        )
+    }
+    let (rows, _) = student.dims2()?;
+    let (id_rows, k) = teacher_ids.dims2()?;
+    if id_rows != rows || teacher_logprobs.dims2()? != (rows, k) || k == 0 {
+        candle_core::bail!(
+            "sparse generalized JSD: student logits {:?}, teacher ids {:?}, teacher log-probs {:?}",
+            student.dims(),
+            teacher_ids.dims(),
+            teacher_logprobs.dims()
+        )
+    }
+    let dtype = student.dtype();
+    let teacher_logprobs = teacher_logprobs.detach().to_dtype(dtype)?;
+    // Valid entries: finite teacher log-probs. Invalid ones get log-prob 0 and weight 0.
+    let valid = teacher_logprobs
+        .ge(&Tensor::full(-1e30f64, (rows, k), student.device())?.to_dtype(dtype)?)?
+        .to_dtype(dtype)?;
+    let zeros = valid.zeros_like()?;
+    let student_lp = candle_nn_log_softmax(&(student / temperature)?)?;
+    let student_top = student_lp.gather(&teacher_ids.contiguous()?, 1)?;
+    let mask = valid.ne(0.0)?;
+    let student_top = mask.where_cond(&student_top, &zeros)?;
+    let teacher_top = mask.where_cond(&teacher_logprobs, &zeros)?;
+    let with_tail = |lp: &Tensor| -> Result<Tensor> {
+        let mass = (lp.exp()? * &valid)?.sum_keepdim(1)?;
+        let mass = mass.clamp(0.0, (-1e-7f64).exp())?;
+        let tail = (mass.affine(-1.0, 1.0)?).log()?;
+        Tensor::cat(&[lp, &tail], 1)
+    };
+    let s = with_tail(&student_top)?;
+    let t = with_tail(&teacher_top)?;
+    let weight = Tensor::cat(
+        &[&valid, &Tensor::ones((rows, 1), dtype, student.device())?],
+        1,
+    )?;
+    let ps = (s.exp()? * &weight)?;
+    let pt = (t.exp()? * &weight)?;
+    let per_entry = match divergence {
+        Divergence::Forward => (&pt * (&t - &s)?)?,
+        Divergence::Reverse => (&ps * (&s - &t)?)?,
+        Divergence::Mixture { beta } => {
+            let tiny = match dtype {
+                candle_core::DType::F64 => f64::MIN_POSITIVE,
+                _ => f64::from(f32::MIN_POSITIVE),
+            };
+            let m = ((&ps * (1.0 - beta))? + (&pt * beta)?)?
+                .clamp(tiny, f64::MAX)?
+                .log()?;
+            let teacher_side = (&pt * (&t - &m)?)?;
+            let student_side = (&ps * (&s - &m)?)?;
+            ((teacher_side * beta)? + (student_side * (1.0 - beta))?)?
+        }
+    };
+    per_entry.sum(1)
+}
+
+/// `log_softmax` over the last dimension from differentiable ops (max-subtracted).
+fn candle_nn_log_softmax(x: &Tensor) -> Result<Tensor> {
+    let max = x.detach().max_keepdim(1)?;
+    let shifted = x.broadcast_sub(&max)?;
+    let lse = shifted.exp()?.sum_keepdim(1)?.log()?;
+    shifted.broadcast_sub(&lse)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -452,81 +534,4 @@ mod tests {
         assert!(generalized_jsd(student.as_tensor(), &narrow, 0.5, 1.0).is_err());
         Ok(())
     }
-}
-
-/// The generalized JSD on a teacher's top-k support plus a tail bucket, per row: `student`
-/// logits [N, V] at `temperature`; `teacher_ids` [N, K] (u32) and `teacher_logprobs` [N, K]
-/// (the teacher's log-probs of those ids; `-inf` marks an entry the teacher did not return).
-/// On each side the k gathered log-probs get a (K+1)-th entry `log(1 - sum exp)` (the sum
-/// clamped to `exp(-1e-7)`, as TRL), and the divergence of the module doc is summed over the
-/// valid entries and the tail. Returns [N], differentiable in the student only.
-pub fn sparse_generalized_jsd(
-    student: &Tensor,
-    teacher_ids: &Tensor,
-    teacher_logprobs: &Tensor,
-    beta: f64,
-    temperature: f64,
-) -> Result<Tensor> {
-    let divergence = Divergence::new(beta)?;
-    if !(temperature > 0.0 && temperature.is_finite()) {
-        candle_core::bail!("sparse generalized JSD: temperature must be positive, got {temperature}")
-    }
-    let (rows, _) = student.dims2()?;
-    let (id_rows, k) = teacher_ids.dims2()?;
-    if id_rows != rows || teacher_logprobs.dims2()? != (rows, k) || k == 0 {
-        candle_core::bail!(
-            "sparse generalized JSD: student logits {:?}, teacher ids {:?}, teacher log-probs {:?}",
-            student.dims(),
-            teacher_ids.dims(),
-            teacher_logprobs.dims()
-        )
-    }
-    let dtype = student.dtype();
-    let teacher_logprobs = teacher_logprobs.detach().to_dtype(dtype)?;
-    // Valid entries: finite teacher log-probs. Invalid ones get log-prob 0 and weight 0.
-    let valid = teacher_logprobs
-        .ge(&Tensor::full(-1e30f64, (rows, k), student.device())?.to_dtype(dtype)?)?
-        .to_dtype(dtype)?;
-    let zeros = valid.zeros_like()?;
-    let student_lp = candle_nn_log_softmax(&(student / temperature)?)?;
-    let student_top = student_lp.gather(&teacher_ids.contiguous()?, 1)?;
-    let mask = valid.ne(0.0)?;
-    let student_top = mask.where_cond(&student_top, &zeros)?;
-    let teacher_top = mask.where_cond(&teacher_logprobs, &zeros)?;
-    let with_tail = |lp: &Tensor| -> Result<Tensor> {
-        let mass = (lp.exp()? * &valid)?.sum_keepdim(1)?;
-        let mass = mass.clamp(0.0, (-1e-7f64).exp())?;
-        let tail = (mass.affine(-1.0, 1.0)?).log()?;
-        Tensor::cat(&[lp, &tail], 1)
-    };
-    let s = with_tail(&student_top)?;
-    let t = with_tail(&teacher_top)?;
-    let weight = Tensor::cat(&[&valid, &Tensor::ones((rows, 1), dtype, student.device())?], 1)?;
-    let ps = (s.exp()? * &weight)?;
-    let pt = (t.exp()? * &weight)?;
-    let per_entry = match divergence {
-        Divergence::Forward => (&pt * (&t - &s)?)?,
-        Divergence::Reverse => (&ps * (&s - &t)?)?,
-        Divergence::Mixture { beta } => {
-            let tiny = match dtype {
-                candle_core::DType::F64 => f64::MIN_POSITIVE,
-                _ => f64::from(f32::MIN_POSITIVE),
-            };
-            let m = ((&ps * (1.0 - beta))? + (&pt * beta)?)?
-                .clamp(tiny, f64::MAX)?
-                .log()?;
-            let teacher_side = (&pt * (&t - &m)?)?;
-            let student_side = (&ps * (&s - &m)?)?;
-            ((teacher_side * beta)? + (student_side * (1.0 - beta))?)?
-        }
-    };
-    per_entry.sum(1)
-}
-
-/// `log_softmax` over the last dimension from differentiable ops (max-subtracted).
-fn candle_nn_log_softmax(x: &Tensor) -> Result<Tensor> {
-    let max = x.detach().max_keepdim(1)?;
-    let shifted = x.broadcast_sub(&max)?;
-    let lse = shifted.exp()?.sum_keepdim(1)?.log()?;
-    shifted.broadcast_sub(&lse)
 }

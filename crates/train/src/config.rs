@@ -27,7 +27,9 @@
 //! # lora_alpha = 32
 //! # target_modules = ["q_proj", "v_proj"]   # or ["all-linear"]
 //! # [distill]                 # optional: logit distillation instead of cross-entropy
-//! # teacher = "../teacher"    # model folder with the student's tokenizer
+//! # teacher = "../teacher"    # model folder with the student's tokenizer (none: the data's
+//! #                           # stored teacher_topk_ids / teacher_topk_logprobs)
+//! # top_k = 20                # only the teacher's 20 most likely ids + the rest-of-mass bucket
 //! # beta = 0.5                # 0 forward KL, 1 reverse KL, between: the GKD mixture (TRL)
 //! # temperature = 1.0
 //! # lmbda = 0.0               # share of on-policy micro-batches (the student's own replies)
@@ -267,8 +269,14 @@ fn default_distill_temperature() -> f64 {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DistillConfig {
-    /// Hugging Face model folder of the teacher (relative to the config file).
-    pub teacher: PathBuf,
+    /// Hugging Face model folder of the teacher (relative to the config file); without one the
+    /// training data must carry the teacher's top-k (`teacher_topk_ids`/`teacher_topk_logprobs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub teacher: Option<PathBuf>,
+    /// Only the teacher model's `top_k` most likely ids per position, plus the rest-of-mass
+    /// bucket (what a remote teacher returns); default: the full vocabulary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<usize>,
     #[serde(default = "default_distill_beta")]
     pub beta: f64,
     /// Of the divergence (TRL's `generalized_jsd_loss` temperature).
@@ -355,6 +363,9 @@ impl TrainConfig {
             }
             if !(distill.temperature > 0.0 && distill.temperature.is_finite()) {
                 return Err(invalid("distill.temperature", "must be positive"));
+            }
+            if distill.top_k == Some(0) {
+                return Err(invalid("distill.top_k", "must be at least 1"));
             }
             if !(0.0..=1.0).contains(&distill.lmbda) {
                 return Err(invalid("distill.lmbda", "must be in [0, 1]"));

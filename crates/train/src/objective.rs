@@ -129,11 +129,33 @@ impl Objective for NextTokenObjective {
 /// With [`OnPolicySampling`] (GKD's `lmbda`), a drawn share of micro-batches trains on the
 /// student's own completions of the batch's prompts instead of the data's.
 pub struct DistillObjective {
-    /// Frozen (`Transformer::into_frozen`).
-    pub teacher: Transformer,
+    pub teacher: Teacher,
     pub beta: f64,
     pub temperature: f64,
     pub on_policy: Option<OnPolicySampling>,
+}
+
+/// Where the teacher's distributions come from.
+// One value per run: the size difference between the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
+pub enum Teacher {
+    /// A local model, frozen (`Transformer::into_frozen`): its full next-token distributions, or
+    /// with `top_k` only its k most likely ids plus the rest-of-mass bucket (what a remote
+    /// teacher returns; `stoke_ops::distill::sparse_generalized_jsd`).
+    Model {
+        model: Transformer,
+        top_k: Option<usize>,
+    },
+    /// The top-k stored with the training data (`stoke distill generate`'s
+    /// `[model] top_k_logprobs`), used as given (at the temperature they were taken at).
+    Stored(std::sync::Arc<crate::source::teacher_topk::TeacherTopK>),
+}
+
+impl Teacher {
+    /// A local model's full distributions.
+    pub fn model(model: Transformer) -> Teacher {
+        Teacher::Model { model, top_k: None }
+    }
 }
 
 /// GKD's on-policy regime (Agarwal et al. 2024; TRL `GKDTrainer`'s `lmbda`): a micro-batch is
@@ -250,13 +272,13 @@ impl OnPolicySampling {
                 (prompt.len(), tokens)
             })
             .collect();
-        Ok(Some(completion_batch(&sequences)))
+        Ok(Some(prompt_completion_batch(&sequences)))
     }
 }
 
 /// One row per `(prompt length, tokens)`, padded to the longest: next-token targets, the loss on
 /// the tokens after the prompt, positions from 0, padding outside every document.
-fn completion_batch(sequences: &[(usize, Vec<u32>)]) -> PackedBatch {
+pub fn prompt_completion_batch(sequences: &[(usize, Vec<u32>)]) -> PackedBatch {
     let seq_len = sequences
         .iter()
         .map(|(_, t)| t.len())
@@ -352,15 +374,54 @@ impl DistillObjective {
                 loss_tokens: 0,
             });
         };
-        let teacher = score_loss_tokens(&self.teacher, batch, None, true)?
-            .and_then(|t| t.logits)
-            .ok_or_else(|| TrainError::Other("the teacher scored no loss position".into()))?;
         let logits = student
             .logits
             .as_ref()
             .ok_or_else(|| TrainError::Other("the student's logits were not kept".into()))?;
-        let divergence =
-            stoke_ops::distill::generalized_jsd(logits, &teacher, self.beta, self.temperature)?;
+        let rows = logits.dim(0)?;
+        let sparse = |k: usize, ids: Vec<u32>, logprobs: Vec<f32>| -> Result<Tensor, TrainError> {
+            let device = logits.device();
+            let ids = Tensor::from_vec(ids, (rows, k), device)?;
+            let logprobs = Tensor::from_vec(logprobs, (rows, k), device)?;
+            Ok(stoke_ops::distill::sparse_generalized_jsd(
+                logits,
+                &ids,
+                &logprobs,
+                self.beta,
+                self.temperature,
+            )?)
+        };
+        let divergence = match &self.teacher {
+            Teacher::Model {
+                model: teacher,
+                top_k,
+            } => {
+                let teacher = score_loss_tokens(teacher, batch, None, true)?
+                    .and_then(|t| t.logits)
+                    .ok_or_else(|| {
+                        TrainError::Other("the teacher scored no loss position".into())
+                    })?;
+                match top_k {
+                    None => stoke_ops::distill::generalized_jsd(
+                        logits,
+                        &teacher,
+                        self.beta,
+                        self.temperature,
+                    )?,
+                    Some(k) => {
+                        let k = (*k).min(teacher.dim(1)?);
+                        let (ids, logprobs) = top_k_logprobs(&teacher, k, self.temperature)?;
+                        sparse(k, ids, logprobs)?
+                    }
+                }
+            }
+            Teacher::Stored(table) => {
+                let (ids, logprobs) = table
+                    .targets(batch)
+                    .map_err(|e| TrainError::Other(format!("distill: {e}")))?;
+                sparse(table.k, ids, logprobs)?
+            }
+        };
         let loss_sum = divergence.sum_all()?;
         Ok(ObjectiveOutput {
             nll_sum: scalar(&loss_sum)?,
@@ -369,6 +430,53 @@ impl DistillObjective {
             loss_tokens: student.targets.dim(0)?,
         })
     }
+}
+
+/// Each row's `k` largest log-probs of `logits / temperature` ([M, V]) and their ids, row-major
+/// `[M, k]` (largest first).
+pub fn top_k_logprobs(
+    logits: &Tensor,
+    k: usize,
+    temperature: f64,
+) -> Result<(Vec<u32>, Vec<f32>), TrainError> {
+    use rayon::prelude::*;
+    let (rows, vocab) = logits.dims2()?;
+    let k = k.min(vocab);
+    let values: Vec<f32> = logits.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+    let inverse = (1.0 / temperature) as f32;
+    let per_row: Vec<(Vec<u32>, Vec<f32>)> = values
+        .par_chunks(vocab.max(1))
+        .map(|row| {
+            let max = row
+                .iter()
+                .fold(f32::NEG_INFINITY, |m, &x| m.max(x * inverse));
+            let lse = max
+                + row
+                    .iter()
+                    .map(|&x| f64::from(x * inverse - max).exp())
+                    .sum::<f64>()
+                    .ln() as f32;
+            let mut order: Vec<u32> = (0..vocab as u32).collect();
+            let by_value = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]);
+            if k < vocab {
+                order.select_nth_unstable_by(k, by_value);
+                order.truncate(k);
+            }
+            order.sort_unstable_by(by_value);
+            let logprobs = order
+                .iter()
+                .map(|&i| row[i as usize] * inverse - lse)
+                .collect();
+            (order, logprobs)
+        })
+        .collect();
+    let mut ids = Vec::with_capacity(rows * k);
+    let mut logprobs = Vec::with_capacity(rows * k);
+    for (row_ids, row_logprobs) in per_row {
+        ids.extend(row_ids);
+        logprobs.extend(row_logprobs);
+    }
+    Ok((ids, logprobs))
 }
 
 /// The loss positions of a batch after a forward pass.

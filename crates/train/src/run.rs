@@ -32,8 +32,11 @@ use crate::error::TrainError;
 use crate::eval::{EvalResult, Evaluator, bytes_per_token};
 use crate::metrics::{MetricsLog, measure_peak_flops};
 use crate::monitor::Monitor;
-use crate::objective::{DistillObjective, NextTokenObjective, Objective, OnPolicySampling};
+use crate::objective::{
+    DistillObjective, NextTokenObjective, Objective, OnPolicySampling, Teacher,
+};
 use crate::report::{ReportSection, SectionBody, write_report};
+use crate::source::teacher_topk::TeacherTopK;
 use crate::source::{BatchSource, ChatSource, ChatSourceConfig, ShardSource};
 use crate::trainer::{StopReason, Trainer};
 
@@ -156,6 +159,17 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
     if let Some((_, optimizer_state)) = &resumed {
         optimizer.load_state(optimizer_state)?;
     }
+    let vocab_size = model.config().vocab_size;
+    // Distillation from the data's stored top-k reads the data first; a teacher model is loaded
+    // (and checked) before any data is read.
+    let (mut source, stored_topk) = match &config.distill {
+        Some(distill) if distill.teacher.is_none() => {
+            let (source, topk) =
+                open_train_source_with_topk(&config, tokenizer.as_ref(), vocab_size)?;
+            (Some(source), topk)
+        }
+        _ => (None, None),
+    };
     let objective: Box<dyn Objective> = match &config.distill {
         Some(distill) => Box::new(distill_objective(
             distill,
@@ -163,14 +177,17 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
             tokenizer.as_ref(),
             &config,
             &device,
+            stored_topk,
         )?),
         None => Box::new(NextTokenObjective {
             z_loss: config.training.z_loss,
             logit_softcap: config.training.logit_softcap,
         }),
     };
-    let vocab_size = model.config().vocab_size;
-    let source = open_train_source(&config, tokenizer.as_ref(), vocab_size)?;
+    let source = match source.take() {
+        Some(source) => source,
+        None => open_train_source(&config, tokenizer.as_ref(), vocab_size)?,
+    };
     let evaluator = build_evaluator(&config, tokenizer.as_ref(), vocab_size)?;
     let metrics_path = run_dir.join("metrics.jsonl");
     let metrics_log =
@@ -341,7 +358,18 @@ pub fn open_train_source(
     tokenizer: Option<&Tokenizer>,
     vocab_size: usize,
 ) -> Result<Box<dyn BatchSource>, TrainError> {
-    Ok(match &config.data.source {
+    open_train_source_with_topk(config, tokenizer, vocab_size).map(|(source, _)| source)
+}
+
+/// [`open_train_source`], and the teacher top-k stored with chat data (token-id lines with
+/// `teacher_topk_ids`), if any.
+pub fn open_train_source_with_topk(
+    config: &TrainConfig,
+    tokenizer: Option<&Tokenizer>,
+    vocab_size: usize,
+) -> Result<(Box<dyn BatchSource>, Option<TeacherTopK>), TrainError> {
+    let mut topk = None;
+    let source: Box<dyn BatchSource> = match &config.data.source {
         DataSource::Shards { train, .. } => {
             let shards = expand_shards(train)?;
             check_shard_vocab(&shards, vocab_size)?;
@@ -360,9 +388,11 @@ pub fn open_train_source(
             if !report.skipped.is_empty() || !report.truncated_lines.is_empty() {
                 eprintln!("warning: {}", report.summary());
             }
+            topk = source.teacher_topk();
             Box::new(source)
         }
-    })
+    };
+    Ok((source, topk))
 }
 
 /// The fixed evaluation set: the first `eval_batches` micro-batches of the eval data in order.
@@ -485,9 +515,53 @@ fn distill_objective(
     tokenizer: Option<&Tokenizer>,
     config: &TrainConfig,
     device: &Device,
+    stored_topk: Option<TeacherTopK>,
 ) -> Result<DistillObjective, TrainError> {
-    let shown = distill.teacher.display();
-    let mut teacher = Transformer::load(&distill.teacher, device)
+    let Some(teacher_dir) = &distill.teacher else {
+        let Some(table) = stored_topk else {
+            return Err(TrainError::Other(
+                "distill: no `teacher` model, and the training data carry no teacher top-k \
+                 (`teacher_topk_ids` lines, as `stoke distill generate` writes with \
+                 `[model] top_k_logprobs`)"
+                    .into(),
+            ));
+        };
+        if distill.lmbda > 0.0 {
+            return Err(TrainError::Other(
+                "distill.lmbda: on-policy batches need a `teacher` model to score the student's \
+                 own samples; stored top-k cover only the data's completions"
+                    .into(),
+            ));
+        }
+        if distill.top_k.is_some() {
+            return Err(TrainError::Other(
+                "distill.top_k: applies to a `teacher` model; the data's stored top-k are used \
+                 as they are"
+                    .into(),
+            ));
+        }
+        let vocab = student.config().vocab_size;
+        if let Some(id) = table
+            .conversations
+            .iter()
+            .flatten()
+            .flat_map(|c| c.ids.iter())
+            .find(|&&id| id as usize >= vocab)
+        {
+            return Err(TrainError::Other(format!(
+                "distill: the data's teacher top-k hold id {id}, outside the student's {vocab} \
+                 logits"
+            )));
+        }
+        return Ok(DistillObjective {
+            teacher: Teacher::Stored(std::sync::Arc::new(table)),
+            beta: distill.beta,
+            temperature: distill.temperature,
+            on_policy: None,
+        });
+    };
+    let shown = teacher_dir.display();
+    let mut teacher = Transformer::load(teacher_dir, device)
         .map_err(|e| TrainError::Other(format!("distill.teacher {shown}: {e}")))?;
     let (ours, theirs) = (student.config().vocab_size, teacher.config().vocab_size);
     if ours != theirs {
@@ -497,9 +571,9 @@ fn distill_objective(
         )));
     }
     if let Some(student_tokenizer) = tokenizer
-        && distill.teacher.join("tokenizer.json").is_file()
+        && teacher_dir.join("tokenizer.json").is_file()
     {
-        let teacher_tokenizer = Tokenizer::from_dir(&distill.teacher)?;
+        let teacher_tokenizer = Tokenizer::from_dir(teacher_dir)?;
         if let Some((id, teacher_token, student_token)) =
             teacher_tokenizer.first_vocabulary_difference(student_tokenizer)
         {
@@ -534,7 +608,10 @@ fn distill_objective(
         None
     };
     Ok(DistillObjective {
-        teacher: teacher.into_frozen(),
+        teacher: Teacher::Model {
+            model: teacher.into_frozen(),
+            top_k: distill.top_k,
+        },
         beta: distill.beta,
         temperature: distill.temperature,
         on_policy,

@@ -22,6 +22,7 @@
 mod chat;
 mod chat_jsonl;
 mod shards;
+pub mod teacher_topk;
 
 use std::path::PathBuf;
 

@@ -153,7 +153,13 @@ fn sparse_generalized_jsd_matches_trl_server_distillation() {
             &Tensor::from_vec(flat(&fixture.student), (rows, vocab), &dev).unwrap(),
         )
         .unwrap();
-        let ids: Vec<u32> = case.teacher_ids.iter().flatten().flatten().copied().collect();
+        let ids: Vec<u32> = case
+            .teacher_ids
+            .iter()
+            .flatten()
+            .flatten()
+            .copied()
+            .collect();
         let logprobs: Vec<f64> = case
             .teacher_logprobs
             .iter()

@@ -10,7 +10,9 @@ use common::{Rng, VecSource, batch_from_docs, nano_model, parameter_values, test
 use stoke_data::packing::PackedBatch;
 use stoke_model::Transformer;
 use stoke_optim::Optimizer;
-use stoke_train::objective::{DistillObjective, NextTokenObjective, Objective, OnPolicySampling};
+use stoke_train::objective::{
+    DistillObjective, NextTokenObjective, Objective, OnPolicySampling, Teacher,
+};
 use stoke_train::trainer::{StepOutcome, Trainer};
 
 const SEQ: usize = 24;
@@ -78,7 +80,7 @@ fn a_student_distilled_from_a_teacher_approaches_its_distributions() {
             "steps = 80",
         );
         let objective = DistillObjective {
-            teacher: teacher.clone().into_frozen(),
+            teacher: Teacher::model(teacher.clone().into_frozen()),
             beta,
             temperature: 1.0,
             on_policy: None,
@@ -104,7 +106,7 @@ fn a_student_distilled_from_a_teacher_approaches_its_distributions() {
             "{losses:?}"
         );
         let objective = DistillObjective {
-            teacher: teacher.clone().into_frozen(),
+            teacher: Teacher::model(teacher.clone().into_frozen()),
             beta,
             temperature: 1.0,
             on_policy: None,
@@ -117,7 +119,10 @@ fn a_student_distilled_from_a_teacher_approaches_its_distributions() {
             losses[79]
         );
         // The teacher is only read.
-        assert_eq!(parameter_values(&objective.teacher), teacher_weights);
+        let Teacher::Model { model, .. } = &objective.teacher else {
+            unreachable!("a model teacher")
+        };
+        assert_eq!(parameter_values(model), teacher_weights);
     }
 }
 
@@ -139,7 +144,8 @@ fn a_teacher_over_another_vocabulary_is_refused() {
         "steps = 1",
     );
     config.distill = Some(stoke_train::config::DistillConfig {
-        teacher: teacher_dir.clone(),
+        teacher: Some(teacher_dir.clone()),
+        top_k: None,
         beta: 0.5,
         temperature: 1.0,
         lmbda: 0.0,
@@ -240,13 +246,13 @@ fn on_policy_batches_train_on_the_students_own_samples() {
 
     let teacher = nano_model(9).into_frozen();
     let plain = DistillObjective {
-        teacher: teacher.clone(),
+        teacher: Teacher::model(teacher.clone()),
         beta: 0.5,
         temperature: 1.0,
         on_policy: None,
     };
     let on = DistillObjective {
-        teacher,
+        teacher: Teacher::model(teacher),
         beta: 0.5,
         temperature: 1.0,
         on_policy: Some(sampling),
@@ -283,4 +289,37 @@ fn lmbda_draws_that_share_of_batches_deterministically() {
     let share = drawn.iter().filter(|&&d| d).count() as f64 / 300.0;
     assert!((0.22..=0.38).contains(&share), "share {share}");
     assert!(batches.iter().all(|b| on_policy(0.0).takes(b).is_none()));
+}
+
+/// `top_k` equal to the vocabulary is the full divergence (the tail bucket holds ~0 mass); a
+/// smaller `top_k` is another, finite number (the teacher's top entries plus the rest of mass).
+#[test]
+fn a_teacher_top_k_over_the_whole_vocabulary_is_the_full_divergence() {
+    let mut rng = Rng(23);
+    let batch = pattern_batch(&mut rng, 2);
+    let student = nano_model(4);
+    let teacher = nano_model(8).into_frozen();
+    let objective = |top_k: Option<usize>, beta: f64| DistillObjective {
+        teacher: Teacher::Model {
+            model: teacher.clone(),
+            top_k,
+        },
+        beta,
+        temperature: 1.5,
+        on_policy: None,
+    };
+    for beta in [0.0, 0.5, 1.0] {
+        let full = divergence(&objective(None, beta), &student, &batch);
+        let whole = divergence(&objective(Some(common::VOCAB), beta), &student, &batch);
+        assert!(
+            (full - whole).abs() < 1e-4 * full.abs().max(1e-3),
+            "beta {beta}: full {full} vs top-{} {whole}",
+            common::VOCAB
+        );
+        let top4 = divergence(&objective(Some(4), beta), &student, &batch);
+        assert!(
+            top4.is_finite() && (top4 - full).abs() > 1e-6,
+            "beta {beta}: {top4}"
+        );
+    }
 }

@@ -593,3 +593,66 @@ fn token_id_lines_are_trained_as_given_without_retokenizing() {
         .collect();
     assert_eq!(trained, completion);
 }
+
+/// Stored teacher top-k (`teacher_topk_ids` / `teacher_topk_logprobs`, one list of k per
+/// completion token) come back at exactly the loss positions of the packed batches, whatever row
+/// and order a conversation lands in; lines with a malformed top-k are reported.
+#[test]
+fn stored_teacher_top_k_line_up_with_the_trained_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokenizer = qwen2();
+    // Conversation c: prompt [1, 2, c + 3], completion 30 + 10c + i; top-k row i: ids
+    // [10 + i, 20 + c], log-probs [-0.1 i, null].
+    let mut lines = Vec::new();
+    for c in 0..6u32 {
+        let length = 2 + c as usize % 3;
+        let completion: Vec<u32> = (0..length as u32).map(|i| 30 + 10 * c + i).collect();
+        let ids: Vec<Vec<u32>> = (0..length as u32).map(|i| vec![10 + i, 20 + c]).collect();
+        let logprobs: Vec<Vec<Option<f32>>> = (0..length)
+            .map(|i| vec![Some(-0.1 * i as f32), None])
+            .collect();
+        lines.push(
+            json!({"prompt_ids": [1, 2, c + 3], "completion_ids": completion,
+                   "teacher_topk_ids": ids, "teacher_topk_logprobs": logprobs})
+            .to_string(),
+        );
+    }
+    lines.push(
+        json!({"prompt_ids": [1], "completion_ids": [5, 6],
+               "teacher_topk_ids": [[1, 2]], "teacher_topk_logprobs": [[-1.0, -2.0]]})
+        .to_string(),
+    ); // 7: one row for two tokens
+    lines.push(
+        json!({"prompt_ids": [1], "completion_ids": [5],
+               "teacher_topk_ids": [[1, 2, 3]], "teacher_topk_logprobs": [[-1.0, -2.0, -3.0]]})
+        .to_string(),
+    ); // 8: k 3 after k 2
+    lines.push(
+        json!({"prompt_ids": [1], "completion_ids": [5],
+               "teacher_topk_ids": [[1, 2]], "teacher_topk_logprobs": [[0.5, -2.0]]})
+        .to_string(),
+    ); // 9: not a log-probability
+    let path = write_jsonl(dir.path(), &lines);
+    let mut source = ChatSource::open(&path, &tokenizer, config(Some(1))).unwrap();
+    let skipped: Vec<usize> = source.skipped().iter().map(|s| s.line).collect();
+    assert_eq!(skipped, vec![7, 8, 9], "{:?}", source.skipped());
+    let table = source.teacher_topk().expect("the lines carry top-k");
+    assert_eq!(table.k, 2);
+    let mut seen = 0;
+    for batch in all_batches(&mut source) {
+        let (ids, logprobs) = table.targets(&batch).unwrap();
+        let targets: Vec<u32> = (0..batch.loss_mask.len())
+            .filter(|&i| batch.loss_mask[i])
+            .map(|i| batch.targets[i])
+            .collect();
+        assert_eq!(ids.len(), 2 * targets.len());
+        for (j, target) in targets.iter().enumerate() {
+            let (c, i) = ((target - 30) / 10, (target - 30) % 10);
+            assert_eq!(&ids[2 * j..2 * j + 2], &[10 + i, 20 + c]);
+            assert!((logprobs[2 * j] + 0.1 * i as f32).abs() < 1e-6);
+            assert_eq!(logprobs[2 * j + 1], f32::NEG_INFINITY);
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 2 + 3 + 4 + 2 + 3 + 4);
+}

@@ -10,6 +10,9 @@
 //! [model]
 //! path = "runs/speedrun/model"   # the teacher (HF folder with tokenizer files and chat template)
 //! student = "runs/student/model" # optional: refused unless it shares the teacher's tokenizer
+//! top_k_logprobs = 20            # optional: also store the teacher's 20 most likely ids and
+//!                                # log-probs at every completion token (`teacher_topk_ids`,
+//!                                # `teacher_topk_logprobs`), for `[distill]` without a teacher
 //! [tasks]                        # as in `stoke grpo` (jsonl or arithmetic): the prompts
 //! kind = "jsonl"
 //! path = "prompts.jsonl"
@@ -31,13 +34,16 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
+use candle_core::Device;
 use clap::{Args, Subcommand};
 use serde::{Deserialize, Serialize};
+use stoke_model::Transformer;
 use stoke_pipeline::config::{ModelSection, OutSection, TaskSourceFile};
-use stoke_pipeline::rejection::write_chat_jsonl;
+use stoke_pipeline::rejection::{KeptCompletion, chat_line, write_chat_jsonl};
 use stoke_reward::RewardConfig;
 use stoke_tokenizer::hf::Tokenizer;
 use stoke_train::config::apply_overrides;
+use stoke_train::objective::{prompt_completion_batch, score_loss_tokens, top_k_logprobs};
 
 use super::rft::{SamplingSection, sample, sampling_source};
 use super::stage_config::StageTable;
@@ -67,6 +73,11 @@ struct TeacherSection {
     path: PathBuf,
     #[serde(default)]
     student: Option<PathBuf>,
+    /// Also store the teacher's `k` most likely ids and log-probs (temperature 1) at every
+    /// completion token, for logit distillation without the teacher (`[distill]` with no
+    /// `teacher`).
+    #[serde(default)]
+    top_k_logprobs: Option<usize>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -149,10 +160,91 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         );
     }
     let jsonl = out_dir.join("distill.jsonl");
-    write_chat_jsonl(&jsonl, &result.kept)?;
+    match file.model.top_k_logprobs {
+        None => write_chat_jsonl(&jsonl, &result.kept)?,
+        Some(0) => bail!(
+            "{}: `model.top_k_logprobs` must be at least 1",
+            stage.origin
+        ),
+        Some(k) => {
+            let teacher = Transformer::load(&source.model, &Device::Cpu)
+                .with_context(|| format!("loading the teacher {}", source.model.display()))?;
+            let lines = with_teacher_top_k(&teacher, &result.kept, k, args.quiet)?;
+            write_lines(&jsonl, &lines)?;
+        }
+    }
     println!("teacher samples: {}", result.report.summary());
     println!("distillation data: {}", jsonl.display());
     Ok(())
+}
+
+/// Sequences scored per teacher forward pass.
+const SCORE_BATCH: usize = 8;
+
+/// Every kept completion's line with the teacher's top-k ids and log-probs at each completion
+/// token (`teacher_topk_ids`, `teacher_topk_logprobs`: one list of `k` per token).
+fn with_teacher_top_k(
+    teacher: &Transformer,
+    kept: &[KeptCompletion],
+    k: usize,
+    quiet: bool,
+) -> anyhow::Result<Vec<String>> {
+    let mut lines = Vec::with_capacity(kept.len());
+    for (chunk_index, chunk) in kept.chunks(SCORE_BATCH).enumerate() {
+        let sequences: Vec<(usize, Vec<u32>)> = chunk
+            .iter()
+            .map(|c| {
+                let mut ids = c.prompt_ids.clone();
+                ids.extend(&c.completion_ids);
+                (c.prompt_ids.len(), ids)
+            })
+            .collect();
+        let batch = prompt_completion_batch(&sequences);
+        let scored = score_loss_tokens(teacher, &batch, None, true)?
+            .and_then(|s| s.logits)
+            .context("the teacher scored no completion token")?;
+        let (ids, logprobs) = top_k_logprobs(&scored, k, 1.0)?;
+        let k = ids.len() / scored.dim(0)?;
+        let mut row = 0;
+        for completion in chunk {
+            let tokens = completion.completion_ids.len();
+            let take = |v: &[u32]| -> Vec<Vec<u32>> {
+                v[row * k..(row + tokens) * k]
+                    .chunks(k)
+                    .map(<[u32]>::to_vec)
+                    .collect()
+            };
+            let top_ids = take(&ids);
+            let top_logprobs: Vec<Vec<f32>> = logprobs[row * k..(row + tokens) * k]
+                .chunks(k)
+                .map(<[f32]>::to_vec)
+                .collect();
+            row += tokens;
+            let mut line: serde_json::Value = serde_json::from_str(&chat_line(completion))?;
+            line["teacher_topk_ids"] = serde_json::json!(top_ids);
+            line["teacher_topk_logprobs"] = serde_json::json!(top_logprobs);
+            lines.push(line.to_string());
+        }
+        if !quiet {
+            eprintln!(
+                "teacher top-{k}: {}/{} completions scored",
+                (chunk_index * SCORE_BATCH + chunk.len()),
+                kept.len()
+            );
+        }
+    }
+    Ok(lines)
+}
+
+/// Writes `lines` to `path` through a temporary file and a rename.
+fn write_lines(path: &Path, lines: &[String]) -> anyhow::Result<()> {
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(".tmp");
+    let temporary = PathBuf::from(temporary);
+    let mut text = lines.join("\n");
+    text.push('\n');
+    std::fs::write(&temporary, text).with_context(|| format!("writing {}", temporary.display()))?;
+    std::fs::rename(&temporary, path).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Refuses a student whose tokenizer maps some id to another token than the teacher's: the

@@ -119,7 +119,7 @@ impl TrainConfig {
             training,
             lora: file.lora.clone(),
             distill: file.distill.as_ref().map(|d| super::DistillConfig {
-                teacher: at(&d.teacher),
+                teacher: d.teacher.as_deref().map(at),
                 ..d.clone()
             }),
         };

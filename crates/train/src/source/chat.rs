@@ -215,6 +215,16 @@ impl ChatSource {
     pub fn num_conversations(&self) -> usize {
         self.conversations.len()
     }
+
+    /// The teacher top-k stored with the data (token-id lines with `teacher_topk_ids`), indexed
+    /// like the packed pieces' `doc`; `None` when no line carries any.
+    pub fn teacher_topk(&self) -> Option<super::teacher_topk::TeacherTopK> {
+        let first = self.conversations.iter().find_map(|c| c.topk.as_ref())?;
+        Some(super::teacher_topk::TeacherTopK {
+            k: first.k,
+            conversations: self.conversations.iter().map(|c| c.topk.clone()).collect(),
+        })
+    }
     /// The position as its typed record.
     pub fn chat_cursor(&self) -> &ChatCursor {
         &self.cursor

@@ -132,6 +132,8 @@ impl ChatLoadReport {
 pub(super) struct Conversation {
     pub(super) ids: Vec<u32>,
     pub(super) assistant: Vec<bool>,
+    /// The teacher's top-k for the completion of a token-id line that carries them.
+    pub(super) topk: Option<super::teacher_topk::StoredTopK>,
 }
 
 /// The typed form of one line; unknown top-level fields are ignored.
@@ -141,7 +143,17 @@ struct ChatRecord {
     messages: Option<Vec<ChatMessage>>,
     prompt_ids: Option<Vec<u32>>,
     completion_ids: Option<Vec<u32>>,
+    /// One list of k ids per completion token (with `teacher_topk_logprobs`).
+    teacher_topk_ids: Option<Vec<Vec<u32>>>,
+    /// One list of k log-probs per completion token; `null` where the teacher gave fewer.
+    teacher_topk_logprobs: Option<Vec<Vec<Option<f32>>>>,
 }
+
+/// A line's `teacher_topk_ids` and `teacher_topk_logprobs`, as parsed.
+type TopKFields = (Option<Vec<Vec<u32>>>, Option<Vec<Vec<Option<f32>>>>);
+
+/// A rendered line: ids, assistant mask and, for a token-id line, the teacher's top-k.
+type Rendered = (Vec<u32>, Vec<bool>, Option<super::teacher_topk::StoredTopK>);
 
 /// Reads, renders and truncates every line; returns the usable conversations and the report.
 pub(super) fn load(
@@ -160,6 +172,8 @@ pub(super) fn load(
     };
     let mut conversations = Vec::new();
     let mut bytes = Vec::new();
+    // The k of the first line with a teacher top-k; later lines must match it.
+    let mut topk_width: Option<usize> = None;
     loop {
         bytes.clear();
         if reader.read_until(b'\n', &mut bytes).map_err(io_error)? == 0 {
@@ -169,8 +183,15 @@ pub(super) fn load(
         let line = report.lines;
         let rendered = std::str::from_utf8(&bytes)
             .map_err(|_| SkipReason::InvalidUtf8)
-            .and_then(|text| render_line(text, tokenizer));
-        let (mut ids, mut assistant) = match rendered {
+            .and_then(|text| render_line(text, tokenizer))
+            .and_then(|rendered| match (&rendered.2, topk_width) {
+                (Some(topk), Some(k)) if topk.k != k => Err(SkipReason::TokenIds(format!(
+                    "teacher top-k of {} entries per token, but earlier lines have {k}",
+                    topk.k
+                ))),
+                _ => Ok(rendered),
+            });
+        let (mut ids, mut assistant, mut topk) = match rendered {
             Ok(encoded) => encoded,
             Err(reason) => {
                 report.skipped.push(SkippedLine {
@@ -185,6 +206,12 @@ pub(super) fn load(
         if rendered_tokens > row_tokens {
             ids.truncate(row_tokens);
             assistant.truncate(row_tokens);
+            if let Some(topk) = &mut topk {
+                // Completion tokens past the row have no position; their rows are dropped.
+                let kept = row_tokens.saturating_sub(topk.prompt_len) * topk.k;
+                topk.ids.truncate(kept);
+                topk.logprobs.truncate(kept);
+            }
         }
         // Position 0 is never a target; a conversation needs an assistant token after it.
         let trained = assistant.iter().skip(1).filter(|&&a| a).count();
@@ -204,21 +231,35 @@ pub(super) fn load(
         }
         report.tokens += ids.len() as u64;
         report.trained_tokens += trained as u64;
-        conversations.push(Conversation { ids, assistant });
+        if let Some(topk) = &topk {
+            topk_width.get_or_insert(topk.k);
+        }
+        conversations.push(Conversation {
+            ids,
+            assistant,
+            topk,
+        });
     }
     report.conversations = conversations.len();
     Ok((conversations, report))
 }
 
 /// One line to (ids, assistant mask), or why it cannot be used.
-fn render_line(text: &str, tokenizer: &Tokenizer) -> Result<(Vec<u32>, Vec<bool>), SkipReason> {
+fn render_line(text: &str, tokenizer: &Tokenizer) -> Result<Rendered, SkipReason> {
     let text = text.trim_end_matches(['\n', '\r']);
     if text.trim().is_empty() {
         return Err(SkipReason::BlankLine);
     }
     let record: ChatRecord = serde_json::from_str(text).map_err(|err| classify(text, err))?;
+    let topk = (record.teacher_topk_ids, record.teacher_topk_logprobs);
     match (record.prompt_ids, record.completion_ids) {
-        (Some(prompt), Some(completion)) => return token_ids(prompt, completion, tokenizer),
+        (Some(prompt), Some(completion)) => {
+            let prompt_len = prompt.len();
+            let completion_len = completion.len();
+            let (ids, assistant) = token_ids(prompt, completion, tokenizer)?;
+            let topk = teacher_topk(topk, prompt_len, completion_len, tokenizer)?;
+            return Ok((ids, assistant, topk));
+        }
         (Some(_), None) => {
             return Err(SkipReason::TokenIds(
                 "`prompt_ids` without `completion_ids`".into(),
@@ -230,6 +271,12 @@ fn render_line(text: &str, tokenizer: &Tokenizer) -> Result<(Vec<u32>, Vec<bool>
             ));
         }
         (None, None) => {}
+    }
+    if topk.0.is_some() || topk.1.is_some() {
+        return Err(SkipReason::TokenIds(
+            "teacher top-k need `prompt_ids` and `completion_ids` (they are per completion token)"
+                .into(),
+        ));
     }
     let Some(messages) = record.messages else {
         return Err(SkipReason::MissingMessages);
@@ -243,7 +290,69 @@ fn render_line(text: &str, tokenizer: &Tokenizer) -> Result<(Vec<u32>, Vec<bool>
     let encoding = tokenizer
         .apply_chat_template(&messages, &ChatOptions::default())
         .map_err(|err| SkipReason::Template(err.to_string()))?;
-    Ok((encoding.ids, encoding.assistant_mask))
+    Ok((encoding.ids, encoding.assistant_mask, None))
+}
+
+/// A token-id line's teacher top-k, checked: both lists or neither, one entry per completion
+/// token, the same k (at least 1) at every token, ids inside the vocabulary, log-probs <= 0.
+fn teacher_topk(
+    (ids, logprobs): TopKFields,
+    prompt_len: usize,
+    completion_len: usize,
+    tokenizer: &Tokenizer,
+) -> Result<Option<super::teacher_topk::StoredTopK>, SkipReason> {
+    let bad = |message: String| Err(SkipReason::TokenIds(message));
+    let (ids, logprobs) = match (ids, logprobs) {
+        (None, None) => return Ok(None),
+        (Some(ids), Some(logprobs)) => (ids, logprobs),
+        _ => {
+            return bad("`teacher_topk_ids` and `teacher_topk_logprobs` come together".into());
+        }
+    };
+    if ids.len() != completion_len || logprobs.len() != completion_len {
+        return bad(format!(
+            "teacher top-k for {} and {} tokens, but the completion has {completion_len}",
+            ids.len(),
+            logprobs.len()
+        ));
+    }
+    let k = ids.first().map_or(0, Vec::len);
+    if k == 0 {
+        return bad("`teacher_topk_ids` has no entry".into());
+    }
+    let vocab = tokenizer.vocab_size();
+    let mut flat_ids = Vec::with_capacity(k * completion_len);
+    let mut flat_logprobs = Vec::with_capacity(k * completion_len);
+    for (t, (row_ids, row_logprobs)) in ids.iter().zip(&logprobs).enumerate() {
+        if row_ids.len() != k || row_logprobs.len() != k {
+            return bad(format!(
+                "teacher top-k at completion token {t}: {} ids and {} log-probs, not {k}",
+                row_ids.len(),
+                row_logprobs.len()
+            ));
+        }
+        for (&id, &logprob) in row_ids.iter().zip(row_logprobs) {
+            if id as usize >= vocab {
+                return bad(format!(
+                    "`teacher_topk_ids[{t}]` holds {id}, outside the tokenizer's {vocab} ids"
+                ));
+            }
+            let logprob = logprob.unwrap_or(f32::NEG_INFINITY);
+            if logprob.is_nan() || logprob > 1e-4 {
+                return bad(format!(
+                    "`teacher_topk_logprobs[{t}]` holds {logprob}, not a log-probability"
+                ));
+            }
+            flat_ids.push(id);
+            flat_logprobs.push(logprob.min(0.0));
+        }
+    }
+    Ok(Some(super::teacher_topk::StoredTopK {
+        prompt_len,
+        k,
+        ids: flat_ids,
+        logprobs: flat_logprobs,
+    }))
 }
 
 /// A line's own token ids: the prompt (not trained) then the completion (trained), checked
