@@ -369,6 +369,24 @@ fn distill_generate_writes_token_ids_a_student_trains_on() {
     let output = distill("out_topk/distill.jsonl", "stored");
     assert!(output.status.success(), "{}", text(&output));
     assert!(dir.path().join("stored/model/model.safetensors").is_file());
+    // GKD's on-policy regime through a run config: every micro-batch is the student's own
+    // replies to the conversations' prompts, scored by the teacher model.
+    let on_policy = dir.path().join("on_policy.toml");
+    std::fs::write(
+        &on_policy,
+        "output_dir = \"on_policy\"\n[model]\npretrained = \"model\"\n\
+         [data]\nkind = \"chat\"\ntrain = [\"sft.jsonl\"]\nseq_len = 128\nmicro_batch_size = 2\n\
+         [schedule]\nkind = \"constant\"\n[training]\nsteps = 2\n\
+         [distill]\nteacher = \"model\"\nlmbda = 1.0\nmax_new_tokens = 4\n",
+    )
+    .unwrap();
+    let output = run(&["train"], &on_policy);
+    assert!(output.status.success(), "{}", text(&output));
+    assert!(
+        dir.path()
+            .join("on_policy/model/model.safetensors")
+            .is_file()
+    );
     let output = distill("out/distill.jsonl", "nothing");
     assert!(!output.status.success());
     assert!(
