@@ -427,7 +427,9 @@ pub fn write_chat_jsonl(path: &Path, kept: &[KeptCompletion]) -> Result<(), Pipe
     write_lines(path, kept.iter().map(chat_line))
 }
 
-fn write_lines(path: &Path, lines: impl Iterator<Item = String>) -> Result<(), PipelineError> {
+/// Writes one line per item to `path` through a temporary file and a rename (a stopped run
+/// leaves no partial file under the final name).
+pub fn write_lines(path: &Path, lines: impl Iterator<Item = String>) -> Result<(), PipelineError> {
     let mut temporary = path.as_os_str().to_owned();
     temporary.push(".tmp");
     let temporary = std::path::PathBuf::from(temporary);

@@ -39,14 +39,12 @@ use clap::{Args, Subcommand};
 use serde::{Deserialize, Serialize};
 use stoke_model::Transformer;
 use stoke_pipeline::config::{ModelSection, OutSection, TaskSourceFile};
-use stoke_pipeline::rejection::{KeptCompletion, chat_line, write_chat_jsonl};
+use stoke_pipeline::rejection::{KeptCompletion, chat_line, write_chat_jsonl, write_lines};
 use stoke_reward::RewardConfig;
 use stoke_tokenizer::hf::Tokenizer;
-use stoke_train::config::apply_overrides;
 use stoke_train::objective::{prompt_completion_batch, score_loss_tokens, top_k_logprobs};
 
-use super::rft::{SamplingSection, sample, sampling_source};
-use super::stage_config::StageTable;
+use super::rft::{SamplingSection, load_stage, sample, sampling_source};
 
 #[derive(Subcommand)]
 pub enum DistillCommand {
@@ -101,26 +99,7 @@ pub fn run(command: DistillCommand) -> anyhow::Result<()> {
 }
 
 fn generate(args: GenerateArgs) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(&args.config)
-        .with_context(|| format!("reading {}", args.config.display()))?;
-    let mut table: toml::Table =
-        toml::from_str(&text).with_context(|| format!("config {}", args.config.display()))?;
-    apply_overrides(&mut table, &args.sets)?;
-    let base = args
-        .config
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let stem = args.config.file_stem().map_or_else(
-        || "distill".to_string(),
-        |s| s.to_string_lossy().into_owned(),
-    );
-    let stage = StageTable {
-        table,
-        base: std::path::absolute(base)?,
-        origin: args.config.display().to_string(),
-        from_file: true,
-    };
+    let (stage, stem) = load_stage(&args.config, &args.sets, "distill")?;
     let file: GenerateFile = toml::Value::Table(stage.table.clone())
         .try_into()
         .with_context(|| stage.origin.clone())?;
@@ -170,7 +149,7 @@ fn generate(args: GenerateArgs) -> anyhow::Result<()> {
             let teacher = Transformer::load(&source.model, &Device::Cpu)
                 .with_context(|| format!("loading the teacher {}", source.model.display()))?;
             let lines = with_teacher_top_k(&teacher, &result.kept, k, args.quiet)?;
-            write_lines(&jsonl, &lines)?;
+            write_lines(&jsonl, lines.into_iter())?;
         }
     }
     println!("teacher samples: {}", result.report.summary());
@@ -234,17 +213,6 @@ fn with_teacher_top_k(
         }
     }
     Ok(lines)
-}
-
-/// Writes `lines` to `path` through a temporary file and a rename.
-fn write_lines(path: &Path, lines: &[String]) -> anyhow::Result<()> {
-    let mut temporary = path.as_os_str().to_owned();
-    temporary.push(".tmp");
-    let temporary = PathBuf::from(temporary);
-    let mut text = lines.join("\n");
-    text.push('\n');
-    std::fs::write(&temporary, text).with_context(|| format!("writing {}", temporary.display()))?;
-    std::fs::rename(&temporary, path).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Refuses a student whose tokenizer maps some id to another token than the teacher's: the

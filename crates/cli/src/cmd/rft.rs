@@ -301,27 +301,37 @@ pub fn train_config(stage: &StageTable) -> anyhow::Result<TrainConfig> {
     TrainConfig::from_file(file, &stage.base).with_context(|| stage.origin.clone())
 }
 
-pub fn run_command(args: RftArgs) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(&args.config)
-        .with_context(|| format!("reading {}", args.config.display()))?;
+/// A recipe file with `--set` overrides applied, as a stage table (relative paths against the
+/// file's folder), and its stem (`default_stem` when it has none).
+pub fn load_stage(
+    config: &Path,
+    sets: &[String],
+    default_stem: &str,
+) -> anyhow::Result<(StageTable, String)> {
+    let text =
+        std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
     let mut table: toml::Table =
-        toml::from_str(&text).with_context(|| format!("config {}", args.config.display()))?;
-    apply_overrides(&mut table, &args.sets)?;
-    let base = args
-        .config
+        toml::from_str(&text).with_context(|| format!("config {}", config.display()))?;
+    apply_overrides(&mut table, sets)?;
+    let base = config
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let stem = args
-        .config
-        .file_stem()
-        .map_or_else(|| "rft".to_string(), |s| s.to_string_lossy().into_owned());
+    let stem = config.file_stem().map_or_else(
+        || default_stem.to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    );
     let stage = StageTable {
         table,
         base: std::path::absolute(base)?,
-        origin: args.config.display().to_string(),
+        origin: config.display().to_string(),
         from_file: true,
     };
+    Ok((stage, stem))
+}
+
+pub fn run_command(args: RftArgs) -> anyhow::Result<()> {
+    let (stage, stem) = load_stage(&args.config, &args.sets, "rft")?;
     let plan = RftPlan::from_stage(stage, &stem)?;
     let summary = run(&plan, args.quiet)?;
     println!("rejection sampling: {}", summary.report.summary());
