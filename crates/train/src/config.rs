@@ -35,6 +35,7 @@
 //! # lmbda = 0.0               # share of on-policy micro-batches (the student's own replies)
 //! # max_new_tokens = 128      # of those replies, sampled at
 //! # generation_temperature = 0.9
+//! # ce_weight = 0.0           # plus this weight x the cross-entropy on the data's replies
 //! ```
 //!
 //! Defaults derived from the model size, where published recipes agree:
@@ -288,6 +289,16 @@ pub struct DistillConfig {
     pub max_new_tokens: usize,
     #[serde(default = "default_distill_generation_temperature")]
     pub generation_temperature: f64,
+    /// Weight of the ordinary cross-entropy on the data's own reply tokens, added to the
+    /// divergence (Hinton et al.'s soft-plus-hard targets); 0, the default, is TRL's pure GKD
+    /// loss. On-policy batches (`lmbda`) take the divergence alone: their tokens are the
+    /// student's own samples, not labels.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ce_weight: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// TRL `GKDConfig.max_new_tokens`.
@@ -366,6 +377,9 @@ impl TrainConfig {
             }
             if distill.top_k == Some(0) {
                 return Err(invalid("distill.top_k", "must be at least 1"));
+            }
+            if !(distill.ce_weight >= 0.0 && distill.ce_weight.is_finite()) {
+                return Err(invalid("distill.ce_weight", "must be a finite number >= 0"));
             }
             if !(0.0..=1.0).contains(&distill.lmbda) {
                 return Err(invalid("distill.lmbda", "must be in [0, 1]"));

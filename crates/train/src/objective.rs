@@ -133,6 +133,9 @@ pub struct DistillObjective {
     pub beta: f64,
     pub temperature: f64,
     pub on_policy: Option<OnPolicySampling>,
+    /// Weight of the cross-entropy on the data's reply tokens added to the divergence
+    /// (`[distill] ce_weight`); on-policy batches take the divergence alone.
+    pub ce_weight: f64,
 }
 
 /// Where the teacher's distributions come from.
@@ -329,6 +332,7 @@ impl Objective for DistillObjective {
         batch: &PackedBatch,
     ) -> Result<ObjectiveOutput, TrainError> {
         let data_tokens = batch.num_loss_tokens();
+        let data_batch = batch;
         let sampled;
         let batch = match &self.on_policy {
             Some(on_policy) => match on_policy.takes(batch) {
@@ -343,7 +347,8 @@ impl Objective for DistillObjective {
             },
             None => batch,
         };
-        let output = self.divergence(model, batch)?;
+        let own = !std::ptr::eq(batch, data_batch);
+        let output = self.divergence(model, batch, if own { 0.0 } else { self.ce_weight })?;
         let tokens = batch.num_loss_tokens();
         if tokens == data_tokens || output.loss_tokens == 0 {
             return Ok(output);
@@ -360,11 +365,13 @@ impl Objective for DistillObjective {
 }
 
 impl DistillObjective {
-    /// The summed divergence over `batch`'s loss positions.
+    /// The summed divergence over `batch`'s loss positions, plus `ce_weight` times the summed
+    /// cross-entropy of its targets.
     fn divergence(
         &self,
         model: &Transformer,
         batch: &PackedBatch,
+        ce_weight: f64,
     ) -> Result<ObjectiveOutput, TrainError> {
         let Some(student) = score_loss_tokens(model, batch, None, true)? else {
             return Ok(ObjectiveOutput {
@@ -422,7 +429,11 @@ impl DistillObjective {
                 sparse(table.k, ids, logprobs)?
             }
         };
-        let loss_sum = divergence.sum_all()?;
+        let mut loss_sum = divergence.sum_all()?;
+        if ce_weight > 0.0 {
+            let cross_entropy = student.logprobs.sum_all()?.neg()?;
+            loss_sum = (loss_sum + (cross_entropy * ce_weight)?)?;
+        }
         Ok(ObjectiveOutput {
             nll_sum: scalar(&loss_sum)?,
             loss_sum,

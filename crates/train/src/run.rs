@@ -558,6 +558,7 @@ fn distill_objective(
             beta: distill.beta,
             temperature: distill.temperature,
             on_policy: None,
+            ce_weight: distill.ce_weight,
         });
     };
     let shown = teacher_dir.display();
@@ -615,5 +616,6 @@ fn distill_objective(
         beta: distill.beta,
         temperature: distill.temperature,
         on_policy,
+        ce_weight: distill.ce_weight,
     })
 }

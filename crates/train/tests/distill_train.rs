@@ -84,6 +84,7 @@ fn a_student_distilled_from_a_teacher_approaches_its_distributions() {
             beta,
             temperature: 1.0,
             on_policy: None,
+            ce_weight: 0.0,
         };
         let student = nano_model(3);
         let before = divergence(&objective, &student, held_out);
@@ -110,6 +111,7 @@ fn a_student_distilled_from_a_teacher_approaches_its_distributions() {
             beta,
             temperature: 1.0,
             on_policy: None,
+            ce_weight: 0.0,
         };
         let after = divergence(&objective, trainer.model(), held_out);
         assert!(
@@ -151,6 +153,7 @@ fn a_teacher_over_another_vocabulary_is_refused() {
         lmbda: 0.0,
         max_new_tokens: 128,
         generation_temperature: 0.9,
+        ce_weight: 0.0,
     });
     let options = stoke_train::run::RunOptions {
         quiet: true,
@@ -250,12 +253,14 @@ fn on_policy_batches_train_on_the_students_own_samples() {
         beta: 0.5,
         temperature: 1.0,
         on_policy: None,
+        ce_weight: 0.0,
     };
     let on = DistillObjective {
         teacher: Teacher::model(teacher),
         beta: 0.5,
         temperature: 1.0,
         on_policy: Some(sampling),
+        ce_weight: 0.0,
     };
     let out = on.loss(&student, &batch).unwrap();
     let reference = plain.loss(&student, &own).unwrap();
@@ -269,6 +274,73 @@ fn on_policy_batches_train_on_the_students_own_samples() {
     // The data batch's own divergence is another number.
     let data = plain.loss(&student, &batch).unwrap();
     assert!((data.nll_sum / data.loss_tokens as f64 - mean).abs() > 1e-6);
+    // `ce_weight` leaves an on-policy batch alone: its tokens are the student's samples, not
+    // labels.
+    let with_ce = DistillObjective {
+        teacher: Teacher::model(nano_model(9).into_frozen()),
+        beta: 0.5,
+        temperature: 1.0,
+        on_policy: Some(on_policy(1.0)),
+        ce_weight: 3.0,
+    };
+    assert_eq!(with_ce.loss(&student, &batch).unwrap().nll_sum, out.nll_sum);
+}
+
+/// `ce_weight = w` adds w x the data replies' cross-entropy to the divergence, in the loss and
+/// in every gradient (Hinton et al.'s soft plus hard targets).
+#[test]
+fn ce_weight_adds_the_cross_entropy_of_the_data_replies() {
+    let mut rng = Rng(29);
+    let batch = pattern_batch(&mut rng, 2);
+    let student = nano_model(6);
+    let teacher = nano_model(10).into_frozen();
+    let objective = |ce_weight: f64| DistillObjective {
+        teacher: Teacher::model(teacher.clone()),
+        beta: 0.5,
+        temperature: 1.0,
+        on_policy: None,
+        ce_weight,
+    };
+    let w = 0.7;
+    let mixed = objective(w).loss(&student, &batch).unwrap();
+    let divergence = objective(0.0).loss(&student, &batch).unwrap();
+    let cross_entropy = NextTokenObjective::plain().loss(&student, &batch).unwrap();
+    assert_eq!(mixed.loss_tokens, divergence.loss_tokens);
+    let want = divergence.nll_sum + w * cross_entropy.nll_sum;
+    assert!(
+        (mixed.nll_sum - want).abs() < 1e-5 * want.abs(),
+        "{} vs {want}",
+        mixed.nll_sum
+    );
+    let grads = |out: &stoke_train::objective::ObjectiveOutput| {
+        let g = out.loss_sum.backward().unwrap();
+        student
+            .parameters()
+            .iter()
+            .map(|(_, p)| {
+                g.get(p.as_tensor())
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+            })
+            .collect::<Vec<_>>()
+    };
+    let (gm, gd, gc) = (grads(&mixed), grads(&divergence), grads(&cross_entropy));
+    let mut worst = 0f32;
+    let mut scale = 0f32;
+    for ((m, d), c) in gm.iter().zip(&gd).zip(&gc) {
+        for ((m, d), c) in m.iter().zip(d).zip(c) {
+            let want = d + w as f32 * c;
+            worst = worst.max((m - want).abs());
+            scale = scale.max(want.abs());
+        }
+    }
+    assert!(
+        scale > 0.0 && worst <= 1e-4 * scale,
+        "gradient off by {worst} (largest {scale})"
+    );
 }
 
 /// lmbda in (0, 1): about that share of batches is drawn, the same ones on every call.
@@ -307,6 +379,7 @@ fn a_teacher_top_k_over_the_whole_vocabulary_is_the_full_divergence() {
         beta,
         temperature: 1.5,
         on_policy: None,
+        ce_weight: 0.0,
     };
     for beta in [0.0, 0.5, 1.0] {
         let full = divergence(&objective(None, beta), &student, &batch);
@@ -322,4 +395,31 @@ fn a_teacher_top_k_over_the_whole_vocabulary_is_the_full_divergence() {
             "beta {beta}: {top4}"
         );
     }
+}
+
+/// `ce_weight` below 0 or not finite is refused, naming the key.
+#[test]
+fn a_negative_ce_weight_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config(
+        dir.path(),
+        &format!("seq_len = {SEQ}\nmicro_batch_size = 2"),
+        "steps = 1",
+    );
+    for bad in [-0.5, f64::NAN, f64::INFINITY] {
+        config.distill = Some(stoke_train::config::DistillConfig {
+            teacher: Some(dir.path().join("teacher")),
+            top_k: None,
+            beta: 0.5,
+            temperature: 1.0,
+            lmbda: 0.0,
+            max_new_tokens: 128,
+            generation_temperature: 0.9,
+            ce_weight: bad,
+        });
+        let error = config.validate().unwrap_err().to_string();
+        assert!(error.contains("distill.ce_weight"), "{bad}: {error}");
+    }
+    config.distill.as_mut().unwrap().ce_weight = 2.0;
+    config.validate().unwrap();
 }
