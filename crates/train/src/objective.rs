@@ -332,23 +332,21 @@ impl Objective for DistillObjective {
         batch: &PackedBatch,
     ) -> Result<ObjectiveOutput, TrainError> {
         let data_tokens = batch.num_loss_tokens();
-        let data_batch = batch;
-        let sampled;
-        let batch = match &self.on_policy {
+        let own = match &self.on_policy {
             Some(on_policy) => match on_policy.takes(batch) {
-                Some(seed) => match on_policy.student_batch(model, batch, seed)? {
-                    Some(own) if own.num_loss_tokens() > 0 => {
-                        sampled = own;
-                        &sampled
-                    }
-                    _ => batch,
-                },
-                None => batch,
+                Some(seed) => on_policy
+                    .student_batch(model, batch, seed)?
+                    .filter(|own| own.num_loss_tokens() > 0),
+                None => None,
             },
-            None => batch,
+            None => None,
         };
-        let own = !std::ptr::eq(batch, data_batch);
-        let output = self.divergence(model, batch, if own { 0.0 } else { self.ce_weight })?;
+        // The student's own samples are not labels: they take the divergence alone.
+        let (batch, ce_weight) = match &own {
+            Some(own) => (own, 0.0),
+            None => (batch, self.ce_weight),
+        };
+        let output = self.divergence(model, batch, ce_weight)?;
         let tokens = batch.num_loss_tokens();
         if tokens == data_tokens || output.loss_tokens == 0 {
             return Ok(output);

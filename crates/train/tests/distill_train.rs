@@ -313,19 +313,7 @@ fn ce_weight_adds_the_cross_entropy_of_the_data_replies() {
         mixed.nll_sum
     );
     let grads = |out: &stoke_train::objective::ObjectiveOutput| {
-        let g = out.loss_sum.backward().unwrap();
-        student
-            .parameters()
-            .iter()
-            .map(|(_, p)| {
-                g.get(p.as_tensor())
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap()
-            })
-            .collect::<Vec<_>>()
+        common::gradient_values(&student, &out.loss_sum.backward().unwrap())
     };
     let (gm, gd, gc) = (grads(&mixed), grads(&divergence), grads(&cross_entropy));
     let mut worst = 0f32;

@@ -123,20 +123,7 @@ fn gradients_are_bit_identical_across_repeated_steps() {
     let objective = NextTokenObjective::plain();
     let gradients = || {
         let out = stoke_train::objective::Objective::loss(&objective, &model, &batch).unwrap();
-        let store = out.loss_sum.backward().unwrap();
-        model
-            .parameters()
-            .iter()
-            .map(|(_, var)| {
-                store
-                    .get(var.as_tensor())
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1::<f32>()
-                    .unwrap()
-            })
-            .collect::<Vec<_>>()
+        common::gradient_values(&model, &out.loss_sum.backward().unwrap())
     };
     let first = gradients();
     for _ in 0..8 {

@@ -167,6 +167,27 @@ pub fn nano_model(seed: u64) -> Transformer {
     Transformer::init(config, &Device::Cpu, seed).expect("init")
 }
 
+/// Every parameter's gradient in `store` (after a backward pass), flattened, in the model's
+/// parameter order.
+pub fn gradient_values(
+    model: &Transformer,
+    store: &candle_core::backprop::GradStore,
+) -> Vec<Vec<f32>> {
+    model
+        .parameters()
+        .iter()
+        .map(|(_, var)| {
+            store
+                .get(var.as_tensor())
+                .expect("a gradient for every parameter")
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        })
+        .collect()
+}
+
 /// Every parameter's values, in name order.
 pub fn parameter_values(model: &Transformer) -> Vec<(String, Vec<f32>)> {
     model
