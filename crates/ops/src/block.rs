@@ -61,6 +61,21 @@ pub trait BlockReal: Real + Tiles + Scalar {
         c: &mut [Self],
         accumulate: bool,
     );
+
+    /// `op(A) op(B)` into a new `[m, n]` buffer (not zero-filled first where the kernel writes
+    /// every element).
+    fn product_new(
+        precision: Precision,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: Operand<'_, Self>,
+        b: Operand<'_, Self>,
+    ) -> Vec<Self> {
+        let mut c = vec![Self::zero(); m * n];
+        Self::product(precision, m, n, k, a, b, &mut c, false);
+        c
+    }
 }
 
 /// Whether bf16 products here run on the f32 kernel over operands rounded in advance.
@@ -105,6 +120,23 @@ impl BlockReal for f32 {
             crate::gemm::product(precision, m, n, k, a, b, c, accumulate)
         }
     }
+
+    fn product_new(
+        precision: Precision,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: Operand<'_, f32>,
+        b: Operand<'_, f32>,
+    ) -> Vec<f32> {
+        if precision != Precision::Bf16 || rounds_operands(precision) {
+            crate::gemm::product_exact_new(m, n, k, a, b)
+        } else {
+            let mut c = vec![0.0; m * n];
+            crate::gemm::product(precision, m, n, k, a, b, &mut c, false);
+            c
+        }
+    }
 }
 
 impl BlockReal for f64 {
@@ -127,6 +159,17 @@ impl BlockReal for f64 {
         accumulate: bool,
     ) {
         crate::gemm::product_exact(m, n, k, a, b, c, accumulate)
+    }
+
+    fn product_new(
+        _precision: Precision,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: Operand<'_, f64>,
+        b: Operand<'_, f64>,
+    ) -> Vec<f64> {
+        crate::gemm::product_exact_new(m, n, k, a, b)
     }
 }
 
@@ -263,17 +306,7 @@ fn linear<T: BlockReal>(
     n: usize,
     bias: Option<&[T]>,
 ) -> Vec<T> {
-    let mut y = vec![T::zero(); rows * n];
-    T::product(
-        p,
-        rows,
-        n,
-        k,
-        Operand::plain(x),
-        Operand::t(weight),
-        &mut y,
-        false,
-    );
+    let mut y = T::product_new(p, rows, n, k, Operand::plain(x), Operand::t(weight));
     if let Some(b) = bias {
         y.par_chunks_mut(n).for_each(|row| {
             row.iter_mut().zip(b).for_each(|(v, &bv)| *v += bv);
@@ -651,67 +684,17 @@ pub fn backward<T: BlockReal>(
     let dy_p = T::prepared_ref(p, dy);
 
     // MLP: y = h + act Wd^T (`act` was kept prepared).
-    let mut down_proj = vec![T::zero(); d * i];
-    T::product(
-        p,
-        d,
-        i,
-        n,
-        Operand::t(&dy_p),
-        Operand::plain(&s.act),
-        &mut down_proj,
-        false,
-    );
-    let mut dact = vec![T::zero(); n * i];
-    T::product(
-        p,
-        n,
-        i,
-        d,
-        Operand::plain(&dy_p),
-        Operand::plain(&wd),
-        &mut dact,
-        false,
-    );
+    let down_proj = T::product_new(p, d, i, n, Operand::t(&dy_p), Operand::plain(&s.act));
+    let dact = T::product_new(p, n, i, d, Operand::plain(&dy_p), Operand::plain(&wd));
     drop(s.act);
     let dgu = T::prepared(p, crate::activation::backward(&s.gate, &s.up, &dact));
     drop(dact);
     let (dgate, dup) = dgu.split_at(n * i);
     let r2 = T::prepared(p, rms_norm_rows(&s.h, w.post_attention_layernorm, eps));
-    let mut gate_proj = vec![T::zero(); i * d];
-    T::product(
-        p,
-        i,
-        d,
-        n,
-        Operand::t(dgate),
-        Operand::plain(&r2),
-        &mut gate_proj,
-        false,
-    );
-    let mut up_proj = vec![T::zero(); i * d];
-    T::product(
-        p,
-        i,
-        d,
-        n,
-        Operand::t(dup),
-        Operand::plain(&r2),
-        &mut up_proj,
-        false,
-    );
+    let gate_proj = T::product_new(p, i, d, n, Operand::t(dgate), Operand::plain(&r2));
+    let up_proj = T::product_new(p, i, d, n, Operand::t(dup), Operand::plain(&r2));
     drop(r2);
-    let mut dr2 = vec![T::zero(); n * d];
-    T::product(
-        p,
-        n,
-        d,
-        i,
-        Operand::plain(dgate),
-        Operand::plain(&wg),
-        &mut dr2,
-        false,
-    );
+    let mut dr2 = T::product_new(p, n, d, i, Operand::plain(dgate), Operand::plain(&wg));
     T::product(
         p,
         n,
@@ -734,28 +717,8 @@ pub fn backward<T: BlockReal>(
 
     // Attention: h = x + attn Wo^T.
     let dh_p = T::prepared_ref(p, &dh);
-    let mut o_proj = vec![T::zero(); d * qw];
-    T::product(
-        p,
-        d,
-        qw,
-        n,
-        Operand::t(&dh_p),
-        Operand::plain(&s.attn),
-        &mut o_proj,
-        false,
-    );
-    let mut dattn = vec![T::zero(); n * qw];
-    T::product(
-        p,
-        n,
-        qw,
-        d,
-        Operand::plain(&dh_p),
-        Operand::plain(&wo),
-        &mut dattn,
-        false,
-    );
+    let o_proj = T::product_new(p, d, qw, n, Operand::t(&dh_p), Operand::plain(&s.attn));
+    let dattn = T::product_new(p, n, qw, d, Operand::plain(&dh_p), Operand::plain(&wo));
     let dout_heads = to_heads_rotated(&dattn, shape, shape.q_heads, inputs, false);
     drop(dattn);
     let dims = attention_dims(shape, inputs);
@@ -797,51 +760,11 @@ pub fn backward<T: BlockReal>(
         T::prepared_ref(p, &dk),
         T::prepared_ref(p, &dv),
     );
-    let mut q_proj = vec![T::zero(); qw * d];
-    T::product(
-        p,
-        qw,
-        d,
-        n,
-        Operand::t(&dq_p),
-        Operand::plain(&r1),
-        &mut q_proj,
-        false,
-    );
-    let mut k_proj = vec![T::zero(); kvw * d];
-    T::product(
-        p,
-        kvw,
-        d,
-        n,
-        Operand::t(&dk_p),
-        Operand::plain(&r1),
-        &mut k_proj,
-        false,
-    );
-    let mut v_proj = vec![T::zero(); kvw * d];
-    T::product(
-        p,
-        kvw,
-        d,
-        n,
-        Operand::t(&dv_p),
-        Operand::plain(&r1),
-        &mut v_proj,
-        false,
-    );
+    let q_proj = T::product_new(p, qw, d, n, Operand::t(&dq_p), Operand::plain(&r1));
+    let k_proj = T::product_new(p, kvw, d, n, Operand::t(&dk_p), Operand::plain(&r1));
+    let v_proj = T::product_new(p, kvw, d, n, Operand::t(&dv_p), Operand::plain(&r1));
     drop(r1);
-    let mut dr1 = vec![T::zero(); n * d];
-    T::product(
-        p,
-        n,
-        d,
-        qw,
-        Operand::plain(&dq_p),
-        Operand::plain(&wq),
-        &mut dr1,
-        false,
-    );
+    let mut dr1 = T::product_new(p, n, d, qw, Operand::plain(&dq_p), Operand::plain(&wq));
     T::product(
         p,
         n,

@@ -154,10 +154,54 @@ pub fn product_exact<T: Scalar>(
         }
         return;
     }
+    // SAFETY: C holds at least m x n values (asserted) and is borrowed mutably, so nothing
+    // else reads or writes it during the call.
+    unsafe { product_exact_raw(m, n, k, a, b, c.as_mut_ptr(), accumulate) }
+}
+
+/// [`product_exact`] into a new `[m, n]` buffer. gemm writes every element, so the buffer is
+/// never zero-filled first (a serial pass over the output, with the pool idle).
+pub fn product_exact_new<T: Scalar>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand<'_, T>,
+    b: Operand<'_, T>,
+) -> Vec<T> {
+    check("A", &a, m, k);
+    check("B", &b, k, n);
+    if m == 0 || n == 0 || k == 0 {
+        return vec![T::zero(); m * n];
+    }
+    let mut c = Vec::with_capacity(m * n);
+    // SAFETY: `c` has room for m x n values; with `accumulate` false gemm writes each of them
+    // without reading any (k > 0 here), so all are initialized when the length is set.
+    unsafe {
+        product_exact_raw(m, n, k, a, b, c.as_mut_ptr(), false);
+        c.set_len(m * n);
+    }
+    c
+}
+
+/// The product of [`product_exact`] into raw C; the operands' sizes checked by the caller,
+/// m, n and k > 0.
+///
+/// # Safety
+/// `c` is valid for writes (and, with `accumulate`, reads) of m x n row-major values, and
+/// nothing else accesses them during the call.
+unsafe fn product_exact_raw<T: Scalar>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand<'_, T>,
+    b: Operand<'_, T>,
+    c: *mut T,
+    accumulate: bool,
+) {
     let (a_rs, a_cs) = a.strides(m, k);
     let (b_rs, b_cs) = b.strides(k, n);
-    // SAFETY: the three slices hold at least the m x k, k x n and m x n elements the strides
-    // address (checked above); C does not alias A or B (a &mut and two & borrows). With
+    // SAFETY: A and B hold at least the m x k and k x n elements the strides address (checked
+    // by the callers) and C the m x n (the caller's contract); C does not alias A or B. With
     // `read_dst` false gemm writes C without reading it: `dst = alpha * dst + beta * A B`
     // with alpha ignored; with `accumulate`, alpha = 1 adds to what C holds.
     unsafe {
@@ -165,7 +209,7 @@ pub fn product_exact<T: Scalar>(
             m,
             n,
             k,
-            c.as_mut_ptr(),
+            c,
             1,
             n as isize,
             accumulate,
@@ -402,6 +446,31 @@ mod tests {
         );
         for (x, y) in c.iter().zip(&exact) {
             assert!((*x as f64 - y).abs() < 1e-5, "{x} vs {y}");
+        }
+    }
+
+    #[test]
+    fn a_new_output_holds_the_product_written_into_a_zeroed_one() {
+        for (m, n, k, a_t, b_t) in [
+            (37, 29, 13, false, true),
+            (64, 70, 1, true, false),
+            (3, 0, 4, false, false),
+            (5, 6, 0, true, true),
+        ] {
+            let a: Vec<f32> = values(m * k, 0.1).iter().map(|&v| v as f32).collect();
+            let b: Vec<f32> = values(k * n, 0.5).iter().map(|&v| v as f32).collect();
+            let op = |data, t| Operand {
+                data,
+                transposed: t,
+            };
+            let mut zeroed = vec![0f32; m * n];
+            product_exact(m, n, k, op(&a, a_t), op(&b, b_t), &mut zeroed, false);
+            let fresh = product_exact_new(m, n, k, op(&a, a_t), op(&b, b_t));
+            assert_eq!(fresh.len(), m * n);
+            assert_eq!(
+                fresh.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                zeroed.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
         }
     }
 

@@ -56,6 +56,10 @@ pub mod softmax;
 pub mod vexp;
 
 pub use activation::swiglu;
+/// Query rows the CPU attention kernels take per block: a sequence packed into a longer row at
+/// an offset that is a multiple of this is processed in the same blocks, so with the same
+/// values in the same order, as on a row of its own.
+pub const ATTENTION_ROW_BLOCK: usize = attention_rows::QB;
 pub use attention::attention;
 pub use linear::linear;
 pub use lm_head::{

@@ -69,16 +69,14 @@ fn scaled(grad: &Tensor, scale: f64) -> Result<Tensor, OptimError> {
         return Ok(grad.affine(scale, 0.0)?);
     }
     let scale = scale as f32;
+    // An indexed collect writes each product straight into the new buffer (no zero fill first:
+    // that was a serial pass over every gradient while the pool waited).
     let values = with_f32_slice(grad, |values| {
-        let mut out = vec![0.0f32; values.len()];
-        out.par_chunks_mut(CHUNK)
-            .zip(values.par_chunks(CHUNK))
-            .for_each(|(o, v)| {
-                for (o, &v) in o.iter_mut().zip(v) {
-                    *o = v * scale;
-                }
-            });
-        out
+        values
+            .par_iter()
+            .with_min_len(CHUNK)
+            .map(|&v| v * scale)
+            .collect::<Vec<f32>>()
     })?;
     Ok(Tensor::from_vec(values, grad.dims(), grad.device())?)
 }

@@ -369,6 +369,49 @@ fn shared_prefix_packing_gives_the_row_layouts_logprobs_entropy_and_gradients() 
 }
 
 #[test]
+fn packed_groups_side_by_side_in_one_row_score_as_each_group_alone_bit_for_bit() {
+    use stoke_train::grpo::{ScoringLayout, completion_logprobs_with};
+    let model = nano_model(3);
+    let pairs = grouped_rows(22);
+    let rows = as_rows(&pairs);
+    // All three groups in one call: one row, the groups at offsets 0, 24 and 36 (their
+    // lengths, 23, 10 and 9 tokens, rounded up to the attention's query block).
+    let together =
+        completion_logprobs_with(&model, &rows, 0.8, true, ScoringLayout::SharedPrefix).unwrap();
+    let (logprobs, entropy) = (
+        rows_of(&together.logprobs),
+        rows_of(together.entropy.as_ref().unwrap()),
+    );
+    let mut compared = 0;
+    for group in [0..3, 3..5, 5..6] {
+        let alone = completion_logprobs_with(
+            &model,
+            &rows[group.clone()],
+            0.8,
+            true,
+            ScoringLayout::SharedPrefix,
+        )
+        .unwrap();
+        for (i, row) in group.clone().enumerate() {
+            let len = rows[row].completion_ids.len();
+            let bits = |v: &[f32]| v[..len].iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&logprobs[row]),
+                bits(&rows_of(&alone.logprobs)[i]),
+                "log-probs of row {row}"
+            );
+            assert_eq!(
+                bits(&entropy[row]),
+                bits(&rows_of(alone.entropy.as_ref().unwrap())[i]),
+                "entropy of row {row}"
+            );
+            compared += len;
+        }
+    }
+    assert_eq!(compared, 21);
+}
+
+#[test]
 fn the_layout_choice_packs_short_completions_of_long_shared_prompts_only() {
     use stoke_train::grpo::ScoringLayout;
     let model = nano_model(3);

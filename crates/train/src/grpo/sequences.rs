@@ -22,7 +22,10 @@
 //! earlier tokens only ([`shared_prefix_bias`]). Every completion token then attends to exactly
 //! the keys it would see in its own row, at the same positions, so the log-probs are the same up
 //! to float rounding (tested); the first token of every completion is predicted from the one
-//! shared last prompt position. The layout is chosen per call by a FLOP estimate
+//! shared last prompt position. On the CPU the packed sequences of a call then go side by side
+//! in one row, each starting on a multiple of the attention kernels' query block, instead of
+//! one row each padded to the longest (the values are the same bit for bit: see
+//! `forward_shared_prefix`). The layout is chosen per call by a FLOP estimate
 //! ([`ScoringLayout::choose`]): packing saves the prompt's repeats in every linear layer; on the
 //! CPU attention costs only the pairs the mask allows, so packing wins whenever rows share a
 //! prompt; where attention is dense (other devices) the packed length makes it quadratic, and
@@ -146,11 +149,8 @@ impl ScoringLayout {
             .map(|r| triangle(r.len()) + ((row_len - r.len()) * r.len()) as f64)
             .sum();
         let rows_cost = cost(rows.len(), row_len, row_pairs);
-        let packed_len = groups
-            .iter()
-            .map(|g| packed_length(&rows[g.clone()]))
-            .max()
-            .unwrap_or(0);
+        let (packed_rows, packed_len, _) = packed_layout(rows, &groups, masked_only);
+        let packed_tokens: usize = groups.iter().map(|g| packed_length(&rows[g.clone()])).sum();
         // A completion sees the prompt and its own earlier tokens; padding sees itself.
         let packed_pairs: f64 = groups
             .iter()
@@ -164,10 +164,11 @@ impl ScoringLayout {
                         (len * prompt) as f64 + triangle(len)
                     })
                     .sum();
-                triangle(prompt) + completions + (packed_len - packed_length(group)) as f64
+                triangle(prompt) + completions
             })
-            .sum();
-        if cost(groups.len(), packed_len, packed_pairs) < rows_cost {
+            .sum::<f64>()
+            + (packed_rows * packed_len - packed_tokens) as f64;
+        if cost(packed_rows, packed_len, packed_pairs) < rows_cost {
             ScoringLayout::SharedPrefix
         } else {
             ScoringLayout::Rows
@@ -299,32 +300,94 @@ fn forward_rows(
 }
 
 /// The same as [`forward_rows`] with each run of rows sharing a prompt packed into one sequence.
+///
+/// On the CPU the packed sequences go side by side in one row when its dense mask stays small
+/// ([`ONE_ROW_MASK_LIMIT`]): no sequence is then padded to the longest, only its start rounded
+/// up to a multiple of [`stoke_ops::ATTENTION_ROW_BLOCK`], so that the attention kernels see it
+/// in the blocks it would have alone. Every other layer works row by row, so each sequence's
+/// values are those of a row of its own, bit for bit (tests/grpo_sequences.rs). Otherwise one
+/// padded row per sequence.
 fn forward_shared_prefix(
     model: &Transformer,
     rows: &[SequenceRow<'_>],
 ) -> Result<(Tensor, Vec<u32>, Vec<u32>), TrainError> {
-    let device = model.device();
     let groups = prompt_groups(rows);
-    let seq_len = groups
+    let (row_count, row_len, starts) = packed_layout(rows, &groups, model.device().is_cpu());
+    pack_groups(model, rows, &groups, row_count, row_len, &starts)
+}
+
+/// Where [`forward_shared_prefix`] puts each packed sequence: `(rows, row length, (row,
+/// offset) of each group)`.
+/// Side by side in one row only where attention computes just the allowed pairs
+/// (`masked_only`, the CPU): dense attention over one long row would cost its full square.
+fn packed_layout(
+    rows: &[SequenceRow<'_>],
+    groups: &[Range<usize>],
+    masked_only: bool,
+) -> (usize, usize, Vec<(usize, usize)>) {
+    let align = stoke_ops::ATTENTION_ROW_BLOCK;
+    let lengths: Vec<usize> = groups
         .iter()
         .map(|g| packed_length(&rows[g.clone()]))
-        .max()
-        .unwrap_or(0);
-    let batch = groups.len();
-    let mut ids = vec![0u32; batch * seq_len];
-    let mut positions = vec![0u32; batch * seq_len];
-    // Segment of each slot: 0 prompt, i + 1 completion i, PADDING past the packed tokens.
-    let mut segments = vec![vec![PADDING_SEGMENT; seq_len]; batch];
+        .collect();
+    let one_row: usize = lengths.iter().map(|l| l.next_multiple_of(align)).sum();
+    if masked_only && groups.len() > 1 && one_row * one_row <= ONE_ROW_MASK_LIMIT {
+        let mut offset = 0;
+        let starts = lengths
+            .iter()
+            .map(|l| {
+                let start = (0, offset);
+                offset += l.next_multiple_of(align);
+                start
+            })
+            .collect();
+        (1, offset, starts)
+    } else {
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        (
+            groups.len(),
+            longest,
+            (0..groups.len()).map(|s| (s, 0)).collect(),
+        )
+    }
+}
+
+/// Dense mask entries (row length squared) up to which [`forward_shared_prefix`] puts every
+/// packed sequence in one row (16 MiB of f32 bias).
+const ONE_ROW_MASK_LIMIT: usize = 1 << 22;
+
+/// The forward pass over `groups` packed at `starts` in `row_count` rows of `row_len` tokens.
+fn pack_groups(
+    model: &Transformer,
+    rows: &[SequenceRow<'_>],
+    groups: &[Range<usize>],
+    row_count: usize,
+    row_len: usize,
+    starts: &[(usize, usize)],
+) -> Result<(Tensor, Vec<u32>, Vec<u32>), TrainError> {
+    let device = model.device();
+    let mut ids = vec![0u32; row_count * row_len];
+    let mut positions = vec![0u32; row_count * row_len];
+    // Segment of each slot: `(group << 16) | part`, part 0 the prompt and i + 1 completion i;
+    // PADDING past the packed tokens.
+    let mut segments = vec![vec![PADDING_SEGMENT; row_len]; row_count];
     let mut head_rows = Vec::new();
     let mut targets = Vec::new();
-    for (s, group) in groups.iter().enumerate() {
+    for (s, (group, &(row, offset))) in groups.iter().zip(starts).enumerate() {
+        assert!(
+            group.len() < PART_LIMIT as usize && s < (u32::MAX >> 16) as usize,
+            "shared-prefix packing: at most {} completions per prompt and 65535 prompts per call",
+            PART_LIMIT - 1
+        );
         let prompt = rows[group.start].prompt_ids;
-        let base = s * seq_len;
+        let base = row * row_len + offset;
+        let segment_row = &mut segments[row][offset..];
+        let group_segment = (s as u32) << 16;
         ids[base..base + prompt.len()].copy_from_slice(prompt);
         for (p, position) in positions[base..base + prompt.len()].iter_mut().enumerate() {
             *position = p as u32;
         }
-        segments[s][..prompt.len()].fill(0);
+        segment_row[..prompt.len()].fill(group_segment);
         let mut start = prompt.len();
         for (i, row) in rows[group.clone()].iter().enumerate() {
             let len = row.completion_ids.len();
@@ -332,7 +395,7 @@ fn forward_shared_prefix(
             for t in 0..len {
                 positions[base + start + t] = (prompt.len() + t) as u32;
             }
-            segments[s][start..start + len].fill(i as u32 + 1);
+            segment_row[start..start + len].fill(group_segment | (i as u32 + 1));
             for t in 0..len {
                 let predictor = if t == 0 {
                     prompt.len() - 1
@@ -345,13 +408,13 @@ fn forward_shared_prefix(
             start += len;
         }
     }
-    let ids = Tensor::from_vec(ids, (batch, seq_len), device)?;
-    let positions = Tensor::from_vec(positions, (batch, seq_len), device)?;
+    let ids = Tensor::from_vec(ids, (row_count, row_len), device)?;
+    let positions = Tensor::from_vec(positions, (row_count, row_len), device)?;
     let bias = shared_prefix_bias(&segments, device)?;
     let hidden = model.forward_hidden(&ids, &positions, &bias, None)?;
     let width = hidden.dim(D::Minus1)?;
     Ok((
-        hidden.reshape((batch * seq_len, width))?,
+        hidden.reshape((row_count * row_len, width))?,
         head_rows,
         targets,
     ))
@@ -359,10 +422,13 @@ fn forward_shared_prefix(
 
 /// Segment id of padding slots in a packed sequence.
 const PADDING_SEGMENT: u32 = u32::MAX;
+/// Parts (the prompt and its completions) a segment id can tell apart within one prompt.
+const PART_LIMIT: u32 = 1 << 16;
 
-/// The additive attention bias `[S, 1, T, T]` of packed sequences: query `q` sees key `k <= q`
-/// when `k` is in the prompt (segment 0) or in `q`'s own segment; a padding query sees only
-/// itself (its output is never read, and a row with no finite key would be NaN).
+/// The additive attention bias `[S, 1, T, T]` of packed sequences. A segment id is
+/// `(group << 16) | part`, part 0 a group's prompt: query `q` sees key `k <= q` when `k` is
+/// in the prompt of `q`'s group or in `q`'s own segment; a padding query sees only itself (its
+/// output is never read, and a row with no finite key would be NaN).
 pub fn shared_prefix_bias(segments: &[Vec<u32>], device: &Device) -> Result<Tensor, TrainError> {
     let batch = segments.len();
     let len = segments.first().map_or(0, Vec::len);
@@ -374,8 +440,9 @@ pub fn shared_prefix_bias(segments: &[Vec<u32>], device: &Device) -> Result<Tens
                 row[q] = 0.0;
                 continue;
             }
+            let prompt = segment[q] & !(PART_LIMIT - 1);
             for k in 0..=q {
-                if segment[k] == 0 || segment[k] == segment[q] {
+                if segment[k] == prompt || segment[k] == segment[q] {
                     row[k] = 0.0;
                 }
             }
