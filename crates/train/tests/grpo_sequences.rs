@@ -412,6 +412,35 @@ fn packed_groups_side_by_side_in_one_row_score_as_each_group_alone_bit_for_bit()
 }
 
 #[test]
+fn too_many_groups_for_one_row_take_a_padded_row_each_with_the_same_values() {
+    use stoke_train::grpo::{ScoringLayout, completion_logprobs_with};
+    let model = nano_model(3);
+    let mut rng = Rng(23);
+    // 40 prompts with two completions each, 50 to 61 tokens a group: one row would be over
+    // 2,048 tokens, past the dense mask's limit, so each group gets a padded row of its own.
+    let pairs: Vec<(Vec<u32>, Vec<u32>)> = (0..40)
+        .flat_map(|g| {
+            let prompt = random_ids(&mut rng, 30 + g % 7);
+            let first = random_ids(&mut rng, 10 + g % 5);
+            let second = random_ids(&mut rng, 10);
+            [(prompt.clone(), first), (prompt, second)]
+        })
+        .collect();
+    let rows = as_rows(&pairs);
+    let all =
+        completion_logprobs_with(&model, &rows, 1.0, false, ScoringLayout::SharedPrefix).unwrap();
+    // The first three groups fit one row.
+    let few = completion_logprobs_with(&model, &rows[..6], 1.0, false, ScoringLayout::SharedPrefix)
+        .unwrap();
+    let (all, few) = (rows_of(&all.logprobs), rows_of(&few.logprobs));
+    for row in 0..6 {
+        let len = rows[row].completion_ids.len();
+        let bits = |v: &[f32]| v[..len].iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&all[row]), bits(&few[row]), "row {row}");
+    }
+}
+
+#[test]
 fn the_layout_choice_packs_short_completions_of_long_shared_prompts_only() {
     use stoke_train::grpo::ScoringLayout;
     let model = nano_model(3);
