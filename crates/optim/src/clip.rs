@@ -53,13 +53,27 @@ pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64, OptimE
         });
     }
     let norm = global_grad_norm(grads)?;
+    clip_to_norm(grads, max_norm, norm)?;
+    Ok(norm)
+}
+
+/// [`clip_grad_norm`] for a caller that already holds `norm`, the [`global_grad_norm`] of
+/// `grads` (a trainer computes it first to check for non-finite values): the same scaling,
+/// without a second pass over every gradient.
+pub fn clip_to_norm(grads: &mut [Tensor], max_norm: f64, norm: f64) -> Result<(), OptimError> {
+    if !(max_norm.is_finite() && max_norm > 0.0) {
+        return Err(OptimError::InvalidConfig {
+            field: "max_grad_norm".into(),
+            reason: format!("{max_norm} is not a finite number > 0"),
+        });
+    }
     if norm.is_finite() && norm > max_norm {
         let scale = max_norm / (norm + CLIP_EPS);
         for grad in grads.iter_mut() {
             *grad = scaled(grad, scale)?;
         }
     }
-    Ok(norm)
+    Ok(())
 }
 
 /// `grad * scale` as a new tensor: one parallel pass for CPU gradients (candle's `affine` runs

@@ -18,7 +18,7 @@ mod schedule;
 mod state;
 
 pub use adamw::{AdamWConfig, MomentFormat};
-pub use clip::{clip_grad_norm, global_grad_norm};
+pub use clip::{clip_grad_norm, clip_to_norm, global_grad_norm};
 pub use error::OptimError;
 pub use muon::{MuonConfig, NS_COEFFICIENTS, newton_schulz5};
 pub use optimizer::{Optimizer, OptimizerConfig};

@@ -1,7 +1,7 @@
 //! Global-norm clipping against hand-computed values.
 
 use candle_core::{Device, Tensor};
-use stoke_optim::{clip_grad_norm, global_grad_norm};
+use stoke_optim::{clip_grad_norm, clip_to_norm, global_grad_norm};
 
 fn grads() -> Vec<Tensor> {
     // Norm: sqrt(3^2 + 4^2 + 12^2) = 13.
@@ -82,4 +82,29 @@ fn norm_is_bit_identical_across_repeats() {
     for _ in 0..20 {
         assert_eq!(global_grad_norm(&grads).unwrap().to_bits(), first.to_bits());
     }
+}
+
+#[test]
+fn clipping_to_a_known_norm_equals_clipping_that_computes_it() {
+    // Large enough for several parallel chunks of the scaling pass.
+    let big: Vec<f32> = (0..100_000).map(|i| ((i as f32) * 0.37).sin()).collect();
+    let make = || {
+        vec![
+            Tensor::new(big.as_slice(), &Device::Cpu).unwrap(),
+            Tensor::new(&[[12.0f32, -5.0]], &Device::Cpu).unwrap(),
+        ]
+    };
+    let mut computed = make();
+    let norm = clip_grad_norm(&mut computed, 2.0).unwrap();
+    let mut known = make();
+    let known_norm = global_grad_norm(&known).unwrap();
+    assert_eq!(known_norm, norm);
+    clip_to_norm(&mut known, 2.0, known_norm).unwrap();
+    let bits = |g: &[Tensor]| values(g).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&computed), bits(&known));
+    assert!(
+        (global_grad_norm(&known).unwrap() - 2.0).abs() < 1e-5,
+        "from {norm}"
+    );
+    assert!(clip_to_norm(&mut known, -1.0, norm).is_err());
 }

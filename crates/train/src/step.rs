@@ -18,7 +18,7 @@
 
 use candle_core::{Tensor, Var};
 use serde::{Deserialize, Serialize};
-use stoke_optim::{LrSchedule, Optimizer, OptimizerConfig, clip_grad_norm, global_grad_norm};
+use stoke_optim::{LrSchedule, Optimizer, OptimizerConfig, clip_to_norm, global_grad_norm};
 
 use crate::error::TrainError;
 use crate::spike::{SpikeAction, SpikeDetector, SpikePolicy};
@@ -317,7 +317,7 @@ impl StepEngine {
         self.spike.record(loss, result.grad_norm, applied);
         if applied {
             if let Some(max_norm) = decision.clip_override.or(configured) {
-                clip_grad_norm(grads, max_norm)?;
+                clip_to_norm(grads, max_norm, result.grad_norm)?;
             }
             self.optimizer.step(grads, factor)?;
             result.outcome = StepOutcome::Applied;
