@@ -441,6 +441,28 @@ fn too_many_groups_for_one_row_take_a_padded_row_each_with_the_same_values() {
 }
 
 #[test]
+fn a_prompt_with_more_completions_than_packing_can_label_is_an_error_not_a_panic() {
+    use stoke_train::grpo::{ScoringLayout, completion_logprobs_with};
+    let model = nano_model(3);
+    let prompt = [1u32, 2];
+    let completion = [3u32];
+    let rows: Vec<SequenceRow<'_>> = (0..65_536)
+        .map(|_| SequenceRow {
+            prompt_ids: &prompt,
+            completion_ids: &completion,
+        })
+        .collect();
+    let error = completion_logprobs_with(&model, &rows, 1.0, false, ScoringLayout::SharedPrefix)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("at most 65535 completions per prompt"),
+        "{error}"
+    );
+    assert!(error.contains("rows 0..65536"), "{error}");
+}
+
+#[test]
 fn the_layout_choice_packs_short_completions_of_long_shared_prompts_only() {
     use stoke_train::grpo::ScoringLayout;
     let model = nano_model(3);

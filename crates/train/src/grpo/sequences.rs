@@ -374,11 +374,16 @@ fn pack_groups(
     let mut head_rows = Vec::new();
     let mut targets = Vec::new();
     for (s, (group, &(row, offset))) in groups.iter().zip(starts).enumerate() {
-        assert!(
-            group.len() < PART_LIMIT as usize && s < (u32::MAX >> 16) as usize,
-            "shared-prefix packing: at most {} completions per prompt and 65535 prompts per call",
-            PART_LIMIT - 1
-        );
+        if group.len() >= PART_LIMIT as usize || s >= (u32::MAX >> 16) as usize {
+            return Err(TrainError::Other(format!(
+                "completion_logprobs: shared-prefix packing takes at most {} completions per \
+                 prompt and {} prompts per call; rows {}..{} share a prompt (group {s})",
+                PART_LIMIT - 1,
+                u32::MAX >> 16,
+                group.start,
+                group.end
+            )));
+        }
         let prompt = rows[group.start].prompt_ids;
         let base = row * row_len + offset;
         let segment_row = &mut segments[row][offset..];
