@@ -39,6 +39,8 @@ pub mod pipeline;
 pub mod repeated_span;
 pub mod report;
 pub mod safety;
+pub mod spacy_en;
+mod spacy_en_tables;
 pub mod stage;
 pub mod text;
 pub mod tokenize;

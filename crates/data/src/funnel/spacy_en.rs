@@ -1,0 +1,492 @@
+//! datatrove's English word tokenizer, without Python: spaCy's rule-based tokenizer as
+//! `spacy.blank("en")` runs it (whitespace split, special cases, prefixes, suffixes, infixes,
+//! URL match) and its `sentencizer`, which datatrove's Gopher, C4 and FineWeb filters call
+//! through `split_into_words` / `split_into_sentences`.
+//!
+//! The rules and character classes are generated from spaCy 3.8.18 by
+//! `scripts/make_spacy_en_tables.py` into `spacy_en_tables.rs`; this file ports the algorithm of
+//! spaCy's `Tokenizer.__call__` (`_tokenize_affixes`, `_split_affixes`, `_attach_tokens`) and
+//! `Sentencizer.predict`. The regexes are matched by hand (the alternatives in spaCy's order, the
+//! first that matches wins, as Python's `re` does), which keeps the common case, a run of ASCII
+//! letters, to one hash lookup. spaCy's URL pattern is the one regex left, run only on tokens
+//! that an infix would otherwise split.
+//!
+//! Known difference: spaCy's second pass (`_apply_special_cases`, a phrase matcher that re-joins
+//! special cases split across affix tokens, such as `:)` inside `(:)`) is not ported; the
+//! agreement fixture (`crates/data/tests/fixtures/spacy_en_tokens.jsonl`) records where that
+//! changes a word list.
+
+use std::sync::LazyLock;
+
+use super::spacy_en_tables::{
+    DATATROVE_PUNCTUATION, INFIXES, PREFIXES, PUNCT_CATEGORY, PY_ALPHA, PY_SPACE, SENTENCE_PUNCT,
+    SPECIAL_CASES, SUFFIXES, URL_PATTERN,
+};
+use super::text::PrehashedMap;
+
+/// A set of characters: a bitmap for ASCII, sorted inclusive ranges for the rest.
+pub(super) struct CharSet {
+    pub ascii: u128,
+    pub ranges: &'static [(u32, u32)],
+}
+
+impl CharSet {
+    #[inline]
+    pub fn contains(&self, c: char) -> bool {
+        let u = c as u32;
+        if u < 128 {
+            (self.ascii >> u) & 1 == 1
+        } else {
+            self.ranges
+                .binary_search_by(|&(lo, hi)| {
+                    if hi < u {
+                        std::cmp::Ordering::Less
+                    } else if lo > u {
+                        std::cmp::Ordering::Greater
+                    } else {
+                        std::cmp::Ordering::Equal
+                    }
+                })
+                .is_ok()
+        }
+    }
+}
+
+/// What a rule matches after its look-behind.
+pub(super) enum Body {
+    /// The first of these strings that fits (with the look-ahead) wins.
+    Lit(&'static [&'static str]),
+    /// `\.\.+`, greedy.
+    Dots,
+    /// One character of the set.
+    Set(&'static CharSet),
+}
+
+/// One alternative of spaCy's prefix, suffix or infix regex:
+/// `(?<=[before2][before]) body (?=[after]) (?![not_after])`.
+pub(super) struct Rule {
+    pub before2: Option<&'static CharSet>,
+    pub before: Option<&'static CharSet>,
+    pub body: Body,
+    pub after: Option<&'static CharSet>,
+    pub not_after: Option<&'static CharSet>,
+}
+
+impl Rule {
+    /// The end of this rule's match starting at byte `p` of `s` (look-behind sees `s[..p]`),
+    /// ending at `s.len()` when `to_end` (a suffix, `...$`).
+    fn match_at(&self, s: &str, p: usize, to_end: bool) -> Option<usize> {
+        if let Some(before) = self.before {
+            let mut back = s[..p].chars().rev();
+            if !back.next().is_some_and(|c| before.contains(c)) {
+                return None;
+            }
+            if let Some(before2) = self.before2
+                && !back.next().is_some_and(|c| before2.contains(c))
+            {
+                return None;
+            }
+        }
+        let fits = |end: usize| {
+            if to_end && end != s.len() {
+                return false;
+            }
+            let next = s[end..].chars().next();
+            self.after
+                .is_none_or(|set| next.is_some_and(|c| set.contains(c)))
+                && self
+                    .not_after
+                    .is_none_or(|set| !next.is_some_and(|c| set.contains(c)))
+        };
+        let rest = &s[p..];
+        match self.body {
+            Body::Lit(alternatives) => alternatives
+                .iter()
+                .find(|a| rest.starts_with(**a) && fits(p + a.len()))
+                .map(|a| p + a.len()),
+            Body::Dots => {
+                let run = rest.bytes().take_while(|&b| b == b'.').count();
+                (2..=run).rev().map(|k| p + k).find(|&end| fits(end))
+            }
+            Body::Set(set) => {
+                let c = rest.chars().next()?;
+                let end = p + c.len_utf8();
+                (set.contains(c) && fits(end)).then_some(end)
+            }
+        }
+    }
+
+    /// The longest string a `Lit` body can match, in bytes (0 for the other bodies).
+    fn longest_literal(&self) -> usize {
+        match self.body {
+            Body::Lit(alternatives) => alternatives.iter().map(|a| a.len()).max().unwrap_or(0),
+            Body::Dots | Body::Set(_) => 0,
+        }
+    }
+}
+
+struct Tables {
+    /// False only while the special-case matcher's patterns are built (spaCy's
+    /// `_tokenize_affixes(string, False)`).
+    with_specials: bool,
+    specials: PrehashedMap<(&'static str, &'static [&'static str])>,
+    longest_special: usize,
+    longest_suffix: usize,
+    url: Option<fancy_regex::Regex>,
+    /// spaCy's special-case matcher: the special cases that affixes would split, by the hash of
+    /// the first token they split into: (tokens, pieces of the special case).
+    matcher: PrehashedMap<Vec<(Vec<&'static str>, &'static [&'static str])>>,
+}
+
+fn key(s: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(s.as_bytes())
+}
+
+static TABLES: LazyLock<Tables> = LazyLock::new(|| {
+    let mut specials = PrehashedMap::default();
+    for &(chunk, pieces) in SPECIAL_CASES {
+        specials.insert(key(chunk), (chunk, pieces));
+    }
+    let mut tables = Tables {
+        with_specials: false,
+        specials,
+        longest_special: SPECIAL_CASES.iter().map(|(c, _)| c.len()).max().unwrap_or(0),
+        longest_suffix: SUFFIXES.iter().map(Rule::longest_literal).max().unwrap_or(0),
+        // The pattern is generated and compiled by a test; `None` would only disable URL
+        // matching (a token an infix splits stays split).
+        url: fancy_regex::Regex::new(URL_PATTERN).ok(),
+        matcher: PrehashedMap::default(),
+    };
+    // spaCy's `add_special_case` (with `faster_heuristics`): a special case that a prefix,
+    // suffix or infix would match, or that holds a space, joins the matcher as the tokens the
+    // affix rules alone make of it.
+    let mut matcher: PrehashedMap<Vec<_>> = PrehashedMap::default();
+    for &(chunk, pieces) in SPECIAL_CASES {
+        let affixed = tables.find_prefix(chunk) != 0
+            || !tables.find_infixes(chunk).is_empty()
+            || tables.find_suffix(chunk) != 0
+            || chunk.contains(' ');
+        if affixed {
+            let pattern = tables.tokens(chunk);
+            if let Some(first) = pattern.first() {
+                matcher.entry(key(first)).or_default().push((pattern, pieces));
+            }
+        }
+    }
+    tables.matcher = matcher;
+    tables.with_specials = true;
+    tables
+});
+
+impl Tables {
+    #[inline]
+    fn special(&self, s: &str) -> Option<&'static [&'static str]> {
+        if !self.with_specials || s.len() > self.longest_special {
+            return None;
+        }
+        match self.specials.get(&key(s)) {
+            Some(&(chunk, pieces)) if chunk == s => Some(pieces),
+            _ => None,
+        }
+    }
+
+    fn find_prefix(&self, s: &str) -> usize {
+        PREFIXES.iter().find_map(|r| r.match_at(s, 0, false)).unwrap_or(0)
+    }
+
+    /// The length of the leftmost suffix match (as `re.search` finds it), 0 when none.
+    fn find_suffix(&self, s: &str) -> usize {
+        // A match starts inside the trailing dots (`\.\.+`) or within the longest literal (or
+        // one set character) of the end; nothing further left can match.
+        let trailing_dots = s.len() - s.trim_end_matches('.').len();
+        let dots_start = if trailing_dots >= 2 { s.len() - trailing_dots } else { s.len() };
+        let literal_start = s.len().saturating_sub(self.longest_suffix.max(4));
+        let start = dots_start.min(literal_start);
+        for (p, _) in s.char_indices().filter(|&(p, _)| p >= start) {
+            if SUFFIXES.iter().any(|r| r.match_at(s, p, true).is_some()) {
+                return s.len() - p;
+            }
+        }
+        0
+    }
+
+    /// The infix matches of `s`, as `re.finditer` finds them: (start, end) in bytes.
+    fn find_infixes(&self, s: &str) -> Vec<(usize, usize)> {
+        let mut matches = Vec::new();
+        let mut p = 0;
+        while p < s.len() {
+            match INFIXES.iter().find_map(|r| r.match_at(s, p, false)) {
+                Some(end) => {
+                    matches.push((p, end));
+                    p = end;
+                }
+                None => p += s[p..].chars().next().map_or(1, char::len_utf8),
+            }
+        }
+        matches
+    }
+
+    fn url_match(&self, s: &str) -> bool {
+        self.url.as_ref().is_some_and(|re| re.is_match(s).unwrap_or(false))
+    }
+
+    /// Pushes the special case's tokens as slices of `s` (its pieces concatenate to `s`).
+    fn push_special<'a>(s: &'a str, pieces: &[&str], out: &mut Vec<&'a str>) {
+        let mut at = 0;
+        for piece in pieces {
+            out.push(&s[at..at + piece.len()]);
+            at += piece.len();
+        }
+    }
+
+    /// spaCy's `_tokenize_affixes`: every token of `text`, whitespace tokens included: each
+    /// run of whitespace other than the single space that follows a token is a token.
+    fn tokens<'a>(&self, text: &'a str) -> Vec<&'a str> {
+        let mut out = Vec::with_capacity(text.len() / 4);
+        let Some(first) = text.chars().next() else {
+            return out;
+        };
+        let mut in_ws = py_isspace(first);
+        let mut start = 0;
+        for (i, c) in text.char_indices() {
+            if py_isspace(c) != in_ws {
+                if start < i {
+                    self.tokenize_span(&text[start..i], &mut out);
+                }
+                start = if c == ' ' { i + 1 } else { i };
+                in_ws = !in_ws;
+            }
+        }
+        if start < text.len() {
+            self.tokenize_span(&text[start..], &mut out);
+        }
+        out
+    }
+
+    /// spaCy's `_apply_special_cases` on the tokens of one span (`out[from..]`, contiguous in
+    /// the text): runs of tokens that a special case's affix split produces are replaced by the
+    /// special case's own tokens; overlapping matches go longest first, then leftmost.
+    fn apply_special_matcher<'a>(&self, span: &'a str, out: &mut Vec<&'a str>, from: usize) {
+        if self.matcher.is_empty() || out.len() == from {
+            return;
+        }
+        let mut found: Vec<(usize, usize, &'static [&'static str])> = Vec::new();
+        for i in from..out.len() {
+            if let Some(candidates) = self.matcher.get(&key(out[i])) {
+                for (pattern, pieces) in candidates {
+                    let end = i + pattern.len();
+                    if end <= out.len() && out[i..end] == pattern[..] {
+                        found.push((i, end, pieces));
+                    }
+                }
+            }
+        }
+        if found.is_empty() {
+            return;
+        }
+        // spaCy's `_filter_special_spans`: longest first, then the leftmost; a match whose
+        // first or last token is taken is dropped.
+        found.sort_by_key(|&(start, end, _)| (std::cmp::Reverse(end - start), start));
+        let mut taken = vec![false; out.len() - from];
+        let mut kept = Vec::new();
+        for (start, end, pieces) in found {
+            if !taken[start - from] && !taken[end - 1 - from] {
+                kept.push((start, end, pieces));
+            }
+            for t in &mut taken[start - from..end - from] {
+                *t = true;
+            }
+        }
+        kept.sort_by_key(|&(start, _, _)| start);
+        let tail = out.split_off(from);
+        let mut i = 0;
+        for (start, end, pieces) in kept {
+            out.extend_from_slice(&tail[i..start - from]);
+            // The matched tokens are contiguous slices of `span`: their text is the special
+            // case's.
+            let offset = |token: &str| token.as_ptr() as usize - span.as_ptr() as usize;
+            let (first, last) = (tail[start - from], tail[end - 1 - from]);
+            Self::push_special(&span[offset(first)..offset(last) + last.len()], pieces, out);
+            i = end - from;
+        }
+        out.extend_from_slice(&tail[i..]);
+    }
+
+    /// spaCy's `_tokenize` of one whitespace-free span (or one whitespace run).
+    fn tokenize_span<'a>(&self, span: &'a str, out: &mut Vec<&'a str>) {
+        if let Some(pieces) = self.special(span) {
+            Self::push_special(span, pieces, out);
+            return;
+        }
+        if span.bytes().all(|b| b.is_ascii_alphabetic()) {
+            // No prefix, suffix or infix starts with an ASCII letter unless a digit precedes
+            // it (units), and the span has no digit: one token.
+            out.push(span);
+            return;
+        }
+        let from = out.len();
+        let mut prefixes = Vec::new();
+        let mut suffixes = Vec::new();
+        let rest = self.split_affixes(span, &mut prefixes, &mut suffixes);
+        out.extend(prefixes);
+        if !rest.is_empty() {
+            if let Some(pieces) = self.special(rest) {
+                Self::push_special(rest, pieces, out);
+            } else {
+                let infixes = self.find_infixes(rest);
+                if infixes.is_empty() || self.url_match(rest) {
+                    out.push(rest);
+                } else {
+                    let mut start = 0;
+                    for (infix_start, infix_end) in infixes {
+                        if infix_start == 0 {
+                            continue;
+                        }
+                        if infix_start != start {
+                            out.push(&rest[start..infix_start]);
+                        }
+                        if infix_start != infix_end {
+                            out.push(&rest[infix_start..infix_end]);
+                        }
+                        start = infix_end;
+                    }
+                    if start < rest.len() {
+                        out.push(&rest[start..]);
+                    }
+                }
+            }
+        }
+        out.extend(suffixes.into_iter().rev());
+        self.apply_special_matcher(span, out, from);
+    }
+
+    /// spaCy's `_split_affixes`: strips prefixes and suffixes until none is left or a special
+    /// case remains.
+    fn split_affixes<'a>(
+        &self,
+        mut s: &'a str,
+        prefixes: &mut Vec<&'a str>,
+        suffixes: &mut Vec<&'a str>,
+    ) -> &'a str {
+        let mut last_size = 0;
+        while !s.is_empty() && s.len() != last_size {
+            if self.special(s).is_some() {
+                break;
+            }
+            last_size = s.len();
+            let pre_len = self.find_prefix(s);
+            if pre_len != 0 {
+                let minus_pre = &s[pre_len..];
+                if !minus_pre.is_empty() && self.special(minus_pre).is_some() {
+                    prefixes.push(&s[..pre_len]);
+                    s = minus_pre;
+                    break;
+                }
+            }
+            let suf_len = self.find_suffix(&s[pre_len..]);
+            if suf_len != 0 {
+                let minus_suf = &s[..s.len() - suf_len];
+                if !minus_suf.is_empty() && self.special(minus_suf).is_some() {
+                    suffixes.push(&s[s.len() - suf_len..]);
+                    s = minus_suf;
+                    break;
+                }
+            }
+            if pre_len != 0 && suf_len != 0 {
+                prefixes.push(&s[..pre_len]);
+                suffixes.push(&s[s.len() - suf_len..]);
+                s = &s[pre_len..s.len() - suf_len];
+            } else if pre_len != 0 {
+                prefixes.push(&s[..pre_len]);
+                s = &s[pre_len..];
+            } else if suf_len != 0 {
+                suffixes.push(&s[s.len() - suf_len..]);
+                s = &s[..s.len() - suf_len];
+            }
+        }
+        s
+    }
+}
+
+/// Python's `str.isspace` (it counts U+001C..U+001F, which Rust's `char::is_whitespace` does
+/// not).
+#[inline]
+pub fn py_isspace(c: char) -> bool {
+    if c.is_ascii() {
+        matches!(c, '\t'..='\r' | '\x1c'..='\x1f' | ' ')
+    } else {
+        PY_SPACE.contains(c)
+    }
+}
+
+/// Python's `str.isalpha` for one character (Unicode letters, categories L*; Rust's
+/// `char::is_alphabetic` also takes marks and letter numbers).
+#[inline]
+pub fn py_isalpha(c: char) -> bool {
+    if c.is_ascii() { c.is_ascii_alphabetic() } else { PY_ALPHA.contains(c) }
+}
+
+/// Whether `c` is in datatrove's `PUNCTUATION_SET`.
+#[inline]
+pub fn is_datatrove_punctuation(c: char) -> bool {
+    DATATROVE_PUNCTUATION.contains(c)
+}
+
+/// Every token spaCy makes of `text`, whitespace tokens included: each run of whitespace
+/// other than the single space that follows a token is a token of its own.
+pub fn spacy_tokens(text: &str) -> Vec<&str> {
+    TABLES.tokens(text)
+}
+
+/// datatrove's English `word_tokenize`: spaCy's tokens, stripped, empty ones dropped.
+pub fn words(text: &str) -> Vec<&str> {
+    let mut tokens = spacy_tokens(text);
+    tokens.retain(|t| !t.chars().all(py_isspace));
+    tokens
+}
+
+/// spaCy's lexical `is_punct`: every character in a P* category.
+fn is_punct(token: &str) -> bool {
+    token.chars().all(|c| PUNCT_CATEGORY.contains(c))
+}
+
+/// The number of sentences datatrove's `split_into_sentences` returns for `text` (the
+/// sentencizer's rule: a sentence ends after a token that is one of its punctuation
+/// characters, at the next token that is not punctuation). An empty text counts one, as
+/// datatrove's split returns the whole text then.
+pub fn sentence_count(text: &str) -> usize {
+    let mut count = 1;
+    let mut seen_period = false;
+    for token in spacy_tokens(text) {
+        let in_punct_chars = SENTENCE_PUNCT.contains(&token);
+        if seen_period && !in_punct_chars && !is_punct(token) {
+            count += 1;
+            seen_period = false;
+        } else if in_punct_chars {
+            seen_period = true;
+        }
+    }
+    count
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_generated_url_pattern_compiles() {
+        assert!(TABLES.url.is_some(), "spaCy's URL pattern must compile with fancy_regex");
+        assert!(TABLES.url_match("https://example.com/a-b"));
+        assert!(!TABLES.url_match("D-Bus"));
+    }
+
+    #[test]
+    fn the_issue_examples_tokenize_as_spacy_does() {
+        assert_eq!(words("D-Bus"), ["D", "-", "Bus"]);
+        assert_eq!(words("(see above),"), ["(", "see", "above", ")", ","]);
+        assert_eq!(words("version 1.16 of Makefile.in"), ["version", "1.16", "of", "Makefile.in"]);
+        assert_eq!(words("don't stop"), ["do", "n't", "stop"]);
+        assert_eq!(sentence_count("Google Inc. All rights reserved."), 1);
+        assert_eq!(sentence_count("One. Two! Three?"), 3);
+    }
+}
