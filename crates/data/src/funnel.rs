@@ -40,10 +40,12 @@ pub mod repeated_span;
 pub mod report;
 pub mod safety;
 pub mod spacy_en;
+#[rustfmt::skip]
 mod spacy_en_tables;
 pub mod stage;
 pub mod text;
 pub mod tokenize;
+pub mod verdicts;
 pub mod warc;
 
 pub use config::{FunnelFile, FunnelPlan};

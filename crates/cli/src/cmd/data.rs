@@ -21,6 +21,17 @@ pub enum DataCommand {
     Tokenize(crate::cmd::tokenizer::DataTokenizeArgs),
     /// Documents, tokens and a length histogram of shards; documents and bytes of JSONL files.
     Stats(crate::cmd::tokenizer::DataStatsArgs),
+    /// Each document's verdict and rule numbers under the Gopher quality, Gopher repetition, C4
+    /// and FineWeb filters (each alone, defaults), as JSONL: the input of
+    /// `scripts/funnel_agreement.py`, which sets them beside datatrove's.
+    Verdicts {
+        /// JSONL with a string `text` field (and an `id`, copied through).
+        #[arg(long)]
+        input: PathBuf,
+        /// Where the verdicts go, one line per document in input order.
+        #[arg(long)]
+        output: PathBuf,
+    },
 }
 
 pub fn run(command: DataCommand) -> anyhow::Result<()> {
@@ -28,6 +39,12 @@ pub fn run(command: DataCommand) -> anyhow::Result<()> {
         DataCommand::Run { config } => run_funnel(&config),
         DataCommand::Tokenize(args) => crate::cmd::tokenizer::data_tokenize(args),
         DataCommand::Stats(args) => crate::cmd::tokenizer::data_stats(args),
+        DataCommand::Verdicts { input, output } => {
+            let n =
+                funnel::verdicts::write_verdicts(&input, &output).map_err(anyhow::Error::msg)?;
+            println!("{n} documents -> {}", output.display());
+            Ok(())
+        }
     }
 }
 

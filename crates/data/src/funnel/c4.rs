@@ -5,8 +5,9 @@
 //! policy notices; drop the whole document on "lorem ipsum" or a curly brace, or when fewer than
 //! 5 sentences remain. Kept lines are joined with `\n`: this stage rewrites the text.
 //!
-//! What it is not: a trained sentence splitter; sentences are counted by terminal punctuation
-//! followed by whitespace or the end of the line.
+//! Lines, stripping and word splits follow Python's `splitlines()`, `strip()` and `split()`, and
+//! sentences are counted as datatrove counts them, with spaCy's sentencizer over spaCy's tokens
+//! ([`super::spacy_en::sentence_count`]): "Google Inc. All rights reserved." is one sentence.
 
 use std::sync::LazyLock;
 
@@ -14,6 +15,8 @@ use regex::Regex;
 use serde::Deserialize;
 
 use super::document::{Document, DropReason, Event, Events, Verdict};
+use super::spacy_en::sentence_count;
+use super::text::{RuleNumbers, py_split, py_splitlines, py_strip};
 
 const END_PUNCTUATION: &[char] = &['.', '?', '!', '"', '\''];
 const POLICY_SUBSTRINGS: &[&str] = &[
@@ -73,32 +76,65 @@ impl C4File {
     }
 }
 
-/// Sentences in a line: terminal punctuation followed by whitespace or the end, at least one.
-fn count_sentences(line: &str) -> usize {
-    let chars: Vec<char> = line.chars().collect();
-    let mut count = 0;
-    for (i, c) in chars.iter().enumerate() {
-        if matches!(c, '.' | '!' | '?') {
-            let next = chars.get(i + 1);
-            let ends = next.is_none_or(|n| n.is_whitespace() || *n == '"' || *n == '\'');
-            let run_continues = next.is_some_and(|n| matches!(n, '.' | '!' | '?'));
-            if ends && !run_continues {
-                count += 1;
-            }
-        }
-    }
-    count.max(1)
+/// What the filter made of a text.
+pub struct C4Outcome {
+    /// The kept lines joined with `\n`, or why the document is dropped.
+    pub result: Result<String, DropReason>,
+    /// Sentences counted over the kept lines (up to the line that dropped the document).
+    pub sentences: usize,
+    /// Lines kept (idem).
+    pub kept_lines: usize,
+    /// Lines in the text.
+    pub total_lines: usize,
 }
 
 impl C4Quality {
     pub fn apply(&self, mut doc: Document, events: &mut Events) -> Verdict {
+        let outcome = self.evaluate(&doc.text);
+        let text = match outcome.result {
+            Ok(text) => text,
+            Err(reason) => return Verdict::Drop(doc, reason),
+        };
+        let removed = (outcome.total_lines - outcome.kept_lines) as u64;
+        if text != doc.text {
+            events.push((Event::DocumentModified, 1));
+            doc.text = text;
+        }
+        if removed > 0 {
+            events.push((Event::LinesRemoved, removed));
+        }
+        Verdict::Keep(doc)
+    }
+
+    /// The verdict and the rule numbers (for agreement checks against datatrove).
+    pub fn numbers(&self, text: &str) -> (Option<DropReason>, RuleNumbers) {
+        let outcome = self.evaluate(text);
+        (
+            outcome.result.err(),
+            vec![
+                ("num_sentences", Some(outcome.sentences as f64)),
+                ("kept_lines", Some(outcome.kept_lines as f64)),
+            ],
+        )
+    }
+
+    /// datatrove's `C4QualityFilter.filter`: Python's `splitlines()`, `strip()` and `split()`,
+    /// sentences counted by its spaCy sentencizer.
+    pub fn evaluate(&self, text: &str) -> C4Outcome {
         let f = &self.file;
         let mut kept: Vec<String> = Vec::new();
-        let (mut sentences, mut total_lines) = (0, 0u64);
-        for raw in doc.text.lines() {
-            let line = raw.trim();
-            total_lines += 1;
-            let words: Vec<&str> = line.split_whitespace().collect();
+        let mut sentences = 0;
+        let lines = py_splitlines(text);
+        let total_lines = lines.len();
+        let outcome = |result, sentences, kept: &Vec<String>| C4Outcome {
+            result,
+            sentences,
+            kept_lines: kept.len(),
+            total_lines,
+        };
+        for raw in lines {
+            let line = py_strip(raw);
+            let words: Vec<&str> = py_split(line).collect();
             if let Some(max) = f.max_word_length
                 && words.iter().any(|w| w.chars().count() > max)
             {
@@ -119,33 +155,27 @@ impl C4Quality {
             }
             let lower = line.to_lowercase();
             if f.filter_lorem_ipsum && lower.contains("lorem ipsum") {
-                return Verdict::Drop(doc, DropReason::C4LoremIpsum);
+                return outcome(Err(DropReason::C4LoremIpsum), sentences, &kept);
             }
             if f.filter_javascript && lower.contains("javascript") {
                 continue;
             }
             if f.filter_curly_bracket && line.contains('{') {
-                return Verdict::Drop(doc, DropReason::C4CurlyBracket);
+                return outcome(Err(DropReason::C4CurlyBracket), sentences, &kept);
             }
             if f.filter_policy && POLICY_SUBSTRINGS.iter().any(|p| lower.contains(p)) {
                 continue;
             }
-            sentences += count_sentences(&line);
+            if f.min_num_sentences > 0 {
+                sentences += sentence_count(&line);
+            }
             kept.push(line);
         }
         if sentences < f.min_num_sentences {
-            return Verdict::Drop(doc, DropReason::C4TooFewSentences);
+            return outcome(Err(DropReason::C4TooFewSentences), sentences, &kept);
         }
-        let removed = total_lines - kept.len() as u64;
-        let text = kept.join("\n").trim().to_string();
-        if text != doc.text {
-            events.push((Event::DocumentModified, 1));
-            doc.text = text;
-        }
-        if removed > 0 {
-            events.push((Event::LinesRemoved, removed));
-        }
-        Verdict::Keep(doc)
+        let joined = py_strip(&kept.join("\n")).to_string();
+        outcome(Ok(joined), sentences, &kept)
     }
 }
 

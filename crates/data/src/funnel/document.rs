@@ -92,6 +92,7 @@ pub enum DropReason {
     GopherTooManyEndEllipsis,
     GopherBelowAlphaThreshold,
     GopherTooFewStopWords,
+    RepetitionEmpty,
     RepetitionDupParaFrac,
     RepetitionDupParaCharFrac,
     RepetitionDupLineFrac,
@@ -134,6 +135,7 @@ impl DropReason {
             GopherTooManyEndEllipsis => "gopher_too_many_end_ellipsis",
             GopherBelowAlphaThreshold => "gopher_below_alpha_threshold",
             GopherTooFewStopWords => "gopher_too_few_stop_words",
+            RepetitionEmpty => "repetition_empty",
             RepetitionDupParaFrac => "repetition_dup_para_frac",
             RepetitionDupParaCharFrac => "repetition_dup_para_char_frac",
             RepetitionDupLineFrac => "repetition_dup_line_frac",
@@ -157,6 +159,41 @@ impl DropReason {
             LineDedupEmptied => "line_dedup_emptied",
         };
         fixed.to_string()
+    }
+
+    /// The reason datatrove 0.10.1 gives for the same rule (its filters' second return value),
+    /// for the four filters that follow it; `None` for stoke's own stages.
+    pub fn datatrove_name(&self) -> Option<String> {
+        use DropReason::*;
+        let fixed = match self {
+            GopherShortDoc => "gopher_short_doc",
+            GopherLongDoc => "gopher_long_doc",
+            GopherBelowAvgWordLength => "gopher_below_avg_threshold",
+            GopherAboveAvgWordLength => "gopher_above_avg_threshold",
+            GopherTooManyHashes => "gopher_too_many_hashes",
+            GopherTooManyEllipsis => "gopher_too_many_ellipsis",
+            GopherTooManyBullets => "gopher_too_many_bullets",
+            GopherTooManyEndEllipsis => "gopher_too_many_end_ellipsis",
+            GopherBelowAlphaThreshold => "gopher_below_alpha_threshold",
+            GopherTooFewStopWords => "gopher_enough_stop_words",
+            RepetitionEmpty => "empty",
+            RepetitionDupParaFrac => "dup_para_frac",
+            RepetitionDupParaCharFrac => "dup_para_char_frac",
+            RepetitionDupLineFrac => "dup_line_frac",
+            RepetitionDupLineCharFrac => "dup_line_char_frac",
+            RepetitionTopNGram(n) => return Some(format!("top_{n}_gram")),
+            RepetitionDuplicatedNGrams(n) => return Some(format!("duplicated_{n}_n_grams")),
+            C4LoremIpsum => "lorem_ipsum",
+            C4CurlyBracket => "curly_bracket",
+            C4TooFewSentences => "too_few_sentences",
+            FinewebEmpty => "empty",
+            FinewebLinePunctRatio => "line_punct_ratio",
+            FinewebShortLineRatio => "short_line_ratio",
+            FinewebCharDupRatio => "char_dup_ratio",
+            FinewebListRatio => "list_ratio",
+            _ => return None,
+        };
+        Some(fixed.to_string())
     }
 }
 

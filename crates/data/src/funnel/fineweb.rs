@@ -3,12 +3,19 @@
 //! lines are short (<= 30 chars), duplicated lines hold at most 1% of the characters (newlines
 //! excluded), and at most 0.3 newlines per word.
 //!
+//! As in datatrove, lines are split at `\n` and whitespace-only lines skipped (none left:
+//! `empty`), and words come from datatrove's English tokenizer (`word_tokenizer = "simple"`
+//! for the funnel's faster one).
+//!
 //! What it is not: a rewrite; this stage only keeps or drops.
 
 use serde::Deserialize;
 
 use super::document::{Document, DropReason, Verdict};
-use super::text::{ends_with_terminal_punctuation, find_duplicates, word_tokens};
+use super::text::{
+    RuleNumbers, Rules, WordTokenizer, ends_with_terminal_punctuation, find_duplicates, py_strip,
+    ratio,
+};
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -19,6 +26,7 @@ pub struct FinewebFile {
     pub short_line_length: usize,
     pub char_duplicates_ratio: f64,
     pub new_line_ratio: f64,
+    pub word_tokenizer: WordTokenizer,
 }
 
 impl Default for FinewebFile {
@@ -30,6 +38,7 @@ impl Default for FinewebFile {
             short_line_length: 30,
             char_duplicates_ratio: 0.01,
             new_line_ratio: 0.3,
+            word_tokenizer: WordTokenizer::default(),
         }
     }
 }
@@ -69,38 +78,78 @@ impl FinewebQuality {
     }
 
     pub fn check(&self, text: &str) -> Option<DropReason> {
+        self.evaluate(text, None)
+    }
+
+    /// The verdict and every rule's number (for agreement checks against datatrove).
+    pub fn numbers(&self, text: &str) -> (Option<DropReason>, RuleNumbers) {
+        let mut numbers = RuleNumbers::new();
+        let verdict = self.evaluate(text, Some(&mut numbers));
+        (verdict, numbers)
+    }
+
+    fn evaluate(&self, text: &str, record: Option<&mut RuleNumbers>) -> Option<DropReason> {
         let f = &self.file;
-        let lines: Vec<&str> = text.split('\n').filter(|l| !l.trim().is_empty()).collect();
+        let mut rules = Rules::new(record);
+        // Lines split at `\n` only; a line of Python whitespace counts as empty.
+        let lines: Vec<&str> = text
+            .split('\n')
+            .filter(|l| !py_strip(l).is_empty())
+            .collect();
         if lines.is_empty() {
-            return Some(DropReason::FinewebEmpty);
+            rules.also(true, DropReason::FinewebEmpty);
+            if rules.done() {
+                return rules.verdict();
+            }
         }
-        let n = lines.len() as f64;
         let punct = lines
             .iter()
             .filter(|l| ends_with_terminal_punctuation(l))
-            .count() as f64
-            / n;
-        if punct < f.line_punct_thr && !(punct == 0.0 && f.line_punct_exclude_zero) {
-            return Some(DropReason::FinewebLinePunctRatio);
+            .count();
+        let punct = ratio(punct, lines.len());
+        let fails =
+            punct.is_some_and(|p| p < f.line_punct_thr && !(p == 0.0 && f.line_punct_exclude_zero));
+        if rules.rule(
+            "line_punct_ratio",
+            punct,
+            fails,
+            DropReason::FinewebLinePunctRatio,
+        ) {
+            return rules.verdict();
         }
         let short = lines
             .iter()
             .filter(|l| l.chars().count() <= f.short_line_length)
-            .count() as f64
-            / n;
-        if short > f.short_line_thr {
-            return Some(DropReason::FinewebShortLineRatio);
+            .count();
+        let short = ratio(short, lines.len());
+        if rules.rule(
+            "short_line_ratio",
+            short,
+            short.is_some_and(|s| s > f.short_line_thr),
+            DropReason::FinewebShortLineRatio,
+        ) {
+            return rules.verdict();
         }
-        let chars_without_newlines = text.chars().filter(|&c| c != '\n').count().max(1) as f64;
+        let chars_without_newlines = text.chars().filter(|&c| c != '\n').count();
         let (_, dup_chars) = find_duplicates(lines.iter().copied());
-        if dup_chars as f64 / chars_without_newlines > f.char_duplicates_ratio {
-            return Some(DropReason::FinewebCharDupRatio);
+        let dup = ratio(dup_chars, chars_without_newlines);
+        if rules.rule(
+            "char_dup_ratio",
+            dup,
+            dup.is_some_and(|d| d > f.char_duplicates_ratio),
+            DropReason::FinewebCharDupRatio,
+        ) {
+            return rules.verdict();
         }
-        let words = word_tokens(text).len().max(1) as f64;
-        if text.matches('\n').count() as f64 / words > f.new_line_ratio {
-            return Some(DropReason::FinewebListRatio);
-        }
-        None
+        let words = f.word_tokenizer.words(text).len();
+        let list = ratio(text.matches('\n').count(), words);
+        rules.rule(
+            "list_ratio",
+            list,
+            list.is_some_and(|l| l > f.new_line_ratio),
+            DropReason::FinewebListRatio,
+        );
+        rules.verdict()
     }
 }
 

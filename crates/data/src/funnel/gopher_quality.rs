@@ -3,14 +3,16 @@
 //! word length 3-10, `#` and ellipsis per word <= 0.1, bullet-start lines <= 0.9, ellipsis-end
 //! lines <= 0.3, >= 80% of words with an alphabetic character, >= 2 distinct Gopher stop words.
 //!
-//! What it is not: a tokenizer-exact port; words come from [`super::text::word_tokens`]. The
-//! word counts use non-symbol words (tokens with an alphanumeric char), the ratios use all
-//! tokens, as datatrove does.
+//! Words come from datatrove's English tokenizer ([`super::spacy_en`]) unless `word_tokenizer =
+//! "simple"`; as in datatrove, the word counts and mean length use non-symbol words (a character
+//! outside datatrove's punctuation set), the ratios use all tokens, lines are Python's
+//! `splitlines()` and "alphabetic" is Python's `str.isalpha`.
 
 use serde::Deserialize;
 
 use super::document::{Document, DropReason, Verdict};
-use super::text::{is_word, word_tokens};
+use super::spacy_en::{is_datatrove_punctuation, py_isalpha, py_isspace};
+use super::text::{RuleNumbers, Rules, WordTokenizer, py_splitlines, ratio};
 
 /// The Gopher stop-word list (datatrove's `STOP_WORDS`).
 pub const GOPHER_STOP_WORDS: &[&str] = &["the", "be", "to", "of", "and", "that", "have", "with"];
@@ -28,6 +30,7 @@ pub struct GopherQualityFile {
     pub max_non_alpha_words_ratio: Option<f64>,
     pub min_stop_words: Option<usize>,
     pub stop_words: Vec<String>,
+    pub word_tokenizer: WordTokenizer,
 }
 
 impl Default for GopherQualityFile {
@@ -43,6 +46,7 @@ impl Default for GopherQualityFile {
             max_non_alpha_words_ratio: Some(0.8),
             min_stop_words: Some(2),
             stop_words: GOPHER_STOP_WORDS.iter().map(|w| w.to_string()).collect(),
+            word_tokenizer: WordTokenizer::default(),
         }
     }
 }
@@ -85,89 +89,135 @@ impl GopherQuality {
 
     /// The first rule the text fails, in datatrove's order.
     pub fn check(&self, text: &str) -> Option<DropReason> {
+        self.evaluate(text, None)
+    }
+
+    /// The verdict and every rule's number (for agreement checks against datatrove).
+    pub fn numbers(&self, text: &str) -> (Option<DropReason>, RuleNumbers) {
+        let mut numbers = RuleNumbers::new();
+        let verdict = self.evaluate(text, Some(&mut numbers));
+        (verdict, numbers)
+    }
+
+    fn evaluate(&self, text: &str, record: Option<&mut RuleNumbers>) -> Option<DropReason> {
         let f = &self.file;
-        let tokens = word_tokens(text);
-        let n_tokens = tokens.len().max(1) as f64;
-        let words: Vec<&str> = tokens.iter().copied().filter(|t| is_word(t)).collect();
+        let mut rules = Rules::new(record);
+        let words = f.word_tokenizer.words(text);
         let n_words = words.len();
-        if f.min_doc_words.is_some_and(|min| n_words < min) {
-            return Some(DropReason::GopherShortDoc);
+        // datatrove's "non-symbol" words: a character outside its punctuation set.
+        let non_symbol: Vec<&str> = words
+            .iter()
+            .copied()
+            .filter(|w| w.chars().any(|c| !is_datatrove_punctuation(c)))
+            .collect();
+        let n_non_symbol = non_symbol.len();
+        rules.rule(
+            "n_words",
+            Some(n_words as f64),
+            false,
+            DropReason::GopherShortDoc,
+        );
+        if rules.rule(
+            "n_non_symbol_words",
+            Some(n_non_symbol as f64),
+            f.min_doc_words.is_some_and(|min| n_non_symbol < min),
+            DropReason::GopherShortDoc,
+        ) || rules.also(
+            f.max_doc_words.is_some_and(|max| n_non_symbol > max),
+            DropReason::GopherLongDoc,
+        ) {
+            return rules.verdict();
         }
-        if f.max_doc_words.is_some_and(|max| n_words > max) {
-            return Some(DropReason::GopherLongDoc);
+        let chars: usize = non_symbol.iter().map(|w| w.chars().count()).sum();
+        let mean = ratio(chars, n_non_symbol);
+        if rules.rule(
+            "avg_word_length",
+            mean,
+            f.min_avg_word_length
+                .is_some_and(|min| mean.is_some_and(|m| m < min)),
+            DropReason::GopherBelowAvgWordLength,
+        ) || rules.also(
+            f.max_avg_word_length
+                .is_some_and(|max| mean.is_some_and(|m| m > max)),
+            DropReason::GopherAboveAvgWordLength,
+        ) {
+            return rules.verdict();
         }
-        let mean_len = if n_words == 0 {
-            0.0
-        } else {
-            words.iter().map(|w| w.chars().count()).sum::<usize>() as f64 / n_words as f64
-        };
-        if f.min_avg_word_length.is_some_and(|min| mean_len < min) {
-            return Some(DropReason::GopherBelowAvgWordLength);
+        let hashes = ratio(text.matches('#').count(), n_words);
+        let ellipses = ratio(
+            text.matches("...").count() + text.matches('\u{2026}').count(),
+            n_words,
+        );
+        let above =
+            |r: Option<f64>, max: Option<f64>| max.is_some_and(|m| r.is_some_and(|r| r > m));
+        if rules.rule(
+            "hash_ratio",
+            hashes,
+            above(hashes, f.max_symbol_word_ratio),
+            DropReason::GopherTooManyHashes,
+        ) || rules.rule(
+            "ellipsis_ratio",
+            ellipses,
+            above(ellipses, f.max_symbol_word_ratio),
+            DropReason::GopherTooManyEllipsis,
+        ) {
+            return rules.verdict();
         }
-        if f.max_avg_word_length.is_some_and(|max| mean_len > max) {
-            return Some(DropReason::GopherAboveAvgWordLength);
+        let lines = py_splitlines(text);
+        let bullets = lines
+            .iter()
+            .filter(|l| {
+                let l = l.trim_start_matches(py_isspace);
+                l.starts_with('\u{2022}') || l.starts_with('-')
+            })
+            .count();
+        let bullets = ratio(bullets, lines.len());
+        let end_ellipses = lines
+            .iter()
+            .filter(|l| {
+                let l = l.trim_end_matches(py_isspace);
+                l.ends_with("...") || l.ends_with('\u{2026}')
+            })
+            .count();
+        let end_ellipses = ratio(end_ellipses, lines.len());
+        if rules.rule(
+            "bullet_lines_ratio",
+            bullets,
+            above(bullets, f.max_bullet_lines_ratio),
+            DropReason::GopherTooManyBullets,
+        ) || rules.rule(
+            "end_ellipsis_lines_ratio",
+            end_ellipses,
+            above(end_ellipses, f.max_ellipsis_lines_ratio),
+            DropReason::GopherTooManyEndEllipsis,
+        ) {
+            return rules.verdict();
         }
-        if let Some(max) = f.max_symbol_word_ratio {
-            if text.matches('#').count() as f64 / n_tokens > max {
-                return Some(DropReason::GopherTooManyHashes);
-            }
-            let ellipses = text.matches("...").count() + text.matches('\u{2026}').count();
-            if ellipses as f64 / n_tokens > max {
-                return Some(DropReason::GopherTooManyEllipsis);
-            }
+        let alpha = words.iter().filter(|w| w.chars().any(py_isalpha)).count();
+        let alpha = ratio(alpha, n_words);
+        if rules.rule(
+            "alpha_words_ratio",
+            alpha,
+            f.max_non_alpha_words_ratio
+                .is_some_and(|min| alpha.is_some_and(|a| a < min)),
+            DropReason::GopherBelowAlphaThreshold,
+        ) {
+            return rules.verdict();
         }
-        let lines: Vec<&str> = text.lines().collect();
-        let n_lines = lines.len().max(1) as f64;
-        if let Some(max) = f.max_bullet_lines_ratio {
-            let bullets = lines
-                .iter()
-                .filter(|l| {
-                    let l = l.trim_start();
-                    l.starts_with('\u{2022}') || l.starts_with('-')
-                })
-                .count();
-            if bullets as f64 / n_lines > max {
-                return Some(DropReason::GopherTooManyBullets);
-            }
-        }
-        if let Some(max) = f.max_ellipsis_lines_ratio {
-            let ends = lines
-                .iter()
-                .filter(|l| {
-                    let l = l.trim_end();
-                    l.ends_with("...") || l.ends_with('\u{2026}')
-                })
-                .count();
-            if ends as f64 / n_lines > max {
-                return Some(DropReason::GopherTooManyEndEllipsis);
-            }
-        }
-        if let Some(min) = f.max_non_alpha_words_ratio {
-            let alpha = tokens
-                .iter()
-                .filter(|t| t.chars().any(char::is_alphabetic))
-                .count();
-            if (alpha as f64) / n_tokens < min {
-                return Some(DropReason::GopherBelowAlphaThreshold);
-            }
-        }
-        if let Some(min) = f.min_stop_words {
-            // Distinct stop words, matched exactly as datatrove's set intersection does ("The"
-            // at a sentence start is not "the").
-            let mut found: Vec<&str> = Vec::new();
-            for token in &tokens {
-                if !found.contains(token) && f.stop_words.iter().any(|s| s == token) {
-                    found.push(token);
-                    if found.len() >= min {
-                        break;
-                    }
-                }
-            }
-            if found.len() < min {
-                return Some(DropReason::GopherTooFewStopWords);
-            }
-        }
-        None
+        // Distinct stop words, matched exactly as datatrove's set intersection does ("The" at a
+        // sentence start is not "the").
+        let found = f
+            .stop_words
+            .iter()
+            .filter(|s| words.contains(&s.as_str()))
+            .count();
+        rules.rule(
+            "stop_words",
+            Some(found as f64),
+            f.min_stop_words.is_some_and(|min| found < min),
+            DropReason::GopherTooFewStopWords,
+        );
+        rules.verdict()
     }
 }
 

@@ -3,15 +3,23 @@
 //! by count, 0.20 / 0.20 by characters), the character share of the most frequent 2/3/4-gram
 //! (0.20, 0.18, 0.16) and the character share of duplicated 5..10-grams (0.15 down to 0.10).
 //!
+//! As in datatrove: an empty text is dropped (`empty`), lines are `re.split("\n+", text)` (a
+//! leading or trailing newline leaves an empty line), paragraphs `re.split(r"\n{2,}",
+//! text.strip())`, words datatrove's English tokenizer unless `word_tokenizer = "simple"`, and
+//! shares are characters over the characters of the whole text.
+//!
 //! What it is not: a string-exact port. N-grams are compared by a hash of their word hashes
-//! (xxh3), not by joined strings; a collision would need two different n-grams with equal 64-bit
-//! hashes. Shares are characters over the characters of the whole text, as in datatrove.
+//! (xxh3), not by joined strings: a collision would need two different n-grams with equal 64-bit
+//! hashes, and datatrove's duplicated n-grams, joined without spaces, also count `ab c` and
+//! `a bc` as one.
 
 use serde::Deserialize;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::document::{Document, DropReason, Verdict};
-use super::text::{find_duplicates, split_lines_collapsed, split_paragraphs, word_tokens};
+use super::text::{
+    RuleNumbers, Rules, WordTokenizer, find_duplicates, ratio, split_newline_runs, split_paragraphs,
+};
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -24,6 +32,7 @@ pub struct GopherRepetitionFile {
     pub top_n_grams: Vec<(usize, f64)>,
     /// `[[n, max_share], ...]` for all duplicated n-grams.
     pub dup_n_grams: Vec<(usize, f64)>,
+    pub word_tokenizer: WordTokenizer,
 }
 
 impl Default for GopherRepetitionFile {
@@ -42,6 +51,7 @@ impl Default for GopherRepetitionFile {
                 (9, 0.11),
                 (10, 0.10),
             ],
+            word_tokenizer: WordTokenizer::default(),
         }
     }
 }
@@ -76,57 +86,143 @@ impl GopherRepetition {
     }
 
     pub fn check(&self, text: &str) -> Option<DropReason> {
+        self.evaluate(text, None)
+    }
+
+    /// The verdict and every rule's number (for agreement checks against datatrove).
+    pub fn numbers(&self, text: &str) -> (Option<DropReason>, RuleNumbers) {
+        let mut numbers = RuleNumbers::new();
+        let verdict = self.evaluate(text, Some(&mut numbers));
+        (verdict, numbers)
+    }
+
+    fn evaluate(&self, text: &str, record: Option<&mut RuleNumbers>) -> Option<DropReason> {
         let f = &self.file;
-        let text_chars = text.chars().count().max(1) as f64;
+        let mut rules = Rules::new(record);
+        if text.is_empty() {
+            // datatrove drops an empty text before any rule.
+            rules.also(true, DropReason::RepetitionEmpty);
+            if rules.done() {
+                return rules.verdict();
+            }
+        }
+        let text_chars = text.chars().count();
+        let above = |value: Option<f64>, max: Option<f64>| {
+            max.is_some_and(|m| value.is_some_and(|v| v > m))
+        };
         let paragraphs = split_paragraphs(text);
         let (dup_paras, dup_para_chars) = find_duplicates(paragraphs.iter().copied());
-        if f.dup_para_frac
-            .is_some_and(|max| dup_paras as f64 / paragraphs.len() as f64 > max)
-        {
-            return Some(DropReason::RepetitionDupParaFrac);
+        let para_frac = ratio(dup_paras, paragraphs.len());
+        let para_char_frac = ratio(dup_para_chars, text_chars);
+        if rules.rule(
+            "dup_para_frac",
+            para_frac,
+            above(para_frac, f.dup_para_frac),
+            DropReason::RepetitionDupParaFrac,
+        ) || rules.rule(
+            "dup_para_char_frac",
+            para_char_frac,
+            above(para_char_frac, f.dup_para_char_frac),
+            DropReason::RepetitionDupParaCharFrac,
+        ) {
+            return rules.verdict();
         }
-        if f.dup_para_char_frac
-            .is_some_and(|max| dup_para_chars as f64 / text_chars > max)
-        {
-            return Some(DropReason::RepetitionDupParaCharFrac);
-        }
-        let lines: Vec<&str> = split_lines_collapsed(text).collect();
+        // `re.split("\n+", text)`: a leading or trailing newline run leaves an empty line.
+        let lines = split_newline_runs(text);
         let (dup_lines, dup_line_chars) = find_duplicates(lines.iter().copied());
-        if f.dup_line_frac
-            .is_some_and(|max| dup_lines as f64 / lines.len().max(1) as f64 > max)
-        {
-            return Some(DropReason::RepetitionDupLineFrac);
+        let line_frac = ratio(dup_lines, lines.len());
+        let line_char_frac = ratio(dup_line_chars, text_chars);
+        if rules.rule(
+            "dup_line_frac",
+            line_frac,
+            above(line_frac, f.dup_line_frac),
+            DropReason::RepetitionDupLineFrac,
+        ) || rules.rule(
+            "dup_line_char_frac",
+            line_char_frac,
+            above(line_char_frac, f.dup_line_char_frac),
+            DropReason::RepetitionDupLineCharFrac,
+        ) {
+            return rules.verdict();
         }
-        if f.dup_line_char_frac
-            .is_some_and(|max| dup_line_chars as f64 / text_chars > max)
-        {
-            return Some(DropReason::RepetitionDupLineCharFrac);
-        }
-        let words = word_tokens(text);
+        let words = f.word_tokenizer.words(text);
         let hashes: Vec<u64> = words.iter().map(|w| xxh3_64(w.as_bytes())).collect();
         let lengths: Vec<usize> = words.iter().map(|w| w.chars().count()).collect();
         let mut table = NgramTable::with_items(words.len());
         let hashes = NgramHashes::new(&hashes);
         for &(n, max_share) in &f.top_n_grams {
-            if words.len() < n {
-                continue;
-            }
-            if top_ngram_chars(&mut table, &hashes, &lengths, n) as f64 / text_chars > max_share {
-                return Some(DropReason::RepetitionTopNGram(n as u8));
+            // datatrove skips the rule when there is no n-gram.
+            let share = (words.len() >= n)
+                .then(|| {
+                    ratio(
+                        top_ngram_chars(&mut table, &hashes, &lengths, n),
+                        text_chars,
+                    )
+                })
+                .flatten();
+            if rules.rule(
+                top_name(n),
+                share,
+                above(share, Some(max_share)),
+                DropReason::RepetitionTopNGram(n as u8),
+            ) {
+                return rules.verdict();
             }
         }
         for &(n, max_share) in &f.dup_n_grams {
-            if words.len() < n {
-                continue;
-            }
-            if duplicated_ngram_chars(&mut table, &hashes, &lengths, n) as f64 / text_chars
-                > max_share
-            {
-                return Some(DropReason::RepetitionDuplicatedNGrams(n as u8));
+            let chars = if words.len() < n {
+                0
+            } else {
+                duplicated_ngram_chars(&mut table, &hashes, &lengths, n)
+            };
+            let share = ratio(chars, text_chars);
+            if rules.rule(
+                duplicated_name(n),
+                share,
+                above(share, Some(max_share)),
+                DropReason::RepetitionDuplicatedNGrams(n as u8),
+            ) {
+                return rules.verdict();
             }
         }
-        None
+        rules.verdict()
     }
+}
+
+/// The rule name of the top n-gram share (static for the usual sizes).
+fn top_name(n: usize) -> &'static str {
+    const NAMES: [&str; 11] = [
+        "top_0_gram",
+        "top_1_gram",
+        "top_2_gram",
+        "top_3_gram",
+        "top_4_gram",
+        "top_5_gram",
+        "top_6_gram",
+        "top_7_gram",
+        "top_8_gram",
+        "top_9_gram",
+        "top_10_gram",
+    ];
+    NAMES.get(n).copied().unwrap_or("top_n_gram")
+}
+
+/// The rule name of the duplicated n-gram share.
+fn duplicated_name(n: usize) -> &'static str {
+    const NAMES: [&str; 11] = [
+        "duplicated_0_n_grams",
+        "duplicated_1_n_grams",
+        "duplicated_2_n_grams",
+        "duplicated_3_n_grams",
+        "duplicated_4_n_grams",
+        "duplicated_5_n_grams",
+        "duplicated_6_n_grams",
+        "duplicated_7_n_grams",
+        "duplicated_8_n_grams",
+        "duplicated_9_n_grams",
+        "duplicated_10_n_grams",
+    ];
+    NAMES.get(n).copied().unwrap_or("duplicated_n_grams")
 }
 
 /// Hashes of every n-gram of a word sequence in O(1) each: a polynomial over the word hashes
@@ -269,6 +365,7 @@ mod tests {
             dup_para_char_frac: None,
             top_n_grams: vec![],
             dup_n_grams: vec![],
+            word_tokenizer: WordTokenizer::default(),
         }
     }
 

@@ -73,9 +73,10 @@ pub(super) struct Rule {
 }
 
 impl Rule {
-    /// The end of this rule's match starting at byte `p` of `s` (look-behind sees `s[..p]`),
-    /// ending at `s.len()` when `to_end` (a suffix, `...$`).
-    fn match_at(&self, s: &str, p: usize, to_end: bool) -> Option<usize> {
+    /// The end of this rule's match of alternative `alt` (the only one for `Dots` and `Set`
+    /// bodies) starting at byte `p` of `s` (look-behind sees `s[..p]`), ending at `s.len()`
+    /// when `to_end` (a suffix, `...$`).
+    fn match_alt(&self, s: &str, p: usize, to_end: bool, alt: usize) -> Option<usize> {
         if let Some(before) = self.before {
             let mut back = s[..p].chars().rev();
             if !back.next().is_some_and(|c| before.contains(c)) {
@@ -100,10 +101,10 @@ impl Rule {
         };
         let rest = &s[p..];
         match self.body {
-            Body::Lit(alternatives) => alternatives
-                .iter()
-                .find(|a| rest.starts_with(**a) && fits(p + a.len()))
-                .map(|a| p + a.len()),
+            Body::Lit(alternatives) => {
+                let a = alternatives[alt];
+                (rest.starts_with(a) && fits(p + a.len())).then_some(p + a.len())
+            }
             Body::Dots => {
                 let run = rest.bytes().take_while(|&b| b == b'.').count();
                 (2..=run).rev().map(|k| p + k).find(|&end| fits(end))
@@ -125,17 +126,134 @@ impl Rule {
     }
 }
 
+/// The alternatives of a rule list by the character they start with, so that a position is
+/// tested only against the alternatives that can match there, in the list's order.
+struct RuleIndex {
+    rules: &'static [Rule],
+    /// (rule, alternative) pairs, in order, for each ASCII first character.
+    ascii: Vec<Vec<(u16, u16)>>,
+    /// The same for other first characters of literals.
+    other: std::collections::HashMap<char, Vec<(u16, u16)>>,
+    /// Rules whose body is a non-ASCII character set (checked by membership).
+    sets: Vec<u16>,
+}
+
+impl RuleIndex {
+    fn new(rules: &'static [Rule]) -> Self {
+        let mut ascii = vec![Vec::new(); 128];
+        let mut other: std::collections::HashMap<char, Vec<(u16, u16)>> = Default::default();
+        let mut sets = Vec::new();
+        for (r, rule) in rules.iter().enumerate() {
+            let r = r as u16;
+            match rule.body {
+                Body::Lit(alternatives) => {
+                    for (a, lit) in alternatives.iter().enumerate() {
+                        let Some(c) = lit.chars().next() else {
+                            continue;
+                        };
+                        let entry = (r, a as u16);
+                        if c.is_ascii() {
+                            ascii[c as usize].push(entry);
+                        } else {
+                            other.entry(c).or_default().push(entry);
+                        }
+                    }
+                }
+                Body::Dots => ascii[b'.' as usize].push((r, 0)),
+                Body::Set(set) => {
+                    for (c, list) in ascii.iter_mut().enumerate() {
+                        if set.contains(char::from(c as u8)) {
+                            list.push((r, 0));
+                        }
+                    }
+                    if !set.ranges.is_empty() {
+                        sets.push(r);
+                    }
+                }
+            }
+        }
+        RuleIndex {
+            rules,
+            ascii,
+            other,
+            sets,
+        }
+    }
+
+    /// The first alternative, in list order, matching at `p`: its end.
+    fn match_at(&self, s: &str, p: usize, to_end: bool) -> Option<usize> {
+        let c = s[p..].chars().next()?;
+        let try_entry =
+            |&(r, a): &(u16, u16)| self.rules[r as usize].match_alt(s, p, to_end, a as usize);
+        if c.is_ascii() {
+            return self.ascii[c as usize].iter().find_map(try_entry);
+        }
+        let mut candidates: Vec<(u16, u16)> = self.other.get(&c).cloned().unwrap_or_default();
+        candidates.extend(
+            self.sets
+                .iter()
+                .filter(
+                    |&&r| matches!(self.rules[r as usize].body, Body::Set(set) if set.contains(c)),
+                )
+                .map(|&r| (r, 0)),
+        );
+        if candidates.is_empty() {
+            return None;
+        }
+        candidates.sort_unstable();
+        candidates.iter().find_map(try_entry)
+    }
+
+    /// Whether any alternative can start with this ASCII byte.
+    fn ascii_can_start(&self, b: u8) -> bool {
+        !self.ascii[b as usize].is_empty()
+    }
+}
+
 struct Tables {
     /// False only while the special-case matcher's patterns are built (spaCy's
     /// `_tokenize_affixes(string, False)`).
     with_specials: bool,
     specials: PrehashedMap<(&'static str, &'static [&'static str])>,
+    /// Which (first byte, last byte) pairs some special case has: most strings are rejected
+    /// without hashing.
+    special_ends: Vec<u64>,
     longest_special: usize,
     longest_suffix: usize,
     url: Option<fancy_regex::Regex>,
+    prefixes: RuleIndex,
+    suffixes: RuleIndex,
+    infixes: RuleIndex,
     /// spaCy's special-case matcher: the special cases that affixes would split, by the hash of
     /// the first token they split into: (tokens, pieces of the special case).
     matcher: PrehashedMap<Vec<(Vec<&'static str>, &'static [&'static str])>>,
+    /// The first bytes of the matcher's first tokens.
+    matcher_first_bytes: [bool; 256],
+    /// The sentencizer's punctuation characters, sorted.
+    sentence_punct: Vec<char>,
+    /// ASCII characters that, before ASCII letters, are a one-character prefix.
+    quick_prefix: [bool; 128],
+    /// ASCII characters that, after ASCII letters (any), are a one-character suffix.
+    quick_suffix: [bool; 128],
+}
+
+/// Spans up to this many bytes have their tokenization cached (lengths fit a byte).
+const CACHED_SPAN_BYTES: usize = 64;
+/// The cache is cleared when it holds this many spans (about 5 MB per thread).
+const CACHE_ENTRIES: usize = 1 << 16;
+
+/// A cached span and the byte lengths of its tokens, by the span's hash.
+type SpanCache = PrehashedMap<(Box<str>, Box<[u8]>)>;
+
+thread_local! {
+    /// spaCy's own cache: the token lengths of spans that took the general path.
+    static CACHE: std::cell::RefCell<SpanCache> = std::cell::RefCell::new(SpanCache::default());
+}
+
+/// The (first byte, last byte) pair of a non-empty string, as one index.
+fn end_pair(s: &str) -> usize {
+    let b = s.as_bytes();
+    usize::from(b[0]) << 8 | usize::from(b[b.len() - 1])
 }
 
 fn key(s: &str) -> u64 {
@@ -144,19 +262,54 @@ fn key(s: &str) -> u64 {
 
 static TABLES: LazyLock<Tables> = LazyLock::new(|| {
     let mut specials = PrehashedMap::default();
+    let mut special_ends = vec![0u64; 256 * 256 / 64];
     for &(chunk, pieces) in SPECIAL_CASES {
         specials.insert(key(chunk), (chunk, pieces));
+        let pair = end_pair(chunk);
+        special_ends[pair / 64] |= 1 << (pair % 64);
     }
+    let mut sentence_punct: Vec<char> = SENTENCE_PUNCT
+        .iter()
+        .filter_map(|p| p.chars().next())
+        .collect();
+    sentence_punct.sort_unstable();
     let mut tables = Tables {
         with_specials: false,
         specials,
-        longest_special: SPECIAL_CASES.iter().map(|(c, _)| c.len()).max().unwrap_or(0),
-        longest_suffix: SUFFIXES.iter().map(Rule::longest_literal).max().unwrap_or(0),
+        special_ends,
+        longest_special: SPECIAL_CASES
+            .iter()
+            .map(|(c, _)| c.len())
+            .max()
+            .unwrap_or(0),
+        longest_suffix: SUFFIXES
+            .iter()
+            .map(Rule::longest_literal)
+            .max()
+            .unwrap_or(0),
         // The pattern is generated and compiled by a test; `None` would only disable URL
         // matching (a token an infix splits stays split).
         url: fancy_regex::Regex::new(URL_PATTERN).ok(),
+        prefixes: RuleIndex::new(PREFIXES),
+        suffixes: RuleIndex::new(SUFFIXES),
+        infixes: RuleIndex::new(INFIXES),
         matcher: PrehashedMap::default(),
+        matcher_first_bytes: [false; 256],
+        sentence_punct,
+        quick_prefix: [false; 128],
+        quick_suffix: [false; 128],
     };
+    for b in 0u8..128 {
+        if b.is_ascii_alphanumeric() || b.is_ascii_whitespace() || b == b'.' {
+            continue;
+        }
+        let c = char::from(b);
+        tables.quick_prefix[usize::from(b)] = tables.find_prefix(&format!("{c}ab")) == 1
+            && tables.find_prefix(&format!("{c}AB")) == 1;
+        tables.quick_suffix[usize::from(b)] = ["a", "A", "AA", "aA", "Aa"]
+            .iter()
+            .all(|w| tables.find_suffix(&format!("{w}{c}")) == 1);
+    }
     // spaCy's `add_special_case` (with `faster_heuristics`): a special case that a prefix,
     // suffix or infix would match, or that holds a space, joins the matcher as the tokens the
     // affix rules alone make of it.
@@ -169,7 +322,11 @@ static TABLES: LazyLock<Tables> = LazyLock::new(|| {
         if affixed {
             let pattern = tables.tokens(chunk);
             if let Some(first) = pattern.first() {
-                matcher.entry(key(first)).or_default().push((pattern, pieces));
+                tables.matcher_first_bytes[usize::from(first.as_bytes()[0])] = true;
+                matcher
+                    .entry(key(first))
+                    .or_default()
+                    .push((pattern, pieces));
             }
         }
     }
@@ -181,7 +338,11 @@ static TABLES: LazyLock<Tables> = LazyLock::new(|| {
 impl Tables {
     #[inline]
     fn special(&self, s: &str) -> Option<&'static [&'static str]> {
-        if !self.with_specials || s.len() > self.longest_special {
+        if !self.with_specials || s.is_empty() || s.len() > self.longest_special {
+            return None;
+        }
+        let pair = end_pair(s);
+        if self.special_ends[pair / 64] & (1 << (pair % 64)) == 0 {
             return None;
         }
         match self.specials.get(&key(s)) {
@@ -191,7 +352,7 @@ impl Tables {
     }
 
     fn find_prefix(&self, s: &str) -> usize {
-        PREFIXES.iter().find_map(|r| r.match_at(s, 0, false)).unwrap_or(0)
+        self.prefixes.match_at(s, 0, false).unwrap_or(0)
     }
 
     /// The length of the leftmost suffix match (as `re.search` finds it), 0 when none.
@@ -199,11 +360,15 @@ impl Tables {
         // A match starts inside the trailing dots (`\.\.+`) or within the longest literal (or
         // one set character) of the end; nothing further left can match.
         let trailing_dots = s.len() - s.trim_end_matches('.').len();
-        let dots_start = if trailing_dots >= 2 { s.len() - trailing_dots } else { s.len() };
+        let dots_start = if trailing_dots >= 2 {
+            s.len() - trailing_dots
+        } else {
+            s.len()
+        };
         let literal_start = s.len().saturating_sub(self.longest_suffix.max(4));
         let start = dots_start.min(literal_start);
         for (p, _) in s.char_indices().filter(|&(p, _)| p >= start) {
-            if SUFFIXES.iter().any(|r| r.match_at(s, p, true).is_some()) {
+            if self.suffixes.match_at(s, p, true).is_some() {
                 return s.len() - p;
             }
         }
@@ -214,8 +379,13 @@ impl Tables {
     fn find_infixes(&self, s: &str) -> Vec<(usize, usize)> {
         let mut matches = Vec::new();
         let mut p = 0;
+        let bytes = s.as_bytes();
         while p < s.len() {
-            match INFIXES.iter().find_map(|r| r.match_at(s, p, false)) {
+            if bytes[p].is_ascii() && !self.infixes.ascii_can_start(bytes[p]) {
+                p += 1;
+                continue;
+            }
+            match self.infixes.match_at(s, p, false) {
                 Some(end) => {
                     matches.push((p, end));
                     p = end;
@@ -227,7 +397,9 @@ impl Tables {
     }
 
     fn url_match(&self, s: &str) -> bool {
-        self.url.as_ref().is_some_and(|re| re.is_match(s).unwrap_or(false))
+        self.url
+            .as_ref()
+            .is_some_and(|re| re.is_match(s).unwrap_or(false))
     }
 
     /// Pushes the special case's tokens as slices of `s` (its pieces concatenate to `s`).
@@ -248,14 +420,24 @@ impl Tables {
         };
         let mut in_ws = py_isspace(first);
         let mut start = 0;
-        for (i, c) in text.char_indices() {
-            if py_isspace(c) != in_ws {
+        let bytes = text.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            let b = bytes[i];
+            let (space, width) = if b.is_ascii() {
+                (ASCII_SPACE[usize::from(b)], 1)
+            } else {
+                let c = text[i..].chars().next().unwrap_or(' ');
+                (py_isspace(c), c.len_utf8())
+            };
+            if space != in_ws {
                 if start < i {
                     self.tokenize_span(&text[start..i], &mut out);
                 }
-                start = if c == ' ' { i + 1 } else { i };
+                start = if b == b' ' { i + 1 } else { i };
                 in_ws = !in_ws;
             }
+            i += width;
         }
         if start < text.len() {
             self.tokenize_span(&text[start..], &mut out);
@@ -272,6 +454,9 @@ impl Tables {
         }
         let mut found: Vec<(usize, usize, &'static [&'static str])> = Vec::new();
         for i in from..out.len() {
+            if !self.matcher_first_bytes[usize::from(out[i].as_bytes()[0])] {
+                continue;
+            }
             if let Some(candidates) = self.matcher.get(&key(out[i])) {
                 for (pattern, pieces) in candidates {
                     let end = i + pattern.len();
@@ -324,6 +509,53 @@ impl Tables {
             out.push(span);
             return;
         }
+        if let Some((pre, suf)) = self.quick_affixes(span) {
+            let word = &span[pre..span.len() - suf];
+            if pre == 1 {
+                out.push(&span[..1]);
+            }
+            match self.special(word) {
+                Some(pieces) => Self::push_special(word, pieces, out),
+                None => out.push(word),
+            }
+            if suf == 1 {
+                out.push(&span[span.len() - 1..]);
+            }
+            return;
+        }
+        if span.len() <= CACHED_SPAN_BYTES && self.with_specials {
+            let h = key(span);
+            let hit = CACHE.with_borrow(|cache| match cache.get(&h) {
+                Some((text, lengths)) if &**text == span => {
+                    let mut at = 0;
+                    for &len in lengths.iter() {
+                        out.push(&span[at..at + usize::from(len)]);
+                        at += usize::from(len);
+                    }
+                    true
+                }
+                _ => false,
+            });
+            if hit {
+                return;
+            }
+            let from = out.len();
+            self.tokenize_general(span, out);
+            let lengths: Box<[u8]> = out[from..].iter().map(|t| t.len() as u8).collect();
+            CACHE.with_borrow_mut(|cache| {
+                if cache.len() >= CACHE_ENTRIES {
+                    cache.clear();
+                }
+                cache.insert(h, (span.into(), lengths));
+            });
+        } else {
+            self.tokenize_general(span, out);
+        }
+    }
+
+    /// [`Self::tokenize_span`] past the fast paths: spaCy's affix loop, infixes, URL match and
+    /// special-case matcher.
+    fn tokenize_general<'a>(&self, span: &'a str, out: &mut Vec<&'a str>) {
         let from = out.len();
         let mut prefixes = Vec::new();
         let mut suffixes = Vec::new();
@@ -358,6 +590,41 @@ impl Tables {
         }
         out.extend(suffixes.into_iter().rev());
         self.apply_special_matcher(span, out, from);
+    }
+
+    /// The common case `(word`, `word,`, `"word".` reduced to one prefix and one suffix
+    /// byte around ASCII letters: (prefix length, suffix length), `None` when the general path
+    /// must decide (anything else, or a special case is in play).
+    fn quick_affixes(&self, span: &str) -> Option<(usize, usize)> {
+        let b = span.as_bytes();
+        let (first, last) = (b[0], b[b.len() - 1]);
+        let pre = usize::from(!first.is_ascii_alphabetic());
+        let suf = usize::from(!last.is_ascii_alphabetic());
+        if b.len() < pre + suf + 1 || !b[pre..b.len() - suf].iter().all(u8::is_ascii_alphabetic) {
+            return None;
+        }
+        if pre == 1 && !(first.is_ascii() && self.quick_prefix[usize::from(first)]) {
+            return None;
+        }
+        if suf == 1 {
+            let ok = if last == b'.' {
+                // `(?<=[a-z...])\.`: a lower-case letter before; upper case needs the rules.
+                b[b.len() - 2].is_ascii_lowercase()
+            } else {
+                last.is_ascii() && self.quick_suffix[usize::from(last)]
+            };
+            if !ok {
+                return None;
+            }
+        }
+        // The spaCy loop stops early when what is left after the first prefix or suffix is a
+        // special case: leave those to it.
+        if (pre == 1 && self.special(&span[1..]).is_some())
+            || (suf == 1 && self.special(&span[..span.len() - 1]).is_some())
+        {
+            return None;
+        }
+        Some((pre, suf))
     }
 
     /// spaCy's `_split_affixes`: strips prefixes and suffixes until none is left or a special
@@ -408,6 +675,17 @@ impl Tables {
     }
 }
 
+/// [`py_isspace`] for ASCII bytes.
+const ASCII_SPACE: [bool; 128] = {
+    let mut table = [false; 128];
+    let mut b = 0;
+    while b < 128 {
+        table[b] = matches!(b as u8, b'\t'..=b'\r' | 0x1c..=0x1f | b' ');
+        b += 1;
+    }
+    table
+};
+
 /// Python's `str.isspace` (it counts U+001C..U+001F, which Rust's `char::is_whitespace` does
 /// not).
 #[inline]
@@ -423,7 +701,11 @@ pub fn py_isspace(c: char) -> bool {
 /// `char::is_alphabetic` also takes marks and letter numbers).
 #[inline]
 pub fn py_isalpha(c: char) -> bool {
-    if c.is_ascii() { c.is_ascii_alphabetic() } else { PY_ALPHA.contains(c) }
+    if c.is_ascii() {
+        c.is_ascii_alphabetic()
+    } else {
+        PY_ALPHA.contains(c)
+    }
 }
 
 /// Whether `c` is in datatrove's `PUNCTUATION_SET`.
@@ -455,10 +737,15 @@ fn is_punct(token: &str) -> bool {
 /// characters, at the next token that is not punctuation). An empty text counts one, as
 /// datatrove's split returns the whole text then.
 pub fn sentence_count(text: &str) -> usize {
+    let tables = &*TABLES;
     let mut count = 1;
     let mut seen_period = false;
-    for token in spacy_tokens(text) {
-        let in_punct_chars = SENTENCE_PUNCT.contains(&token);
+    for token in tables.tokens(text) {
+        let mut chars = token.chars();
+        let in_punct_chars = match (chars.next(), chars.next()) {
+            (Some(c), None) => tables.sentence_punct.binary_search(&c).is_ok(),
+            _ => false,
+        };
         if seen_period && !in_punct_chars && !is_punct(token) {
             count += 1;
             seen_period = false;
@@ -475,7 +762,10 @@ mod tests {
 
     #[test]
     fn the_generated_url_pattern_compiles() {
-        assert!(TABLES.url.is_some(), "spaCy's URL pattern must compile with fancy_regex");
+        assert!(
+            TABLES.url.is_some(),
+            "spaCy's URL pattern must compile with fancy_regex"
+        );
         assert!(TABLES.url_match("https://example.com/a-b"));
         assert!(!TABLES.url_match("D-Bus"));
     }
@@ -484,7 +774,10 @@ mod tests {
     fn the_issue_examples_tokenize_as_spacy_does() {
         assert_eq!(words("D-Bus"), ["D", "-", "Bus"]);
         assert_eq!(words("(see above),"), ["(", "see", "above", ")", ","]);
-        assert_eq!(words("version 1.16 of Makefile.in"), ["version", "1.16", "of", "Makefile.in"]);
+        assert_eq!(
+            words("version 1.16 of Makefile.in"),
+            ["version", "1.16", "of", "Makefile.in"]
+        );
         assert_eq!(words("don't stop"), ["do", "n't", "stop"]);
         assert_eq!(sentence_count("Google Inc. All rights reserved."), 1);
         assert_eq!(sentence_count("One. Two! Three?"), 3);

@@ -1,14 +1,169 @@
-//! Text helpers shared by the filters: word tokenization, duplicate counting, and a hasher for
-//! keys that are already hashes.
+//! Text helpers shared by the filters: word tokenization, Python's line and whitespace
+//! semantics (the filters follow datatrove, which is Python), duplicate counting, rule numbers,
+//! and a hasher for keys that are already hashes.
 //!
-//! Word tokenization is an approximation of the NLTK-style tokenizer datatrove uses: a word is a
-//! maximal run of alphanumeric characters (with `'`, `-` or `_` allowed between them), and every
-//! maximal run of other non-space characters is one symbol token. `"Hello, world..."` gives
-//! `["Hello", ",", "world", "..."]`. What it is not: a language-aware tokenizer (no CJK
-//! segmentation); the thresholds it feeds are the English-tuned Gopher/C4/FineWeb ones anyway.
+//! Two word tokenizers: [`WordTokenizer::SpacyEn`] (the default of the datatrove-named filters)
+//! is datatrove's English tokenizer, spaCy's rules ported in [`super::spacy_en`];
+//! [`WordTokenizer::Simple`] (`word_tokens`, the funnel's tokenizer before that port, about
+//! twice as fast) makes a word of each maximal run of alphanumeric characters (with `'`, `-` or
+//! `_` allowed between them) and one symbol token of every maximal run of other non-space
+//! characters: `"Hello, world..."` gives `["Hello", ",", "world", "..."]`. Neither segments
+//! CJK text; the thresholds they feed are the English-tuned Gopher/C4/FineWeb ones anyway.
 
 use std::collections::HashSet;
 use std::hash::{BuildHasherDefault, Hasher};
+
+use serde::Deserialize;
+
+use super::document::DropReason;
+use super::spacy_en::py_isspace;
+
+/// Which word tokenizer a filter uses (`word_tokenizer = "spacy_en" | "simple"`).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum WordTokenizer {
+    /// datatrove's English word tokenizer (spaCy 3.8's rules): the verdicts match datatrove's.
+    #[default]
+    SpacyEn,
+    /// The funnel's earlier tokenizer: words and symbol runs (see the module doc).
+    Simple,
+}
+
+impl WordTokenizer {
+    pub fn words<'a>(&self, text: &'a str) -> Vec<&'a str> {
+        match self {
+            WordTokenizer::SpacyEn => super::spacy_en::words(text),
+            WordTokenizer::Simple => word_tokens(text),
+        }
+    }
+}
+
+/// Python's `str.splitlines()`: splits at `\n`, `\r\n`, `\r`, `\v`, `\f`, `\x1c`-`\x1e`,
+/// U+0085, U+2028 and U+2029; a final terminator adds no empty line; `""` has no lines.
+pub fn py_splitlines(text: &str) -> Vec<&str> {
+    let mut lines = Vec::new();
+    let mut start = 0;
+    let mut chars = text.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        let breaks = matches!(
+            c,
+            '\n' | '\r'
+                | '\x0b'
+                | '\x0c'
+                | '\x1c'
+                | '\x1d'
+                | '\x1e'
+                | '\u{85}'
+                | '\u{2028}'
+                | '\u{2029}'
+        );
+        if breaks {
+            lines.push(&text[start..i]);
+            let mut end = i + c.len_utf8();
+            if c == '\r' && chars.peek().is_some_and(|&(_, n)| n == '\n') {
+                chars.next();
+                end += 1;
+            }
+            start = end;
+        }
+    }
+    if start < text.len() {
+        lines.push(&text[start..]);
+    }
+    lines
+}
+
+/// Python's `str.strip()` (whitespace as `str.isspace` has it).
+pub fn py_strip(text: &str) -> &str {
+    text.trim_matches(py_isspace)
+}
+
+/// Python's `str.split()` with no argument: the runs of non-whitespace.
+pub fn py_split(text: &str) -> impl Iterator<Item = &str> {
+    text.split(py_isspace).filter(|w| !w.is_empty())
+}
+
+/// Python's `re.split("\n+", text)`: splits at runs of newlines and keeps the empty strings a
+/// leading or trailing run leaves (`"\n\n"` is two empty lines).
+pub fn split_newline_runs(text: &str) -> Vec<&str> {
+    let mut lines = Vec::new();
+    let mut start = 0;
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\n' {
+            lines.push(&text[start..i]);
+            while i < bytes.len() && bytes[i] == b'\n' {
+                i += 1;
+            }
+            start = i;
+        } else {
+            i += 1;
+        }
+    }
+    lines.push(&text[start..]);
+    lines
+}
+
+/// The number each rule of a filter computed, by the rule's name (datatrove's reason name or
+/// the quantity), `None` where datatrove would divide by zero or skip the rule.
+pub type RuleNumbers = Vec<(&'static str, Option<f64>)>;
+
+/// Runs a filter's rules in order: records each rule's number when asked to, and keeps the
+/// first failing rule's reason.
+pub struct Rules<'a> {
+    record: Option<&'a mut RuleNumbers>,
+    verdict: Option<DropReason>,
+}
+
+impl<'a> Rules<'a> {
+    pub fn new(record: Option<&'a mut RuleNumbers>) -> Self {
+        Rules {
+            record,
+            verdict: None,
+        }
+    }
+
+    /// Records `value` under `name`; when `fails`, the first failure becomes the verdict.
+    /// Returns true when the caller can stop: a verdict is set and nothing is being recorded.
+    pub fn rule(
+        &mut self,
+        name: &'static str,
+        value: Option<f64>,
+        fails: bool,
+        reason: DropReason,
+    ) -> bool {
+        if let Some(record) = self.record.as_deref_mut() {
+            record.push((name, value));
+        }
+        if fails && self.verdict.is_none() {
+            self.verdict = Some(reason);
+        }
+        self.done()
+    }
+
+    /// A second threshold on the number just recorded (a maximum after a minimum).
+    pub fn also(&mut self, fails: bool, reason: DropReason) -> bool {
+        if fails && self.verdict.is_none() {
+            self.verdict = Some(reason);
+        }
+        self.done()
+    }
+
+    /// Whether a verdict is set and nothing is being recorded.
+    pub fn done(&self) -> bool {
+        self.verdict.is_some() && self.record.is_none()
+    }
+
+    pub fn verdict(&self) -> Option<DropReason> {
+        self.verdict
+    }
+}
+
+/// `numerator / denominator`, `None` for a zero denominator (Python would raise).
+pub fn ratio(numerator: usize, denominator: usize) -> Option<f64> {
+    (denominator != 0).then(|| numerator as f64 / denominator as f64)
+}
 
 /// Splits text into word and symbol tokens (see the module doc).
 pub fn word_tokens(text: &str) -> Vec<&str> {
@@ -284,14 +439,9 @@ pub fn ends_with_terminal_punctuation(line: &str) -> bool {
         .is_some_and(|c| TERMINAL_PUNCTUATION.binary_search(&c).is_ok())
 }
 
-/// Splits on runs of newlines, like Python's `re.split(r"\n+", text)`.
-pub fn split_lines_collapsed(text: &str) -> impl Iterator<Item = &str> {
-    text.split('\n').filter(|line| !line.is_empty())
-}
-
 /// Splits on two or more newlines, like datatrove's `re.split(r"\n{2,}", text.strip())`.
 pub fn split_paragraphs(text: &str) -> Vec<&str> {
-    let trimmed = text.trim();
+    let trimmed = py_strip(text);
     let mut paragraphs = Vec::new();
     let mut start = 0;
     let bytes = trimmed.as_bytes();
