@@ -18,7 +18,8 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use super::document::{Document, DropReason, Verdict};
 use super::text::{
-    RuleNumbers, Rules, WordTokenizer, find_duplicates, ratio, split_newline_runs, split_paragraphs,
+    RuleNumbers, Rules, WordTokenizer, char_len, find_duplicates, ratio, split_newline_runs,
+    split_paragraphs,
 };
 
 #[derive(Clone, Debug, Deserialize)]
@@ -147,7 +148,7 @@ impl GopherRepetition {
         }
         let words = f.word_tokenizer.words(text);
         let hashes: Vec<u64> = words.iter().map(|w| xxh3_64(w.as_bytes())).collect();
-        let lengths: Vec<usize> = words.iter().map(|w| w.chars().count()).collect();
+        let lengths: Vec<usize> = words.iter().map(|w| char_len(w)).collect();
         let mut table = NgramTable::with_items(words.len());
         let hashes = NgramHashes::new(&hashes);
         for &(n, max_share) in &f.top_n_grams {

@@ -218,6 +218,9 @@ struct Tables {
     /// Which (first byte, last byte) pairs some special case has: most strings are rejected
     /// without hashing.
     special_ends: Vec<u64>,
+    /// The lengths (bit `min(len, 63)`) of the special cases starting, and ending, with a byte.
+    special_lengths_first: [u64; 256],
+    special_lengths_last: [u64; 256],
     longest_special: usize,
     longest_suffix: usize,
     url: Option<fancy_regex::Regex>,
@@ -246,6 +249,9 @@ const CACHE_ENTRIES: usize = 1 << 16;
 type SpanCache = PrehashedMap<(Box<str>, Box<[u8]>)>;
 
 thread_local! {
+    /// The last text [`words`] tokenized: (hash, length, word byte ranges).
+    static LAST_WORDS: std::cell::RefCell<(u64, usize, Vec<(u32, u32)>)> =
+        const { std::cell::RefCell::new((0, usize::MAX, Vec::new())) };
     /// spaCy's own cache: the token lengths of spans that took the general path.
     static CACHE: std::cell::RefCell<SpanCache> = std::cell::RefCell::new(SpanCache::default());
 }
@@ -263,10 +269,17 @@ fn key(s: &str) -> u64 {
 static TABLES: LazyLock<Tables> = LazyLock::new(|| {
     let mut specials = PrehashedMap::default();
     let mut special_ends = vec![0u64; 256 * 256 / 64];
+    let mut special_lengths_first = [0u64; 256];
+    let mut special_lengths_last = [0u64; 256];
     for &(chunk, pieces) in SPECIAL_CASES {
         specials.insert(key(chunk), (chunk, pieces));
         let pair = end_pair(chunk);
         special_ends[pair / 64] |= 1 << (pair % 64);
+        let bytes = chunk.as_bytes();
+        if let (Some(&first), Some(&last)) = (bytes.first(), bytes.last()) {
+            special_lengths_first[usize::from(first)] |= 1 << chunk.len().min(63);
+            special_lengths_last[usize::from(last)] |= 1 << chunk.len().min(63);
+        }
     }
     let mut sentence_punct: Vec<char> = SENTENCE_PUNCT
         .iter()
@@ -277,6 +290,8 @@ static TABLES: LazyLock<Tables> = LazyLock::new(|| {
         with_specials: false,
         specials,
         special_ends,
+        special_lengths_first,
+        special_lengths_last,
         longest_special: SPECIAL_CASES
             .iter()
             .map(|(c, _)| c.len())
@@ -320,7 +335,7 @@ static TABLES: LazyLock<Tables> = LazyLock::new(|| {
             || tables.find_suffix(chunk) != 0
             || chunk.contains(' ');
         if affixed {
-            let pattern = tables.tokens(chunk);
+            let pattern = tables.tokens(chunk, true);
             if let Some(first) = pattern.first() {
                 tables.matcher_first_bytes[usize::from(first.as_bytes()[0])] = true;
                 matcher
@@ -339,6 +354,13 @@ impl Tables {
     #[inline]
     fn special(&self, s: &str) -> Option<&'static [&'static str]> {
         if !self.with_specials || s.is_empty() || s.len() > self.longest_special {
+            return None;
+        }
+        let bytes = s.as_bytes();
+        let length = 1u64 << s.len().min(63);
+        if self.special_lengths_first[usize::from(bytes[0])] & length == 0
+            || self.special_lengths_last[usize::from(bytes[bytes.len() - 1])] & length == 0
+        {
             return None;
         }
         let pair = end_pair(s);
@@ -413,7 +435,7 @@ impl Tables {
 
     /// spaCy's `_tokenize_affixes`: every token of `text`, whitespace tokens included: each
     /// run of whitespace other than the single space that follows a token is a token.
-    fn tokens<'a>(&self, text: &'a str) -> Vec<&'a str> {
+    fn tokens<'a>(&self, text: &'a str, keep_space: bool) -> Vec<&'a str> {
         let mut out = Vec::with_capacity(text.len() / 4);
         let Some(first) = text.chars().next() else {
             return out;
@@ -431,7 +453,7 @@ impl Tables {
                 (py_isspace(c), c.len_utf8())
             };
             if space != in_ws {
-                if start < i {
+                if start < i && (keep_space || !in_ws) {
                     self.tokenize_span(&text[start..i], &mut out);
                 }
                 start = if b == b' ' { i + 1 } else { i };
@@ -439,7 +461,7 @@ impl Tables {
             }
             i += width;
         }
-        if start < text.len() {
+        if start < text.len() && (keep_space || !in_ws) {
             self.tokenize_span(&text[start..], &mut out);
         }
         out
@@ -717,14 +739,34 @@ pub fn is_datatrove_punctuation(c: char) -> bool {
 /// Every token spaCy makes of `text`, whitespace tokens included: each run of whitespace
 /// other than the single space that follows a token is a token of its own.
 pub fn spacy_tokens(text: &str) -> Vec<&str> {
-    TABLES.tokens(text)
+    TABLES.tokens(text, true)
 }
 
 /// datatrove's English `word_tokenize`: spaCy's tokens, stripped, empty ones dropped.
+///
+/// The last text's word boundaries are kept per thread (keyed by its xxh3 hash and length), so
+/// the filters that run one after another on one document tokenize it once.
 pub fn words(text: &str) -> Vec<&str> {
-    let mut tokens = spacy_tokens(text);
-    tokens.retain(|t| !t.chars().all(py_isspace));
-    tokens
+    let h = key(text);
+    let cached = LAST_WORDS.with_borrow(|(hash, len, bounds)| {
+        (*hash == h && *len == text.len()).then(|| {
+            bounds
+                .iter()
+                .map(|&(at, n)| &text[at as usize..(at + n) as usize])
+                .collect()
+        })
+    });
+    if let Some(words) = cached {
+        return words;
+    }
+    // Whitespace runs are tokens for spaCy, stripped away by datatrove: never made here.
+    let words = TABLES.tokens(text, false);
+    if text.len() <= u32::MAX as usize {
+        let offset = |w: &str| (w.as_ptr() as usize - text.as_ptr() as usize) as u32;
+        let bounds = words.iter().map(|w| (offset(w), w.len() as u32)).collect();
+        LAST_WORDS.set((h, text.len(), bounds));
+    }
+    words
 }
 
 /// spaCy's lexical `is_punct`: every character in a P* category.
@@ -740,7 +782,7 @@ pub fn sentence_count(text: &str) -> usize {
     let tables = &*TABLES;
     let mut count = 1;
     let mut seen_period = false;
-    for token in tables.tokens(text) {
+    for token in tables.tokens(text, true) {
         let mut chars = token.chars();
         let in_punct_chars = match (chars.next(), chars.next()) {
             (Some(c), None) => tables.sentence_punct.binary_search(&c).is_ok(),

@@ -160,6 +160,16 @@ impl<'a> Rules<'a> {
     }
 }
 
+/// Characters in `s` (Python's `len`), without decoding when it is ASCII.
+#[inline]
+pub fn char_len(s: &str) -> usize {
+    if s.is_ascii() {
+        s.len()
+    } else {
+        s.chars().count()
+    }
+}
+
 /// `numerator / denominator`, `None` for a zero denominator (Python would raise).
 pub fn ratio(numerator: usize, denominator: usize) -> Option<f64> {
     (denominator != 0).then(|| numerator as f64 / denominator as f64)
@@ -257,12 +267,12 @@ pub fn is_word(token: &str) -> bool {
 /// datatrove's `find_duplicates`: the number of elements equal to an earlier one, and their
 /// total length in characters.
 pub fn find_duplicates<'a>(elements: impl IntoIterator<Item = &'a str>) -> (usize, usize) {
-    let mut seen: HashSet<&str> = HashSet::new();
+    let mut seen: HashSet<&str, xxhash_rust::xxh3::Xxh3Builder> = HashSet::default();
     let (mut duplicate_elements, mut duplicate_chars) = (0, 0);
     for element in elements {
         if !seen.insert(element) {
             duplicate_elements += 1;
-            duplicate_chars += element.chars().count();
+            duplicate_chars += char_len(element);
         }
     }
     (duplicate_elements, duplicate_chars)
