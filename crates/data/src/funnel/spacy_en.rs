@@ -245,12 +245,15 @@ const CACHED_SPAN_BYTES: usize = 64;
 /// The cache is cleared when it holds this many spans (about 5 MB per thread).
 const CACHE_ENTRIES: usize = 1 << 16;
 
+/// A text's hash, its length and its words' byte ranges.
+type LastWords = (u64, usize, Vec<(u32, u32)>);
+
 /// A cached span and the byte lengths of its tokens, by the span's hash.
 type SpanCache = PrehashedMap<(Box<str>, Box<[u8]>)>;
 
 thread_local! {
-    /// The last text [`words`] tokenized: (hash, length, word byte ranges).
-    static LAST_WORDS: std::cell::RefCell<(u64, usize, Vec<(u32, u32)>)> =
+    /// The last text [`words`] tokenized.
+    static LAST_WORDS: std::cell::RefCell<LastWords> =
         const { std::cell::RefCell::new((0, usize::MAX, Vec::new())) };
     /// spaCy's own cache: the token lengths of spans that took the general path.
     static CACHE: std::cell::RefCell<SpanCache> = std::cell::RefCell::new(SpanCache::default());
