@@ -509,3 +509,104 @@ kind = "extract"
         .collect();
     assert_eq!(texts, vec!["An article paragraph.", "From a gzipped WARC."]);
 }
+
+/// Near-duplicate families: `family{f}-v{k}` are variants of one text (two words changed), and
+/// the chain family holds two halves that overlap less with each other than with the whole.
+fn near_duplicate_corpus() -> Vec<(String, String)> {
+    let base = |f: usize, n: usize| -> Vec<String> {
+        (0..n)
+            .map(|k| format!("w{f}z{}", (k * 7919 + f * 31) % 10007))
+            .collect()
+    };
+    let mut docs = Vec::new();
+    for f in 0..6 {
+        for v in 0..3 {
+            let mut words = base(f, 120);
+            words[10 + 30 * v] = format!("changed{v}");
+            words[20 + 30 * v] = format!("edited{v}");
+            docs.push((format!("family{f}-v{v}"), words.join(" ")));
+        }
+    }
+    for f in 6..10 {
+        docs.push((format!("family{f}-alone"), base(f, 120).join(" ")));
+    }
+    let whole = base(10, 160);
+    docs.push(("family10-first".into(), whole[..130].join(" ")));
+    docs.push(("family10-last".into(), whole[30..].join(" ")));
+    docs.push(("family10-whole".into(), whole.join(" ")));
+    docs
+}
+
+/// Runs MinHash dedup then a stage after it on `docs` in the given order: (kept per family,
+/// clusters with duplicates, kept ids).
+fn minhash_run(
+    dir: &Path,
+    docs: &[(String, String)],
+    clustering: &str,
+) -> (Vec<(String, usize)>, u64, Vec<String>) {
+    let input: String = docs.iter().map(|(id, text)| jsonl_line(id, text)).collect();
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("in.jsonl"), input).unwrap();
+    let config = format!(
+        "[run]\noutput = \"out.jsonl\"\nreport_dir = \"report\"\nchunk_size = 4\n\
+         [[source]]\nname = \"s\"\npaths = [\"in.jsonl\"]\nformat = \"jsonl\"\n\
+         [[stage]]\nkind = \"minhash_dedup\"\nclustering = \"{clustering}\"\n\
+         [[stage]]\nkind = \"exact_dedup\"\n"
+    );
+    let report = run_config(dir, &config).unwrap();
+    let ids: Vec<String> = read_output(&dir.join("out.jsonl"))
+        .iter()
+        .map(|d| d["id"].as_str().unwrap().to_string())
+        .collect();
+    let mut per_family: std::collections::BTreeMap<String, usize> = Default::default();
+    for id in &ids {
+        *per_family
+            .entry(id.split('-').next().unwrap().to_string())
+            .or_default() += 1;
+    }
+    assert!(
+        !dir.join("report/minhash-spool.jsonl").exists(),
+        "the MinHash spool is removed after the run"
+    );
+    let stage = report
+        .stages
+        .iter()
+        .find(|s| s.name == "minhash_dedup")
+        .unwrap();
+    assert_eq!(stage.documents_in, docs.len() as u64);
+    assert_eq!(
+        stage.documents_out,
+        ids.len() as u64,
+        "the stage after the barrier saw every kept document"
+    );
+    (
+        per_family.into_iter().collect(),
+        report.near_duplicate_clusters.unwrap(),
+        ids,
+    )
+}
+
+#[test]
+fn minhash_clusters_do_not_depend_on_the_input_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = near_duplicate_corpus();
+    let mut reversed = docs.clone();
+    reversed.reverse();
+    let mut interleaved: Vec<_> = docs.iter().step_by(2).cloned().collect();
+    interleaved.extend(docs.iter().skip(1).step_by(2).cloned());
+    let (families, clusters, ids) = minhash_run(&dir.path().join("a"), &docs, "global");
+    // Every family is one cluster: one document each.
+    assert_eq!(families.len(), 11, "{families:?}");
+    assert!(families.iter().all(|(_, n)| *n == 1), "{families:?}");
+    assert_eq!(clusters, 7, "six families of variants and the chain");
+    // The kept member of a cluster is its earliest in reading order.
+    assert!(ids.contains(&"family0-v0".to_string()) && ids.contains(&"family10-first".to_string()));
+    for (name, order) in [("reversed", &reversed), ("interleaved", &interleaved)] {
+        let (f, c, _) = minhash_run(&dir.path().join(name), order, "global");
+        assert_eq!((f, c), (families.clone(), clusters), "{name} order");
+    }
+    // Streaming decides on arrival: two variants that are not candidates of each other both
+    // stay when they come before the one that links them.
+    let (streaming, _, _) = minhash_run(&dir.path().join("streaming"), &docs, "streaming");
+    assert!(streaming.iter().any(|(_, n)| *n > 1), "{streaming:?}");
+}

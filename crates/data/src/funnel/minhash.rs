@@ -8,12 +8,21 @@
 //! `P(s) = 1 - (1 - s^rows)^bands`. The default 14 x 8 (112 hashes) puts the 50% point near
 //! s = 0.72.
 //!
-//! Clustering is streaming: band keys go into one table per band; a document that shares a band
-//! with an earlier one joins its cluster (union-find) and is removed, so the kept member of every
-//! cluster is its earliest document in reading order (deterministic). Unlike an offline
-//! union-find over the whole corpus, two documents kept before a later one links them both stay
-//! kept; removed documents still index their bands, so chains through them are followed.
-//! Signatures are computed in parallel ([`MinHasher::signature`]), decisions in order.
+//! Clustering (`clustering = "global"`, the default): band keys go into one table per band and
+//! every document that shares a band key with another joins its cluster (union-find over the
+//! whole corpus), so the clusters are the connected components of "shares a band", the same for
+//! any reading order. Only when the input is exhausted is one document kept per cluster, its
+//! earliest in reading order: the run spools the documents that reach this stage to disk
+//! (`report_dir/minhash-spool.jsonl`) and sends them on afterwards
+//! ([`MinHashDedup::observe`], [`MinHashDedup::finish_clusters`], [`MinHashDedup::is_kept`]).
+//! Memory: the band tables and the union-find, about 470 MiB at a million documents and 14 bands
+//! (measured by `cargo run --release -p stoke-data --example minhash_memory`).
+//!
+//! `clustering = "streaming"` decides as documents arrive, for inputs too large to spool: a
+//! document that shares a band with an earlier one joins its cluster and is removed at once, so
+//! two documents kept before a later one links them both stay kept (the clusters then depend on
+//! the order). Signatures are computed in parallel ([`MinHasher::signature`]), decisions in
+//! order.
 
 use serde::Deserialize;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
@@ -30,6 +39,18 @@ pub struct MinHashFile {
     pub bands: usize,
     pub rows: usize,
     pub seed: u64,
+    pub clustering: Clustering,
+}
+
+/// When clusters are decided (see the module doc).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Clustering {
+    /// Union-find over the whole corpus, then one document kept per cluster.
+    #[default]
+    Global,
+    /// Each document decided on arrival against the documents before it.
+    Streaming,
 }
 
 impl Default for MinHashFile {
@@ -39,6 +60,7 @@ impl Default for MinHashFile {
             bands: 14,
             rows: 8,
             seed: 1,
+            clustering: Clustering::default(),
         }
     }
 }
@@ -61,6 +83,7 @@ pub struct MinHashDedup {
     /// Per root: whether its cluster already holds a removed duplicate.
     has_duplicates: Vec<bool>,
     pub clusters_with_duplicates: u64,
+    pub clustering: Clustering,
 }
 
 impl MinHashFile {
@@ -80,6 +103,7 @@ impl MinHashFile {
             parent: Vec::new(),
             has_duplicates: Vec::new(),
             clusters_with_duplicates: 0,
+            clustering: self.clustering,
         })
     }
 }
@@ -206,6 +230,59 @@ impl MinHashDedup {
         x
     }
 
+    /// Global clustering, first pass: indexes a document's band keys and joins it to every
+    /// cluster it shares a band with. Returns its node (the order it was observed in), `None`
+    /// for a document without words (kept, not indexed).
+    pub fn observe(&mut self, band_keys: &[u64]) -> Option<u32> {
+        if band_keys.is_empty() {
+            return None;
+        }
+        let me = self.parent.len() as u32;
+        self.parent.push(me);
+        let mut root = me;
+        for (band, &key) in band_keys.iter().enumerate() {
+            match self.tables[band].get(&key).copied() {
+                Some(other) => {
+                    // Union by the smaller index: a root is always its cluster's earliest node.
+                    let other_root = self.find(other);
+                    let (low, high) = (root.min(other_root), root.max(other_root));
+                    self.parent[high as usize] = low;
+                    root = low;
+                }
+                None => {
+                    self.tables[band].insert(key, me);
+                }
+            }
+        }
+        Some(me)
+    }
+
+    /// Global clustering, once every document is observed: counts the clusters with
+    /// duplicates and flattens the union-find so that [`Self::is_kept`] is one lookup.
+    pub fn finish_clusters(&mut self) {
+        let mut has_duplicates = vec![false; self.parent.len()];
+        for node in 0..self.parent.len() as u32 {
+            let root = self.find(node);
+            self.parent[node as usize] = root;
+            if root != node {
+                has_duplicates[root as usize] = true;
+            }
+        }
+        self.clusters_with_duplicates = has_duplicates.iter().filter(|&&d| d).count() as u64;
+        self.has_duplicates = has_duplicates;
+    }
+
+    /// Global clustering: whether the observed node is its cluster's kept document (its
+    /// earliest), after [`Self::finish_clusters`].
+    pub fn is_kept(&self, node: u32) -> bool {
+        self.parent[node as usize] == node
+    }
+
+    /// The cluster (its earliest node) of an observed node, after [`Self::finish_clusters`].
+    pub fn cluster_of(&self, node: u32) -> u32 {
+        self.parent[node as usize]
+    }
+
     /// Decides one document from its band keys (from [`MinHasher::band_keys`]; empty for a
     /// document without words, which is kept and not indexed).
     pub fn decide(&mut self, doc: Document, band_keys: &[u64]) -> Verdict {
@@ -327,5 +404,115 @@ mod tests {
             .collect();
         assert_eq!(kept, vec![true, true, false]);
         assert_eq!(dedup.clusters_with_duplicates, 1);
+    }
+
+    /// Band keys for a document: `shared` holds (band, key) pairs it has in common with others,
+    /// every other band gets a key of its own.
+    fn keys(own: u64, shared: &[(usize, u64)]) -> Vec<u64> {
+        let mut keys: Vec<u64> = (0..14).map(|b| own * 1000 + b as u64).collect();
+        for &(band, key) in shared {
+            keys[band] = key;
+        }
+        keys
+    }
+
+    /// The clusters as sets of document names, whatever order the documents came in.
+    fn global_clusters(docs: &[(&str, Vec<u64>)]) -> Vec<Vec<String>> {
+        let mut dedup = MinHashFile::default().validate().unwrap();
+        let nodes: Vec<(String, u32)> = docs
+            .iter()
+            .map(|(name, keys)| (name.to_string(), dedup.observe(keys).unwrap()))
+            .collect();
+        dedup.finish_clusters();
+        let mut by_root: std::collections::BTreeMap<u32, Vec<String>> = Default::default();
+        for (name, node) in &nodes {
+            by_root
+                .entry(dedup.cluster_of(*node))
+                .or_default()
+                .push(name.clone());
+        }
+        let kept: Vec<&String> = nodes
+            .iter()
+            .filter(|(_, n)| dedup.is_kept(*n))
+            .map(|(name, _)| name)
+            .collect();
+        assert_eq!(kept.len(), by_root.len(), "one document kept per cluster");
+        let mut clusters: Vec<Vec<String>> = by_root
+            .into_values()
+            .map(|mut c| {
+                c.sort();
+                c
+            })
+            .collect();
+        clusters.sort();
+        clusters
+    }
+
+    #[test]
+    fn global_clusters_are_the_same_for_every_arrival_order() {
+        // a and b share nothing; c shares a band with each, so all three are one cluster; d and
+        // e are a pair; f is alone.
+        let docs = vec![
+            ("a", keys(1, &[(0, 7)])),
+            ("b", keys(2, &[(5, 9)])),
+            ("c", keys(3, &[(0, 7), (5, 9)])),
+            ("d", keys(4, &[(13, 11)])),
+            ("e", keys(5, &[(13, 11)])),
+            ("f", keys(6, &[])),
+        ];
+        let expected = vec![
+            vec!["a".to_string(), "b".into(), "c".into()],
+            vec!["d".into(), "e".into()],
+            vec!["f".into()],
+        ];
+        // Every rotation and the reverse of each.
+        for shift in 0..docs.len() {
+            let mut order = docs.clone();
+            order.rotate_left(shift);
+            assert_eq!(global_clusters(&order), expected, "rotation {shift}");
+            order.reverse();
+            assert_eq!(
+                global_clusters(&order),
+                expected,
+                "reversed rotation {shift}"
+            );
+        }
+    }
+
+    #[test]
+    fn streaming_clusters_depend_on_the_order_the_global_ones_do_not() {
+        // The documented gap of streaming: a and b arrive before c links them, so both stay.
+        let mut dedup = MinHashFile {
+            clustering: Clustering::Streaming,
+            ..Default::default()
+        }
+        .validate()
+        .unwrap();
+        let kept = [
+            keys(1, &[(0, 7)]),
+            keys(2, &[(5, 9)]),
+            keys(3, &[(0, 7), (5, 9)]),
+        ]
+        .iter()
+        .filter(|k| {
+            matches!(
+                dedup.decide(Document::plain("d", "x", "s"), k),
+                Verdict::Keep(_)
+            )
+        })
+        .count();
+        assert_eq!(kept, 2);
+        let mut global = MinHashFile::default().validate().unwrap();
+        let nodes: Vec<u32> = [
+            keys(1, &[(0, 7)]),
+            keys(2, &[(5, 9)]),
+            keys(3, &[(0, 7), (5, 9)]),
+        ]
+        .iter()
+        .map(|k| global.observe(k).unwrap())
+        .collect();
+        global.finish_clusters();
+        assert_eq!(nodes.iter().filter(|&&n| global.is_kept(n)).count(), 1);
+        assert_eq!(global.clusters_with_duplicates, 1);
     }
 }

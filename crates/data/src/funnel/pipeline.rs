@@ -22,6 +22,7 @@ use super::FunnelError;
 use super::config::FunnelPlan;
 use super::document::{Document, DropReason, Events, Verdict};
 use super::input::{ReadItem, SourceReader};
+use super::minhash::Clustering;
 use super::mixture::Mixture;
 use super::output::JsonlWriter;
 use super::report::{FunnelReport, MAX_LISTED_BAD_RECORDS, RemovedSamples, StageReport};
@@ -181,6 +182,163 @@ fn process_chunk(
     live
 }
 
+/// Writes kept documents to the output, or to their source's spool before a mixture.
+fn write_kept(
+    sink: &mut Sink,
+    kept: &[Document],
+    source_index: usize,
+    kept_per_source: &mut [u64],
+) -> Result<(), FunnelError> {
+    let writer = match sink {
+        Sink::Direct(w) => w,
+        Sink::Spools(spools) => &mut spools[source_index].1,
+    };
+    for doc in kept {
+        writer.write(doc).map_err(FunnelError::Output)?;
+    }
+    kept_per_source[source_index] += kept.len() as u64;
+    Ok(())
+}
+
+/// The global MinHash barrier: documents that reach the stage are indexed (their band keys
+/// joined into clusters) and spooled to disk; once the input is exhausted they are read back in
+/// order, one per cluster kept, and sent on.
+struct Barrier {
+    stage: usize,
+    spool_path: PathBuf,
+    spool: Option<JsonlWriter>,
+    /// Per spooled document, its node in the union-find (`u32::MAX`: no words, not indexed).
+    nodes: Vec<u32>,
+    /// The spool being read back, and how many documents of it were read.
+    reader: Option<std::io::Lines<std::io::BufReader<std::fs::File>>>,
+    read: usize,
+}
+
+impl Barrier {
+    fn new(stage: usize, report_dir: &std::path::Path) -> Result<Self, FunnelError> {
+        let spool_path = report_dir.join("minhash-spool.jsonl");
+        let spool = JsonlWriter::create(&spool_path).map_err(FunnelError::Output)?;
+        Ok(Barrier {
+            stage,
+            spool_path,
+            spool: Some(spool),
+            nodes: Vec::new(),
+            reader: None,
+            read: 0,
+        })
+    }
+
+    /// Band keys in parallel, then union-find in reading order; the documents go to the spool.
+    fn observe(
+        &mut self,
+        stages: &mut [Stage],
+        reports: &mut [StageReport],
+        docs: Vec<Document>,
+    ) -> Result<(), FunnelError> {
+        let prepared: Vec<(Option<Prepared>, u64)> = {
+            let stage = &stages[self.stage];
+            docs.par_iter()
+                .map(|doc| {
+                    let t = Instant::now();
+                    (stage.prepare(doc), t.elapsed().as_nanos() as u64)
+                })
+                .collect()
+        };
+        let Stage::MinhashDedup(dedup) = &mut stages[self.stage] else {
+            return Err(FunnelError::Output(
+                "the MinHash barrier is not a minhash_dedup stage".into(),
+            ));
+        };
+        let spool = self
+            .spool
+            .as_mut()
+            .ok_or_else(|| FunnelError::Output("MinHash spool closed".into()))?;
+        let mut nanos = 0;
+        for (doc, (prepared, n)) in docs.iter().zip(prepared) {
+            nanos += n;
+            let node = match prepared {
+                Some(Prepared::BandKeys(keys)) => dedup.observe(&keys),
+                _ => None,
+            };
+            self.nodes.push(node.unwrap_or(u32::MAX));
+            spool.write(doc).map_err(FunnelError::Output)?;
+        }
+        reports[self.stage].cpu_seconds += nanos as f64 * 1e-9;
+        Ok(())
+    }
+
+    /// Finishes the clusters and opens the spool for [`Self::next_chunk`].
+    fn release(
+        &mut self,
+        stages: &mut [Stage],
+        reports: &mut [StageReport],
+    ) -> Result<(), FunnelError> {
+        if let Some(spool) = self.spool.take() {
+            spool.finish().map_err(FunnelError::Output)?;
+        }
+        let started = Instant::now();
+        let Stage::MinhashDedup(dedup) = &mut stages[self.stage] else {
+            return Err(FunnelError::Output(
+                "the MinHash barrier is not a minhash_dedup stage".into(),
+            ));
+        };
+        dedup.finish_clusters();
+        reports[self.stage].cpu_seconds += started.elapsed().as_secs_f64();
+        let file = std::fs::File::open(&self.spool_path)
+            .map_err(|e| FunnelError::Output(format!("{}: {e}", self.spool_path.display())))?;
+        self.reader = Some(std::io::BufRead::lines(std::io::BufReader::new(file)));
+        Ok(())
+    }
+
+    /// The next chunk of kept documents from the spool, in reading order (the removed ones are
+    /// counted and sampled on the way); `None` at the end, when the spool is deleted.
+    fn next_chunk(
+        &mut self,
+        stages: &[Stage],
+        reports: &mut [StageReport],
+        samples: &mut RemovedSamples,
+        chunk_size: usize,
+    ) -> Result<Option<Vec<Document>>, FunnelError> {
+        let Stage::MinhashDedup(dedup) = &stages[self.stage] else {
+            return Err(FunnelError::Output(
+                "the MinHash barrier is not a minhash_dedup stage".into(),
+            ));
+        };
+        let name = stages[self.stage].name();
+        let report = &mut reports[self.stage];
+        let path = &self.spool_path;
+        let Some(reader) = self.reader.as_mut() else {
+            return Ok(None);
+        };
+        let mut chunk = Vec::with_capacity(chunk_size);
+        for line in reader.by_ref() {
+            let doc: Document = line
+                .map_err(|e| e.to_string())
+                .and_then(|l| serde_json::from_str(&l).map_err(|e| e.to_string()))
+                .map_err(|e| FunnelError::Output(format!("{}: {e}", path.display())))?;
+            let node = self.nodes.get(self.read).copied().unwrap_or(u32::MAX);
+            self.read += 1;
+            let bytes = doc.byte_len();
+            if node != u32::MAX && !dedup.is_kept(node) {
+                report.record_removed(bytes, DropReason::NearDuplicate);
+                samples.offer(name, DropReason::NearDuplicate, doc);
+            } else {
+                report.record_kept(bytes, bytes);
+                chunk.push(doc);
+                if chunk.len() == chunk_size {
+                    break;
+                }
+            }
+        }
+        if chunk.is_empty() {
+            self.reader = None;
+            let _ = std::fs::remove_file(path);
+            return Ok(None);
+        }
+        Ok(Some(chunk))
+    }
+}
+
 /// Where kept documents go while the run reads: the output, or one spool per source before a
 /// mixture blends them.
 enum Sink {
@@ -237,6 +395,27 @@ pub fn run(
         ),
     };
 
+    // A `minhash_dedup` stage with global clustering is a barrier: documents stop there until
+    // the input is exhausted.
+    let global: Vec<usize> = plan
+        .stages
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| matches!(s, Stage::MinhashDedup(m) if m.clustering == Clustering::Global))
+        .map(|(i, _)| i)
+        .collect();
+    if global.len() > 1 {
+        return Err(FunnelError::Config(format!(
+            "{} minhash_dedup stages use clustering = \"global\"; at most one can (set clustering = \"streaming\" on the others)",
+            global.len()
+        )));
+    }
+    let mut barrier = match global.first() {
+        Some(&stage) => Some(Barrier::new(stage, &plan.report_dir)?),
+        None => None,
+    };
+    let before_barrier = barrier.as_ref().map_or(plan.stages.len(), |b| b.stage);
+
     for (source_index, source) in plan.sources.iter().enumerate() {
         report.input.files += source.files.len() as u64;
         let mut reader = SourceReader::new(source.clone());
@@ -269,16 +448,57 @@ pub fn run(
             if chunk.is_empty() {
                 break;
             }
-            let kept =
-                pool.install(|| process_chunk(&mut plan.stages, chunk, &mut reports, &mut samples));
-            let writer = match &mut sink {
-                Sink::Direct(w) => w,
-                Sink::Spools(spools) => &mut spools[source_index].1,
-            };
-            for doc in &kept {
-                writer.write(doc).map_err(FunnelError::Output)?;
+            let kept = pool.install(|| {
+                process_chunk(
+                    &mut plan.stages[..before_barrier],
+                    chunk,
+                    &mut reports[..before_barrier],
+                    &mut samples,
+                )
+            });
+            match &mut barrier {
+                Some(barrier) => {
+                    pool.install(|| barrier.observe(&mut plan.stages, &mut reports, kept))?;
+                }
+                None => {
+                    write_kept(&mut sink, &kept, source_index, &mut kept_per_source)?;
+                    progress.documents_kept += kept.len() as u64;
+                }
             }
-            kept_per_source[source_index] += kept.len() as u64;
+            on_progress(&progress);
+        }
+    }
+    if let Some(mut barrier) = barrier {
+        // Every document is observed: the clusters are final. Send the spooled documents on
+        // through the stages after the barrier.
+        let at = barrier.stage;
+        let source_index: std::collections::HashMap<&str, usize> = plan
+            .sources
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.name.as_str(), i))
+            .collect();
+        barrier.release(&mut plan.stages, &mut reports)?;
+        while let Some(chunk) =
+            barrier.next_chunk(&plan.stages, &mut reports, &mut samples, plan.chunk_size)?
+        {
+            let kept = pool.install(|| {
+                process_chunk(
+                    &mut plan.stages[at + 1..],
+                    chunk,
+                    &mut reports[at + 1..],
+                    &mut samples,
+                )
+            });
+            for doc in &kept {
+                let index = source_index.get(doc.source.as_str()).copied().unwrap_or(0);
+                write_kept(
+                    &mut sink,
+                    std::slice::from_ref(doc),
+                    index,
+                    &mut kept_per_source,
+                )?;
+            }
             progress.documents_kept += kept.len() as u64;
             on_progress(&progress);
         }
