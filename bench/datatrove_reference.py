@@ -6,9 +6,9 @@ the same corpus, on one process (one core), and prints documents/s, MB/s of text
 of kept documents (compare with stoke's kept count: the filters should agree closely).
 
 Setup (outside the repository):
-    python3 -m venv /work/venv-dt && /work/venv-dt/bin/pip install datatrove spacy regex
+    python3 -m venv /work/dt-venv && /work/dt-venv/bin/pip install datatrove==0.10.1 spacy==3.8.18 orjson
 Run:
-    /work/venv-dt/bin/python bench/datatrove_reference.py /tmp/stoke-bench/corpus.jsonl [--limit N]
+    /work/dt-venv/bin/python bench/datatrove_reference.py /tmp/stoke-bench/corpus.jsonl [--limit N]
 
 The language filter is left out on both sides of the ratio: datatrove's needs the fastText
 lid.176 model download, which this machine cannot reach.
