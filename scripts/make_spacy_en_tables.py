@@ -17,7 +17,8 @@ What is taken from where:
 - every character class is evaluated by Python's `re` over all code points, so spaCy's own class
   syntax (including its quirks, such as `|` and `(` inside `[...]`) decides membership;
 - special cases: `nlp.tokenizer.rules` (1,347 in spaCy 3.8.18);
-- the URL pattern: `nlp.tokenizer.url_match`, kept as a regex string;
+- the URL pattern: `nlp.tokenizer.url_match`, kept as a regex string (`\\w` spelled out as
+  Python reads it, `[\\p{L}\\p{N}_]`);
 - the sentencizer's punctuation: `Sentencizer.default_punct_chars`;
 - Unicode classes from Python 3.11's `unicodedata` (Unicode 14.0): `str.isspace`, `str.isalpha`,
   general category P* (spaCy's `is_punct`), and datatrove's `PUNCTUATION_SET`.
@@ -183,6 +184,10 @@ def main():
     infixes = [rule(p) for p in nlp.Defaults.infixes if p.strip()]
     url = tok.url_match.__self__.pattern
     assert url.startswith("(?u)"), url[:10]
+    # Python's `\w` is a letter, a number or `_` (`str.isalnum`); Rust's also takes marks and
+    # connector punctuation. The pattern uses it inside character classes only.
+    assert url.count(r"\w") == url.count(r"[\w"), "\\w outside a class"
+    url = url.replace(r"\w", r"\p{L}\p{N}_")
     sentencizer = nlp.add_pipe("sentencizer")
     punct_chars = sorted(sentencizer.punct_chars)
 

@@ -230,8 +230,9 @@ struct Tables {
     /// spaCy's special-case matcher: the special cases that affixes would split, by the hash of
     /// the first token they split into: (tokens, pieces of the special case).
     matcher: PrehashedMap<Vec<(Vec<&'static str>, &'static [&'static str])>>,
-    /// The first bytes of the matcher's first tokens.
+    /// The first bytes of the matcher's first tokens, and their lengths (bit `min(len, 63)`).
     matcher_first_bytes: [bool; 256],
+    matcher_lengths: u64,
     /// The sentencizer's punctuation characters, sorted.
     sentence_punct: Vec<char>,
     /// ASCII characters that, before ASCII letters, are a one-character prefix.
@@ -313,6 +314,7 @@ static TABLES: LazyLock<Tables> = LazyLock::new(|| {
         infixes: RuleIndex::new(INFIXES),
         matcher: PrehashedMap::default(),
         matcher_first_bytes: [false; 256],
+        matcher_lengths: 0,
         sentence_punct,
         quick_prefix: [false; 128],
         quick_suffix: [false; 128],
@@ -341,6 +343,7 @@ static TABLES: LazyLock<Tables> = LazyLock::new(|| {
             let pattern = tables.tokens(chunk, true);
             if let Some(first) = pattern.first() {
                 tables.matcher_first_bytes[usize::from(first.as_bytes()[0])] = true;
+                tables.matcher_lengths |= 1 << first.len().min(63);
                 matcher
                     .entry(key(first))
                     .or_default()
@@ -456,36 +459,63 @@ impl Tables {
                 (py_isspace(c), c.len_utf8())
             };
             if space != in_ws {
-                if start < i && (keep_space || !in_ws) {
-                    self.tokenize_span(&text[start..i], &mut out);
+                if start < i {
+                    if !in_ws {
+                        self.tokenize_span(&text[start..i], &mut out);
+                    } else if keep_space {
+                        // A whitespace run is one token: no affix rule or special case splits
+                        // whitespace.
+                        out.push(&text[start..i]);
+                    }
                 }
                 start = if b == b' ' { i + 1 } else { i };
                 in_ws = !in_ws;
             }
             i += width;
         }
-        if start < text.len() && (keep_space || !in_ws) {
-            self.tokenize_span(&text[start..], &mut out);
+        if start < text.len() {
+            if !in_ws {
+                self.tokenize_span(&text[start..], &mut out);
+            } else if keep_space {
+                out.push(&text[start..]);
+            }
         }
+        self.apply_special_matcher(text, &mut out);
         out
     }
 
-    /// spaCy's `_apply_special_cases` on the tokens of one span (`out[from..]`, contiguous in
-    /// the text): runs of tokens that a special case's affix split produces are replaced by the
-    /// special case's own tokens; overlapping matches go longest first, then leftmost.
-    fn apply_special_matcher<'a>(&self, span: &'a str, out: &mut Vec<&'a str>, from: usize) {
-        if self.matcher.is_empty() || out.len() == from {
+    /// spaCy's `_apply_special_cases`: a phrase matcher finds every run of tokens equal to
+    /// the affix split of a special case; overlapping runs go longest first, then leftmost, and
+    /// a run whose first or last token is taken is dropped; a kept run whose tokens are
+    /// contiguous in the text (so its text is the special case) becomes the special case's own
+    /// tokens.
+    ///
+    /// spaCy's runs are of consecutive tokens of its document, where a single space after a
+    /// token is no token but any other whitespace is: two tokens here are consecutive there when
+    /// nothing or one space lies between them, whether or not `out` holds the whitespace tokens.
+    fn apply_special_matcher<'a>(&self, text: &'a str, out: &mut Vec<&'a str>) {
+        if self.matcher.is_empty() || out.is_empty() {
             return;
         }
+        let offset = |token: &str| token.as_ptr() as usize - text.as_ptr() as usize;
         let mut found: Vec<(usize, usize, &'static [&'static str])> = Vec::new();
-        for i in from..out.len() {
-            if !self.matcher_first_bytes[usize::from(out[i].as_bytes()[0])] {
+        for i in 0..out.len() {
+            let token = out[i];
+            if !self.matcher_first_bytes[usize::from(token.as_bytes()[0])]
+                || self.matcher_lengths & (1 << token.len().min(63)) == 0
+            {
                 continue;
             }
-            if let Some(candidates) = self.matcher.get(&key(out[i])) {
+            if let Some(candidates) = self.matcher.get(&key(token)) {
                 for (pattern, pieces) in candidates {
                     let end = i + pattern.len();
-                    if end <= out.len() && out[i..end] == pattern[..] {
+                    if end <= out.len()
+                        && out[i..end] == pattern[..]
+                        && out[i..end].windows(2).all(|w| {
+                            let gap = offset(w[1]) - (offset(w[0]) + w[0].len());
+                            gap == 0 || (gap == 1 && text.as_bytes()[offset(w[1]) - 1] == b' ')
+                        })
+                    {
                         found.push((i, end, pieces));
                     }
                 }
@@ -494,32 +524,33 @@ impl Tables {
         if found.is_empty() {
             return;
         }
-        // spaCy's `_filter_special_spans`: longest first, then the leftmost; a match whose
-        // first or last token is taken is dropped.
         found.sort_by_key(|&(start, end, _)| (std::cmp::Reverse(end - start), start));
-        let mut taken = vec![false; out.len() - from];
+        let mut taken = vec![false; out.len()];
         let mut kept = Vec::new();
         for (start, end, pieces) in found {
-            if !taken[start - from] && !taken[end - 1 - from] {
+            if !taken[start] && !taken[end - 1] {
                 kept.push((start, end, pieces));
             }
-            for t in &mut taken[start - from..end - from] {
+            for t in &mut taken[start..end] {
                 *t = true;
             }
         }
         kept.sort_by_key(|&(start, _, _)| start);
-        let tail = out.split_off(from);
+        let tokens = std::mem::take(out);
         let mut i = 0;
         for (start, end, pieces) in kept {
-            out.extend_from_slice(&tail[i..start - from]);
-            // The matched tokens are contiguous slices of `span`: their text is the special
-            // case's.
-            let offset = |token: &str| token.as_ptr() as usize - span.as_ptr() as usize;
-            let (first, last) = (tail[start - from], tail[end - 1 - from]);
-            Self::push_special(&span[offset(first)..offset(last) + last.len()], pieces, out);
-            i = end - from;
+            let contiguous = tokens[start..end]
+                .windows(2)
+                .all(|w| offset(w[0]) + w[0].len() == offset(w[1]));
+            if !contiguous {
+                continue;
+            }
+            out.extend_from_slice(&tokens[i..start]);
+            let (first, last) = (tokens[start], tokens[end - 1]);
+            Self::push_special(&text[offset(first)..offset(last) + last.len()], pieces, out);
+            i = end;
         }
-        out.extend_from_slice(&tail[i..]);
+        out.extend_from_slice(&tokens[i..]);
     }
 
     /// spaCy's `_tokenize` of one whitespace-free span (or one whitespace run).
@@ -578,10 +609,8 @@ impl Tables {
         }
     }
 
-    /// [`Self::tokenize_span`] past the fast paths: spaCy's affix loop, infixes, URL match and
-    /// special-case matcher.
+    /// [`Self::tokenize_span`] past the fast paths: spaCy's affix loop, infixes and URL match.
     fn tokenize_general<'a>(&self, span: &'a str, out: &mut Vec<&'a str>) {
-        let from = out.len();
         let mut prefixes = Vec::new();
         let mut suffixes = Vec::new();
         let rest = self.split_affixes(span, &mut prefixes, &mut suffixes);
@@ -614,7 +643,6 @@ impl Tables {
             }
         }
         out.extend(suffixes.into_iter().rev());
-        self.apply_special_matcher(span, out, from);
     }
 
     /// The common case `(word`, `word,`, `"word".` reduced to one prefix and one suffix
@@ -804,6 +832,20 @@ pub fn sentence_count(text: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whitespace_runs_are_single_tokens_under_every_rule() {
+        // `tokens` pushes a whitespace run as it is: no special case, affix or infix may split
+        // one.
+        let tables = &*TABLES;
+        for run in [
+            " ", "  ", "\n", "\n\n", "\t \n", "\u{a0}", "\u{3000}", "\u{2028}", "\x1c",
+        ] {
+            let mut out = Vec::new();
+            tables.tokenize_span(run, &mut out);
+            assert_eq!(out, [run], "{run:?}");
+        }
+    }
 
     #[test]
     fn the_generated_url_pattern_compiles() {
