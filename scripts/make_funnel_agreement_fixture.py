@@ -769,7 +769,11 @@ def synth_junk(rng):
     d["cookie_banner"] = "\n".join(["We use cookies to personalise content.", "By continuing you agree to our Terms of Use.", "Accept all cookies?", "Cookie Policy | Privacy Policy"] + s[:5])
     d["javascript_notice"] = "\n".join(["JavaScript is disabled in your browser.", "Please enable Javascript and reload the page."] + s[:6])
     d["lorem_ipsum_page"] = "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt ut labore et dolore magna aliqua.\n" * 3 + "\n".join(s[:5])
-    d["code_python"] = 'def parse(path):\n    """Parse the file."""\n    with open(path) as fh:\n        return [line.strip() for line in fh if line]\n\nif __name__ == "__main__":\n    print(parse("data.txt"))\n'
+    d["code_python"] = 'def parse(path):\n    """Parse the file."""\n    with open(path) as fh:\n        return [line.strip() for line in fh if line]\n\nif __name__ == "__main__":
+    # Set iteration order (and so some of the synthetic documents) follows Python's string hash:
+    # pin its seed so that a rerun writes the same bytes.
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "PYTHONHASHSEED": "0"})\n    print(parse("data.txt"))\n'
     d["code_c"] = '#include <stdio.h>\n\nint main(int argc, char **argv) {\n    for (int i = 0; i < argc; i++) {\n        printf("%s\\n", argv[i]);\n    }\n    return 0;\n}\n'
     d["code_json"] = json.dumps({"name": "stoke", "version": "1.16", "tags": ["a", "b"], "nested": {"x": 1.5, "y": None}}, indent=2)
     d["code_shell"] = "$ ./configure --prefix=/usr && make -j8\n$ sudo make install\n# edit Makefile.in then re-run autoreconf -fi\n" + "\n".join(s[:3])
@@ -966,6 +970,15 @@ TOKEN_CASES = [
 ]
 
 
+# Found by random strings checked against spaCy (appended after the `count` cases): a special
+# case's token run across a single space blocking an overlapping one (`) :*`), and a combining
+# mark, which Python's `\w` does not take, inside a would-be URL.
+FOUND_BY_FUZZING = [
+    "O'Neil ) :*;qVI \u102dl A &XrD5A^ Z\u1877!\u21399",
+    "8\u0317HHmahttp://x.org/a-b?c=dzn\\_\tiJUjm 4tj!}:W(9Yuser@mail.comE3ZZRSC++",
+]
+
+
 def token_cases(docs, rng, count, handwritten=True):
     cases, seen = [], set()
 
@@ -999,9 +1012,10 @@ def token_cases(docs, rng, count, handwritten=True):
         if snippet.strip():
             add(snippet)
     d = dt()
+    chosen = cases[:count] + ([t for t in FOUND_BY_FUZZING if t not in seen] if handwritten else [])
     return [
         {"text": t, "words": d["spacy_tok"].word_tokenize(t), "sentences": len(d["text"].split_into_sentences(t))}
-        for t in cases[:count]
+        for t in chosen
     ]
 
 
