@@ -65,7 +65,8 @@ FINAL_KEYS = ["loss", "rewards/margins", "rewards/accuracies", "rewards/chosen",
 
 
 def load_pairs(path: Path) -> list[dict]:
-    """Conversational preference pairs: prompt = [user message(s)], chosen / rejected = [assistant message]."""
+    """Preference pairs, conversational (prompt = [user message(s)], chosen / rejected = [assistant
+    message]) or standard (three non-empty strings)."""
     pairs = []
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
@@ -76,11 +77,15 @@ def load_pairs(path: Path) -> list[dict]:
             raise SystemExit(f"{path}:{number}: not JSON ({error})")
         for key in ("prompt", "chosen", "rejected"):
             messages = record.get(key) if isinstance(record, dict) else None
+            if isinstance(messages, str) and messages:
+                continue  # TRL's standard (plain text) format, as the speedrun's pairs
             if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                 for m in messages
             ):
-                raise SystemExit(f"{path}:{number}: {key!r} must be a non-empty list of {{role, content}} messages")
+                raise SystemExit(
+                    f"{path}:{number}: {key!r} must be a non-empty string or list of {{role, content}} messages"
+                )
         pairs.append({key: record[key] for key in ("prompt", "chosen", "rejected")})
     if not pairs:
         raise SystemExit(f"{path}: no pairs")
