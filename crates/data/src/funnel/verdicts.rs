@@ -129,3 +129,57 @@ pub fn write_verdicts(input: &Path, output: &Path) -> Result<usize, String> {
     })?;
     Ok(lines.len())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_one_line_per_document_in_order_with_datatrove_reasons() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in.jsonl");
+        std::fs::write(
+            &input,
+            "{\"id\": \"a\", \"text\": \"\"}\n\n{\"text\": \"too short.\"}\n",
+        )
+        .unwrap();
+        let output = dir.path().join("out.jsonl");
+        assert_eq!(write_verdicts(&input, &output).unwrap(), 2);
+        let lines: Vec<Value> = std::fs::read_to_string(&output)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines[0]["id"], "a");
+        assert_eq!(lines[0]["gopher_repetition"]["reason"], "empty");
+        assert_eq!(
+            lines[1]["id"], 3,
+            "a record without an id gets its line number"
+        );
+        assert_eq!(lines[1]["gopher_quality"]["reason"], "gopher_short_doc");
+        assert_eq!(
+            lines[1]["gopher_quality"]["numbers"]["n_non_symbol_words"],
+            2.0
+        );
+        assert_eq!(lines[1]["c4"]["keep"], false);
+    }
+
+    #[test]
+    fn a_bad_line_is_an_error_naming_file_and_line_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let output = dir.path().join("out.jsonl");
+        for (content, expected) in [
+            ("{\"text\": \"fine\"}\n{not json\n", "in.jsonl:2"),
+            (
+                "{\"text\": \"fine\"}\n{\"text\": 7}\n",
+                "in.jsonl:2: no string field \"text\"",
+            ),
+        ] {
+            let input = dir.path().join("in.jsonl");
+            std::fs::write(&input, content).unwrap();
+            let error = write_verdicts(&input, &output).unwrap_err();
+            assert!(error.contains(expected), "{error}");
+            assert!(!output.exists(), "nothing is written on a bad input");
+        }
+    }
+}
