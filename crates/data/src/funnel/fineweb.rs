@@ -14,7 +14,7 @@ use serde::Deserialize;
 use super::document::{Document, DropReason, Verdict};
 use super::text::{
     RuleNumbers, Rules, WordTokenizer, ends_with_terminal_punctuation, find_duplicates, py_strip,
-    ratio,
+    ratio, recorded,
 };
 
 #[derive(Clone, Debug, Deserialize)]
@@ -83,9 +83,7 @@ impl FinewebQuality {
 
     /// The verdict and every rule's number (for agreement checks against datatrove).
     pub fn numbers(&self, text: &str) -> (Option<DropReason>, RuleNumbers) {
-        let mut numbers = RuleNumbers::new();
-        let verdict = self.evaluate(text, Some(&mut numbers));
-        (verdict, numbers)
+        recorded(|record| self.evaluate(text, record))
     }
 
     fn evaluate(&self, text: &str, record: Option<&mut RuleNumbers>) -> Option<DropReason> {

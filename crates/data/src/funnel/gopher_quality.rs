@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use super::document::{Document, DropReason, Verdict};
 use super::spacy_en::{is_datatrove_punctuation, py_isalpha, py_isspace};
-use super::text::{RuleNumbers, Rules, WordTokenizer, py_splitlines, ratio};
+use super::text::{RuleNumbers, Rules, WordTokenizer, exceeds, py_splitlines, ratio, recorded};
 
 /// The Gopher stop-word list (datatrove's `STOP_WORDS`).
 pub const GOPHER_STOP_WORDS: &[&str] = &["the", "be", "to", "of", "and", "that", "have", "with"];
@@ -94,9 +94,7 @@ impl GopherQuality {
 
     /// The verdict and every rule's number (for agreement checks against datatrove).
     pub fn numbers(&self, text: &str) -> (Option<DropReason>, RuleNumbers) {
-        let mut numbers = RuleNumbers::new();
-        let verdict = self.evaluate(text, Some(&mut numbers));
-        (verdict, numbers)
+        recorded(|record| self.evaluate(text, record))
     }
 
     fn evaluate(&self, text: &str, record: Option<&mut RuleNumbers>) -> Option<DropReason> {
@@ -111,12 +109,7 @@ impl GopherQuality {
             .filter(|w| w.chars().any(|c| !is_datatrove_punctuation(c)))
             .collect();
         let n_non_symbol = non_symbol.len();
-        rules.rule(
-            "n_words",
-            Some(n_words as f64),
-            false,
-            DropReason::GopherShortDoc,
-        );
+        rules.record("n_words", Some(n_words as f64));
         if rules.rule(
             "n_non_symbol_words",
             Some(n_non_symbol as f64),
@@ -148,17 +141,15 @@ impl GopherQuality {
             text.matches("...").count() + text.matches('\u{2026}').count(),
             n_words,
         );
-        let above =
-            |r: Option<f64>, max: Option<f64>| max.is_some_and(|m| r.is_some_and(|r| r > m));
         if rules.rule(
             "hash_ratio",
             hashes,
-            above(hashes, f.max_symbol_word_ratio),
+            exceeds(hashes, f.max_symbol_word_ratio),
             DropReason::GopherTooManyHashes,
         ) || rules.rule(
             "ellipsis_ratio",
             ellipses,
-            above(ellipses, f.max_symbol_word_ratio),
+            exceeds(ellipses, f.max_symbol_word_ratio),
             DropReason::GopherTooManyEllipsis,
         ) {
             return rules.verdict();
@@ -183,12 +174,12 @@ impl GopherQuality {
         if rules.rule(
             "bullet_lines_ratio",
             bullets,
-            above(bullets, f.max_bullet_lines_ratio),
+            exceeds(bullets, f.max_bullet_lines_ratio),
             DropReason::GopherTooManyBullets,
         ) || rules.rule(
             "end_ellipsis_lines_ratio",
             end_ellipses,
-            above(end_ellipses, f.max_ellipsis_lines_ratio),
+            exceeds(end_ellipses, f.max_ellipsis_lines_ratio),
             DropReason::GopherTooManyEndEllipsis,
         ) {
             return rules.verdict();

@@ -18,8 +18,8 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use super::document::{Document, DropReason, Verdict};
 use super::text::{
-    RuleNumbers, Rules, WordTokenizer, char_len, find_duplicates, ratio, split_newline_runs,
-    split_paragraphs,
+    RuleNumbers, Rules, WordTokenizer, char_len, exceeds, find_duplicates, ratio, recorded,
+    split_newline_runs, split_paragraphs,
 };
 
 #[derive(Clone, Debug, Deserialize)]
@@ -92,9 +92,7 @@ impl GopherRepetition {
 
     /// The verdict and every rule's number (for agreement checks against datatrove).
     pub fn numbers(&self, text: &str) -> (Option<DropReason>, RuleNumbers) {
-        let mut numbers = RuleNumbers::new();
-        let verdict = self.evaluate(text, Some(&mut numbers));
-        (verdict, numbers)
+        recorded(|record| self.evaluate(text, record))
     }
 
     fn evaluate(&self, text: &str, record: Option<&mut RuleNumbers>) -> Option<DropReason> {
@@ -108,9 +106,6 @@ impl GopherRepetition {
             }
         }
         let text_chars = text.chars().count();
-        let above = |value: Option<f64>, max: Option<f64>| {
-            max.is_some_and(|m| value.is_some_and(|v| v > m))
-        };
         let paragraphs = split_paragraphs(text);
         let (dup_paras, dup_para_chars) = find_duplicates(paragraphs.iter().copied());
         let para_frac = ratio(dup_paras, paragraphs.len());
@@ -118,12 +113,12 @@ impl GopherRepetition {
         if rules.rule(
             "dup_para_frac",
             para_frac,
-            above(para_frac, f.dup_para_frac),
+            exceeds(para_frac, f.dup_para_frac),
             DropReason::RepetitionDupParaFrac,
         ) || rules.rule(
             "dup_para_char_frac",
             para_char_frac,
-            above(para_char_frac, f.dup_para_char_frac),
+            exceeds(para_char_frac, f.dup_para_char_frac),
             DropReason::RepetitionDupParaCharFrac,
         ) {
             return rules.verdict();
@@ -136,12 +131,12 @@ impl GopherRepetition {
         if rules.rule(
             "dup_line_frac",
             line_frac,
-            above(line_frac, f.dup_line_frac),
+            exceeds(line_frac, f.dup_line_frac),
             DropReason::RepetitionDupLineFrac,
         ) || rules.rule(
             "dup_line_char_frac",
             line_char_frac,
-            above(line_char_frac, f.dup_line_char_frac),
+            exceeds(line_char_frac, f.dup_line_char_frac),
             DropReason::RepetitionDupLineCharFrac,
         ) {
             return rules.verdict();
@@ -164,7 +159,7 @@ impl GopherRepetition {
             if rules.rule(
                 top_name(n),
                 share,
-                above(share, Some(max_share)),
+                exceeds(share, Some(max_share)),
                 DropReason::RepetitionTopNGram(n as u8),
             ) {
                 return rules.verdict();
@@ -180,7 +175,7 @@ impl GopherRepetition {
             if rules.rule(
                 duplicated_name(n),
                 share,
-                above(share, Some(max_share)),
+                exceeds(share, Some(max_share)),
                 DropReason::RepetitionDuplicatedNGrams(n as u8),
             ) {
                 return rules.verdict();

@@ -142,6 +142,13 @@ impl<'a> Rules<'a> {
         self.done()
     }
 
+    /// Records a number no threshold applies to.
+    pub fn record(&mut self, name: &'static str, value: Option<f64>) {
+        if let Some(record) = self.record.as_deref_mut() {
+            record.push((name, value));
+        }
+    }
+
     /// A second threshold on the number just recorded (a maximum after a minimum).
     pub fn also(&mut self, fails: bool, reason: DropReason) -> bool {
         if fails && self.verdict.is_none() {
@@ -168,6 +175,20 @@ pub fn char_len(s: &str) -> usize {
     } else {
         s.chars().count()
     }
+}
+
+/// Runs a filter's rule evaluation with a recorder: its verdict and every rule's number.
+pub fn recorded(
+    evaluate: impl FnOnce(Option<&mut RuleNumbers>) -> Option<DropReason>,
+) -> (Option<DropReason>, RuleNumbers) {
+    let mut numbers = RuleNumbers::new();
+    let verdict = evaluate(Some(&mut numbers));
+    (verdict, numbers)
+}
+
+/// Whether a ratio exceeds an optional maximum (`None` on either side: the rule does not fire).
+pub fn exceeds(value: Option<f64>, max: Option<f64>) -> bool {
+    max.is_some_and(|m| value.is_some_and(|v| v > m))
 }
 
 /// `numerator / denominator`, `None` for a zero denominator (Python would raise).
