@@ -29,6 +29,7 @@ pub mod orpo;
 pub mod report;
 pub mod run;
 pub mod scoring;
+pub mod shards;
 pub mod train;
 
 use candle_core::{DType, Tensor};

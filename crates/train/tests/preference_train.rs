@@ -306,6 +306,7 @@ fn settings(sync: Option<stoke_train::preference::train::ReferenceSync>) -> Pair
         layout: ScoringLayout::SharedPrefix,
         seed: 7,
         sync,
+        shards: 1,
     }
 }
 
@@ -610,4 +611,128 @@ fn kto_learns_from_unpaired_labels_with_the_mismatched_reference_point() {
     .unwrap()
     .to_string();
     assert!(err.contains("PairTrainer::kto"), "{err}");
+}
+
+/// The parameters' gradients in `stores`, summed store by store.
+fn summed_grads(model: &Transformer, stores: &[candle_core::backprop::GradStore]) -> Vec<Vec<f64>> {
+    model
+        .parameters()
+        .iter()
+        .map(|(_, v)| {
+            let mut sum = vec![0f64; v.as_tensor().elem_count()];
+            for store in stores {
+                if let Some(g) = store.get(v.as_tensor()) {
+                    let g = g.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                    for (s, x) in sum.iter_mut().zip(g) {
+                        *s += f64::from(x);
+                    }
+                }
+            }
+            sum
+        })
+        .collect()
+}
+
+#[test]
+fn sharded_micro_batches_give_the_unsharded_loss_and_gradients() {
+    use stoke_train::preference::KtoLoss;
+    use stoke_train::preference::shards::ShardedLogps;
+    let model = model();
+    let pairs = read_fixture_pairs(5);
+    let batch: Vec<_> = pairs.iter().collect();
+    let layout = ScoringLayout::SharedPrefix;
+    let reference = reference_logps(
+        &batch,
+        &score_reference(&model, &batch, layout).unwrap(),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let labels = [true, false, true, true, false];
+    // Per-pair losses, one that couples the batch (AOT sorts the margins over it), and KTO,
+    // whose KL point reads the batch's mismatched rows.
+    let objectives = [
+        PairObjective::Dpo(DpoLoss::default()),
+        PairObjective::Dpo(DpoLoss {
+            loss_type: vec![DpoLossType::Aot],
+            ..DpoLoss::default()
+        }),
+        PairObjective::Kto(KtoLoss::default()),
+    ];
+    for objective in &objectives {
+        let labels = matches!(objective, PairObjective::Kto(_)).then_some(&labels[..]);
+        let policy = pair_logps(&model, &batch, layout).unwrap();
+        let whole = objective.loss(&policy, Some(&reference), labels).unwrap();
+        let whole_value = whole.loss.to_scalar::<f64>().unwrap();
+        let want = summed_grads(&model, &[whole.loss.backward().unwrap()]);
+        for shards in [2, 3, 5] {
+            let sharded = ShardedLogps::score(&model, &batch, layout, shards).unwrap();
+            let policy = sharded.policy();
+            assert_eq!(
+                policy.tokens,
+                pair_logps(&model, &batch, layout).unwrap().tokens
+            );
+            let out = objective.loss(&policy, Some(&reference), labels).unwrap();
+            let value = out.loss.to_scalar::<f64>().unwrap();
+            // Each pair is scored as it would be alone, so the loss is the same bit for bit.
+            assert_eq!(
+                value.to_bits(),
+                whole_value.to_bits(),
+                "{}: {value} vs {whole_value} in {shards} shards",
+                objective.name()
+            );
+            let stores = sharded.backward(&out.loss.backward().unwrap()).unwrap();
+            assert_eq!(stores.len(), shards.min(batch.len()));
+            let got = summed_grads(&model, &stores);
+            let (mut diff, mut scale) = (0f64, 0f64);
+            for (a, b) in want.iter().flatten().zip(got.iter().flatten()) {
+                diff = diff.max((a - b).abs());
+                scale = scale.max(a.abs());
+            }
+            assert!(scale > 0.0, "no gradient reached the parameters");
+            assert!(
+                diff <= 1e-5 * scale,
+                "{}, {shards} shards: gradients differ by {diff} (largest {scale})",
+                objective.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_sharded_loop_trains_as_the_unsharded_one() {
+    let pairs = read_fixture_pairs(8);
+    let mut losses = Vec::new();
+    for shards in [1, 2] {
+        let policy = model();
+        let all: Vec<_> = pairs.iter().collect();
+        let cached = score_reference(&policy, &all, ScoringLayout::SharedPrefix).unwrap();
+        let mut trainer = PairTrainer::new(
+            policy.clone(),
+            engine(&policy, 3e-3),
+            PairObjective::Dpo(DpoLoss::default()),
+            Reference::Cached(cached),
+            pairs.clone(),
+            PairLoopSettings {
+                shards,
+                ..settings(None)
+            },
+        )
+        .unwrap();
+        let run: Vec<(f64, f64)> = (0..4)
+            .map(|_| {
+                let report = trainer.step().unwrap();
+                (report.loss, report.metric("rewards/margins").unwrap())
+            })
+            .collect();
+        losses.push(run);
+    }
+    assert_eq!(losses[0][0].0.to_bits(), losses[1][0].0.to_bits());
+    for (a, b) in losses[0].iter().zip(&losses[1]) {
+        assert!((a.0 - b.0).abs() <= 1e-5 * a.0.abs(), "{losses:?}");
+        assert!(
+            (a.1 - b.1).abs() <= 1e-4 * a.1.abs().max(1e-2),
+            "{losses:?}"
+        );
+    }
+    assert!(losses[1][3].1 > 0.0, "the sharded loop learns: {losses:?}");
 }

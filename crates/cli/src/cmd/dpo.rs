@@ -31,8 +31,12 @@ pub fn run_command(args: DpoArgs) -> anyhow::Result<()> {
         summary.reference
     );
     println!(
-        "completed: {} steps, {:.2} s/step, {:.0} tokens/s",
-        summary.steps, summary.seconds_per_step, summary.tokens_per_s
+        "completed: {} steps, {:.2} s/step, {:.0} tokens/s, micro-batches in {} shard{}",
+        summary.steps,
+        summary.seconds_per_step,
+        summary.tokens_per_s,
+        summary.shards,
+        if summary.shards == 1 { "" } else { "s" }
     );
     let show = |label: &str, metrics: &Option<Vec<(&'static str, f64)>>| {
         if let Some(metrics) = metrics {

@@ -31,6 +31,7 @@
 //! [training]
 //! steps = 200
 //! # max_bad_steps = 3; seed = 0; precision = "bf16"; activation_checkpointing
+//! # batch_shards = "auto"          # or N: each micro-batch as N shards at once, one per thread
 //! ```
 //!
 //! Files written under `output_dir`: `metrics.jsonl` (one line per step: loss, grad norm, lr,
@@ -193,6 +194,67 @@ pub struct PreferenceTrainingFile {
     /// Recompute activations in the backward pass (`stoke train`'s key).
     #[serde(default)]
     pub activation_checkpointing: bool,
+    /// Score and backpropagate each micro-batch as this many shards at once, one per thread
+    /// (`"auto"`: one per thread for models small enough that the shards' extra gradients stay
+    /// under 64 MiB, else 1; see `preference::shards`).
+    #[serde(default)]
+    pub batch_shards: BatchShards,
+}
+
+/// `training.batch_shards`: `"auto"` or a count (1 = unsharded).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "ShardsValue", into = "ShardsValue")]
+pub enum BatchShards {
+    #[default]
+    Auto,
+    Count(usize),
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+enum ShardsValue {
+    Count(usize),
+    Word(String),
+}
+
+impl TryFrom<ShardsValue> for BatchShards {
+    type Error = String;
+    fn try_from(value: ShardsValue) -> Result<BatchShards, String> {
+        match value {
+            ShardsValue::Count(0) => Err("batch_shards must be at least 1 (or \"auto\")".into()),
+            ShardsValue::Count(n) => Ok(BatchShards::Count(n)),
+            ShardsValue::Word(w) if w == "auto" => Ok(BatchShards::Auto),
+            ShardsValue::Word(w) => Err(format!(
+                "batch_shards is \"auto\" or a number of shards, not \"{w}\""
+            )),
+        }
+    }
+}
+
+impl From<BatchShards> for ShardsValue {
+    fn from(value: BatchShards) -> ShardsValue {
+        match value {
+            BatchShards::Auto => ShardsValue::Word("auto".into()),
+            BatchShards::Count(n) => ShardsValue::Count(n),
+        }
+    }
+}
+
+impl BatchShards {
+    /// The shard count for `model` on the current thread pool.
+    pub fn resolve(self, model: &Transformer) -> usize {
+        match self {
+            BatchShards::Count(n) => n,
+            BatchShards::Auto => {
+                let trainable = model
+                    .trainable_parameters()
+                    .iter()
+                    .map(|(_, v)| v.as_tensor().elem_count())
+                    .sum();
+                super::shards::auto_shards(trainable, rayon::current_num_threads())
+            }
+        }
+    }
 }
 
 fn default_bad_steps() -> u64 {
@@ -255,6 +317,8 @@ pub struct PreferenceSummary {
     /// Mean over the run's steps.
     pub seconds_per_step: f64,
     pub tokens_per_s: f64,
+    /// Shards each micro-batch was computed in (`training.batch_shards`, resolved).
+    pub shards: usize,
     /// Where the reference came from: the cache file (and whether this run wrote it), or live.
     pub reference: String,
     pub model_dir: PathBuf,
@@ -372,12 +436,14 @@ pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSu
     step_settings.validate()?;
     let optimizer = Optimizer::new(optimizer_config, policy.trainable_parameters())?;
     let engine = StepEngine::new(optimizer, step_settings);
+    let shards = file.training.batch_shards.resolve(&policy);
     let loop_settings = PairLoopSettings {
         pairs_per_micro_batch: file.data.pairs_per_micro_batch,
         micro_batches: file.data.micro_batches,
         layout,
         seed: file.training.seed,
         sync,
+        shards,
     };
     let mut trainer = match (&objective, &labelled) {
         (PairObjective::Kto(loss), Some(examples)) => PairTrainer::kto(
@@ -476,6 +542,7 @@ pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSu
         skipped_steps: skipped,
         seconds_per_step: seconds / total.max(1) as f64,
         tokens_per_s: tokens as f64 / seconds.max(1e-9),
+        shards,
         reference: reference_note,
         model_dir,
         metrics_path,

@@ -6,7 +6,8 @@
 //! (one packed sequence per pair by default, see `scoring`), take the reference's values (from
 //! the cache, from a live reference model, or none for the reference-free losses), compute the
 //! loss, weight it by the micro-batch's share of the step's pairs, backpropagate and add the
-//! gradients. The engine then applies the non-finite guard, clipping, the schedule and the
+//! gradients (with `shards > 1`, the micro-batch's pairs are scored and backpropagated as shards
+//! at once, one per thread: see `shards`). The engine then applies the non-finite guard, clipping, the schedule and the
 //! optimizer step. Metrics are the same pair-weighted means of the micro-batches' figures.
 //!
 //! TR-DPO (Gorbatovski et al. 2024): with a live reference and `sync_steps = n`, after every
@@ -26,6 +27,7 @@ use stoke_model::Transformer;
 use super::data::LabelledCompletion;
 use super::data::PreferencePair;
 use super::scoring::{PairReference, pair_logps, reference_logps, score_reference};
+use super::shards::ShardedLogps;
 use super::{
     CpoLoss, DpoLoss, KtoInputs, KtoLoss, OrpoLoss, PreferenceOutput, SequenceLogps, invalid,
 };
@@ -153,6 +155,10 @@ pub struct PairLoopSettings {
     pub layout: ScoringLayout,
     pub seed: u64,
     pub sync: Option<ReferenceSync>,
+    /// Each micro-batch is scored and backpropagated as this many shards at once, one per
+    /// thread (1: the whole micro-batch at once, its operations shared by the threads); see
+    /// `shards`. Capped by the pairs of a micro-batch.
+    pub shards: usize,
 }
 
 /// The figures of one step.
@@ -374,7 +380,20 @@ impl PairTrainer {
                 .iter()
                 .map(|p| 2 * p.prompt_ids.len() + p.chosen_ids.len() + p.rejected_ids.len())
                 .sum::<usize>();
-            let policy = pair_logps(&self.model, &batch, self.settings.layout)?;
+            let sharded = (self.settings.shards > 1 && batch.len() > 1)
+                .then(|| {
+                    ShardedLogps::score(
+                        &self.model,
+                        &batch,
+                        self.settings.layout,
+                        self.settings.shards,
+                    )
+                })
+                .transpose()?;
+            let policy = match &sharded {
+                Some(sharded) => sharded.policy(),
+                None => pair_logps(&self.model, &batch, self.settings.layout)?,
+            };
             let reference = match &self.reference {
                 Reference::None => None,
                 Reference::Cached(entries) => {
@@ -406,7 +425,15 @@ impl PairTrainer {
                 finite = false;
                 break;
             }
-            grads.add(&(out.loss * weight)?.backward()?)?;
+            let store = (out.loss * weight)?.backward()?;
+            match sharded {
+                None => grads.add(&store)?,
+                Some(sharded) => {
+                    for store in sharded.backward(&store)? {
+                        grads.add(&store)?;
+                    }
+                }
+            }
         }
         let result = self.engine.finish(loss, finite.then_some(grads))?;
         if result.outcome == StepOutcome::Applied
