@@ -65,10 +65,16 @@ pub(crate) fn backward<T: Real>(gate: &[T], up: &[T], grad: &[T]) -> Vec<T> {
         .zip(grad.par_chunks(CHUNK))
         .for_each(|(((dg, du), (g, u)), dy)| {
             crate::vexp::dispatch(|| {
-                for i in 0..g.len() {
-                    let s = sigmoid(g[i]);
-                    dg[i] = dy[i] * u[i] * s * (T::one() + g[i] * (T::one() - s));
-                    du[i] = dy[i] * g[i] * s;
+                // Iterators, not indices: no bounds checks, so the loop vectorizes.
+                for (((dg, du), (&g, &u)), &dy) in dg
+                    .iter_mut()
+                    .zip(du.iter_mut())
+                    .zip(g.iter().zip(u))
+                    .zip(dy)
+                {
+                    let s = sigmoid(g);
+                    *dg = dy * u * s * (T::one() + g * (T::one() - s));
+                    *du = dy * g * s;
                 }
             })
         });

@@ -28,15 +28,28 @@ pub fn global_grad_norm(grads: &[Tensor]) -> Result<f64, OptimError> {
 
 /// Sum of squares in f64, deterministic: fixed chunks summed in parallel, the chunk sums then
 /// added in order. (A rayon `sum` would associate differently from run to run as work is
-/// stolen, and a resumed run must reproduce the clip scale bit for bit.)
+/// stolen, and a resumed run must reproduce the clip scale bit for bit.) Within a chunk, eight
+/// running sums take every eighth value and are then added in order: one running sum waited
+/// for each add to finish (a chain of dependent f64 adds, about 1.6 ms a step for the
+/// speedrun model's 1.5M gradients), eight vectorize.
 pub(crate) fn sum_of_squares(values: &[f32]) -> f64 {
+    const LANES: usize = 8;
     let chunk_sums: Vec<f64> = values
         .par_chunks(CHUNK)
         .map(|chunk| {
-            chunk
+            let mut lanes = [0f64; LANES];
+            let mut groups = chunk.chunks_exact(LANES);
+            for group in &mut groups {
+                for (lane, &x) in lanes.iter_mut().zip(group) {
+                    *lane += f64::from(x) * f64::from(x);
+                }
+            }
+            let tail: f64 = groups
+                .remainder()
                 .iter()
                 .map(|&x| f64::from(x) * f64::from(x))
-                .sum::<f64>()
+                .sum();
+            lanes.iter().sum::<f64>() + tail
         })
         .collect();
     chunk_sums.iter().sum()
