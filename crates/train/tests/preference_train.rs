@@ -542,6 +542,21 @@ steps = 6
         .unwrap_err()
         .to_string();
     assert!(err.contains("dpo") && err.contains("betta"), "{err}");
+    // Shards: "auto" (the default) or a count of at least one, named when wrong.
+    use stoke_train::preference::run::BatchShards;
+    assert_eq!(file.training.batch_shards, BatchShards::Auto);
+    let set = |value: &str| {
+        PreferenceFile::load(&path, &[format!("training.batch_shards={value}")])
+            .map(|f| f.training.batch_shards)
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(set("3"), Ok(BatchShards::Count(3)));
+    assert_eq!(set("\"auto\""), Ok(BatchShards::Auto));
+    for bad in ["0", "\"fast\""] {
+        let err = set(bad).unwrap_err();
+        assert!(err.contains("batch_shards"), "{bad}: {err}");
+    }
+    assert!(summary.shards >= 1);
     let mut bad = file.clone();
     bad.data.max_len = Some(4096);
     let err = run_preference(&bad, true).unwrap_err().to_string();
@@ -664,7 +679,7 @@ fn sharded_micro_batches_give_the_unsharded_loss_and_gradients() {
         let whole = objective.loss(&policy, Some(&reference), labels).unwrap();
         let whole_value = whole.loss.to_scalar::<f64>().unwrap();
         let want = summed_grads(&model, &[whole.loss.backward().unwrap()]);
-        for shards in [2, 3, 5] {
+        for shards in [2, 3, 4, 5, 9] {
             let sharded = ShardedLogps::score(&model, &batch, layout, shards).unwrap();
             let policy = sharded.policy();
             assert_eq!(

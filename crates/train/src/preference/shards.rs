@@ -108,18 +108,28 @@ pub struct ShardedLogps {
 }
 
 impl ShardedLogps {
-    /// Scores `pairs` in `shards` contiguous shards at once (rows of the result: every shard's
-    /// chosen responses in pair order, then every rejected one, as [`pair_logps`] orders them).
+    /// Scores `pairs` in `min(shards, pairs)` contiguous shards at once (rows of the result:
+    /// every chosen response in pair order, then every rejected one, as [`pair_logps`] orders
+    /// them).
     pub fn score(
         model: &Transformer,
         pairs: &[&PreferencePair],
         layout: ScoringLayout,
         shards: usize,
     ) -> Result<ShardedLogps, TrainError> {
-        let size = pairs.len().div_ceil(shards.clamp(1, pairs.len().max(1)));
+        // min(shards, pairs) parts whose sizes differ by at most one pair.
+        let count = shards.clamp(1, pairs.len().max(1));
+        let (base, extra) = (pairs.len() / count, pairs.len() % count);
+        let mut parts = Vec::with_capacity(count);
+        let mut start = 0;
+        for k in 0..count {
+            let len = base + usize::from(k < extra);
+            parts.push(&pairs[start..start + len]);
+            start += len;
+        }
         let scored = run_at_once(
-            pairs
-                .chunks(size.max(1))
+            parts
+                .into_iter()
                 .map(|part| move || pair_logps(model, part, layout))
                 .collect(),
         )

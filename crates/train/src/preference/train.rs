@@ -7,8 +7,9 @@
 //! the cache, from a live reference model, or none for the reference-free losses), compute the
 //! loss, weight it by the micro-batch's share of the step's pairs, backpropagate and add the
 //! gradients (with `shards > 1`, the micro-batch's pairs are scored and backpropagated as shards
-//! at once, one per thread: see `shards`). The engine then applies the non-finite guard, clipping, the schedule and the
-//! optimizer step. Metrics are the same pair-weighted means of the micro-batches' figures.
+//! at once, one per thread: see `shards`). The engine then applies the non-finite guard,
+//! clipping, the schedule and the optimizer step. Metrics are the same pair-weighted means of the
+//! micro-batches' figures.
 //!
 //! TR-DPO (Gorbatovski et al. 2024): with a live reference and `sync_steps = n`, after every
 //! n-th step the reference becomes `alpha * policy + (1 - alpha) * reference` (TRL's
