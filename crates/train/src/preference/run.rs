@@ -436,7 +436,12 @@ pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSu
     step_settings.validate()?;
     let optimizer = Optimizer::new(optimizer_config, policy.trainable_parameters())?;
     let engine = StepEngine::new(optimizer, step_settings);
-    let shards = file.training.batch_shards.resolve(&policy);
+    // The loop never makes more shards than a micro-batch has pairs; the summary says what ran.
+    let shards = file
+        .training
+        .batch_shards
+        .resolve(&policy)
+        .min(file.data.pairs_per_micro_batch.max(1));
     let loop_settings = PairLoopSettings {
         pairs_per_micro_batch: file.data.pairs_per_micro_batch,
         micro_batches: file.data.micro_batches,

@@ -24,7 +24,6 @@
 //!
 //! Determinism: a run is deterministic for a given shard count; results differ from another
 //! shard count (so, under "auto", another thread count) by float rounding.
-#![allow(clippy::type_complexity)]
 
 use std::sync::OnceLock;
 
