@@ -36,6 +36,8 @@ enum Command {
     /// Release a model folder: Hugging Face layout with tokenizer and chat template, a model card
     /// with the training lineage and eval figures; refuses non-finite weights.
     Export(cmd::export::ExportArgs),
+    /// Convert between a GGUF file and the Hugging Face folder layout (either direction).
+    Convert(cmd::convert::ConvertArgs),
     /// Score completions offline with a reward function.
     Verify(cmd::verify::VerifyArgs),
     /// Evaluate a model folder or an OpenAI-compatible endpoint on tasks described in TOML.
@@ -98,6 +100,7 @@ fn main() -> ExitCode {
         Command::Inspect(args) => cmd::model::inspect(args),
         Command::Merge(args) => cmd::model::merge(args),
         Command::Export(args) => cmd::export::run(args),
+        Command::Convert(args) => cmd::convert::run(args),
         Command::Verify(args) => cmd::verify::run(args),
         Command::Eval(command) => cmd::eval::run(command),
         Command::Sandbox(command) => cmd::sandbox::run(command),

@@ -10,12 +10,14 @@ use std::process::Command;
 fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
     let table: &[(&str, &[&str])] = &[
         ("stoke-types", &[]),
+        // The GGUF format (read, write, HF translation): no stoke dependencies.
+        ("stoke-gguf", &[]),
         ("stoke-sandbox", &["stoke-types"]),
         ("stoke-reward", &["stoke-types", "stoke-sandbox"]),
         ("stoke-data", &["stoke-types"]),
-        ("stoke-tokenizer", &["stoke-types"]),
+        ("stoke-tokenizer", &["stoke-types", "stoke-gguf"]),
         ("stoke-ops", &["stoke-types"]),
-        ("stoke-model", &["stoke-types", "stoke-ops"]),
+        ("stoke-model", &["stoke-types", "stoke-gguf", "stoke-ops"]),
         ("stoke-optim", &[]),
         (
             "stoke-rollout",
@@ -81,6 +83,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
             "stoke-cli",
             &[
                 "stoke-types",
+                "stoke-gguf",
                 "stoke-sandbox",
                 "stoke-reward",
                 "stoke-data",

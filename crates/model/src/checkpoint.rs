@@ -200,7 +200,12 @@ fn parse_safetensors<'a>(path: &Path, bytes: &'a [u8]) -> Result<SafeTensors<'a>
 
 impl Transformer {
     /// Loads a Hugging Face checkpoint directory (see module docs) with f32 parameters.
+    /// A file (not a folder) is loaded as GGUF with [`Transformer::load_gguf`].
     pub fn load(dir: &Path, device: &Device) -> Result<Transformer, ModelError> {
+        // A file (not a folder) can only be a GGUF; its reader says why if it is not one.
+        if dir.is_file() {
+            return Transformer::load_gguf(dir, device);
+        }
         if !dir.is_dir() {
             return Err(ModelError::MissingDir(dir.to_path_buf()));
         }
@@ -276,7 +281,9 @@ impl Transformer {
                 &self.generation_config_json(),
             )?,
         }
-        if let Some(source) = source_dir {
+        if let Some(source) = source_dir.filter(|s| stoke_gguf::is_gguf(s)) {
+            crate::gguf::write_tokenizer_files(source, staging)?;
+        } else if let Some(source) = source_dir {
             let entries = std::fs::read_dir(source).map_err(|e| ModelError::io(source, e))?;
             for entry in entries {
                 let entry = entry.map_err(|e| ModelError::io(source, e))?;

@@ -61,6 +61,8 @@ pub enum ModelError {
         "{path}: unexpected tensor `{tensor}` (not part of the model described by config.json)"
     )]
     UnexpectedTensor { path: PathBuf, tensor: String },
+    #[error(transparent)]
+    Gguf(#[from] stoke_gguf::GgufError),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("tensor operation failed: {0}")]

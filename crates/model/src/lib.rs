@@ -12,6 +12,7 @@
 //! - `decode`: the fused decode step (`Transformer::decode_step`) on a preallocated cache.
 //! - `mask`: additive attention biases (causal with padding, block-diagonal for packing).
 //! - `activation_checkpoint`: per-block recomputation in the backward pass (memory for time).
+//! - `gguf`: GGUF model files: load (dequantized to f32) and export (F32/F16/BF16/Q8_0).
 //! - `checkpoint`: safetensors load (single/sharded, f32/bf16/f16) and atomic HF-layout save.
 //! - `error`: `ModelError`, naming the file and field/tensor for every bad-input case.
 //!
@@ -36,6 +37,7 @@ pub mod config;
 pub mod decode;
 pub mod error;
 pub(crate) mod fused_block;
+pub mod gguf;
 pub mod kv_cache;
 pub mod lora;
 pub mod mask;

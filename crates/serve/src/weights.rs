@@ -40,8 +40,11 @@ pub fn weights_checksum(model: &Transformer) -> Result<String, String> {
 /// Loads `dir` for serving in `precision` (bf16 packs the weights once for the decode step) and
 /// returns it with its checksum.
 pub fn load_for_serving(dir: &Path, precision: Precision) -> Result<(Transformer, String), String> {
-    if !dir.is_dir() {
-        return Err(format!("{} is not a model directory", dir.display()));
+    if !dir.exists() {
+        return Err(format!(
+            "{} does not exist (a model directory or a GGUF file)",
+            dir.display()
+        ));
     }
     let mut model =
         Transformer::load(dir, &Device::Cpu).map_err(|e| format!("{}: {e}", dir.display()))?;

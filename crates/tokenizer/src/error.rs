@@ -44,6 +44,9 @@ pub enum TokenizerError {
     },
 
     /// The `tokenizers` crate failed to encode a text.
+    /// A GGUF file whose tokenizer metadata cannot be read (the message names file and key).
+    #[error("{message}")]
+    Gguf { message: String },
     #[error("encoding failed: {message}")]
     Encode { message: String },
 

@@ -37,6 +37,20 @@ pub const DEFAULT_TEMPLATE_NAME: &str = "default";
 /// Name of the template transformers picks when tools are passed and the tokenizer has one.
 pub const TOOL_USE_TEMPLATE_NAME: &str = "tool_use";
 
+/// Where a tokenizer's parts came from: the folder (for `chat_template.jinja` files; empty for a
+/// GGUF) and each config object with the path errors name.
+struct Sources<'a> {
+    dir: &'a Path,
+    config: (serde_json::Map<String, Json>, std::path::PathBuf),
+    special_map: (serde_json::Map<String, Json>, std::path::PathBuf),
+    generation: (serde_json::Map<String, Json>, std::path::PathBuf),
+}
+
+/// The eos id of a GGUF's metadata, which transformers also writes to the generation config.
+fn config_eos_id(file: &stoke_gguf::GgufFile) -> Option<u64> {
+    file.uint("tokenizer.ggml.eos_token_id").ok().flatten()
+}
+
 /// A loaded tokenizer directory: the `tokenizers` model plus the special tokens and chat templates
 /// named by its config files.
 #[derive(Debug, Clone)]
@@ -53,8 +67,12 @@ pub struct Tokenizer {
 }
 
 impl Tokenizer {
-    /// Loads `dir/tokenizer.json` and whichever of the optional config files are present.
+    /// Loads `dir/tokenizer.json` and whichever of the optional config files are present; or,
+    /// when `dir` is a file, the GGUF tokenizer its metadata describes (see [`Tokenizer::from_gguf`]).
     pub fn from_dir(dir: &Path) -> Result<Self, TokenizerError> {
+        if dir.is_file() {
+            return Self::from_gguf(dir);
+        }
         let tokenizer_path = dir.join("tokenizer.json");
         let text = read_required(&tokenizer_path)?;
         let inner: tokenizers::Tokenizer = serde_json::from_str(&text)
@@ -66,6 +84,60 @@ impl Tokenizer {
         let special_map = read_json_object(&map_path)?;
         let generation_path = dir.join("generation_config.json");
         let generation = read_json_object(&generation_path)?;
+        Self::from_parts(
+            inner,
+            Sources {
+                dir,
+                config: (config, config_path),
+                special_map: (special_map, map_path),
+                generation: (generation, generation_path),
+            },
+        )
+    }
+
+    /// The tokenizer described by a GGUF file's `tokenizer.*` metadata, built as transformers
+    /// 5.24 builds it (`stoke_gguf::hf::tokenizer_files`): byte-level BPE with the file's
+    /// vocabulary, merges, pre-tokenizer split, special tokens and chat template. Errors name the
+    /// file and the metadata key.
+    pub fn from_gguf(path: &Path) -> Result<Self, TokenizerError> {
+        let gguf_error = |e: stoke_gguf::GgufError| TokenizerError::Gguf {
+            message: e.to_string(),
+        };
+        let file = stoke_gguf::GgufFile::open(path).map_err(gguf_error)?;
+        let (tokenizer_json, config) =
+            stoke_gguf::hf::tokenizer_files(&file).map_err(gguf_error)?;
+        let inner: tokenizers::Tokenizer =
+            serde_json::from_value(tokenizer_json).map_err(|e| TokenizerError::Field {
+                path: path.to_path_buf(),
+                field: "tokenizer.ggml.*".into(),
+                message: format!("the vocabulary does not make a tokenizer: {e}"),
+            })?;
+        let mut generation = serde_json::Map::new();
+        if let Some(id) = config_eos_id(&file) {
+            generation.insert("eos_token_id".into(), Json::from(id));
+        }
+        let no_dir = Path::new("");
+        Self::from_parts(
+            inner,
+            Sources {
+                dir: no_dir,
+                config: (config, path.to_path_buf()),
+                special_map: (serde_json::Map::new(), path.to_path_buf()),
+                generation: (generation, path.to_path_buf()),
+            },
+        )
+    }
+
+    fn from_parts(
+        inner: tokenizers::Tokenizer,
+        sources: Sources<'_>,
+    ) -> Result<Self, TokenizerError> {
+        let Sources {
+            dir,
+            config: (config, config_path),
+            special_map: (special_map, map_path),
+            generation: (generation, generation_path),
+        } = sources;
 
         // The file each token field is read from: tokenizer_config.json where it has the key.
         let file_of = |field: &str| {

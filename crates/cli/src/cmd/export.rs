@@ -5,6 +5,9 @@
 //! `config.toml` and `metrics.jsonl`) and evaluation figures (`stoke eval run` output folders:
 //! every metric with its standard error).
 //!
+//! With `--gguf TYPE` (f32, f16, bf16, q8_0) `--out` is instead a single GGUF file for llama.cpp
+//! (`stoke convert` writes the same file); the lineage and eval figures go in the card only.
+//!
 //! Refuses a model with a non-finite weight, naming the tensor and the count. Nothing is half
 //! written: the folder is assembled under a temporary name next to `--out` and renamed at the
 //! end; an existing `--out` is only replaced with `--force`.
@@ -37,6 +40,9 @@ pub struct ExportArgs {
     /// Replace an existing --out folder.
     #[arg(long)]
     force: bool,
+    /// Write `--out` as one GGUF file with weights of this type instead of a folder.
+    #[arg(long, value_enum)]
+    gguf: Option<super::convert::GgufType>,
 }
 
 pub fn run(args: ExportArgs) -> anyhow::Result<()> {
@@ -51,6 +57,9 @@ pub fn run(args: ExportArgs) -> anyhow::Result<()> {
             .file_name()
             .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned())
     });
+    if let Some(dtype) = args.gguf {
+        return super::convert::write_gguf(&model, &args.model, &args.out, dtype, Some(&name));
+    }
     let card = model_card(&name, &model, &args.model, &args.lineage, &args.eval)?;
     let parent = args
         .out

@@ -165,9 +165,9 @@ pub struct PreparedGrpo {
 /// Loads the model, tokenizer, reference, tasks and rewards a config names.
 pub fn prepare(config: &GrpoConfig, quiet: bool) -> anyhow::Result<PreparedGrpo> {
     let model_dir = &config.model;
-    if !model_dir.is_dir() {
+    if !model_dir.is_dir() && !stoke_gguf::is_gguf(model_dir) {
         bail!(
-            "[model] path {} does not exist or is not a folder",
+            "[model] path {} is neither a model folder nor a GGUF file",
             model_dir.display()
         );
     }

@@ -1,6 +1,7 @@
 //! One module per command group. Each exposes clap argument types and a `run`-style function
 //! returning `anyhow::Result<()>`.
 
+pub mod convert;
 pub mod data;
 pub mod distill;
 pub mod dpo;

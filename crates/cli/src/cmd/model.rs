@@ -305,9 +305,9 @@ fn parsed_config_json(config: &ModelConfig) -> serde_json::Value {
 }
 
 fn check_model_dir(dir: &Path) -> anyhow::Result<()> {
-    if !dir.is_dir() {
+    if !dir.is_dir() && !stoke_gguf::is_gguf(dir) {
         bail!(
-            "model directory {} does not exist or is not a directory",
+            "model {} is neither a model directory nor a GGUF file",
             dir.display()
         );
     }

