@@ -158,7 +158,13 @@ pub fn architecture(file: &GgufFile) -> Result<&str, GgufError> {
     Ok(arch)
 }
 
-/// transformers' `config.json` for the model in `file`.
+/// The tensor in which llama.cpp stores Llama 3's RoPE scaling: one factor per frequency, by which
+/// it divides the default frequency. transformers' GGUF loader ignores it; stoke's model loader
+/// recovers the `llama3` rope parameters from it (`stoke_model::gguf`).
+pub const ROPE_FREQS: &str = "rope_freqs.weight";
+
+/// transformers' `config.json` for the model in `file` (without the rope scaling that a
+/// `rope_freqs.weight` tensor encodes; see [`ROPE_FREQS`]).
 pub fn hf_config(file: &GgufFile) -> Result<Json, GgufError> {
     let arch = architecture(file)?;
     let class = ARCHITECTURES
@@ -221,14 +227,6 @@ pub fn hf_config(file: &GgufFile) -> Result<Json, GgufError> {
     }
     if let Some(scaling) = rope_scaling(file, arch)? {
         config.insert("rope_scaling".into(), scaling);
-    }
-    if file.tensor_info("rope_freqs.weight").is_some() {
-        return Err(unsupported(
-            file,
-            "rope_freqs.weight",
-            "per-frequency RoPE factors (llama.cpp's encoding of Llama 3.1 rope scaling)",
-            "files without rope_freqs; load the Hugging Face checkpoint instead",
-        ));
     }
     config.insert(
         "tie_word_embeddings".into(),
@@ -511,9 +509,10 @@ pub fn gguf_metadata(
         .or_else(|| config.pointer("/rope_parameters/rope_type"))
         .and_then(Json::as_str)
         .unwrap_or("default");
-    if rope_type != "default" {
+    // llama3 scaling travels as the `rope_freqs.weight` tensor, which the caller writes.
+    if rope_type != "default" && rope_type != "llama3" {
         return Err(format!(
-            "config.json: rope type {rope_type:?} is not exported to GGUF yet (only default RoPE)"
+            "config.json: rope type {rope_type:?} is not exported to GGUF yet (default and llama3 are)"
         ));
     }
     let k = |s: &str| format!("{arch}.{s}");

@@ -17,19 +17,37 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 use stoke_gguf::{GgmlType, GgufFile, TensorSpec, hf};
 
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, RopeScaling};
 use crate::error::ModelError;
+use crate::rotary::RotaryTable;
 use crate::transformer::{Transformer, parameter_shapes};
 
 impl Transformer {
     /// Loads a GGUF model file (llama, qwen2, qwen3) with f32 parameters.
     pub fn load_gguf(path: &Path, device: &Device) -> Result<Transformer, ModelError> {
         let file = GgufFile::open(path)?;
-        let config_json = hf::hf_config(&file)?;
+        let mut config_json = hf::hf_config(&file)?;
         let architecture = hf::architecture(&file)?.to_string();
-        let config = ModelConfig::from_json_str(&config_json.to_string(), path)?;
+        let mut config = ModelConfig::from_json_str(&config_json.to_string(), path)?;
+        if file.tensor_info(hf::ROPE_FREQS).is_some() {
+            let (_, factors) = file.tensor_f32(hf::ROPE_FREQS)?;
+            config.rope.scaling = llama3_from_factors(&config, &factors).ok_or_else(|| {
+                ModelError::InvalidConfig {
+                    path: path.to_path_buf(),
+                    field: hf::ROPE_FREQS.into(),
+                    message: "these per-frequency RoPE factors are not Llama 3 scaling with any \
+                              usual parameters (low 1-2, high 2-8, original context 128-131072)"
+                        .into(),
+                }
+            })?;
+            config_json = config.to_hf_json();
+            config = ModelConfig::from_json_str(&config_json.to_string(), path)?;
+        }
         let mut by_hf_name = BTreeMap::new();
         for info in &file.tensors {
+            if info.name == hf::ROPE_FREQS {
+                continue;
+            }
             match hf::hf_tensor_name(&info.name) {
                 Some(name) => {
                     by_hf_name.insert(name, info.name.clone());
@@ -134,7 +152,33 @@ impl Transformer {
                 dtype: tensor_type,
             });
         }
+        // Llama 3 RoPE scaling: llama.cpp reads it as a factor per frequency.
+        let rope_factors = match self.config().rope.scaling {
+            RopeScaling::Llama3 { .. } => {
+                let scaled = RotaryTable::new(self.config());
+                let mut plain = self.config().clone();
+                plain.rope.scaling = RopeScaling::Default;
+                let default = RotaryTable::new(&plain);
+                let factors: Vec<f32> = default
+                    .inv_freq()
+                    .iter()
+                    .zip(scaled.inv_freq())
+                    .map(|(d, s)| d / s)
+                    .collect();
+                specs.push(TensorSpec {
+                    name: hf::ROPE_FREQS.into(),
+                    shape: vec![factors.len()],
+                    dtype: GgmlType::F32,
+                });
+                Some(factors)
+            }
+            _ => None,
+        };
         stoke_gguf::write_gguf(path, &metadata, &specs, |i| {
+            if i == parameters.len() {
+                let factors = rope_factors.as_deref().unwrap_or_default();
+                return stoke_gguf::quant::quantize(GgmlType::F32, factors);
+            }
             let (hf_name, tensor) = &parameters[i];
             let mut values: Vec<f32> = tensor
                 .to_dtype(DType::F32)
@@ -154,6 +198,46 @@ impl Transformer {
         })?;
         Ok(())
     }
+}
+
+/// The Llama 3 RoPE scaling whose per-frequency factors (llama.cpp's `rope_freqs`, the default
+/// frequency divided by the scaled one) are `factors`, searched over the parameter values real
+/// checkpoints use: the factor is the largest entry; low_freq_factor 1 or 2, high_freq_factor 2,
+/// 4 or 8, original context a power of two from 128 to 131072. `None` when none reproduces every
+/// factor within 1e-5 relative.
+fn llama3_from_factors(config: &ModelConfig, factors: &[f32]) -> Option<RopeScaling> {
+    if factors.len() != config.head_dim / 2 || factors.iter().any(|f| !f.is_finite() || *f <= 0.0) {
+        return None;
+    }
+    let factor = f64::from(factors.iter().fold(0f32, |m, &f| m.max(f)));
+    let mut plain = config.clone();
+    plain.rope.scaling = RopeScaling::Default;
+    let default = RotaryTable::new(&plain);
+    for low_freq_factor in [1.0, 2.0] {
+        for high_freq_factor in [2.0, 4.0, 8.0] {
+            for power in 7..=17 {
+                let candidate = RopeScaling::Llama3 {
+                    factor,
+                    low_freq_factor,
+                    high_freq_factor,
+                    original_max_position_embeddings: 1 << power,
+                };
+                let mut trial = config.clone();
+                trial.rope.scaling = candidate.clone();
+                let scaled = RotaryTable::new(&trial);
+                let fits = default
+                    .inv_freq()
+                    .iter()
+                    .zip(scaled.inv_freq())
+                    .zip(factors)
+                    .all(|((d, s), f)| ((d / s) - f).abs() <= 1e-5 * f.abs());
+                if fits {
+                    return Some(candidate);
+                }
+            }
+        }
+    }
+    None
 }
 
 /// `tokenizer.json` and `tokenizer_config.json` of a model folder, or of a GGUF file.

@@ -315,3 +315,47 @@ fn smollm2_gguf_matches_transformers_when_available() {
     );
     assert_eq!(argmax, expected, "greedy next tokens");
 }
+
+#[test]
+fn llama3_rope_scaling_travels_as_rope_freqs_and_is_recovered() {
+    let folder =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/llama_gqa_rope_llama3");
+    let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tokenizers/llama3");
+    let model = load(&folder);
+    assert!(matches!(
+        model.config().rope.scaling,
+        stoke_model::RopeScaling::Llama3 { .. }
+    ));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("llama3.gguf");
+    model
+        .save_gguf(&path, &tokenizer, GgmlType::F32, "llama3 rope")
+        .expect("export");
+    let file = stoke_gguf::GgufFile::open(&path).expect("open");
+    let info = file
+        .tensor_info("rope_freqs.weight")
+        .expect("rope_freqs written");
+    assert_eq!(info.shape, vec![model.config().head_dim / 2]);
+    let back = load(&path);
+    assert_eq!(
+        back.config().rope,
+        model.config().rope,
+        "the llama3 parameters are recovered"
+    );
+    assert_eq!(parameters(&back), parameters(&model));
+    let ids = Tensor::new(&[[1i64, 5, 9, 200, 17, 3, 42, 250]], &Device::Cpu).expect("ids");
+    assert_eq!(
+        max_abs_diff(&forward_full(&back, &ids), &forward_full(&model, &ids)),
+        0.0,
+        "same model, same logits"
+    );
+
+    // Factors that are no Llama 3 scaling are refused by name.
+    let mut bytes = std::fs::read(&path).expect("read");
+    let start = info.start;
+    bytes[start..start + 4].copy_from_slice(&0.37f32.to_le_bytes());
+    let edited = dir.path().join("edited.gguf");
+    std::fs::write(&edited, bytes).expect("write");
+    let err = Transformer::load(&edited, &Device::Cpu).expect_err("refused");
+    assert!(err.to_string().contains("rope_freqs.weight"), "{err}");
+}
