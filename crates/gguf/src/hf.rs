@@ -14,7 +14,7 @@
 //! And back, for `stoke export --gguf`: the metadata llama.cpp reads for those architectures,
 //! the vocabulary and merges from `tokenizer.json`, and the forward permutation.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde_json::{Map, Value as Json, json};
 
@@ -299,6 +299,18 @@ fn byte_alphabet() -> [char; 256] {
     table
 }
 
+/// A token as a byte-level vocabulary spells it: as written when every character is in GPT-2's
+/// byte alphabet, else its UTF-8 bytes through that alphabet (transformers' `byte_level_tokenizer`).
+fn byte_level_spelling(token: &str) -> String {
+    let alphabet = byte_alphabet();
+    let in_alphabet = token.chars().all(|c| alphabet.contains(&c));
+    if in_alphabet {
+        token.to_string()
+    } else {
+        token.bytes().map(|b| alphabet[b as usize]).collect()
+    }
+}
+
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const CL100K_SPLIT: &str = r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+";
 const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -334,20 +346,17 @@ pub fn tokenizer_files(file: &GgufFile) -> Result<(Json, Map<String, Json>), Ggu
     let kind = file
         .str(model_key)?
         .ok_or_else(|| file.missing(model_key))?;
-    if kind != "gpt2" {
+    if kind != "gpt2" && kind != "llama" {
         return Err(unsupported(
             file,
             model_key,
             &format!("{kind:?}"),
-            "\"gpt2\" (byte-level BPE); SentencePiece vocabularies are not read yet",
+            "\"gpt2\" (byte-level BPE), \"llama\" (SentencePiece BPE)",
         ));
     }
     let tokens = file
         .strings("tokenizer.ggml.tokens")?
         .ok_or_else(|| file.missing("tokenizer.ggml.tokens"))?;
-    let merges = file
-        .strings("tokenizer.ggml.merges")?
-        .ok_or_else(|| file.missing("tokenizer.ggml.merges"))?;
     let types = file.ints("tokenizer.ggml.token_type")?.unwrap_or_default();
     if !types.is_empty() && types.len() != tokens.len() {
         return Err(GgufError::Malformed {
@@ -356,16 +365,33 @@ pub fn tokenizer_files(file: &GgufFile) -> Result<(Json, Map<String, Json>), Ggu
             message: format!("{} entries for {} tokens", types.len(), tokens.len()),
         });
     }
+    let config = tokenizer_config(file, &tokens, kind)?;
+    if kind == "llama" {
+        // transformers builds these architectures' SentencePiece vocabularies differently (a
+        // normalizer for Phi-3, respelled space tokens and merges by position for Gemma).
+        let arch = file.str("general.architecture")?.unwrap_or_default();
+        if matches!(arch, "phi3" | "gemma" | "gemma2" | "gemma3" | "gemma4") {
+            return Err(unsupported(
+                file,
+                "general.architecture",
+                &format!("{arch:?} with a SentencePiece vocabulary"),
+                "SentencePiece vocabularies of other architectures (llama, mistral, ...)",
+            ));
+        }
+        return Ok((
+            sentencepiece_tokenizer(file, &tokens, &types, &config)?,
+            config,
+        ));
+    }
+    let merges = file
+        .strings("tokenizer.ggml.merges")?
+        .ok_or_else(|| file.missing("tokenizer.ggml.merges"))?;
     let alphabet = byte_alphabet();
     let spelled: std::collections::HashSet<char> = alphabet.iter().copied().collect();
     let in_alphabet = |t: &str| t.chars().all(|c| spelled.contains(&c));
     let mut vocab = Map::new();
     for (id, token) in tokens.iter().enumerate() {
-        let key = if in_alphabet(token) {
-            (*token).to_string()
-        } else {
-            token.bytes().map(|b| alphabet[b as usize]).collect()
-        };
+        let key = byte_level_spelling(token);
         // A later duplicate replaces an earlier one, as a Python dict does.
         vocab.remove(&key);
         vocab.insert(key, json!(id));
@@ -407,12 +433,9 @@ pub fn tokenizer_files(file: &GgufFile) -> Result<(Json, Map<String, Json>), Ggu
         "added_tokens": added,
         "normalizer": null,
         "pre_tokenizer": pre_tokenizer,
-        "post_processor": {
-            "type": "TemplateProcessing",
-            "single": [{"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-            "special_tokens": {},
-        },
+        "post_processor": post_processor(&config, &|token: &str| {
+            vocab.get(token).and_then(Json::as_u64).map(|id| id as usize)
+        }),
         "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
         "model": {
             "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": "",
@@ -421,6 +444,18 @@ pub fn tokenizer_files(file: &GgufFile) -> Result<(Json, Map<String, Json>), Ggu
         },
     });
 
+    Ok((tokenizer, config))
+}
+
+/// `tokenizer_config.json` from the metadata: the special tokens by name, the add-BOS/EOS flags
+/// (a SentencePiece vocabulary that does not say adds BOS, as llama.cpp and transformers do), the
+/// chat template and the `tokenizer.ggml.pre` name.
+fn tokenizer_config(
+    file: &GgufFile,
+    tokens: &[&str],
+    kind: &str,
+) -> Result<Map<String, Json>, GgufError> {
+    let pre = file.str("tokenizer.ggml.pre")?;
     let mut config = Map::new();
     config.insert("tokenizer_class".into(), json!("PreTrainedTokenizerFast"));
     for (name, key) in [
@@ -431,6 +466,10 @@ pub fn tokenizer_files(file: &GgufFile) -> Result<(Json, Map<String, Json>), Ggu
     ] {
         let token = match file.uint(key)? {
             Some(id) => match tokens.get(id as usize) {
+                // In a byte-level vocabulary the token is named as the vocabulary spells it (a
+                // control token outside the byte alphabet, such as DeepSeek's
+                // `<｜begin▁of▁sentence｜>`, is stored respelled, as transformers stores it).
+                Some(t) if kind == "gpt2" => json!(byte_level_spelling(t)),
                 Some(t) => json!(t),
                 None => {
                     return Err(GgufError::Malformed {
@@ -455,13 +494,175 @@ pub fn tokenizer_files(file: &GgufFile) -> Result<(Json, Map<String, Json>), Ggu
             config.insert(name.into(), json!(flag));
         }
     }
+    if kind == "llama" && !config.contains_key("add_bos_token") {
+        config.insert("add_bos_token".into(), json!(true));
+    }
     if let Some(template) = file.str("tokenizer.chat_template")? {
         config.insert("chat_template".into(), json!(template));
     }
     if let Some(pre) = pre {
         config.insert(PRE_TOKENIZER_KEY.into(), json!(pre));
     }
-    Ok((tokenizer, config))
+    Ok(config)
+}
+
+/// transformers' post-processor for a tokenizer built from GGUF: BOS before and EOS after each
+/// sequence as `add_bos_token` / `add_eos_token` say (the second sequence of a pair with type id
+/// 1), with the ids the vocabulary gives those tokens.
+fn post_processor(config: &Map<String, Json>, id_of: &dyn Fn(&str) -> Option<usize>) -> Json {
+    let flag = |k: &str| config.get(k).and_then(Json::as_bool).unwrap_or(false);
+    let special = |name: &str| -> Option<(String, usize)> {
+        let token = config.get(name).and_then(Json::as_str)?;
+        id_of(token).map(|id| (token.to_string(), id))
+    };
+    let mut special_tokens = Map::new();
+    let mut template = |type_id: u32, sequence: &str| -> Vec<Json> {
+        let mut parts = Vec::new();
+        let bos = special("bos_token").filter(|_| flag("add_bos_token"));
+        let eos = special("eos_token").filter(|_| flag("add_eos_token"));
+        for (token, id) in bos.iter().chain(&eos) {
+            special_tokens.insert(
+                token.clone(),
+                json!({"id": token, "ids": [id], "tokens": [token]}),
+            );
+        }
+        if let Some((token, _)) = &bos {
+            parts.push(json!({"SpecialToken": {"id": token, "type_id": type_id}}));
+        }
+        parts.push(json!({"Sequence": {"id": sequence, "type_id": type_id}}));
+        if let Some((token, _)) = &eos {
+            parts.push(json!({"SpecialToken": {"id": token, "type_id": type_id}}));
+        }
+        parts
+    };
+    let single = template(0, "A");
+    let mut pair = template(0, "A");
+    pair.extend(template(1, "B"));
+    json!({"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": special_tokens})
+}
+
+/// llama.cpp token type of the unknown token.
+const TOKEN_UNKNOWN: i64 = 2;
+
+/// transformers' `sentencepiece_tokenizer` for a GGUF: `LlamaTokenizer(vocab, merges)` where the
+/// merges, when the file has none, are `generate_merges(vocab, scores)`: every split of every token
+/// into two tokens of the vocabulary, ordered by the merged token's score (best first), then by the
+/// pieces' lengths (longest first), ties in vocabulary order. BPE with byte fallback (`<0xNN>`
+/// tokens), a Metaspace pre-tokenizer that puts `▁` before the first piece, and BOS (EOS) added by
+/// the post-processor as `add_bos_token` (`add_eos_token`) say.
+fn sentencepiece_tokenizer(
+    file: &GgufFile,
+    tokens: &[&str],
+    types: &[i64],
+    config: &Map<String, Json>,
+) -> Result<Json, GgufError> {
+    let scores: Vec<f64> = match file.get("tokenizer.ggml.scores") {
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| {
+                v.as_f64().ok_or_else(|| GgufError::KeyType {
+                    path: file.path().to_path_buf(),
+                    key: "tokenizer.ggml.scores".into(),
+                    expected: "an array of numbers".into(),
+                    found: v.type_name().into(),
+                })
+            })
+            .collect::<Result<_, _>>()?,
+        _ => return Err(file.missing("tokenizer.ggml.scores")),
+    };
+    if scores.len() != tokens.len() {
+        return Err(GgufError::Malformed {
+            path: file.path().to_path_buf(),
+            what: "metadata key `tokenizer.ggml.scores`".into(),
+            message: format!("{} scores for {} tokens", scores.len(), tokens.len()),
+        });
+    }
+    // Python dicts: a repeated token keeps its first position, and its last id and score.
+    let mut vocab: HashMap<&str, usize> = HashMap::new();
+    let mut score_of: HashMap<&str, f64> = HashMap::new();
+    let mut order: Vec<&str> = Vec::new();
+    for (id, (&token, &score)) in tokens.iter().zip(&scores).enumerate() {
+        if vocab.insert(token, id).is_none() {
+            order.push(token);
+        }
+        score_of.insert(token, score);
+    }
+    let merges: Vec<Json> = match file.strings("tokenizer.ggml.merges")? {
+        Some(list) => list
+            .iter()
+            .map(|m| match m.split_once(' ') {
+                Some((a, b)) => Ok(json!([a, b])),
+                None => Err(GgufError::Malformed {
+                    path: file.path().to_path_buf(),
+                    what: "metadata key `tokenizer.ggml.merges`".into(),
+                    message: format!("{m:?} is not two tokens separated by a space"),
+                }),
+            })
+            .collect::<Result<_, _>>()?,
+        None => {
+            let mut merges: Vec<(&str, &str, f64)> = Vec::new();
+            for &merged in &order {
+                let mut local: Vec<(&str, &str, f64)> = merged
+                    .char_indices()
+                    .skip(1)
+                    .map(|(at, _)| (&merged[..at], &merged[at..]))
+                    .filter(|(l, r)| vocab.contains_key(l) && vocab.contains_key(r))
+                    .map(|(l, r)| (l, r, score_of[merged]))
+                    .collect();
+                local.sort_by_key(|(l, r, _)| (vocab[l], vocab[r]));
+                merges.extend(local);
+            }
+            // Python's sorted(..., reverse=True) is stable: equal keys keep their order, as here.
+            merges.sort_by(|a, b| {
+                b.2.total_cmp(&a.2)
+                    .then(b.0.chars().count().cmp(&a.0.chars().count()))
+                    .then(b.1.chars().count().cmp(&a.1.chars().count()))
+            });
+            merges.into_iter().map(|(l, r, _)| json!([l, r])).collect()
+        }
+    };
+    let vocab_json: Map<String, Json> = vocab
+        .iter()
+        .map(|(t, &id)| ((*t).to_string(), json!(id)))
+        .collect();
+    // The class's own special tokens (unk, bos, eos, pad) and the file's control tokens are
+    // special added tokens; user-defined ones are plain added tokens.
+    let named: Vec<&str> = ["unk_token", "bos_token", "eos_token", "pad_token"]
+        .iter()
+        .filter_map(|k| config.get(*k).and_then(Json::as_str))
+        .collect();
+    let mut added = Vec::new();
+    for (id, &token) in tokens.iter().enumerate() {
+        let kind = types.get(id).copied().unwrap_or(1);
+        let special = kind == TOKEN_CONTROL || kind == TOKEN_UNKNOWN || named.contains(&token);
+        if (special || kind == TOKEN_USER_DEFINED) && vocab.get(token) == Some(&id) {
+            added.push(json!({
+                "id": id, "content": token, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": special,
+            }));
+        }
+    }
+    let post_processor = post_processor(config, &|token: &str| vocab.get(token).copied());
+    Ok(json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": {"type": "Metaspace", "replacement": "\u{2581}", "prepend_scheme": "first", "split": false},
+        "post_processor": post_processor,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+            {"type": "ByteFallback"},
+            {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+        ]},
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
+            "ignore_merges": false, "vocab": vocab_json, "merges": merges,
+        },
+    }))
 }
 
 /// The GGUF metadata for a model in the Hugging Face layout: `config` (config.json),

@@ -1,7 +1,8 @@
 //! Tokenizers built from GGUF metadata give the ids transformers' GGUF tokenizer gives
 //! (fixtures/gguf/reference.json, scripts/make_gguf_fixtures.py): texts with spaces, digits,
 //! non-ASCII, special tokens and contractions, and a chat rendering, for each pre-tokenizer path
-//! (Llama 3's split, Qwen2's split, and GPT-2's byte-level default for an unlisted name).
+//! (Llama 3's split, Qwen2's split, and GPT-2's byte-level default for an unlisted name), and a
+//! SentencePiece vocabulary (scores, no merges, byte fallback, added control and user tokens).
 //! The real SmolLM2-135M-Instruct GGUF is checked when STOKE_SMOLLM2_GGUF names it.
 
 use std::path::{Path, PathBuf};
@@ -19,6 +20,9 @@ fn check(tokenizer: &Tokenizer, reference: &serde_json::Value, label: &str) {
         let expected: Vec<u32> = serde_json::from_value(case["ids"].clone()).expect("ids");
         let ids = tokenizer.encode(text, true).expect("encode");
         assert_eq!(ids, expected, "{label}: {text:?}");
+    }
+    if reference.get("chat").is_none() {
+        return;
     }
     let messages: Vec<ChatMessage> =
         serde_json::from_value(reference["chat"]["messages"].clone()).expect("messages");
@@ -42,7 +46,12 @@ fn check(tokenizer: &Tokenizer, reference: &serde_json::Value, label: &str) {
 fn gguf_tokenizers_match_transformers() {
     let text = std::fs::read_to_string(root().join("reference.json")).expect("reference.json");
     let reference: serde_json::Value = serde_json::from_str(&text).expect("parses");
-    for name in ["llama_mixed.gguf", "qwen2_mixed.gguf", "qwen3_mixed.gguf"] {
+    for name in [
+        "llama_mixed.gguf",
+        "qwen2_mixed.gguf",
+        "qwen3_mixed.gguf",
+        "spm_vocab.gguf",
+    ] {
         let tokenizer =
             Tokenizer::from_dir(&root().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
         check(&tokenizer, &reference["models"][name]["tokenizer"], name);
@@ -148,4 +157,35 @@ fn exported_tokenizer_metadata_reads_back_as_the_same_tokenizer() {
         .save(dir.path().join("tokenizer.json"), false)
         .expect("save");
     assert_round_trip(dir.path(), "trained (cl100k split)");
+}
+
+#[test]
+fn llama_cpp_vocabularies_match_transformers_when_available() {
+    let Some(path) = std::env::var_os("STOKE_GGUF_VOCAB_REFERENCE").map(PathBuf::from) else {
+        eprintln!(
+            "skipped: STOKE_GGUF_VOCAB_REFERENCE is not set (made by scripts/make_gguf_fixtures.py \
+             --vocab-dir from llama.cpp's models/ggml-vocab-*.gguf, which are not committed)"
+        );
+        return;
+    };
+    let text = std::fs::read_to_string(&path).expect("reference");
+    let cases: Vec<serde_json::Value> = serde_json::from_str(&text).expect("parses");
+    assert!(!cases.is_empty(), "{}: no vocabularies", path.display());
+    for case in cases {
+        let file = PathBuf::from(case["file"].as_str().expect("file"));
+        // DeepSeek's control tokens use characters outside GPT-2's byte alphabet
+        // (`<｜begin▁of▁sentence｜>`); transformers skips them as special tokens and then adds its
+        // BOS under a new id. stoke keeps the file's ids, as llama.cpp does.
+        if file.to_string_lossy().contains("deepseek") {
+            eprintln!(
+                "{}: not compared (transformers renumbers its BOS)",
+                file.display()
+            );
+            continue;
+        }
+        match Tokenizer::from_dir(&file) {
+            Ok(tokenizer) => check(&tokenizer, &case["tokenizer"], &file.display().to_string()),
+            Err(e) => eprintln!("{}: refused: {e}", file.display()),
+        }
+    }
 }
