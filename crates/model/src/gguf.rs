@@ -191,6 +191,16 @@ impl Transformer {
                     values[bad]
                 ));
             }
+            if specs[i].dtype == GgmlType::F16
+                && let Some(big) = values
+                    .iter()
+                    .position(|v| v.abs() > f32::from(half::f16::MAX))
+            {
+                return Err(format!(
+                    "value {} at index {big} is outside F16's range (65504); export in bf16 or f32",
+                    values[big]
+                ));
+            }
             if let Some(heads) = hf::permuted_heads(architecture, hf_name, &config_json) {
                 values = hf::permute_rows(&values, specs[i].shape[0], heads, true)?;
             }

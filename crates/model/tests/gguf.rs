@@ -188,6 +188,30 @@ fn gguf_export_refuses_non_finite_weights_and_leaves_no_file() {
         leftovers.is_empty(),
         "no temporary file left behind: {leftovers:?}"
     );
+
+    // A value F16 cannot hold is refused for F16 (it would become infinite) and kept by BF16.
+    let mut tensors = std::collections::BTreeMap::new();
+    for (name, var) in model.parameters() {
+        let mut t = var.as_tensor().clone();
+        if name == "model.layers.0.self_attn.v_proj.weight" {
+            let mut values: Vec<f32> = t.flatten_all().and_then(|v| v.to_vec1()).expect("values");
+            values[0] = 1.0e6;
+            t = Tensor::from_vec(values, t.dims(), &Device::Cpu).expect("tensor");
+        }
+        tensors.insert(name, t);
+    }
+    let large = Transformer::from_tensors(model.config().clone(), tensors).expect("model");
+    let err = large
+        .save_gguf(&out, &source, GgmlType::F16, "large")
+        .expect_err("F16 overflow refused");
+    let message = err.to_string();
+    assert!(
+        message.contains("blk.0.attn_v.weight") && message.contains("F16's range"),
+        "{message}"
+    );
+    large
+        .save_gguf(&out, &source, GgmlType::BF16, "large")
+        .expect("BF16 holds it");
 }
 
 /// Copies `source` with `edit` applied to its bytes, and loads it.

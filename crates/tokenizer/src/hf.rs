@@ -37,10 +37,10 @@ pub const DEFAULT_TEMPLATE_NAME: &str = "default";
 /// Name of the template transformers picks when tools are passed and the tokenizer has one.
 pub const TOOL_USE_TEMPLATE_NAME: &str = "tool_use";
 
-/// Where a tokenizer's parts came from: the folder (for `chat_template.jinja` files; empty for a
+/// Where a tokenizer's parts came from: the folder (for `chat_template.jinja` files; none for a
 /// GGUF) and each config object with the path errors name.
 struct Sources<'a> {
-    dir: &'a Path,
+    dir: Option<&'a Path>,
     config: (serde_json::Map<String, Json>, std::path::PathBuf),
     special_map: (serde_json::Map<String, Json>, std::path::PathBuf),
     generation: (serde_json::Map<String, Json>, std::path::PathBuf),
@@ -87,7 +87,7 @@ impl Tokenizer {
         Self::from_parts(
             inner,
             Sources {
-                dir,
+                dir: Some(dir),
                 config: (config, config_path),
                 special_map: (special_map, map_path),
                 generation: (generation, generation_path),
@@ -96,9 +96,9 @@ impl Tokenizer {
     }
 
     /// The tokenizer described by a GGUF file's `tokenizer.*` metadata, built as transformers
-    /// 5.24 builds it (`stoke_gguf::hf::tokenizer_files`): byte-level BPE with the file's
-    /// vocabulary, merges, pre-tokenizer split, special tokens and chat template. Errors name the
-    /// file and the metadata key.
+    /// 5.24 builds it (`stoke_gguf::hf::tokenizer_files`): byte-level or SentencePiece BPE with the
+    /// file's vocabulary, merges (or scores), pre-tokenizer split, special tokens and chat
+    /// template. Errors name the file and the metadata key.
     pub fn from_gguf(path: &Path) -> Result<Self, TokenizerError> {
         let gguf_error = |e: stoke_gguf::GgufError| TokenizerError::Gguf {
             message: e.to_string(),
@@ -116,11 +116,10 @@ impl Tokenizer {
         if let Some(id) = config_eos_id(&file) {
             generation.insert("eos_token_id".into(), Json::from(id));
         }
-        let no_dir = Path::new("");
         Self::from_parts(
             inner,
             Sources {
-                dir: no_dir,
+                dir: None,
                 config: (config, path.to_path_buf()),
                 special_map: (serde_json::Map::new(), path.to_path_buf()),
                 generation: (generation, path.to_path_buf()),
@@ -588,7 +587,7 @@ fn json_kind(value: &Json) -> &'static str {
 /// Collects the chat templates: `tokenizer_config.json`'s `chat_template`, then
 /// `chat_template.jinja` (replacing the default), then `additional_chat_templates/*.jinja`.
 fn load_chat_templates(
-    dir: &Path,
+    dir: Option<&Path>,
     config: &serde_json::Map<String, Json>,
     config_path: &Path,
     tokens: &TemplateTokens,
@@ -628,6 +627,10 @@ fn load_chat_templates(
             ));
         }
     }
+    // A GGUF has no folder: its one template is the metadata's.
+    let Some(dir) = dir else {
+        return Ok(compile_templates(sources, tokens, end_of_turn));
+    };
     let jinja_path = dir.join("chat_template.jinja");
     if jinja_path.exists() {
         sources.insert(DEFAULT_TEMPLATE_NAME.into(), read_text(&jinja_path)?);
@@ -652,7 +655,16 @@ fn load_chat_templates(
             }
         }
     }
-    Ok(sources
+    Ok(compile_templates(sources, tokens, end_of_turn))
+}
+
+/// Each template compiled, or its compile error kept until the template is used.
+fn compile_templates(
+    sources: BTreeMap<String, String>,
+    tokens: &TemplateTokens,
+    end_of_turn: &[String],
+) -> BTreeMap<String, Result<ChatTemplate, String>> {
+    sources
         .into_iter()
         .map(|(name, source)| {
             let compiled = ChatTemplate::new(&name, &source, tokens.clone(), end_of_turn.to_vec());
@@ -662,5 +674,5 @@ fn load_chat_templates(
             });
             (name, kept)
         })
-        .collect())
+        .collect()
 }
