@@ -22,6 +22,15 @@ use crate::error::ModelError;
 use crate::rotary::RotaryTable;
 use crate::transformer::{Transformer, parameter_shapes};
 
+/// The configuration of the GGUF model at `path` (its metadata only; no tensor is read).
+pub fn config_of(path: &Path) -> Result<ModelConfig, ModelError> {
+    let file = GgufFile::open(path)?;
+    Ok(ModelConfig::from_json_str(
+        &hf::hf_config(&file)?.to_string(),
+        path,
+    )?)
+}
+
 impl Transformer {
     /// Loads a GGUF model file (llama, qwen2, qwen3) with f32 parameters.
     pub fn load_gguf(path: &Path, device: &Device) -> Result<Transformer, ModelError> {

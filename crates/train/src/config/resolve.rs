@@ -54,12 +54,21 @@ impl TrainConfig {
             (ModelSource::ConfigJson(path), hidden)
         } else {
             let dir = at(m.pretrained.as_deref().unwrap_or(Path::new(".")));
-            let hidden = hidden_size_of(&dir.join("config.json"), "model.pretrained")?;
+            // A file is a GGUF model, which carries its config and tokenizer in its metadata.
+            let hidden = if dir.is_file() {
+                stoke_model::gguf::config_of(&dir)
+                    .map_err(|e| invalid("model.pretrained", e.to_string()))?
+                    .hidden_size
+            } else {
+                hidden_size_of(&dir.join("config.json"), "model.pretrained")?
+            };
             (ModelSource::Pretrained(dir), hidden)
         };
         let tokenizer = match (&m.tokenizer, &source) {
             (Some(dir), _) => Some(at(dir)),
-            (None, ModelSource::Pretrained(dir)) if dir.join("tokenizer.json").exists() => {
+            (None, ModelSource::Pretrained(dir))
+                if dir.is_file() || dir.join("tokenizer.json").exists() =>
+            {
                 Some(dir.clone())
             }
             _ => None,
