@@ -25,10 +25,7 @@ use crate::transformer::{Transformer, parameter_shapes};
 /// The configuration of the GGUF model at `path` (its metadata only; no tensor is read).
 pub fn config_of(path: &Path) -> Result<ModelConfig, ModelError> {
     let file = GgufFile::open(path)?;
-    Ok(ModelConfig::from_json_str(
-        &hf::hf_config(&file)?.to_string(),
-        path,
-    )?)
+    ModelConfig::from_json_str(&hf::hf_config(&file)?.to_string(), path)
 }
 
 impl Transformer {
