@@ -63,6 +63,9 @@ fn convert_export_generate_and_train_on_gguf() {
     let expected = greedy(&gguf);
     assert_eq!(greedy(&path("folder")), expected);
     assert_eq!(greedy(&path("back.gguf")), expected);
+    let inspected: serde_json::Value =
+        serde_json::from_str(&ok(&["inspect", "--model", &gguf])).expect("inspect prints JSON");
+    assert_eq!(inspected["config"]["vocab_size"], 300);
     // An existing output is kept unless --force.
     let again = stoke(&["convert", &gguf, &path("folder")]);
     assert!(!again.status.success());

@@ -231,8 +231,11 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
 
 pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {
     check_model_dir(&args.model)?;
-    let config_path = args.model.join("config.json");
-    let config = ModelConfig::from_file(&config_path)?;
+    let config = if args.model.is_file() {
+        stoke_model::gguf::config_of(&args.model)?
+    } else {
+        ModelConfig::from_file(&args.model.join("config.json"))?
+    };
     let output = serde_json::json!({
         "model_dir": args.model,
         "num_parameters": config.num_parameters(),
@@ -393,8 +396,8 @@ fn check_ids_in_vocabulary(
         .find(|(_, id)| **id as usize >= vocab_size)
     {
         bail!(
-            "{flag}: token id {id} (entry {index}) is outside the vocabulary: {} field `vocab_size` is {vocab_size}",
-            dir.join("config.json").display()
+            "{flag}: token id {id} (entry {index}) is outside the vocabulary: the model {} has `vocab_size` {vocab_size}",
+            dir.display()
         );
     }
     if ids.is_empty() {
