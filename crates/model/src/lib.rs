@@ -49,4 +49,4 @@ pub use error::ModelError;
 pub use kv_cache::KvCache;
 pub use mask::{causal_bias, document_causal_bias};
 pub use stoke_ops::decode::DecodeCache;
-pub use transformer::{Transformer, parameter_shapes};
+pub use transformer::{InitScheme, Transformer, parameter_shapes};

@@ -209,6 +209,47 @@ pub struct Transformer {
     inference_only: bool,
 }
 
+/// How `Transformer::init_with` draws the weight matrices of a from-scratch model (biases are 0
+/// and norm weights 1 in every scheme).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum InitScheme {
+    /// N(0, std²): transformers' `_init_weights` with `initializer_range` (default 0.02).
+    Normal { std: f64 },
+    /// N(0, std²) cut at ±3 std (a draw outside is drawn again): OLMo 2's init, std 0.02.
+    TruncatedNormal { std: f64 },
+    /// Width- and depth-scaled, truncated at ±3 σ: σ = 1/sqrt(hidden_size) for every matrix, and
+    /// the two projections that write into the residual stream (`o_proj`, `down_proj`) further
+    /// divided by sqrt(2 · num_hidden_layers), so the residual's variance stays the same whatever
+    /// the depth (GPT-2 / Megatron's output scaling on a 1/sqrt(d_model) base).
+    Scaled,
+}
+
+impl Default for InitScheme {
+    fn default() -> Self {
+        InitScheme::Normal { std: INIT_STD }
+    }
+}
+
+impl InitScheme {
+    /// The standard deviation of parameter `name` and whether draws are cut at ±3 of it.
+    fn std_of(self, name: &str, config: &ModelConfig) -> (f64, bool) {
+        match self {
+            InitScheme::Normal { std } => (std, false),
+            InitScheme::TruncatedNormal { std } => (std, true),
+            InitScheme::Scaled => {
+                let base = 1.0 / (config.hidden_size as f64).sqrt();
+                let residual_output = name.ends_with("self_attn.o_proj.weight")
+                    || name.ends_with("mlp.down_proj.weight");
+                if residual_output {
+                    (base / (2.0 * config.num_hidden_layers as f64).sqrt(), true)
+                } else {
+                    (base, true)
+                }
+            }
+        }
+    }
+}
+
 impl Transformer {
     /// Random initialisation: weight matrices ~ N(0, 0.02), biases 0, norm weights 1.
     /// Deterministic in `seed` (ChaCha8 stream over the sorted parameter list).
@@ -216,6 +257,17 @@ impl Transformer {
         config: ModelConfig,
         device: &Device,
         seed: u64,
+    ) -> Result<Transformer, ModelError> {
+        Transformer::init_with(config, device, seed, InitScheme::default())
+    }
+
+    /// Random initialisation with `scheme` (see [`InitScheme`]); deterministic in `seed`.
+    /// `InitScheme::default()` draws exactly what [`Transformer::init`] draws.
+    pub fn init_with(
+        config: ModelConfig,
+        device: &Device,
+        seed: u64,
+        scheme: InitScheme,
     ) -> Result<Transformer, ModelError> {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         let mut tensors = BTreeMap::new();
@@ -226,8 +278,15 @@ impl Transformer {
             } else if name.ends_with(".bias") {
                 vec![0.0; n]
             } else {
+                let (std, truncated) = scheme.std_of(&name, &config);
                 (0..n)
-                    .map(|_| (standard_normal(&mut rng) * INIT_STD) as f32)
+                    .map(|_| {
+                        let mut z = standard_normal(&mut rng);
+                        while truncated && z.abs() > 3.0 {
+                            z = standard_normal(&mut rng);
+                        }
+                        (z * std) as f32
+                    })
                     .collect()
             };
             tensors.insert(name, Tensor::from_vec(values, shape, device)?);
@@ -903,6 +962,67 @@ mod tests {
             .flatten_all()
             .and_then(|t| t.to_vec1::<f32>())
             .expect("values")
+    }
+
+    fn stats(values: &[f32]) -> (f64, f64) {
+        let n = values.len() as f64;
+        let std = (values.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / n).sqrt();
+        let max = values.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
+        (std, max)
+    }
+
+    #[test]
+    fn init_schemes_draw_the_stated_distributions() {
+        let json = r#"{
+            "architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 256,
+            "intermediate_size": 512, "num_hidden_layers": 8, "num_attention_heads": 4,
+            "num_key_value_heads": 4, "rms_norm_eps": 1e-5, "tie_word_embeddings": true
+        }"#;
+        let config = ModelConfig::from_json_str(json, Path::new("<test>")).expect("config");
+        let draw =
+            |scheme| Transformer::init_with(config.clone(), &Device::Cpu, 7, scheme).expect("init");
+        let all = |m: &Transformer| -> Vec<(String, Vec<f32>)> {
+            m.parameters()
+                .iter()
+                .map(|(n, v)| (n.clone(), values(v)))
+                .collect()
+        };
+        // The default scheme is `init`, draw for draw.
+        let plain = Transformer::init(config.clone(), &Device::Cpu, 7).expect("init");
+        assert_eq!(all(&draw(InitScheme::default())), all(&plain));
+        // A standard normal cut at ±3 has standard deviation 0.98658.
+        let cut = 0.98658;
+        let truncated = draw(InitScheme::TruncatedNormal { std: 0.02 });
+        let scaled = draw(InitScheme::Scaled);
+        let base = 1.0 / 16.0;
+        for (name, w) in all(&truncated) {
+            if name.ends_with("norm.weight") {
+                assert!(w.iter().all(|&v| v == 1.0));
+                continue;
+            }
+            let (std, max) = stats(&w);
+            assert!(max <= 3.0 * 0.02 + 1e-9, "{name}: {max} past 3 std");
+            assert!((std / (0.02 * cut) - 1.0).abs() < 0.03, "{name}: std {std}");
+        }
+        for (name, w) in all(&scaled) {
+            if name.ends_with("norm.weight") {
+                continue;
+            }
+            let expected = if name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight")
+            {
+                base / 4.0 // sqrt(2 x 8 layers)
+            } else {
+                base
+            };
+            let (std, max) = stats(&w);
+            assert!(max <= 3.0 * expected + 1e-9, "{name}: {max} past 3 std");
+            assert!(
+                (std / (expected * cut) - 1.0).abs() < 0.03,
+                "{name}: std {std} vs {expected}"
+            );
+        }
+        // Seeded: the same seed draws the same model.
+        assert_eq!(all(&draw(InitScheme::Scaled)), all(&scaled));
     }
 
     #[test]

@@ -173,6 +173,8 @@ pub struct ModelSpec {
     pub tokenizer: Option<PathBuf>,
     /// Seed of the random init (ignored for pretrained weights).
     pub init_seed: u64,
+    /// How a from-scratch model's weights are drawn (ignored for pretrained weights).
+    pub init: stoke_model::InitScheme,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -280,10 +280,11 @@ pub fn build_model(
             ModelConfig::from_json_str(&json.to_string(), Path::new("<model preset>"))?
         }
     };
-    Ok(Transformer::init(
+    Ok(Transformer::init_with(
         model_config,
         device,
         config.model.init_seed,
+        config.model.init,
     )?)
 }
 

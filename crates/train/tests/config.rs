@@ -345,3 +345,44 @@ fn old_key_names_are_read_under_the_shared_vocabulary_and_both_are_refused() {
     assert!(error.contains("training.clip_norm"), "{error}");
     assert!(error.contains("optimizer.clip_grad_norm"), "{error}");
 }
+
+#[test]
+fn the_init_scheme_is_read_checked_and_round_trips() {
+    use stoke_model::InitScheme;
+    assert_eq!(
+        resolve(BASE, &[]).unwrap().model.init,
+        InitScheme::Normal { std: 0.02 },
+        "transformers' default"
+    );
+    let truncated = resolve(
+        BASE,
+        &["model.init=\"truncated_normal\"", "model.init_std=0.01"],
+    )
+    .unwrap();
+    assert_eq!(
+        truncated.model.init,
+        InitScheme::TruncatedNormal { std: 0.01 }
+    );
+    let scaled = resolve(BASE, &["model.init=\"scaled\""]).unwrap();
+    assert_eq!(scaled.model.init, InitScheme::Scaled);
+    // The resolved file keeps the scheme.
+    for config in [truncated, scaled] {
+        let text = toml::to_string(&config.to_file()).unwrap();
+        assert_eq!(
+            resolve(&text, &[]).unwrap().model.init,
+            config.model.init,
+            "{text}"
+        );
+    }
+    for (sets, key) in [
+        (vec!["model.init_std=-1.0"], "model.init_std"),
+        (
+            vec!["model.init=\"scaled\"", "model.init_std=0.02"],
+            "model.init_std",
+        ),
+        (vec!["model.init=\"xavier\""], "init"),
+    ] {
+        let error = resolve(BASE, &sets).unwrap_err().to_string();
+        assert!(error.contains(key), "{sets:?}: {error}");
+    }
+}

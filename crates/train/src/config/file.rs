@@ -64,6 +64,21 @@ pub struct ModelFile {
     pub tokenizer: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub init_seed: Option<u64>,
+    /// Random init of a from-scratch model: "normal" (default), "truncated_normal" (OLMo 2) or
+    /// "scaled" (1/sqrt(hidden), residual outputs / sqrt(2 layers)); see `stoke_model::InitScheme`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<InitKind>,
+    /// Standard deviation of "normal" and "truncated_normal" (default 0.02).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_std: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InitKind {
+    Normal,
+    TruncatedNormal,
+    Scaled,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -5,12 +5,13 @@
 use std::path::{Path, PathBuf};
 
 use stoke_data::packing::PackingPolicy;
+use stoke_model::InitScheme;
 use stoke_optim::{
     AdamWConfig, BatchSizeWarmup, DecayShape, LrSchedule, MuonConfig, OptimizerConfig,
 };
 
 use super::file::{
-    BatchWarmupFile, CheckpointFile, ConfigFile, DataFile, DataKind, EvalFile, ModelFile,
+    BatchWarmupFile, CheckpointFile, ConfigFile, DataFile, DataKind, EvalFile, InitKind, ModelFile,
     OptimizerFile, OptimizerKind, ScheduleFile, ScheduleKind, SpikeFile, TrainingFile,
 };
 use super::{
@@ -78,6 +79,7 @@ impl TrainConfig {
             source,
             tokenizer,
             init_seed: m.init_seed.unwrap_or(training_seed),
+            init: resolve_init(m)?,
         };
 
         let data = resolve_data(&file.data, &at)?;
@@ -187,6 +189,15 @@ impl TrainConfig {
                 pretrained,
                 tokenizer: self.model.tokenizer.clone(),
                 init_seed: Some(self.model.init_seed),
+                init: Some(match self.model.init {
+                    InitScheme::Normal { .. } => InitKind::Normal,
+                    InitScheme::TruncatedNormal { .. } => InitKind::TruncatedNormal,
+                    InitScheme::Scaled => InitKind::Scaled,
+                }),
+                init_std: match self.model.init {
+                    InitScheme::Normal { std } | InitScheme::TruncatedNormal { std } => Some(std),
+                    InitScheme::Scaled => None,
+                },
             },
             data: DataFile {
                 kind,
@@ -235,6 +246,32 @@ impl TrainConfig {
             },
         }
     }
+}
+
+/// `[model] init` and `init_std` as a scheme; a std must be positive and finite, and "scaled"
+/// takes none (its scales come from the model's shape).
+fn resolve_init(m: &ModelFile) -> Result<InitScheme, ConfigError> {
+    let std = match m.init_std {
+        Some(std) if !(std.is_finite() && std > 0.0) => {
+            return Err(invalid(
+                "model.init_std",
+                format!("{std} is not a positive number"),
+            ));
+        }
+        Some(std) => std,
+        None => 0.02,
+    };
+    Ok(match m.init.unwrap_or(InitKind::Normal) {
+        InitKind::Normal => InitScheme::Normal { std },
+        InitKind::TruncatedNormal => InitScheme::TruncatedNormal { std },
+        InitKind::Scaled if m.init_std.is_some() => {
+            return Err(invalid(
+                "model.init_std",
+                "does not apply to init = \"scaled\" (its scales come from the model's width and depth)",
+            ));
+        }
+        InitKind::Scaled => InitScheme::Scaled,
+    })
 }
 
 fn hidden_size_of(config_json: &Path, key: &str) -> Result<usize, ConfigError> {
