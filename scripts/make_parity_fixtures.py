@@ -408,7 +408,7 @@ def build_chat_reference(tokenizer_dirs: dict[str, Path]) -> None:
 @dataclass
 class ModelSpec:
     name: str
-    family: str  # "llama" | "qwen2" | "qwen3"
+    family: str  # a model_type: "llama", "qwen2", "qwen3", "gemma2", "gemma3_text", "smollm3"
     variants: list[str]
     config: dict
     seed: int
@@ -580,6 +580,108 @@ MODEL_SPECS = [
     ),
 ]
 
+# Issue 16: the block variants (Gemma 2, Gemma 3 text, SmolLM3, gated relu^2). The windows and
+# caps are small so that the 12-token references exercise them: a sliding window of 4 positions,
+# soft-caps a few logits wide.
+MODEL_SPECS += [
+    ModelSpec(
+        name="gemma2_softcap_sliding",
+        family="gemma2",
+        variants=[
+            "gqa_4q_2kv", "geglu_tanh", "sandwich_norm", "unit_offset_norm", "embedding_scale",
+            "query_pre_attn_scalar", "attn_softcap", "final_softcap", "sliding_window_alternating",
+            "tied_embeddings",
+        ],
+        config=dict(
+            vocab_size=128,
+            hidden_size=32,
+            head_dim=16,
+            intermediate_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=128,
+            hidden_activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=4.0,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+            tie_word_embeddings=True,
+        ),
+        seed=11,
+    ),
+    ModelSpec(
+        name="gemma3_text_local_rope",
+        family="gemma3_text",
+        variants=[
+            "gqa_4q_2kv", "qk_norm_unit_offset", "sandwich_norm", "embedding_scale",
+            "sliding_window_pattern", "local_rope_theta", "global_rope_linear", "untied_embeddings",
+        ],
+        config=dict(
+            vocab_size=128,
+            hidden_size=32,
+            head_dim=16,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=128,
+            hidden_activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=20,
+            sliding_window=4,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={
+                "full_attention": dict(rope_type="linear", factor=2.0, rope_theta=10000.0),
+                "sliding_attention": dict(rope_type="default", rope_theta=100.0),
+            },
+            tie_word_embeddings=False,
+        ),
+        seed=12,
+    ),
+    ModelSpec(
+        name="smollm3_nope",
+        family="smollm3",
+        variants=["gqa_4q_2kv", "nope_layers", "tied_embeddings", "rope_default"],
+        config=dict(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=128,
+            hidden_act="silu",
+            no_rope_layers=[1, 0, 1, 0],
+            # SmolLM3Config's defaults (128004, ...) lie outside this vocabulary.
+            pad_token_id=None,
+            bos_token_id=None,
+            eos_token_id=None,
+            use_sliding_window=False,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+            tie_word_embeddings=True,
+        ),
+        seed=13,
+    ),
+    ModelSpec(
+        name="llama_relu2",
+        family="llama",
+        variants=["gqa_4q_2kv", "relu2_gated_mlp", "untied_embeddings"],
+        config=dict(
+            LLAMA_BASE,
+            vocab_size=128,
+            hidden_act="relu2",
+            tie_word_embeddings=False,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+        ),
+        seed=15,
+    ),
+]
+
 # Checkpoints that get a copy whose config.json is hand-converted to the other config style.
 CONVERTED_COPIES = {"llama_gqa_rope_llama3": "llama_gqa_rope_llama3_v4config"}
 # The transformers_version string written into hand-converted 4.x-style configs.
@@ -590,7 +692,14 @@ def make_config(spec: ModelSpec, tokenizer_ids: dict | None):
     cfg = dict(spec.config)
     if tokenizer_ids is not None:
         cfg.update(tokenizer_ids)
-    model_type = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}[spec.family]
+    model_type = {
+        "llama": "llama",
+        "qwen2": "qwen2",
+        "qwen3": "qwen3",
+        "gemma2": "gemma2",
+        "gemma3_text": "gemma3_text",
+        "smollm3": "smollm3",
+    }[spec.family]
     return AutoConfig.for_model(model_type, **cfg)
 
 
@@ -756,6 +865,11 @@ def grad_reference(model, ids_a: torch.Tensor, seed: int) -> tuple[float, dict, 
         "model.layers.1.post_attention_layernorm.weight",
         "model.norm.weight",
         "lm_head.weight",
+        # Sandwich norms (Gemma); absent elsewhere, and listed last so the samples drawn for
+        # the older fixtures are unchanged.
+        "model.layers.0.pre_feedforward_layernorm.weight",
+        "model.layers.1.post_feedforward_layernorm.weight",
+        "model.layers.1.self_attn.k_norm.weight",
     ]
     samples = {}
     for n in wanted:
@@ -775,6 +889,30 @@ def grad_reference(model, ids_a: torch.Tensor, seed: int) -> tuple[float, dict, 
         samples[n] = [[int(i), float(g[i])] for i in sorted(set(idx))]
     model.zero_grad(set_to_none=True)
     return float(loss.item()), grad_norms, samples
+
+
+def bf16_autocast_error(model, inputs, logits: dict) -> dict:
+    """PyTorch's own bf16 error on this checkpoint: `torch.autocast("cpu", bfloat16)` logits
+    against the f32 reference, and the worst relative L2 distance of a parameter gradient of the
+    next-token loss on input a. stoke's bf16 tests hold the block variants (Gemma's scaled
+    embeddings and (1 + w) norms widen bf16's error) to these figures."""
+    out = {}
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for which in ("a", "b"):
+            got = model(input_ids=inputs[f"input_ids_{which}"]).logits.float()
+            out[f"logits_{which}_max_abs_diff"] = float((got - logits[f"logits_{which}"]).abs().max())
+    grads = {}
+    for autocast in (False, True):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = next_token_loss(model, inputs["input_ids_a"])
+        loss.backward()
+        grads[autocast] = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    out["grad_worst_relative_l2"] = max(
+        float((grads[True][n] - g).norm() / g.norm().clamp(min=1e-12)) for n, g in grads[False].items()
+    )
+    return out
 
 
 def to_v4_config(cfg: dict) -> dict:
@@ -909,6 +1047,8 @@ def build_model(spec: ModelSpec, tokenizer_dirs: dict[str, Path]) -> Path:
     }
     if effect is not None:
         reference["rope_scaling_effect_max_abs_logit_diff"] = effect
+    if spec.family not in ("llama", "qwen2", "qwen3") or "relu2_gated_mlp" in spec.variants:
+        reference["bf16_autocast"] = bf16_autocast_error(loaded, inputs, logits)
     (out / "reference.json").write_text(json.dumps(reference, indent=2) + "\n")
     print(f"model {spec.name}: loss_a={loss_a:.6f} rope_effect={effect} -> {out}")
     return out
@@ -994,6 +1134,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check-saved", nargs=2, metavar=("SRC_DIR", "SAVED_DIR"), type=Path)
     ap.add_argument("--only", choices=["tokenizers", "chat", "models"], action="append")
+    ap.add_argument(
+        "--model",
+        action="append",
+        metavar="NAME",
+        help="with --only models: build just these model fixtures (the others are verified)",
+    )
     args = ap.parse_args()
     if args.check_saved:
         return check_saved(*args.check_saved)
@@ -1007,10 +1153,16 @@ def main() -> int:
     if "chat" in only:
         build_chat_reference(tokenizer_dirs)
     if "models" in only:
+        chosen = set(args.model or [s.name for s in MODEL_SPECS])
+        unknown = chosen - {s.name for s in MODEL_SPECS}
+        if unknown:
+            raise SystemExit(f"unknown model fixtures: {sorted(unknown)}")
         for spec in MODEL_SPECS:
-            build_model(spec, tokenizer_dirs)
+            if spec.name in chosen:
+                build_model(spec, tokenizer_dirs)
         for src, dst in CONVERTED_COPIES.items():
-            build_converted_copy(FIXTURES / "models" / src, dst)
+            if src in chosen:
+                build_converted_copy(FIXTURES / "models" / src, dst)
         verify_all_models()
     return 0
 

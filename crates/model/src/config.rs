@@ -25,6 +25,14 @@ pub enum Architecture {
     Llama,
     Qwen2,
     Qwen3,
+    /// Gemma 2: GeGLU, sandwich norms, (1 + w) RMSNorm, scaled embeddings, attention and
+    /// final-logit soft-capping, sliding-window layers alternating with global ones.
+    Gemma2,
+    /// Gemma 3 (text, `Gemma3ForCausalLM`): Gemma 2's block with q/k norms instead of the
+    /// attention soft-cap, and a separate RoPE for the sliding-window layers.
+    Gemma3Text,
+    /// SmolLM3: Llama with NoPE layers (`no_rope_layers`).
+    SmolLm3,
 }
 
 /// Structural choices implied by the architecture (before config overrides).
@@ -33,13 +41,21 @@ struct ArchitectureTraits {
     qk_norm: bool,
     default_max_position_embeddings: usize,
     default_head_dim: Option<usize>,
+    default_tie_word_embeddings: bool,
+    default_rope_theta: f64,
+    /// The Gemma block: sandwich norms, (1 + w) norms, embeddings scaled by sqrt(hidden),
+    /// `hidden_activation`, `query_pre_attn_scalar`.
+    gemma: bool,
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 3] = [
+    pub const ALL: [Architecture; 6] = [
         Architecture::Llama,
         Architecture::Qwen2,
         Architecture::Qwen3,
+        Architecture::Gemma2,
+        Architecture::Gemma3Text,
+        Architecture::SmolLm3,
     ];
 
     pub fn hf_class_name(self) -> &'static str {
@@ -47,6 +63,9 @@ impl Architecture {
             Architecture::Llama => "LlamaForCausalLM",
             Architecture::Qwen2 => "Qwen2ForCausalLM",
             Architecture::Qwen3 => "Qwen3ForCausalLM",
+            Architecture::Gemma2 => "Gemma2ForCausalLM",
+            Architecture::Gemma3Text => "Gemma3ForCausalLM",
+            Architecture::SmolLm3 => "SmolLM3ForCausalLM",
         }
     }
 
@@ -55,6 +74,9 @@ impl Architecture {
             Architecture::Llama => "llama",
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
+            Architecture::Gemma2 => "gemma2",
+            Architecture::Gemma3Text => "gemma3_text",
+            Architecture::SmolLm3 => "smollm3",
         }
     }
 
@@ -66,6 +88,9 @@ impl Architecture {
                 qk_norm: false,
                 default_max_position_embeddings: 2048,
                 default_head_dim: None,
+                default_tie_word_embeddings: false,
+                default_rope_theta: 10_000.0,
+                gemma: false,
             },
             // Qwen2Attention: q/k/v always have biases, o_proj never.
             Architecture::Qwen2 => ArchitectureTraits {
@@ -73,6 +98,9 @@ impl Architecture {
                 qk_norm: false,
                 default_max_position_embeddings: 32768,
                 default_head_dim: None,
+                default_tie_word_embeddings: false,
+                default_rope_theta: 10_000.0,
+                gemma: false,
             },
             // Qwen3Attention: RMSNorm over head_dim on q and k before RoPE; head_dim default 128.
             Architecture::Qwen3 => ArchitectureTraits {
@@ -80,6 +108,39 @@ impl Architecture {
                 qk_norm: true,
                 default_max_position_embeddings: 32768,
                 default_head_dim: Some(128),
+                default_tie_word_embeddings: false,
+                default_rope_theta: 10_000.0,
+                gemma: false,
+            },
+            // Gemma2Config's defaults.
+            Architecture::Gemma2 => ArchitectureTraits {
+                qkv_bias_forced: false,
+                qk_norm: false,
+                default_max_position_embeddings: 8192,
+                default_head_dim: Some(256),
+                default_tie_word_embeddings: true,
+                default_rope_theta: 10_000.0,
+                gemma: true,
+            },
+            // Gemma3TextConfig's defaults (the global layers' theta; local layers 10,000).
+            Architecture::Gemma3Text => ArchitectureTraits {
+                qkv_bias_forced: false,
+                qk_norm: true,
+                default_max_position_embeddings: 131_072,
+                default_head_dim: Some(256),
+                default_tie_word_embeddings: true,
+                default_rope_theta: 1_000_000.0,
+                gemma: true,
+            },
+            // SmolLM3Config's defaults.
+            Architecture::SmolLm3 => ArchitectureTraits {
+                qkv_bias_forced: false,
+                qk_norm: false,
+                default_max_position_embeddings: 32768,
+                default_head_dim: None,
+                default_tie_word_embeddings: true,
+                default_rope_theta: 2_000_000.0,
+                gemma: false,
             },
         }
     }
@@ -131,6 +192,60 @@ pub enum RopeScaling {
     },
 }
 
+/// The activation of the gated MLP: `down(act(gate(x)) * up(x))`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU (`silu`).
+    Silu,
+    /// GeGLU with the tanh approximation (`gelu_pytorch_tanh`, Gemma).
+    GeluTanh,
+    /// GeGLU with the exact erf form (`gelu`).
+    Gelu,
+    /// Squared ReLU (`relu2`), gated.
+    Relu2,
+}
+
+impl Activation {
+    /// The name transformers' `ACT2FN` knows it by.
+    pub fn hf_name(self) -> &'static str {
+        match self {
+            Activation::Silu => "silu",
+            Activation::GeluTanh => "gelu_pytorch_tanh",
+            Activation::Gelu => "gelu",
+            Activation::Relu2 => "relu2",
+        }
+    }
+
+    fn from_hf_name(name: &str) -> Option<Activation> {
+        match name {
+            "silu" | "swish" => Some(Activation::Silu),
+            // `gelu_new` is the same tanh formula (transformers' NewGELUActivation).
+            "gelu_pytorch_tanh" | "gelu_new" => Some(Activation::GeluTanh),
+            "gelu" => Some(Activation::Gelu),
+            "relu2" => Some(Activation::Relu2),
+            _ => None,
+        }
+    }
+}
+
+/// What a layer's attention sees (`layer_types`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKind {
+    /// Every earlier key (`full_attention`).
+    Full,
+    /// The last `sliding_window` positions, the query's own included (`sliding_attention`).
+    Sliding,
+}
+
+impl AttentionKind {
+    fn hf_name(self) -> &'static str {
+        match self {
+            AttentionKind::Full => "full_attention",
+            AttentionKind::Sliding => "sliding_attention",
+        }
+    }
+}
+
 /// Validated description of one decoder-only transformer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -156,6 +271,31 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// The gated MLP's activation (SwiGLU unless the config says otherwise).
+    pub hidden_act: Activation,
+    /// Gemma's RMSNorm: the weight is stored as an offset from 1 (`norm(x) * (1 + w)`).
+    pub norm_unit_offset: bool,
+    /// Sandwich norms (Gemma 2/3): the attention and MLP outputs are normed before the residual
+    /// add (`post_attention_layernorm`, `post_feedforward_layernorm`), and the MLP input by
+    /// `pre_feedforward_layernorm`.
+    pub sandwich_norm: bool,
+    /// Embeddings multiplied by sqrt(hidden_size), rounded to the parameter dtype (Gemma).
+    pub scale_embeddings: bool,
+    /// Attention scores scaled by `query_pre_attn_scalar^-0.5` instead of `head_dim^-0.5`.
+    pub query_pre_attn_scalar: Option<f64>,
+    /// Attention scores soft-capped, `cap * tanh(s / cap)`, before the mask (Gemma 2: 50).
+    pub attn_logit_softcap: Option<f64>,
+    /// Logits soft-capped the same way after the LM head (Gemma 2: 30).
+    pub final_logit_softcap: Option<f64>,
+    /// Per layer: full or sliding-window attention (`layer_types`); `num_hidden_layers` long.
+    pub layer_types: Vec<AttentionKind>,
+    /// The window of the sliding layers, in positions (the query's own included).
+    pub sliding_window: Option<usize>,
+    /// Per layer: whether it applies RoPE (SmolLM3's `no_rope_layers`: 0 = NoPE).
+    pub rope_layers: Vec<bool>,
+    /// The RoPE of the sliding-window layers when it differs from `rope` (Gemma 3's local base
+    /// frequency).
+    pub local_rope: Option<Rope>,
     /// The source config.json's fields, kept so `save` preserves what we do not model
     /// (token ids of pad, `use_cache`, ...). Empty for configs built in code.
     pub source_fields: Map<String, Value>,
@@ -186,7 +326,18 @@ struct HfConfigFile {
     bos_token_id: Option<u32>,
     eos_token_id: Option<OneOrMany>,
     hidden_act: Option<String>,
+    hidden_activation: Option<String>,
     use_sliding_window: Option<bool>,
+    sliding_window: Option<usize>,
+    layer_types: Option<Vec<String>>,
+    no_rope_layers: Option<Vec<u8>>,
+    no_rope_layer_interval: Option<usize>,
+    sliding_window_pattern: Option<usize>,
+    query_pre_attn_scalar: Option<f64>,
+    attn_logit_softcapping: Option<f64>,
+    final_logit_softcapping: Option<f64>,
+    rope_local_base_freq: Option<f64>,
+    use_bidirectional_attention: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -218,7 +369,10 @@ struct HfRopeParameters {
     other: BTreeMap<String, Value>,
 }
 
-const SUPPORTED_ARCHITECTURES: &str = "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
+const SUPPORTED_ARCHITECTURES: &str = "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
+     Gemma2ForCausalLM, Gemma3ForCausalLM, SmolLM3ForCausalLM";
+const SUPPORTED_MODEL_TYPES: &str = "llama, qwen2, qwen3, gemma2, gemma3_text, smollm3";
+const SUPPORTED_ACTIVATIONS: &str = "silu, gelu_pytorch_tanh, gelu_new, gelu, relu2";
 const SUPPORTED_ROPE_TYPES: &str = "default, linear, llama3, yarn";
 
 impl ModelConfig {
@@ -270,6 +424,52 @@ impl ModelConfig {
         self.num_attention_heads / self.num_key_value_heads
     }
 
+    /// Whether the model is the plain Llama/Qwen block everywhere: SwiGLU, pre-norms with plain
+    /// weights, RoPE and full attention in every layer, `head_dim^-0.5` scaling and no
+    /// soft-caps. The fused CPU paths (`fused_block`, `decode_step`) and GGUF export take these
+    /// models only; every other model runs the op composition, which implements each variant.
+    pub fn is_plain(&self) -> bool {
+        self.hidden_act == Activation::Silu
+            && !self.norm_unit_offset
+            && !self.sandwich_norm
+            && !self.scale_embeddings
+            && self.query_pre_attn_scalar.is_none()
+            && self.attn_logit_softcap.is_none()
+            && self.final_logit_softcap.is_none()
+            && self.layer_types.iter().all(|&k| k == AttentionKind::Full)
+            && self.rope_layers.iter().all(|&r| r)
+            && self.local_rope.is_none()
+    }
+
+    /// The attention kind of `layer` (full when out of range).
+    pub fn attention_kind(&self, layer: usize) -> AttentionKind {
+        self.layer_types
+            .get(layer)
+            .copied()
+            .unwrap_or(AttentionKind::Full)
+    }
+
+    /// The sliding window of `layer` in positions; `None` for full attention.
+    pub fn window_of(&self, layer: usize) -> Option<usize> {
+        match self.attention_kind(layer) {
+            AttentionKind::Sliding => self.sliding_window,
+            AttentionKind::Full => None,
+        }
+    }
+
+    /// Whether `layer` applies RoPE to its queries and keys.
+    pub fn uses_rope(&self, layer: usize) -> bool {
+        self.rope_layers.get(layer).copied().unwrap_or(true)
+    }
+
+    /// The factor attention scores are multiplied by before the softmax.
+    pub fn attention_scale(&self) -> f64 {
+        match self.query_pre_attn_scalar {
+            Some(s) => 1.0 / s.sqrt(),
+            None => 1.0 / (self.head_dim as f64).sqrt(),
+        }
+    }
+
     /// Whether weights of a model of `other` can replace this one's mid-generation (live weight
     /// updates): every field that shapes the computation is equal. The source fields (how the
     /// file spelled things: `rope_theta` or `rope_parameters`, `transformers_version`, ...) and
@@ -290,6 +490,7 @@ impl ModelConfig {
     pub fn to_hf_json(&self) -> Value {
         let mut out = self.source_fields.clone();
         let traits = self.architecture.traits();
+        let had_layer_types = out.contains_key("layer_types");
         let mut set = |key: &str, value: Value| {
             out.insert(key.to_string(), value);
         };
@@ -306,7 +507,10 @@ impl ModelConfig {
         set("num_key_value_heads", self.num_key_value_heads.into());
         set("head_dim", self.head_dim.into());
         set("rms_norm_eps", self.rms_norm_eps.into());
-        set("hidden_act", "silu".into());
+        set("hidden_act", self.hidden_act.hf_name().into());
+        if traits.gemma {
+            set("hidden_activation", self.hidden_act.hf_name().into());
+        }
         set(
             "max_position_embeddings",
             self.max_position_embeddings.into(),
@@ -315,8 +519,58 @@ impl ModelConfig {
         if !traits.qkv_bias_forced {
             set("attention_bias", self.attention_bias.into());
         }
-        if self.architecture == Architecture::Llama {
+        if matches!(self.architecture, Architecture::Llama | Architecture::SmolLm3) {
             set("mlp_bias", self.mlp_bias.into());
+        }
+        let optional = |v: Option<f64>| v.map_or(Value::Null, Value::from);
+        if traits.gemma {
+            set(
+                "query_pre_attn_scalar",
+                optional(self.query_pre_attn_scalar),
+            );
+            set(
+                "attn_logit_softcapping",
+                optional(self.attn_logit_softcap),
+            );
+            set(
+                "final_logit_softcapping",
+                optional(self.final_logit_softcap),
+            );
+        }
+        let sliding = self.layer_types.contains(&AttentionKind::Sliding);
+        if traits.gemma || sliding || had_layer_types {
+            set(
+                "layer_types",
+                Value::from(
+                    self.layer_types
+                        .iter()
+                        .map(|k| k.hf_name())
+                        .collect::<Vec<_>>(),
+                ),
+            );
+        }
+        if traits.gemma || sliding {
+            set(
+                "sliding_window",
+                self.sliding_window.map_or(Value::Null, Value::from),
+            );
+        }
+        if self.architecture == Architecture::SmolLm3 {
+            set("use_sliding_window", sliding.into());
+            set(
+                "no_rope_layers",
+                Value::from(
+                    self.rope_layers
+                        .iter()
+                        .map(|&r| u8::from(r))
+                        .collect::<Vec<_>>(),
+                ),
+            );
+        }
+        if let Some(local) = &self.local_rope {
+            // transformers 5.x reads the 4.x keys of Gemma 3: rope_local_base_freq for the
+            // sliding layers (always the default RoPE type there).
+            set("rope_local_base_freq", local.theta.into());
         }
         set(
             "bos_token_id",
@@ -428,7 +682,7 @@ impl Validator<'_> {
     fn architecture(&self, file: &HfConfigFile) -> Result<Architecture, ModelError> {
         let from_type = match &file.model_type {
             Some(t) => Some(Architecture::from_model_type(t).ok_or_else(|| {
-                self.unsupported("model_type", format!("{t:?}"), "llama, qwen2, qwen3")
+                self.unsupported("model_type", format!("{t:?}"), SUPPORTED_MODEL_TYPES)
             })?),
             None => None,
         };
@@ -501,14 +755,21 @@ impl Validator<'_> {
                 format!("must be positive, found {rms_norm_eps}"),
             ));
         }
-        if let Some(act) = &file.hidden_act
-            && act != "silu"
-        {
-            return Err(self.unsupported("hidden_act", format!("{act:?}"), "silu"));
+        // Gemma names the MLP activation `hidden_activation` (hub configs often carry both).
+        let (act_field, act_name) = match (&file.hidden_activation, &file.hidden_act) {
+            (Some(a), _) if traits.gemma => ("hidden_activation", a.as_str()),
+            (_, Some(a)) => ("hidden_act", a.as_str()),
+            _ if traits.gemma => ("hidden_activation", "gelu_pytorch_tanh"),
+            _ => ("hidden_act", "silu"),
+        };
+        let hidden_act = Activation::from_hf_name(act_name).ok_or_else(|| {
+            self.unsupported(act_field, format!("{act_name:?}"), SUPPORTED_ACTIVATIONS)
+        })?;
+        if file.use_bidirectional_attention == Some(true) {
+            return Err(self.unsupported("use_bidirectional_attention", "true", "false (causal)"));
         }
-        if file.use_sliding_window == Some(true) {
-            return Err(self.unsupported("use_sliding_window", "true", "false"));
-        }
+        let layer_types = self.layer_types(&file, architecture, num_hidden_layers)?;
+        let rope_layers = self.rope_layers(&file, architecture, num_hidden_layers)?;
         if let Some(f) = file.partial_rotary_factor
             && f != 1.0
         {
@@ -517,11 +778,64 @@ impl Validator<'_> {
         let max_position_embeddings = file
             .max_position_embeddings
             .unwrap_or(traits.default_max_position_embeddings);
-        let rope = self.rope(&file, max_position_embeddings)?;
+        let (rope, local_rope) = self.ropes(&file, architecture, max_position_embeddings)?;
+        let gemma_default = |key: &str,
+                             given: Option<f64>,
+                             default: Option<f64>|
+         -> Result<Option<f64>, ModelError> {
+            // An absent key takes the class default; an explicit null turns the feature off.
+            let value = match source_fields.contains_key(key) {
+                false if traits.gemma => default,
+                _ => given,
+            };
+            match value {
+                Some(v) if !(v > 0.0 && v.is_finite()) => {
+                    Err(self.invalid(key, format!("must be positive, found {v}")))
+                }
+                v => Ok(v),
+            }
+        };
+        let gemma2 = architecture == Architecture::Gemma2;
+        let attn_logit_softcap =
+            gemma_default(
+            "attn_logit_softcapping",
+            file.attn_logit_softcapping,
+            gemma2.then_some(50.0),
+        )?;
+        let final_logit_softcap =
+            gemma_default(
+            "final_logit_softcapping",
+            file.final_logit_softcapping,
+            gemma2.then_some(30.0),
+        )?;
+        let query_pre_attn_scalar = gemma_default(
+            "query_pre_attn_scalar",
+            file.query_pre_attn_scalar,
+            Some(256.0),
+        )?;
+        let sliding_window = match (source_fields.get("sliding_window"), traits.gemma) {
+            (None, true) => Some(4096),
+            _ => file.sliding_window,
+        };
+        if layer_types.contains(&AttentionKind::Sliding) {
+            match sliding_window {
+                Some(0) => return Err(self.invalid("sliding_window", "must be positive, found 0")),
+                None => {
+                    return Err(self.invalid(
+                        "sliding_window",
+                        "missing (required when layer_types has sliding_attention layers)",
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        // Unused windows are dropped so two configs that compute the same compare equal.
+        let sliding_window = sliding_window.filter(|_| layer_types.contains(&AttentionKind::Sliding));
         let attention_bias_flag = file.attention_bias.unwrap_or(false);
         let attention_bias = traits.qkv_bias_forced || attention_bias_flag;
         let attention_output_bias = !traits.qkv_bias_forced && attention_bias_flag;
-        let mlp_bias = architecture == Architecture::Llama && file.mlp_bias.unwrap_or(false);
+        let mlp_bias = matches!(architecture, Architecture::Llama | Architecture::SmolLm3)
+            && file.mlp_bias.unwrap_or(false);
         let eos_token_ids = match file.eos_token_id {
             None => Vec::new(),
             Some(OneOrMany::One(id)) => vec![id],
@@ -542,18 +856,206 @@ impl Validator<'_> {
             attention_output_bias,
             mlp_bias,
             qk_norm: traits.qk_norm,
-            tie_word_embeddings: file.tie_word_embeddings.unwrap_or(false),
+            tie_word_embeddings: file
+                .tie_word_embeddings
+                .unwrap_or(traits.default_tie_word_embeddings),
             max_position_embeddings,
             bos_token_id: file.bos_token_id,
             eos_token_ids,
+            hidden_act,
+            norm_unit_offset: traits.gemma,
+            sandwich_norm: traits.gemma,
+            scale_embeddings: traits.gemma,
+            query_pre_attn_scalar,
+            attn_logit_softcap,
+            final_logit_softcap,
+            layer_types,
+            sliding_window,
+            rope_layers,
+            local_rope,
             source_fields,
         })
+    }
+
+    /// `layer_types`, validated: its length, its names, and sliding layers only where the
+    /// architecture implements them (Gemma 2/3 always; SmolLM3 with `use_sliding_window`).
+    fn layer_types(
+        &self,
+        file: &HfConfigFile,
+        architecture: Architecture,
+        layers: usize,
+    ) -> Result<Vec<AttentionKind>, ModelError> {
+        let sliding_allowed = match architecture {
+            Architecture::Gemma2 | Architecture::Gemma3Text => true,
+            Architecture::SmolLm3 => file.use_sliding_window == Some(true),
+            _ => false,
+        };
+        if file.use_sliding_window == Some(true) && !sliding_allowed {
+            return Err(self.unsupported("use_sliding_window", "true", "false"));
+        }
+        let Some(names) = &file.layer_types else {
+            // The class defaults: Gemma 2 alternates (layer 0 sliding), Gemma 3 has one global
+            // layer in every `sliding_window_pattern` (6); SmolLM3 slides on its NoPE layers.
+            let pattern = match architecture {
+                Architecture::Gemma2 => 2,
+                Architecture::Gemma3Text => file.sliding_window_pattern.unwrap_or(6),
+                _ => return Ok(vec![AttentionKind::Full; layers]),
+            };
+            if pattern == 0 {
+                return Err(self.invalid("sliding_window_pattern", "must be positive, found 0"));
+            }
+            return Ok((0..layers)
+                .map(|i| {
+                    if (i + 1) % pattern != 0 {
+                        AttentionKind::Sliding
+                    } else {
+                        AttentionKind::Full
+                    }
+                })
+                .collect());
+        };
+        if names.len() != layers {
+            return Err(self.invalid(
+                "layer_types",
+                format!("has {} entries for {layers} layers", names.len()),
+            ));
+        }
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| match name.as_str() {
+                "full_attention" => Ok(AttentionKind::Full),
+                "sliding_attention" if sliding_allowed => Ok(AttentionKind::Sliding),
+                // SmolLM3 writes sliding layers into layer_types but uses them only with
+                // use_sliding_window (as transformers does).
+                "sliding_attention" if architecture == Architecture::SmolLm3 => {
+                    Ok(AttentionKind::Full)
+                }
+                other => Err(self.unsupported(
+                    &format!("layer_types[{i}]"),
+                    format!("{other:?}"),
+                    if sliding_allowed {
+                        "full_attention, sliding_attention"
+                    } else {
+                        "full_attention (sliding_attention needs use_sliding_window)"
+                    },
+                )),
+            })
+            .collect()
+    }
+
+    /// Which layers apply RoPE: SmolLM3's `no_rope_layers` (1 = RoPE, 0 = NoPE; by default every
+    /// `no_rope_layer_interval`-th layer is NoPE); every layer elsewhere.
+    fn rope_layers(
+        &self,
+        file: &HfConfigFile,
+        architecture: Architecture,
+        layers: usize,
+    ) -> Result<Vec<bool>, ModelError> {
+        if architecture != Architecture::SmolLm3 {
+            if file.no_rope_layers.as_ref().is_some_and(|l| l.contains(&0)) {
+                return Err(self.unsupported(
+                    "no_rope_layers",
+                    "NoPE layers",
+                    "smollm3 (elsewhere every layer applies RoPE)",
+                ));
+            }
+            return Ok(vec![true; layers]);
+        }
+        match &file.no_rope_layers {
+            Some(flags) => {
+                if flags.len() != layers {
+                    return Err(self.invalid(
+                        "no_rope_layers",
+                        format!("has {} entries for {layers} layers", flags.len()),
+                    ));
+                }
+                flags
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &f)| match f {
+                        0 => Ok(false),
+                        1 => Ok(true),
+                        other => Err(self.invalid(
+                            &format!("no_rope_layers[{i}]"),
+                            format!("must be 0 (NoPE) or 1 (RoPE), found {other}"),
+                        )),
+                    })
+                    .collect()
+            }
+            None => {
+                let interval = file.no_rope_layer_interval.unwrap_or(4);
+                if interval == 0 {
+                    return Err(self.invalid("no_rope_layer_interval", "must be positive, found 0"));
+                }
+                Ok((0..layers).map(|i| (i + 1) % interval != 0).collect())
+            }
+        }
+    }
+
+    /// The global RoPE and, for Gemma 3, the sliding layers' own.
+    fn ropes(
+        &self,
+        file: &HfConfigFile,
+        architecture: Architecture,
+        max_position_embeddings: usize,
+    ) -> Result<(Rope, Option<Rope>), ModelError> {
+        let default_theta = architecture.traits().default_rope_theta;
+        if architecture != Architecture::Gemma3Text {
+            let rope = self.rope(file, max_position_embeddings, default_theta)?;
+            return Ok((rope, None));
+        }
+        let per_type = file
+            .rope_parameters
+            .as_ref()
+            .filter(|p| p.other.values().any(Value::is_object));
+        let Some(per_type) = per_type else {
+            // 4.x style: rope_theta (+ rope_scaling) for the global layers, rope_local_base_freq.
+            let rope = self.rope(file, max_position_embeddings, default_theta)?;
+            let theta = file.rope_local_base_freq.unwrap_or(10_000.0);
+            if !(theta > 0.0 && theta.is_finite()) {
+                return Err(self.invalid(
+                    "rope_local_base_freq",
+                    format!("must be positive, found {theta}"),
+                ));
+            }
+            let local = Rope {
+                theta,
+                scaling: RopeScaling::Default,
+            };
+            return Ok((rope, Some(local)));
+        };
+        let parse = |kind: AttentionKind, default_theta: f64| -> Result<Rope, ModelError> {
+            let prefix = format!("rope_parameters.{}", kind.hf_name());
+            let params = match per_type.other.get(kind.hf_name()) {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(
+                    serde_json::from_value::<HfRopeParameters>(v.clone())
+                        .map_err(|e| self.invalid(&prefix, e.to_string()))?,
+                ),
+            };
+            self.rope_from(
+                &prefix,
+                params.as_ref(),
+                None,
+                default_theta,
+                file.original_max_position_embeddings,
+                max_position_embeddings,
+            )
+        };
+        let global = parse(AttentionKind::Full, default_theta)?;
+        let local = parse(
+            AttentionKind::Sliding,
+            file.rope_local_base_freq.unwrap_or(10_000.0),
+        )?;
+        Ok((global, Some(local)))
     }
 
     fn rope(
         &self,
         file: &HfConfigFile,
         max_position_embeddings: usize,
+        default_theta: f64,
     ) -> Result<Rope, ModelError> {
         // 5.x `rope_parameters` takes precedence over 4.x `rope_scaling`, as in transformers.
         let (prefix, params) = match (&file.rope_parameters, &file.rope_scaling) {
@@ -561,6 +1063,25 @@ impl Validator<'_> {
             (None, Some(p)) => ("rope_scaling", Some(p)),
             (None, None) => ("rope_scaling", None),
         };
+        self.rope_from(
+            prefix,
+            params,
+            file.rope_theta,
+            default_theta,
+            file.original_max_position_embeddings,
+            max_position_embeddings,
+        )
+    }
+
+    fn rope_from(
+        &self,
+        prefix: &str,
+        params: Option<&HfRopeParameters>,
+        file_theta: Option<f64>,
+        default_theta: f64,
+        file_original_max: Option<usize>,
+        max_position_embeddings: usize,
+    ) -> Result<Rope, ModelError> {
         let field = |name: &str| format!("{prefix}.{name}");
         if let Some(p) = params {
             if let Some((key, _)) = p.other.iter().find(|(_, v)| v.is_object()) {
@@ -582,8 +1103,8 @@ impl Validator<'_> {
         }
         let theta = params
             .and_then(|p| p.rope_theta)
-            .or(file.rope_theta)
-            .unwrap_or(10_000.0);
+            .or(file_theta)
+            .unwrap_or(default_theta);
         if !(theta > 0.0 && theta.is_finite()) {
             return Err(self.invalid("rope_theta", format!("must be positive, found {theta}")));
         }
@@ -611,9 +1132,7 @@ impl Validator<'_> {
                 None => Ok(None),
             }
         };
-        let original_max = file
-            .original_max_position_embeddings
-            .or(p.original_max_position_embeddings);
+        let original_max = file_original_max.or(p.original_max_position_embeddings);
         let original_max = original_max.unwrap_or(max_position_embeddings);
         let need = |value: Option<f64>, name: &str| {
             value.ok_or_else(|| {
@@ -727,7 +1246,7 @@ mod tests {
                 "model_type",
             ),
             (
-                r#""model_type": "llama", "hidden_act": "gelu""#,
+                r#""model_type": "llama", "hidden_act": "gelu_fast""#,
                 "hidden_act",
             ),
             (

@@ -64,6 +64,7 @@ impl Transformer {
         self.device().is_cpu()
             && self.dtype() == DType::F32
             && self.lora.is_none()
+            && self.config().is_plain()
             && match self.precision() {
                 Precision::F32 => true,
                 Precision::Bf16 => packed,
@@ -115,6 +116,13 @@ impl Transformer {
                 rows.len(),
                 starts.len()
             )));
+        }
+        if cache.is_windowed() || !self.config().is_plain() {
+            return Err(ModelError::InvalidArgument(
+                "decode_cache_from: the fused decode step runs the plain Llama/Qwen block only \
+                 (this model has block variants: see ModelConfig::is_plain)"
+                    .into(),
+            ));
         }
         let len = cache.len();
         if len > capacity {

@@ -126,6 +126,14 @@ impl Transformer {
                 "GGUF export writes F32, F16, BF16 or Q8_0, not {dtype}"
             ))
         })?;
+        if !self.config().is_plain() {
+            return Err(ModelError::InvalidArgument(format!(
+                "GGUF export: {} is not supported (stoke writes the llama, qwen2 and qwen3 \
+                 blocks; this model has block variants such as sliding windows, soft-caps or \
+                 NoPE layers)",
+                self.config().architecture.model_type()
+            )));
+        }
         let config_json = self.config().to_hf_json();
         let (tokenizer, tokenizer_config) = tokenizer_sources(tokenizer_dir)?;
         let metadata =

@@ -14,12 +14,20 @@ use candle_core::{D, Tensor};
 #[derive(Debug, Clone)]
 pub struct KvCache {
     layers: Vec<Option<(Tensor, Tensor)>>,
+    /// Per layer, the slots dropped from the front (a sliding-window layer keeps only the last
+    /// `window - 1` slots between steps): the stored keys start at this absolute slot.
+    first_slot: Vec<usize>,
+    /// The position of every slot processed so far, [B, len] u32 (models with sliding-window
+    /// layers only: their mask is by position).
+    positions: Option<Tensor>,
 }
 
 impl KvCache {
     pub fn new(num_layers: usize) -> KvCache {
         KvCache {
             layers: vec![None; num_layers],
+            first_slot: vec![0; num_layers],
+            positions: None,
         }
     }
 
@@ -27,12 +35,39 @@ impl KvCache {
         self.layers.len()
     }
 
-    /// Cached sequence length (0 when empty).
+    /// Cached sequence length, in slots processed (0 when empty); a sliding-window layer may
+    /// hold fewer.
     pub fn len(&self) -> usize {
         match self.layers.first() {
+            Some(Some((k, _))) => self.first_slot[0] + k.dim(D::Minus2).unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    /// The slots layer `layer` holds now (a sliding-window layer: at most `window - 1`).
+    pub fn stored_len(&self, layer: usize) -> usize {
+        match self.layers.get(layer) {
             Some(Some((k, _))) => k.dim(D::Minus2).unwrap_or(0),
             _ => 0,
         }
+    }
+
+    /// Whether some layer dropped slots (a sliding window's): such a cache cannot seed the
+    /// fused decode step, whose layers hold every slot.
+    pub fn is_windowed(&self) -> bool {
+        self.first_slot.iter().any(|&f| f > 0)
+    }
+
+    /// Records this step's positions [B, T] after those of the cached slots and returns the
+    /// positions of every key (cached + new).
+    pub(crate) fn record_positions(&mut self, positions: &Tensor) -> Result<Tensor, ModelError> {
+        let positions = positions.to_dtype(candle_core::DType::U32)?;
+        let all = match &self.positions {
+            Some(past) => Tensor::cat(&[past, &positions], 1)?,
+            None => positions,
+        };
+        self.positions = Some(all.clone());
+        Ok(all)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -83,13 +118,51 @@ impl KvCache {
                 None => Ok(None),
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
-        Ok(KvCache { layers })
+        let positions = match &self.positions {
+            Some(p) => Some(p.index_select(&index.to_device(p.device())?, 0)?),
+            None => None,
+        };
+        Ok(KvCache {
+            layers,
+            first_slot: self.first_slot.clone(),
+            positions,
+        })
     }
 
     /// Layer `layer`'s keys and values, `[B, num_kv_heads, len, head_dim]` each (None when
     /// empty).
     pub(crate) fn layer(&self, layer: usize) -> Option<&(Tensor, Tensor)> {
         self.layers.get(layer).and_then(Option::as_ref)
+    }
+
+    /// `append` for a layer that may have a sliding `window`: returns the keys and values to
+    /// attend over and the absolute slot of their first entry, then keeps only the last
+    /// `window - 1` slots (all a later query can see: its own slot is new then).
+    ///
+    /// Invariant: rows advance one position per slot (generation), so `window - 1` slots
+    /// cover `window - 1` positions.
+    pub(crate) fn append_windowed(
+        &mut self,
+        layer: usize,
+        k: &Tensor,
+        v: &Tensor,
+        window: Option<usize>,
+    ) -> Result<(Tensor, Tensor, usize), ModelError> {
+        let first = self.first_slot.get(layer).copied().unwrap_or(0);
+        let (k_all, v_all) = self.append(layer, k, v)?;
+        if let Some(window) = window {
+            let stored = k_all.dim(2)?;
+            let keep = window.saturating_sub(1);
+            if stored > keep {
+                let drop = stored - keep;
+                self.layers[layer] = Some((
+                    k_all.narrow(2, drop, keep)?.contiguous()?.detach(),
+                    v_all.narrow(2, drop, keep)?.contiguous()?.detach(),
+                ));
+                self.first_slot[layer] = first + drop;
+            }
+        }
+        Ok((k_all, v_all, first))
     }
 
     /// Appends this step's keys and values for `layer` and returns the full (past + new)

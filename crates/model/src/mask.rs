@@ -54,6 +54,67 @@ pub fn causal_bias(
     Ok(Tensor::from_vec(data, (batch, 1, q_len, k_len), device)?)
 }
 
+/// `bias` [B or 1, 1, q_len, k_len] with a sliding window added: query i of row b also loses
+/// every key whose position is `window` or more before its own (`q_positions` [B, q_len],
+/// `k_positions` [B, k_len], u32). Positions, not slots, so packed and shared-prefix rows get
+/// the window of each sequence; for plain rows (positions one per slot) this is transformers'
+/// slot rule `kv_idx > q_idx - sliding_window`. A query left with no key (a padding query) may
+/// attend its own slot, `past + i`, as in `causal_bias`, so no softmax row is all `-inf`.
+pub fn sliding_window_bias(
+    bias: &Tensor,
+    q_positions: &Tensor,
+    k_positions: &Tensor,
+    window: usize,
+) -> Result<Tensor, ModelError> {
+    let (batch, q_len) = q_positions.dims2()?;
+    let (k_batch, k_len) = k_positions.dims2()?;
+    let dims = bias.dims();
+    if k_batch != batch
+        || dims.len() != 4
+        || (dims[0] != batch && dims[0] != 1)
+        || dims[2] != q_len
+        || dims[3] != k_len
+        || q_len > k_len
+    {
+        return Err(ModelError::InvalidArgument(format!(
+            "sliding_window_bias: bias {dims:?}, query positions {:?}, key positions {:?}",
+            q_positions.dims(),
+            k_positions.dims()
+        )));
+    }
+    let device = bias.device().clone();
+    let base: Vec<f32> = bias
+        .to_dtype(candle_core::DType::F32)?
+        .broadcast_as((batch, 1, q_len, k_len))?
+        .flatten_all()?
+        .to_vec1()?;
+    let q_pos: Vec<u32> = q_positions
+        .to_dtype(candle_core::DType::U32)?
+        .flatten_all()?
+        .to_vec1()?;
+    let k_pos: Vec<u32> = k_positions
+        .to_dtype(candle_core::DType::U32)?
+        .flatten_all()?
+        .to_vec1()?;
+    let past = k_len - q_len;
+    let mut data = base;
+    for b in 0..batch {
+        for i in 0..q_len {
+            let q = i64::from(q_pos[b * q_len + i]);
+            let row = &mut data[(b * q_len + i) * k_len..(b * q_len + i + 1) * k_len];
+            for (j, value) in row.iter_mut().enumerate() {
+                if q - i64::from(k_pos[b * k_len + j]) >= window as i64 {
+                    *value = f32::NEG_INFINITY;
+                }
+            }
+            if row.iter().all(|v| *v == f32::NEG_INFINITY) {
+                row[past + i] = 0.0;
+            }
+        }
+    }
+    Ok(Tensor::from_vec(data, (batch, 1, q_len, k_len), &device)?)
+}
+
 /// Block-diagonal causal bias for packed sequences: token i of row b may attend token j iff
 /// `j <= i` and `doc_ids[b][j] == doc_ids[b][i]`. Every token attends at least itself.
 pub fn document_causal_bias(doc_ids: &[Vec<u32>], device: &Device) -> Result<Tensor, ModelError> {

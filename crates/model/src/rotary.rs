@@ -12,7 +12,7 @@
 //! `max_position_embeddings / original_max_position_embeddings`. (Some 4.x releases instead
 //! overrode `factor` with that ratio whenever `original_max_position_embeddings` was present.)
 
-use crate::config::{ModelConfig, RopeScaling};
+use crate::config::{ModelConfig, Rope, RopeScaling};
 use candle_core::{DType, Device, Result, Tensor};
 
 /// Inverse frequencies (head_dim / 2 of them) and the cos/sin scale.
@@ -23,15 +23,27 @@ pub struct RotaryTable {
 }
 
 impl RotaryTable {
+    /// The table of the model's (global) RoPE.
     pub fn new(config: &ModelConfig) -> RotaryTable {
+        RotaryTable::for_rope(&config.rope, config)
+    }
+
+    /// The table of the sliding-window layers: `local_rope` where the model has one (Gemma 3),
+    /// else the global table.
+    pub fn local(config: &ModelConfig) -> RotaryTable {
+        RotaryTable::for_rope(config.local_rope.as_ref().unwrap_or(&config.rope), config)
+    }
+
+    /// The table of `rope` at the model's head_dim and context length.
+    pub fn for_rope(rope: &Rope, config: &ModelConfig) -> RotaryTable {
         let dim = config.head_dim;
-        let base = config.rope.theta;
+        let base = rope.theta;
         let default_inv_freq = || -> Vec<f32> {
             (0..dim / 2)
                 .map(|i| 1.0f32 / (base as f32).powf((2 * i) as f32 / dim as f32))
                 .collect()
         };
-        match &config.rope.scaling {
+        match &rope.scaling {
             RopeScaling::Default => RotaryTable {
                 inv_freq: default_inv_freq(),
                 attention_factor: 1.0,

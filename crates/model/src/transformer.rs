@@ -17,7 +17,7 @@
 //! normally; `to_dtype(F64)` exists for finite-difference checks).
 
 use crate::activation_checkpoint::checkpointed;
-use crate::config::ModelConfig;
+use crate::config::{Activation, ModelConfig};
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
 use crate::lora::LoraAdapter;
@@ -27,7 +27,7 @@ use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use stoke_ops::bf16::PackedA;
-use stoke_ops::{Precision, apply_rope, attention, rms_norm, swiglu};
+use stoke_ops::{Precision, apply_rope, attention, attention_with, rms_norm, swiglu};
 
 /// Standard deviation of the random initialisation of weight matrices (HF `initializer_range`).
 const INIT_STD: f64 = 0.02;
@@ -57,6 +57,10 @@ pub fn parameter_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         let p = |suffix: &str| format!("model.layers.{layer}.{suffix}");
         shapes.push((p("input_layernorm.weight"), vec![h]));
         shapes.push((p("post_attention_layernorm.weight"), vec![h]));
+        if config.sandwich_norm {
+            shapes.push((p("pre_feedforward_layernorm.weight"), vec![h]));
+            shapes.push((p("post_feedforward_layernorm.weight"), vec![h]));
+        }
         for (proj, out) in [("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)] {
             shapes.push((p(&format!("self_attn.{proj}.weight")), vec![out, h]));
             if config.attention_bias {
@@ -140,17 +144,41 @@ pub(crate) enum Mlp {
 }
 
 impl Mlp {
-    fn forward(&self, x: &Tensor, p: Precision) -> candle_core::Result<Tensor> {
+    /// `down(act(gate(x)) * up(x))`; SwiGLU through the fused op, the other activations as
+    /// candle compositions (their backward passes are candle's).
+    fn forward(&self, x: &Tensor, p: Precision, act: Activation) -> candle_core::Result<Tensor> {
         match self {
             Mlp::SwiGlu {
                 gate_proj,
                 up_proj,
                 down_proj,
-            } => down_proj.forward(
-                &swiglu(&gate_proj.forward(x, p)?, &up_proj.forward(x, p)?)?,
-                p,
-            ),
+            } => {
+                let gate = gate_proj.forward(x, p)?;
+                let up = up_proj.forward(x, p)?;
+                let inner = match act {
+                    Activation::Silu => swiglu(&gate, &up)?,
+                    Activation::GeluTanh => (gate.gelu()? * up)?,
+                    Activation::Gelu => (gate.gelu_erf()? * up)?,
+                    Activation::Relu2 => (gate.relu()?.sqr()? * up)?,
+                };
+                down_proj.forward(&inner, p)
+            }
         }
+    }
+}
+
+/// RMSNorm with the model's weight convention: `norm(x) * w`, or Gemma's `norm(x) * (1 + w)`
+/// (the offset is added in the graph, so the gradient reaches `w`).
+pub(crate) fn model_rms_norm(
+    x: &Tensor,
+    weight: &Tensor,
+    eps: f64,
+    unit_offset: bool,
+) -> candle_core::Result<Tensor> {
+    if unit_offset {
+        rms_norm(x, &weight.affine(1.0, 1.0)?, eps)
+    } else {
+        rms_norm(x, weight, eps)
     }
 }
 
@@ -168,7 +196,11 @@ pub(crate) struct SelfAttention {
 pub(crate) struct DecoderLayer {
     pub(crate) input_layernorm: Tensor,
     pub(crate) self_attn: SelfAttention,
+    /// Pre-MLP norm; with sandwich norms, the norm of the attention output instead.
     pub(crate) post_attention_layernorm: Tensor,
+    /// Sandwich norms only: the MLP's input and output norms.
+    pub(crate) pre_feedforward_layernorm: Option<Tensor>,
+    pub(crate) post_feedforward_layernorm: Option<Tensor>,
     pub(crate) mlp: Mlp,
 }
 
@@ -178,7 +210,11 @@ struct ForwardContext {
     config: Arc<ModelConfig>,
     cos: Tensor,
     sin: Tensor,
+    /// cos and sin of the sliding-window layers' own RoPE (Gemma 3), when it differs.
+    local_cos_sin: Option<(Tensor, Tensor)>,
     bias: Tensor,
+    /// `bias` plus the sliding window's mask, over the same keys (models with sliding layers).
+    window_bias: Option<Tensor>,
     precision: Precision,
     /// The shared inputs of the fused block path, when this pass may take it.
     fused: Option<Arc<crate::fused_block::FusedInputs>>,
@@ -199,6 +235,8 @@ pub struct Transformer {
     /// The LM head's weight packed in bf16 for inference (`pack_weights`).
     pub(crate) packed_head: Option<Arc<PackedA>>,
     rotary: RotaryTable,
+    /// The sliding-window layers' RoPE table when it differs from `rotary` (Gemma 3).
+    local_rotary: Option<RotaryTable>,
     /// How the linear layers and the LM head multiply (`Precision::F32` unless set).
     precision: Precision,
     /// Recompute each block's activations in the backward pass (`set_activation_checkpointing`).
@@ -274,7 +312,8 @@ impl Transformer {
         for (name, shape) in parameter_shapes(&config) {
             let n: usize = shape.iter().product();
             let values: Vec<f32> = if name.ends_with("norm.weight") {
-                vec![1.0; n]
+                // A (1 + w) norm starts at w = 0, as transformers initialises Gemma's.
+                vec![if config.norm_unit_offset { 0.0 } else { 1.0 }; n]
             } else if name.ends_with(".bias") {
                 vec![0.0; n]
             } else {
@@ -354,6 +393,12 @@ impl Transformer {
                         k_norm: config.qk_norm.then(|| get(&p("self_attn.k_norm.weight"))),
                     },
                     post_attention_layernorm: get(&p("post_attention_layernorm.weight")),
+                    pre_feedforward_layernorm: config
+                        .sandwich_norm
+                        .then(|| get(&p("pre_feedforward_layernorm.weight"))),
+                    post_feedforward_layernorm: config
+                        .sandwich_norm
+                        .then(|| get(&p("post_feedforward_layernorm.weight"))),
                     mlp: Mlp::SwiGlu {
                         gate_proj: linear(&p("mlp.gate_proj"), config.mlp_bias),
                         up_proj: linear(&p("mlp.up_proj"), config.mlp_bias),
@@ -363,7 +408,12 @@ impl Transformer {
             })
             .collect();
         let rotary = RotaryTable::new(&config);
+        let local_rotary = config
+            .local_rope
+            .is_some()
+            .then(|| RotaryTable::local(&config));
         Transformer {
+            local_rotary,
             embed_tokens: get(EMBED_TOKENS),
             norm: get(FINAL_NORM),
             lm_head: (!config.tie_word_embeddings).then(|| get(LM_HEAD)),
@@ -672,11 +722,37 @@ impl Transformer {
         let (cos, sin) = self.rotary.cos_sin(positions, dtype)?;
         let cos = cos.to_device(self.device())?;
         let sin = sin.to_device(self.device())?;
+        let local_cos_sin = match &self.local_rotary {
+            Some(table) => {
+                let (cos, sin) = table.cos_sin(positions, dtype)?;
+                Some((cos.to_device(self.device())?, sin.to_device(self.device())?))
+            }
+            None => None,
+        };
         let bias = attn_bias.to_dtype(dtype)?;
+        // The sliding layers' bias: keys at `window` or more positions before the query are
+        // masked too. Key positions are the cache's (every slot processed so far) and this
+        // step's.
+        let key_positions = match cache.as_deref_mut() {
+            Some(cache) if self.config.sliding_window.is_some() => {
+                Some(cache.record_positions(positions)?)
+            }
+            _ => None,
+        };
+        let window_bias = match self.config.sliding_window {
+            Some(window) => {
+                let keys = key_positions.as_ref().unwrap_or(positions);
+                let combined = crate::mask::sliding_window_bias(&bias, positions, keys, window)?;
+                Some(combined.to_dtype(dtype)?)
+            }
+            None => None,
+        };
+        let plain = self.config.is_plain();
         // The fused block runs training and scoring (no cache) and a prompt's prefill (an empty
         // cache, filled with the keys and values it returns).
         let prefill = cache.as_deref().is_some_and(KvCache::is_empty);
         let fused = match cache {
+            _ if !plain => None,
             None if self.fused_blocks
                 && self.device().is_cpu()
                 && matches!(dtype, DType::F32 | DType::F64) =>
@@ -701,7 +777,9 @@ impl Transformer {
             config: Arc::new(self.config.clone()),
             cos,
             sin,
+            local_cos_sin,
             bias,
+            window_bias,
             precision: self.precision,
             fused,
         });
@@ -723,6 +801,12 @@ impl Transformer {
             len,
             self.config.hidden_size,
         ))?;
+        if self.config.scale_embeddings {
+            // Gemma: sqrt(hidden) as a float32 scalar, rounded to the parameters' dtype.
+            let scale = (self.config.hidden_size as f64).sqrt() as f32;
+            let scale = Tensor::new(scale, self.device())?.to_dtype(dtype)?;
+            hidden = hidden.broadcast_mul(&scale)?;
+        }
         for (index, layer) in self.layers.iter().enumerate() {
             let fused = context
                 .fused
@@ -760,11 +844,18 @@ impl Transformer {
                 layer.forward(&hidden, &context, index, cache.as_deref_mut())?
             };
         }
-        Ok(rms_norm(&hidden, &self.norm, self.config.rms_norm_eps)?)
+        Ok(model_rms_norm(
+            &hidden,
+            &self.norm,
+            self.config.rms_norm_eps,
+            self.config.norm_unit_offset,
+        )?)
     }
 
     /// The LM head's weight [vocab, hidden] (`lm_head.weight`, or the embedding when tied), for
-    /// fused heads such as `stoke_ops::linear_target_logprobs`.
+    /// fused heads such as `stoke_ops::linear_target_logprobs`. Those compute `hidden · W^T`
+    /// only: with a final-logit soft-cap (`config().final_logit_softcap`) the logits are
+    /// `lm_logits`' instead.
     pub fn lm_head_weight(&self) -> &Tensor {
         self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
     }
@@ -785,6 +876,11 @@ impl Transformer {
         if let Some(last) = out_dims.last_mut() {
             *last = self.config.vocab_size;
         }
+        let logits = match self.config.final_logit_softcap {
+            // Gemma 2: cap * tanh(logits / cap), part of the model's logits.
+            Some(cap) => ((logits / cap)?.tanh()? * cap)?,
+            None => logits,
+        };
         Ok(logits.reshape(out_dims)?)
     }
 }
@@ -795,6 +891,8 @@ impl DecoderLayer {
     fn vars(&self) -> Vec<Tensor> {
         let norms = [&self.input_layernorm, &self.post_attention_layernorm]
             .into_iter()
+            .chain(self.pre_feedforward_layernorm.iter())
+            .chain(self.post_feedforward_layernorm.iter())
             .chain(self.self_attn.q_norm.iter())
             .chain(self.self_attn.k_norm.iter())
             .filter(|t| t.is_variable());
@@ -809,6 +907,8 @@ impl DecoderLayer {
             &mut self.post_attention_layernorm,
         ]
         .into_iter()
+        .chain(self.pre_feedforward_layernorm.iter_mut())
+        .chain(self.post_feedforward_layernorm.iter_mut())
         .chain(self.self_attn.q_norm.iter_mut())
         .chain(self.self_attn.k_norm.iter_mut())
         {
@@ -857,15 +957,41 @@ impl DecoderLayer {
         index: usize,
         cache: Option<&mut KvCache>,
     ) -> Result<Tensor, ModelError> {
-        let eps = context.config.rms_norm_eps;
-        let normed = rms_norm(hidden, &self.input_layernorm, eps)?;
-        let hidden = (hidden + self.self_attn.forward(&normed, context, index, cache)?)?;
-        let normed = rms_norm(&hidden, &self.post_attention_layernorm, eps)?;
+        let config = &context.config;
+        let (eps, offset) = (config.rms_norm_eps, config.norm_unit_offset);
+        let norm = |x: &Tensor, w: &Tensor| model_rms_norm(x, w, eps, offset);
+        let normed = norm(hidden, &self.input_layernorm)?;
+        let attn_out = self.self_attn.forward(&normed, context, index, cache)?;
+        let (hidden, normed) = match (
+            &self.pre_feedforward_layernorm,
+            &self.post_feedforward_layernorm,
+        ) {
+            // Sandwich: the attention output is normed before the residual add.
+            (Some(pre_ffn), Some(_)) => {
+                let hidden = (hidden + norm(&attn_out, &self.post_attention_layernorm)?)?;
+                let normed = norm(&hidden, pre_ffn)?;
+                (hidden, normed)
+            }
+            _ => {
+                let hidden = (hidden + attn_out)?;
+                let normed = norm(&hidden, &self.post_attention_layernorm)?;
+                (hidden, normed)
+            }
+        };
         let (batch, len, width) = normed.dims3()?;
         let mlp_out = self
             .mlp
-            .forward(&normed.reshape((batch * len, width))?, context.precision)?;
-        Ok((hidden + mlp_out.reshape((batch, len, width))?)?)
+            .forward(
+                &normed.reshape((batch * len, width))?,
+                context.precision,
+                config.hidden_act,
+            )?
+            .reshape((batch, len, width))?;
+        let mlp_out = match &self.post_feedforward_layernorm {
+            Some(post_ffn) => norm(&mlp_out, post_ffn)?,
+            None => mlp_out,
+        };
+        Ok((hidden + mlp_out)?)
     }
 }
 
@@ -897,26 +1023,55 @@ impl SelfAttention {
             .v_proj
             .forward(&x, context.precision)?
             .reshape((batch, len, kv_heads, head_dim))?;
+        let (eps, offset) = (config.rms_norm_eps, config.norm_unit_offset);
         let (q, k) = match (&self.q_norm, &self.k_norm) {
             (Some(qn), Some(kn)) => (
-                rms_norm(&q, qn, config.rms_norm_eps)?,
-                rms_norm(&k, kn, config.rms_norm_eps)?,
+                model_rms_norm(&q, qn, eps, offset)?,
+                model_rms_norm(&k, kn, eps, offset)?,
             ),
             _ => (q, k),
         };
-        // RoPE in the [B, T, H, D] layout (cos/sin are [B, T, 1, D]), then heads first.
-        let q = apply_rope(&q, &context.cos, &context.sin)?
-            .transpose(1, 2)?
-            .contiguous()?;
-        let k = apply_rope(&k, &context.cos, &context.sin)?
-            .transpose(1, 2)?
-            .contiguous()?;
-        let v = v.transpose(1, 2)?.contiguous()?;
-        let (k, v) = match cache {
-            Some(cache) => cache.append(index, &k, &v)?,
-            None => (k, v),
+        // RoPE in the [B, T, H, D] layout (cos/sin are [B, T, 1, D]), then heads first; NoPE
+        // layers skip it.
+        let window = config.window_of(index);
+        let (q, k) = if config.uses_rope(index) {
+            let (cos, sin) = match (&context.local_cos_sin, window) {
+                (Some((cos, sin)), Some(_)) => (cos, sin),
+                _ => (&context.cos, &context.sin),
+            };
+            (apply_rope(&q, cos, sin)?, apply_rope(&k, cos, sin)?)
+        } else {
+            (q, k)
         };
-        let out = attention(&q, &k, &v, &context.bias)?;
+        let q = q.transpose(1, 2)?.contiguous()?;
+        let k = k.transpose(1, 2)?.contiguous()?;
+        let v = v.transpose(1, 2)?.contiguous()?;
+        let bias = match (window, &context.window_bias) {
+            (Some(_), Some(window_bias)) => window_bias,
+            _ => &context.bias,
+        };
+        let (k, v, bias) = match cache {
+            Some(cache) => {
+                // A sliding layer's cache keeps only the window: the keys returned start at
+                // slot `first`, so the bias loses its columns before that.
+                let (k, v, first) = cache.append_windowed(index, &k, &v, window)?;
+                let keys = k.dim(2)?;
+                (k, v, bias.narrow(3, first, keys)?)
+            }
+            None => (k, v, bias.clone()),
+        };
+        let out = if config.is_plain() {
+            attention(&q, &k, &v, &bias)?
+        } else {
+            attention_with(
+                &q,
+                &k,
+                &v,
+                &bias,
+                config.attention_scale(),
+                config.attn_logit_softcap,
+            )?
+        };
         let out = out
             .transpose(1, 2)?
             .reshape((batch * len, q_heads * head_dim))?;

@@ -42,7 +42,7 @@ fn checkpointed_gradients_equal_the_plain_ones_bit_for_bit() {
 /// Padded rows (a left-padded batch of two) and f64 parameters: still exact.
 #[test]
 fn checkpointing_is_exact_on_padded_batches_in_f64() {
-    let dir = &fixture_dirs()[0];
+    let dir = &plain_fixture_dirs()[0];
     let plain = load(dir).to_dtype(DType::F64).expect("f64");
     let mut ckpt = plain.to_dtype(DType::F64).expect("copy");
     ckpt.set_activation_checkpointing(true);

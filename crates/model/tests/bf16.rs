@@ -7,12 +7,25 @@
 //! per-parameter gradients within 5% relative L2 distance of the f32 gradients. These are
 //! far above what f32 summation order gives (~1e-6) and far below what a wrong product gives
 //! (order 1).
+//!
+//! The block-variant fixtures (Gemma 2/3, SmolLM3, relu²) record PyTorch's own bf16 error on the
+//! same checkpoint (`bf16_autocast` in reference.json: `torch.autocast("cpu", bfloat16)`). Gemma's
+//! sqrt(hidden)-scaled embeddings and (1 + w) norms widen bf16's error past the stated bounds in
+//! PyTorch too (0.16 and 0.30 logits where the bound is 0.08 and 0.13), so there the bound is the
+//! larger of the stated one and 1.25x PyTorch's: stoke's bf16 is no worse than the peer's.
 
 mod common;
 
 use candle_core::Tensor;
 use common::*;
 use stoke_ops::Precision;
+
+/// PyTorch autocast's bf16 error figure `key` on this fixture (0 where none is recorded).
+fn autocast_figure(dir: &std::path::Path, key: &str) -> f64 {
+    reference_json(dir)["bf16_autocast"][key]
+        .as_f64()
+        .unwrap_or(0.0)
+}
 
 fn abs_max(t: &Tensor) -> f32 {
     t.abs()
@@ -31,7 +44,9 @@ fn bf16_logits_stay_within_the_stated_tolerance_of_transformers_f32() {
             let want = &reference[&format!("logits_{which}")];
             let got = forward_full(&model, &reference[&format!("input_ids_{which}")]);
             let diff = max_abs_diff(&got, want);
-            let bound = 2e-2 * abs_max(want) + 1e-3;
+            let bound = (2e-2 * abs_max(want) + 1e-3).max(
+                1.25 * autocast_figure(&dir, &format!("logits_{which}_max_abs_diff")) as f32,
+            );
             let f32_diff = max_abs_diff(
                 &forward_full(&load(&dir), &reference[&format!("input_ids_{which}")]),
                 want,
@@ -72,9 +87,10 @@ fn bf16_gradients_stay_within_the_stated_tolerance_of_f32() {
             if rel > worst.0 {
                 worst = (rel, name_f.clone());
             }
+            let bound = 5e-2f64.max(1.25 * autocast_figure(&dir, "grad_worst_relative_l2"));
             assert!(
-                rel <= 5e-2,
-                "{}: {name_f} relative L2 distance {rel:.3e}",
+                rel <= bound,
+                "{}: {name_f} relative L2 distance {rel:.3e} (bound {bound:.3e})",
                 name(&dir)
             );
         }
@@ -94,7 +110,7 @@ fn bf16_gradients_stay_within_the_stated_tolerance_of_f32() {
 /// backward through them is an error; unpacking restores the differentiable path.
 #[test]
 fn packed_inference_weights_match_per_call_packing_and_refuse_a_backward() {
-    let dir = &fixture_dirs()[0];
+    let dir = &plain_fixture_dirs()[0];
     let reference = reference_tensors(dir);
     let ids = &reference["input_ids_a"];
     let per_call = load(dir).with_precision(Precision::Bf16);

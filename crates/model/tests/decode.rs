@@ -147,7 +147,7 @@ fn compare(
 
 #[test]
 fn fused_f32_decoding_matches_the_graph_on_every_fixture() {
-    for dir in fixture_dirs() {
+    for dir in plain_fixture_dirs() {
         let model = load(&dir);
         assert!(model.supports_fused_decode(), "{}", name(&dir));
         let worst = compare(&model, &model, &dir, 5);
@@ -161,7 +161,7 @@ fn fused_f32_decoding_matches_the_graph_on_every_fixture() {
 
 #[test]
 fn fused_bf16_decoding_matches_the_per_call_bf16_graph_on_every_fixture() {
-    for dir in fixture_dirs() {
+    for dir in plain_fixture_dirs() {
         let mut model = load(&dir);
         model.pack_weights().expect("pack");
         assert!(model.supports_fused_decode(), "{}", name(&dir));
@@ -179,7 +179,7 @@ fn fused_bf16_decoding_matches_the_per_call_bf16_graph_on_every_fixture() {
 
 #[test]
 fn fused_decoding_gives_the_same_bits_on_any_number_of_threads() {
-    let dir = fixture_dirs()
+    let dir = plain_fixture_dirs()
         .into_iter()
         .find(|d| name(d) == "qwen3_qknorm")
         .expect("qwen3 fixture");
@@ -219,7 +219,7 @@ fn fused_decoding_gives_the_same_bits_on_any_number_of_threads() {
 
 #[test]
 fn fused_decoding_refuses_bad_input_by_name() {
-    let dir = &fixture_dirs()[0];
+    let dir = &plain_fixture_dirs()[0];
     let model = load(dir);
     let vocab = model.config().vocab_size as u32;
     let mut cache = model.new_decode_cache(2, 2);
@@ -262,7 +262,7 @@ fn fused_decoding_refuses_bad_input_by_name() {
 
 #[test]
 fn an_inference_copy_generates_as_the_packed_model_and_refuses_everything_else() {
-    for dir in fixture_dirs() {
+    for dir in plain_fixture_dirs() {
         let source = load(&dir);
         let mut packed = source.snapshot().expect("snapshot");
         packed.pack_weights().expect("pack");
@@ -305,7 +305,7 @@ fn an_inference_copy_generates_as_the_packed_model_and_refuses_everything_else()
             name(&dir)
         );
     }
-    let dir = &fixture_dirs()[0];
+    let dir = &plain_fixture_dirs()[0];
     let mut copy = load(dir).inference_copy().expect("copy");
     let out = tempfile::tempdir().expect("tempdir");
     for err in [
@@ -338,7 +338,7 @@ fn an_inference_copy_generates_as_the_packed_model_and_refuses_everything_else()
 /// order), in any chunking; and they match the graph path within the stated tolerances.
 #[test]
 fn prefill_equals_token_by_token_bit_for_bit_and_the_graph_within_tolerance() {
-    for dir in fixture_dirs() {
+    for dir in plain_fixture_dirs() {
         for bf16 in [false, true] {
             let mut model = load(&dir);
             if bf16 {
@@ -417,7 +417,7 @@ fn prefill_equals_token_by_token_bit_for_bit_and_the_graph_within_tolerance() {
 /// the same bits.
 #[test]
 fn a_long_prefill_chunk_matches_the_graph_and_repeats_bit_for_bit() {
-    for dir in fixture_dirs() {
+    for dir in plain_fixture_dirs() {
         let model = load(&dir);
         let c = model.config().clone();
         let m = 60.min(c.max_position_embeddings - 1);

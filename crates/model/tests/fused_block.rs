@@ -101,7 +101,7 @@ fn pair(dir: &std::path::Path, dtype: DType, precision: Precision) -> (Transform
 
 #[test]
 fn fused_blocks_match_the_composition_on_every_fixture() {
-    for dir in fixture_dirs() {
+    for dir in plain_fixture_dirs() {
         let ids = ids_u32(&reference_tensors(&dir)["input_ids_a"]);
         let (batch, len) = ids.dims2().expect("ids");
         let bias = causal_bias(&vec![vec![true; len]; batch], len, &Device::Cpu).expect("bias");
@@ -121,7 +121,7 @@ fn fused_blocks_match_the_composition_on_every_fixture() {
 #[test]
 fn fused_blocks_match_on_padded_rows_and_packed_documents() {
     let len = 9;
-    for dir in fixture_dirs() {
+    for dir in plain_fixture_dirs() {
         let vocab = load(&dir).config().vocab_size as u32;
         let ids: Vec<u32> = (0..2 * len as u32).map(|i| (i * 7 + 3) % vocab).collect();
         let ids = Tensor::from_vec(ids, (2, len), &Device::Cpu).expect("ids");
@@ -164,7 +164,7 @@ fn fused_blocks_match_on_padded_rows_and_packed_documents() {
 
 #[test]
 fn checkpointed_fused_blocks_give_the_same_gradients_bit_for_bit() {
-    for dir in fixture_dirs() {
+    for dir in plain_fixture_dirs() {
         let ids = ids_u32(&reference_tensors(&dir)["input_ids_a"]);
         let (batch, len) = ids.dims2().expect("ids");
         let bias = causal_bias(&vec![vec![true; len]; batch], len, &Device::Cpu).expect("bias");

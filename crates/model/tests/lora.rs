@@ -115,7 +115,7 @@ fn merged_weights_reproduce_the_adapted_logits_and_the_base_is_shared() {
 
 #[test]
 fn activation_checkpointing_with_adapters_is_exact() {
-    let dir = &fixture_dirs()[0];
+    let dir = &plain_fixture_dirs()[0];
     let ids = &reference_tensors(dir)["input_ids_a"];
     let mut plain = load(dir);
     plain.add_lora(&config(&["all-linear"]), 1).unwrap();
@@ -173,7 +173,7 @@ fn peft_adapters_load_and_match_transformers() {
 
 #[test]
 fn save_and_load_round_trip_bit_for_bit() {
-    let dir = &fixture_dirs()[0];
+    let dir = &plain_fixture_dirs()[0];
     let ids = &reference_tensors(dir)["input_ids_a"];
     let mut adapted = load(dir);
     adapted
@@ -202,7 +202,7 @@ fn save_and_load_round_trip_bit_for_bit() {
 
 #[test]
 fn bad_adapter_configs_and_files_are_refused_by_name() {
-    let dir = &fixture_dirs()[0];
+    let dir = &plain_fixture_dirs()[0];
     let mut model = load(dir);
     let mut bad = config(&["q_proj"]);
     bad.r = 0;

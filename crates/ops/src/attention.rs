@@ -62,6 +62,54 @@ pub fn attention_composed(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor) -> 
         .reshape((batch, q_heads, q_len, head_dim))
 }
 
+/// `attention` with the score scale given (`scale` instead of `1/sqrt(d)`: Gemma's
+/// `query_pre_attn_scalar^-0.5`) and, optionally, Gemma 2's soft-cap on the scaled scores before
+/// the bias: `softmax(cap * tanh(s * scale / cap) + bias) v`. Same shapes as `attention`.
+///
+/// Without a cap the scale is folded into `q` (one multiply, then the fused op); with one, the
+/// composition of candle ops (so the backward pass is candle's), in the grouped-query layout.
+pub fn attention_with(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: &Tensor,
+    scale: f64,
+    softcap: Option<f64>,
+) -> Result<Tensor> {
+    let (batch, q_heads, q_len, head_dim) = q.dims4()?;
+    let default = 1.0 / (head_dim as f64).sqrt();
+    let Some(cap) = softcap else {
+        return if scale == default {
+            attention(q, k, v, bias)
+        } else {
+            attention(&q.affine(scale / default, 0.0)?, k, v, bias)
+        };
+    };
+    let (_, kv_heads, k_len, _) = k.dims4()?;
+    if kv_heads == 0 || q_heads % kv_heads != 0 {
+        candle_core::bail!(
+            "attention: {q_heads} query heads not a multiple of {kv_heads} key/value heads"
+        )
+    }
+    let n_rep = q_heads / kv_heads;
+    let grouped_q = q
+        .contiguous()?
+        .reshape((batch, kv_heads, n_rep * q_len, head_dim))?;
+    let scores = grouped_q
+        .matmul(&k.t()?)?
+        .reshape((batch, q_heads, q_len, k_len))?;
+    let capped = (scores.affine(scale / cap, 0.0)?.tanh()? * cap)?;
+    let probs = softmax_last_dim(&capped.broadcast_add(bias)?)?.reshape((
+        batch,
+        kv_heads,
+        n_rep * q_len,
+        k_len,
+    ))?;
+    probs
+        .matmul(&v.contiguous()?)?
+        .reshape((batch, q_heads, q_len, head_dim))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,6 +118,19 @@ mod tests {
 
     /// Plain loops: every query head uses key/value head `h / n_rep`.
     fn reference(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor) -> Result<Vec<f64>> {
+        let d = q.dims4()?.3;
+        reference_with(q, k, v, bias, 1.0 / (d as f64).sqrt(), None)
+    }
+
+    /// Scores `s = q.k * scale`, capped as `cap * tanh(s / cap)`, plus the bias.
+    fn reference_with(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        bias: &Tensor,
+        scale: f64,
+        cap: Option<f64>,
+    ) -> Result<Vec<f64>> {
         let (b_n, hq, tq, d) = q.dims4()?;
         let (_, hkv, tk, _) = k.dims4()?;
         let q = q.flatten_all()?.to_vec1::<f64>()?;
@@ -89,7 +150,9 @@ mod tests {
                                         * k[((b * hkv + g) * tk + j) * d + c]
                                 })
                                 .sum();
-                            dot / (d as f64).sqrt() + bias[(b * tq + i) * tk + j]
+                            let s = dot * scale;
+                            let s = cap.map_or(s, |c| c * (s / c).tanh());
+                            s + bias[(b * tq + i) * tk + j]
                         })
                         .collect();
                     let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -172,6 +235,64 @@ mod tests {
                 vs[1].as_tensor(),
                 vs[2].as_tensor(),
                 &bias,
+            )?
+            .mul(&probe)?
+            .sum_all()
+        };
+        let coords: Vec<(usize, usize)> = (0..3)
+            .flat_map(|var| (0..24).step_by(5).map(move |i| (var, i)))
+            .collect();
+        for p in check_gradients(&[q, k, v], &loss, &coords, 1e-6)? {
+            assert!(p.relative_error(1e-6) < 1e-5, "{p:?}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn scaled_and_soft_capped_attention_match_the_reference() -> Result<()> {
+        let dev = Device::Cpu;
+        let q = crate::gradcheck::seeded_randn(0f64, 3.0, (2, 4, 3, 4), &dev)?;
+        let k = crate::gradcheck::seeded_randn(0f64, 3.0, (2, 2, 5, 4), &dev)?;
+        let v = crate::gradcheck::seeded_randn(0f64, 1.0, (2, 2, 5, 4), &dev)?;
+        let bias = causal_bias(2, 3, 5)?;
+        for (scale, cap) in [(0.5, None), (0.3, Some(2.0)), (0.5, Some(50.0))] {
+            let out = attention_with(&q, &k, &v, &bias, scale, cap)?
+                .flatten_all()?
+                .to_vec1::<f64>()?;
+            let expected = reference_with(&q, &k, &v, &bias, scale, cap)?;
+            let max_diff = out
+                .iter()
+                .zip(&expected)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
+            assert!(max_diff < 1e-12, "scale {scale} cap {cap:?}: {max_diff}");
+        }
+        // The cap changes the result where scores are large (the test would pass vacuously if
+        // the cap were ignored otherwise).
+        let capped = attention_with(&q, &k, &v, &bias, 0.5, Some(1.0))?;
+        let plain = attention_with(&q, &k, &v, &bias, 0.5, None)?;
+        let diff = (capped - plain)?.abs()?.max_all()?.to_scalar::<f64>()?;
+        assert!(diff > 1e-2, "the soft-cap had no effect: {diff}");
+        Ok(())
+    }
+
+    #[test]
+    fn soft_capped_attention_gradients_match_finite_differences() -> Result<()> {
+        let dev = Device::Cpu;
+        let var = |shape: (usize, usize, usize, usize), seed_scale: f64| -> Result<Var> {
+            Var::from_tensor(&crate::gradcheck::seeded_randn(0f64, seed_scale, shape, &dev)?)
+        };
+        let (q, k, v) = (var((1, 4, 3, 4), 2.0)?, var((1, 2, 3, 4), 2.0)?, var((1, 2, 3, 4), 1.0)?);
+        let bias = causal_bias(1, 3, 3)?;
+        let probe = crate::gradcheck::seeded_randn(0f64, 1.0, (1, 4, 3, 4), &dev)?;
+        let loss = |vs: &[Var]| {
+            attention_with(
+                vs[0].as_tensor(),
+                vs[1].as_tensor(),
+                vs[2].as_tensor(),
+                &bias,
+                0.4,
+                Some(1.5),
             )?
             .mul(&probe)?
             .sum_all()

@@ -60,7 +60,7 @@ pub use activation::swiglu;
 /// an offset that is a multiple of this is processed in the same blocks, so with the same
 /// values in the same order, as on a row of its own.
 pub const ATTENTION_ROW_BLOCK: usize = attention_rows::QB;
-pub use attention::attention;
+pub use attention::{attention, attention_with};
 pub use linear::linear;
 pub use lm_head::{
     linear_target_logprobs, linear_target_logprobs_chunked, linear_target_logprobs_with,
