@@ -519,7 +519,10 @@ impl ModelConfig {
         if !traits.qkv_bias_forced {
             set("attention_bias", self.attention_bias.into());
         }
-        if matches!(self.architecture, Architecture::Llama | Architecture::SmolLm3) {
+        if matches!(
+            self.architecture,
+            Architecture::Llama | Architecture::SmolLm3
+        ) {
             set("mlp_bias", self.mlp_bias.into());
         }
         let optional = |v: Option<f64>| v.map_or(Value::Null, Value::from);
@@ -528,10 +531,7 @@ impl ModelConfig {
                 "query_pre_attn_scalar",
                 optional(self.query_pre_attn_scalar),
             );
-            set(
-                "attn_logit_softcapping",
-                optional(self.attn_logit_softcap),
-            );
+            set("attn_logit_softcapping", optional(self.attn_logit_softcap));
             set(
                 "final_logit_softcapping",
                 optional(self.final_logit_softcap),
@@ -796,14 +796,12 @@ impl Validator<'_> {
             }
         };
         let gemma2 = architecture == Architecture::Gemma2;
-        let attn_logit_softcap =
-            gemma_default(
+        let attn_logit_softcap = gemma_default(
             "attn_logit_softcapping",
             file.attn_logit_softcapping,
             gemma2.then_some(50.0),
         )?;
-        let final_logit_softcap =
-            gemma_default(
+        let final_logit_softcap = gemma_default(
             "final_logit_softcapping",
             file.final_logit_softcapping,
             gemma2.then_some(30.0),
@@ -830,7 +828,8 @@ impl Validator<'_> {
             }
         }
         // Unused windows are dropped so two configs that compute the same compare equal.
-        let sliding_window = sliding_window.filter(|_| layer_types.contains(&AttentionKind::Sliding));
+        let sliding_window =
+            sliding_window.filter(|_| layer_types.contains(&AttentionKind::Sliding));
         let attention_bias_flag = file.attention_bias.unwrap_or(false);
         let attention_bias = traits.qkv_bias_forced || attention_bias_flag;
         let attention_output_bias = !traits.qkv_bias_forced && attention_bias_flag;
@@ -1295,5 +1294,133 @@ mod tests {
             ),
             (c.rope.clone(), 16, true)
         );
+    }
+
+    #[test]
+    fn gemma_and_smollm3_defaults_follow_the_transformers_classes() {
+        let gemma2 = parse(&format!(r#"{{"model_type": "gemma2", {BASE}}}"#)).expect("gemma2");
+        assert_eq!(
+            (gemma2.attn_logit_softcap, gemma2.final_logit_softcap),
+            (Some(50.0), Some(30.0))
+        );
+        assert_eq!(gemma2.query_pre_attn_scalar, Some(256.0));
+        assert_eq!(gemma2.hidden_act, Activation::GeluTanh);
+        assert_eq!(gemma2.layer_types, vec![AttentionKind::Sliding]);
+        assert_eq!(gemma2.sliding_window, Some(4096));
+        assert!(gemma2.tie_word_embeddings && gemma2.sandwich_norm && gemma2.norm_unit_offset);
+        assert!(!gemma2.is_plain());
+        // An explicit null turns a cap off.
+        let uncapped = parse(&format!(
+            r#"{{"model_type": "gemma2", "attn_logit_softcapping": null, {BASE}}}"#
+        ))
+        .expect("gemma2");
+        assert_eq!(uncapped.attn_logit_softcap, None);
+        let gemma3 = parse(&format!(
+            r#"{{"model_type": "gemma3_text", {BASE}, "num_hidden_layers": 6, "rope_theta": 1e6,
+                "rope_local_base_freq": 1e4, "rope_scaling": {{"rope_type": "linear", "factor": 8.0}}}}"#
+        ))
+        .expect("gemma3");
+        let sliding = AttentionKind::Sliding;
+        assert_eq!(
+            gemma3.layer_types,
+            vec![
+                sliding,
+                sliding,
+                sliding,
+                sliding,
+                sliding,
+                AttentionKind::Full
+            ]
+        );
+        assert_eq!(gemma3.rope.scaling, RopeScaling::Linear { factor: 8.0 });
+        assert_eq!(gemma3.local_rope.as_ref().map(|r| r.theta), Some(1e4));
+        assert!(gemma3.qk_norm && gemma3.attn_logit_softcap.is_none());
+        let smol = parse(&format!(
+            r#"{{"model_type": "smollm3", {BASE}, "num_hidden_layers": 8}}"#
+        ))
+        .expect("smollm3");
+        assert_eq!(
+            smol.rope_layers,
+            vec![true, true, true, false, true, true, true, false]
+        );
+        assert_eq!(smol.rope.theta, 2_000_000.0);
+        assert!(smol.layer_types.iter().all(|&k| k == AttentionKind::Full));
+        // Every family writes what it reads back.
+        for c in [gemma2, uncapped, gemma3, smol] {
+            let again = parse(&c.to_hf_json().to_string()).expect("reparse");
+            assert_eq!(
+                ModelConfig {
+                    source_fields: Map::new(),
+                    ..again
+                },
+                ModelConfig {
+                    source_fields: Map::new(),
+                    ..c
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn bad_variant_fields_are_rejected_by_name() {
+        let cases = [
+            (
+                r#""model_type": "gemma2", "layer_types": ["full_attention", "full_attention"]"#,
+                "layer_types",
+            ),
+            (
+                r#""model_type": "gemma2", "layer_types": ["chunked_attention"]"#,
+                "layer_types[0]",
+            ),
+            (
+                r#""model_type": "llama", "layer_types": ["sliding_attention"]"#,
+                "layer_types[0]",
+            ),
+            (
+                r#""model_type": "gemma2", "sliding_window": null"#,
+                "sliding_window",
+            ),
+            (
+                r#""model_type": "gemma2", "sliding_window": 0"#,
+                "sliding_window",
+            ),
+            (
+                r#""model_type": "llama", "no_rope_layers": [0]"#,
+                "no_rope_layers",
+            ),
+            (
+                r#""model_type": "smollm3", "no_rope_layers": [1, 0]"#,
+                "no_rope_layers",
+            ),
+            (
+                r#""model_type": "smollm3", "no_rope_layers": [2]"#,
+                "no_rope_layers[0]",
+            ),
+            (
+                r#""model_type": "gemma3_text", "use_bidirectional_attention": true"#,
+                "use_bidirectional_attention",
+            ),
+            (
+                r#""model_type": "gemma2", "hidden_activation": "gelu_fast""#,
+                "hidden_activation",
+            ),
+            (
+                r#""model_type": "gemma2", "attn_logit_softcapping": -1.0"#,
+                "attn_logit_softcapping",
+            ),
+            (
+                r#""model_type": "gemma3_text", "rope_parameters": {"full_attention": {"rope_type": "dynamic", "factor": 2.0}}"#,
+                "rope_parameters.full_attention.rope_type",
+            ),
+        ];
+        for (fields, field) in cases {
+            let err = parse(&format!("{{{BASE}, {fields}}}"))
+                .expect_err(fields)
+                .to_string();
+            assert!(
+                err.contains("config.json") && err.contains(field),
+                "{fields}: {err}"
+            );
+        }
     }
 }

@@ -44,9 +44,8 @@ fn bf16_logits_stay_within_the_stated_tolerance_of_transformers_f32() {
             let want = &reference[&format!("logits_{which}")];
             let got = forward_full(&model, &reference[&format!("input_ids_{which}")]);
             let diff = max_abs_diff(&got, want);
-            let bound = (2e-2 * abs_max(want) + 1e-3).max(
-                1.25 * autocast_figure(&dir, &format!("logits_{which}_max_abs_diff")) as f32,
-            );
+            let bound = (2e-2 * abs_max(want) + 1e-3)
+                .max(1.25 * autocast_figure(&dir, &format!("logits_{which}_max_abs_diff")) as f32);
             let f32_diff = max_abs_diff(
                 &forward_full(&load(&dir), &reference[&format!("input_ids_{which}")]),
                 want,

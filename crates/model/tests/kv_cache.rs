@@ -288,17 +288,20 @@ fn a_sliding_window_cache_keeps_the_window_and_equals_full_recomputation() {
                     Some(&mut cache),
                 )
                 .unwrap();
-            for b in 0..2 {
-                for t in start..end {
-                    if !key_valid[b][t] {
-                        continue;
-                    }
+            for (b, valid) in key_valid.iter().enumerate() {
+                for t in (start..end).filter(|&t| valid[t]) {
                     let got = logits.get(b).unwrap().get(t - start).unwrap();
                     let want = full.get(b).unwrap().get(t).unwrap();
                     let diff = max_abs_diff(&got, &want);
                     // f32 summation order, relative to the logits' scale (as the fused-prefill
                     // test above); a wrong window or eviction is off by order 1.
-                    let scale = want.abs().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+                    let scale = want
+                        .abs()
+                        .unwrap()
+                        .max(0)
+                        .unwrap()
+                        .to_scalar::<f32>()
+                        .unwrap();
                     assert!(
                         diff <= CACHE_TOLERANCE * (1.0 + scale),
                         "prefill {prefill}: row {b} position {t}: cached vs full {diff}"
@@ -311,7 +314,11 @@ fn a_sliding_window_cache_keeps_the_window_and_equals_full_recomputation() {
                     Some(w) => end.min(w - 1),
                     None => end,
                 };
-                assert_eq!(cache.stored_len(layer), expected, "layer {layer} after {end}");
+                assert_eq!(
+                    cache.stored_len(layer),
+                    expected,
+                    "layer {layer} after {end}"
+                );
             }
             start = end;
         }

@@ -280,9 +280,15 @@ mod tests {
     fn soft_capped_attention_gradients_match_finite_differences() -> Result<()> {
         let dev = Device::Cpu;
         let var = |shape: (usize, usize, usize, usize), seed_scale: f64| -> Result<Var> {
-            Var::from_tensor(&crate::gradcheck::seeded_randn(0f64, seed_scale, shape, &dev)?)
+            Var::from_tensor(&crate::gradcheck::seeded_randn(
+                0f64, seed_scale, shape, &dev,
+            )?)
         };
-        let (q, k, v) = (var((1, 4, 3, 4), 2.0)?, var((1, 2, 3, 4), 2.0)?, var((1, 2, 3, 4), 1.0)?);
+        let (q, k, v) = (
+            var((1, 4, 3, 4), 2.0)?,
+            var((1, 2, 3, 4), 2.0)?,
+            var((1, 2, 3, 4), 1.0)?,
+        );
         let bias = causal_bias(1, 3, 3)?;
         let probe = crate::gradcheck::seeded_randn(0f64, 1.0, (1, 4, 3, 4), &dev)?;
         let loss = |vs: &[Var]| {

@@ -17,7 +17,11 @@ use stoke_rollout::{
 const LOGPROB_TOLERANCE: f32 = 1e-5;
 
 /// Every fixture checkpoint; each has transformers' greedy continuations in reference.safetensors.
-const FIXTURES: [&str; 9] = [
+const FIXTURES: [&str; 13] = [
+    "gemma2_softcap_sliding",
+    "gemma3_text_local_rope",
+    "llama_relu2",
+    "smollm3_nope",
     "llama_bf16",
     "llama_gqa_rope_llama3",
     "llama_gqa_rope_llama3_v4config",
@@ -103,7 +107,11 @@ fn sampled_params() -> SamplingParams {
 
 #[test]
 fn kv_cached_greedy_and_sampled_decoding_equal_full_recomputation() {
-    for name in ["llama_gqa_rope_llama3", "qwen3_qknorm"] {
+    for name in [
+        "llama_gqa_rope_llama3",
+        "qwen3_qknorm",
+        "gemma2_softcap_sliding",
+    ] {
         let model = fixture(name);
         let engine = Engine::new(&model);
         let greedy = SamplingParams {

@@ -555,7 +555,10 @@ pub fn score_loss_tokens(
         hidden.index_select(&index, 0)?
     };
     let targets = Tensor::from_slice(&target_ids, target_ids.len(), device)?;
-    let (logits, logprobs) = if keep_logits || logit_softcap.is_some() {
+    // A model whose own logits are soft-capped (Gemma 2) scores through `lm_logits`, which caps
+    // them; the fused head computes `hidden · W^T` only.
+    let model_capped = model.config().final_logit_softcap.is_some();
+    let (logits, logprobs) = if keep_logits || logit_softcap.is_some() || model_capped {
         let mut logits = model.lm_logits(&hidden)?;
         if let Some(cap) = logit_softcap {
             logits = soft_cap(&logits, cap)?;

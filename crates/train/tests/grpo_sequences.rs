@@ -506,3 +506,51 @@ fn the_layout_choice_packs_short_completions_of_long_shared_prompts_only() {
         "the CPU model's choice is the masked-pairs one"
     );
 }
+
+/// A model whose logits are soft-capped (Gemma 2's fixture, final cap 4) scores its completions
+/// from the capped logits divided by the temperature, as the rollout samples them, in both
+/// layouts: log-probs and entropies equal the full forward's, with every logit inside the cap.
+#[test]
+fn soft_capped_logits_are_scored_as_the_model_gives_them_in_both_layouts() {
+    use stoke_train::grpo::{ScoringLayout, completion_logprobs_with};
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/models/gemma2_softcap_sliding");
+    let model = stoke_model::Transformer::load(&dir, &Device::Cpu).expect("gemma2 fixture");
+    let cap = model
+        .config()
+        .final_logit_softcap
+        .expect("a soft-capped model");
+    let mut rng = Rng(21);
+    let vocab = model.config().vocab_size as u64;
+    let mut ids = |len: usize| -> Vec<u32> { (0..len).map(|_| rng.below(vocab) as u32).collect() };
+    let prompt = ids(6);
+    let pairs = vec![
+        (prompt.clone(), ids(5)),
+        (prompt.clone(), ids(3)),
+        (ids(4), ids(6)),
+    ];
+    let temperature = 0.7;
+    for layout in [ScoringLayout::Rows, ScoringLayout::SharedPrefix] {
+        let scores =
+            completion_logprobs_with(&model, &as_rows(&pairs), temperature as f32, true, layout)
+                .expect("scores");
+        let got = rows_of(&scores.logprobs);
+        let entropy = rows_of(scores.entropy.as_ref().expect("entropy"));
+        for (b, (prompt, completion)) in pairs.iter().enumerate() {
+            let all: Vec<u32> = prompt.iter().chain(completion).copied().collect();
+            let logits = full_sequence_logits(&model, &all, &Device::Cpu).expect("logits");
+            for (t, &token) in completion.iter().enumerate() {
+                let row = &logits[prompt.len() - 1 + t];
+                assert!(
+                    row.iter().all(|x| x.abs() < cap as f32),
+                    "logits past the cap"
+                );
+                let (logp, h) = tempered(row, temperature);
+                let diff = (got[b][t] as f64 - logp[token as usize]).abs();
+                assert!(diff < 1e-5, "{layout:?} row {b} token {t}: diff {diff}");
+                let diff = (entropy[b][t] as f64 - h).abs();
+                assert!(diff < 1e-4, "{layout:?} row {b} entropy {t}: diff {diff}");
+            }
+        }
+    }
+}

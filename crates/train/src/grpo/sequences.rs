@@ -226,15 +226,59 @@ pub fn completion_logprobs_with(
     let scored = targets.len();
     let index = Tensor::from_slice(&head_rows, scored, device)?;
     let hidden = hidden.index_select(&index, 0)?.to_dtype(DType::F32)?;
+    let targets = Tensor::from_slice(&targets, scored, device)?;
+    if model.config().final_logit_softcap.is_some() {
+        // The model's logits are soft-capped (Gemma 2): temperature divides the capped logits,
+        // as the rollout samples them, so the head cannot fold it into the hidden states.
+        let logits = model.lm_logits(&hidden)?.to_dtype(DType::F32)?;
+        let logits = if temperature == 1.0 {
+            logits
+        } else {
+            (logits * (1.0 / f64::from(temperature)))?
+        };
+        let token_logprobs = stoke_ops::token_logprobs(&logits, &targets)?;
+        let entropy = if want_entropy {
+            Some(entropy_of_logits(&logits.detach())?)
+        } else {
+            None
+        };
+        return Ok(completion_scores(
+            token_logprobs,
+            entropy,
+            rows,
+            max_completion,
+            scored,
+            mask,
+        )?);
+    }
     let hidden = if temperature == 1.0 {
         hidden
     } else {
         (hidden * (1.0 / f64::from(temperature)))?
     };
     let head = model.lm_head_weight().to_dtype(DType::F32)?;
-    let targets = Tensor::from_slice(&targets, scored, device)?;
     let token_logprobs = crate::lm_head_logprobs(model, &hidden, &head, &targets)?;
 
+    let entropy = if want_entropy {
+        Some(entropy_rows(&hidden.detach(), &head.detach())?)
+    } else {
+        None
+    };
+    completion_scores(token_logprobs, entropy, rows, max_completion, scored, mask)
+}
+
+/// Per-token log-probs (and entropies) of the scored rows, back to `[B, Tc]`.
+fn completion_scores(
+    token_logprobs: Tensor,
+    entropy: Option<Tensor>,
+    rows: &[SequenceRow<'_>],
+    max_completion: usize,
+    scored: usize,
+    mask: Tensor,
+) -> Result<CompletionScores, TrainError> {
+    let device = token_logprobs.device().clone();
+    let device = &device;
+    let batch = rows.len();
     // Back to [B, Tc]: slot (b, t) reads entry `scored` (an appended 0) when past the row's
     // completion, so padding is an exact 0 with no gradient path into the model.
     let slots = padded_slots(rows, max_completion, scored);
@@ -247,16 +291,16 @@ pub fn completion_logprobs_with(
         .index_select(&slots, 0)?
         .reshape((batch, max_completion))?;
 
-    let entropy = if want_entropy {
-        let per_token = entropy_rows(&hidden.detach(), &head.detach())?;
-        let with_zero = Tensor::cat(&[&per_token, &Tensor::zeros(1, DType::F32, device)?], 0)?;
-        Some(
-            with_zero
-                .index_select(&slots, 0)?
-                .reshape((batch, max_completion))?,
-        )
-    } else {
-        None
+    let entropy = match entropy {
+        Some(per_token) => {
+            let with_zero = Tensor::cat(&[&per_token, &Tensor::zeros(1, DType::F32, device)?], 0)?;
+            Some(
+                with_zero
+                    .index_select(&slots, 0)?
+                    .reshape((batch, max_completion))?,
+            )
+        }
+        None => None,
     };
     Ok(CompletionScores {
         logprobs,
@@ -574,6 +618,12 @@ fn padded_slots(rows: &[SequenceRow<'_>], max_completion: usize, padding: usize)
 
 /// Entropy `logsumexp(z) - sum(softmax(z) * z)` of `z = hidden @ head^T` per row, `[N]` f32,
 /// a chunk of rows at a time.
+/// Entropy of each row of `logits` [rows, vocab] (the soft-capped models' path; no gradient).
+fn entropy_of_logits(logits: &Tensor) -> Result<Tensor, TrainError> {
+    let logp = stoke_ops::log_softmax(logits, candle_core::D::Minus1)?;
+    Ok((logp.exp()? * &logp)?.sum(1)?.neg()?)
+}
+
 fn entropy_rows(hidden: &Tensor, head: &Tensor) -> Result<Tensor, TrainError> {
     use rayon::prelude::*;
     let rows = hidden.dim(0)?;
