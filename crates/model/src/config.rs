@@ -5,11 +5,14 @@
 //! configs carry dozens of fields irrelevant to the computation (`use_cache`, `torch_dtype`,
 //! `transformers_version`, ...). What is *not* accepted silently: an architecture or
 //! `model_type` we do not implement, a RoPE type we do not implement, and settings that would
-//! change the computation without us honouring them (`hidden_act` other than silu,
-//! `use_sliding_window: true`, `partial_rotary_factor` != 1, per-layer RoPE dictionaries).
+//! change the computation without us honouring them (an activation we do not implement, sliding
+//! windows on Llama/Qwen, `partial_rotary_factor` != 1, per-layer RoPE dictionaries outside
+//! Gemma 3, NoPE layers outside SmolLM3, bidirectional attention).
 //!
 //! `ModelConfig` is the runtime description the transformer is built from; `Architecture` is
-//! the one place where the differences between Llama, Qwen2 and Qwen3 are decided.
+//! the one place where the differences between the families are decided (their defaults follow
+//! transformers' config classes: Gemma 2's caps 50/30 when the keys are absent, an explicit null
+//! turning them off).
 //! Defaults for missing optional fields follow transformers' config classes; RoPE semantics
 //! follow transformers 5.x `modeling_rope_utils` (see rotary.rs).
 
@@ -527,10 +530,12 @@ impl ModelConfig {
         }
         let optional = |v: Option<f64>| v.map_or(Value::Null, Value::from);
         if traits.gemma {
-            set(
-                "query_pre_attn_scalar",
-                optional(self.query_pre_attn_scalar),
-            );
+            // An int in transformers' config classes (strictly validated on load).
+            let scalar = match self.query_pre_attn_scalar {
+                Some(v) if v.fract() == 0.0 && v.abs() < 9.0e15 => Value::from(v as i64),
+                other => optional(other),
+            };
+            set("query_pre_attn_scalar", scalar);
             set("attn_logit_softcapping", optional(self.attn_logit_softcap));
             set(
                 "final_logit_softcapping",
@@ -1309,6 +1314,8 @@ mod tests {
         assert_eq!(gemma2.sliding_window, Some(4096));
         assert!(gemma2.tie_word_embeddings && gemma2.sandwich_norm && gemma2.norm_unit_offset);
         assert!(!gemma2.is_plain());
+        // transformers validates it as an int.
+        assert!(gemma2.to_hf_json()["query_pre_attn_scalar"].is_i64());
         // An explicit null turns a cap off.
         let uncapped = parse(&format!(
             r#"{{"model_type": "gemma2", "attn_logit_softcapping": null, {BASE}}}"#

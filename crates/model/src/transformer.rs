@@ -1,4 +1,6 @@
-//! The decoder-only transformer (Llama / Qwen2 / Qwen3 family) with trainable parameters.
+//! The decoder-only transformer (Llama / Qwen2 / Qwen3 / Gemma 2-3 / SmolLM3) with trainable
+//! parameters. The families differ by config only (`ModelConfig`: activation, sandwich and (1 + w)
+//! norms, embedding scale, attention scale and soft-caps, sliding-window and NoPE layers).
 //!
 //! What it is: embeddings -> N x [RMSNorm -> attention (GQA, RoPE, optional q/k/v/o biases,
 //! optional per-head q/k RMSNorm) -> residual -> RMSNorm -> MLP (SwiGLU) -> residual] ->

@@ -242,14 +242,7 @@ pub fn completion_logprobs_with(
         } else {
             None
         };
-        return Ok(completion_scores(
-            token_logprobs,
-            entropy,
-            rows,
-            max_completion,
-            scored,
-            mask,
-        )?);
+        return completion_scores(token_logprobs, entropy, rows, max_completion, scored, mask);
     }
     let hidden = if temperature == 1.0 {
         hidden
