@@ -36,6 +36,14 @@ pub enum Architecture {
     Gemma3Text,
     /// SmolLM3: Llama with NoPE layers (`no_rope_layers`).
     SmolLm3,
+    /// Mixtral: every MLP a mixture of experts, softmax router, top-k renormalized.
+    Mixtral,
+    /// Qwen2-MoE: Qwen2 attention, experts plus a shared expert behind a sigmoid gate.
+    Qwen2Moe,
+    /// Qwen3-MoE: Qwen3 attention (per-head q/k norms), experts.
+    Qwen3Moe,
+    /// OLMoE: q/k norms over the whole projection, optional q/k/v clipping, experts.
+    Olmoe,
 }
 
 /// Structural choices implied by the architecture (before config overrides).
@@ -52,13 +60,17 @@ struct ArchitectureTraits {
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 6] = [
+    pub const ALL: [Architecture; 10] = [
         Architecture::Llama,
         Architecture::Qwen2,
         Architecture::Qwen3,
         Architecture::Gemma2,
         Architecture::Gemma3Text,
         Architecture::SmolLm3,
+        Architecture::Mixtral,
+        Architecture::Qwen2Moe,
+        Architecture::Qwen3Moe,
+        Architecture::Olmoe,
     ];
 
     pub fn hf_class_name(self) -> &'static str {
@@ -69,6 +81,10 @@ impl Architecture {
             Architecture::Gemma2 => "Gemma2ForCausalLM",
             Architecture::Gemma3Text => "Gemma3ForCausalLM",
             Architecture::SmolLm3 => "SmolLM3ForCausalLM",
+            Architecture::Mixtral => "MixtralForCausalLM",
+            Architecture::Qwen2Moe => "Qwen2MoeForCausalLM",
+            Architecture::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Architecture::Olmoe => "OlmoeForCausalLM",
         }
     }
 
@@ -80,6 +96,10 @@ impl Architecture {
             Architecture::Gemma2 => "gemma2",
             Architecture::Gemma3Text => "gemma3_text",
             Architecture::SmolLm3 => "smollm3",
+            Architecture::Mixtral => "mixtral",
+            Architecture::Qwen2Moe => "qwen2_moe",
+            Architecture::Qwen3Moe => "qwen3_moe",
+            Architecture::Olmoe => "olmoe",
         }
     }
 
@@ -143,6 +163,44 @@ impl Architecture {
                 default_head_dim: None,
                 default_tie_word_embeddings: true,
                 default_rope_theta: 2_000_000.0,
+                gemma: false,
+            },
+            Architecture::Mixtral => ArchitectureTraits {
+                qkv_bias_forced: false,
+                qk_norm: false,
+                default_max_position_embeddings: 4096 * 32,
+                default_head_dim: None,
+                default_tie_word_embeddings: false,
+                default_rope_theta: 1_000_000.0,
+                gemma: false,
+            },
+            // q/k/v biases follow `qkv_bias` (default true), o_proj never (see `validate`).
+            Architecture::Qwen2Moe => ArchitectureTraits {
+                qkv_bias_forced: false,
+                qk_norm: false,
+                default_max_position_embeddings: 32768,
+                default_head_dim: None,
+                default_tie_word_embeddings: false,
+                default_rope_theta: 10_000.0,
+                gemma: false,
+            },
+            // Qwen3MoeConfig has no head_dim default of its own: hidden / heads.
+            Architecture::Qwen3Moe => ArchitectureTraits {
+                qkv_bias_forced: false,
+                qk_norm: true,
+                default_max_position_embeddings: 32768,
+                default_head_dim: None,
+                default_tie_word_embeddings: false,
+                default_rope_theta: 10_000.0,
+                gemma: false,
+            },
+            Architecture::Olmoe => ArchitectureTraits {
+                qkv_bias_forced: false,
+                qk_norm: false,
+                default_max_position_embeddings: 4096,
+                default_head_dim: None,
+                default_tie_word_embeddings: false,
+                default_rope_theta: 10_000.0,
                 gemma: false,
             },
         }
@@ -231,6 +289,35 @@ impl Activation {
     }
 }
 
+/// How a mixture-of-experts checkpoint names its tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertNaming {
+    /// `block_sparse_moe.gate`, `block_sparse_moe.experts.{e}.w1|w3|w2` (gate, up, down).
+    Mixtral,
+    /// `mlp.gate`, `mlp.experts.{e}.gate_proj|up_proj|down_proj` (Qwen2/3-MoE, OLMoE).
+    Qwen,
+}
+
+/// A sparse mixture-of-experts MLP: a linear router over `num_experts`, softmax, the top
+/// `num_experts_per_tok` experts per token (renormalized with `norm_topk_prob`), each a gated
+/// MLP of `expert_intermediate_size`; Qwen2-MoE adds a shared expert behind a sigmoid gate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    pub num_experts_per_tok: usize,
+    pub expert_intermediate_size: usize,
+    pub norm_topk_prob: bool,
+    /// Qwen2-MoE's shared expert (its intermediate size), added to every token's output after
+    /// `sigmoid(x · shared_expert_gate)`.
+    pub shared_expert_intermediate_size: Option<usize>,
+    /// Per layer: sparse (experts) or dense (`intermediate_size`): `decoder_sparse_step`,
+    /// `mlp_only_layers`.
+    pub sparse_layers: Vec<bool>,
+    /// HF's `router_aux_loss_coef` (the load-balancing loss weight), kept for training.
+    pub router_aux_loss_coef: f64,
+    pub naming: ExpertNaming,
+}
+
 /// What a layer's attention sees (`layer_types`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionKind {
@@ -299,6 +386,13 @@ pub struct ModelConfig {
     /// The RoPE of the sliding-window layers when it differs from `rope` (Gemma 3's local base
     /// frequency).
     pub local_rope: Option<Rope>,
+    /// OLMoE's q/k norms: over the whole projection (`q_norm` of hidden size) instead of per
+    /// head; `qk_norm` is then false.
+    pub qk_norm_whole: bool,
+    /// OLMoE's `clip_qkv`: q, k and v clamped to [-c, c] after the projections.
+    pub clip_qkv: Option<f64>,
+    /// The mixture of experts, for MoE families.
+    pub moe: Option<MoeConfig>,
     /// The source config.json's fields, kept so `save` preserves what we do not model
     /// (token ids of pad, `use_cache`, ...). Empty for configs built in code.
     pub source_fields: Map<String, Value>,
@@ -341,6 +435,17 @@ struct HfConfigFile {
     final_logit_softcapping: Option<f64>,
     rope_local_base_freq: Option<f64>,
     use_bidirectional_attention: Option<bool>,
+    qkv_bias: Option<bool>,
+    clip_qkv: Option<f64>,
+    num_experts: Option<usize>,
+    num_local_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    shared_expert_intermediate_size: Option<usize>,
+    norm_topk_prob: Option<bool>,
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
+    router_aux_loss_coef: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -373,8 +478,10 @@ struct HfRopeParameters {
 }
 
 const SUPPORTED_ARCHITECTURES: &str = "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
-     Gemma2ForCausalLM, Gemma3ForCausalLM, SmolLM3ForCausalLM";
-const SUPPORTED_MODEL_TYPES: &str = "llama, qwen2, qwen3, gemma2, gemma3_text, smollm3";
+     Gemma2ForCausalLM, Gemma3ForCausalLM, SmolLM3ForCausalLM, MixtralForCausalLM, \
+     Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM";
+const SUPPORTED_MODEL_TYPES: &str =
+    "llama, qwen2, qwen3, gemma2, gemma3_text, smollm3, mixtral, qwen2_moe, qwen3_moe, olmoe";
 const SUPPORTED_ACTIVATIONS: &str = "silu, gelu_pytorch_tanh, gelu_new, gelu, relu2";
 const SUPPORTED_ROPE_TYPES: &str = "default, linear, llama3, yarn";
 
@@ -442,6 +549,16 @@ impl ModelConfig {
             && self.layer_types.iter().all(|&k| k == AttentionKind::Full)
             && self.rope_layers.iter().all(|&r| r)
             && self.local_rope.is_none()
+            && !self.qk_norm_whole
+            && self.clip_qkv.is_none()
+            && self.moe.is_none()
+    }
+
+    /// Whether `layer`'s MLP is a mixture of experts.
+    pub fn is_sparse_layer(&self, layer: usize) -> bool {
+        self.moe
+            .as_ref()
+            .is_some_and(|m| m.sparse_layers.get(layer).copied().unwrap_or(false))
     }
 
     /// The attention kind of `layer` (full when out of range).
@@ -571,6 +688,45 @@ impl ModelConfig {
                         .collect::<Vec<_>>(),
                 ),
             );
+        }
+        if self.architecture == Architecture::Qwen2Moe {
+            set("qkv_bias", self.attention_bias.into());
+        }
+        if self.architecture == Architecture::Olmoe {
+            set("clip_qkv", optional(self.clip_qkv));
+        }
+        if self.architecture == Architecture::Mixtral {
+            set(
+                "sliding_window",
+                self.sliding_window.map_or(Value::Null, Value::from),
+            );
+        }
+        if let Some(moe) = &self.moe {
+            let experts_key = match moe.naming {
+                ExpertNaming::Mixtral => "num_local_experts",
+                ExpertNaming::Qwen => "num_experts",
+            };
+            set(experts_key, moe.num_experts.into());
+            set("num_experts_per_tok", moe.num_experts_per_tok.into());
+            set("router_aux_loss_coef", moe.router_aux_loss_coef.into());
+            if moe.naming == ExpertNaming::Qwen {
+                set("norm_topk_prob", moe.norm_topk_prob.into());
+            }
+            if matches!(
+                self.architecture,
+                Architecture::Qwen2Moe | Architecture::Qwen3Moe
+            ) {
+                set("moe_intermediate_size", moe.expert_intermediate_size.into());
+                // The sparse layers as transformers derives them: step 1, the dense ones listed.
+                set("decoder_sparse_step", 1.into());
+                let dense: Vec<usize> = (0..self.num_hidden_layers)
+                    .filter(|&l| !moe.sparse_layers[l])
+                    .collect();
+                set("mlp_only_layers", Value::from(dense));
+            }
+            if let Some(shared) = moe.shared_expert_intermediate_size {
+                set("shared_expert_intermediate_size", shared.into());
+            }
         }
         if let Some(local) = &self.local_rope {
             // transformers 5.x reads the 4.x keys of Gemma 3: rope_local_base_freq for the
@@ -836,8 +992,27 @@ impl Validator<'_> {
         let sliding_window =
             sliding_window.filter(|_| layer_types.contains(&AttentionKind::Sliding));
         let attention_bias_flag = file.attention_bias.unwrap_or(false);
-        let attention_bias = traits.qkv_bias_forced || attention_bias_flag;
-        let attention_output_bias = !traits.qkv_bias_forced && attention_bias_flag;
+        let (attention_bias, attention_output_bias) = match architecture {
+            // Qwen2MoeAttention: q/k/v biases follow `qkv_bias`, o_proj never has one.
+            Architecture::Qwen2Moe => (file.qkv_bias.unwrap_or(true), false),
+            // MixtralAttention has no biases.
+            Architecture::Mixtral => (false, false),
+            _ => (
+                traits.qkv_bias_forced || attention_bias_flag,
+                !traits.qkv_bias_forced && attention_bias_flag,
+            ),
+        };
+        let clip_qkv = match (architecture, file.clip_qkv) {
+            (Architecture::Olmoe, Some(c)) if !(c > 0.0 && c.is_finite()) => {
+                return Err(self.invalid("clip_qkv", format!("must be positive, found {c}")));
+            }
+            (Architecture::Olmoe, c) => c,
+            (_, Some(_)) => {
+                return Err(self.unsupported("clip_qkv", "a clamp", "olmoe (elsewhere null)"));
+            }
+            (_, None) => None,
+        };
+        let moe = self.moe(&file, architecture, num_hidden_layers, intermediate_size)?;
         let mlp_bias = matches!(architecture, Architecture::Llama | Architecture::SmolLm3)
             && file.mlp_bias.unwrap_or(false);
         let eos_token_ids = match file.eos_token_id {
@@ -877,8 +1052,135 @@ impl Validator<'_> {
             sliding_window,
             rope_layers,
             local_rope,
+            qk_norm_whole: architecture == Architecture::Olmoe,
+            clip_qkv,
+            moe,
             source_fields,
         })
+    }
+
+    /// The mixture of experts of the MoE families (`None` elsewhere), with transformers' config
+    /// defaults. Qwen3-MoE's expert count is read from `num_experts` (hub checkpoints) or
+    /// `num_local_experts` (what transformers 5.x may write); both given must agree.
+    fn moe(
+        &self,
+        file: &HfConfigFile,
+        architecture: Architecture,
+        layers: usize,
+        intermediate_size: usize,
+    ) -> Result<Option<MoeConfig>, ModelError> {
+        let (experts_default, top_k_default, aux_default) = match architecture {
+            Architecture::Mixtral => (8, 2, 0.001),
+            Architecture::Qwen2Moe => (60, 4, 0.001),
+            Architecture::Qwen3Moe => (128, 8, 0.001),
+            Architecture::Olmoe => (64, 8, 0.01),
+            _ => {
+                for (field, present) in [
+                    ("num_experts", file.num_experts.is_some()),
+                    ("num_local_experts", file.num_local_experts.is_some()),
+                ] {
+                    if present {
+                        return Err(self.unsupported(
+                            field,
+                            "experts",
+                            "mixtral, qwen2_moe, qwen3_moe, olmoe",
+                        ));
+                    }
+                }
+                return Ok(None);
+            }
+        };
+        let num_experts = match (file.num_experts, file.num_local_experts) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(self.invalid(
+                    "num_local_experts",
+                    format!("{b} contradicts num_experts {a}"),
+                ));
+            }
+            (Some(n), _) | (None, Some(n)) => n,
+            (None, None) => experts_default,
+        };
+        let expert_field =
+            if file.num_local_experts.is_some() || architecture == Architecture::Mixtral {
+                "num_local_experts"
+            } else {
+                "num_experts"
+            };
+        let step = file.decoder_sparse_step.unwrap_or(1);
+        if step == 0 {
+            return Err(self.invalid("decoder_sparse_step", "must be positive, found 0"));
+        }
+        let dense_only = file.mlp_only_layers.clone().unwrap_or_default();
+        if let Some(bad) = dense_only.iter().find(|&&l| l >= layers) {
+            return Err(self.invalid(
+                "mlp_only_layers",
+                format!("layer {bad} is past the model's {layers} layers"),
+            ));
+        }
+        let sparse_layers: Vec<bool> = (0..layers)
+            .map(|i| match architecture {
+                Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
+                    !dense_only.contains(&i) && num_experts > 0 && (i + 1) % step == 0
+                }
+                _ => true,
+            })
+            .collect();
+        let top_k = file.num_experts_per_tok.unwrap_or(top_k_default);
+        if sparse_layers.contains(&true) {
+            if num_experts == 0 {
+                return Err(self.invalid(expert_field, "must be positive, found 0"));
+            }
+            if top_k == 0 || top_k > num_experts {
+                return Err(self.invalid(
+                    "num_experts_per_tok",
+                    format!("{top_k} must be between 1 and {expert_field} ({num_experts})"),
+                ));
+            }
+        }
+        let expert_intermediate_size = match architecture {
+            Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
+                let default = if architecture == Architecture::Qwen2Moe {
+                    1408
+                } else {
+                    768
+                };
+                self.required(
+                    Some(file.moe_intermediate_size.unwrap_or(default)),
+                    "moe_intermediate_size",
+                )?
+            }
+            _ => intermediate_size,
+        };
+        let shared_expert_intermediate_size = match architecture {
+            Architecture::Qwen2Moe => Some(self.required(
+                Some(file.shared_expert_intermediate_size.unwrap_or(5632)),
+                "shared_expert_intermediate_size",
+            )?),
+            _ => None,
+        };
+        let router_aux_loss_coef = file.router_aux_loss_coef.unwrap_or(aux_default);
+        if !(router_aux_loss_coef >= 0.0 && router_aux_loss_coef.is_finite()) {
+            return Err(self.invalid(
+                "router_aux_loss_coef",
+                format!("must be >= 0, found {router_aux_loss_coef}"),
+            ));
+        }
+        Ok(Some(MoeConfig {
+            num_experts,
+            num_experts_per_tok: top_k,
+            expert_intermediate_size,
+            // Mixtral always renormalizes the top-k weights.
+            norm_topk_prob: architecture == Architecture::Mixtral
+                || file.norm_topk_prob.unwrap_or(false),
+            shared_expert_intermediate_size,
+            sparse_layers,
+            router_aux_loss_coef,
+            naming: if architecture == Architecture::Mixtral {
+                ExpertNaming::Mixtral
+            } else {
+                ExpertNaming::Qwen
+            },
+        }))
     }
 
     /// `layer_types`, validated: its length, its names, and sliding layers only where the
@@ -896,6 +1198,17 @@ impl Validator<'_> {
         };
         if file.use_sliding_window == Some(true) && !sliding_allowed {
             return Err(self.unsupported("use_sliding_window", "true", "false"));
+        }
+        if architecture == Architecture::Mixtral {
+            // MixtralAttention slides every layer when `sliding_window` is set.
+            return Ok(vec![
+                if file.sliding_window.is_some() {
+                    AttentionKind::Sliding
+                } else {
+                    AttentionKind::Full
+                };
+                layers
+            ]);
         }
         let Some(names) = &file.layer_types else {
             // The class defaults: Gemma 2 alternates (layer 0 sliding), Gemma 3 has one global

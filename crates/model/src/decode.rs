@@ -17,7 +17,7 @@ use stoke_ops::matvec::Weights;
 
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
-use crate::transformer::{Linear, Mlp, Transformer};
+use crate::transformer::{Linear, Transformer};
 
 fn f32_slice<'g>(
     guard: &'g (candle_core::StorageRef<'_>, &candle_core::Layout),
@@ -290,11 +290,12 @@ impl Transformer {
             let q_norm = layer.self_attn.q_norm.as_ref().map(|_| take());
             let k_norm = layer.self_attn.k_norm.as_ref().map(|_| take());
             let a = &layer.self_attn;
-            let Mlp::SwiGlu {
-                gate_proj,
-                up_proj,
-                down_proj,
-            } = &layer.mlp;
+            let Some((gate_proj, up_proj, down_proj)) = layer.mlp.dense() else {
+                return Err(ModelError::InvalidArgument(
+                    "fused decoding runs dense MLPs only (a mixture of experts runs the graph)"
+                        .into(),
+                ));
+            };
             let mut linear = |l| linear_ref(l, bf16, &mut take);
             let (q, k, v, o) = (
                 linear(&a.q_proj),

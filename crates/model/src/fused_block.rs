@@ -28,7 +28,7 @@ use stoke_ops::block::{
 };
 
 use crate::activation_checkpoint::{Stash, linked_params, lock};
-use crate::transformer::{DecoderLayer, Linear, Mlp};
+use crate::transformer::{DecoderLayer, Linear};
 
 /// What every layer of one forward pass shares: RoPE tables `[N, head_dim]`, the mask and its
 /// allowed keys.
@@ -72,11 +72,9 @@ pub(crate) fn applies(layer: &DecoderLayer, x: &Tensor) -> bool {
         *GRAPH_ONLY.get_or_init(|| std::env::var("STOKE_BLOCK").is_ok_and(|v| v == "graph"));
     let plain = |l: &Linear| l.lora.is_none() && l.packed.is_none();
     let a = &layer.self_attn;
-    let Mlp::SwiGlu {
-        gate_proj,
-        up_proj,
-        down_proj,
-    } = &layer.mlp;
+    let Some((gate_proj, up_proj, down_proj)) = layer.mlp.dense() else {
+        return false;
+    };
     !graph_only
         && x.device().is_cpu()
         && matches!(x.dtype(), DType::F32 | DType::F64)
@@ -87,14 +85,12 @@ pub(crate) fn applies(layer: &DecoderLayer, x: &Tensor) -> bool {
 }
 
 /// The layer's tensors in the order of `BlockWeights`' fields (absent ones are `None`).
-fn tensors(layer: &DecoderLayer) -> [Option<Tensor>; 14] {
+fn tensors(layer: &DecoderLayer) -> Result<[Option<Tensor>; 14]> {
     let a = &layer.self_attn;
-    let Mlp::SwiGlu {
-        gate_proj,
-        up_proj,
-        down_proj,
-    } = &layer.mlp;
-    [
+    let Some((gate_proj, up_proj, down_proj)) = layer.mlp.dense() else {
+        candle_core::bail!("the fused block runs dense MLPs only (see `applies`)")
+    };
+    Ok([
         Some(layer.input_layernorm.clone()),
         Some(a.q_proj.weight.clone()),
         Some(a.k_proj.weight.clone()),
@@ -109,7 +105,7 @@ fn tensors(layer: &DecoderLayer) -> [Option<Tensor>; 14] {
         Some(gate_proj.weight.clone()),
         Some(up_proj.weight.clone()),
         Some(down_proj.weight.clone()),
-    ]
+    ])
 }
 
 /// `layer(x)` for x `[B, T, hidden]` through the fused node; `checkpoint` recomputes the
@@ -122,7 +118,7 @@ pub(crate) fn forward(
     precision: Precision,
     checkpoint: bool,
 ) -> Result<Tensor> {
-    let weights = tensors(layer);
+    let weights = tensors(layer)?;
     let present: Vec<Tensor> = weights.iter().flatten().cloned().collect();
     // Gradients go to the variables among them (a frozen tensor gets none).
     let slots: Vec<Option<usize>> = {
@@ -411,7 +407,7 @@ pub(crate) fn forward_with_kv(
     precision: Precision,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let op = FusedBlock {
-        weights: tensors(layer),
+        weights: tensors(layer)?,
         slots: Vec::new(),
         stash: Stash::default(),
         inputs: inputs.clone(),

@@ -206,7 +206,8 @@ impl Transformer {
         let mut next = self.clone();
         next.freeze_base();
         for (layer, block) in next.layers.iter_mut().enumerate() {
-            for (module, linear) in LINEAR_MODULES.iter().zip(block.linears_mut()) {
+            for (module, linear) in block.named_linears_mut() {
+                let module = module.as_str();
                 if !config.targets(&format!("model.layers.{layer}.{module}")) {
                     continue;
                 }
@@ -273,7 +274,7 @@ impl Transformer {
         // memory).
         let mut adapted = BTreeMap::new();
         for (layer, block) in self.layers.iter().enumerate() {
-            for (module, linear) in LINEAR_MODULES.iter().zip(block.linears()) {
+            for (module, linear) in block.named_linears() {
                 if let Some(lora) = &linear.lora {
                     adapted.insert(format!("model.layers.{layer}.{module}.weight"), lora);
                 }

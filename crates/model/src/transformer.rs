@@ -19,7 +19,7 @@
 //! normally; `to_dtype(F64)` exists for finite-difference checks).
 
 use crate::activation_checkpoint::checkpointed;
-use crate::config::{Activation, ModelConfig};
+use crate::config::{Activation, ExpertNaming, ModelConfig};
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
 use crate::lora::LoraAdapter;
@@ -76,6 +76,32 @@ pub fn parameter_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         if config.qk_norm {
             shapes.push((p("self_attn.q_norm.weight"), vec![d]));
             shapes.push((p("self_attn.k_norm.weight"), vec![d]));
+        }
+        if config.qk_norm_whole {
+            shapes.push((p("self_attn.q_norm.weight"), vec![q_out]));
+            shapes.push((p("self_attn.k_norm.weight"), vec![kv_out]));
+        }
+        if let (Some(moe), true) = (&config.moe, config.is_sparse_layer(layer)) {
+            let (e, ei) = (moe.num_experts, moe.expert_intermediate_size);
+            let names = ExpertNames::of(moe.naming);
+            shapes.push((p(&format!("{}.gate.weight", names.block)), vec![e, h]));
+            for expert in 0..e {
+                let [gate, up, down] = names.expert(expert);
+                shapes.push((p(&format!("{gate}.weight")), vec![ei, h]));
+                shapes.push((p(&format!("{up}.weight")), vec![ei, h]));
+                shapes.push((p(&format!("{down}.weight")), vec![h, ei]));
+            }
+            if let Some(si) = moe.shared_expert_intermediate_size {
+                for (proj, shape) in [
+                    ("gate_proj", vec![si, h]),
+                    ("up_proj", vec![si, h]),
+                    ("down_proj", vec![h, si]),
+                ] {
+                    shapes.push((p(&format!("mlp.shared_expert.{proj}.weight")), shape));
+                }
+                shapes.push((p("mlp.shared_expert_gate.weight"), vec![1, h]));
+            }
+            continue;
         }
         for (proj, shape) in [
             ("gate_proj", vec![i, h]),
@@ -135,7 +161,7 @@ impl Linear {
     }
 }
 
-/// The feed-forward block; an enum so MoE variants can be added next to it.
+/// The feed-forward block: one gated MLP, or a mixture of experts.
 #[derive(Debug, Clone)]
 pub(crate) enum Mlp {
     SwiGlu {
@@ -143,6 +169,174 @@ pub(crate) enum Mlp {
         up_proj: Linear,
         down_proj: Linear,
     },
+    Moe(Box<MoeBlock>),
+}
+
+/// Module names of a sparse MLP within a layer (checkpoint naming of the family).
+pub(crate) struct ExpertNames {
+    /// `block_sparse_moe` (Mixtral) or `mlp`.
+    pub(crate) block: &'static str,
+    naming: ExpertNaming,
+}
+
+impl ExpertNames {
+    pub(crate) fn of(naming: ExpertNaming) -> ExpertNames {
+        ExpertNames {
+            block: match naming {
+                ExpertNaming::Mixtral => "block_sparse_moe",
+                ExpertNaming::Qwen => "mlp",
+            },
+            naming,
+        }
+    }
+
+    /// Expert `e`'s gate, up and down modules.
+    pub(crate) fn expert(&self, e: usize) -> [String; 3] {
+        let base = format!("{}.experts.{e}", self.block);
+        match self.naming {
+            ExpertNaming::Mixtral => [
+                format!("{base}.w1"),
+                format!("{base}.w3"),
+                format!("{base}.w2"),
+            ],
+            ExpertNaming::Qwen => [
+                format!("{base}.gate_proj"),
+                format!("{base}.up_proj"),
+                format!("{base}.down_proj"),
+            ],
+        }
+    }
+}
+
+/// One gated MLP (an expert, or Qwen2-MoE's shared expert).
+#[derive(Debug, Clone)]
+pub(crate) struct Expert {
+    pub(crate) gate: Linear,
+    pub(crate) up: Linear,
+    pub(crate) down: Linear,
+}
+
+impl Expert {
+    fn forward(&self, x: &Tensor, p: Precision, act: Activation) -> candle_core::Result<Tensor> {
+        let gate = self.gate.forward(x, p)?;
+        let up = self.up.forward(x, p)?;
+        self.down.forward(&gated(&gate, &up, act)?, p)
+    }
+}
+
+/// A sparse mixture-of-experts MLP (see `MoeConfig`).
+///
+/// Routing: `softmax(x R^T)` over the experts in f32, the top-k per token (ties to the lower
+/// index), their probabilities renormalized when the family does. Expert computation is grouped:
+/// the (token, slot) pairs are sorted by expert with a counting sort, each expert runs one matmul
+/// chain over its contiguous rows, and an index_select puts the rows back to (token, slot)
+/// order, where the routing weights scale them and the k slots are summed. Every step is a
+/// differentiable candle op, so gradients reach the router (through the weights) and the experts.
+#[derive(Debug, Clone)]
+pub(crate) struct MoeBlock {
+    pub(crate) router: Tensor,
+    pub(crate) experts: Vec<Expert>,
+    /// Qwen2-MoE's shared expert and its gate weight `[1, hidden]`.
+    pub(crate) shared: Option<(Expert, Tensor)>,
+    pub(crate) top_k: usize,
+    pub(crate) renormalize: bool,
+    pub(crate) naming: ExpertNaming,
+}
+
+/// The routing of one MoE layer's tokens: router logits `[N, E]` and the chosen experts,
+/// row-major `[N, k]`.
+#[derive(Debug, Clone)]
+pub struct Routing {
+    pub logits: Tensor,
+    pub chosen: Vec<u32>,
+    pub top_k: usize,
+}
+
+impl MoeBlock {
+    fn forward(
+        &self,
+        x: &Tensor,
+        p: Precision,
+        act: Activation,
+    ) -> candle_core::Result<(Tensor, Routing)> {
+        let (n, hidden) = x.dims2()?;
+        let experts = self.experts.len();
+        let k = self.top_k;
+        let logits = x.matmul(&self.router.t()?)?;
+        let probs = stoke_ops::softmax(&logits.to_dtype(DType::F32)?, candle_core::D::Minus1)?;
+        let values: Vec<f32> = probs.flatten_all()?.to_vec1()?;
+        let mut chosen = Vec::with_capacity(n * k);
+        let mut order: Vec<usize> = Vec::with_capacity(experts);
+        for row in values.chunks_exact(experts) {
+            order.clear();
+            order.extend(0..experts);
+            order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+            chosen.extend(order[..k].iter().map(|&e| e as u32));
+        }
+        let index = Tensor::from_vec(chosen.clone(), (n, k), x.device())?;
+        let mut weights = probs.gather(&index, 1)?;
+        if self.renormalize {
+            weights = weights.broadcast_div(&weights.sum_keepdim(1)?)?;
+        }
+        let weights = weights.to_dtype(x.dtype())?;
+        // Counting sort of the (token, slot) pairs by expert.
+        let mut counts = vec![0usize; experts];
+        for &e in &chosen {
+            counts[e as usize] += 1;
+        }
+        let mut starts = vec![0usize; experts];
+        for e in 1..experts {
+            starts[e] = starts[e - 1] + counts[e - 1];
+        }
+        let mut next = starts.clone();
+        let mut tokens = vec![0u32; n * k];
+        let mut sorted_row = vec![0u32; n * k];
+        for (pair, &e) in chosen.iter().enumerate() {
+            let at = next[e as usize];
+            tokens[at] = (pair / k) as u32;
+            sorted_row[pair] = at as u32;
+            next[e as usize] += 1;
+        }
+        let gathered = x.index_select(&Tensor::from_vec(tokens, n * k, x.device())?, 0)?;
+        let mut outputs = Vec::new();
+        for (e, expert) in self.experts.iter().enumerate() {
+            if counts[e] > 0 {
+                outputs.push(expert.forward(&gathered.narrow(0, starts[e], counts[e])?, p, act)?);
+            }
+        }
+        let sorted = Tensor::cat(&outputs, 0)?;
+        let per_slot = sorted
+            .index_select(&Tensor::from_vec(sorted_row, n * k, x.device())?, 0)?
+            .reshape((n, k, hidden))?;
+        let mut out = per_slot.broadcast_mul(&weights.unsqueeze(2)?)?.sum(1)?;
+        if let Some((shared, gate)) = &self.shared {
+            let g = candle_nn_sigmoid(&x.matmul(&gate.t()?)?)?;
+            out = (out + shared.forward(x, p, act)?.broadcast_mul(&g)?)?;
+        }
+        Ok((
+            out,
+            Routing {
+                logits,
+                chosen,
+                top_k: k,
+            },
+        ))
+    }
+}
+
+/// `1 / (1 + e^-x)`, differentiable.
+fn candle_nn_sigmoid(x: &Tensor) -> candle_core::Result<Tensor> {
+    (x.neg()?.exp()? + 1.0)?.recip()
+}
+
+/// `act(gate) * up`: SwiGLU through the fused op, the other activations as candle compositions.
+fn gated(gate: &Tensor, up: &Tensor, act: Activation) -> candle_core::Result<Tensor> {
+    match act {
+        Activation::Silu => swiglu(gate, up),
+        Activation::GeluTanh => gate.gelu()? * up,
+        Activation::Gelu => gate.gelu_erf()? * up,
+        Activation::Relu2 => gate.relu()?.sqr()? * up,
+    }
 }
 
 impl Mlp {
@@ -157,14 +351,21 @@ impl Mlp {
             } => {
                 let gate = gate_proj.forward(x, p)?;
                 let up = up_proj.forward(x, p)?;
-                let inner = match act {
-                    Activation::Silu => swiglu(&gate, &up)?,
-                    Activation::GeluTanh => (gate.gelu()? * up)?,
-                    Activation::Gelu => (gate.gelu_erf()? * up)?,
-                    Activation::Relu2 => (gate.relu()?.sqr()? * up)?,
-                };
-                down_proj.forward(&inner, p)
+                down_proj.forward(&gated(&gate, &up, act)?, p)
             }
+            Mlp::Moe(block) => Ok(block.forward(x, p, act)?.0),
+        }
+    }
+
+    /// The dense MLP's three projections (`None` for a mixture of experts).
+    pub(crate) fn dense(&self) -> Option<(&Linear, &Linear, &Linear)> {
+        match self {
+            Mlp::SwiGlu {
+                gate_proj,
+                up_proj,
+                down_proj,
+            } => Some((gate_proj, up_proj, down_proj)),
+            Mlp::Moe(_) => None,
         }
     }
 }
@@ -391,8 +592,10 @@ impl Transformer {
                         k_proj: linear(&p("self_attn.k_proj"), config.attention_bias),
                         v_proj: linear(&p("self_attn.v_proj"), config.attention_bias),
                         o_proj: linear(&p("self_attn.o_proj"), config.attention_output_bias),
-                        q_norm: config.qk_norm.then(|| get(&p("self_attn.q_norm.weight"))),
-                        k_norm: config.qk_norm.then(|| get(&p("self_attn.k_norm.weight"))),
+                        q_norm: (config.qk_norm || config.qk_norm_whole)
+                            .then(|| get(&p("self_attn.q_norm.weight"))),
+                        k_norm: (config.qk_norm || config.qk_norm_whole)
+                            .then(|| get(&p("self_attn.k_norm.weight"))),
                     },
                     post_attention_layernorm: get(&p("post_attention_layernorm.weight")),
                     pre_feedforward_layernorm: config
@@ -401,10 +604,41 @@ impl Transformer {
                     post_feedforward_layernorm: config
                         .sandwich_norm
                         .then(|| get(&p("post_feedforward_layernorm.weight"))),
-                    mlp: Mlp::SwiGlu {
-                        gate_proj: linear(&p("mlp.gate_proj"), config.mlp_bias),
-                        up_proj: linear(&p("mlp.up_proj"), config.mlp_bias),
-                        down_proj: linear(&p("mlp.down_proj"), config.mlp_bias),
+                    mlp: match (&config.moe, config.is_sparse_layer(layer)) {
+                        (Some(moe), true) => {
+                            let names = ExpertNames::of(moe.naming);
+                            let expert = |[gate, up, down]: [String; 3]| Expert {
+                                gate: linear(&p(&gate), false),
+                                up: linear(&p(&up), false),
+                                down: linear(&p(&down), false),
+                            };
+                            let shared = moe.shared_expert_intermediate_size.map(|_| {
+                                let base = "mlp.shared_expert";
+                                (
+                                    expert([
+                                        format!("{base}.gate_proj"),
+                                        format!("{base}.up_proj"),
+                                        format!("{base}.down_proj"),
+                                    ]),
+                                    get(&p("mlp.shared_expert_gate.weight")),
+                                )
+                            });
+                            Mlp::Moe(Box::new(MoeBlock {
+                                router: get(&p(&format!("{}.gate.weight", names.block))),
+                                experts: (0..moe.num_experts)
+                                    .map(|e| expert(names.expert(e)))
+                                    .collect(),
+                                shared,
+                                top_k: moe.num_experts_per_tok,
+                                renormalize: moe.norm_topk_prob,
+                                naming: moe.naming,
+                            }))
+                        }
+                        _ => Mlp::SwiGlu {
+                            gate_proj: linear(&p("mlp.gate_proj"), config.mlp_bias),
+                            up_proj: linear(&p("mlp.up_proj"), config.mlp_bias),
+                            down_proj: linear(&p("mlp.down_proj"), config.mlp_bias),
+                        },
                     },
                 }
             })
@@ -443,7 +677,11 @@ impl Transformer {
     /// `parameters()` lists the tensors it holds. A model with LoRA adapters (whose base a
     /// snapshot already shares) or off the CPU gets `snapshot` + `pack_weights` instead.
     pub fn inference_copy(&self) -> Result<Transformer, ModelError> {
-        if self.lora.is_some() || !self.device().is_cpu() || self.dtype() != DType::F32 {
+        if self.lora.is_some()
+            || !self.device().is_cpu()
+            || self.dtype() != DType::F32
+            || !self.config.is_plain()
+        {
             let mut copy = self.snapshot()?;
             copy.pack_weights()?;
             return Ok(copy);
@@ -897,6 +1135,7 @@ impl DecoderLayer {
             .chain(self.post_feedforward_layernorm.iter())
             .chain(self.self_attn.q_norm.iter())
             .chain(self.self_attn.k_norm.iter())
+            .chain(self.routing_tensors())
             .filter(|t| t.is_variable());
         let linears = self.linears().into_iter().flat_map(Linear::tracked);
         norms.chain(linears).cloned().collect()
@@ -916,40 +1155,118 @@ impl DecoderLayer {
         {
             *t = t.detach();
         }
+        if let Mlp::Moe(block) = &mut self.mlp {
+            block.router = block.router.detach();
+            if let Some((_, gate)) = &mut block.shared {
+                *gate = gate.detach();
+            }
+        }
         for linear in self.linears_mut() {
             linear.weight = linear.weight.detach();
             linear.bias = linear.bias.as_ref().map(Tensor::detach);
         }
     }
 
-    pub(crate) fn linears(&self) -> [&Linear; 7] {
+    /// Every linear layer of the block with its module name within the layer (checkpoint
+    /// naming: `self_attn.q_proj`, `mlp.gate_proj`, `mlp.experts.3.up_proj`, ...), attention
+    /// first. Routers and the shared-expert gate are not linear layers here (no adapters, no
+    /// packing: routing stays in f32).
+    pub(crate) fn named_linears(&self) -> Vec<(String, &Linear)> {
         let a = &self.self_attn;
-        let Mlp::SwiGlu {
-            gate_proj,
-            up_proj,
-            down_proj,
-        } = &self.mlp;
-        [
-            &a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, gate_proj, up_proj, down_proj,
-        ]
+        let mut out: Vec<(String, &Linear)> = vec![
+            ("self_attn.q_proj".into(), &a.q_proj),
+            ("self_attn.k_proj".into(), &a.k_proj),
+            ("self_attn.v_proj".into(), &a.v_proj),
+            ("self_attn.o_proj".into(), &a.o_proj),
+        ];
+        match &self.mlp {
+            Mlp::SwiGlu {
+                gate_proj,
+                up_proj,
+                down_proj,
+            } => out.extend([
+                ("mlp.gate_proj".into(), gate_proj),
+                ("mlp.up_proj".into(), up_proj),
+                ("mlp.down_proj".into(), down_proj),
+            ]),
+            Mlp::Moe(block) => {
+                let names = ExpertNames::of(block.naming);
+                for (e, expert) in block.experts.iter().enumerate() {
+                    let [gate, up, down] = names.expert(e);
+                    out.extend([(gate, &expert.gate), (up, &expert.up), (down, &expert.down)]);
+                }
+                if let Some((shared, _)) = &block.shared {
+                    out.extend([
+                        ("mlp.shared_expert.gate_proj".into(), &shared.gate),
+                        ("mlp.shared_expert.up_proj".into(), &shared.up),
+                        ("mlp.shared_expert.down_proj".into(), &shared.down),
+                    ]);
+                }
+            }
+        }
+        out
     }
 
-    pub(crate) fn linears_mut(&mut self) -> [&mut Linear; 7] {
+    /// `named_linears`, mutable, in the same order.
+    pub(crate) fn named_linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         let a = &mut self.self_attn;
-        let Mlp::SwiGlu {
-            gate_proj,
-            up_proj,
-            down_proj,
-        } = &mut self.mlp;
-        [
-            &mut a.q_proj,
-            &mut a.k_proj,
-            &mut a.v_proj,
-            &mut a.o_proj,
-            gate_proj,
-            up_proj,
-            down_proj,
-        ]
+        let mut out: Vec<(String, &mut Linear)> = vec![
+            ("self_attn.q_proj".into(), &mut a.q_proj),
+            ("self_attn.k_proj".into(), &mut a.k_proj),
+            ("self_attn.v_proj".into(), &mut a.v_proj),
+            ("self_attn.o_proj".into(), &mut a.o_proj),
+        ];
+        match &mut self.mlp {
+            Mlp::SwiGlu {
+                gate_proj,
+                up_proj,
+                down_proj,
+            } => out.extend([
+                ("mlp.gate_proj".into(), gate_proj),
+                ("mlp.up_proj".into(), up_proj),
+                ("mlp.down_proj".into(), down_proj),
+            ]),
+            Mlp::Moe(block) => {
+                let names = ExpertNames::of(block.naming);
+                for (e, expert) in block.experts.iter_mut().enumerate() {
+                    let [gate, up, down] = names.expert(e);
+                    out.extend([
+                        (gate, &mut expert.gate),
+                        (up, &mut expert.up),
+                        (down, &mut expert.down),
+                    ]);
+                }
+                if let Some((shared, _)) = &mut block.shared {
+                    out.extend([
+                        ("mlp.shared_expert.gate_proj".into(), &mut shared.gate),
+                        ("mlp.shared_expert.up_proj".into(), &mut shared.up),
+                        ("mlp.shared_expert.down_proj".into(), &mut shared.down),
+                    ]);
+                }
+            }
+        }
+        out
+    }
+
+    pub(crate) fn linears(&self) -> Vec<&Linear> {
+        self.named_linears().into_iter().map(|(_, l)| l).collect()
+    }
+
+    pub(crate) fn linears_mut(&mut self) -> Vec<&mut Linear> {
+        self.named_linears_mut()
+            .into_iter()
+            .map(|(_, l)| l)
+            .collect()
+    }
+
+    /// The MoE block's tensors that are not linear layers: the router and the shared-expert gate.
+    fn routing_tensors(&self) -> Vec<&Tensor> {
+        match &self.mlp {
+            Mlp::Moe(block) => std::iter::once(&block.router)
+                .chain(block.shared.iter().map(|(_, gate)| gate))
+                .collect(),
+            Mlp::SwiGlu { .. } => Vec::new(),
+        }
     }
 
     fn forward(
@@ -1013,21 +1330,25 @@ impl SelfAttention {
             config.head_dim,
         );
         let x = x.reshape((batch * len, width))?;
-        let q = self
-            .q_proj
-            .forward(&x, context.precision)?
-            .reshape((batch, len, q_heads, head_dim))?;
-        let k = self
-            .k_proj
-            .forward(&x, context.precision)?
-            .reshape((batch, len, kv_heads, head_dim))?;
-        let v = self
-            .v_proj
-            .forward(&x, context.precision)?
-            .reshape((batch, len, kv_heads, head_dim))?;
         let (eps, offset) = (config.rms_norm_eps, config.norm_unit_offset);
+        let mut q = self.q_proj.forward(&x, context.precision)?;
+        let mut k = self.k_proj.forward(&x, context.precision)?;
+        let mut v = self.v_proj.forward(&x, context.precision)?;
+        if let (true, Some(qn), Some(kn)) = (config.qk_norm_whole, &self.q_norm, &self.k_norm) {
+            // OLMoE: one norm over the whole projection, before the split into heads.
+            q = model_rms_norm(&q, qn, eps, offset)?;
+            k = model_rms_norm(&k, kn, eps, offset)?;
+        }
+        if let Some(c) = config.clip_qkv {
+            q = q.clamp(-c, c)?;
+            k = k.clamp(-c, c)?;
+            v = v.clamp(-c, c)?;
+        }
+        let q = q.reshape((batch, len, q_heads, head_dim))?;
+        let k = k.reshape((batch, len, kv_heads, head_dim))?;
+        let v = v.reshape((batch, len, kv_heads, head_dim))?;
         let (q, k) = match (&self.q_norm, &self.k_norm) {
-            (Some(qn), Some(kn)) => (
+            (Some(qn), Some(kn)) if !config.qk_norm_whole => (
                 model_rms_norm(&q, qn, eps, offset)?,
                 model_rms_norm(&k, kn, eps, offset)?,
             ),

@@ -17,7 +17,11 @@ use stoke_rollout::{
 const LOGPROB_TOLERANCE: f32 = 1e-5;
 
 /// Every fixture checkpoint; each has transformers' greedy continuations in reference.safetensors.
-const FIXTURES: [&str; 13] = [
+const FIXTURES: [&str; 17] = [
+    "mixtral_moe",
+    "qwen2_moe_shared",
+    "qwen3_moe",
+    "olmoe",
     "gemma2_softcap_sliding",
     "gemma3_text_local_rope",
     "llama_relu2",
