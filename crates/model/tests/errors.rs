@@ -261,3 +261,62 @@ fn missing_weights_and_missing_shards_are_named() {
         "{message}"
     );
 }
+
+/// A copy of a MoE fixture in a fresh temporary directory.
+fn moe_checkpoint(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join(name);
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    for file in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixtures_root().join(name).join(file), dir.join(file)).expect("copy");
+    }
+    (tmp, dir)
+}
+
+#[test]
+fn inconsistent_moe_config_fields_are_named() {
+    let cases: [(&str, &str, serde_json::Value, &str); 4] = [
+        ("mixtral_moe", "num_experts_per_tok", 5.into(), "num_experts_per_tok"),
+        ("mixtral_moe", "num_local_experts", 0.into(), "num_local_experts"),
+        ("qwen2_moe_shared", "mlp_only_layers", vec![7].into(), "mlp_only_layers"),
+        ("qwen3_moe", "num_experts", 6.into(), "num_local_experts"),
+    ];
+    for (fixture, field, value, named) in cases {
+        let (_tmp, dir) = moe_checkpoint(fixture);
+        edit_config(&dir, |c| {
+            c.insert(field.to_string(), value.clone());
+        });
+        let (err, message) = load_error(&dir);
+        assert!(
+            matches!(err, ModelError::InvalidConfig { .. }),
+            "{fixture} {field}: {err:?}"
+        );
+        assert!(
+            message.contains("config.json") && message.contains(named) && !message.contains('\n'),
+            "{fixture} {field}: {message}"
+        );
+    }
+}
+
+#[test]
+fn a_missing_expert_tensor_is_named() {
+    for (fixture, tensor) in [
+        (
+            "mixtral_moe",
+            "model.layers.1.block_sparse_moe.experts.2.w3.weight",
+        ),
+        ("qwen2_moe_shared", "model.layers.0.mlp.shared_expert_gate.weight"),
+        ("qwen3_moe", "model.layers.0.mlp.gate.weight"),
+    ] {
+        let (_tmp, dir) = moe_checkpoint(fixture);
+        edit_weights(&dir, |t| {
+            assert!(t.remove(tensor).is_some(), "{tensor} in {fixture}");
+        });
+        let (err, message) = load_error(&dir);
+        assert!(matches!(err, ModelError::MissingTensor { .. }), "{err:?}");
+        assert!(
+            message.contains("model.safetensors") && message.contains(tensor),
+            "{message}"
+        );
+    }
+}
