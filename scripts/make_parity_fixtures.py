@@ -1158,6 +1158,18 @@ def build_model(spec: ModelSpec, tokenizer_dirs: dict[str, Path]) -> Path:
     }
     if effect is not None:
         reference["rope_scaling_effect_max_abs_logit_diff"] = effect
+    if spec.family in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
+        # HF's auxiliary load-balancing loss (`load_balancing_loss_func`, before
+        # router_aux_loss_coef) on input a and on the right-padded batch with its mask.
+        with torch.no_grad():
+            out_a = loaded(input_ids=inputs["input_ids_a"], output_router_logits=True)
+            out_batch = loaded(
+                input_ids=inputs["batch_input_ids"],
+                attention_mask=inputs["batch_attention_mask"],
+                output_router_logits=True,
+            )
+        reference["aux_loss_a"] = float(out_a.aux_loss)
+        reference["aux_loss_batch"] = float(out_batch.aux_loss)
     if spec.family not in ("llama", "qwen2", "qwen3") or "relu2_gated_mlp" in spec.variants:
         # Block variants and MoE: PyTorch's own bf16 error bounds stoke's (tests/bf16.rs).
         reference["bf16_autocast"] = bf16_autocast_error(loaded, inputs, logits)

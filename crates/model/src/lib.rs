@@ -1,5 +1,6 @@
-//! stoke-model: the decoder-only transformer family (Hugging Face LlamaForCausalLM,
-//! Qwen2ForCausalLM, Qwen3ForCausalLM) with trainable candle `Var` parameters.
+//! stoke-model: the decoder-only transformer family (Hugging Face Llama, Qwen2, Qwen3, Gemma 2,
+//! Gemma 3 text, SmolLM3, and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE)
+//! with trainable candle `Var` parameters.
 //!
 //! Layout of the crate (one noun per file):
 //! - `config`: HF config.json (4.x and 5.x styles) -> validated `ModelConfig`; `Architecture`
@@ -7,6 +8,7 @@
 //! - `rotary`: RoPE inverse frequencies (default, linear, llama3, yarn) and cos/sin tables,
 //!   reproducing transformers' `modeling_rope_utils`.
 //! - `transformer`: the model and its forward pass, built on stoke-ops' differentiable ops.
+//! - `moe`: what MoE layers routed, per-expert load, HF's load-balancing loss, the bias rules.
 //! - `lora`: LoRA adapters in PEFT's layout (add, save/load, merge, the base without them).
 //! - `kv_cache`: the explicit cache for generation (the model holds no mutable state).
 //! - `decode`: the fused decode step (`Transformer::decode_step`) on a preallocated cache.
@@ -41,6 +43,7 @@ pub mod gguf;
 pub mod kv_cache;
 pub mod lora;
 pub mod mask;
+pub mod moe;
 pub mod rotary;
 pub mod transformer;
 

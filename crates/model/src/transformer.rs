@@ -23,6 +23,7 @@ use crate::config::{Activation, ExpertNaming, ModelConfig};
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
 use crate::lora::LoraAdapter;
+use crate::moe::Routing;
 use crate::rotary::RotaryTable;
 use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
@@ -241,23 +242,19 @@ pub(crate) struct MoeBlock {
     pub(crate) top_k: usize,
     pub(crate) renormalize: bool,
     pub(crate) naming: ExpertNaming,
-}
-
-/// The routing of one MoE layer's tokens: router logits `[N, E]` and the chosen experts,
-/// row-major `[N, k]`.
-#[derive(Debug, Clone)]
-pub struct Routing {
-    pub logits: Tensor,
-    pub chosen: Vec<u32>,
-    pub top_k: usize,
+    /// The balancing bias added to the router probabilities for the top-k choice only
+    /// (`Transformer::set_expert_bias`); training state, not a checkpoint tensor.
+    pub(crate) selection_bias: Option<Arc<[f32]>>,
 }
 
 impl MoeBlock {
+    /// The block's output for `x` [N, hidden] and what it routed (layer `layer`).
     fn forward(
         &self,
         x: &Tensor,
         p: Precision,
         act: Activation,
+        layer: usize,
     ) -> candle_core::Result<(Tensor, Routing)> {
         let (n, hidden) = x.dims2()?;
         let experts = self.experts.len();
@@ -267,10 +264,21 @@ impl MoeBlock {
         let values: Vec<f32> = probs.flatten_all()?.to_vec1()?;
         let mut chosen = Vec::with_capacity(n * k);
         let mut order: Vec<usize> = Vec::with_capacity(experts);
+        // A balancing bias shifts the choice only (the weights below are the unbiased
+        // probabilities).
+        let mut scores = vec![0f32; experts];
         for row in values.chunks_exact(experts) {
+            match &self.selection_bias {
+                Some(bias) => {
+                    for ((s, &p), &b) in scores.iter_mut().zip(row).zip(bias.iter()) {
+                        *s = p + b;
+                    }
+                }
+                None => scores.copy_from_slice(row),
+            }
             order.clear();
             order.extend(0..experts);
-            order.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+            order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
             chosen.extend(order[..k].iter().map(|&e| e as u32));
         }
         let index = Tensor::from_vec(chosen.clone(), (n, k), x.device())?;
@@ -316,6 +324,7 @@ impl MoeBlock {
         Ok((
             out,
             Routing {
+                layer,
                 logits,
                 chosen,
                 top_k: k,
@@ -342,7 +351,14 @@ fn gated(gate: &Tensor, up: &Tensor, act: Activation) -> candle_core::Result<Ten
 impl Mlp {
     /// `down(act(gate(x)) * up(x))`; SwiGLU through the fused op, the other activations as
     /// candle compositions (their backward passes are candle's).
-    fn forward(&self, x: &Tensor, p: Precision, act: Activation) -> candle_core::Result<Tensor> {
+    /// The MLP's output and, for a mixture of experts, what it routed.
+    fn forward(
+        &self,
+        x: &Tensor,
+        p: Precision,
+        act: Activation,
+        layer: usize,
+    ) -> candle_core::Result<(Tensor, Option<Routing>)> {
         match self {
             Mlp::SwiGlu {
                 gate_proj,
@@ -351,9 +367,12 @@ impl Mlp {
             } => {
                 let gate = gate_proj.forward(x, p)?;
                 let up = up_proj.forward(x, p)?;
-                down_proj.forward(&gated(&gate, &up, act)?, p)
+                Ok((down_proj.forward(&gated(&gate, &up, act)?, p)?, None))
             }
-            Mlp::Moe(block) => Ok(block.forward(x, p, act)?.0),
+            Mlp::Moe(block) => {
+                let (out, routing) = block.forward(x, p, act, layer)?;
+                Ok((out, Some(routing)))
+            }
         }
     }
 
@@ -418,6 +437,8 @@ struct ForwardContext {
     bias: Tensor,
     /// `bias` plus the sliding window's mask, over the same keys (models with sliding layers).
     window_bias: Option<Tensor>,
+    /// Where MoE layers record what they routed, when the caller asked (`forward_hidden_routed`).
+    routings: Option<std::sync::Mutex<Vec<Routing>>>,
     precision: Precision,
     /// The shared inputs of the fused block path, when this pass may take it.
     fused: Option<Arc<crate::fused_block::FusedInputs>>,
@@ -632,6 +653,7 @@ impl Transformer {
                                 top_k: moe.num_experts_per_tok,
                                 renormalize: moe.norm_topk_prob,
                                 naming: moe.naming,
+                                selection_bias: None,
                             }))
                         }
                         _ => Mlp::SwiGlu {
@@ -923,8 +945,35 @@ impl Transformer {
         input_ids: &Tensor,
         positions: &Tensor,
         attn_bias: &Tensor,
-        mut cache: Option<&mut KvCache>,
+        cache: Option<&mut KvCache>,
     ) -> Result<Tensor, ModelError> {
+        Ok(self
+            .forward_hidden_inner(input_ids, positions, attn_bias, cache, false)?
+            .0)
+    }
+
+    /// `forward_hidden`, plus what every MoE layer routed, in layer order (empty for a dense
+    /// model): the router logits in the autograd graph (for the auxiliary loss) and the experts
+    /// chosen (for the load statistics and the bias rules). MoE layers are not checkpointed in
+    /// a recorded pass (their router logits stay in the graph).
+    pub fn forward_hidden_routed(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        attn_bias: &Tensor,
+        cache: Option<&mut KvCache>,
+    ) -> Result<(Tensor, Vec<Routing>), ModelError> {
+        self.forward_hidden_inner(input_ids, positions, attn_bias, cache, true)
+    }
+
+    fn forward_hidden_inner(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        attn_bias: &Tensor,
+        mut cache: Option<&mut KvCache>,
+        record_routing: bool,
+    ) -> Result<(Tensor, Vec<Routing>), ModelError> {
         if self.precision != Precision::Bf16 {
             self.refuse_inference_only("a forward pass in f32 precision")?;
         }
@@ -1020,6 +1069,7 @@ impl Transformer {
             local_cos_sin,
             bias,
             window_bias,
+            routings: record_routing.then(|| std::sync::Mutex::new(Vec::new())),
             precision: self.precision,
             fused,
         });
@@ -1072,7 +1122,9 @@ impl Transformer {
                     self.precision,
                     checkpointing,
                 )?
-            } else if checkpointing {
+            } else if checkpointing && !(record_routing && matches!(layer.mlp, Mlp::Moe(_))) {
+                // (A recorded MoE layer is not checkpointed: its router logits must stay in the
+                // graph for the auxiliary loss, and a recomputation would route twice.)
                 let (block, ctx) = (layer.clone(), context.clone());
                 let run = move |x: &Tensor| {
                     block
@@ -1084,12 +1136,48 @@ impl Transformer {
                 layer.forward(&hidden, &context, index, cache.as_deref_mut())?
             };
         }
-        Ok(model_rms_norm(
+        let routings = match &context.routings {
+            Some(sink) => std::mem::take(
+                &mut *sink
+                    .lock()
+                    .map_err(|_| ModelError::InvalidArgument("routing record poisoned".into()))?,
+            ),
+            None => Vec::new(),
+        };
+        let hidden = model_rms_norm(
             &hidden,
             &self.norm,
             self.config.rms_norm_eps,
             self.config.norm_unit_offset,
-        )?)
+        )?;
+        Ok((hidden, routings))
+    }
+
+    /// Sets the balancing bias of MoE layer `layer` (added to its router probabilities for the
+    /// top-k choice only; see `moe::BiasRule`). An error for a dense layer or a wrong length.
+    pub fn set_expert_bias(&mut self, layer: usize, bias: &[f32]) -> Result<(), ModelError> {
+        match self.layers.get_mut(layer).map(|l| &mut l.mlp) {
+            Some(Mlp::Moe(block)) if block.experts.len() == bias.len() => {
+                block.selection_bias = Some(Arc::from(bias));
+                Ok(())
+            }
+            Some(Mlp::Moe(block)) => Err(ModelError::InvalidArgument(format!(
+                "set_expert_bias: {} values for the {} experts of layer {layer}",
+                bias.len(),
+                block.experts.len()
+            ))),
+            _ => Err(ModelError::InvalidArgument(format!(
+                "set_expert_bias: layer {layer} is not a mixture of experts"
+            ))),
+        }
+    }
+
+    /// The balancing bias of MoE layer `layer`, when one is set.
+    pub fn expert_bias(&self, layer: usize) -> Option<Vec<f32>> {
+        match self.layers.get(layer).map(|l| &l.mlp) {
+            Some(Mlp::Moe(block)) => block.selection_bias.as_ref().map(|b| b.to_vec()),
+            _ => None,
+        }
     }
 
     /// The LM head's weight [vocab, hidden] (`lm_head.weight`, or the embedding when tied), for
@@ -1298,14 +1386,18 @@ impl DecoderLayer {
             }
         };
         let (batch, len, width) = normed.dims3()?;
-        let mlp_out = self
-            .mlp
-            .forward(
-                &normed.reshape((batch * len, width))?,
-                context.precision,
-                config.hidden_act,
-            )?
-            .reshape((batch, len, width))?;
+        let (mlp_out, routing) = self.mlp.forward(
+            &normed.reshape((batch * len, width))?,
+            context.precision,
+            config.hidden_act,
+            index,
+        )?;
+        if let (Some(routing), Some(sink)) = (routing, &context.routings) {
+            sink.lock()
+                .map_err(|_| ModelError::InvalidArgument("routing record poisoned".into()))?
+                .push(routing);
+        }
+        let mlp_out = mlp_out.reshape((batch, len, width))?;
         let mlp_out = match &self.post_feedforward_layernorm {
             Some(post_ffn) => norm(&mlp_out, post_ffn)?,
             None => mlp_out,

@@ -276,9 +276,24 @@ fn moe_checkpoint(name: &str) -> (tempfile::TempDir, PathBuf) {
 #[test]
 fn inconsistent_moe_config_fields_are_named() {
     let cases: [(&str, &str, serde_json::Value, &str); 4] = [
-        ("mixtral_moe", "num_experts_per_tok", 5.into(), "num_experts_per_tok"),
-        ("mixtral_moe", "num_local_experts", 0.into(), "num_local_experts"),
-        ("qwen2_moe_shared", "mlp_only_layers", vec![7].into(), "mlp_only_layers"),
+        (
+            "mixtral_moe",
+            "num_experts_per_tok",
+            5.into(),
+            "num_experts_per_tok",
+        ),
+        (
+            "mixtral_moe",
+            "num_local_experts",
+            0.into(),
+            "num_local_experts",
+        ),
+        (
+            "qwen2_moe_shared",
+            "mlp_only_layers",
+            vec![7].into(),
+            "mlp_only_layers",
+        ),
         ("qwen3_moe", "num_experts", 6.into(), "num_local_experts"),
     ];
     for (fixture, field, value, named) in cases {
@@ -305,7 +320,10 @@ fn a_missing_expert_tensor_is_named() {
             "mixtral_moe",
             "model.layers.1.block_sparse_moe.experts.2.w3.weight",
         ),
-        ("qwen2_moe_shared", "model.layers.0.mlp.shared_expert_gate.weight"),
+        (
+            "qwen2_moe_shared",
+            "model.layers.0.mlp.shared_expert_gate.weight",
+        ),
         ("qwen3_moe", "model.layers.0.mlp.gate.weight"),
     ] {
         let (_tmp, dir) = moe_checkpoint(fixture);
