@@ -176,7 +176,7 @@ pub enum BiasRule {
 }
 
 /// One layer's balancing state: its selection bias and, for SMEBU, the momentum buffer.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct BiasState {
     pub bias: Vec<f32>,
     pub momentum: Vec<f64>,

@@ -57,6 +57,7 @@ pub fn standard_records(records: &[GrpoRecord]) -> Vec<MetricRecord> {
                     skipped: s.outcome != StepOutcome::Applied,
                     z_loss: None,
                     memory: None,
+                    moe: None,
                 }));
             }
             GrpoRecord::Alert { step, message } => out.push(MetricRecord::Alert {

@@ -22,6 +22,8 @@
 //! [training]
 //! steps = 200
 //! # activation_checkpointing = true; precision = "bf16"
+//! # [training.moe]            # mixture-of-experts models: balance = "none" | "aux_loss" |
+//! # balance = "smebu"         # "aux_free" | "smebu"; aux_loss_coef, bias_rate, bias_momentum
 //! # [lora]                    # optional: adapters on the frozen model (PEFT's key names)
 //! # r = 16
 //! # lora_alpha = 32
@@ -232,6 +234,61 @@ pub struct TrainingConfig {
     pub precision: stoke_types::Precision,
     /// Recompute each block's activations in the backward pass (exact; memory for time).
     pub activation_checkpointing: bool,
+    /// Load balancing of mixture-of-experts models (ignored by dense ones).
+    pub moe: MoeBalanceConfig,
+}
+
+/// How a mixture-of-experts model's experts are kept in balance (`[training.moe]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MoeBalance {
+    /// No balancing: the loads are still measured and logged.
+    #[default]
+    None,
+    /// HF's auxiliary load-balancing loss, weighted by `aux_loss_coef`.
+    AuxLoss,
+    /// torchtitan's aux-loss-free bias: `bias_rate * sign(mean - load)`, re-centred.
+    AuxFree,
+    /// SMEBU: clipped normalized violation, re-centred, momentum `bias_momentum`.
+    Smebu,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeBalanceConfig {
+    pub balance: MoeBalance,
+    /// The auxiliary loss's weight (`None`: the model's `router_aux_loss_coef`).
+    pub aux_loss_coef: Option<f64>,
+    /// The bias rules' step (aux_free: `coeff`, torchtitan's 1e-3; smebu: `lr`).
+    pub bias_rate: f64,
+    /// SMEBU's momentum.
+    pub bias_momentum: f64,
+}
+
+impl Default for MoeBalanceConfig {
+    fn default() -> Self {
+        MoeBalanceConfig {
+            balance: MoeBalance::None,
+            aux_loss_coef: None,
+            bias_rate: 1e-3,
+            bias_momentum: 0.9,
+        }
+    }
+}
+
+impl MoeBalanceConfig {
+    /// The bias rule this config asks for (`None` for none and aux_loss).
+    pub fn bias_rule(&self) -> Option<stoke_model::moe::BiasRule> {
+        match self.balance {
+            MoeBalance::AuxFree => Some(stoke_model::moe::BiasRule::AuxLossFree {
+                coeff: self.bias_rate,
+            }),
+            MoeBalance::Smebu => Some(stoke_model::moe::BiasRule::Smebu {
+                lr: self.bias_rate,
+                momentum: self.bias_momentum,
+            }),
+            MoeBalance::None | MoeBalance::AuxLoss => None,
+        }
+    }
 }
 
 /// The validated run configuration.
@@ -461,6 +518,26 @@ impl TrainConfig {
         }
         if t.max_bad_steps == 0 {
             return Err(invalid("training.max_bad_steps", "must be >= 1"));
+        }
+        if let Some(c) = t.moe.aux_loss_coef
+            && !(c.is_finite() && c >= 0.0)
+        {
+            return Err(invalid(
+                "training.moe.aux_loss_coef",
+                format!("must be >= 0, got {c}"),
+            ));
+        }
+        if !(t.moe.bias_rate.is_finite() && t.moe.bias_rate > 0.0) {
+            return Err(invalid(
+                "training.moe.bias_rate",
+                format!("must be > 0, got {}", t.moe.bias_rate),
+            ));
+        }
+        if !(0.0..1.0).contains(&t.moe.bias_momentum) {
+            return Err(invalid(
+                "training.moe.bias_momentum",
+                format!("must be in [0, 1), got {}", t.moe.bias_momentum),
+            ));
         }
         t.spike
             .validate()

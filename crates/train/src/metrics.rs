@@ -92,6 +92,55 @@ pub struct StepMetrics {
     /// Where the memory went (see [`MemoryReport`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryReport>,
+    /// Mixture-of-experts load (MoE models only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeMetrics>,
+}
+
+/// A step's expert load: MaxVio per MoE layer and its worst, the mean violation, each expert's
+/// share of the slots per layer, and the auxiliary loss when it is on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MoeMetrics {
+    /// The largest MaxVio over the MoE layers (`(max load - mean) / mean`; 0 is balanced).
+    #[serde(with = "json_float")]
+    pub max_violation: f64,
+    /// The mean over the layers of the mean absolute violation.
+    #[serde(with = "json_float")]
+    pub mean_violation: f64,
+    /// Per MoE layer: the layer index and each expert's share of the step's slots.
+    pub expert_load: Vec<(usize, Vec<f64>)>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "json_float_opt"
+    )]
+    pub aux_loss: Option<f64>,
+}
+
+impl MoeMetrics {
+    /// The figures of a step's per-layer counts; `None` without MoE layers.
+    pub fn from_counts(counts: &[(usize, Vec<u64>)], aux_loss: Option<f64>) -> Option<MoeMetrics> {
+        if counts.is_empty() {
+            return None;
+        }
+        let loads: Vec<(usize, stoke_model::moe::ExpertLoad)> = counts
+            .iter()
+            .map(|(layer, c)| (*layer, stoke_model::moe::ExpertLoad { counts: c.clone() }))
+            .collect();
+        Some(MoeMetrics {
+            max_violation: loads
+                .iter()
+                .map(|(_, l)| l.max_violation())
+                .fold(0.0, f64::max),
+            mean_violation: loads.iter().map(|(_, l)| l.mean_violation()).sum::<f64>()
+                / loads.len() as f64,
+            expert_load: loads
+                .iter()
+                .map(|(layer, l)| (*layer, l.fractions()))
+                .collect(),
+            aux_loss,
+        })
+    }
 }
 
 /// Bytes by stage at a step. Weights, gradients and optimizer state are counted exactly from

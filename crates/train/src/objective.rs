@@ -35,6 +35,18 @@ pub struct ObjectiveOutput {
     pub z_loss_sum: f64,
     /// Number of tokens the sums run over.
     pub loss_tokens: usize,
+    /// What the MoE layers routed (empty for dense models).
+    pub moe: MoeRecord,
+}
+
+/// A micro-batch's mixture-of-experts figures.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MoeRecord {
+    /// Sum of the auxiliary load-balancing terms (already times the coefficient, and times the
+    /// loss tokens, like the other sums); 0 when the aux loss is off.
+    pub aux_loss_sum: f64,
+    /// Tokens routed to each expert, per MoE layer: `(layer, counts)`.
+    pub expert_counts: Vec<(usize, Vec<u64>)>,
 }
 
 /// Turns a batch into a loss sum and figures.
@@ -57,6 +69,8 @@ pub struct NextTokenObjective {
     pub z_loss: f64,
     /// Logit soft-cap `c` (Gemma 2 uses 30); `None` turns it off.
     pub logit_softcap: Option<f64>,
+    /// Weight of HF's auxiliary load-balancing loss for MoE models (`None`: off).
+    pub moe_aux_loss_coef: Option<f64>,
 }
 
 impl NextTokenObjective {
@@ -64,6 +78,7 @@ impl NextTokenObjective {
         NextTokenObjective {
             z_loss: 0.0,
             logit_softcap: None,
+            moe_aux_loss_coef: None,
         }
     }
 }
@@ -86,12 +101,25 @@ impl Objective for NextTokenObjective {
                 nll_sum: 0.0,
                 z_loss_sum: 0.0,
                 loss_tokens: 0,
+                moe: MoeRecord::default(),
             });
         };
         let nll = scored.logprobs.neg()?;
         let nll_total = nll.sum_all()?;
         let nll_sum = scalar(&nll_total)?;
         // `keep_logits` above: the logits are there whenever the z-loss is on.
+        let loss_tokens = scored.targets.dim(0)?;
+        let (moe, aux_total) = moe_record(
+            model,
+            batch,
+            &scored.routings,
+            self.moe_aux_loss_coef,
+            loss_tokens,
+        )?;
+        let nll_total = match aux_total {
+            Some(aux) => (nll_total + aux)?,
+            None => nll_total,
+        };
         let (loss_sum, z_loss_sum) = if self.z_loss > 0.0
             && let Some(logits) = scored.logits.as_ref()
         {
@@ -111,13 +139,60 @@ impl Objective for NextTokenObjective {
             loss_sum,
             nll_sum,
             z_loss_sum,
-            loss_tokens: scored.targets.dim(0)?,
+            loss_tokens,
+            moe,
         })
     }
 
     fn reports_z_loss(&self) -> bool {
         self.z_loss > 0.0
     }
+}
+
+/// The MoE figures of a micro-batch from what its MoE layers routed, and the auxiliary loss
+/// term to add to the loss sum when `aux_loss_coef` is set: `coef * aux * loss_tokens`, so that
+/// the trainer's division by the step's loss tokens weighs each micro-batch's aux loss by its
+/// share of them (one micro-batch: exactly `coef * aux`, as transformers adds it). The aux loss
+/// runs over the batch's real positions (padding excluded).
+pub fn moe_record(
+    model: &Transformer,
+    batch: &PackedBatch,
+    routings: &[stoke_model::moe::Routing],
+    aux_loss_coef: Option<f64>,
+    loss_tokens: usize,
+) -> Result<(MoeRecord, Option<Tensor>), TrainError> {
+    let Some(moe) = model.config().moe.as_ref() else {
+        return Ok((MoeRecord::default(), None));
+    };
+    let expert_counts = routings
+        .iter()
+        .map(|r| (r.layer, r.counts(moe.num_experts)))
+        .collect();
+    let mut record = MoeRecord {
+        aux_loss_sum: 0.0,
+        expert_counts,
+    };
+    let Some(coef) = aux_loss_coef else {
+        return Ok((record, None));
+    };
+    let mask: Vec<f32> = batch
+        .doc_ids
+        .iter()
+        .map(|&d| {
+            if d == stoke_data::packing::PAD_DOC {
+                0.0
+            } else {
+                1.0
+            }
+        })
+        .collect();
+    let Some(aux) = stoke_model::moe::load_balancing_loss(routings, moe.num_experts, Some(&mask))?
+    else {
+        return Ok((record, None));
+    };
+    let term = (aux.to_dtype(DType::F32)? * (coef * loss_tokens as f64))?;
+    record.aux_loss_sum = scalar(&term)?;
+    Ok((record, Some(term)))
 }
 
 /// Logit distillation over packed batches (`[distill]`): at every loss position, the generalized
@@ -358,6 +433,7 @@ impl Objective for DistillObjective {
             nll_sum: output.nll_sum * scale,
             z_loss_sum: 0.0,
             loss_tokens: data_tokens,
+            moe: MoeRecord::default(),
         })
     }
 }
@@ -377,6 +453,7 @@ impl DistillObjective {
                 nll_sum: 0.0,
                 z_loss_sum: 0.0,
                 loss_tokens: 0,
+                moe: MoeRecord::default(),
             });
         };
         let logits = student
@@ -437,6 +514,7 @@ impl DistillObjective {
             loss_sum,
             z_loss_sum: 0.0,
             loss_tokens: student.targets.dim(0)?,
+            moe: MoeRecord::default(),
         })
     }
 }
@@ -500,6 +578,8 @@ pub struct ScoredTokens {
     pub logprobs: Tensor,
     /// The target ids, host side (for per-token byte counts in evaluation).
     pub target_ids: Vec<u32>,
+    /// What the MoE layers routed (empty for dense models).
+    pub routings: Vec<stoke_model::moe::Routing>,
 }
 
 /// The model's input tensors for a packed batch: ids and positions [B, T] and the
@@ -545,7 +625,14 @@ pub fn score_loss_tokens(
         .map(|&i| batch.targets[i as usize])
         .collect();
     let (ids, positions, bias) = batch_inputs(batch, device)?;
-    let hidden = model.forward_hidden(&ids, &positions, &bias, None)?;
+    let (hidden, routings) = if model.config().moe.is_some() {
+        model.forward_hidden_routed(&ids, &positions, &bias, None)?
+    } else {
+        (
+            model.forward_hidden(&ids, &positions, &bias, None)?,
+            Vec::new(),
+        )
+    };
     let width = hidden.dim(D::Minus1)?;
     let hidden = hidden.reshape((batch.batch_size * batch.seq_len, width))?;
     let hidden = if loss_positions.len() == batch.loss_mask.len() {
@@ -577,6 +664,7 @@ pub fn score_loss_tokens(
         targets,
         logprobs,
         target_ids,
+        routings,
     }))
 }
 

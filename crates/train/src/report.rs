@@ -212,12 +212,83 @@ fn training_charts(steps: &[&StepMetrics], evals: &[&EvalMetrics]) -> Vec<ChartS
             YScale::Linear,
         ));
     }
+    charts.extend(moe_charts(steps));
     if !evals.is_empty() {
         charts.push(ChartSpec::new(
             "Eval bits per byte",
             "step",
             "bits/byte",
             vec![eval_series("eval bits/byte", |m| m.bits_per_byte)],
+            YScale::Linear,
+        ));
+    }
+    charts
+}
+
+/// Mixture-of-experts charts, when the steps carry expert loads: the max load violation
+/// (MaxVio, worst layer) and the mean violation over the steps, and per MoE layer every
+/// expert's share of the slots (a 10-step moving average: single steps of a small batch are
+/// noisy). A balanced layer's lines sit at 1 / experts; a collapsed expert's at 0.
+fn moe_charts(steps: &[&StepMetrics]) -> Vec<ChartSpec> {
+    let with_moe: Vec<(&StepMetrics, &crate::metrics::MoeMetrics)> = steps
+        .iter()
+        .filter_map(|m| m.moe.as_ref().map(|moe| (*m, moe)))
+        .collect();
+    if with_moe.is_empty() {
+        return Vec::new();
+    }
+    let series = |name: &str, value: fn(&crate::metrics::MoeMetrics) -> f64| {
+        Series::new(
+            name,
+            with_moe
+                .iter()
+                .map(|(m, moe)| (m.step as f64, value(moe)))
+                .collect(),
+        )
+    };
+    let mut charts = vec![ChartSpec::new(
+        "MoE load violation",
+        "step",
+        "violation",
+        vec![
+            series("max violation (worst layer)", |m| m.max_violation),
+            series("mean violation (layer mean)", |m| m.mean_violation),
+        ],
+        YScale::Linear,
+    )];
+    let layers: Vec<usize> = with_moe[0].1.expert_load.iter().map(|(l, _)| *l).collect();
+    const WINDOW: usize = 10;
+    for (slot, layer) in layers.iter().enumerate() {
+        let experts = with_moe[0].1.expert_load[slot].1.len();
+        let lines = (0..experts)
+            .map(|e| {
+                let raw: Vec<(f64, f64)> = with_moe
+                    .iter()
+                    .filter_map(|(m, moe)| {
+                        let (l, shares) = moe.expert_load.get(slot)?;
+                        (l == layer).then(|| (m.step as f64, shares.get(e).copied().unwrap_or(0.0)))
+                    })
+                    .collect();
+                let smoothed = raw
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &(x, _))| {
+                        let from = i.saturating_sub(WINDOW - 1);
+                        let window = &raw[from..=i];
+                        (
+                            x,
+                            window.iter().map(|p| p.1).sum::<f64>() / window.len() as f64,
+                        )
+                    })
+                    .collect();
+                Series::new(format!("expert {e}"), smoothed)
+            })
+            .collect();
+        charts.push(ChartSpec::new(
+            &format!("Expert load, layer {layer} (share of slots, {WINDOW}-step mean)"),
+            "step",
+            "share",
+            lines,
             YScale::Linear,
         ));
     }

@@ -182,6 +182,7 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
         None => Box::new(NextTokenObjective {
             z_loss: config.training.z_loss,
             logit_softcap: config.training.logit_softcap,
+            moe_aux_loss_coef: moe_aux_loss_coef(&config, &model),
         }),
     };
     let source = match source.take() {
@@ -618,5 +619,18 @@ fn distill_objective(
         temperature: distill.temperature,
         on_policy,
         ce_weight: distill.ce_weight,
+    })
+}
+
+/// The auxiliary load-balancing loss weight of a MoE model under `training.moe.balance =
+/// "aux_loss"`: `aux_loss_coef`, else the model's `router_aux_loss_coef`. `None` otherwise.
+fn moe_aux_loss_coef(config: &TrainConfig, model: &Transformer) -> Option<f64> {
+    let moe = model.config().moe.as_ref()?;
+    (config.training.moe.balance == crate::config::MoeBalance::AuxLoss).then(|| {
+        config
+            .training
+            .moe
+            .aux_loss_coef
+            .unwrap_or(moe.router_aux_loss_coef)
     })
 }

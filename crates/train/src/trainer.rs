@@ -45,6 +45,7 @@ use crate::objective::Objective;
 use crate::source::BatchSource;
 pub use crate::step::StepOutcome;
 use crate::step::{EngineState, StepEngine, StepSettings};
+use std::collections::BTreeMap;
 
 /// What happened in one trainer step.
 #[derive(Clone, Debug, PartialEq)]
@@ -69,6 +70,10 @@ pub struct StepReport {
     /// The clip threshold used instead of the configured one (tightened after a spike).
     pub clip_override: Option<f64>,
     pub seconds: f64,
+    /// Tokens routed to each expert over the step, per MoE layer (empty for dense models).
+    pub expert_counts: Vec<(usize, Vec<u64>)>,
+    /// Mean auxiliary load-balancing term per loss token (coefficient included), when on.
+    pub moe_aux_loss: Option<f64>,
 }
 
 /// The trainer's own part of `TrainerState.extra`.
@@ -77,6 +82,9 @@ pub struct StepReport {
 struct TrainerExtra {
     spike: serde_json::Value,
     consecutive_bad_steps: u64,
+    /// The MoE balancing state per layer (bias rules only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    moe_bias: Vec<(usize, stoke_model::moe::BiasState)>,
 }
 
 /// Why the loop ended.
@@ -137,6 +145,11 @@ pub struct Trainer {
     num_params: u64,
     tokens_seen: u64,
     last_checkpoint: Option<(u64, PathBuf)>,
+    /// MoE bias balancing: the rule and each MoE layer's state.
+    moe_bias: Option<(
+        stoke_model::moe::BiasRule,
+        BTreeMap<usize, stoke_model::moe::BiasState>,
+    )>,
 }
 
 impl Trainer {
@@ -148,6 +161,16 @@ impl Trainer {
         source: Box<dyn BatchSource>,
     ) -> Trainer {
         let num_params = model.config().num_parameters() as u64;
+        let moe_bias = match (model.config().moe.as_ref(), config.training.moe.bias_rule()) {
+            (Some(moe), Some(rule)) => {
+                let states = (0..model.config().num_hidden_layers)
+                    .filter(|&l| model.config().is_sparse_layer(l))
+                    .map(|l| (l, stoke_model::moe::BiasState::new(moe.num_experts)))
+                    .collect();
+                Some((rule, states))
+            }
+            _ => None,
+        };
         let engine = StepEngine::new(
             optimizer,
             StepSettings {
@@ -171,6 +194,7 @@ impl Trainer {
             num_params,
             tokens_seen: 0,
             last_checkpoint: None,
+            moe_bias,
         }
     }
 
@@ -249,6 +273,12 @@ impl Trainer {
         })?;
         self.tokens_seen = state.tokens_seen;
         self.last_checkpoint = None;
+        if let Some((_, states)) = &mut self.moe_bias {
+            for (layer, saved) in extra.moe_bias {
+                self.model.set_expert_bias(layer, &saved.bias)?;
+                states.insert(layer, saved);
+            }
+        }
         Ok(())
     }
 
@@ -258,6 +288,11 @@ impl Trainer {
         let extra = TrainerExtra {
             spike: engine.spike,
             consecutive_bad_steps: engine.consecutive_bad_steps,
+            moe_bias: self
+                .moe_bias
+                .iter()
+                .flat_map(|(_, states)| states.iter().map(|(l, s)| (*l, s.clone())))
+                .collect(),
         };
         TrainerState {
             step: engine.steps,
@@ -365,6 +400,8 @@ impl Trainer {
             spike: false,
             clip_override: None,
             seconds: 0.0,
+            expert_counts: Vec::new(),
+            moe_aux_loss: None,
         };
         if loss_tokens == 0 {
             self.engine.skip_empty();
@@ -375,8 +412,19 @@ impl Trainer {
         let scale = 1.0 / loss_tokens as f64;
         let mut grads = self.engine.gradients();
         let (mut nll_sum, mut z_sum, mut finite) = (0.0f64, 0.0f64, true);
+        let mut expert_counts: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+        let mut aux_sum = 0.0f64;
         for batch in &batches {
             let output = self.objective.loss(&self.model, batch)?;
+            for (layer, counts) in &output.moe.expert_counts {
+                let total = expert_counts
+                    .entry(*layer)
+                    .or_insert_with(|| vec![0; counts.len()]);
+                for (t, c) in total.iter_mut().zip(counts) {
+                    *t += c;
+                }
+            }
+            aux_sum += output.moe.aux_loss_sum;
             if output.loss_tokens == 0 {
                 continue;
             }
@@ -390,6 +438,18 @@ impl Trainer {
         }
         report.loss = nll_sum * scale;
         report.z_loss = self.objective.reports_z_loss().then_some(z_sum * scale);
+        report.moe_aux_loss = (aux_sum != 0.0).then_some(aux_sum * scale);
+        // The bias rules see the step's whole load (every micro-batch) before the optimizer
+        // step, as torchtitan's pre-step hook does; the bias moves the next step's routing.
+        if let Some((rule, states)) = &mut self.moe_bias {
+            for (layer, counts) in &expert_counts {
+                if let Some(state) = states.get_mut(layer) {
+                    state.update(rule, counts);
+                    self.model.set_expert_bias(*layer, &state.bias)?;
+                }
+            }
+        }
+        report.expert_counts = expert_counts.into_iter().collect();
         let objective_loss = (nll_sum + z_sum) * scale;
         let result = self
             .engine
@@ -435,6 +495,10 @@ impl Trainer {
                 &self.model,
                 self.engine.optimizer(),
             )),
+            moe: crate::metrics::MoeMetrics::from_counts(
+                &report.expert_counts,
+                report.moe_aux_loss,
+            ),
         };
         let mut records = vec![MetricRecord::Step(metrics.clone())];
         // What the spike policy did; skipped and non-finite steps as such are the monitor's

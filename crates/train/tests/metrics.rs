@@ -23,6 +23,7 @@ fn step(step: u64, loss: f64, tokens_per_s: f64) -> StepMetrics {
         skipped: false,
         z_loss: None,
         memory: None,
+        moe: None,
     }
 }
 

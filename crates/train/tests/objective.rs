@@ -94,6 +94,7 @@ fn z_loss_matches_a_hand_computation() {
     let objective = NextTokenObjective {
         z_loss: coef,
         logit_softcap: None,
+        moe_aux_loss_coef: None,
     };
     let out = objective.loss(&model, &batch).unwrap();
     let scored = score_loss_tokens(&model, &batch, None, true)

@@ -19,6 +19,7 @@ fn step(step: u64, loss: f64) -> StepMetrics {
         skipped: false,
         z_loss: None,
         memory: None,
+        moe: None,
     }
 }
 

@@ -235,6 +235,23 @@ pub struct TrainingFile {
     /// bit-identical gradients, less memory, about a third more block arithmetic).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub activation_checkpointing: Option<bool>,
+    /// Load balancing of mixture-of-experts models.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeBalanceFile>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoeBalanceFile {
+    /// "none" (default), "aux_loss", "aux_free" or "smebu".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balance: Option<crate::config::MoeBalance>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aux_loss_coef: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bias_rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bias_momentum: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

@@ -113,6 +113,16 @@ impl TrainConfig {
             keep_steps: file.checkpoint.keep_steps.clone(),
             precision: t.precision.unwrap_or_default(),
             activation_checkpointing: t.activation_checkpointing.unwrap_or(false),
+            moe: {
+                let m = t.moe.clone().unwrap_or_default();
+                let d = crate::config::MoeBalanceConfig::default();
+                crate::config::MoeBalanceConfig {
+                    balance: m.balance.unwrap_or(d.balance),
+                    aux_loss_coef: m.aux_loss_coef,
+                    bias_rate: m.bias_rate.unwrap_or(d.bias_rate),
+                    bias_momentum: m.bias_momentum.unwrap_or(d.bias_momentum),
+                }
+            },
         };
         let config = TrainConfig {
             title: file.title.clone().unwrap_or_else(|| {
@@ -243,6 +253,14 @@ impl TrainConfig {
                 }),
                 precision: (t.precision != stoke_types::Precision::F32).then_some(t.precision),
                 activation_checkpointing: t.activation_checkpointing.then_some(true),
+                moe: (t.moe != crate::config::MoeBalanceConfig::default()).then(|| {
+                    super::file::MoeBalanceFile {
+                        balance: Some(t.moe.balance),
+                        aux_loss_coef: t.moe.aux_loss_coef,
+                        bias_rate: Some(t.moe.bias_rate),
+                        bias_momentum: Some(t.moe.bias_momentum),
+                    }
+                }),
             },
         }
     }

@@ -32,6 +32,7 @@ pub fn standard_record(report: &PairStepReport, tokens_seen: u64, elapsed_s: f64
         skipped: report.outcome != StepOutcome::Applied,
         z_loss: None,
         memory: None,
+        moe: None,
     })
 }
 

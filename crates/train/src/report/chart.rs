@@ -68,13 +68,28 @@ const HEIGHT: u32 = 340;
 const MAX_POINTS: usize = 1600;
 /// Series with at most this many points also get a marker on each point (sparse evals, single points).
 const MARKER_LIMIT: usize = 60;
-const COLORS: [RGBColor; 6] = [
+/// matplotlib's tab10 then the light half of tab20: 20 distinct lines (a MoE layer's experts).
+const COLORS: [RGBColor; 20] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
     RGBColor(214, 39, 40),
     RGBColor(148, 103, 189),
     RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+    RGBColor(174, 199, 232),
+    RGBColor(255, 187, 120),
+    RGBColor(152, 223, 138),
+    RGBColor(255, 152, 150),
+    RGBColor(197, 176, 213),
+    RGBColor(196, 156, 148),
+    RGBColor(247, 182, 210),
+    RGBColor(199, 199, 199),
+    RGBColor(219, 219, 141),
+    RGBColor(158, 218, 229),
 ];
 
 /// `ChartSpec { .., y_scale: Linear }` rendered; the speedrun's report card uses this directly.

@@ -467,6 +467,7 @@ fn training_file(stage: &StageSizes, seed: u64) -> TrainingFile {
         spike: None,
         precision: None,
         activation_checkpointing: None,
+        moe: None,
     }
 }
 
