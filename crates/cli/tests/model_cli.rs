@@ -341,7 +341,7 @@ fn malformed_config_names_the_file_and_position() {
 fn unsupported_config_value_names_the_field() {
     let (_temp, dir) = broken_copy();
     edit_config(&dir, |config| {
-        config.insert("hidden_act".into(), Value::from("gelu_pytorch_tanh"));
+        config.insert("hidden_act".into(), Value::from("gelu_fast"));
     });
     let output = stoke(&["score", "--model", dir.to_str().unwrap(), "--ids", "1,2"]);
     assert_one_line_error(&output, &["config.json", "hidden_act"]);
