@@ -9,6 +9,7 @@
 //!   reproducing transformers' `modeling_rope_utils`.
 //! - `transformer`: the model and its forward pass, built on stoke-ops' differentiable ops.
 //! - `moe`: what MoE layers routed, per-expert load, HF's load-balancing loss, the bias rules.
+//! - `qk_clip`: MuonClip's per-head query/key rescaling from the step's max attention logits.
 //! - `lora`: LoRA adapters in PEFT's layout (add, save/load, merge, the base without them).
 //! - `kv_cache`: the explicit cache for generation (the model holds no mutable state).
 //! - `decode`: the fused decode step (`Transformer::decode_step`) on a preallocated cache.
@@ -44,6 +45,7 @@ pub mod kv_cache;
 pub mod lora;
 pub mod mask;
 pub mod moe;
+pub mod qk_clip;
 pub mod rotary;
 pub mod transformer;
 
@@ -52,4 +54,4 @@ pub use error::ModelError;
 pub use kv_cache::KvCache;
 pub use mask::{causal_bias, document_causal_bias};
 pub use stoke_ops::decode::DecodeCache;
-pub use transformer::{InitScheme, Transformer, parameter_shapes};
+pub use transformer::{ForwardRecord, InitScheme, Record, Transformer, parameter_shapes};

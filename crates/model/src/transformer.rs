@@ -439,6 +439,9 @@ struct ForwardContext {
     window_bias: Option<Tensor>,
     /// Where MoE layers record what they routed, when the caller asked (`forward_hidden_routed`).
     routings: Option<std::sync::Mutex<Vec<Routing>>>,
+    /// Where attention layers record each query head's largest logit, when asked
+    /// (`forward_hidden_recorded`, MuonClip).
+    max_logits: Option<std::sync::Mutex<Vec<(usize, Vec<f32>)>>>,
     precision: Precision,
     /// The shared inputs of the fused block path, when this pass may take it.
     fused: Option<Arc<crate::fused_block::FusedInputs>>,
@@ -966,14 +969,47 @@ impl Transformer {
         self.forward_hidden_inner(input_ids, positions, attn_bias, cache, true)
     }
 
+    /// `forward_hidden` with the records `record` asks for: the MoE routing (as
+    /// `forward_hidden_routed`) and each attention layer's per-query-head largest logit
+    /// (`q·k` times the attention scale, before any soft-cap, over the keys the mask allows),
+    /// which MuonClip needs. Recording max logits runs every layer through the op composition
+    /// (the fused block does not expose its scores).
+    pub fn forward_hidden_recorded(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        attn_bias: &Tensor,
+        record: Record,
+    ) -> Result<(Tensor, ForwardRecord), ModelError> {
+        self.forward_hidden_full(input_ids, positions, attn_bias, None, record)
+    }
+
     fn forward_hidden_inner(
         &self,
         input_ids: &Tensor,
         positions: &Tensor,
         attn_bias: &Tensor,
-        mut cache: Option<&mut KvCache>,
+        cache: Option<&mut KvCache>,
         record_routing: bool,
     ) -> Result<(Tensor, Vec<Routing>), ModelError> {
+        let record = Record {
+            routing: record_routing,
+            max_logits: false,
+        };
+        let (hidden, record) =
+            self.forward_hidden_full(input_ids, positions, attn_bias, cache, record)?;
+        Ok((hidden, record.routings))
+    }
+
+    fn forward_hidden_full(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        attn_bias: &Tensor,
+        mut cache: Option<&mut KvCache>,
+        record: Record,
+    ) -> Result<(Tensor, ForwardRecord), ModelError> {
+        let record_routing = record.routing;
         if self.precision != Precision::Bf16 {
             self.refuse_inference_only("a forward pass in f32 precision")?;
         }
@@ -1070,8 +1106,9 @@ impl Transformer {
             bias,
             window_bias,
             routings: record_routing.then(|| std::sync::Mutex::new(Vec::new())),
+            max_logits: record.max_logits.then(|| std::sync::Mutex::new(Vec::new())),
             precision: self.precision,
-            fused,
+            fused: if record.max_logits { None } else { fused },
         });
         let checkpointing =
             self.activation_checkpointing && cache.is_none() && self.device().is_cpu();
@@ -1144,13 +1181,27 @@ impl Transformer {
             ),
             None => Vec::new(),
         };
+        let max_logits = match &context.max_logits {
+            Some(sink) => std::mem::take(
+                &mut *sink
+                    .lock()
+                    .map_err(|_| ModelError::InvalidArgument("logit record poisoned".into()))?,
+            ),
+            None => Vec::new(),
+        };
         let hidden = model_rms_norm(
             &hidden,
             &self.norm,
             self.config.rms_norm_eps,
             self.config.norm_unit_offset,
         )?;
-        Ok((hidden, routings))
+        Ok((
+            hidden,
+            ForwardRecord {
+                routings,
+                max_logits,
+            },
+        ))
     }
 
     /// Sets the balancing bias of MoE layer `layer` (added to its router probabilities for the
@@ -1475,6 +1526,12 @@ impl SelfAttention {
             }
             None => (k, v, bias.clone()),
         };
+        if let Some(sink) = &context.max_logits {
+            let per_head = max_logits_per_head(&q, &k, &bias, config.attention_scale())?;
+            sink.lock()
+                .map_err(|_| ModelError::InvalidArgument("logit record poisoned".into()))?
+                .push((index, per_head));
+        }
         let out = if config.is_plain() {
             attention(&q, &k, &v, &bias)?
         } else {
@@ -1495,6 +1552,66 @@ impl SelfAttention {
             .forward(&out, context.precision)?
             .reshape((batch, len, width))?)
     }
+}
+
+/// What `forward_hidden_recorded` records.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Record {
+    /// The MoE layers' routing.
+    pub routing: bool,
+    /// Each attention layer's per-query-head largest logit.
+    pub max_logits: bool,
+}
+
+/// What a recorded forward pass saw.
+#[derive(Debug, Clone, Default)]
+pub struct ForwardRecord {
+    pub routings: Vec<Routing>,
+    /// Per attention layer (in order): the layer and each query head's largest logit.
+    pub max_logits: Vec<(usize, Vec<f32>)>,
+}
+
+/// Each query head's largest logit `q·k * scale` over the keys `bias` allows (finite entries);
+/// `q` [B, Hq, T, D], `k` [B, Hkv, Tk, D] (GQA groups contiguous, as `attention`), `bias`
+/// broadcastable to [B, 1, T, Tk]. No gradient.
+fn max_logits_per_head(
+    q: &Tensor,
+    k: &Tensor,
+    bias: &Tensor,
+    scale: f64,
+) -> candle_core::Result<Vec<f32>> {
+    let (batch, q_heads, q_len, head_dim) = q.dims4()?;
+    let (_, kv_heads, k_len, _) = k.dims4()?;
+    let n_rep = q_heads / kv_heads.max(1);
+    let scores = q
+        .detach()
+        .contiguous()?
+        .reshape((batch, kv_heads, n_rep * q_len, head_dim))?
+        .matmul(&k.detach().t()?)?
+        .reshape((batch, q_heads, q_len, k_len))?
+        .to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    let allowed: Vec<f32> = bias
+        .detach()
+        .to_dtype(DType::F32)?
+        .broadcast_as((batch, 1, q_len, k_len))?
+        .flatten_all()?
+        .to_vec1()?;
+    let mut out = vec![f32::NEG_INFINITY; q_heads];
+    let block = q_len * k_len;
+    for b in 0..batch {
+        for (h, best) in out.iter_mut().enumerate() {
+            let head = &scores[(b * q_heads + h) * block..(b * q_heads + h + 1) * block];
+            let mask = &allowed[b * block..(b + 1) * block];
+            for (s, m) in head.iter().zip(mask) {
+                if m.is_finite() && *s > *best {
+                    *best = *s;
+                }
+            }
+        }
+    }
+    Ok(out.into_iter().map(|m| (f64::from(m) * scale) as f32).collect())
 }
 
 /// A weight `[out, in]` in bf16 for inference (`pack_weights`, `inference_copy`).
