@@ -441,7 +441,7 @@ struct ForwardContext {
     routings: Option<std::sync::Mutex<Vec<Routing>>>,
     /// Where attention layers record each query head's largest logit, when asked
     /// (`forward_hidden_recorded`, MuonClip).
-    max_logits: Option<std::sync::Mutex<Vec<(usize, Vec<f32>)>>>,
+    max_logits: Option<std::sync::Mutex<LayerLogits>>,
     precision: Precision,
     /// The shared inputs of the fused block path, when this pass may take it.
     fused: Option<Arc<crate::fused_block::FusedInputs>>,
@@ -1554,6 +1554,9 @@ impl SelfAttention {
     }
 }
 
+/// Per attention layer: the layer and each query head's largest logit.
+pub type LayerLogits = Vec<(usize, Vec<f32>)>;
+
 /// What `forward_hidden_recorded` records.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Record {
@@ -1611,7 +1614,10 @@ fn max_logits_per_head(
             }
         }
     }
-    Ok(out.into_iter().map(|m| (f64::from(m) * scale) as f32).collect())
+    Ok(out
+        .into_iter()
+        .map(|m| (f64::from(m) * scale) as f32)
+        .collect())
 }
 
 /// A weight `[out, in]` in bf16 for inference (`pack_weights`, `inference_copy`).

@@ -9,7 +9,10 @@ use candle_core::Device;
 use common::*;
 use stoke_model::{Record, causal_bias};
 
-fn max_logits(model: &stoke_model::Transformer, ids: &candle_core::Tensor) -> Vec<(usize, Vec<f32>)> {
+fn max_logits(
+    model: &stoke_model::Transformer,
+    ids: &candle_core::Tensor,
+) -> Vec<(usize, Vec<f32>)> {
     let (batch, len) = ids.dims2().expect("rank 2");
     let bias = causal_bias(&vec![vec![true; len]; batch], len, &Device::Cpu).expect("bias");
     let record = Record {
@@ -77,6 +80,12 @@ fn models_with_qk_norms_and_bad_input_are_refused() {
     assert!(err.contains("qwen3"), "{err}");
     let mut llama = load(&fixtures_root().join("llama_mqa_tied"));
     assert!(llama.qk_clip(&[], 0.0).is_err());
-    assert!(llama.qk_clip(&[(0, vec![1.0; 3])], 10.0).is_err(), "3 heads of 4");
-    assert!(llama.qk_clip(&[(9, vec![1.0; 4])], 10.0).is_err(), "no layer 9");
+    assert!(
+        llama.qk_clip(&[(0, vec![1.0; 3])], 10.0).is_err(),
+        "3 heads of 4"
+    );
+    assert!(
+        llama.qk_clip(&[(9, vec![1.0; 4])], 10.0).is_err(),
+        "no layer 9"
+    );
 }

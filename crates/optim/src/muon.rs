@@ -49,6 +49,11 @@ pub struct MuonConfig {
     pub weight_decay: f64,
     /// AdamW settings for embeddings, output head, norms and biases
     pub adamw: AdamWConfig,
+    /// MuonClip's threshold `T` on the attention logits (Kimi K2 used 100): after each step the
+    /// trainer scales the query and key projections of every head whose largest logit passed
+    /// it (`stoke_model::qk_clip`). `None`: plain Muon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qk_clip: Option<f64>,
 }
 
 impl Default for MuonConfig {
@@ -63,6 +68,7 @@ impl Default for MuonConfig {
             ns_steps: 5,
             weight_decay: adamw.weight_decay,
             adamw,
+            qk_clip: None,
         }
     }
 }
@@ -94,6 +100,16 @@ impl MuonConfig {
                 self.ns_steps as f64,
                 "in 1..=99",
             ));
+        }
+        if let Some(t) = self.qk_clip {
+            check_range(
+                "muon",
+                "qk_clip",
+                t,
+                f64::MIN_POSITIVE,
+                f64::INFINITY,
+                "> 0",
+            )?;
         }
         self.adamw.validate("muon.adamw")
     }

@@ -58,6 +58,8 @@ pub fn standard_records(records: &[GrpoRecord]) -> Vec<MetricRecord> {
                     z_loss: None,
                     memory: None,
                     moe: None,
+                    max_attn_logit: None,
+                    qk_clipped_heads: None,
                 }));
             }
             GrpoRecord::Alert { step, message } => out.push(MetricRecord::Alert {

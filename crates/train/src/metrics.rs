@@ -95,6 +95,16 @@ pub struct StepMetrics {
     /// Mixture-of-experts load (MoE models only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeMetrics>,
+    /// MuonClip: the step's largest attention logit, before the clip.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "json_float_opt"
+    )]
+    pub max_attn_logit: Option<f64>,
+    /// MuonClip: heads whose query/key projections the step scaled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qk_clipped_heads: Option<u64>,
 }
 
 /// A step's expert load: MaxVio per MoE layer and its worst, the mean violation, each expert's

@@ -35,18 +35,21 @@ pub struct ObjectiveOutput {
     pub z_loss_sum: f64,
     /// Number of tokens the sums run over.
     pub loss_tokens: usize,
-    /// What the MoE layers routed (empty for dense models).
-    pub moe: MoeRecord,
+    /// What the forward pass recorded besides the loss (MoE routing, attention logits).
+    pub figures: ForwardFigures,
 }
 
-/// A micro-batch's mixture-of-experts figures.
+/// A micro-batch's figures from inside the model: mixture-of-experts routing and the largest
+/// attention logits.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct MoeRecord {
+pub struct ForwardFigures {
     /// Sum of the auxiliary load-balancing terms (already times the coefficient, and times the
     /// loss tokens, like the other sums); 0 when the aux loss is off.
     pub aux_loss_sum: f64,
     /// Tokens routed to each expert, per MoE layer: `(layer, counts)`.
     pub expert_counts: Vec<(usize, Vec<u64>)>,
+    /// Each attention layer's per-query-head largest logit, when tracked (MuonClip).
+    pub max_logits: Vec<(usize, Vec<f32>)>,
 }
 
 /// Turns a batch into a loss sum and figures.
@@ -71,6 +74,8 @@ pub struct NextTokenObjective {
     pub logit_softcap: Option<f64>,
     /// Weight of HF's auxiliary load-balancing loss for MoE models (`None`: off).
     pub moe_aux_loss_coef: Option<f64>,
+    /// Track each attention head's largest logit (MuonClip's QK-clip needs them).
+    pub track_max_logits: bool,
 }
 
 impl NextTokenObjective {
@@ -79,6 +84,7 @@ impl NextTokenObjective {
             z_loss: 0.0,
             logit_softcap: None,
             moe_aux_loss_coef: None,
+            track_max_logits: false,
         }
     }
 }
@@ -95,13 +101,20 @@ impl Objective for NextTokenObjective {
     ) -> Result<ObjectiveOutput, TrainError> {
         let device = model.device().clone();
         let keep_logits = self.z_loss > 0.0;
-        let Some(scored) = score_loss_tokens(model, batch, self.logit_softcap, keep_logits)? else {
+        let Some(scored) = score_loss_tokens_tracked(
+            model,
+            batch,
+            self.logit_softcap,
+            keep_logits,
+            self.track_max_logits,
+        )?
+        else {
             return Ok(ObjectiveOutput {
                 loss_sum: Tensor::zeros((), DType::F32, &device)?,
                 nll_sum: 0.0,
                 z_loss_sum: 0.0,
                 loss_tokens: 0,
-                moe: MoeRecord::default(),
+                figures: ForwardFigures::default(),
             });
         };
         let nll = scored.logprobs.neg()?;
@@ -109,13 +122,14 @@ impl Objective for NextTokenObjective {
         let nll_sum = scalar(&nll_total)?;
         // `keep_logits` above: the logits are there whenever the z-loss is on.
         let loss_tokens = scored.targets.dim(0)?;
-        let (moe, aux_total) = moe_record(
+        let (mut figures, aux_total) = moe_record(
             model,
             batch,
             &scored.routings,
             self.moe_aux_loss_coef,
             loss_tokens,
         )?;
+        figures.max_logits = scored.max_logits.clone();
         let nll_total = match aux_total {
             Some(aux) => (nll_total + aux)?,
             None => nll_total,
@@ -140,7 +154,7 @@ impl Objective for NextTokenObjective {
             nll_sum,
             z_loss_sum,
             loss_tokens,
-            moe,
+            figures,
         })
     }
 
@@ -160,17 +174,18 @@ pub fn moe_record(
     routings: &[stoke_model::moe::Routing],
     aux_loss_coef: Option<f64>,
     loss_tokens: usize,
-) -> Result<(MoeRecord, Option<Tensor>), TrainError> {
+) -> Result<(ForwardFigures, Option<Tensor>), TrainError> {
     let Some(moe) = model.config().moe.as_ref() else {
-        return Ok((MoeRecord::default(), None));
+        return Ok((ForwardFigures::default(), None));
     };
     let expert_counts = routings
         .iter()
         .map(|r| (r.layer, r.counts(moe.num_experts)))
         .collect();
-    let mut record = MoeRecord {
+    let mut record = ForwardFigures {
         aux_loss_sum: 0.0,
         expert_counts,
+        max_logits: Vec::new(),
     };
     let Some(coef) = aux_loss_coef else {
         return Ok((record, None));
@@ -433,7 +448,7 @@ impl Objective for DistillObjective {
             nll_sum: output.nll_sum * scale,
             z_loss_sum: 0.0,
             loss_tokens: data_tokens,
-            moe: MoeRecord::default(),
+            figures: ForwardFigures::default(),
         })
     }
 }
@@ -453,7 +468,7 @@ impl DistillObjective {
                 nll_sum: 0.0,
                 z_loss_sum: 0.0,
                 loss_tokens: 0,
-                moe: MoeRecord::default(),
+                figures: ForwardFigures::default(),
             });
         };
         let logits = student
@@ -514,7 +529,7 @@ impl DistillObjective {
             loss_sum,
             z_loss_sum: 0.0,
             loss_tokens: student.targets.dim(0)?,
-            moe: MoeRecord::default(),
+            figures: ForwardFigures::default(),
         })
     }
 }
@@ -580,6 +595,8 @@ pub struct ScoredTokens {
     pub target_ids: Vec<u32>,
     /// What the MoE layers routed (empty for dense models).
     pub routings: Vec<stoke_model::moe::Routing>,
+    /// Each attention layer's per-head largest logit (empty unless asked for).
+    pub max_logits: Vec<(usize, Vec<f32>)>,
 }
 
 /// The model's input tensors for a packed batch: ids and positions [B, T] and the
@@ -609,6 +626,18 @@ pub fn score_loss_tokens(
     logit_softcap: Option<f64>,
     keep_logits: bool,
 ) -> Result<Option<ScoredTokens>, TrainError> {
+    score_loss_tokens_tracked(model, batch, logit_softcap, keep_logits, false)
+}
+
+/// `score_loss_tokens`, also tracking each attention head's largest logit when
+/// `track_max_logits` (MuonClip).
+pub fn score_loss_tokens_tracked(
+    model: &Transformer,
+    batch: &PackedBatch,
+    logit_softcap: Option<f64>,
+    keep_logits: bool,
+    track_max_logits: bool,
+) -> Result<Option<ScoredTokens>, TrainError> {
     let device = model.device();
     let loss_positions: Vec<u32> = batch
         .loss_mask
@@ -625,14 +654,19 @@ pub fn score_loss_tokens(
         .map(|&i| batch.targets[i as usize])
         .collect();
     let (ids, positions, bias) = batch_inputs(batch, device)?;
-    let (hidden, routings) = if model.config().moe.is_some() {
-        model.forward_hidden_routed(&ids, &positions, &bias, None)?
+    let record = stoke_model::Record {
+        routing: model.config().moe.is_some(),
+        max_logits: track_max_logits,
+    };
+    let (hidden, recorded) = if record != stoke_model::Record::default() {
+        model.forward_hidden_recorded(&ids, &positions, &bias, record)?
     } else {
         (
             model.forward_hidden(&ids, &positions, &bias, None)?,
-            Vec::new(),
+            stoke_model::ForwardRecord::default(),
         )
     };
+    let (routings, max_logits) = (recorded.routings, recorded.max_logits);
     let width = hidden.dim(D::Minus1)?;
     let hidden = hidden.reshape((batch.batch_size * batch.seq_len, width))?;
     let hidden = if loss_positions.len() == batch.loss_mask.len() {
@@ -665,6 +699,7 @@ pub fn score_loss_tokens(
         logprobs,
         target_ids,
         routings,
+        max_logits,
     }))
 }
 

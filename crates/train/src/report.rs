@@ -213,6 +213,19 @@ fn training_charts(steps: &[&StepMetrics], evals: &[&EvalMetrics]) -> Vec<ChartS
         ));
     }
     charts.extend(moe_charts(steps));
+    let logits: Vec<(f64, f64)> = steps
+        .iter()
+        .filter_map(|m| m.max_attn_logit.map(|v| (m.step as f64, v)))
+        .collect();
+    if !logits.is_empty() {
+        charts.push(ChartSpec::new(
+            "Largest attention logit (MuonClip: before each step's QK-clip)",
+            "step",
+            "max logit",
+            vec![Series::new("max attention logit", logits)],
+            YScale::Linear,
+        ));
+    }
     if !evals.is_empty() {
         charts.push(ChartSpec::new(
             "Eval bits per byte",

@@ -183,6 +183,7 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
             z_loss: config.training.z_loss,
             logit_softcap: config.training.logit_softcap,
             moe_aux_loss_coef: moe_aux_loss_coef(&config, &model),
+            track_max_logits: qk_clip_threshold(&config).is_some(),
         }),
     };
     let source = match source.take() {
@@ -633,4 +634,12 @@ fn moe_aux_loss_coef(config: &TrainConfig, model: &Transformer) -> Option<f64> {
             .aux_loss_coef
             .unwrap_or(moe.router_aux_loss_coef)
     })
+}
+
+/// MuonClip's threshold when the optimizer is Muon with `qk_clip` set.
+pub(crate) fn qk_clip_threshold(config: &TrainConfig) -> Option<f64> {
+    match &config.optimizer {
+        stoke_optim::OptimizerConfig::Muon(m) => m.qk_clip,
+        _ => None,
+    }
 }

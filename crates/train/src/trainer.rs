@@ -74,6 +74,10 @@ pub struct StepReport {
     pub expert_counts: Vec<(usize, Vec<u64>)>,
     /// Mean auxiliary load-balancing term per loss token (coefficient included), when on.
     pub moe_aux_loss: Option<f64>,
+    /// MuonClip: the largest attention logit of the step's forward passes (before the clip).
+    pub max_attn_logit: Option<f64>,
+    /// MuonClip: heads whose query/key projections the step scaled.
+    pub qk_clipped_heads: Option<u64>,
 }
 
 /// The trainer's own part of `TrainerState.extra`.
@@ -402,6 +406,8 @@ impl Trainer {
             seconds: 0.0,
             expert_counts: Vec::new(),
             moe_aux_loss: None,
+            max_attn_logit: None,
+            qk_clipped_heads: None,
         };
         if loss_tokens == 0 {
             self.engine.skip_empty();
@@ -414,9 +420,10 @@ impl Trainer {
         let (mut nll_sum, mut z_sum, mut finite) = (0.0f64, 0.0f64, true);
         let mut expert_counts: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
         let mut aux_sum = 0.0f64;
+        let mut max_logits: Vec<(usize, Vec<f32>)> = Vec::new();
         for batch in &batches {
             let output = self.objective.loss(&self.model, batch)?;
-            for (layer, counts) in &output.moe.expert_counts {
+            for (layer, counts) in &output.figures.expert_counts {
                 let total = expert_counts
                     .entry(*layer)
                     .or_insert_with(|| vec![0; counts.len()]);
@@ -424,7 +431,8 @@ impl Trainer {
                     *t += c;
                 }
             }
-            aux_sum += output.moe.aux_loss_sum;
+            aux_sum += output.figures.aux_loss_sum;
+            max_logits.extend(output.figures.max_logits.iter().cloned());
             if output.loss_tokens == 0 {
                 continue;
             }
@@ -454,6 +462,15 @@ impl Trainer {
         let result = self
             .engine
             .finish(objective_loss, finite.then_some(grads))?;
+        // MuonClip: after the update, the heads whose logits passed the threshold in this
+        // step's forward passes get their query/key projections scaled down (Kimi K2).
+        if let Some(threshold) = crate::run::qk_clip_threshold(&self.config)
+            && !max_logits.is_empty()
+        {
+            let clip = self.model.qk_clip(&max_logits, threshold)?;
+            report.max_attn_logit = Some(f64::from(clip.max_logit));
+            report.qk_clipped_heads = Some(clip.clipped_heads as u64);
+        }
         report.grad_norm = result.grad_norm;
         report.outcome = result.outcome;
         report.spike = result.spike;
@@ -499,6 +516,8 @@ impl Trainer {
                 &report.expert_counts,
                 report.moe_aux_loss,
             ),
+            max_attn_logit: report.max_attn_logit,
+            qk_clipped_heads: report.qk_clipped_heads,
         };
         let mut records = vec![MetricRecord::Step(metrics.clone())];
         // What the spike policy did; skipped and non-finite steps as such are the monitor's

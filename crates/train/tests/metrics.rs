@@ -24,6 +24,8 @@ fn step(step: u64, loss: f64, tokens_per_s: f64) -> StepMetrics {
         z_loss: None,
         memory: None,
         moe: None,
+        max_attn_logit: None,
+        qk_clipped_heads: None,
     }
 }
 

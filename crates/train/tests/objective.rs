@@ -95,6 +95,7 @@ fn z_loss_matches_a_hand_computation() {
         z_loss: coef,
         logit_softcap: None,
         moe_aux_loss_coef: None,
+        track_max_logits: false,
     };
     let out = objective.loss(&model, &batch).unwrap();
     let scored = score_loss_tokens(&model, &batch, None, true)

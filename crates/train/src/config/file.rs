@@ -142,6 +142,9 @@ pub struct OptimizerFile {
     pub nesterov: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ns_steps: Option<usize>,
+    /// Muon: MuonClip's attention-logit threshold (QK-clip after every step); default off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qk_clip: Option<f64>,
     /// AdamW moment storage: "f32" (default) or "int8" (8-bit, a quarter of the memory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moments: Option<stoke_optim::MomentFormat>,

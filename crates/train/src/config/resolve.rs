@@ -253,14 +253,14 @@ impl TrainConfig {
                 }),
                 precision: (t.precision != stoke_types::Precision::F32).then_some(t.precision),
                 activation_checkpointing: t.activation_checkpointing.then_some(true),
-                moe: (t.moe != crate::config::MoeBalanceConfig::default()).then(|| {
+                moe: (t.moe != crate::config::MoeBalanceConfig::default()).then_some(
                     super::file::MoeBalanceFile {
                         balance: Some(t.moe.balance),
                         aux_loss_coef: t.moe.aux_loss_coef,
                         bias_rate: Some(t.moe.bias_rate),
                         bias_momentum: Some(t.moe.bias_momentum),
-                    }
-                }),
+                    },
+                ),
             },
         }
     }
@@ -396,6 +396,7 @@ pub fn resolve_optimizer_with(
                 ("momentum", o.momentum.is_some()),
                 ("nesterov", o.nesterov.is_some()),
                 ("ns_steps", o.ns_steps.is_some()),
+                ("qk_clip", o.qk_clip.is_some()),
             ] {
                 if set {
                     return Err(invalid(
@@ -413,6 +414,7 @@ pub fn resolve_optimizer_with(
                 momentum: o.momentum.unwrap_or(muon.momentum),
                 nesterov: o.nesterov.unwrap_or(muon.nesterov),
                 ns_steps: o.ns_steps.unwrap_or(muon.ns_steps),
+                qk_clip: o.qk_clip,
                 weight_decay: adamw.weight_decay,
                 adamw: AdamWConfig {
                     lr: o.adamw_lr.unwrap_or(lr),
@@ -575,6 +577,7 @@ impl OptimizerFile {
                 momentum: Some(c.momentum),
                 nesterov: Some(c.nesterov),
                 ns_steps: Some(c.ns_steps),
+                qk_clip: c.qk_clip,
                 moments: (!c.adamw.moments.is_f32()).then_some(c.adamw.moments),
                 clip_grad_norm: None,
             },

@@ -33,6 +33,8 @@ pub fn standard_record(report: &PairStepReport, tokens_seen: u64, elapsed_s: f64
         z_loss: None,
         memory: None,
         moe: None,
+        max_attn_logit: None,
+        qk_clipped_heads: None,
     })
 }
 
