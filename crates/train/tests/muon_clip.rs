@@ -5,9 +5,11 @@
 
 use std::path::Path;
 
-use stoke_data::shard::{ShardWriter, ShardWriterConfig};
-use stoke_train::config::{ConfigFile, TrainConfig, apply_overrides};
+use stoke_train::config::TrainConfig;
 use stoke_train::run::{RunOptions, run};
+
+mod common;
+use common::{run_config, run_options, write_pattern_shards};
 
 const CONFIG: &str = r#"
 output_dir = "run"
@@ -35,36 +37,15 @@ every = 0
 "#;
 
 fn setup(dir: &Path) {
-    let mut writer = ShardWriter::new(ShardWriterConfig {
-        dir: dir.join("shards"),
-        prefix: "part".into(),
-        vocab_size: 300,
-        max_tokens_per_shard: 100_000,
-    })
-    .unwrap();
-    for d in 0..400u32 {
-        let doc: Vec<u32> = (0..20 + d % 40)
-            .map(|i| (d * 7 + i * (1 + d % 3)) % 300)
-            .collect();
-        writer.push_document(&doc).unwrap();
-    }
-    writer.finish().unwrap();
+    write_pattern_shards(dir, 400, 20, 40);
 }
 
 fn config(dir: &Path, sets: &[&str]) -> TrainConfig {
-    let mut table: toml::Table = toml::from_str(CONFIG).unwrap();
-    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
-    apply_overrides(&mut table, &sets).unwrap();
-    TrainConfig::from_file(ConfigFile::from_table(table, "test").unwrap(), dir).unwrap()
+    run_config(CONFIG, dir, sets)
 }
 
 fn options() -> RunOptions {
-    RunOptions {
-        resume: false,
-        quiet: true,
-        measure_mfu: false,
-        write_report: false,
-    }
+    run_options(false)
 }
 
 /// Each step's largest attention logit and clipped heads, from metrics.jsonl.

@@ -205,3 +205,41 @@ pub fn parameter_values(model: &Transformer) -> Vec<(String, Vec<f32>)> {
         })
         .collect()
 }
+
+/// Writes `docs` patterned documents (lengths `min_len` up to `min_len + spread - 1`) as token
+/// shards into `<dir>/shards`: the data of the tests that run whole training runs.
+pub fn write_pattern_shards(dir: &Path, docs: u32, min_len: u32, spread: u32) {
+    use stoke_data::shard::{ShardWriter, ShardWriterConfig};
+    let mut writer = ShardWriter::new(ShardWriterConfig {
+        dir: dir.join("shards"),
+        prefix: "part".into(),
+        vocab_size: VOCAB as u64,
+        max_tokens_per_shard: 100_000,
+    })
+    .unwrap();
+    for d in 0..docs {
+        let doc: Vec<u32> = (0..min_len + d % spread)
+            .map(|i| (d * 7 + i * (1 + d % 3)) % VOCAB as u32)
+            .collect();
+        writer.push_document(&doc).unwrap();
+    }
+    writer.finish().unwrap();
+}
+
+/// The run config of the TOML `base` with `--set` style overrides, relative to `dir`.
+pub fn run_config(base: &str, dir: &Path, sets: &[&str]) -> TrainConfig {
+    let mut table: toml::Table = toml::from_str(base).unwrap();
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    stoke_train::config::apply_overrides(&mut table, &sets).unwrap();
+    TrainConfig::from_file(ConfigFile::from_table(table, "test").unwrap(), dir).unwrap()
+}
+
+/// Quiet run options without MFU measurement or report.
+pub fn run_options(resume: bool) -> stoke_train::run::RunOptions {
+    stoke_train::run::RunOptions {
+        resume,
+        quiet: true,
+        measure_mfu: false,
+        write_report: false,
+    }
+}
