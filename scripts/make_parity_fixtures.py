@@ -749,6 +749,36 @@ MODEL_SPECS += [
     ),
 ]
 
+# AFMoE (Arcee Trinity): gated attention, sandwich norms, sliding-window RoPE layers and a global
+# NoPE layer, a sigmoid router with a (random, nonzero) expert_bias and route_scale, a shared
+# expert, one dense first layer, scaled embeddings (mup_enabled).
+MODEL_SPECS += [
+    ModelSpec(
+        name="afmoe_gated",
+        family="afmoe",
+        variants=[
+            "gated_attention", "sandwich_norm", "qk_norm", "sliding_rope_global_nope",
+            "sigmoid_router_expert_bias", "route_scale", "shared_expert", "dense_first_layer",
+            "mup_embedding_scale",
+        ],
+        config=dict(
+            MOE_BASE,
+            num_hidden_layers=3,
+            head_dim=8,
+            moe_intermediate_size=24,
+            num_experts=4,
+            num_shared_experts=1,
+            num_dense_layers=1,
+            route_scale=2.5,
+            global_attn_every_n_layers=2,
+            sliding_window=4,
+            mup_enabled=True,
+            rms_norm_eps=1e-5,
+        ),
+        seed=20,
+    ),
+]
+
 # Checkpoints that get a copy whose config.json is hand-converted to the other config style.
 CONVERTED_COPIES = {"llama_gqa_rope_llama3": "llama_gqa_rope_llama3_v4config"}
 # The transformers_version string written into hand-converted 4.x-style configs.
@@ -770,6 +800,7 @@ def make_config(spec: ModelSpec, tokenizer_ids: dict | None):
         "qwen2_moe": "qwen2_moe",
         "qwen3_moe": "qwen3_moe",
         "olmoe": "olmoe",
+        "afmoe": "afmoe",
     }[spec.family]
     return AutoConfig.for_model(model_type, **cfg)
 
@@ -927,7 +958,8 @@ def checkpoint_named_grads(model) -> dict:
     mixtral = model.config.model_type == "mixtral"
     out = {}
     for name, p in model.named_parameters():
-        g = p.grad
+        # A parameter outside the graph (AFMoE's expert_bias, requires_grad=False): gradient 0.
+        g = p.grad if p.grad is not None else torch.zeros_like(p)
         if ".mlp.experts." not in name and not (mixtral and ".mlp.gate." in name):
             out[name] = g
             continue
@@ -981,6 +1013,9 @@ def grad_reference(model, ids_a: torch.Tensor, seed: int) -> tuple[float, dict, 
         "model.layers.0.mlp.experts.1.up_proj.weight",
         "model.layers.0.block_sparse_moe.experts.1.w3.weight",
         "model.layers.0.mlp.shared_expert_gate.weight",
+        # AFMoE: the attention gate and the sigmoid router.
+        "model.layers.1.self_attn.gate_proj.weight",
+        "model.layers.1.mlp.router.gate.weight",
     ]
     samples = {}
     for n in wanted:
@@ -1018,7 +1053,9 @@ def bf16_autocast_error(model, inputs, logits: dict) -> dict:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss = next_token_loss(model, inputs["input_ids_a"])
         loss.backward()
-        grads[autocast] = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        grads[autocast] = {
+            n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None
+        }
     model.zero_grad(set_to_none=True)
     out["grad_worst_relative_l2"] = max(
         float((grads[True][n] - g).norm() / g.norm().clamp(min=1e-12)) for n, g in grads[False].items()
@@ -1158,7 +1195,7 @@ def build_model(spec: ModelSpec, tokenizer_dirs: dict[str, Path]) -> Path:
     }
     if effect is not None:
         reference["rope_scaling_effect_max_abs_logit_diff"] = effect
-    if spec.family in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):
+    if spec.family in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):  # AFMoE has no aux loss in HF
         # HF's auxiliary load-balancing loss (`load_balancing_loss_func`, before
         # router_aux_loss_coef) on input a and on the right-padded batch with its mask.
         with torch.no_grad():

@@ -44,6 +44,10 @@ pub enum Architecture {
     Qwen3Moe,
     /// OLMoE: q/k norms over the whole projection, optional q/k/v clipping, experts.
     Olmoe,
+    /// AFMoE (Arcee Trinity): gated attention, sandwich norms, per-head q/k norms, sliding-window
+    /// layers with RoPE and global NoPE layers, a sigmoid router with a selection bias, shared
+    /// experts, dense first layers.
+    Afmoe,
 }
 
 /// Structural choices implied by the architecture (before config overrides).
@@ -60,7 +64,7 @@ struct ArchitectureTraits {
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 10] = [
+    pub const ALL: [Architecture; 11] = [
         Architecture::Llama,
         Architecture::Qwen2,
         Architecture::Qwen3,
@@ -71,6 +75,7 @@ impl Architecture {
         Architecture::Qwen2Moe,
         Architecture::Qwen3Moe,
         Architecture::Olmoe,
+        Architecture::Afmoe,
     ];
 
     pub fn hf_class_name(self) -> &'static str {
@@ -85,6 +90,7 @@ impl Architecture {
             Architecture::Qwen2Moe => "Qwen2MoeForCausalLM",
             Architecture::Qwen3Moe => "Qwen3MoeForCausalLM",
             Architecture::Olmoe => "OlmoeForCausalLM",
+            Architecture::Afmoe => "AfmoeForCausalLM",
         }
     }
 
@@ -100,6 +106,7 @@ impl Architecture {
             Architecture::Qwen2Moe => "qwen2_moe",
             Architecture::Qwen3Moe => "qwen3_moe",
             Architecture::Olmoe => "olmoe",
+            Architecture::Afmoe => "afmoe",
         }
     }
 
@@ -203,6 +210,16 @@ impl Architecture {
                 default_rope_theta: 10_000.0,
                 gemma: false,
             },
+            // AfmoeConfig's defaults.
+            Architecture::Afmoe => ArchitectureTraits {
+                qkv_bias_forced: false,
+                qk_norm: true,
+                default_max_position_embeddings: 16384,
+                default_head_dim: Some(128),
+                default_tie_word_embeddings: false,
+                default_rope_theta: 10_000.0,
+                gemma: false,
+            },
         }
     }
 
@@ -296,6 +313,18 @@ pub enum ExpertNaming {
     Mixtral,
     /// `mlp.gate`, `mlp.experts.{e}.gate_proj|up_proj|down_proj` (Qwen2/3-MoE, OLMoE).
     Qwen,
+    /// `mlp.router.gate`, `mlp.experts.{e}.*`, `mlp.shared_experts.*`, `mlp.expert_bias` (AFMoE).
+    Afmoe,
+}
+
+/// How the router turns its logits into the experts' scores.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RouterScore {
+    /// Softmax over the experts; the top-k renormalized with `norm_topk_prob`.
+    Softmax,
+    /// Independent sigmoids, chosen on `score + expert_bias`; the chosen scores normalized to
+    /// sum to 1 and multiplied by `route_scale` (AFMoE, DeepSeek-V3's scoring).
+    Sigmoid { route_scale: f64 },
 }
 
 /// A sparse mixture-of-experts MLP: a linear router over `num_experts`, softmax, the top
@@ -308,8 +337,10 @@ pub struct MoeConfig {
     pub expert_intermediate_size: usize,
     pub norm_topk_prob: bool,
     /// Qwen2-MoE's shared expert (its intermediate size), added to every token's output after
-    /// `sigmoid(x · shared_expert_gate)`.
+    /// `sigmoid(x · shared_expert_gate)`; AFMoE's shared experts (one MLP of
+    /// `moe_intermediate_size * num_shared_experts`), added ungated.
     pub shared_expert_intermediate_size: Option<usize>,
+    pub router_score: RouterScore,
     /// Per layer: sparse (experts) or dense (`intermediate_size`): `decoder_sparse_step`,
     /// `mlp_only_layers`.
     pub sparse_layers: Vec<bool>,
@@ -393,6 +424,9 @@ pub struct ModelConfig {
     pub clip_qkv: Option<f64>,
     /// The mixture of experts, for MoE families.
     pub moe: Option<MoeConfig>,
+    /// AFMoE's gated attention: the attention output times `sigmoid(x W_g)` (a `gate_proj` of
+    /// the query's width) before `o_proj`.
+    pub attn_output_gate: bool,
     /// The source config.json's fields, kept so `save` preserves what we do not model
     /// (token ids of pad, `use_cache`, ...). Empty for configs built in code.
     pub source_fields: Map<String, Value>,
@@ -439,6 +473,11 @@ struct HfConfigFile {
     clip_qkv: Option<f64>,
     num_experts: Option<usize>,
     num_local_experts: Option<usize>,
+    num_shared_experts: Option<usize>,
+    num_dense_layers: Option<usize>,
+    route_scale: Option<f64>,
+    global_attn_every_n_layers: Option<usize>,
+    mup_enabled: Option<bool>,
     num_experts_per_tok: Option<usize>,
     moe_intermediate_size: Option<usize>,
     shared_expert_intermediate_size: Option<usize>,
@@ -479,9 +518,9 @@ struct HfRopeParameters {
 
 const SUPPORTED_ARCHITECTURES: &str = "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
      Gemma2ForCausalLM, Gemma3ForCausalLM, SmolLM3ForCausalLM, MixtralForCausalLM, \
-     Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM";
-const SUPPORTED_MODEL_TYPES: &str =
-    "llama, qwen2, qwen3, gemma2, gemma3_text, smollm3, mixtral, qwen2_moe, qwen3_moe, olmoe";
+     Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, AfmoeForCausalLM";
+const SUPPORTED_MODEL_TYPES: &str = "llama, qwen2, qwen3, gemma2, gemma3_text, smollm3, mixtral, \
+     qwen2_moe, qwen3_moe, olmoe, afmoe";
 const SUPPORTED_ACTIVATIONS: &str = "silu, gelu_pytorch_tanh, gelu_new, gelu, relu2";
 const SUPPORTED_ROPE_TYPES: &str = "default, linear, llama3, yarn";
 
@@ -552,6 +591,7 @@ impl ModelConfig {
             && !self.qk_norm_whole
             && self.clip_qkv.is_none()
             && self.moe.is_none()
+            && !self.attn_output_gate
     }
 
     /// Whether `layer`'s MLP is a mixture of experts.
@@ -671,7 +711,7 @@ impl ModelConfig {
                 ),
             );
         }
-        if traits.gemma || sliding {
+        if traits.gemma || sliding || self.architecture == Architecture::Afmoe {
             set(
                 "sliding_window",
                 self.sliding_window.map_or(Value::Null, Value::from),
@@ -704,7 +744,7 @@ impl ModelConfig {
         if let Some(moe) = &self.moe {
             let experts_key = match moe.naming {
                 ExpertNaming::Mixtral => "num_local_experts",
-                ExpertNaming::Qwen => "num_experts",
+                ExpertNaming::Qwen | ExpertNaming::Afmoe => "num_experts",
             };
             set(experts_key, moe.num_experts.into());
             set("num_experts_per_tok", moe.num_experts_per_tok.into());
@@ -724,7 +764,19 @@ impl ModelConfig {
                     .collect();
                 set("mlp_only_layers", Value::from(dense));
             }
-            if let Some(shared) = moe.shared_expert_intermediate_size {
+            if self.architecture == Architecture::Afmoe {
+                set("moe_intermediate_size", moe.expert_intermediate_size.into());
+                let dense = moe.sparse_layers.iter().take_while(|&&s| !s).count();
+                set("num_dense_layers", dense.into());
+                let shared = moe
+                    .shared_expert_intermediate_size
+                    .map_or(0, |s| s / moe.expert_intermediate_size.max(1));
+                set("num_shared_experts", shared.into());
+                if let RouterScore::Sigmoid { route_scale } = moe.router_score {
+                    set("route_scale", route_scale.into());
+                }
+                set("mup_enabled", self.scale_embeddings.into());
+            } else if let Some(shared) = moe.shared_expert_intermediate_size {
                 set("shared_expert_intermediate_size", shared.into());
             }
         }
@@ -930,7 +982,14 @@ impl Validator<'_> {
             return Err(self.unsupported("use_bidirectional_attention", "true", "false (causal)"));
         }
         let layer_types = self.layer_types(&file, architecture, num_hidden_layers)?;
-        let rope_layers = self.rope_layers(&file, architecture, num_hidden_layers)?;
+        let rope_layers = match architecture {
+            // AfmoeAttention rotates only in its sliding-window layers; the global ones are NoPE.
+            Architecture::Afmoe => layer_types
+                .iter()
+                .map(|&k| k == AttentionKind::Sliding)
+                .collect(),
+            _ => self.rope_layers(&file, architecture, num_hidden_layers)?,
+        };
         if let Some(f) = file.partial_rotary_factor
             && f != 1.0
         {
@@ -974,6 +1033,7 @@ impl Validator<'_> {
         )?;
         let sliding_window = match (source_fields.get("sliding_window"), traits.gemma) {
             (None, true) => Some(4096),
+            (None, false) if architecture == Architecture::Afmoe => Some(1024),
             _ => file.sliding_window,
         };
         if layer_types.contains(&AttentionKind::Sliding) {
@@ -1043,8 +1103,9 @@ impl Validator<'_> {
             eos_token_ids,
             hidden_act,
             norm_unit_offset: traits.gemma,
-            sandwich_norm: traits.gemma,
-            scale_embeddings: traits.gemma,
+            sandwich_norm: traits.gemma || architecture == Architecture::Afmoe,
+            scale_embeddings: traits.gemma
+                || (architecture == Architecture::Afmoe && file.mup_enabled == Some(true)),
             query_pre_attn_scalar,
             attn_logit_softcap,
             final_logit_softcap,
@@ -1053,6 +1114,7 @@ impl Validator<'_> {
             rope_layers,
             local_rope,
             qk_norm_whole: architecture == Architecture::Olmoe,
+            attn_output_gate: architecture == Architecture::Afmoe,
             clip_qkv,
             moe,
             source_fields,
@@ -1074,6 +1136,7 @@ impl Validator<'_> {
             Architecture::Qwen2Moe => (60, 4, 0.001),
             Architecture::Qwen3Moe => (128, 8, 0.001),
             Architecture::Olmoe => (64, 8, 0.01),
+            Architecture::Afmoe => (64, 6, 0.001),
             _ => {
                 for (field, present) in [
                     ("num_experts", file.num_experts.is_some()),
@@ -1122,6 +1185,8 @@ impl Validator<'_> {
                 Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
                     !dense_only.contains(&i) && num_experts > 0 && (i + 1) % step == 0
                 }
+                // AfmoeDecoderLayer: the first `num_dense_layers` are dense.
+                Architecture::Afmoe => i >= file.num_dense_layers.unwrap_or(1),
                 _ => true,
             })
             .collect();
@@ -1138,11 +1203,11 @@ impl Validator<'_> {
             }
         }
         let expert_intermediate_size = match architecture {
-            Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
-                let default = if architecture == Architecture::Qwen2Moe {
-                    1408
-                } else {
+            Architecture::Qwen2Moe | Architecture::Qwen3Moe | Architecture::Afmoe => {
+                let default = if architecture == Architecture::Qwen3Moe {
                     768
+                } else {
+                    1408
                 };
                 self.required(
                     Some(file.moe_intermediate_size.unwrap_or(default)),
@@ -1156,7 +1221,24 @@ impl Validator<'_> {
                 Some(file.shared_expert_intermediate_size.unwrap_or(5632)),
                 "shared_expert_intermediate_size",
             )?),
+            Architecture::Afmoe => match file.num_shared_experts.unwrap_or(2) {
+                0 => None,
+                n => Some(expert_intermediate_size * n),
+            },
             _ => None,
+        };
+        let router_score = match architecture {
+            Architecture::Afmoe => {
+                let route_scale = file.route_scale.unwrap_or(1.0);
+                if !(route_scale.is_finite() && route_scale > 0.0) {
+                    return Err(self.invalid(
+                        "route_scale",
+                        format!("must be positive, found {route_scale}"),
+                    ));
+                }
+                RouterScore::Sigmoid { route_scale }
+            }
+            _ => RouterScore::Softmax,
         };
         let router_aux_loss_coef = file.router_aux_loss_coef.unwrap_or(aux_default);
         if !(router_aux_loss_coef >= 0.0 && router_aux_loss_coef.is_finite()) {
@@ -1170,15 +1252,16 @@ impl Validator<'_> {
             num_experts_per_tok: top_k,
             expert_intermediate_size,
             // Mixtral always renormalizes the top-k weights.
-            norm_topk_prob: architecture == Architecture::Mixtral
+            norm_topk_prob: matches!(architecture, Architecture::Mixtral | Architecture::Afmoe)
                 || file.norm_topk_prob.unwrap_or(false),
             shared_expert_intermediate_size,
+            router_score,
             sparse_layers,
             router_aux_loss_coef,
-            naming: if architecture == Architecture::Mixtral {
-                ExpertNaming::Mixtral
-            } else {
-                ExpertNaming::Qwen
+            naming: match architecture {
+                Architecture::Mixtral => ExpertNaming::Mixtral,
+                Architecture::Afmoe => ExpertNaming::Afmoe,
+                _ => ExpertNaming::Qwen,
             },
         }))
     }
@@ -1192,7 +1275,7 @@ impl Validator<'_> {
         layers: usize,
     ) -> Result<Vec<AttentionKind>, ModelError> {
         let sliding_allowed = match architecture {
-            Architecture::Gemma2 | Architecture::Gemma3Text => true,
+            Architecture::Gemma2 | Architecture::Gemma3Text | Architecture::Afmoe => true,
             Architecture::SmolLm3 => file.use_sliding_window == Some(true),
             _ => false,
         };
@@ -1216,6 +1299,7 @@ impl Validator<'_> {
             let pattern = match architecture {
                 Architecture::Gemma2 => 2,
                 Architecture::Gemma3Text => file.sliding_window_pattern.unwrap_or(6),
+                Architecture::Afmoe => file.global_attn_every_n_layers.unwrap_or(4),
                 _ => return Ok(vec![AttentionKind::Full; layers]),
             };
             if pattern == 0 {

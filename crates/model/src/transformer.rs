@@ -19,7 +19,7 @@
 //! normally; `to_dtype(F64)` exists for finite-difference checks).
 
 use crate::activation_checkpoint::checkpointed;
-use crate::config::{Activation, ExpertNaming, ModelConfig};
+use crate::config::{Activation, ExpertNaming, ModelConfig, RouterScore};
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
 use crate::lora::LoraAdapter;
@@ -38,6 +38,15 @@ const INIT_STD: f64 = 0.02;
 pub const EMBED_TOKENS: &str = "model.embed_tokens.weight";
 pub const FINAL_NORM: &str = "model.norm.weight";
 pub const LM_HEAD: &str = "lm_head.weight";
+
+/// The MLP's sandwich norms, `(pre, post)`: Gemma's `pre_feedforward_layernorm` /
+/// `post_feedforward_layernorm`, AFMoE's `pre_mlp_layernorm` / `post_mlp_layernorm`.
+pub(crate) fn sandwich_names(config: &ModelConfig) -> (&'static str, &'static str) {
+    match config.architecture {
+        crate::config::Architecture::Afmoe => ("pre_mlp_layernorm", "post_mlp_layernorm"),
+        _ => ("pre_feedforward_layernorm", "post_feedforward_layernorm"),
+    }
+}
 
 /// Every parameter tensor of the model described by `config`: HF name and shape. When the
 /// embeddings are tied, `lm_head.weight` is absent (it is `model.embed_tokens.weight`).
@@ -61,8 +70,12 @@ pub fn parameter_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         shapes.push((p("input_layernorm.weight"), vec![h]));
         shapes.push((p("post_attention_layernorm.weight"), vec![h]));
         if config.sandwich_norm {
-            shapes.push((p("pre_feedforward_layernorm.weight"), vec![h]));
-            shapes.push((p("post_feedforward_layernorm.weight"), vec![h]));
+            let (pre, post) = sandwich_names(config);
+            shapes.push((p(&format!("{pre}.weight")), vec![h]));
+            shapes.push((p(&format!("{post}.weight")), vec![h]));
+        }
+        if config.attn_output_gate {
+            shapes.push((p("self_attn.gate_proj.weight"), vec![q_out, h]));
         }
         for (proj, out) in [("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)] {
             shapes.push((p(&format!("self_attn.{proj}.weight")), vec![out, h]));
@@ -85,7 +98,10 @@ pub fn parameter_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         if let (Some(moe), true) = (&config.moe, config.is_sparse_layer(layer)) {
             let (e, ei) = (moe.num_experts, moe.expert_intermediate_size);
             let names = ExpertNames::of(moe.naming);
-            shapes.push((p(&format!("{}.gate.weight", names.block)), vec![e, h]));
+            shapes.push((p(&names.router()), vec![e, h]));
+            if let Some(bias) = names.checkpoint_bias() {
+                shapes.push((p(bias), vec![e]));
+            }
             for expert in 0..e {
                 let [gate, up, down] = names.expert(expert);
                 shapes.push((p(&format!("{gate}.weight")), vec![ei, h]));
@@ -93,14 +109,17 @@ pub fn parameter_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
                 shapes.push((p(&format!("{down}.weight")), vec![h, ei]));
             }
             if let Some(si) = moe.shared_expert_intermediate_size {
+                let (base, gate) = names.shared();
                 for (proj, shape) in [
                     ("gate_proj", vec![si, h]),
                     ("up_proj", vec![si, h]),
                     ("down_proj", vec![h, si]),
                 ] {
-                    shapes.push((p(&format!("mlp.shared_expert.{proj}.weight")), shape));
+                    shapes.push((p(&format!("{base}.{proj}.weight")), shape));
                 }
-                shapes.push((p("mlp.shared_expert_gate.weight"), vec![1, h]));
+                if let Some(gate) = gate {
+                    shapes.push((p(gate), vec![1, h]));
+                }
             }
             continue;
         }
@@ -185,10 +204,32 @@ impl ExpertNames {
         ExpertNames {
             block: match naming {
                 ExpertNaming::Mixtral => "block_sparse_moe",
-                ExpertNaming::Qwen => "mlp",
+                ExpertNaming::Qwen | ExpertNaming::Afmoe => "mlp",
             },
             naming,
         }
+    }
+
+    /// The router's weight `[experts, hidden]`.
+    pub(crate) fn router(&self) -> String {
+        match self.naming {
+            ExpertNaming::Afmoe => "mlp.router.gate.weight".into(),
+            _ => format!("{}.gate.weight", self.block),
+        }
+    }
+
+    /// The shared expert's module (Qwen2-MoE `mlp.shared_expert`, AFMoE `mlp.shared_experts`)
+    /// and its gate's weight, when it has one (Qwen2-MoE).
+    pub(crate) fn shared(&self) -> (&'static str, Option<&'static str>) {
+        match self.naming {
+            ExpertNaming::Afmoe => ("mlp.shared_experts", None),
+            _ => ("mlp.shared_expert", Some("mlp.shared_expert_gate.weight")),
+        }
+    }
+
+    /// The selection bias stored in the checkpoint (AFMoE's `mlp.expert_bias`).
+    pub(crate) fn checkpoint_bias(&self) -> Option<&'static str> {
+        (self.naming == ExpertNaming::Afmoe).then_some("mlp.expert_bias")
     }
 
     /// Expert `e`'s gate, up and down modules.
@@ -200,7 +241,7 @@ impl ExpertNames {
                 format!("{base}.w3"),
                 format!("{base}.w2"),
             ],
-            ExpertNaming::Qwen => [
+            ExpertNaming::Qwen | ExpertNaming::Afmoe => [
                 format!("{base}.gate_proj"),
                 format!("{base}.up_proj"),
                 format!("{base}.down_proj"),
@@ -236,9 +277,12 @@ impl Expert {
 #[derive(Debug, Clone)]
 pub(crate) struct MoeBlock {
     pub(crate) router: Tensor,
+    pub(crate) router_score: RouterScore,
+    /// AFMoE's selection bias from the checkpoint (`mlp.expert_bias`, `[experts]`).
+    pub(crate) checkpoint_bias: Option<Tensor>,
     pub(crate) experts: Vec<Expert>,
-    /// Qwen2-MoE's shared expert and its gate weight `[1, hidden]`.
-    pub(crate) shared: Option<(Expert, Tensor)>,
+    /// The shared expert and, for Qwen2-MoE, its sigmoid gate's weight `[1, hidden]`.
+    pub(crate) shared: Option<(Expert, Option<Tensor>)>,
     pub(crate) top_k: usize,
     pub(crate) renormalize: bool,
     pub(crate) naming: ExpertNaming,
@@ -260,21 +304,31 @@ impl MoeBlock {
         let experts = self.experts.len();
         let k = self.top_k;
         let logits = x.matmul(&self.router.t()?)?;
-        let probs = stoke_ops::softmax(&logits.to_dtype(DType::F32)?, candle_core::D::Minus1)?;
+        let probs = match self.router_score {
+            RouterScore::Softmax => {
+                stoke_ops::softmax(&logits.to_dtype(DType::F32)?, candle_core::D::Minus1)?
+            }
+            RouterScore::Sigmoid { .. } => candle_nn_sigmoid(&logits.to_dtype(DType::F32)?)?,
+        };
         let values: Vec<f32> = probs.flatten_all()?.to_vec1()?;
+        let stored_bias: Option<Vec<f32>> = match &self.checkpoint_bias {
+            Some(b) => Some(b.to_dtype(DType::F32)?.to_vec1()?),
+            None => None,
+        };
         let mut chosen = Vec::with_capacity(n * k);
         let mut order: Vec<usize> = Vec::with_capacity(experts);
         // A balancing bias shifts the choice only (the weights below are the unbiased
         // probabilities).
         let mut scores = vec![0f32; experts];
         for row in values.chunks_exact(experts) {
-            match &self.selection_bias {
-                Some(bias) => {
-                    for ((s, &p), &b) in scores.iter_mut().zip(row).zip(bias.iter()) {
-                        *s = p + b;
-                    }
+            scores.copy_from_slice(row);
+            for bias in [stored_bias.as_deref(), self.selection_bias.as_deref()]
+                .into_iter()
+                .flatten()
+            {
+                for (s, &b) in scores.iter_mut().zip(bias) {
+                    *s += b;
                 }
-                None => scores.copy_from_slice(row),
             }
             order.clear();
             order.extend(0..experts);
@@ -283,8 +337,18 @@ impl MoeBlock {
         }
         let index = Tensor::from_vec(chosen.clone(), (n, k), x.device())?;
         let mut weights = probs.gather(&index, 1)?;
-        if self.renormalize {
-            weights = weights.broadcast_div(&weights.sum_keepdim(1)?)?;
+        match self.router_score {
+            RouterScore::Softmax if self.renormalize => {
+                weights = weights.broadcast_div(&weights.sum_keepdim(1)?)?;
+            }
+            RouterScore::Softmax => {}
+            // AfmoeTokenChoiceRouter: the chosen sigmoid scores over their sum (+1e-20), times
+            // route_scale.
+            RouterScore::Sigmoid { route_scale } => {
+                weights = weights
+                    .broadcast_div(&(weights.sum_keepdim(1)? + 1e-20)?)?
+                    .affine(route_scale, 0.0)?;
+            }
         }
         let weights = weights.to_dtype(x.dtype())?;
         // Counting sort of the (token, slot) pairs by expert.
@@ -318,8 +382,14 @@ impl MoeBlock {
             .reshape((n, k, hidden))?;
         let mut out = per_slot.broadcast_mul(&weights.unsqueeze(2)?)?.sum(1)?;
         if let Some((shared, gate)) = &self.shared {
-            let g = candle_nn_sigmoid(&x.matmul(&gate.t()?)?)?;
-            out = (out + shared.forward(x, p, act)?.broadcast_mul(&g)?)?;
+            let shared_out = shared.forward(x, p, act)?;
+            out = match gate {
+                Some(gate) => {
+                    let g = candle_nn_sigmoid(&x.matmul(&gate.t()?)?)?;
+                    (out + shared_out.broadcast_mul(&g)?)?
+                }
+                None => (out + shared_out)?,
+            };
         }
         Ok((
             out,
@@ -412,6 +482,8 @@ pub(crate) struct SelfAttention {
     pub(crate) o_proj: Linear,
     pub(crate) q_norm: Option<Tensor>,
     pub(crate) k_norm: Option<Tensor>,
+    /// Gated attention (AFMoE): the output times `sigmoid(gate_proj(x))` before `o_proj`.
+    pub(crate) gate_proj: Option<Linear>,
 }
 
 #[derive(Debug, Clone)]
@@ -541,7 +613,7 @@ impl Transformer {
             let values: Vec<f32> = if name.ends_with("norm.weight") {
                 // A (1 + w) norm starts at w = 0, as transformers initialises Gemma's.
                 vec![if config.norm_unit_offset { 0.0 } else { 1.0 }; n]
-            } else if name.ends_with(".bias") {
+            } else if name.ends_with(".bias") || name.ends_with("expert_bias") {
                 vec![0.0; n]
             } else {
                 let (std, truncated) = scheme.std_of(&name, &config);
@@ -620,14 +692,17 @@ impl Transformer {
                             .then(|| get(&p("self_attn.q_norm.weight"))),
                         k_norm: (config.qk_norm || config.qk_norm_whole)
                             .then(|| get(&p("self_attn.k_norm.weight"))),
+                        gate_proj: config
+                            .attn_output_gate
+                            .then(|| linear(&p("self_attn.gate_proj"), false)),
                     },
                     post_attention_layernorm: get(&p("post_attention_layernorm.weight")),
                     pre_feedforward_layernorm: config
                         .sandwich_norm
-                        .then(|| get(&p("pre_feedforward_layernorm.weight"))),
+                        .then(|| get(&p(&format!("{}.weight", sandwich_names(&config).0)))),
                     post_feedforward_layernorm: config
                         .sandwich_norm
-                        .then(|| get(&p("post_feedforward_layernorm.weight"))),
+                        .then(|| get(&p(&format!("{}.weight", sandwich_names(&config).1)))),
                     mlp: match (&config.moe, config.is_sparse_layer(layer)) {
                         (Some(moe), true) => {
                             let names = ExpertNames::of(moe.naming);
@@ -637,18 +712,20 @@ impl Transformer {
                                 down: linear(&p(&down), false),
                             };
                             let shared = moe.shared_expert_intermediate_size.map(|_| {
-                                let base = "mlp.shared_expert";
+                                let (base, gate) = names.shared();
                                 (
                                     expert([
                                         format!("{base}.gate_proj"),
                                         format!("{base}.up_proj"),
                                         format!("{base}.down_proj"),
                                     ]),
-                                    get(&p("mlp.shared_expert_gate.weight")),
+                                    gate.map(|g| get(&p(g))),
                                 )
                             });
                             Mlp::Moe(Box::new(MoeBlock {
-                                router: get(&p(&format!("{}.gate.weight", names.block))),
+                                router: get(&p(&names.router())),
+                                router_score: moe.router_score,
+                                checkpoint_bias: names.checkpoint_bias().map(|b| get(&p(b))),
                                 experts: (0..moe.num_experts)
                                     .map(|e| expert(names.expert(e)))
                                     .collect(),
@@ -1207,6 +1284,21 @@ impl Transformer {
     /// Sets the balancing bias of MoE layer `layer` (added to its router probabilities for the
     /// top-k choice only; see `moe::BiasRule`). An error for a dense layer or a wrong length.
     pub fn set_expert_bias(&mut self, layer: usize, bias: &[f32]) -> Result<(), ModelError> {
+        // AFMoE keeps its selection bias in the checkpoint: the rule moves that tensor.
+        let stored = format!("model.layers.{layer}.mlp.expert_bias");
+        if let Some(var) = self.parameters.get(&stored) {
+            if var.dims() != [bias.len()] {
+                return Err(ModelError::InvalidArgument(format!(
+                    "set_expert_bias: {} values for the {:?} of {stored}",
+                    bias.len(),
+                    var.dims()
+                )));
+            }
+            let values =
+                Tensor::from_slice(bias, bias.len(), var.device())?.to_dtype(var.dtype())?;
+            var.set(&values)?;
+            return Ok(());
+        }
         match self.layers.get_mut(layer).map(|l| &mut l.mlp) {
             Some(Mlp::Moe(block)) if block.experts.len() == bias.len() => {
                 block.selection_bias = Some(Arc::from(bias));
@@ -1225,6 +1317,14 @@ impl Transformer {
 
     /// The balancing bias of MoE layer `layer`, when one is set.
     pub fn expert_bias(&self, layer: usize) -> Option<Vec<f32>> {
+        let stored = format!("model.layers.{layer}.mlp.expert_bias");
+        if let Some(var) = self.parameters.get(&stored) {
+            return var
+                .as_tensor()
+                .to_dtype(DType::F32)
+                .and_then(|t| t.to_vec1())
+                .ok();
+        }
         match self.layers.get(layer).map(|l| &l.mlp) {
             Some(Mlp::Moe(block)) => block.selection_bias.as_ref().map(|b| b.to_vec()),
             _ => None,
@@ -1296,7 +1396,7 @@ impl DecoderLayer {
         }
         if let Mlp::Moe(block) = &mut self.mlp {
             block.router = block.router.detach();
-            if let Some((_, gate)) = &mut block.shared {
+            if let Some((_, Some(gate))) = &mut block.shared {
                 *gate = gate.detach();
             }
         }
@@ -1318,6 +1418,9 @@ impl DecoderLayer {
             ("self_attn.v_proj".into(), &a.v_proj),
             ("self_attn.o_proj".into(), &a.o_proj),
         ];
+        if let Some(gate) = &a.gate_proj {
+            out.push(("self_attn.gate_proj".into(), gate));
+        }
         match &self.mlp {
             Mlp::SwiGlu {
                 gate_proj,
@@ -1335,10 +1438,11 @@ impl DecoderLayer {
                     out.extend([(gate, &expert.gate), (up, &expert.up), (down, &expert.down)]);
                 }
                 if let Some((shared, _)) = &block.shared {
+                    let base = names.shared().0;
                     out.extend([
-                        ("mlp.shared_expert.gate_proj".into(), &shared.gate),
-                        ("mlp.shared_expert.up_proj".into(), &shared.up),
-                        ("mlp.shared_expert.down_proj".into(), &shared.down),
+                        (format!("{base}.gate_proj"), &shared.gate),
+                        (format!("{base}.up_proj"), &shared.up),
+                        (format!("{base}.down_proj"), &shared.down),
                     ]);
                 }
             }
@@ -1355,6 +1459,9 @@ impl DecoderLayer {
             ("self_attn.v_proj".into(), &mut a.v_proj),
             ("self_attn.o_proj".into(), &mut a.o_proj),
         ];
+        if let Some(gate) = &mut a.gate_proj {
+            out.push(("self_attn.gate_proj".into(), gate));
+        }
         match &mut self.mlp {
             Mlp::SwiGlu {
                 gate_proj,
@@ -1376,10 +1483,11 @@ impl DecoderLayer {
                     ]);
                 }
                 if let Some((shared, _)) = &mut block.shared {
+                    let base = names.shared().0;
                     out.extend([
-                        ("mlp.shared_expert.gate_proj".into(), &mut shared.gate),
-                        ("mlp.shared_expert.up_proj".into(), &mut shared.up),
-                        ("mlp.shared_expert.down_proj".into(), &mut shared.down),
+                        (format!("{base}.gate_proj"), &mut shared.gate),
+                        (format!("{base}.up_proj"), &mut shared.up),
+                        (format!("{base}.down_proj"), &mut shared.down),
                     ]);
                 }
             }
@@ -1402,7 +1510,8 @@ impl DecoderLayer {
     fn routing_tensors(&self) -> Vec<&Tensor> {
         match &self.mlp {
             Mlp::Moe(block) => std::iter::once(&block.router)
-                .chain(block.shared.iter().map(|(_, gate)| gate))
+                .chain(block.shared.iter().filter_map(|(_, gate)| gate.as_ref()))
+                .chain(block.checkpoint_bias.iter())
                 .collect(),
             Mlp::SwiGlu { .. } => Vec::new(),
         }
@@ -1547,6 +1656,10 @@ impl SelfAttention {
         let out = out
             .transpose(1, 2)?
             .reshape((batch * len, q_heads * head_dim))?;
+        let out = match &self.gate_proj {
+            Some(gate) => (out * candle_nn_sigmoid(&gate.forward(&x, context.precision)?)?)?,
+            None => out,
+        };
         Ok(self
             .o_proj
             .forward(&out, context.precision)?

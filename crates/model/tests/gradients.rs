@@ -57,15 +57,18 @@ fn loss_and_gradients_match_transformers_on_every_fixture() {
             let var = params
                 .get(param_name)
                 .unwrap_or_else(|| panic!("{fixture}: no parameter {param_name}"));
-            let grad = grads
-                .get(var.as_tensor())
-                .unwrap_or_else(|| panic!("{fixture}: no grad for {param_name}"));
+            let want = want.as_f64().expect("norm value");
+            let Some(grad) = grads.get(var.as_tensor()) else {
+                // Outside the graph: an expert no token reached, or AFMoE's expert_bias (it only
+                // moves the top-k choice); transformers' gradient is 0 there too.
+                assert_eq!(want, 0.0, "{fixture}: no grad for {param_name}");
+                continue;
+            };
             let norm = grad
                 .sqr()
                 .and_then(|g| g.sum_all())
                 .and_then(|g| g.to_scalar::<f32>())
                 .expect("norm") as f64;
-            let want = want.as_f64().expect("norm value");
             assert!(
                 close(norm.sqrt(), want, 1e-3, 0.0),
                 "{fixture}: |grad {param_name}| {} vs {want}",

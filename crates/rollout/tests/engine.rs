@@ -17,7 +17,8 @@ use stoke_rollout::{
 const LOGPROB_TOLERANCE: f32 = 1e-5;
 
 /// Every fixture checkpoint; each has transformers' greedy continuations in reference.safetensors.
-const FIXTURES: [&str; 17] = [
+const FIXTURES: [&str; 18] = [
+    "afmoe_gated",
     "mixtral_moe",
     "qwen2_moe_shared",
     "qwen3_moe",

@@ -169,7 +169,14 @@ impl Trainer {
             (Some(moe), Some(rule)) => {
                 let states = (0..model.config().num_hidden_layers)
                     .filter(|&l| model.config().is_sparse_layer(l))
-                    .map(|l| (l, stoke_model::moe::BiasState::new(moe.num_experts)))
+                    .map(|l| {
+                        // AFMoE starts from its checkpoint's expert_bias.
+                        let mut state = stoke_model::moe::BiasState::new(moe.num_experts);
+                        if let Some(bias) = model.expert_bias(l) {
+                            state.bias = bias;
+                        }
+                        (l, state)
+                    })
                     .collect();
                 Some((rule, states))
             }
