@@ -1146,7 +1146,7 @@ impl Validator<'_> {
                         return Err(self.unsupported(
                             field,
                             "experts",
-                            "mixtral, qwen2_moe, qwen3_moe, olmoe",
+                            "mixtral, qwen2_moe, qwen3_moe, olmoe, afmoe",
                         ));
                     }
                 }

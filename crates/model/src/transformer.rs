@@ -547,7 +547,7 @@ pub struct Transformer {
 }
 
 /// How `Transformer::init_with` draws the weight matrices of a from-scratch model (biases are 0
-/// and norm weights 1 in every scheme).
+/// and norm gains 1 in every scheme, except a sandwich's post norms: sqrt(0.5)).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum InitScheme {
     /// N(0, std²): transformers' `_init_weights` with `initializer_range` (default 0.02).
@@ -611,8 +611,26 @@ impl Transformer {
         for (name, shape) in parameter_shapes(&config) {
             let n: usize = shape.iter().product();
             let values: Vec<f32> = if name.ends_with("norm.weight") {
-                // A (1 + w) norm starts at w = 0, as transformers initialises Gemma's.
-                vec![if config.norm_unit_offset { 0.0 } else { 1.0 }; n]
+                // Gain 1, except the post norms of a sandwich (the outputs of attention and
+                // MLP before the residual add): sqrt(0.5), so that the two branches together
+                // add about the variance one pre-norm branch does. A (1 + w) norm stores the
+                // gain minus 1 (transformers' Gemma init is w = 0, gain 1).
+                let post = config.sandwich_norm
+                    && (name.ends_with("post_attention_layernorm.weight")
+                        || name.ends_with(&format!("{}.weight", sandwich_names(&config).1)));
+                let gain = if post {
+                    std::f32::consts::FRAC_1_SQRT_2
+                } else {
+                    1.0
+                };
+                vec![
+                    if config.norm_unit_offset {
+                        gain - 1.0
+                    } else {
+                        gain
+                    };
+                    n
+                ]
             } else if name.ends_with(".bias") || name.ends_with("expert_bias") {
                 vec![0.0; n]
             } else {
@@ -1829,6 +1847,37 @@ mod tests {
         }
         // Seeded: the same seed draws the same model.
         assert_eq!(all(&draw(InitScheme::Scaled)), all(&scaled));
+    }
+
+    #[test]
+    fn sandwich_post_norms_start_at_a_gain_of_sqrt_half() {
+        let moe = r#", "num_experts": 2, "num_experts_per_tok": 1, "moe_intermediate_size": 8"#;
+        for (model_type, offset, extra) in [("gemma2", true, ""), ("afmoe", false, moe)] {
+            let json = format!(
+                r#"{{"model_type": "{model_type}", "vocab_size": 37, "hidden_size": 16,
+                "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "head_dim": 8{extra}}}"#
+            );
+            let config = ModelConfig::from_json_str(&json, Path::new("<test>")).expect("config");
+            let model = Transformer::init(config, &Device::Cpu, 3).expect("init");
+            let mut seen = 0;
+            for (name, var) in model.parameters() {
+                if !name.ends_with("norm.weight") {
+                    continue;
+                }
+                let post = name.contains("post_attention_layernorm")
+                    || name.contains("post_feedforward_layernorm")
+                    || name.contains("post_mlp_layernorm");
+                let gain = if post { 0.5f32.sqrt() } else { 1.0 };
+                let stored = if offset { gain - 1.0 } else { gain };
+                assert!(
+                    values(&var).iter().all(|&v| (v - stored).abs() < 1e-7),
+                    "{model_type}: {name}"
+                );
+                seen += usize::from(post);
+            }
+            assert_eq!(seen, 4, "{model_type}: two post norms per layer");
+        }
     }
 
     #[test]
