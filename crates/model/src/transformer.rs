@@ -308,7 +308,9 @@ impl MoeBlock {
             RouterScore::Softmax => {
                 stoke_ops::softmax(&logits.to_dtype(DType::F32)?, candle_core::D::Minus1)?
             }
-            RouterScore::Sigmoid { .. } => candle_nn_sigmoid(&logits.to_dtype(DType::F32)?)?,
+            RouterScore::Sigmoid { .. } => {
+                stoke_ops::logistic::sigmoid(&logits.to_dtype(DType::F32)?)?
+            }
         };
         let values: Vec<f32> = probs.flatten_all()?.to_vec1()?;
         let stored_bias: Option<Vec<f32>> = match &self.checkpoint_bias {
@@ -385,7 +387,7 @@ impl MoeBlock {
             let shared_out = shared.forward(x, p, act)?;
             out = match gate {
                 Some(gate) => {
-                    let g = candle_nn_sigmoid(&x.matmul(&gate.t()?)?)?;
+                    let g = stoke_ops::logistic::sigmoid(&x.matmul(&gate.t()?)?)?;
                     (out + shared_out.broadcast_mul(&g)?)?
                 }
                 None => (out + shared_out)?,
@@ -401,11 +403,6 @@ impl MoeBlock {
             },
         ))
     }
-}
-
-/// `1 / (1 + e^-x)`, differentiable.
-fn candle_nn_sigmoid(x: &Tensor) -> candle_core::Result<Tensor> {
-    (x.neg()?.exp()? + 1.0)?.recip()
 }
 
 /// `act(gate) * up`: SwiGLU through the fused op, the other activations as candle compositions.
@@ -1045,8 +1042,9 @@ impl Transformer {
         attn_bias: &Tensor,
         cache: Option<&mut KvCache>,
     ) -> Result<Tensor, ModelError> {
+        let record = Record::default();
         Ok(self
-            .forward_hidden_inner(input_ids, positions, attn_bias, cache, false)?
+            .forward_hidden_full(input_ids, positions, attn_bias, cache, record)?
             .0)
     }
 
@@ -1061,7 +1059,13 @@ impl Transformer {
         attn_bias: &Tensor,
         cache: Option<&mut KvCache>,
     ) -> Result<(Tensor, Vec<Routing>), ModelError> {
-        self.forward_hidden_inner(input_ids, positions, attn_bias, cache, true)
+        let record = Record {
+            routing: true,
+            max_logits: false,
+        };
+        let (hidden, record) =
+            self.forward_hidden_full(input_ids, positions, attn_bias, cache, record)?;
+        Ok((hidden, record.routings))
     }
 
     /// `forward_hidden` with the records `record` asks for: the MoE routing (as
@@ -1077,23 +1081,6 @@ impl Transformer {
         record: Record,
     ) -> Result<(Tensor, ForwardRecord), ModelError> {
         self.forward_hidden_full(input_ids, positions, attn_bias, None, record)
-    }
-
-    fn forward_hidden_inner(
-        &self,
-        input_ids: &Tensor,
-        positions: &Tensor,
-        attn_bias: &Tensor,
-        cache: Option<&mut KvCache>,
-        record_routing: bool,
-    ) -> Result<(Tensor, Vec<Routing>), ModelError> {
-        let record = Record {
-            routing: record_routing,
-            max_logits: false,
-        };
-        let (hidden, record) =
-            self.forward_hidden_full(input_ids, positions, attn_bias, cache, record)?;
-        Ok((hidden, record.routings))
     }
 
     fn forward_hidden_full(
@@ -1675,7 +1662,9 @@ impl SelfAttention {
             .transpose(1, 2)?
             .reshape((batch * len, q_heads * head_dim))?;
         let out = match &self.gate_proj {
-            Some(gate) => (out * candle_nn_sigmoid(&gate.forward(&x, context.precision)?)?)?,
+            Some(gate) => {
+                (out * stoke_ops::logistic::sigmoid(&gate.forward(&x, context.precision)?)?)?
+            }
             None => out,
         };
         Ok(self
