@@ -779,6 +779,49 @@ MODEL_SPECS += [
     ),
 ]
 
+# DeepSeek-V3: multi-head latent attention (a low-rank query, the latent and shared rotated key,
+# interleaved RoPE, a value width unlike the query/key width), YaRN with mscale_all_dim (which
+# scales the attention scores), and the sigmoid router choosing within the 2 best of 4 expert
+# groups on score + a (random, nonzero) e_score_correction_bias, times routed_scaling_factor;
+# one shared expert, one dense first layer.
+MODEL_SPECS += [
+    ModelSpec(
+        name="deepseek_v3_mla",
+        family="deepseek_v3",
+        variants=[
+            "mla_low_rank_query", "mla_interleaved_rope", "v_head_dim_differs", "yarn_mscale_all_dim",
+            "sigmoid_group_limited_routing", "e_score_correction_bias", "routed_scaling_factor",
+            "shared_expert", "dense_first_layer",
+        ],
+        config=dict(
+            MOE_BASE,
+            num_hidden_layers=3,
+            num_key_value_heads=4,
+            q_lora_rank=16,
+            kv_lora_rank=12,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=8,
+            v_head_dim=12,
+            n_routed_experts=8,
+            n_group=4,
+            topk_group=2,
+            moe_intermediate_size=16,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            rope_interleave=True,
+            num_mtp_layers=0,
+            rms_norm_eps=1e-6,
+            rope_parameters=dict(
+                rope_type="yarn", rope_theta=10000.0, factor=2.0, mscale=1.0, mscale_all_dim=1.0,
+                original_max_position_embeddings=64, beta_fast=32.0, beta_slow=1.0,
+            ),
+        ),
+        seed=21,
+    ),
+]
+
 # Checkpoints that get a copy whose config.json is hand-converted to the other config style.
 CONVERTED_COPIES = {"llama_gqa_rope_llama3": "llama_gqa_rope_llama3_v4config"}
 # The transformers_version string written into hand-converted 4.x-style configs.
@@ -801,6 +844,7 @@ def make_config(spec: ModelSpec, tokenizer_ids: dict | None):
         "qwen3_moe": "qwen3_moe",
         "olmoe": "olmoe",
         "afmoe": "afmoe",
+        "deepseek_v3": "deepseek_v3",
     }[spec.family]
     return AutoConfig.for_model(model_type, **cfg)
 
@@ -825,6 +869,11 @@ def init_weights(model: torch.nn.Module, seed: int) -> None:
                 # 2-D [out, in]; transformers 5.x keeps MoE experts as 3-D [experts, out, in].
                 fan_in = p.shape[-1]
                 p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(fan_in))
+        # DeepSeek-V3's selection bias is a buffer (zeros by default): nonzero, so a loader that
+        # ignores it chooses other experts.
+        for name, b in sorted(model.named_buffers()):
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.3 * torch.randn(b.shape, generator=gen))
 
 
 def load_f32(path: Path):
@@ -979,6 +1028,10 @@ def checkpoint_named_grads(model) -> dict:
                 out[f"{prefix}.{block}.experts.{e}.{down}.weight"] = g[e]
         else:
             raise SystemExit(f"unmapped MoE parameter {name}")
+    # DeepSeek-V3's selection bias is a checkpoint tensor held as a buffer: gradient 0.
+    for name, b in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            out[name] = torch.zeros_like(b)
     return out
 
 
@@ -1016,6 +1069,14 @@ def grad_reference(model, ids_a: torch.Tensor, seed: int) -> tuple[float, dict, 
         # AFMoE: the attention gate and the sigmoid router.
         "model.layers.1.self_attn.gate_proj.weight",
         "model.layers.1.mlp.router.gate.weight",
+        # DeepSeek-V3: the latent attention's projections and norm, a routed and the shared expert.
+        "model.layers.0.self_attn.kv_b_proj.weight",
+        "model.layers.1.self_attn.kv_a_proj_with_mqa.weight",
+        "model.layers.1.self_attn.q_b_proj.weight",
+        "model.layers.2.self_attn.q_a_proj.weight",
+        "model.layers.2.self_attn.kv_a_layernorm.weight",
+        "model.layers.2.mlp.experts.3.down_proj.weight",
+        "model.layers.2.mlp.shared_experts.up_proj.weight",
     ]
     samples = {}
     for n in wanted:

@@ -48,6 +48,10 @@ pub enum Architecture {
     /// layers with RoPE and global NoPE layers, a sigmoid router with a selection bias, shared
     /// experts, dense first layers.
     Afmoe,
+    /// DeepSeek-V3: multi-head latent attention (`MlaConfig`), a sigmoid router choosing within
+    /// the best expert groups on score + `e_score_correction_bias`, shared experts, dense first
+    /// layers, and multi-token prediction layers (`num_nextn_predict_layers`).
+    DeepseekV3,
 }
 
 /// Structural choices implied by the architecture (before config overrides).
@@ -64,7 +68,7 @@ struct ArchitectureTraits {
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 11] = [
+    pub const ALL: [Architecture; 12] = [
         Architecture::Llama,
         Architecture::Qwen2,
         Architecture::Qwen3,
@@ -76,6 +80,7 @@ impl Architecture {
         Architecture::Qwen3Moe,
         Architecture::Olmoe,
         Architecture::Afmoe,
+        Architecture::DeepseekV3,
     ];
 
     pub fn hf_class_name(self) -> &'static str {
@@ -91,6 +96,7 @@ impl Architecture {
             Architecture::Qwen3Moe => "Qwen3MoeForCausalLM",
             Architecture::Olmoe => "OlmoeForCausalLM",
             Architecture::Afmoe => "AfmoeForCausalLM",
+            Architecture::DeepseekV3 => "DeepseekV3ForCausalLM",
         }
     }
 
@@ -107,6 +113,7 @@ impl Architecture {
             Architecture::Qwen3Moe => "qwen3_moe",
             Architecture::Olmoe => "olmoe",
             Architecture::Afmoe => "afmoe",
+            Architecture::DeepseekV3 => "deepseek_v3",
         }
     }
 
@@ -220,6 +227,16 @@ impl Architecture {
                 default_rope_theta: 10_000.0,
                 gemma: false,
             },
+            // DeepseekV3Config's defaults (head_dim is qk_rope_head_dim, see `MlaConfig`).
+            Architecture::DeepseekV3 => ArchitectureTraits {
+                qkv_bias_forced: false,
+                qk_norm: false,
+                default_max_position_embeddings: 4096,
+                default_head_dim: None,
+                default_tie_word_embeddings: false,
+                default_rope_theta: 10_000.0,
+                gemma: false,
+            },
         }
     }
 
@@ -315,6 +332,9 @@ pub enum ExpertNaming {
     Qwen,
     /// `mlp.router.gate`, `mlp.experts.{e}.*`, `mlp.shared_experts.*`, `mlp.expert_bias` (AFMoE).
     Afmoe,
+    /// `mlp.gate`, `mlp.gate.e_score_correction_bias`, `mlp.experts.{e}.*`,
+    /// `mlp.shared_experts.*` (DeepSeek-V3).
+    Deepseek,
 }
 
 /// How the router turns its logits into the experts' scores.
@@ -323,8 +343,43 @@ pub enum RouterScore {
     /// Softmax over the experts; the top-k renormalized with `norm_topk_prob`.
     Softmax,
     /// Independent sigmoids, chosen on `score + expert_bias`; the chosen scores normalized to
-    /// sum to 1 and multiplied by `route_scale` (AFMoE, DeepSeek-V3's scoring).
+    /// sum to 1 (with `norm_topk_prob`) and multiplied by `route_scale` (AFMoE, DeepSeek-V3's
+    /// `routed_scaling_factor`).
     Sigmoid { route_scale: f64 },
+}
+
+/// DeepSeek-V3's group-limited routing: the experts split into `groups` equal groups, each
+/// scored by the sum of its two best `score + bias`; only the `topk_groups` best groups'
+/// experts can be chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupLimit {
+    pub groups: usize,
+    pub topk_groups: usize,
+}
+
+/// Multi-head latent attention (DeepSeek-V2/V3). Queries: `q_b(norm(q_a(x)))` (or `q_proj(x)`
+/// without `q_lora_rank`), per head `qk_nope_head_dim` unrotated plus `qk_rope_head_dim` rotated
+/// dims. Keys and values come from one latent per token: `kv_a_proj_with_mqa(x)` gives
+/// `kv_lora_rank` latent dims (normed by `kv_a_layernorm`) and one shared rotated key of
+/// `qk_rope_head_dim`; `kv_b_proj` expands the latent into each head's unrotated key and
+/// `v_head_dim` value. The KV cache holds the latent and the rotated key only.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MlaConfig {
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    /// RoPE over interleaved pairs `(x0, x1), (x2, x3), ...` (DeepSeek's layout) instead of
+    /// halves.
+    pub rope_interleave: bool,
+}
+
+impl MlaConfig {
+    /// The width of a query or key head: unrotated plus rotated dims.
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
 }
 
 /// A sparse mixture-of-experts MLP: a linear router over `num_experts`, softmax, the top
@@ -347,6 +402,8 @@ pub struct MoeConfig {
     /// HF's `router_aux_loss_coef` (the load-balancing loss weight), kept for training.
     pub router_aux_loss_coef: f64,
     pub naming: ExpertNaming,
+    /// DeepSeek-V3's group-limited choice (`n_group`, `topk_group`).
+    pub group_limit: Option<GroupLimit>,
 }
 
 /// What a layer's attention sees (`layer_types`).
@@ -427,6 +484,12 @@ pub struct ModelConfig {
     /// AFMoE's gated attention: the attention output times `sigmoid(x W_g)` (a `gate_proj` of
     /// the query's width) before `o_proj`.
     pub attn_output_gate: bool,
+    /// DeepSeek-V3's multi-head latent attention (replaces q/k/v projections; `head_dim` is then
+    /// `qk_rope_head_dim`, the rotated width).
+    pub mla: Option<MlaConfig>,
+    /// Multi-token prediction layers after the last layer (DeepSeek-V3's
+    /// `num_nextn_predict_layers`): `model.layers.{num_hidden_layers + k}`.
+    pub num_mtp_layers: usize,
     /// The source config.json's fields, kept so `save` preserves what we do not model
     /// (token ids of pad, `use_cache`, ...). Empty for configs built in code.
     pub source_fields: Map<String, Value>,
@@ -485,6 +548,20 @@ struct HfConfigFile {
     decoder_sparse_step: Option<usize>,
     mlp_only_layers: Option<Vec<usize>>,
     router_aux_loss_coef: Option<f64>,
+    q_lora_rank: Option<usize>,
+    kv_lora_rank: Option<usize>,
+    qk_nope_head_dim: Option<usize>,
+    qk_rope_head_dim: Option<usize>,
+    v_head_dim: Option<usize>,
+    rope_interleave: Option<bool>,
+    n_routed_experts: Option<usize>,
+    n_shared_experts: Option<usize>,
+    n_group: Option<usize>,
+    topk_group: Option<usize>,
+    routed_scaling_factor: Option<f64>,
+    first_k_dense_replace: Option<usize>,
+    num_nextn_predict_layers: Option<usize>,
+    num_mtp_layers: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -518,9 +595,10 @@ struct HfRopeParameters {
 
 const SUPPORTED_ARCHITECTURES: &str = "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
      Gemma2ForCausalLM, Gemma3ForCausalLM, SmolLM3ForCausalLM, MixtralForCausalLM, \
-     Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, AfmoeForCausalLM";
+     Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, AfmoeForCausalLM, \
+     DeepseekV3ForCausalLM";
 const SUPPORTED_MODEL_TYPES: &str = "llama, qwen2, qwen3, gemma2, gemma3_text, smollm3, mixtral, \
-     qwen2_moe, qwen3_moe, olmoe, afmoe";
+     qwen2_moe, qwen3_moe, olmoe, afmoe, deepseek_v3";
 const SUPPORTED_ACTIVATIONS: &str = "silu, gelu_pytorch_tanh, gelu_new, gelu, relu2";
 const SUPPORTED_ROPE_TYPES: &str = "default, linear, llama3, yarn";
 
@@ -592,6 +670,7 @@ impl ModelConfig {
             && self.clip_qkv.is_none()
             && self.moe.is_none()
             && !self.attn_output_gate
+            && self.mla.is_none()
     }
 
     /// Whether `layer`'s MLP is a mixture of experts.
@@ -624,6 +703,31 @@ impl ModelConfig {
 
     /// The factor attention scores are multiplied by before the softmax.
     pub fn attention_scale(&self) -> f64 {
+        if let Some(mla) = &self.mla {
+            // DeepseekV3Attention: qk_head_dim^-0.5, times mscale² under YaRN with
+            // `mscale_all_dim` (yarn_get_mscale: 0.1 · mscale_all_dim · ln(factor) + 1).
+            let base = 1.0 / (mla.qk_head_dim() as f64).sqrt();
+            return match &self.rope.scaling {
+                RopeScaling::Yarn {
+                    factor,
+                    mscale_all_dim: Some(m),
+                    original_max_position_embeddings,
+                    ..
+                } if *m != 0.0 => {
+                    let factor = factor.unwrap_or(
+                        self.max_position_embeddings as f64
+                            / *original_max_position_embeddings as f64,
+                    );
+                    let mscale = if factor <= 1.0 {
+                        1.0
+                    } else {
+                        0.1 * m * factor.ln() + 1.0
+                    };
+                    base * mscale * mscale
+                }
+                _ => base,
+            };
+        }
         match self.query_pre_attn_scalar {
             Some(s) => 1.0 / s.sqrt(),
             None => 1.0 / (self.head_dim as f64).sqrt(),
@@ -745,6 +849,7 @@ impl ModelConfig {
             let experts_key = match moe.naming {
                 ExpertNaming::Mixtral => "num_local_experts",
                 ExpertNaming::Qwen | ExpertNaming::Afmoe => "num_experts",
+                ExpertNaming::Deepseek => "n_routed_experts",
             };
             set(experts_key, moe.num_experts.into());
             set("num_experts_per_tok", moe.num_experts_per_tok.into());
@@ -776,9 +881,40 @@ impl ModelConfig {
                     set("route_scale", route_scale.into());
                 }
                 set("mup_enabled", self.scale_embeddings.into());
+            } else if self.architecture == Architecture::DeepseekV3 {
+                set("moe_intermediate_size", moe.expert_intermediate_size.into());
+                set("norm_topk_prob", moe.norm_topk_prob.into());
+                let dense = moe.sparse_layers.iter().take_while(|&&s| !s).count();
+                set("first_k_dense_replace", dense.into());
+                let shared = moe
+                    .shared_expert_intermediate_size
+                    .map_or(0, |s| s / moe.expert_intermediate_size.max(1));
+                set("n_shared_experts", shared.into());
+                if let RouterScore::Sigmoid { route_scale } = moe.router_score {
+                    set("routed_scaling_factor", route_scale.into());
+                }
+                let (groups, topk) = moe
+                    .group_limit
+                    .map_or((1, 1), |g| (g.groups, g.topk_groups));
+                set("n_group", groups.into());
+                set("topk_group", topk.into());
             } else if let Some(shared) = moe.shared_expert_intermediate_size {
                 set("shared_expert_intermediate_size", shared.into());
             }
+        }
+        if let Some(mla) = &self.mla {
+            set(
+                "q_lora_rank",
+                mla.q_lora_rank.map_or(Value::Null, Value::from),
+            );
+            set("kv_lora_rank", mla.kv_lora_rank.into());
+            set("qk_nope_head_dim", mla.qk_nope_head_dim.into());
+            set("qk_rope_head_dim", mla.qk_rope_head_dim.into());
+            set("v_head_dim", mla.v_head_dim.into());
+            set("rope_interleave", mla.rope_interleave.into());
+        }
+        if self.architecture == Architecture::DeepseekV3 {
+            set("num_nextn_predict_layers", self.num_mtp_layers.into());
         }
         if let Some(local) = &self.local_rope {
             // transformers 5.x reads the 4.x keys of Gemma 3: rope_local_base_freq for the
@@ -802,6 +938,8 @@ impl ModelConfig {
         set("rope_theta", self.rope.theta.into());
         set("rope_scaling", rope_scaling_json(&self.rope.scaling));
         out.remove("rope_parameters");
+        // One spelling of the MTP layer count (num_nextn_predict_layers, written above).
+        out.remove("num_mtp_layers");
         Value::Object(out)
     }
 }
@@ -951,10 +1089,15 @@ impl Validator<'_> {
                 format!("{num_key_value_heads} does not divide num_attention_heads {num_attention_heads}"),
             ));
         }
-        let head_dim = file
-            .head_dim
-            .or(traits.default_head_dim)
-            .unwrap_or(hidden_size / num_attention_heads);
+        let mla = self.mla(&file, &source_fields, architecture)?;
+        let head_dim = match &mla {
+            // DeepseekV3Config sets head_dim to the rotated width (its RoPE table's).
+            Some(mla) => mla.qk_rope_head_dim,
+            None => file
+                .head_dim
+                .or(traits.default_head_dim)
+                .unwrap_or(hidden_size / num_attention_heads),
+        };
         if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(self.invalid(
                 "head_dim",
@@ -1057,6 +1200,9 @@ impl Validator<'_> {
             Architecture::Qwen2Moe => (file.qkv_bias.unwrap_or(true), false),
             // MixtralAttention has no biases.
             Architecture::Mixtral => (false, false),
+            // DeepseekV3Attention: q_a_proj, kv_a_proj_with_mqa and o_proj follow
+            // `attention_bias`.
+            Architecture::DeepseekV3 => (attention_bias_flag, attention_bias_flag),
             _ => (
                 traits.qkv_bias_forced || attention_bias_flag,
                 !traits.qkv_bias_forced && attention_bias_flag,
@@ -1073,6 +1219,23 @@ impl Validator<'_> {
             (_, None) => None,
         };
         let moe = self.moe(&file, architecture, num_hidden_layers, intermediate_size)?;
+        let num_mtp_layers = match (file.num_nextn_predict_layers, file.num_mtp_layers) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(self.invalid(
+                    "num_mtp_layers",
+                    format!("{b} contradicts num_nextn_predict_layers {a}"),
+                ));
+            }
+            (Some(n), _) | (None, Some(n)) => n,
+            (None, None) => 0,
+        };
+        if num_mtp_layers > 0 && architecture != Architecture::DeepseekV3 {
+            return Err(self.unsupported(
+                "num_nextn_predict_layers",
+                num_mtp_layers.to_string(),
+                "deepseek_v3 (elsewhere 0)",
+            ));
+        }
         let mlp_bias = matches!(architecture, Architecture::Llama | Architecture::SmolLm3)
             && file.mlp_bias.unwrap_or(false);
         let eos_token_ids = match file.eos_token_id {
@@ -1115,6 +1278,8 @@ impl Validator<'_> {
             local_rope,
             qk_norm_whole: architecture == Architecture::Olmoe,
             attn_output_gate: architecture == Architecture::Afmoe,
+            mla,
+            num_mtp_layers,
             clip_qkv,
             moe,
             source_fields,
@@ -1137,6 +1302,7 @@ impl Validator<'_> {
             Architecture::Qwen3Moe => (128, 8, 0.001),
             Architecture::Olmoe => (64, 8, 0.01),
             Architecture::Afmoe => (64, 6, 0.001),
+            Architecture::DeepseekV3 => (256, 8, 0.001),
             _ => {
                 for (field, present) in [
                     ("num_experts", file.num_experts.is_some()),
@@ -1153,11 +1319,16 @@ impl Validator<'_> {
                 return Ok(None);
             }
         };
-        let num_experts = match (file.num_experts, file.num_local_experts) {
+        // DeepseekV3Config names its experts `n_routed_experts` (`num_local_experts` is an alias).
+        let named_experts = match architecture {
+            Architecture::DeepseekV3 => file.n_routed_experts,
+            _ => file.num_experts,
+        };
+        let num_experts = match (named_experts, file.num_local_experts) {
             (Some(a), Some(b)) if a != b => {
                 return Err(self.invalid(
                     "num_local_experts",
-                    format!("{b} contradicts num_experts {a}"),
+                    format!("{b} contradicts the expert count {a}"),
                 ));
             }
             (Some(n), _) | (None, Some(n)) => n,
@@ -1166,6 +1337,8 @@ impl Validator<'_> {
         let expert_field =
             if file.num_local_experts.is_some() || architecture == Architecture::Mixtral {
                 "num_local_experts"
+            } else if architecture == Architecture::DeepseekV3 {
+                "n_routed_experts"
             } else {
                 "num_experts"
             };
@@ -1187,6 +1360,8 @@ impl Validator<'_> {
                 }
                 // AfmoeDecoderLayer: the first `num_dense_layers` are dense.
                 Architecture::Afmoe => i >= file.num_dense_layers.unwrap_or(1),
+                // DeepseekV3DecoderLayer: the first `first_k_dense_replace` are dense.
+                Architecture::DeepseekV3 => i >= file.first_k_dense_replace.unwrap_or(3),
                 _ => true,
             })
             .collect();
@@ -1203,11 +1378,14 @@ impl Validator<'_> {
             }
         }
         let expert_intermediate_size = match architecture {
-            Architecture::Qwen2Moe | Architecture::Qwen3Moe | Architecture::Afmoe => {
-                let default = if architecture == Architecture::Qwen3Moe {
-                    768
-                } else {
-                    1408
+            Architecture::Qwen2Moe
+            | Architecture::Qwen3Moe
+            | Architecture::Afmoe
+            | Architecture::DeepseekV3 => {
+                let default = match architecture {
+                    Architecture::Qwen3Moe => 768,
+                    Architecture::DeepseekV3 => 2048,
+                    _ => 1408,
                 };
                 self.required(
                     Some(file.moe_intermediate_size.unwrap_or(default)),
@@ -1225,6 +1403,10 @@ impl Validator<'_> {
                 0 => None,
                 n => Some(expert_intermediate_size * n),
             },
+            Architecture::DeepseekV3 => match file.n_shared_experts.unwrap_or(1) {
+                0 => None,
+                n => Some(expert_intermediate_size * n),
+            },
             _ => None,
         };
         let router_score = match architecture {
@@ -1238,7 +1420,61 @@ impl Validator<'_> {
                 }
                 RouterScore::Sigmoid { route_scale }
             }
+            Architecture::DeepseekV3 => {
+                let route_scale = file.routed_scaling_factor.unwrap_or(2.5);
+                if !(route_scale.is_finite() && route_scale > 0.0) {
+                    return Err(self.invalid(
+                        "routed_scaling_factor",
+                        format!("must be positive, found {route_scale}"),
+                    ));
+                }
+                RouterScore::Sigmoid { route_scale }
+            }
             _ => RouterScore::Softmax,
+        };
+        let group_limit = match architecture {
+            Architecture::DeepseekV3 => {
+                let groups = file.n_group.unwrap_or(8);
+                let topk_groups = file.topk_group.unwrap_or(4);
+                if groups == 0 || !num_experts.is_multiple_of(groups) {
+                    return Err(self.invalid(
+                        "n_group",
+                        format!("{groups} does not divide {expert_field} ({num_experts})"),
+                    ));
+                }
+                if topk_groups == 0 || topk_groups > groups {
+                    return Err(self.invalid(
+                        "topk_group",
+                        format!("{topk_groups} must be between 1 and n_group ({groups})"),
+                    ));
+                }
+                // Each group is scored by its best two experts (DeepseekV3TopkRouter).
+                if num_experts / groups < 2 && groups > 1 {
+                    return Err(self.invalid(
+                        "n_group",
+                        format!(
+                            "{groups} groups of {} expert(s): each group needs 2 (its score is \
+                             the sum of its best two)",
+                            num_experts / groups
+                        ),
+                    ));
+                }
+                if top_k > topk_groups * (num_experts / groups) {
+                    return Err(self.invalid(
+                        "num_experts_per_tok",
+                        format!(
+                            "{top_k} is more than the {} experts of topk_group ({topk_groups}) \
+                             groups",
+                            topk_groups * (num_experts / groups)
+                        ),
+                    ));
+                }
+                Some(GroupLimit {
+                    groups,
+                    topk_groups,
+                })
+            }
+            _ => None,
         };
         let router_aux_loss_coef = file.router_aux_loss_coef.unwrap_or(aux_default);
         if !(router_aux_loss_coef >= 0.0 && router_aux_loss_coef.is_finite()) {
@@ -1253,7 +1489,9 @@ impl Validator<'_> {
             expert_intermediate_size,
             // Mixtral always renormalizes the top-k weights.
             norm_topk_prob: matches!(architecture, Architecture::Mixtral | Architecture::Afmoe)
-                || file.norm_topk_prob.unwrap_or(false),
+                || file
+                    .norm_topk_prob
+                    .unwrap_or(architecture == Architecture::DeepseekV3),
             shared_expert_intermediate_size,
             router_score,
             sparse_layers,
@@ -1261,8 +1499,55 @@ impl Validator<'_> {
             naming: match architecture {
                 Architecture::Mixtral => ExpertNaming::Mixtral,
                 Architecture::Afmoe => ExpertNaming::Afmoe,
+                Architecture::DeepseekV3 => ExpertNaming::Deepseek,
                 _ => ExpertNaming::Qwen,
             },
+            group_limit,
+        }))
+    }
+
+    /// DeepSeek-V3's latent attention (`None` for the other families, where its fields are
+    /// refused), with DeepseekV3Config's defaults. `q_lora_rank: null` means a plain `q_proj`.
+    fn mla(
+        &self,
+        file: &HfConfigFile,
+        source_fields: &Map<String, Value>,
+        architecture: Architecture,
+    ) -> Result<Option<MlaConfig>, ModelError> {
+        if architecture != Architecture::DeepseekV3 {
+            if let Some(field) = ["kv_lora_rank", "q_lora_rank", "qk_rope_head_dim"]
+                .into_iter()
+                .find(|f| source_fields.get(*f).is_some_and(|v| !v.is_null()))
+            {
+                return Err(self.unsupported(field, "latent attention", "deepseek_v3"));
+            }
+            return Ok(None);
+        }
+        let q_lora_rank = match source_fields.get("q_lora_rank") {
+            None => Some(1536),
+            Some(Value::Null) => None,
+            Some(_) => Some(self.required(file.q_lora_rank, "q_lora_rank")?),
+        };
+        let kv_lora_rank = self.required(Some(file.kv_lora_rank.unwrap_or(512)), "kv_lora_rank")?;
+        let qk_rope_head_dim = self.required(
+            Some(file.qk_rope_head_dim.unwrap_or(64)),
+            "qk_rope_head_dim",
+        )?;
+        if !qk_rope_head_dim.is_multiple_of(2) {
+            return Err(self.invalid(
+                "qk_rope_head_dim",
+                format!("must be even for RoPE, found {qk_rope_head_dim}"),
+            ));
+        }
+        let qk_nope_head_dim = file.qk_nope_head_dim.unwrap_or(128);
+        let v_head_dim = self.required(Some(file.v_head_dim.unwrap_or(128)), "v_head_dim")?;
+        Ok(Some(MlaConfig {
+            q_lora_rank,
+            kv_lora_rank,
+            qk_nope_head_dim,
+            qk_rope_head_dim,
+            v_head_dim,
+            rope_interleave: file.rope_interleave.unwrap_or(true),
         }))
     }
 

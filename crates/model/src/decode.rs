@@ -237,13 +237,23 @@ impl Transformer {
         if !bf16 {
             tensors.push((self.lm_head_weight(), ("the LM head", None)));
         }
+        let mut standard = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            standard.push(layer.self_attn.standard().ok_or_else(|| {
+                ModelError::InvalidArgument(
+                    "fused decoding runs grouped-query attention only (latent attention runs \
+                     the graph)"
+                        .into(),
+                )
+            })?);
+        }
         for (l, layer) in self.layers.iter().enumerate() {
             tensors.push((&layer.input_layernorm, ("the input norm", Some(l))));
             tensors.push((
                 &layer.post_attention_layernorm,
                 ("the post-attention norm", Some(l)),
             ));
-            for norm in [&layer.self_attn.q_norm, &layer.self_attn.k_norm]
+            for norm in [&standard[l].q_norm, &standard[l].k_norm]
                 .into_iter()
                 .flatten()
             {
@@ -284,12 +294,11 @@ impl Transformer {
             }
         };
         let mut layers = Vec::with_capacity(self.layers.len());
-        for layer in &self.layers {
+        for (layer, a) in self.layers.iter().zip(&standard) {
             let input_norm = take();
             let post_attention_norm = take();
-            let q_norm = layer.self_attn.q_norm.as_ref().map(|_| take());
-            let k_norm = layer.self_attn.k_norm.as_ref().map(|_| take());
-            let a = &layer.self_attn;
+            let q_norm = a.q_norm.as_ref().map(|_| take());
+            let k_norm = a.k_norm.as_ref().map(|_| take());
             let Some((gate_proj, up_proj, down_proj)) = layer.mlp.dense() else {
                 return Err(ModelError::InvalidArgument(
                     "fused decoding runs dense MLPs only (a mixture of experts runs the graph)"

@@ -71,7 +71,9 @@ pub(crate) fn applies(layer: &DecoderLayer, x: &Tensor) -> bool {
     let graph_only =
         *GRAPH_ONLY.get_or_init(|| std::env::var("STOKE_BLOCK").is_ok_and(|v| v == "graph"));
     let plain = |l: &Linear| l.lora.is_none() && l.packed.is_none();
-    let a = &layer.self_attn;
+    let Some(a) = layer.self_attn.standard() else {
+        return false;
+    };
     let Some((gate_proj, up_proj, down_proj)) = layer.mlp.dense() else {
         return false;
     };
@@ -86,7 +88,9 @@ pub(crate) fn applies(layer: &DecoderLayer, x: &Tensor) -> bool {
 
 /// The layer's tensors in the order of `BlockWeights`' fields (absent ones are `None`).
 fn tensors(layer: &DecoderLayer) -> Result<[Option<Tensor>; 14]> {
-    let a = &layer.self_attn;
+    let Some(a) = layer.self_attn.standard() else {
+        candle_core::bail!("the fused block runs grouped-query attention only (see `applies`)")
+    };
     let Some((gate_proj, up_proj, down_proj)) = layer.mlp.dense() else {
         candle_core::bail!("the fused block runs dense MLPs only (see `applies`)")
     };

@@ -64,6 +64,15 @@ impl Transformer {
                 config.architecture.model_type()
             )));
         }
+        if config.mla.is_some() {
+            // Kimi K2 clips MLA per part (q/k nope by sqrt(gamma), q rope by gamma, the shared
+            // rotated key untouched); that rule is not built.
+            return Err(ModelError::InvalidArgument(format!(
+                "qk_clip: {} uses latent attention (MLA), whose per-part clipping is not \
+                 implemented",
+                config.architecture.model_type()
+            )));
+        }
         if self.lora_config().is_some() {
             return Err(ModelError::InvalidArgument(
                 "qk_clip: the base weights are frozen under LoRA".into(),

@@ -77,15 +77,19 @@ pub fn parameter_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         if config.attn_output_gate {
             shapes.push((p("self_attn.gate_proj.weight"), vec![q_out, h]));
         }
-        for (proj, out) in [("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)] {
-            shapes.push((p(&format!("self_attn.{proj}.weight")), vec![out, h]));
-            if config.attention_bias {
-                shapes.push((p(&format!("self_attn.{proj}.bias")), vec![out]));
+        if let Some(mla) = &config.mla {
+            latent_attention_shapes(&mut shapes, &p, config, mla);
+        } else {
+            for (proj, out) in [("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)] {
+                shapes.push((p(&format!("self_attn.{proj}.weight")), vec![out, h]));
+                if config.attention_bias {
+                    shapes.push((p(&format!("self_attn.{proj}.bias")), vec![out]));
+                }
             }
-        }
-        shapes.push((p("self_attn.o_proj.weight"), vec![h, q_out]));
-        if config.attention_output_bias {
-            shapes.push((p("self_attn.o_proj.bias"), vec![h]));
+            shapes.push((p("self_attn.o_proj.weight"), vec![h, q_out]));
+            if config.attention_output_bias {
+                shapes.push((p("self_attn.o_proj.bias"), vec![h]));
+            }
         }
         if config.qk_norm {
             shapes.push((p("self_attn.q_norm.weight"), vec![d]));
@@ -139,6 +143,50 @@ pub fn parameter_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     shapes
 }
 
+/// Multi-head latent attention's tensors (DeepseekV3Attention's names); the q/kv "a"
+/// projections and o_proj carry biases with `attention_bias`.
+fn latent_attention_shapes(
+    shapes: &mut Vec<(String, Vec<usize>)>,
+    p: &dyn Fn(&str) -> String,
+    config: &ModelConfig,
+    mla: &crate::config::MlaConfig,
+) {
+    let (h, heads) = (config.hidden_size, config.num_attention_heads);
+    let q_out = heads * mla.qk_head_dim();
+    let bias = config.attention_bias;
+    let mut linear = |name: &str, out: usize, input: usize, has_bias: bool| {
+        shapes.push((p(&format!("self_attn.{name}.weight")), vec![out, input]));
+        if has_bias {
+            shapes.push((p(&format!("self_attn.{name}.bias")), vec![out]));
+        }
+    };
+    match mla.q_lora_rank {
+        Some(rank) => {
+            linear("q_a_proj", rank, h, bias);
+            linear("q_b_proj", q_out, rank, false);
+        }
+        None => linear("q_proj", q_out, h, false),
+    }
+    let latent = mla.kv_lora_rank;
+    linear(
+        "kv_a_proj_with_mqa",
+        latent + mla.qk_rope_head_dim,
+        h,
+        bias,
+    );
+    linear(
+        "kv_b_proj",
+        heads * (mla.qk_nope_head_dim + mla.v_head_dim),
+        latent,
+        false,
+    );
+    linear("o_proj", h, heads * mla.v_head_dim, config.attention_output_bias);
+    if let Some(rank) = mla.q_lora_rank {
+        shapes.push((p("self_attn.q_a_layernorm.weight"), vec![rank]));
+    }
+    shapes.push((p("self_attn.kv_a_layernorm.weight"), vec![latent]));
+}
+
 /// `y = x W^T + b` on [N, in] inputs, plus `scale * x A^T B^T` with a LoRA adapter.
 /// The tensors are the model's variables (trainable) or, once frozen, detached views of them.
 #[derive(Debug, Clone)]
@@ -168,6 +216,15 @@ impl Linear {
                 y + stoke_ops::linear(&low, &lora.b, precision)?.affine(lora.scale, 0.0)?
             }
             None => Ok(y),
+        }
+    }
+
+    /// `W + scale · B A` (the weight with its adapter merged): what the layer multiplies by,
+    /// for paths that use the matrix itself (MLA's absorbed decode).
+    fn effective_weight(&self) -> candle_core::Result<Tensor> {
+        match &self.lora {
+            Some(lora) => self.weight.clone() + lora.b.matmul(&lora.a)?.affine(lora.scale, 0.0)?,
+            None => Ok(self.weight.clone()),
         }
     }
 
@@ -204,7 +261,7 @@ impl ExpertNames {
         ExpertNames {
             block: match naming {
                 ExpertNaming::Mixtral => "block_sparse_moe",
-                ExpertNaming::Qwen | ExpertNaming::Afmoe => "mlp",
+                ExpertNaming::Qwen | ExpertNaming::Afmoe | ExpertNaming::Deepseek => "mlp",
             },
             naming,
         }
@@ -222,14 +279,19 @@ impl ExpertNames {
     /// and its gate's weight, when it has one (Qwen2-MoE).
     pub(crate) fn shared(&self) -> (&'static str, Option<&'static str>) {
         match self.naming {
-            ExpertNaming::Afmoe => ("mlp.shared_experts", None),
+            ExpertNaming::Afmoe | ExpertNaming::Deepseek => ("mlp.shared_experts", None),
             _ => ("mlp.shared_expert", Some("mlp.shared_expert_gate.weight")),
         }
     }
 
-    /// The selection bias stored in the checkpoint (AFMoE's `mlp.expert_bias`).
+    /// The selection bias stored in the checkpoint (AFMoE's `mlp.expert_bias`, DeepSeek-V3's
+    /// `mlp.gate.e_score_correction_bias`).
     pub(crate) fn checkpoint_bias(&self) -> Option<&'static str> {
-        (self.naming == ExpertNaming::Afmoe).then_some("mlp.expert_bias")
+        match self.naming {
+            ExpertNaming::Afmoe => Some("mlp.expert_bias"),
+            ExpertNaming::Deepseek => Some("mlp.gate.e_score_correction_bias"),
+            _ => None,
+        }
     }
 
     /// Expert `e`'s gate, up and down modules.
@@ -241,7 +303,7 @@ impl ExpertNames {
                 format!("{base}.w3"),
                 format!("{base}.w2"),
             ],
-            ExpertNaming::Qwen | ExpertNaming::Afmoe => [
+            ExpertNaming::Qwen | ExpertNaming::Afmoe | ExpertNaming::Deepseek => [
                 format!("{base}.gate_proj"),
                 format!("{base}.up_proj"),
                 format!("{base}.down_proj"),
@@ -286,6 +348,8 @@ pub(crate) struct MoeBlock {
     pub(crate) top_k: usize,
     pub(crate) renormalize: bool,
     pub(crate) naming: ExpertNaming,
+    /// DeepSeek-V3's group-limited choice.
+    pub(crate) group_limit: Option<crate::config::GroupLimit>,
     /// The balancing bias added to the router probabilities for the top-k choice only
     /// (`Transformer::set_expert_bias`); training state, not a checkpoint tensor.
     pub(crate) selection_bias: Option<Arc<[f32]>>,
@@ -332,6 +396,9 @@ impl MoeBlock {
                     *s += b;
                 }
             }
+            if let Some(limit) = self.group_limit {
+                mask_weak_groups(&mut scores, limit);
+            }
             order.clear();
             order.extend(0..experts);
             order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
@@ -344,12 +411,13 @@ impl MoeBlock {
                 weights = weights.broadcast_div(&weights.sum_keepdim(1)?)?;
             }
             RouterScore::Softmax => {}
-            // AfmoeTokenChoiceRouter: the chosen sigmoid scores over their sum (+1e-20), times
-            // route_scale.
+            // AfmoeTokenChoiceRouter, DeepseekV3TopkRouter: the chosen sigmoid scores over their
+            // sum (+1e-20) with norm_topk_prob, times route_scale (routed_scaling_factor).
             RouterScore::Sigmoid { route_scale } => {
-                weights = weights
-                    .broadcast_div(&(weights.sum_keepdim(1)? + 1e-20)?)?
-                    .affine(route_scale, 0.0)?;
+                if self.renormalize {
+                    weights = weights.broadcast_div(&(weights.sum_keepdim(1)? + 1e-20)?)?;
+                }
+                weights = weights.affine(route_scale, 0.0)?;
             }
         }
         let weights = weights.to_dtype(x.dtype())?;
@@ -402,6 +470,31 @@ impl MoeBlock {
                 top_k: k,
             },
         ))
+    }
+}
+
+/// DeepSeek-V3's group limit on one token's choice scores: each group of
+/// `experts / groups` is scored by the sum of its two best scores, and every expert outside
+/// the `topk_groups` best groups gets -inf (ties to the lower group, as the expert order).
+pub(crate) fn mask_weak_groups(scores: &mut [f32], limit: crate::config::GroupLimit) {
+    let size = scores.len() / limit.groups;
+    let group_score = |g: usize| {
+        let (mut first, mut second) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+        for &s in &scores[g * size..(g + 1) * size] {
+            if s > first {
+                second = first;
+                first = s;
+            } else if s > second {
+                second = s;
+            }
+        }
+        if size == 1 { first } else { first + second }
+    };
+    let group_scores: Vec<f32> = (0..limit.groups).map(group_score).collect();
+    let mut order: Vec<usize> = (0..limit.groups).collect();
+    order.sort_by(|&a, &b| group_scores[b].total_cmp(&group_scores[a]).then(a.cmp(&b)));
+    for &g in &order[limit.topk_groups..] {
+        scores[g * size..(g + 1) * size].fill(f32::NEG_INFINITY);
     }
 }
 
@@ -483,10 +576,169 @@ pub(crate) struct SelfAttention {
     pub(crate) gate_proj: Option<Linear>,
 }
 
+/// The eps of MLA's inner norms: DeepseekV3Attention builds `q_a_layernorm` and
+/// `kv_a_layernorm` with the RMSNorm default, not `rms_norm_eps`.
+const LATENT_NORM_EPS: f64 = 1e-6;
+
+/// Multi-head latent attention (DeepSeek-V2/V3; see `MlaConfig`).
+#[derive(Debug, Clone)]
+pub(crate) struct LatentAttention {
+    pub(crate) query: LatentQuery,
+    /// `x -> [latent (kv_lora_rank), shared rotated key (qk_rope_head_dim)]`.
+    pub(crate) kv_a_proj_with_mqa: Linear,
+    pub(crate) kv_a_layernorm: Tensor,
+    /// `latent -> per head [unrotated key (qk_nope_head_dim), value (v_head_dim)]`.
+    pub(crate) kv_b_proj: Linear,
+    pub(crate) o_proj: Linear,
+}
+
+/// MLA's query projection: direct, or low-rank through a normed bottleneck.
+#[derive(Debug, Clone)]
+pub(crate) enum LatentQuery {
+    Direct(Linear),
+    LowRank {
+        q_a_proj: Linear,
+        q_a_layernorm: Tensor,
+        q_b_proj: Linear,
+    },
+}
+
+/// A layer's attention: grouped-query (q/k/v projections) or latent (MLA).
+#[derive(Debug, Clone)]
+pub(crate) enum Attention {
+    Standard(SelfAttention),
+    Latent(Box<LatentAttention>),
+}
+
+impl Attention {
+    /// The grouped-query attention (the fused CPU paths run only that one).
+    pub(crate) fn standard(&self) -> Option<&SelfAttention> {
+        match self {
+            Attention::Standard(a) => Some(a),
+            Attention::Latent(_) => None,
+        }
+    }
+
+    /// Norm weights inside the attention (q/k norms, MLA's latent norms).
+    fn norms(&self) -> Vec<&Tensor> {
+        match self {
+            Attention::Standard(a) => a.q_norm.iter().chain(a.k_norm.iter()).collect(),
+            Attention::Latent(l) => {
+                let mut out = vec![&l.kv_a_layernorm];
+                if let LatentQuery::LowRank { q_a_layernorm, .. } = &l.query {
+                    out.push(q_a_layernorm);
+                }
+                out
+            }
+        }
+    }
+
+    fn norms_mut(&mut self) -> Vec<&mut Tensor> {
+        match self {
+            Attention::Standard(a) => a.q_norm.iter_mut().chain(a.k_norm.iter_mut()).collect(),
+            Attention::Latent(l) => {
+                let mut out = vec![&mut l.kv_a_layernorm];
+                if let LatentQuery::LowRank { q_a_layernorm, .. } = &mut l.query {
+                    out.push(q_a_layernorm);
+                }
+                out
+            }
+        }
+    }
+
+    /// The linear layers with their module names (`self_attn.q_proj`, ...).
+    fn named_linears(&self) -> Vec<(String, &Linear)> {
+        match self {
+            Attention::Standard(a) => {
+                let mut out: Vec<(String, &Linear)> = vec![
+                    ("self_attn.q_proj".into(), &a.q_proj),
+                    ("self_attn.k_proj".into(), &a.k_proj),
+                    ("self_attn.v_proj".into(), &a.v_proj),
+                    ("self_attn.o_proj".into(), &a.o_proj),
+                ];
+                if let Some(gate) = &a.gate_proj {
+                    out.push(("self_attn.gate_proj".into(), gate));
+                }
+                out
+            }
+            Attention::Latent(l) => {
+                let mut out: Vec<(String, &Linear)> = match &l.query {
+                    LatentQuery::Direct(q) => vec![("self_attn.q_proj".into(), q)],
+                    LatentQuery::LowRank {
+                        q_a_proj, q_b_proj, ..
+                    } => vec![
+                        ("self_attn.q_a_proj".into(), q_a_proj),
+                        ("self_attn.q_b_proj".into(), q_b_proj),
+                    ],
+                };
+                out.extend([
+                    (
+                        "self_attn.kv_a_proj_with_mqa".into(),
+                        &l.kv_a_proj_with_mqa,
+                    ),
+                    ("self_attn.kv_b_proj".into(), &l.kv_b_proj),
+                    ("self_attn.o_proj".into(), &l.o_proj),
+                ]);
+                out
+            }
+        }
+    }
+
+    fn named_linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        match self {
+            Attention::Standard(a) => {
+                let mut out: Vec<(String, &mut Linear)> = vec![
+                    ("self_attn.q_proj".into(), &mut a.q_proj),
+                    ("self_attn.k_proj".into(), &mut a.k_proj),
+                    ("self_attn.v_proj".into(), &mut a.v_proj),
+                    ("self_attn.o_proj".into(), &mut a.o_proj),
+                ];
+                if let Some(gate) = &mut a.gate_proj {
+                    out.push(("self_attn.gate_proj".into(), gate));
+                }
+                out
+            }
+            Attention::Latent(l) => {
+                let mut out: Vec<(String, &mut Linear)> = match &mut l.query {
+                    LatentQuery::Direct(q) => vec![("self_attn.q_proj".into(), q)],
+                    LatentQuery::LowRank {
+                        q_a_proj, q_b_proj, ..
+                    } => vec![
+                        ("self_attn.q_a_proj".into(), q_a_proj),
+                        ("self_attn.q_b_proj".into(), q_b_proj),
+                    ],
+                };
+                out.extend([
+                    (
+                        "self_attn.kv_a_proj_with_mqa".into(),
+                        &mut l.kv_a_proj_with_mqa,
+                    ),
+                    ("self_attn.kv_b_proj".into(), &mut l.kv_b_proj),
+                    ("self_attn.o_proj".into(), &mut l.o_proj),
+                ]);
+                out
+            }
+        }
+    }
+
+    fn forward(
+        &self,
+        x: &Tensor,
+        context: &ForwardContext,
+        index: usize,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor, ModelError> {
+        match self {
+            Attention::Standard(a) => a.forward(x, context, index, cache),
+            Attention::Latent(l) => l.forward(x, context, index, cache),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct DecoderLayer {
     pub(crate) input_layernorm: Tensor,
-    pub(crate) self_attn: SelfAttention,
+    pub(crate) self_attn: Attention,
     /// Pre-MLP norm; with sandwich norms, the norm of the attention output instead.
     pub(crate) post_attention_layernorm: Tensor,
     /// Sandwich norms only: the MLP's input and output norms.
@@ -696,9 +948,25 @@ impl Transformer {
         let layers = (0..config.num_hidden_layers)
             .map(|layer| {
                 let p = |suffix: &str| format!("model.layers.{layer}.{suffix}");
-                DecoderLayer {
-                    input_layernorm: get(&p("input_layernorm.weight")),
-                    self_attn: SelfAttention {
+                let self_attn = match &config.mla {
+                    Some(mla) => Attention::Latent(Box::new(LatentAttention {
+                        query: match mla.q_lora_rank {
+                            Some(_) => LatentQuery::LowRank {
+                                q_a_proj: linear(&p("self_attn.q_a_proj"), config.attention_bias),
+                                q_a_layernorm: get(&p("self_attn.q_a_layernorm.weight")),
+                                q_b_proj: linear(&p("self_attn.q_b_proj"), false),
+                            },
+                            None => LatentQuery::Direct(linear(&p("self_attn.q_proj"), false)),
+                        },
+                        kv_a_proj_with_mqa: linear(
+                            &p("self_attn.kv_a_proj_with_mqa"),
+                            config.attention_bias,
+                        ),
+                        kv_a_layernorm: get(&p("self_attn.kv_a_layernorm.weight")),
+                        kv_b_proj: linear(&p("self_attn.kv_b_proj"), false),
+                        o_proj: linear(&p("self_attn.o_proj"), config.attention_output_bias),
+                    })),
+                    None => Attention::Standard(SelfAttention {
                         q_proj: linear(&p("self_attn.q_proj"), config.attention_bias),
                         k_proj: linear(&p("self_attn.k_proj"), config.attention_bias),
                         v_proj: linear(&p("self_attn.v_proj"), config.attention_bias),
@@ -710,7 +978,11 @@ impl Transformer {
                         gate_proj: config
                             .attn_output_gate
                             .then(|| linear(&p("self_attn.gate_proj"), false)),
-                    },
+                    }),
+                };
+                DecoderLayer {
+                    input_layernorm: get(&p("input_layernorm.weight")),
+                    self_attn,
                     post_attention_layernorm: get(&p("post_attention_layernorm.weight")),
                     pre_feedforward_layernorm: config
                         .sandwich_norm
@@ -748,6 +1020,7 @@ impl Transformer {
                                 top_k: moe.num_experts_per_tok,
                                 renormalize: moe.norm_topk_prob,
                                 naming: moe.naming,
+                                group_limit: moe.group_limit,
                                 selection_bias: None,
                             }))
                         }
@@ -1289,9 +1562,11 @@ impl Transformer {
     /// Sets the balancing bias of MoE layer `layer` (added to its router probabilities for the
     /// top-k choice only; see `moe::BiasRule`). An error for a dense layer or a wrong length.
     pub fn set_expert_bias(&mut self, layer: usize, bias: &[f32]) -> Result<(), ModelError> {
-        // AFMoE keeps its selection bias in the checkpoint: the rule moves that tensor.
-        let stored = format!("model.layers.{layer}.mlp.expert_bias");
-        if let Some(var) = self.parameters.get(&stored) {
+        // AFMoE and DeepSeek-V3 keep their selection bias in the checkpoint: the rule moves
+        // that tensor.
+        let stored = self.stored_expert_bias_name(layer);
+        if let Some(var) = stored.as_ref().and_then(|s| self.parameters.get(s)) {
+            let stored = stored.as_deref().unwrap_or_default();
             if var.dims() != [bias.len()] {
                 return Err(ModelError::InvalidArgument(format!(
                     "set_expert_bias: {} values for the {:?} of {stored}",
@@ -1320,10 +1595,17 @@ impl Transformer {
         }
     }
 
+    /// The checkpoint name of layer `layer`'s selection bias, for families that store one.
+    fn stored_expert_bias_name(&self, layer: usize) -> Option<String> {
+        let moe = self.config.moe.as_ref()?;
+        let bias = ExpertNames::of(moe.naming).checkpoint_bias()?;
+        Some(format!("model.layers.{layer}.{bias}"))
+    }
+
     /// The balancing bias of MoE layer `layer`, when one is set.
     pub fn expert_bias(&self, layer: usize) -> Option<Vec<f32>> {
-        let stored = format!("model.layers.{layer}.mlp.expert_bias");
-        if let Some(var) = self.parameters.get(&stored) {
+        let stored = self.stored_expert_bias_name(layer);
+        if let Some(var) = stored.as_ref().and_then(|s| self.parameters.get(s)) {
             return var
                 .as_tensor()
                 .to_dtype(DType::F32)
@@ -1377,8 +1659,7 @@ impl DecoderLayer {
             .into_iter()
             .chain(self.pre_feedforward_layernorm.iter())
             .chain(self.post_feedforward_layernorm.iter())
-            .chain(self.self_attn.q_norm.iter())
-            .chain(self.self_attn.k_norm.iter())
+            .chain(self.self_attn.norms())
             .chain(self.routing_tensors())
             .filter(|t| t.is_variable());
         let linears = self.linears().into_iter().flat_map(Linear::tracked);
@@ -1394,8 +1675,7 @@ impl DecoderLayer {
         .into_iter()
         .chain(self.pre_feedforward_layernorm.iter_mut())
         .chain(self.post_feedforward_layernorm.iter_mut())
-        .chain(self.self_attn.q_norm.iter_mut())
-        .chain(self.self_attn.k_norm.iter_mut())
+        .chain(self.self_attn.norms_mut())
         {
             *t = t.detach();
         }
@@ -1416,16 +1696,7 @@ impl DecoderLayer {
     /// first. Routers and the shared-expert gate are not linear layers here (no adapters, no
     /// packing: routing stays in f32).
     pub(crate) fn named_linears(&self) -> Vec<(String, &Linear)> {
-        let a = &self.self_attn;
-        let mut out: Vec<(String, &Linear)> = vec![
-            ("self_attn.q_proj".into(), &a.q_proj),
-            ("self_attn.k_proj".into(), &a.k_proj),
-            ("self_attn.v_proj".into(), &a.v_proj),
-            ("self_attn.o_proj".into(), &a.o_proj),
-        ];
-        if let Some(gate) = &a.gate_proj {
-            out.push(("self_attn.gate_proj".into(), gate));
-        }
+        let mut out = self.self_attn.named_linears();
         match &self.mlp {
             Mlp::SwiGlu {
                 gate_proj,
@@ -1457,16 +1728,7 @@ impl DecoderLayer {
 
     /// `named_linears`, mutable, in the same order.
     pub(crate) fn named_linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
-        let a = &mut self.self_attn;
-        let mut out: Vec<(String, &mut Linear)> = vec![
-            ("self_attn.q_proj".into(), &mut a.q_proj),
-            ("self_attn.k_proj".into(), &mut a.k_proj),
-            ("self_attn.v_proj".into(), &mut a.v_proj),
-            ("self_attn.o_proj".into(), &mut a.o_proj),
-        ];
-        if let Some(gate) = &mut a.gate_proj {
-            out.push(("self_attn.gate_proj".into(), gate));
-        }
+        let mut out = self.self_attn.named_linears_mut();
         match &mut self.mlp {
             Mlp::SwiGlu {
                 gate_proj,
@@ -1670,6 +1932,147 @@ impl SelfAttention {
         Ok(self
             .o_proj
             .forward(&out, context.precision)?
+            .reshape((batch, len, width))?)
+    }
+}
+
+impl LatentAttention {
+    /// MLA as DeepseekV3Attention computes it. Without a cache (training, scoring) the latent is
+    /// expanded into every head's keys and values. With one, the cache stores the normed latent
+    /// and the rotated shared key, and attention runs in the latent space with the absorbed
+    /// weights: each head's unrotated query is multiplied into the latent by its slice of
+    /// `kv_b_proj` (W_uk), scores are `q_lat · latent + q_rot · k_rot`, and the attended
+    /// latent leaves through the head's value slice (W_uv). Both are the same sums in a
+    /// different order.
+    fn forward(
+        &self,
+        x: &Tensor,
+        context: &ForwardContext,
+        index: usize,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor, ModelError> {
+        let config = &context.config;
+        let Some(mla) = &config.mla else {
+            return Err(ModelError::InvalidArgument(
+                "latent attention without an MLA config".into(),
+            ));
+        };
+        if context.max_logits.is_some() {
+            return Err(ModelError::InvalidArgument(
+                "per-head max attention logits (MuonClip) are not recorded for latent attention"
+                    .into(),
+            ));
+        }
+        let p = context.precision;
+        let (batch, len, width) = x.dims3()?;
+        let heads = config.num_attention_heads;
+        let (nope, rope, v_dim, rank) = (
+            mla.qk_nope_head_dim,
+            mla.qk_rope_head_dim,
+            mla.v_head_dim,
+            mla.kv_lora_rank,
+        );
+        let x = x.reshape((batch * len, width))?;
+        let q = match &self.query {
+            LatentQuery::Direct(q_proj) => q_proj.forward(&x, p)?,
+            LatentQuery::LowRank {
+                q_a_proj,
+                q_a_layernorm,
+                q_b_proj,
+            } => {
+                let low = rms_norm(&q_a_proj.forward(&x, p)?, q_a_layernorm, LATENT_NORM_EPS)?;
+                q_b_proj.forward(&low, p)?
+            }
+        };
+        let q = q.reshape((batch, len, heads, nope + rope))?;
+        let q_nope = q.narrow(3, 0, nope)?;
+        let q_rot = q.narrow(3, nope, rope)?;
+        let compressed = self.kv_a_proj_with_mqa.forward(&x, p)?;
+        let latent = rms_norm(
+            &compressed.narrow(1, 0, rank)?.contiguous()?,
+            &self.kv_a_layernorm,
+            LATENT_NORM_EPS,
+        )?;
+        let k_rot = compressed
+            .narrow(1, rank, rope)?
+            .reshape((batch, len, 1, rope))?;
+        // DeepSeek's rotary pairs are interleaved (x0, x1), (x2, x3), ...: gathering the even
+        // dims then the odd ones makes them halves, where the usual rotation applies (and its
+        // output is laid out as transformers' apply_rotary_pos_emb_interleave writes it).
+        let (q_rot, k_rot) = if mla.rope_interleave {
+            let order: Vec<u32> = (0..rope as u32)
+                .step_by(2)
+                .chain((1..rope as u32).step_by(2))
+                .collect();
+            let order = Tensor::from_vec(order, rope, x.device())?;
+            (
+                q_rot.contiguous()?.index_select(&order, 3)?,
+                k_rot.contiguous()?.index_select(&order, 3)?,
+            )
+        } else {
+            (q_rot, k_rot)
+        };
+        let q_rot = apply_rope(&q_rot.contiguous()?, &context.cos, &context.sin)?;
+        let k_rot = apply_rope(&k_rot.contiguous()?, &context.cos, &context.sin)?;
+        // Heads first: [B, H, T, *]; the latent and shared key have one head.
+        let q_nope = q_nope.transpose(1, 2)?.contiguous()?;
+        let q_rot = q_rot.transpose(1, 2)?.contiguous()?;
+        let k_rot = k_rot.transpose(1, 2)?.contiguous()?;
+        let latent = latent.reshape((batch, len, 1, rank))?.transpose(1, 2)?.contiguous()?;
+        let scale = config.attention_scale();
+        let out = match cache {
+            None => {
+                // Expanded: per head keys [k_nope, k_rot] and values from the latent.
+                let kv = self
+                    .kv_b_proj
+                    .forward(&latent.reshape((batch * len, rank))?, p)?
+                    .reshape((batch, len, heads, nope + v_dim))?
+                    .transpose(1, 2)?;
+                let k_nope = kv.narrow(3, 0, nope)?;
+                let v = kv.narrow(3, nope, v_dim)?.contiguous()?;
+                let k = Tensor::cat(&[&k_nope, &k_rot.broadcast_as((batch, heads, len, rope))?], 3)?;
+                let q = Tensor::cat(&[&q_nope, &q_rot], 3)?;
+                attention_with(&q, &k, &v, &context.bias, scale, None)?
+            }
+            Some(cache) => {
+                let (latent_all, k_rot_all) = cache.append(index, &latent, &k_rot)?;
+                let keys = latent_all.dim(2)?;
+                // kv_b_proj's weight per head: [H, nope + v, rank] -> W_uk, W_uv.
+                let w = self
+                    .kv_b_proj
+                    .effective_weight()?
+                    .reshape((heads, nope + v_dim, rank))?;
+                let w_uk = w.narrow(1, 0, nope)?.contiguous()?;
+                let w_uv = w.narrow(1, nope, v_dim)?.contiguous()?;
+                // [H, B*T, nope] x [H, nope, rank] -> q in the latent space, [B, H, T, rank].
+                let q_lat = q_nope
+                    .transpose(0, 1)?
+                    .contiguous()?
+                    .reshape((heads, batch * len, nope))?
+                    .matmul(&w_uk)?
+                    .reshape((heads, batch, len, rank))?
+                    .transpose(0, 1)?;
+                let q = Tensor::cat(&[&q_lat, &q_rot], 3)?;
+                let k = Tensor::cat(&[&latent_all, &k_rot_all], 3)?;
+                let bias = context.bias.narrow(3, 0, keys)?;
+                let attended = attention_with(&q, &k, &latent_all, &bias, scale, None)?;
+                // [H, B*T, rank] x [H, rank, v] -> [B, H, T, v].
+                attended
+                    .transpose(0, 1)?
+                    .contiguous()?
+                    .reshape((heads, batch * len, rank))?
+                    .matmul(&w_uv.transpose(1, 2)?)?
+                    .reshape((heads, batch, len, v_dim))?
+                    .transpose(0, 1)?
+            }
+        };
+        let out = out
+            .transpose(1, 2)?
+            .contiguous()?
+            .reshape((batch * len, heads * v_dim))?;
+        Ok(self
+            .o_proj
+            .forward(&out, p)?
             .reshape((batch, len, width))?)
     }
 }

@@ -63,11 +63,15 @@ pub fn attention_composed(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor) -> 
 }
 
 /// `attention` with the score scale given (`scale` instead of `1/sqrt(d)`: Gemma's
-/// `query_pre_attn_scalar^-0.5`) and, optionally, Gemma 2's soft-cap on the scaled scores before
-/// the bias: `softmax(cap * tanh(s * scale / cap) + bias) v`. Same shapes as `attention`.
+/// `query_pre_attn_scalar^-0.5`, MLA's `qk_head_dim^-0.5`) and, optionally, Gemma 2's soft-cap
+/// on the scaled scores before the bias: `softmax(cap * tanh(s * scale / cap) + bias) v`.
+/// Shapes as `attention`, except that the values may have their own width `Dv` (MLA's
+/// `v_head_dim`, or the latent of its absorbed decode path): `v` [B, Hkv, Tk, Dv], output
+/// [B, Hq, Tq, Dv].
 ///
-/// Without a cap the scale is folded into `q` (one multiply, then the fused op); with one, the
-/// composition of candle ops (so the backward pass is candle's), in the grouped-query layout.
+/// Without a cap and with `Dv == D` the scale is folded into `q` (one multiply, then the fused
+/// op); otherwise the composition of candle ops (so the backward pass is candle's), in the
+/// grouped-query layout.
 pub fn attention_with(
     q: &Tensor,
     k: &Tensor,
@@ -77,14 +81,15 @@ pub fn attention_with(
     softcap: Option<f64>,
 ) -> Result<Tensor> {
     let (batch, q_heads, q_len, head_dim) = q.dims4()?;
+    let value_dim = v.dim(3)?;
     let default = 1.0 / (head_dim as f64).sqrt();
-    let Some(cap) = softcap else {
+    if softcap.is_none() && value_dim == head_dim {
         return if scale == default {
             attention(q, k, v, bias)
         } else {
             attention(&q.affine(scale / default, 0.0)?, k, v, bias)
         };
-    };
+    }
     let (_, kv_heads, k_len, _) = k.dims4()?;
     if kv_heads == 0 || q_heads % kv_heads != 0 {
         candle_core::bail!(
@@ -96,10 +101,13 @@ pub fn attention_with(
         .contiguous()?
         .reshape((batch, kv_heads, n_rep * q_len, head_dim))?;
     let scores = grouped_q
-        .matmul(&k.t()?)?
+        .matmul(&k.contiguous()?.t()?)?
         .reshape((batch, q_heads, q_len, k_len))?;
-    let capped = (scores.affine(scale / cap, 0.0)?.tanh()? * cap)?;
-    let probs = softmax_last_dim(&capped.broadcast_add(bias)?)?.reshape((
+    let scaled = match softcap {
+        Some(cap) => (scores.affine(scale / cap, 0.0)?.tanh()? * cap)?,
+        None => scores.affine(scale, 0.0)?,
+    };
+    let probs = softmax_last_dim(&scaled.broadcast_add(bias)?)?.reshape((
         batch,
         kv_heads,
         n_rep * q_len,
@@ -107,7 +115,7 @@ pub fn attention_with(
     ))?;
     probs
         .matmul(&v.contiguous()?)?
-        .reshape((batch, q_heads, q_len, head_dim))
+        .reshape((batch, q_heads, q_len, value_dim))
 }
 
 #[cfg(test)]
@@ -133,11 +141,12 @@ mod tests {
     ) -> Result<Vec<f64>> {
         let (b_n, hq, tq, d) = q.dims4()?;
         let (_, hkv, tk, _) = k.dims4()?;
+        let dv = v.dims4()?.3;
         let q = q.flatten_all()?.to_vec1::<f64>()?;
         let k = k.flatten_all()?.to_vec1::<f64>()?;
         let v = v.flatten_all()?.to_vec1::<f64>()?;
         let bias = bias.flatten_all()?.to_vec1::<f64>()?;
-        let mut out = vec![0.0; b_n * hq * tq * d];
+        let mut out = vec![0.0; b_n * hq * tq * dv];
         for b in 0..b_n {
             for h in 0..hq {
                 let g = h / (hq / hkv);
@@ -158,9 +167,9 @@ mod tests {
                     let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                     scores.iter_mut().for_each(|s| *s = (*s - max).exp());
                     let sum: f64 = scores.iter().sum();
-                    for c in 0..d {
-                        out[((b * hq + h) * tq + i) * d + c] = (0..tk)
-                            .map(|j| scores[j] / sum * v[((b * hkv + g) * tk + j) * d + c])
+                    for c in 0..dv {
+                        out[((b * hq + h) * tq + i) * dv + c] = (0..tk)
+                            .map(|j| scores[j] / sum * v[((b * hkv + g) * tk + j) * dv + c])
                             .sum();
                     }
                 }
@@ -308,6 +317,31 @@ mod tests {
             .collect();
         for p in check_gradients(&[q, k, v], &loss, &coords, 1e-6)? {
             assert!(p.relative_error(1e-6) < 1e-5, "{p:?}");
+        }
+        Ok(())
+    }
+
+    /// MLA: values wider or narrower than the query/key width (v_head_dim), and the absorbed
+    /// decode path's single latent key/value head shared by every query head.
+    #[test]
+    fn values_of_their_own_width_match_the_reference() -> Result<()> {
+        let dev = Device::Cpu;
+        for (hq, hkv, dv, cap) in [(4, 4, 6, None), (4, 1, 3, None), (4, 2, 5, Some(2.0))] {
+            let q = crate::gradcheck::seeded_randn(0f64, 1.5, (2, hq, 3, 4), &dev)?;
+            let k = crate::gradcheck::seeded_randn(0f64, 1.5, (2, hkv, 5, 4), &dev)?;
+            let v = crate::gradcheck::seeded_randn(0f64, 1.0, (2, hkv, 5, dv), &dev)?;
+            let bias = causal_bias(2, 3, 5)?;
+            let out = attention_with(&q, &k, &v, &bias, 0.35, cap)?;
+            assert_eq!(out.dims(), &[2, hq, 3, dv]);
+            let expected = reference_with(&q, &k, &v, &bias, 0.35, cap)?;
+            let max_diff = out
+                .flatten_all()?
+                .to_vec1::<f64>()?
+                .iter()
+                .zip(&expected)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
+            assert!(max_diff < 1e-12, "hq={hq} hkv={hkv} dv={dv}: {max_diff}");
         }
         Ok(())
     }
