@@ -1090,6 +1090,16 @@ impl Validator<'_> {
             ));
         }
         let mla = self.mla(&file, &source_fields, architecture)?;
+        if mla.is_some() && num_key_value_heads != num_attention_heads {
+            // kv_b_proj expands the latent into every query head's key and value.
+            return Err(self.invalid(
+                "num_key_value_heads",
+                format!(
+                    "{num_key_value_heads} with latent attention, which has one key/value head \
+                     per query head ({num_attention_heads})"
+                ),
+            ));
+        }
         let head_dim = match &mla {
             // DeepseekV3Config sets head_dim to the rotated width (its RoPE table's).
             Some(mla) => mla.qk_rope_head_dim,
@@ -2051,6 +2061,72 @@ mod tests {
     }
 
     #[test]
+    fn deepseek_v3_defaults_follow_the_transformers_class() {
+        let c = parse(&format!(
+            r#"{{{BASE}, "model_type": "deepseek_v3", "num_hidden_layers": 4, "q_lora_rank": null}}"#
+        ))
+        .unwrap();
+        let mla = c.mla.clone().unwrap();
+        assert_eq!(mla.q_lora_rank, None);
+        assert_eq!(
+            (
+                mla.kv_lora_rank,
+                mla.qk_nope_head_dim,
+                mla.qk_rope_head_dim,
+                mla.v_head_dim
+            ),
+            (512, 128, 64, 128)
+        );
+        assert!(mla.rope_interleave);
+        assert_eq!(c.head_dim, 64);
+        assert!((c.attention_scale() - 1.0 / 192f64.sqrt()).abs() < 1e-15);
+        let moe = c.moe.clone().unwrap();
+        assert_eq!(
+            (
+                moe.num_experts,
+                moe.num_experts_per_tok,
+                moe.expert_intermediate_size
+            ),
+            (256, 8, 2048)
+        );
+        assert_eq!(moe.sparse_layers, vec![false, false, false, true]);
+        assert_eq!(moe.shared_expert_intermediate_size, Some(2048));
+        assert_eq!(
+            moe.group_limit,
+            Some(GroupLimit {
+                groups: 8,
+                topk_groups: 4
+            })
+        );
+        assert_eq!(moe.router_score, RouterScore::Sigmoid { route_scale: 2.5 });
+        assert!(moe.norm_topk_prob);
+        assert_eq!(moe.naming, ExpertNaming::Deepseek);
+        assert_eq!(c.num_mtp_layers, 0);
+        assert!(!c.is_plain());
+        // An absent q_lora_rank is DeepseekV3Config's 1536; the MTP count under either name.
+        let d = parse(&format!(
+            r#"{{{BASE}, "model_type": "deepseek_v3", "num_mtp_layers": 1}}"#
+        ))
+        .unwrap();
+        assert_eq!(d.mla.unwrap().q_lora_rank, Some(1536));
+        assert_eq!(d.num_mtp_layers, 1);
+        // YaRN with mscale_all_dim scales the scores by mscale^2 (DeepSeek-V3's 0.1 ln(40) + 1).
+        let y = parse(&format!(
+            r#"{{{BASE}, "model_type": "deepseek_v3", "max_position_embeddings": 163840,
+                "rope_scaling": {{"type": "yarn", "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1}}}}"#
+        ))
+        .unwrap();
+        let m = 0.1 * 40f64.ln() + 1.0;
+        assert!((y.attention_scale() - m * m / 192f64.sqrt()).abs() < 1e-12);
+        // Saved and parsed back: the same model.
+        let again = parse(&c.to_hf_json().to_string()).unwrap();
+        assert!(again.same_layout(&c));
+        let again = parse(&y.to_hf_json().to_string()).unwrap();
+        assert!(again.same_layout(&y));
+    }
+
+    #[test]
     fn bad_variant_fields_are_rejected_by_name() {
         let cases = [
             (
@@ -2100,6 +2176,46 @@ mod tests {
             (
                 r#""model_type": "gemma3_text", "rope_parameters": {"full_attention": {"rope_type": "dynamic", "factor": 2.0}}"#,
                 "rope_parameters.full_attention.rope_type",
+            ),
+            (
+                r#""model_type": "deepseek_v3", "n_routed_experts": 6, "n_group": 4"#,
+                "n_group",
+            ),
+            (
+                r#""model_type": "deepseek_v3", "n_routed_experts": 8, "n_group": 4, "topk_group": 5"#,
+                "topk_group",
+            ),
+            (
+                r#""model_type": "deepseek_v3", "n_routed_experts": 8, "n_group": 8, "topk_group": 2"#,
+                "n_group",
+            ),
+            (
+                r#""model_type": "deepseek_v3", "n_routed_experts": 8, "n_group": 4, "topk_group": 1, "num_experts_per_tok": 3, "first_k_dense_replace": 0"#,
+                "num_experts_per_tok",
+            ),
+            (
+                r#""model_type": "deepseek_v3", "num_key_value_heads": 2"#,
+                "num_key_value_heads",
+            ),
+            (
+                r#""model_type": "deepseek_v3", "qk_rope_head_dim": 7"#,
+                "qk_rope_head_dim",
+            ),
+            (
+                r#""model_type": "deepseek_v3", "routed_scaling_factor": 0.0"#,
+                "routed_scaling_factor",
+            ),
+            (
+                r#""model_type": "deepseek_v3", "num_nextn_predict_layers": 1, "num_mtp_layers": 2"#,
+                "num_mtp_layers",
+            ),
+            (
+                r#""model_type": "llama", "kv_lora_rank": 8"#,
+                "kv_lora_rank",
+            ),
+            (
+                r#""model_type": "llama", "num_nextn_predict_layers": 1"#,
+                "num_nextn_predict_layers",
             ),
         ];
         for (fields, field) in cases {

@@ -168,19 +168,19 @@ fn latent_attention_shapes(
         None => linear("q_proj", q_out, h, false),
     }
     let latent = mla.kv_lora_rank;
-    linear(
-        "kv_a_proj_with_mqa",
-        latent + mla.qk_rope_head_dim,
-        h,
-        bias,
-    );
+    linear("kv_a_proj_with_mqa", latent + mla.qk_rope_head_dim, h, bias);
     linear(
         "kv_b_proj",
         heads * (mla.qk_nope_head_dim + mla.v_head_dim),
         latent,
         false,
     );
-    linear("o_proj", h, heads * mla.v_head_dim, config.attention_output_bias);
+    linear(
+        "o_proj",
+        h,
+        heads * mla.v_head_dim,
+        config.attention_output_bias,
+    );
     if let Some(rank) = mla.q_lora_rank {
         shapes.push((p("self_attn.q_a_layernorm.weight"), vec![rank]));
     }
@@ -606,7 +606,7 @@ pub(crate) enum LatentQuery {
 /// A layer's attention: grouped-query (q/k/v projections) or latent (MLA).
 #[derive(Debug, Clone)]
 pub(crate) enum Attention {
-    Standard(SelfAttention),
+    Standard(Box<SelfAttention>),
     Latent(Box<LatentAttention>),
 }
 
@@ -672,10 +672,7 @@ impl Attention {
                     ],
                 };
                 out.extend([
-                    (
-                        "self_attn.kv_a_proj_with_mqa".into(),
-                        &l.kv_a_proj_with_mqa,
-                    ),
+                    ("self_attn.kv_a_proj_with_mqa".into(), &l.kv_a_proj_with_mqa),
                     ("self_attn.kv_b_proj".into(), &l.kv_b_proj),
                     ("self_attn.o_proj".into(), &l.o_proj),
                 ]);
@@ -966,7 +963,7 @@ impl Transformer {
                         kv_b_proj: linear(&p("self_attn.kv_b_proj"), false),
                         o_proj: linear(&p("self_attn.o_proj"), config.attention_output_bias),
                     })),
-                    None => Attention::Standard(SelfAttention {
+                    None => Attention::Standard(Box::new(SelfAttention {
                         q_proj: linear(&p("self_attn.q_proj"), config.attention_bias),
                         k_proj: linear(&p("self_attn.k_proj"), config.attention_bias),
                         v_proj: linear(&p("self_attn.v_proj"), config.attention_bias),
@@ -978,7 +975,7 @@ impl Transformer {
                         gate_proj: config
                             .attn_output_gate
                             .then(|| linear(&p("self_attn.gate_proj"), false)),
-                    }),
+                    })),
                 };
                 DecoderLayer {
                     input_layernorm: get(&p("input_layernorm.weight")),
@@ -2018,7 +2015,10 @@ impl LatentAttention {
         let q_nope = q_nope.transpose(1, 2)?.contiguous()?;
         let q_rot = q_rot.transpose(1, 2)?.contiguous()?;
         let k_rot = k_rot.transpose(1, 2)?.contiguous()?;
-        let latent = latent.reshape((batch, len, 1, rank))?.transpose(1, 2)?.contiguous()?;
+        let latent = latent
+            .reshape((batch, len, 1, rank))?
+            .transpose(1, 2)?
+            .contiguous()?;
         let scale = config.attention_scale();
         let out = match cache {
             None => {
@@ -2030,7 +2030,10 @@ impl LatentAttention {
                     .transpose(1, 2)?;
                 let k_nope = kv.narrow(3, 0, nope)?;
                 let v = kv.narrow(3, nope, v_dim)?.contiguous()?;
-                let k = Tensor::cat(&[&k_nope, &k_rot.broadcast_as((batch, heads, len, rope))?], 3)?;
+                let k = Tensor::cat(
+                    &[&k_nope, &k_rot.broadcast_as((batch, heads, len, rope))?],
+                    3,
+                )?;
                 let q = Tensor::cat(&[&q_nope, &q_rot], 3)?;
                 attention_with(&q, &k, &v, &context.bias, scale, None)?
             }
@@ -2070,10 +2073,7 @@ impl LatentAttention {
             .transpose(1, 2)?
             .contiguous()?
             .reshape((batch * len, heads * v_dim))?;
-        Ok(self
-            .o_proj
-            .forward(&out, p)?
-            .reshape((batch, len, width))?)
+        Ok(self.o_proj.forward(&out, p)?.reshape((batch, len, width))?)
     }
 }
 
@@ -2239,6 +2239,30 @@ mod tests {
         }
         // Seeded: the same seed draws the same model.
         assert_eq!(all(&draw(InitScheme::Scaled)), all(&scaled));
+    }
+
+    /// DeepSeek-V3's group limit, by hand: groups of 2 scored by their two scores' sum
+    /// (1.0, 0.95, 1.0, 0.6); the best 2 (groups 0 and 2) stay, the others are masked.
+    #[test]
+    fn the_group_limit_keeps_the_best_groups_by_their_top_two_sum() {
+        let mut scores = [0.9f32, 0.1, 0.5, 0.45, 0.2, 0.8, 0.3, 0.3];
+        let limit = crate::config::GroupLimit {
+            groups: 4,
+            topk_groups: 2,
+        };
+        mask_weak_groups(&mut scores, limit);
+        let inf = f32::NEG_INFINITY;
+        assert_eq!(scores, [0.9, 0.1, inf, inf, 0.2, 0.8, inf, inf]);
+        // Groups of 4 scored by their best two only (not the sum of all four).
+        let mut scores = [0.5f32, 0.5, 0.0, 0.0, 0.4, 0.4, 0.4, 0.4];
+        mask_weak_groups(
+            &mut scores,
+            crate::config::GroupLimit {
+                groups: 2,
+                topk_groups: 1,
+            },
+        );
+        assert_eq!(scores, [0.5, 0.5, 0.0, 0.0, inf, inf, inf, inf]);
     }
 
     #[test]

@@ -333,3 +333,91 @@ fn a_sliding_window_cache_keeps_the_window_and_equals_full_recomputation() {
         assert!(cache.bytes() < len * per_layer_full * config.num_hidden_layers / 2);
     }
 }
+
+/// DeepSeek-V3's latent attention: the cache holds one latent (`kv_lora_rank`) and one shared
+/// rotated key (`qk_rope_head_dim`) per slot, and decoding runs the absorbed-weights path
+/// (queries multiplied into the latent space). Prefill then token-by-token decoding equals full
+/// recomputation (the expanded path) at every position, with left padding; the bytes per slot
+/// are stated against a cache of every head's keys and values.
+#[test]
+fn a_latent_attention_cache_holds_the_latent_and_equals_full_recomputation() {
+    let dir = fixture_dirs()
+        .into_iter()
+        .find(|d| name(d) == "deepseek_v3_mla")
+        .expect("the deepseek_v3 fixture");
+    let model = load(&dir);
+    let config = model.config().clone();
+    let mla = config.mla.clone().expect("latent attention");
+    let sequences = [
+        vec![3u32, 14, 15, 9, 26, 5, 35, 8, 9, 7, 93, 23, 84, 62],
+        vec![0, 0, 0, 0, 27, 95, 2, 88, 41, 97, 16, 93, 99, 37],
+    ];
+    let key_valid: Vec<Vec<bool>> = vec![vec![true; 14], (0..14).map(|t| t >= 4).collect()];
+    let positions = positions_for(&key_valid);
+    let len = sequences[0].len();
+    let full_bias = causal_bias(&key_valid, len, &Device::Cpu).unwrap();
+    let full = model
+        .forward(
+            &tensor_u32(&sequences),
+            &tensor_u32(&positions),
+            &full_bias,
+            None,
+        )
+        .unwrap();
+    for prefill in [6usize, 1] {
+        let mut cache = KvCache::new(config.num_hidden_layers);
+        let mut start = 0;
+        while start < len {
+            let end = if start == 0 { prefill } else { start + 1 };
+            let chunk: Vec<Vec<u32>> = sequences.iter().map(|s| s[start..end].to_vec()).collect();
+            let chunk_pos: Vec<Vec<u32>> =
+                positions.iter().map(|p| p[start..end].to_vec()).collect();
+            let valid: Vec<Vec<bool>> = key_valid.iter().map(|v| v[..end].to_vec()).collect();
+            let bias = causal_bias(&valid, end - start, &Device::Cpu).unwrap();
+            let logits = model
+                .forward(
+                    &tensor_u32(&chunk),
+                    &tensor_u32(&chunk_pos),
+                    &bias,
+                    Some(&mut cache),
+                )
+                .unwrap();
+            for (b, valid) in key_valid.iter().enumerate() {
+                for t in (start..end).filter(|&t| valid[t]) {
+                    let got = logits.get(b).unwrap().get(t - start).unwrap();
+                    let want = full.get(b).unwrap().get(t).unwrap();
+                    let diff = max_abs_diff(&got, &want);
+                    let scale = want
+                        .abs()
+                        .unwrap()
+                        .max(0)
+                        .unwrap()
+                        .to_scalar::<f32>()
+                        .unwrap();
+                    assert!(
+                        diff <= CACHE_TOLERANCE * (1.0 + scale),
+                        "prefill {prefill}: row {b} position {t}: cached vs full {diff}"
+                    );
+                }
+            }
+            assert_eq!(cache.len(), end);
+            start = end;
+        }
+        let slots = 2 * len * config.num_hidden_layers;
+        let latent_per_slot = (mla.kv_lora_rank + mla.qk_rope_head_dim) * 4;
+        assert_eq!(cache.bytes(), slots * latent_per_slot);
+        // What a cache of the expanded keys [nope + rope] and values [v] of every head holds.
+        let expanded_per_slot =
+            config.num_attention_heads * (mla.qk_head_dim() + mla.v_head_dim) * 4;
+        eprintln!(
+            "MLA cache: {latent_per_slot} bytes per slot and layer (latent {} + rotated key {}, \
+             f32) against {expanded_per_slot} for every head's keys and values: {:.1}x smaller \
+             here; at DeepSeek-V3's shapes (512 + 64 against 128 heads x (192 + 128)) {:.1}x",
+            mla.kv_lora_rank,
+            mla.qk_rope_head_dim,
+            expanded_per_slot as f64 / latent_per_slot as f64,
+            (128.0 * (192.0 + 128.0)) / (512.0 + 64.0)
+        );
+        assert!(latent_per_slot < expanded_per_slot);
+    }
+}

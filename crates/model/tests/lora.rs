@@ -54,9 +54,15 @@ fn zero_b_adapters_equal_the_base_exactly_and_only_adapters_train() {
             .iter()
             .filter(|(n, _)| {
                 n.starts_with("model.layers.")
-                    && ["_proj.weight", "_with_mqa.weight", ".w1.weight", ".w2.weight", ".w3.weight"]
-                        .iter()
-                        .any(|s| n.ends_with(s))
+                    && [
+                        "_proj.weight",
+                        "_with_mqa.weight",
+                        ".w1.weight",
+                        ".w2.weight",
+                        ".w3.weight",
+                    ]
+                    .iter()
+                    .any(|s| n.ends_with(s))
             })
             .count();
         let layers = adapted.config().num_hidden_layers;
@@ -112,7 +118,11 @@ fn zero_b_adapters_equal_the_base_exactly_and_only_adapters_train() {
             }
         }
         if adapted.config().moe.is_some() {
-            assert!(trained_experts > 0, "{}: no expert adapter trained", name(&dir));
+            assert!(
+                trained_experts > 0,
+                "{}: no expert adapter trained",
+                name(&dir)
+            );
         }
     }
 }
