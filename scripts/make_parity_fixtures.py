@@ -820,6 +820,40 @@ MODEL_SPECS += [
         ),
         seed=21,
     ),
+    # The other MLA layout (a direct q_proj, RoPE over halves, biases on the "a" projections and
+    # o_proj) and two multi-token prediction modules in DeepSeek-V3's checkpoint layout (see
+    # add_mtp_modules), with transformers' MtpModel as the reference of their logits.
+    ModelSpec(
+        name="deepseek_v3_mtp",
+        family="deepseek_v3",
+        variants=[
+            "mla_direct_query", "mla_half_rope", "attention_bias", "mtp_2_modules",
+            "sigmoid_routing_no_group_limit", "no_topk_renormalization",
+        ],
+        config=dict(
+            MOE_BASE,
+            num_hidden_layers=2,
+            num_key_value_heads=4,
+            q_lora_rank=None,
+            kv_lora_rank=12,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=8,
+            v_head_dim=8,
+            attention_bias=True,
+            n_routed_experts=4,
+            n_group=1,
+            topk_group=1,
+            moe_intermediate_size=16,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            routed_scaling_factor=1.5,
+            norm_topk_prob=False,
+            rope_interleave=False,
+            num_mtp_layers=2,
+            rms_norm_eps=1e-6,
+        ),
+        seed=22,
+    ),
 ]
 
 # Checkpoints that get a copy whose config.json is hand-converted to the other config style.
@@ -874,6 +908,97 @@ def init_weights(model: torch.nn.Module, seed: int) -> None:
         for name, b in sorted(model.named_buffers()):
             if name.endswith("e_score_correction_bias"):
                 b.copy_(0.3 * torch.randn(b.shape, generator=gen))
+
+
+def add_mtp_modules(model, out: Path, seed: int) -> None:
+    """Appends transformers' MtpModel weights to the saved checkpoint under DeepSeek-V3's names:
+    `model.layers.{L + k}.{enorm,hnorm,eh_proj}`, the block's tensors directly under the layer,
+    `shared_head.norm` (MtpModel's post_norm), plus the copies of the embedding
+    (`embed_tokens`) and LM head (`shared_head.head`) that DeepSeek's checkpoints carry."""
+    from transformers.modeling_layers import MtpModel
+
+    n_layers = model.config.num_hidden_layers
+    mtp = MtpModel(model, model.config.num_mtp_layers)
+    gen = torch.Generator().manual_seed(5000 + seed)
+    with torch.no_grad():
+        for name, p in sorted(mtp.named_parameters()):
+            if name.startswith(("embed_tokens.", "shared_head.")):
+                continue  # the main model's (tied)
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
+        for name, b in sorted(mtp.named_buffers()):
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.3 * torch.randn(b.shape, generator=gen))
+    tensors = load_file(str(out / "model.safetensors"))
+    state = dict(mtp.named_parameters())
+    state.update({n: b for n, b in mtp.named_buffers() if n.endswith("e_score_correction_bias")})
+    for name, t in state.items():
+        if name.startswith(("embed_tokens.", "shared_head.")):
+            continue
+        k, rest = name.removeprefix("layers.").split(".", 1)
+        prefix = f"model.layers.{n_layers + int(k)}."
+        rest = rest.removeprefix("mtp_block.")
+        rest = {"post_norm.weight": "shared_head.norm.weight"}.get(rest, rest)
+        t = t.detach().float()
+        if rest == "mlp.experts.gate_up_proj":
+            inter = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                tensors[f"{prefix}mlp.experts.{e}.gate_proj.weight"] = t[e, :inter].contiguous()
+                tensors[f"{prefix}mlp.experts.{e}.up_proj.weight"] = t[e, inter:].contiguous()
+        elif rest == "mlp.experts.down_proj":
+            for e in range(t.shape[0]):
+                tensors[f"{prefix}mlp.experts.{e}.down_proj.weight"] = t[e].contiguous()
+        else:
+            tensors[prefix + rest] = t.contiguous()
+    for k in range(model.config.num_mtp_layers):
+        prefix = f"model.layers.{n_layers + k}."
+        tensors[prefix + "embed_tokens.weight"] = model.model.embed_tokens.weight.detach().float().clone()
+        tensors[prefix + "shared_head.head.weight"] = model.lm_head.weight.detach().float().clone()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return mtp
+
+
+def mtp_reference(loaded, mtp_in_memory, out: Path, inputs: dict) -> dict:
+    """Each MTP module's logits on inputs a and b, from transformers' MtpModel loaded from the
+    checkpoint (checked equal to the in-memory one, so the names are right). Depth d's entry j
+    joins the previous hidden state j (the main model's final-normed one for d = 0) with the
+    embedding of token j + 1 + d at position j + 1 + d, and predicts token j + 2 + d."""
+    from transformers.modeling_layers import MtpModel
+
+    n_layers = loaded.config.num_hidden_layers
+    # DeepSeek-V3 registers its MTP weights as layer 61; this checkpoint's are layer n_layers.
+    loaded._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{n_layers + k}\..*" for k in range(loaded.config.num_mtp_layers)]
+    mtp = MtpModel.from_pretrained(loaded)
+    mtp.eval()
+    for (n, a), (m, b) in zip(sorted(mtp.state_dict().items()), sorted(mtp_in_memory.state_dict().items())):
+        assert n == m and torch.equal(a, b.float()), n
+    out_tensors = {}
+    losses = {}
+    with torch.no_grad():
+        for which in ("a", "b"):
+            ids = inputs[f"input_ids_{which}"]
+            T = ids.shape[1]
+            h = loaded.model(input_ids=ids).last_hidden_state
+            hs = loaded(input_ids=ids, output_hidden_states=True).hidden_states[-1]
+            assert torch.equal(h, hs)
+            prev = h
+            for d in range(loaded.config.num_mtp_layers):
+                n = T - 1 - d
+                pos = torch.arange(1 + d, T)[None]
+                hid = mtp.forward_layer(d, prev[:, :n], pos, None, input_ids=ids[:, 1 + d : T])
+                logits = mtp._project_to_logits(hid).float()
+                out_tensors[f"mtp{d}_logits_{which}"] = logits.contiguous()
+                if which == "a" and n > 1:
+                    losses[f"mtp{d}_loss_a"] = float(F.cross_entropy(logits[0, :-1], ids[0, 2 + d :]))
+                prev = hid
+    save_tensors = load_file(str(out / "reference.safetensors"))
+    save_tensors.update(out_tensors)
+    save_file(save_tensors, str(out / "reference.safetensors"), metadata={"format": "pt"})
+    return losses
 
 
 def load_f32(path: Path):
@@ -1194,6 +1319,9 @@ def build_model(spec: ModelSpec, tokenizer_dirs: dict[str, Path]) -> Path:
     if spec.max_shard_size is not None:
         save_kwargs["max_shard_size"] = spec.max_shard_size
     model.save_pretrained(str(out), **save_kwargs)
+    mtp_in_memory = None
+    if getattr(model.config, "num_mtp_layers", 0) and spec.family == "deepseek_v3":
+        mtp_in_memory = add_mtp_modules(model, out, spec.seed)
     if spec.tokenizer is not None:
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(tok_dir / f, out / f)
@@ -1231,6 +1359,9 @@ def build_model(spec: ModelSpec, tokenizer_dirs: dict[str, Path]) -> Path:
     tensors = {**inputs, **logits, **greedy}
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     save_file(tensors, str(out / "reference.safetensors"), metadata={"format": "pt"})
+    mtp_losses = {}
+    if mtp_in_memory is not None:
+        mtp_losses = mtp_reference(loaded, mtp_in_memory, out, inputs)
     effect = rope_effect(spec, out, inputs, logits["logits_a"])
     config_json = json.loads((out / "config.json").read_text())
     reference = {
@@ -1253,6 +1384,7 @@ def build_model(spec: ModelSpec, tokenizer_dirs: dict[str, Path]) -> Path:
         "grad_samples": grad_samples,
         "max_abs_diff_batch_vs_single": max(d_a, d_b),
         **greedy_meta,
+        **mtp_losses,
     }
     if effect is not None:
         reference["rope_scaling_effect_max_abs_logit_diff"] = effect

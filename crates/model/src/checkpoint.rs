@@ -127,14 +127,43 @@ impl WeightFiles {
         Ok(Tensor::from_vec(values, shape, device)?)
     }
 
+    /// A config may announce MTP modules its checkpoint does not carry (transformers'
+    /// `DeepseekV3ForCausalLM` neither loads nor saves them, and its config defaults to one):
+    /// the model then has the modules present, and `num_mtp_layers` says so. A module with some
+    /// of its tensors is kept, so the load names the missing one.
+    fn count_mtp_modules(&self, config: &mut ModelConfig) {
+        let layers = config.num_hidden_layers;
+        for depth in 0..config.num_mtp_layers {
+            let prefix = format!("model.layers.{}.", layers + depth);
+            if !self.location.keys().any(|name| name.starts_with(&prefix)) {
+                config.num_mtp_layers = depth;
+                return;
+            }
+        }
+    }
+
     /// Tensors present in the files that the model does not use.
     fn unexpected(
         &self,
         expected: &BTreeSet<String>,
         config: &ModelConfig,
     ) -> Option<(PathBuf, String)> {
+        // DeepSeek-V3's MTP layers carry copies of the embedding and the LM head, which the
+        // modules share with the model (as transformers' MtpModel does).
+        let mtp_copy = |name: &str| {
+            name.strip_prefix("model.layers.")
+                .and_then(|rest| rest.split_once('.'))
+                .is_some_and(|(layer, tail)| {
+                    layer
+                        .parse::<usize>()
+                        .is_ok_and(|l| l >= config.num_hidden_layers)
+                        && (tail == "embed_tokens.weight" || tail == "shared_head.head.weight")
+                })
+        };
         let ignorable = |name: &str| {
-            name.ends_with("rotary_emb.inv_freq") || (config.tie_word_embeddings && name == LM_HEAD)
+            name.ends_with("rotary_emb.inv_freq")
+                || (config.tie_word_embeddings && name == LM_HEAD)
+                || mtp_copy(name)
         };
         let mut names: Vec<(&String, &usize)> = self.location.iter().collect();
         names.sort();
@@ -209,8 +238,9 @@ impl Transformer {
         if !dir.is_dir() {
             return Err(ModelError::MissingDir(dir.to_path_buf()));
         }
-        let config = ModelConfig::from_file(&dir.join(CONFIG_FILE))?;
+        let mut config = ModelConfig::from_file(&dir.join(CONFIG_FILE))?;
         let weights = WeightFiles::open(dir)?;
+        weights.count_mtp_modules(&mut config);
         let shapes = parameter_shapes(&config);
         let mut tensors = BTreeMap::new();
         for (name, shape) in &shapes {

@@ -674,10 +674,16 @@ impl ModelConfig {
     }
 
     /// Whether `layer`'s MLP is a mixture of experts.
+    /// Layers past `num_hidden_layers` are the multi-token prediction modules' blocks, which
+    /// are always sparse in an MoE model (transformers' `get_mtp_config` sets
+    /// `first_k_dense_replace = 0` for them).
     pub fn is_sparse_layer(&self, layer: usize) -> bool {
-        self.moe
-            .as_ref()
-            .is_some_and(|m| m.sparse_layers.get(layer).copied().unwrap_or(false))
+        self.moe.as_ref().is_some_and(|m| {
+            m.sparse_layers
+                .get(layer)
+                .copied()
+                .unwrap_or(layer >= self.num_hidden_layers)
+        })
     }
 
     /// The attention kind of `layer` (full when out of range).

@@ -65,8 +65,16 @@ pub fn parameter_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     if !config.tie_word_embeddings {
         shapes.push((LM_HEAD.to_string(), vec![config.vocab_size, h]));
     }
-    for layer in 0..config.num_hidden_layers {
+    for layer in 0..config.num_hidden_layers + config.num_mtp_layers {
         let p = |suffix: &str| format!("model.layers.{layer}.{suffix}");
+        if layer >= config.num_hidden_layers {
+            // A multi-token prediction module around its block (transformers' MtpLayer under
+            // DeepSeek-V3's checkpoint names; the embedding and head are the model's).
+            shapes.push((p("enorm.weight"), vec![h]));
+            shapes.push((p("hnorm.weight"), vec![h]));
+            shapes.push((p("eh_proj.weight"), vec![h, 2 * h]));
+            shapes.push((p("shared_head.norm.weight"), vec![h]));
+        }
         shapes.push((p("input_layernorm.weight"), vec![h]));
         shapes.push((p("post_attention_layernorm.weight"), vec![h]));
         if config.sandwich_norm {
@@ -576,6 +584,20 @@ pub(crate) struct SelfAttention {
     pub(crate) gate_proj: Option<Linear>,
 }
 
+/// A multi-token prediction module (DeepSeek-V3 §2.2, transformers' `MtpLayer`): at position
+/// i, `post_norm(block(eh_proj([enorm(emb(t_{i+1})), hnorm(h_i)])))`, where `h_i` is the main
+/// model's final-normed hidden state (or the previous module's output), predicts `t_{i+2}`
+/// through the model's LM head.
+#[derive(Debug, Clone)]
+pub(crate) struct MtpModule {
+    pub(crate) enorm: Tensor,
+    pub(crate) hnorm: Tensor,
+    pub(crate) eh_proj: Linear,
+    pub(crate) block: DecoderLayer,
+    /// The checkpoint's `shared_head.norm`.
+    pub(crate) post_norm: Tensor,
+}
+
 /// The eps of MLA's inner norms: DeepseekV3Attention builds `q_a_layernorm` and
 /// `kv_a_layernorm` with the RMSNorm default, not `rms_norm_eps`.
 const LATENT_NORM_EPS: f64 = 1e-6;
@@ -763,6 +785,9 @@ struct ForwardContext {
     precision: Precision,
     /// The shared inputs of the fused block path, when this pass may take it.
     fused: Option<Arc<crate::fused_block::FusedInputs>>,
+    /// Subtracted from a layer's index to find its slot in the cache (the MTP modules' blocks,
+    /// layers `num_hidden_layers + d`, keep their own cache with slot `d`).
+    cache_offset: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -773,6 +798,8 @@ pub struct Transformer {
     parameters: BTreeMap<String, Var>,
     pub(crate) embed_tokens: Tensor,
     pub(crate) layers: Vec<DecoderLayer>,
+    /// Multi-token prediction modules (DeepSeek-V3), depth 1 first.
+    pub(crate) mtp: Vec<MtpModule>,
     pub(crate) norm: Tensor,
     pub(crate) lm_head: Option<Tensor>,
     /// LoRA adapters by PEFT name (`base_model.model.<module>.lora_A.weight`), with their config.
@@ -942,7 +969,7 @@ impl Transformer {
             packed: None,
             lora: None,
         };
-        let layers = (0..config.num_hidden_layers)
+        let mut layers: Vec<DecoderLayer> = (0..config.num_hidden_layers + config.num_mtp_layers)
             .map(|layer| {
                 let p = |suffix: &str| format!("model.layers.{layer}.{suffix}");
                 let self_attn = match &config.mla {
@@ -1030,6 +1057,23 @@ impl Transformer {
                 }
             })
             .collect();
+        let mtp = layers
+            .split_off(config.num_hidden_layers)
+            .into_iter()
+            .enumerate()
+            .map(|(depth, block)| {
+                let p = |suffix: &str| {
+                    format!("model.layers.{}.{suffix}", config.num_hidden_layers + depth)
+                };
+                MtpModule {
+                    enorm: get(&p("enorm.weight")),
+                    hnorm: get(&p("hnorm.weight")),
+                    eh_proj: linear(&p("eh_proj"), false),
+                    block,
+                    post_norm: get(&p("shared_head.norm.weight")),
+                }
+            })
+            .collect();
         let rotary = RotaryTable::new(&config);
         let local_rotary = config
             .local_rope
@@ -1042,6 +1086,7 @@ impl Transformer {
             lm_head: (!config.tie_word_embeddings).then(|| get(LM_HEAD)),
             packed_head: None,
             layers,
+            mtp,
             rotary,
             parameters,
             lora: None,
@@ -1166,7 +1211,9 @@ impl Transformer {
         let head = self.packed_head.as_ref().map_or(0, |p| p.bytes());
         self.layers
             .iter()
+            .chain(self.mtp.iter().map(|m| &m.block))
             .flat_map(DecoderLayer::linears)
+            .chain(self.mtp.iter().map(|m| &m.eh_proj))
             .filter_map(|linear| linear.packed.as_ref())
             .map(|p| p.bytes())
             .sum::<usize>()
@@ -1189,11 +1236,25 @@ impl Transformer {
         for layer in &mut self.layers {
             layer.freeze();
         }
+        for module in &mut self.mtp {
+            module.block.freeze();
+            for t in [&mut module.enorm, &mut module.hnorm, &mut module.post_norm] {
+                *t = t.detach();
+            }
+            module.eh_proj.weight = module.eh_proj.weight.detach();
+        }
     }
 
-    /// Every linear layer of every block (the LM head aside).
+    /// Every linear layer of every block, the MTP modules' included (the LM head aside).
     pub(crate) fn linears_mut(&mut self) -> impl Iterator<Item = &mut Linear> {
-        self.layers.iter_mut().flat_map(DecoderLayer::linears_mut)
+        self.layers
+            .iter_mut()
+            .flat_map(DecoderLayer::linears_mut)
+            .chain(
+                self.mtp
+                    .iter_mut()
+                    .flat_map(|m| std::iter::once(&mut m.eh_proj).chain(m.block.linears_mut())),
+            )
     }
 
     /// Whether blocks recompute their activations in the backward pass.
@@ -1461,6 +1522,7 @@ impl Transformer {
             max_logits: record.max_logits.then(|| std::sync::Mutex::new(Vec::new())),
             precision: self.precision,
             fused: if record.max_logits { None } else { fused },
+            cache_offset: 0,
         });
         let checkpointing =
             self.activation_checkpointing && cache.is_none() && self.device().is_cpu();
@@ -1554,6 +1616,92 @@ impl Transformer {
                 max_logits,
             },
         ))
+    }
+
+    /// The number of multi-token prediction modules (DeepSeek-V3's `num_nextn_predict_layers`
+    /// that the checkpoint carries).
+    pub fn num_mtp_modules(&self) -> usize {
+        self.mtp.len()
+    }
+
+    /// Multi-token prediction module `depth` (0 = the first, predicting two tokens ahead): its
+    /// final-normed hidden states [B, T, hidden] (feed `lm_logits` for its logits).
+    ///
+    /// Entry i combines `previous[i]` (the main model's final-normed hidden state at i for
+    /// depth 0, else the previous module's output) with the embedding of `next_ids[i]` (the
+    /// token after position i, `t_{i+1}`), and predicts `t_{i+2+depth}`. `positions` and
+    /// `attn_bias` [B, 1, T, T_past + T] describe the entries as `forward` does for tokens
+    /// (transformers gives entry i the position of `t_{i+1}`). The cache, when given, is the
+    /// modules' own (`KvCache::new(num_mtp_modules())`, slot `depth`).
+    pub fn mtp_hidden(
+        &self,
+        depth: usize,
+        previous: &Tensor,
+        next_ids: &Tensor,
+        positions: &Tensor,
+        attn_bias: &Tensor,
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor, ModelError> {
+        let module = self.mtp.get(depth).ok_or_else(|| {
+            ModelError::InvalidArgument(format!(
+                "mtp_hidden: depth {depth}, but the model has {} MTP module(s)",
+                self.mtp.len()
+            ))
+        })?;
+        let (batch, len) = next_ids.dims2()?;
+        let width = self.config.hidden_size;
+        if previous.dims() != [batch, len, width] || positions.dims() != [batch, len] {
+            return Err(ModelError::InvalidArgument(format!(
+                "mtp_hidden: previous {:?} and positions {:?} for next_ids {:?}",
+                previous.dims(),
+                positions.dims(),
+                next_ids.dims()
+            )));
+        }
+        if let Some(c) = cache.as_deref()
+            && c.num_layers() != self.mtp.len()
+        {
+            return Err(ModelError::InvalidArgument(format!(
+                "mtp_hidden: the cache has {} layers for {} MTP module(s)",
+                c.num_layers(),
+                self.mtp.len()
+            )));
+        }
+        let dtype = self.dtype();
+        let (cos, sin) = self.rotary.cos_sin(positions, dtype)?;
+        let context = ForwardContext {
+            config: Arc::new(self.config.clone()),
+            cos: cos.to_device(self.device())?,
+            sin: sin.to_device(self.device())?,
+            local_cos_sin: None,
+            bias: attn_bias.to_dtype(dtype)?,
+            window_bias: None,
+            routings: None,
+            max_logits: None,
+            precision: self.precision,
+            fused: None,
+            cache_offset: self.config.num_hidden_layers,
+        };
+        let eps = self.config.rms_norm_eps;
+        let ids = next_ids.to_dtype(DType::U32)?.flatten_all()?;
+        let embedded = self
+            .embed_tokens
+            .index_select(&ids, 0)?
+            .reshape((batch, len, width))?;
+        let joined = Tensor::cat(
+            &[
+                &rms_norm(&embedded, &module.enorm, eps)?,
+                &rms_norm(previous, &module.hnorm, eps)?,
+            ],
+            2,
+        )?;
+        let x = module
+            .eh_proj
+            .forward(&joined.reshape((batch * len, 2 * width))?, self.precision)?
+            .reshape((batch, len, width))?;
+        let index = self.config.num_hidden_layers + depth;
+        let y = module.block.forward(&x, &context, index, cache)?;
+        Ok(rms_norm(&y, &module.post_norm, eps)?)
     }
 
     /// Sets the balancing bias of MoE layer `layer` (added to its router probabilities for the
@@ -1893,7 +2041,8 @@ impl SelfAttention {
             Some(cache) => {
                 // A sliding layer's cache keeps only the window: the keys returned start at
                 // slot `first`, so the bias loses its columns before that.
-                let (k, v, first) = cache.append_windowed(index, &k, &v, window)?;
+                let slot = index - context.cache_offset;
+                let (k, v, first) = cache.append_windowed(slot, &k, &v, window)?;
                 let keys = k.dim(2)?;
                 (k, v, bias.narrow(3, first, keys)?)
             }
@@ -2038,7 +2187,8 @@ impl LatentAttention {
                 attention_with(&q, &k, &v, &context.bias, scale, None)?
             }
             Some(cache) => {
-                let (latent_all, k_rot_all) = cache.append(index, &latent, &k_rot)?;
+                let slot = index - context.cache_offset;
+                let (latent_all, k_rot_all) = cache.append(slot, &latent, &k_rot)?;
                 let keys = latent_all.dim(2)?;
                 // kv_b_proj's weight per head: [H, nope + v, rank] -> W_uk, W_uv.
                 let w = self

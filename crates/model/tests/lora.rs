@@ -53,7 +53,9 @@ fn zero_b_adapters_equal_the_base_exactly_and_only_adapters_train() {
             .parameters()
             .iter()
             .filter(|(n, _)| {
-                n.starts_with("model.layers.")
+                // (Adapters go on the blocks transformers' model holds: not the MTP modules.)
+                !is_mtp_parameter(n, base.config())
+                    && n.starts_with("model.layers.")
                     && [
                         "_proj.weight",
                         "_with_mqa.weight",

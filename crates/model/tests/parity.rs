@@ -168,3 +168,102 @@ fn v4_and_v5_config_styles_describe_the_same_model() {
     };
     assert_eq!(strip(v4), strip(v5));
 }
+
+/// DeepSeek-V3's multi-token prediction modules against transformers' `MtpModel` (loaded from
+/// the same checkpoint): depth d's entry j joins the previous hidden state j (the main model's
+/// final-normed one at depth 0) with the embedding of token j + 1 + d at position j + 1 + d;
+/// every entry's logits within 1e-4, and the next-next-token loss as the fixture states it.
+#[test]
+fn mtp_module_logits_match_transformers() {
+    let mut checked = 0;
+    for dir in fixture_dirs() {
+        let reference = reference_tensors(&dir);
+        if !reference.contains_key("mtp0_logits_a") {
+            continue;
+        }
+        let model = load(&dir);
+        let expected = reference_json(&dir);
+        assert_eq!(model.num_mtp_modules(), model.config().num_mtp_layers);
+        assert!(
+            model.num_mtp_modules() > 0,
+            "{}: no MTP module loaded",
+            name(&dir)
+        );
+        for which in ["a", "b"] {
+            let ids = ids_u32(&reference[&format!("input_ids_{which}")]);
+            let len = ids.dim(1).unwrap();
+            let bias = causal_bias(&[vec![true; len]], len, &Device::Cpu).unwrap();
+            let mut previous = model
+                .forward_hidden(&ids, &arange_positions(1, len), &bias, None)
+                .unwrap();
+            for depth in 0..model.num_mtp_modules() {
+                let n = len - 1 - depth;
+                let next = ids.narrow(1, 1 + depth, n).unwrap();
+                let positions: Vec<u32> = (1 + depth as u32..len as u32).collect();
+                let positions = Tensor::from_vec(positions, (1, n), &Device::Cpu).unwrap();
+                let bias = causal_bias(&[vec![true; n]], n, &Device::Cpu).unwrap();
+                let hidden = model
+                    .mtp_hidden(
+                        depth,
+                        &previous.narrow(1, 0, n).unwrap(),
+                        &next,
+                        &positions,
+                        &bias,
+                        None,
+                    )
+                    .unwrap();
+                let logits = model.lm_logits(&hidden).unwrap();
+                let want = &reference[&format!("mtp{depth}_logits_{which}")];
+                let diff = max_abs_diff(&logits, want);
+                eprintln!(
+                    "{}: mtp{depth}_logits_{which} max abs diff {diff:.2e}",
+                    name(&dir)
+                );
+                assert!(
+                    diff < LOGIT_TOLERANCE,
+                    "{}: depth {depth}: {diff}",
+                    name(&dir)
+                );
+                if which == "a" {
+                    // Cross-entropy of entry j against token j + 2 + depth (entries with one).
+                    let logp = log_softmax_last(&logits.narrow(1, 0, n - 1).unwrap());
+                    let targets: Vec<u32> = ids
+                        .narrow(1, 2 + depth, n - 1)
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1()
+                        .unwrap();
+                    let rows: Vec<Vec<f32>> = logp.squeeze(0).unwrap().to_vec2().unwrap();
+                    let loss = -rows
+                        .iter()
+                        .zip(&targets)
+                        .map(|(r, &t)| r[t as usize] as f64)
+                        .sum::<f64>()
+                        / targets.len() as f64;
+                    let want = expected[format!("mtp{depth}_loss_a")].as_f64().unwrap();
+                    assert!(
+                        (loss - want).abs() < 1e-4,
+                        "depth {depth}: loss {loss} vs {want}"
+                    );
+                }
+                previous = hidden;
+            }
+        }
+        checked += 1;
+    }
+    assert!(checked > 0, "no fixture with MTP references");
+}
+
+fn log_softmax_last(logits: &Tensor) -> Tensor {
+    let max = logits.max_keepdim(D::Minus1).unwrap();
+    let shifted = logits.broadcast_sub(&max).unwrap();
+    let lse = shifted
+        .exp()
+        .unwrap()
+        .sum_keepdim(D::Minus1)
+        .unwrap()
+        .log()
+        .unwrap();
+    shifted.broadcast_sub(&lse).unwrap()
+}
