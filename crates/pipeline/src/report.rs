@@ -60,6 +60,7 @@ pub fn standard_records(records: &[GrpoRecord]) -> Vec<MetricRecord> {
                     moe: None,
                     max_attn_logit: None,
                     qk_clipped_heads: None,
+                    mtp_loss: None,
                 }));
             }
             GrpoRecord::Alert { step, message } => out.push(MetricRecord::Alert {

@@ -236,6 +236,11 @@ pub struct TrainingConfig {
     pub activation_checkpointing: bool,
     /// Load balancing of mixture-of-experts models (ignored by dense ones).
     pub moe: MoeBalanceConfig,
+    /// Weight λ of the multi-token prediction loss for models with MTP modules (DeepSeek-V3):
+    /// each module's next-next-token cross-entropy, times λ / modules, is added per predicted
+    /// token. `None`: 0.1 (DeepSeek-V3's weight for the later part of pretraining); 0 leaves the
+    /// modules untrained.
+    pub mtp_loss_weight: Option<f64>,
 }
 
 /// How a mixture-of-experts model's experts are kept in balance (`[training.moe]`).
@@ -500,6 +505,14 @@ impl TrainConfig {
             return Err(invalid(
                 keys::CLIP_GRAD_NORM,
                 format!("must be > 0 (0 turns it off), got {c}"),
+            ));
+        }
+        if let Some(w) = t.mtp_loss_weight
+            && !(w.is_finite() && w >= 0.0)
+        {
+            return Err(invalid(
+                "training.mtp_loss_weight",
+                format!("must be >= 0, got {w}"),
             ));
         }
         if !(t.z_loss.is_finite() && t.z_loss >= 0.0) {

@@ -105,6 +105,14 @@ pub struct StepMetrics {
     /// MuonClip: heads whose query/key projections the step scaled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qk_clipped_heads: Option<u64>,
+    /// Multi-token prediction: the modules' mean cross-entropy per prediction (models with MTP
+    /// modules trained under `training.mtp_loss_weight`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "json_float_opt"
+    )]
+    pub mtp_loss: Option<f64>,
 }
 
 /// A step's expert load: MaxVio per MoE layer and its worst, the mean violation, each expert's

@@ -50,6 +50,10 @@ pub struct ForwardFigures {
     pub expert_counts: Vec<(usize, Vec<u64>)>,
     /// Each attention layer's per-query-head largest logit, when tracked (MuonClip).
     pub max_logits: Vec<(usize, Vec<f32>)>,
+    /// Multi-token prediction: the modules' cross-entropy summed over their predictions
+    /// (unweighted), and how many predictions that is (0 when off).
+    pub mtp_nll_sum: f64,
+    pub mtp_tokens: usize,
 }
 
 /// Turns a batch into a loss sum and figures.
@@ -76,6 +80,8 @@ pub struct NextTokenObjective {
     pub moe_aux_loss_coef: Option<f64>,
     /// Track each attention head's largest logit (MuonClip's QK-clip needs them).
     pub track_max_logits: bool,
+    /// Weight λ of the multi-token prediction loss (models with MTP modules; 0: off).
+    pub mtp_loss_weight: f64,
 }
 
 impl NextTokenObjective {
@@ -85,6 +91,7 @@ impl NextTokenObjective {
             logit_softcap: None,
             moe_aux_loss_coef: None,
             track_max_logits: false,
+            mtp_loss_weight: 0.0,
         }
     }
 }
@@ -133,6 +140,18 @@ impl Objective for NextTokenObjective {
         let nll_total = match aux_total {
             Some(aux) => (nll_total + aux)?,
             None => nll_total,
+        };
+        let nll_total = if self.mtp_loss_weight > 0.0 && model.num_mtp_modules() > 0 {
+            let (term, nll, count) =
+                mtp_loss_term(model, batch, &scored.hidden, self.mtp_loss_weight)?;
+            figures.mtp_nll_sum = nll;
+            figures.mtp_tokens = count;
+            match term {
+                Some(term) => (nll_total + term)?,
+                None => nll_total,
+            }
+        } else {
+            nll_total
         };
         let (loss_sum, z_loss_sum) = if self.z_loss > 0.0
             && let Some(logits) = scored.logits.as_ref()
@@ -185,7 +204,7 @@ pub fn moe_record(
     let mut record = ForwardFigures {
         aux_loss_sum: 0.0,
         expert_counts,
-        max_logits: Vec::new(),
+        ..ForwardFigures::default()
     };
     let Some(coef) = aux_loss_coef else {
         return Ok((record, None));
@@ -208,6 +227,82 @@ pub fn moe_record(
     let term = (aux.to_dtype(DType::F32)? * (coef * loss_tokens as f64))?;
     record.aux_loss_sum = scalar(&term)?;
     Ok((record, Some(term)))
+}
+
+/// The multi-token prediction loss of a packed batch (DeepSeek-V3 §2.2): module d's entry i
+/// joins the hidden state at i (the main model's, then the previous module's) with the
+/// embedding of token i + 1 + d at the next position, and is scored on token i + 2 + d where
+/// that token is a loss target of the same document. Returns the differentiable term
+/// `weight / modules * sum of cross-entropies` (each prediction weighs like a main-loss token
+/// times λ / D, and the trainer's division by the step's loss tokens makes it DeepSeek's
+/// λ / D · Σ_d mean_d up to the few positions the shift loses), the unweighted sum, and the
+/// number of predictions.
+pub fn mtp_loss_term(
+    model: &Transformer,
+    batch: &PackedBatch,
+    hidden: &Tensor,
+    weight: f64,
+) -> Result<(Option<Tensor>, f64, usize), TrainError> {
+    let device = model.device();
+    let (rows, len) = (batch.batch_size, batch.seq_len);
+    let width = hidden.dim(D::Minus1)?;
+    let (_, positions, bias) = batch_inputs(batch, device)?;
+    let modules = model.num_mtp_modules();
+    let mut previous = hidden.reshape((rows, len, width))?;
+    let (mut total, mut nll_sum, mut count): (Option<Tensor>, f64, usize) = (None, 0.0, 0);
+    for depth in 0..modules {
+        let shift = 1 + depth;
+        // Entry i reads token i + 1 + d = targets[i + d]; past the row's end, a pad (the entry
+        // is never scored, and only other unscored entries of its document attend to it).
+        let mut next = Vec::with_capacity(rows * len);
+        let (mut picked, mut targets) = (Vec::new(), Vec::new());
+        for r in 0..rows {
+            for i in 0..len {
+                let at = r * len + i;
+                next.push(if i + depth < len {
+                    batch.targets[at + depth]
+                } else {
+                    0
+                });
+                let scored_at = at + shift;
+                if i + shift < len
+                    && batch.doc_ids[at] != stoke_data::packing::PAD_DOC
+                    && batch.doc_ids[scored_at] == batch.doc_ids[at]
+                    && batch.loss_mask[scored_at]
+                {
+                    picked.push(at as u32);
+                    targets.push(batch.targets[scored_at]);
+                }
+            }
+        }
+        let next = Tensor::from_vec(next, (rows, len), device)?;
+        let shifted = (positions.to_dtype(DType::F32)? + shift as f64)?.to_dtype(DType::U32)?;
+        let out = model.mtp_hidden(depth, &previous, &next, &shifted, &bias, None)?;
+        if !picked.is_empty() {
+            let n = picked.len();
+            let index = Tensor::from_vec(picked, n, device)?;
+            let chosen = out.reshape((rows * len, width))?.index_select(&index, 0)?;
+            let targets = Tensor::from_vec(targets, n, device)?;
+            let logprobs = if model.config().final_logit_softcap.is_some() {
+                stoke_ops::token_logprobs(&model.lm_logits(&chosen)?, &targets)?
+            } else {
+                crate::lm_head_logprobs(model, &chosen, model.lm_head_weight(), &targets)?
+            };
+            let nll = logprobs.neg()?.sum_all()?;
+            nll_sum += scalar(&nll)?;
+            count += n;
+            total = Some(match total {
+                Some(t) => (t + nll)?,
+                None => nll,
+            });
+        }
+        previous = out;
+    }
+    let term = match total {
+        Some(t) => Some((t.to_dtype(DType::F32)? * (weight / modules as f64))?),
+        None => None,
+    };
+    Ok((term, nll_sum, count))
 }
 
 /// Logit distillation over packed batches (`[distill]`): at every loss position, the generalized
@@ -597,6 +692,9 @@ pub struct ScoredTokens {
     pub routings: Vec<stoke_model::moe::Routing>,
     /// Each attention layer's per-head largest logit (empty unless asked for).
     pub max_logits: Vec<(usize, Vec<f32>)>,
+    /// The final-normed hidden states of every position, [B * T, hidden] (what multi-token
+    /// prediction starts from).
+    pub hidden: Tensor,
 }
 
 /// The model's input tensors for a packed batch: ids and positions [B, T] and the
@@ -668,12 +766,12 @@ pub fn score_loss_tokens_tracked(
     };
     let (routings, max_logits) = (recorded.routings, recorded.max_logits);
     let width = hidden.dim(D::Minus1)?;
-    let hidden = hidden.reshape((batch.batch_size * batch.seq_len, width))?;
+    let all_hidden = hidden.reshape((batch.batch_size * batch.seq_len, width))?;
     let hidden = if loss_positions.len() == batch.loss_mask.len() {
-        hidden
+        all_hidden.clone()
     } else {
         let index = Tensor::from_slice(&loss_positions, loss_positions.len(), device)?;
-        hidden.index_select(&index, 0)?
+        all_hidden.index_select(&index, 0)?
     };
     let targets = Tensor::from_slice(&target_ids, target_ids.len(), device)?;
     // A model whose own logits are soft-capped (Gemma 2) scores through `lm_logits`, which caps
@@ -700,6 +798,7 @@ pub fn score_loss_tokens_tracked(
         target_ids,
         routings,
         max_logits,
+        hidden: all_hidden,
     }))
 }
 

@@ -184,6 +184,7 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
             logit_softcap: config.training.logit_softcap,
             moe_aux_loss_coef: moe_aux_loss_coef(&config, &model),
             track_max_logits: qk_clip_threshold(&config).is_some(),
+            mtp_loss_weight: mtp_loss_weight(&config, &model)?,
         }),
     };
     let source = match source.take() {
@@ -634,6 +635,27 @@ fn moe_aux_loss_coef(config: &TrainConfig, model: &Transformer) -> Option<f64> {
             .aux_loss_coef
             .unwrap_or(moe.router_aux_loss_coef)
     })
+}
+
+/// The multi-token prediction loss weight: `training.mtp_loss_weight`, else 0.1 for a model
+/// with MTP modules (DeepSeek-V3's weight late in pretraining) and 0 without. A positive weight
+/// for a model without modules is refused.
+fn mtp_loss_weight(config: &TrainConfig, model: &Transformer) -> Result<f64, TrainError> {
+    let modules = model.num_mtp_modules();
+    match config.training.mtp_loss_weight {
+        Some(w) if w > 0.0 && modules == 0 => Err(crate::config::ConfigError::Invalid {
+            key: "training.mtp_loss_weight".into(),
+            message: format!(
+                "{w} for a model without multi-token prediction modules ({} has \
+                 num_nextn_predict_layers = 0 or its checkpoint carries none)",
+                model.config().architecture.model_type()
+            ),
+        }
+        .into()),
+        Some(w) => Ok(w),
+        None if modules > 0 => Ok(0.1),
+        None => Ok(0.0),
+    }
 }
 
 /// MuonClip's threshold when the optimizer is Muon with `qk_clip` set.

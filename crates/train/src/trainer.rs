@@ -78,6 +78,8 @@ pub struct StepReport {
     pub max_attn_logit: Option<f64>,
     /// MuonClip: heads whose query/key projections the step scaled.
     pub qk_clipped_heads: Option<u64>,
+    /// Multi-token prediction: the modules' mean cross-entropy per prediction, when trained.
+    pub mtp_loss: Option<f64>,
 }
 
 /// The trainer's own part of `TrainerState.extra`.
@@ -415,6 +417,7 @@ impl Trainer {
             moe_aux_loss: None,
             max_attn_logit: None,
             qk_clipped_heads: None,
+            mtp_loss: None,
         };
         if loss_tokens == 0 {
             self.engine.skip_empty();
@@ -427,6 +430,7 @@ impl Trainer {
         let (mut nll_sum, mut z_sum, mut finite) = (0.0f64, 0.0f64, true);
         let mut expert_counts: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
         let mut aux_sum = 0.0f64;
+        let (mut mtp_sum, mut mtp_tokens) = (0.0f64, 0usize);
         let mut max_logits: Vec<(usize, Vec<f32>)> = Vec::new();
         for batch in &batches {
             let output = self.objective.loss(&self.model, batch)?;
@@ -439,6 +443,8 @@ impl Trainer {
                 }
             }
             aux_sum += output.figures.aux_loss_sum;
+            mtp_sum += output.figures.mtp_nll_sum;
+            mtp_tokens += output.figures.mtp_tokens;
             max_logits.extend(output.figures.max_logits.iter().cloned());
             if output.loss_tokens == 0 {
                 continue;
@@ -454,6 +460,7 @@ impl Trainer {
         report.loss = nll_sum * scale;
         report.z_loss = self.objective.reports_z_loss().then_some(z_sum * scale);
         report.moe_aux_loss = (aux_sum != 0.0).then_some(aux_sum * scale);
+        report.mtp_loss = (mtp_tokens > 0).then(|| mtp_sum / mtp_tokens as f64);
         // The bias rules see the step's whole load (every micro-batch) before the optimizer
         // step, as torchtitan's pre-step hook does; the bias moves the next step's routing.
         if let Some((rule, states)) = &mut self.moe_bias {
@@ -525,6 +532,7 @@ impl Trainer {
             ),
             max_attn_logit: report.max_attn_logit,
             qk_clipped_heads: report.qk_clipped_heads,
+            mtp_loss: report.mtp_loss,
         };
         let mut records = vec![MetricRecord::Step(metrics.clone())];
         // What the spike policy did; skipped and non-finite steps as such are the monitor's

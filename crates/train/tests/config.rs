@@ -190,6 +190,12 @@ fn invalid_combinations_are_refused_with_the_key() {
         .unwrap_err()
         .to_string();
     assert!(error.contains("training.z_loss"), "{error}");
+    let error = resolve(BASE, &["training.mtp_loss_weight=-0.1"])
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("training.mtp_loss_weight"), "{error}");
+    let ok = resolve(BASE, &["training.mtp_loss_weight=0.3"]).unwrap();
+    assert_eq!(ok.training.mtp_loss_weight, Some(0.3));
 }
 
 #[test]

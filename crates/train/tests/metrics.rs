@@ -26,6 +26,7 @@ fn step(step: u64, loss: f64, tokens_per_s: f64) -> StepMetrics {
         moe: None,
         max_attn_logit: None,
         qk_clipped_heads: None,
+        mtp_loss: None,
     }
 }
 

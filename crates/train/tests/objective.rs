@@ -96,6 +96,7 @@ fn z_loss_matches_a_hand_computation() {
         logit_softcap: None,
         moe_aux_loss_coef: None,
         track_max_logits: false,
+        mtp_loss_weight: 0.0,
     };
     let out = objective.loss(&model, &batch).unwrap();
     let scored = score_loss_tokens(&model, &batch, None, true)
@@ -190,4 +191,110 @@ fn fused_lm_head_matches_the_materialized_logits_path() {
     for (x, y) in a.iter().zip(&b) {
         assert!((x - y).abs() < 1e-5, "{x} vs {y}");
     }
+}
+
+fn mtp_fixture() -> (stoke_model::Transformer, std::path::PathBuf) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/models/deepseek_v3_mtp");
+    let model =
+        stoke_model::Transformer::load(&dir, &candle_core::Device::Cpu).expect("mtp fixture");
+    assert_eq!(model.num_mtp_modules(), 2);
+    (model, dir)
+}
+
+/// The multi-token prediction loss against transformers' `MtpModel` (the fixture's
+/// `mtp{d}_loss_a`, each module's mean next-next-token cross-entropy on input a): the term's
+/// unweighted sum is 10 · loss_0 + 9 · loss_1 over 19 predictions, it is weighted λ / 2, and
+/// its gradient reaches the modules.
+#[test]
+fn the_mtp_loss_matches_transformers_mtp_modules() {
+    let (model, dir) = mtp_fixture();
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let tensors = candle_core::safetensors::load(
+        dir.join("reference.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let ids: Vec<u32> = tensors["input_ids_a"]
+        .to_dtype(candle_core::DType::U32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let batch = batch_from_docs(&[vec![ids.clone()]], ids.len() - 1);
+    let weight = 0.3;
+    let objective = NextTokenObjective {
+        mtp_loss_weight: weight,
+        ..NextTokenObjective::plain()
+    };
+    let out = objective.loss(&model, &batch).unwrap();
+    let loss0 = reference["mtp0_loss_a"].as_f64().unwrap();
+    let loss1 = reference["mtp1_loss_a"].as_f64().unwrap();
+    assert_eq!(out.figures.mtp_tokens, 19);
+    let want = 10.0 * loss0 + 9.0 * loss1;
+    assert!(
+        (out.figures.mtp_nll_sum - want).abs() < 1e-3,
+        "{} vs {want}",
+        out.figures.mtp_nll_sum
+    );
+    // The loss sum is the main cross-entropy plus λ / 2 times the MTP sum.
+    let total = out.loss_sum.to_scalar::<f32>().unwrap() as f64;
+    let expected = out.nll_sum + weight / 2.0 * out.figures.mtp_nll_sum;
+    assert!((total - expected).abs() < 1e-3, "{total} vs {expected}");
+    let grads = out.loss_sum.backward().unwrap();
+    for (name, var) in model.parameters() {
+        if name.starts_with("model.layers.2.eh_proj") || name.starts_with("model.layers.3.eh_proj")
+        {
+            let g = grads.get(var.as_tensor()).expect("an MTP gradient");
+            let norm = g
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(norm > 0.0, "{name}");
+        }
+    }
+    // Off (weight 0): the same main loss, no MTP term.
+    let plain = NextTokenObjective::plain().loss(&model, &batch).unwrap();
+    assert_eq!(plain.figures.mtp_tokens, 0);
+    assert!((plain.nll_sum - out.nll_sum).abs() < 1e-9);
+}
+
+/// Packed documents: no MTP prediction crosses a document boundary or reads another
+/// document's tokens, so a packed row [A | B] gives the sum of A's and B's own MTP losses.
+#[test]
+fn mtp_predictions_stay_inside_their_documents() {
+    let (model, _) = mtp_fixture();
+    let mut rng = Rng(9);
+    let vocab = model.config().vocab_size as u64;
+    let mut doc = |len: usize| -> Vec<u32> { (0..len).map(|_| rng.below(vocab) as u32).collect() };
+    let docs = [doc(9), doc(12)];
+    let objective = NextTokenObjective {
+        mtp_loss_weight: 1.0,
+        ..NextTokenObjective::plain()
+    };
+    let packed = objective
+        .loss(&model, &batch_from_docs(&[docs.to_vec()], 24))
+        .unwrap();
+    let (mut sum, mut count) = (0.0, 0);
+    for d in &docs {
+        let alone = objective
+            .loss(&model, &batch_from_docs(&[vec![d.clone()]], d.len() - 1))
+            .unwrap();
+        sum += alone.figures.mtp_nll_sum;
+        count += alone.figures.mtp_tokens;
+    }
+    // Per document of n tokens: n - 2 predictions at depth 0 (tokens 2..n), n - 3 at depth 1.
+    assert_eq!(count, (9 - 2) + (9 - 3) + (12 - 2) + (12 - 3));
+    assert_eq!(packed.figures.mtp_tokens, count);
+    assert!(
+        (packed.figures.mtp_nll_sum - sum).abs() < 1e-3,
+        "{} vs {sum}",
+        packed.figures.mtp_nll_sum
+    );
 }

@@ -241,6 +241,9 @@ pub struct TrainingFile {
     /// Load balancing of mixture-of-experts models.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeBalanceFile>,
+    /// Weight of the multi-token prediction loss (models with MTP modules; default 0.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtp_loss_weight: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

@@ -113,6 +113,7 @@ impl TrainConfig {
             keep_steps: file.checkpoint.keep_steps.clone(),
             precision: t.precision.unwrap_or_default(),
             activation_checkpointing: t.activation_checkpointing.unwrap_or(false),
+            mtp_loss_weight: t.mtp_loss_weight,
             moe: {
                 let m = t.moe.clone().unwrap_or_default();
                 let d = crate::config::MoeBalanceConfig::default();
@@ -253,6 +254,7 @@ impl TrainConfig {
                 }),
                 precision: (t.precision != stoke_types::Precision::F32).then_some(t.precision),
                 activation_checkpointing: t.activation_checkpointing.then_some(true),
+                mtp_loss_weight: t.mtp_loss_weight,
                 moe: (t.moe != crate::config::MoeBalanceConfig::default()).then_some(
                     super::file::MoeBalanceFile {
                         balance: Some(t.moe.balance),

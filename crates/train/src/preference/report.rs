@@ -35,6 +35,7 @@ pub fn standard_record(report: &PairStepReport, tokens_seen: u64, elapsed_s: f64
         moe: None,
         max_attn_logit: None,
         qk_clipped_heads: None,
+        mtp_loss: None,
     })
 }
 

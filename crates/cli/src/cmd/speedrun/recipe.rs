@@ -468,6 +468,7 @@ fn training_file(stage: &StageSizes, seed: u64) -> TrainingFile {
         precision: None,
         activation_checkpointing: None,
         moe: None,
+        mtp_loss_weight: None,
     }
 }
 
