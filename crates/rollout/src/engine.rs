@@ -196,6 +196,18 @@ impl<'m> Engine<'m> {
         let generation = generate_with(WeightSource::Fixed(self.model), request, detokenizer)?;
         Ok(generation.output)
     }
+
+    /// [`Engine::generate`] with self-speculative decoding by the model's first multi-token
+    /// prediction module (`crate::speculative`): the same distribution per token and the main
+    /// model's log-probabilities, up to two tokens per main-model step. An error for a model
+    /// without MTP modules.
+    pub fn generate_speculative(
+        &self,
+        request: &GenerationRequest,
+        detokenizer: Option<&dyn Detokenizer>,
+    ) -> Result<crate::speculative::SpeculativeOutput, RolloutError> {
+        crate::speculative::generate_speculative(self.model, request, detokenizer)
+    }
 }
 
 /// The generation loop behind [`Engine::generate`] and [`crate::live::generate_live`] (see the
@@ -505,7 +517,7 @@ fn prefill(model: &Transformer, prompts: &[Vec<u32>]) -> Result<Prefill, Rollout
     })
 }
 
-fn check_prompts(model: &Transformer, prompts: &[Vec<u32>]) -> Result<(), RolloutError> {
+pub(crate) fn check_prompts(model: &Transformer, prompts: &[Vec<u32>]) -> Result<(), RolloutError> {
     let config = model.config();
     if prompts.is_empty() {
         return Err(RolloutError::InvalidParam {

@@ -4,7 +4,8 @@
 //! The engine knows nothing of text: prompts arrive tokenized, and text comes back only through a
 //! caller-supplied [`Detokenizer`]. Modules: [`sampling`] (one logits row -> one token),
 //! [`stop`] (when a sample ends), [`request`] (typed request/response), [`engine`] (batching and
-//! the KV cache of one request), [`batcher`] (continuous batching of many requests), [`live`] (generation whose weights may change between decode steps).
+//! the KV cache of one request), [`batcher`] (continuous batching of many requests), [`live`] (generation whose weights may change between decode steps), [`speculative`]
+//! (self-speculative decoding with a model's multi-token prediction module).
 
 pub mod batcher;
 pub mod engine;
@@ -13,6 +14,7 @@ pub mod live;
 pub mod request;
 pub mod sampling;
 pub mod score;
+pub mod speculative;
 pub mod stop;
 
 pub use batcher::{
@@ -24,4 +26,5 @@ pub use error::RolloutError;
 pub use live::{FixedWeights, LiveGeneration, LiveWeights, generate_live};
 pub use request::{Completion, FinishReason, GenerationOutput, GenerationRequest, SamplingParams};
 pub use sampling::{LogprobMode, SampleStream, SampledToken, SamplingRule};
+pub use speculative::{SpeculativeOutput, SpeculativeStats, generate_speculative};
 pub use stop::{Detokenizer, StopCriteria};
