@@ -33,7 +33,15 @@ import gguf
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config, Qwen3Config
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    Qwen2Config,
+    Qwen2MoeConfig,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "fixtures" / "gguf"
@@ -63,6 +71,11 @@ BLOCK = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 HF_TO_GGUF_GLOBAL = {
     "model.embed_tokens": "token_embd",
@@ -80,6 +93,13 @@ TYPES = {
     "ffn_gate": Q.BF16,
     "ffn_up": Q.F16,
     "ffn_down": Q.Q8_0,
+    # Mixtures of experts: the stacked experts in Q4_0 (the fixtures' largest tensors).
+    "ffn_gate_exps": Q.Q4_0,
+    "ffn_up_exps": Q.Q4_0,
+    "ffn_down_exps": Q.Q4_0,
+    "ffn_gate_shexp": Q.Q8_0,
+    "ffn_up_shexp": Q.Q8_0,
+    "ffn_down_shexp": Q.Q8_0,
 }
 
 
@@ -180,15 +200,39 @@ def write_gguf(model, arch: str, tok_dir: Path, pre: str, path: Path, all_f32: b
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_vocab_size(c.vocab_size)
     w.add_rope_dimension_count(head_dim)
-    if arch == "qwen3":
+    if arch in ("qwen3", "qwen3moe"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
+    if arch.endswith("moe"):
+        w.add_expert_count(c.num_experts)
+        w.add_expert_used_count(c.num_experts_per_tok)
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
+        if arch == "qwen2moe":
+            w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
     tokenizer_metadata(w, tok_dir, c.vocab_size, pre)
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue
         data = tensor.detach().float().numpy()
+        if name.endswith("mlp.experts.gate_up_proj") or name.endswith("mlp.experts.down_proj"):
+            # transformers 5.x holds the experts stacked as llama.cpp does (gate and up fused):
+            # blk.N.ffn_{gate,up,down}_exps [experts, out, in].
+            layer = name.split(".")[2]
+            if name.endswith("gate_up_proj"):
+                inter = data.shape[1] // 2
+                parts = [("ffn_gate_exps", data[:, :inter]), ("ffn_up_exps", data[:, inter:])]
+            else:
+                parts = [("ffn_down_exps", data)]
+            for kind, part in parts:
+                part = np.ascontiguousarray(part)
+                if all_f32:
+                    w.add_tensor(f"blk.{layer}.{kind}.weight", part.astype(np.float32))
+                else:
+                    w.add_tensor(f"blk.{layer}.{kind}.weight", gguf.quants.quantize(part, TYPES[kind]), raw_dtype=TYPES[kind])
+            continue
+        if name.endswith("shared_expert_gate.weight"):
+            data = data.reshape(-1)  # [1, hidden] -> [hidden], as llama.cpp stores it
         if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             kv = c.num_attention_heads if "q_proj" in name else c.num_key_value_heads
             data = permute(data, c.num_attention_heads, kv)
@@ -206,7 +250,7 @@ def write_gguf(model, arch: str, tok_dir: Path, pre: str, path: Path, all_f32: b
 
 
 def tiny(arch: str):
-    torch.manual_seed({"llama": 1, "qwen2": 2, "qwen3": 3}[arch])
+    torch.manual_seed({"llama": 1, "qwen2": 2, "qwen3": 3, "qwen2moe": 4, "qwen3moe": 5}[arch])
     common = dict(
         vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-6,
@@ -215,6 +259,17 @@ def tiny(arch: str):
         cfg = LlamaConfig(**common, tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     elif arch == "qwen2":
         cfg = Qwen2Config(**common, tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    elif arch in ("qwen2moe", "qwen3moe"):
+        # The expert widths stay at the config classes' defaults (Qwen2-MoE 1408 and shared 5632,
+        # Qwen3-MoE 768): transformers' GGUF loader does not read llama.cpp's
+        # expert_feed_forward_length keys (stoke does), so only those widths load there.
+        common.update(num_hidden_layers=1 if arch == "qwen2moe" else 2)
+        rope = {"rope_type": "default", "rope_theta": 1000000.0}
+        if arch == "qwen2moe":
+            cfg = Qwen2MoeConfig(**common, num_experts=4, num_experts_per_tok=2, norm_topk_prob=False, tie_word_embeddings=False, rope_parameters=rope)
+        else:
+            common.update(num_attention_heads=2, num_key_value_heads=1)
+            cfg = Qwen3MoeConfig(**common, head_dim=16, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, tie_word_embeddings=False, rope_parameters=rope)
     else:
         # head_dim 128: transformers' GGUF config mapping for qwen3 ignores `attention.key_length`
         # and keeps Qwen3Config's default of 128 (as real Qwen3 checkpoints have).
@@ -303,7 +358,13 @@ def main() -> None:
 
     reference = {"versions": {"transformers": __import__("transformers").__version__, "torch": torch.__version__}, "models": {}}
     ids = [1, 17, 250, 42, 99, 3, 200, 7]
-    for arch, tok, pre in [("llama", "llama3", "llama-bpe"), ("qwen2", "qwen2", "qwen2"), ("qwen3", "qwen2", "smollm")]:
+    for arch, tok, pre in [
+        ("llama", "llama3", "llama-bpe"),
+        ("qwen2", "qwen2", "qwen2"),
+        ("qwen3", "qwen2", "smollm"),
+        ("qwen2moe", "qwen2", "qwen2"),
+        ("qwen3moe", "qwen2", "qwen2"),
+    ]:
         model = tiny(arch)
         name = f"{arch}_mixed.gguf"
         write_gguf(model, arch, REPO / "fixtures" / "tokenizers" / tok, pre, OUT / name)

@@ -21,15 +21,45 @@ use serde_json::{Map, Value as Json, json};
 use crate::error::GgufError;
 use crate::read::{GgufFile, Value};
 
-/// Architectures (`general.architecture`) stoke loads, with their transformers class.
+/// Dense architectures (`general.architecture`) stoke loads and exports, with their transformers
+/// class.
 pub const ARCHITECTURES: [(&str, &str); 3] = [
     ("llama", "LlamaForCausalLM"),
     ("qwen2", "Qwen2ForCausalLM"),
     ("qwen3", "Qwen3ForCausalLM"),
 ];
 
+/// Mixture-of-experts architectures stoke loads (not exports): llama.cpp's name, the
+/// transformers class and model type.
+pub const MOE_ARCHITECTURES: [(&str, &str, &str); 2] = [
+    ("qwen2moe", "Qwen2MoeForCausalLM", "qwen2_moe"),
+    ("qwen3moe", "Qwen3MoeForCausalLM", "qwen3_moe"),
+];
+
+/// llama.cpp's stacked expert tensors (`blk.N.ffn_{gate,up,down}_exps.weight`, [experts, out,
+/// in]) and the per-expert transformers module each slice becomes.
+pub const EXPERT_TENSORS: [(&str, &str); 3] = [
+    ("ffn_gate_exps", "gate_proj"),
+    ("ffn_up_exps", "up_proj"),
+    ("ffn_down_exps", "down_proj"),
+];
+
+/// `(layer, projection)` when `name` is a stacked expert tensor (`blk.3.ffn_up_exps.weight` ->
+/// `(3, "up_proj")`).
+pub fn expert_tensor(name: &str) -> Option<(usize, &'static str)> {
+    let rest = name.strip_prefix("blk.")?.strip_suffix(".weight")?;
+    let (layer, suffix) = rest.split_once('.')?;
+    let (_, proj) = EXPERT_TENSORS.iter().find(|(g, _)| *g == suffix)?;
+    Some((layer.parse().ok()?, proj))
+}
+
 /// Per-block tensor names: GGUF suffix -> transformers suffix.
-const BLOCK_TENSORS: [(&str, &str); 11] = [
+const BLOCK_TENSORS: [(&str, &str); 16] = [
+    ("ffn_gate_inp", "mlp.gate"),
+    ("ffn_gate_shexp", "mlp.shared_expert.gate_proj"),
+    ("ffn_up_shexp", "mlp.shared_expert.up_proj"),
+    ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
+    ("ffn_gate_inp_shexp", "mlp.shared_expert_gate"),
     ("attn_norm", "input_layernorm"),
     ("ffn_norm", "post_attention_layernorm"),
     ("attn_q", "self_attn.q_proj"),
@@ -146,8 +176,14 @@ fn unsupported(file: &GgufFile, key: &str, value: &str, supported: &str) -> Gguf
 pub fn architecture(file: &GgufFile) -> Result<&str, GgufError> {
     let key = "general.architecture";
     let arch = file.str(key)?.ok_or_else(|| file.missing(key))?;
-    if !ARCHITECTURES.iter().any(|(a, _)| *a == arch) {
-        let supported: Vec<&str> = ARCHITECTURES.iter().map(|(a, _)| *a).collect();
+    if !ARCHITECTURES.iter().any(|(a, _)| *a == arch)
+        && !MOE_ARCHITECTURES.iter().any(|(a, _, _)| *a == arch)
+    {
+        let supported: Vec<&str> = ARCHITECTURES
+            .iter()
+            .map(|(a, _)| *a)
+            .chain(MOE_ARCHITECTURES.iter().map(|(a, _, _)| *a))
+            .collect();
         return Err(unsupported(
             file,
             key,
@@ -167,10 +203,16 @@ pub const ROPE_FREQS: &str = "rope_freqs.weight";
 /// `rope_freqs.weight` tensor encodes; see [`ROPE_FREQS`]).
 pub fn hf_config(file: &GgufFile) -> Result<Json, GgufError> {
     let arch = architecture(file)?;
-    let class = ARCHITECTURES
-        .iter()
-        .find(|(a, _)| *a == arch)
-        .map(|(_, c)| *c);
+    let (class, model_type) = match MOE_ARCHITECTURES.iter().find(|(a, _, _)| *a == arch) {
+        Some((_, class, model_type)) => (Some(*class), *model_type),
+        None => (
+            ARCHITECTURES
+                .iter()
+                .find(|(a, _)| *a == arch)
+                .map(|(_, c)| *c),
+            arch,
+        ),
+    };
     let key = |suffix: &str| format!("{arch}.{suffix}");
     let required = |suffix: &str| -> Result<u64, GgufError> {
         let k = key(suffix);
@@ -195,7 +237,7 @@ pub fn hf_config(file: &GgufFile) -> Result<Json, GgufError> {
     };
     let mut config = Map::new();
     config.insert("architectures".into(), json!([class]));
-    config.insert("model_type".into(), json!(arch));
+    config.insert("model_type".into(), json!(model_type));
     config.insert("vocab_size".into(), json!(vocab));
     config.insert("hidden_size".into(), json!(hidden));
     config.insert(
@@ -232,6 +274,30 @@ pub fn hf_config(file: &GgufFile) -> Result<Json, GgufError> {
         "tie_word_embeddings".into(),
         json!(file.tensor_info("output.weight").is_none()),
     );
+    if MOE_ARCHITECTURES.iter().any(|(a, _, _)| *a == arch) {
+        // llama.cpp's expert keys. transformers' GGUF loader reads only the two counts and takes
+        // the expert widths from its config defaults; stoke reads the widths the file states.
+        config.insert("num_experts".into(), json!(required("expert_count")?));
+        config.insert(
+            "num_experts_per_tok".into(),
+            json!(required("expert_used_count")?),
+        );
+        if let Some(width) = file.uint(&key("expert_feed_forward_length"))? {
+            config.insert("moe_intermediate_size".into(), json!(width));
+        }
+        if let Some(width) = file.uint(&key("expert_shared_feed_forward_length"))? {
+            config.insert("shared_expert_intermediate_size".into(), json!(width));
+        }
+        // llama.cpp renormalizes Qwen3-MoE's top-k weights and not Qwen2-MoE's (transformers'
+        // GGUF_CONFIG_DEFAULTS_MAPPING says the same for qwen3_moe).
+        config.insert("norm_topk_prob".into(), json!(arch == "qwen3moe"));
+        if arch == "qwen2moe" {
+            config.insert(
+                "qkv_bias".into(),
+                json!(file.tensor_info("blk.0.attn_q.bias").is_some()),
+            );
+        }
+    }
     if arch == "llama" {
         let bias = file.tensor_info("blk.0.attn_q.bias").is_some();
         config.insert("attention_bias".into(), json!(bias));

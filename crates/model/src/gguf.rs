@@ -49,9 +49,43 @@ impl Transformer {
             config_json = config.to_hf_json();
             config = ModelConfig::from_json_str(&config_json.to_string(), path)?;
         }
+        let shapes = parameter_shapes(&config);
+        let expected: BTreeMap<&str, &Vec<usize>> =
+            shapes.iter().map(|(n, s)| (n.as_str(), s)).collect();
+        let mut tensors = BTreeMap::new();
         let mut by_hf_name = BTreeMap::new();
         for info in &file.tensors {
             if info.name == hf::ROPE_FREQS {
+                continue;
+            }
+            if let Some((layer, proj)) = hf::expert_tensor(&info.name) {
+                // [experts, out, in]: one [out, in] slice per expert.
+                let (found, values) = file.tensor_f32(&info.name)?;
+                let experts = config.moe.as_ref().map_or(0, |m| m.num_experts);
+                let first = format!("model.layers.{layer}.mlp.experts.0.{proj}.weight");
+                let Some(&per_expert) = expected.get(first.as_str()) else {
+                    return Err(ModelError::UnexpectedTensor {
+                        path: path.to_path_buf(),
+                        tensor: info.name.clone(),
+                    });
+                };
+                let mut want = vec![experts];
+                want.extend(per_expert.iter());
+                if found != want {
+                    return Err(ModelError::ShapeMismatch {
+                        path: path.to_path_buf(),
+                        tensor: info.name.clone(),
+                        expected: want,
+                        found,
+                    });
+                }
+                let size: usize = per_expert.iter().product();
+                for (e, chunk) in values.chunks_exact(size).enumerate() {
+                    tensors.insert(
+                        format!("model.layers.{layer}.mlp.experts.{e}.{proj}.weight"),
+                        Tensor::from_slice(chunk, per_expert.as_slice(), device)?,
+                    );
+                }
                 continue;
             }
             match hf::hf_tensor_name(&info.name) {
@@ -66,9 +100,10 @@ impl Transformer {
                 }
             }
         }
-        let shapes = parameter_shapes(&config);
-        let mut tensors = BTreeMap::new();
         for (name, shape) in &shapes {
+            if tensors.contains_key(name) {
+                continue;
+            }
             let gguf_name = by_hf_name
                 .remove(name)
                 .ok_or_else(|| ModelError::MissingTensor {
@@ -76,7 +111,11 @@ impl Transformer {
                     tensor: hf::gguf_tensor_name(name).unwrap_or_else(|| name.clone()),
                     detail: format!(" (the model's `{name}`)"),
                 })?;
-            let (found, mut values) = file.tensor_f32(&gguf_name)?;
+            let (mut found, mut values) = file.tensor_f32(&gguf_name)?;
+            // Qwen2-MoE's shared-expert gate is [1, hidden] in transformers, [hidden] in GGUF.
+            if name.ends_with("mlp.shared_expert_gate.weight") && found.len() == 1 {
+                found.insert(0, 1);
+            }
             if &found != shape {
                 return Err(ModelError::ShapeMismatch {
                     path: path.to_path_buf(),

@@ -78,6 +78,40 @@ fn gguf_logits_match_transformers_gguf_loader() {
     }
 }
 
+/// Mixture-of-experts GGUFs (llama.cpp's qwen2moe and qwen3moe: stacked expert tensors in
+/// Q4_0, Qwen2-MoE's shared expert and its gate): the logits transformers' GGUF loader gives,
+/// the same model again through a Hugging Face folder, and an export refused by name.
+#[test]
+fn moe_gguf_logits_match_transformers_and_convert_to_a_folder() {
+    let reference = reference();
+    let dir = tempfile::tempdir().expect("tempdir");
+    for name in ["qwen2moe_mixed.gguf", "qwen3moe_mixed.gguf"] {
+        let source = root().join(name);
+        let model = load(&source);
+        let moe = model.config().moe.clone().expect("a mixture of experts");
+        assert_eq!((moe.num_experts, moe.num_experts_per_tok), (4, 2));
+        let case = &reference["models"][name];
+        let logits = forward_full(&model, &ids_tensor(&case["input_ids"]));
+        let diff = max_abs_diff(&logits, &matrix(&case["logits"]));
+        eprintln!("{name}: max abs logit diff {diff:.2e}");
+        assert!(
+            diff < 1e-4,
+            "{name}: logits differ from transformers by {diff}"
+        );
+        let folder = dir.path().join(name.replace(".gguf", ""));
+        model
+            .save_with_tokenizer(&folder, Some(&source))
+            .expect("save folder");
+        assert_eq!(parameters(&load(&folder)), parameters(&model), "{name}");
+        let error = model
+            .save_gguf(&dir.path().join("x.gguf"), &folder, GgmlType::F32, "x")
+            .expect_err("MoE export")
+            .to_string();
+        assert!(error.contains("GGUF"), "{name}: {error}");
+        assert!(!dir.path().join("x.gguf").exists());
+    }
+}
+
 #[test]
 fn convert_to_folder_and_back_to_gguf_round_trips() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -98,6 +98,11 @@ pub struct GenerateArgs {
     /// A LoRA adapter directory (PEFT layout) applied on top of --model.
     #[arg(long)]
     adapter: Option<PathBuf>,
+    /// Self-speculative decoding: the model's multi-token prediction module (DeepSeek-V3's MTP)
+    /// drafts the token after next and the main model verifies it; the same distribution per
+    /// token, up to two tokens per main-model step. Prints the acceptance to stderr.
+    #[arg(long)]
+    speculative: bool,
 }
 
 #[derive(Args)]
@@ -203,12 +208,29 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         .as_ref()
         .map(|tokenizer| tokenizer as &dyn Detokenizer);
     let engine = Engine::new(&model);
-    let output = engine
-        .generate(
-            &GenerationRequest::new(vec![prompt_ids], params),
-            detokenizer,
-        )
-        .with_context(|| format!("generating with {}", args.model.display()))?;
+    let request = GenerationRequest::new(vec![prompt_ids], params);
+    let started = std::time::Instant::now();
+    let output = if args.speculative {
+        let speculative = engine
+            .generate_speculative(&request, detokenizer)
+            .with_context(|| format!("speculative generation with {}", args.model.display()))?;
+        let stats = speculative.stats;
+        eprintln!(
+            "speculative decoding: {} of {} drafts accepted ({:.1}%), {} tokens in {} main-model \
+             steps after the prefill, {:.2}s",
+            stats.accepted,
+            stats.drafted,
+            100.0 * stats.acceptance_rate(),
+            speculative.output.generated_tokens,
+            stats.main_steps,
+            started.elapsed().as_secs_f64()
+        );
+        speculative.output
+    } else {
+        engine
+            .generate(&request, detokenizer)
+            .with_context(|| format!("generating with {}", args.model.display()))?
+    };
     for completion in output.completions.iter().flatten() {
         match args.format {
             OutputFormat::Json => println!("{}", serde_json::to_string(completion)?),
