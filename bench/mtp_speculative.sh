@@ -27,7 +27,7 @@ PROMPT='pub fn forward(&self, x: &Tensor) -> Result<Tensor> {'
 for temperature in 0 0.7; do
     for mode in "" "--speculative"; do
         echo "== temperature $temperature ${mode:-(plain)}"
-        "$STOKE" model generate --model run/model --prompt "$PROMPT" --max-tokens 256 \
+        "$STOKE" generate --model run/model --prompt "$PROMPT" --max-tokens 256 \
             --temperature "$temperature" -n 8 --seed 1 $mode --format json > "gen_${temperature}${mode}.jsonl"
     done
 done
