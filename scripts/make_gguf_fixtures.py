@@ -32,6 +32,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import torch
+from safetensors.torch import load_file
 from gguf import GGMLQuantizationType as Q
 from transformers import (
     AutoModelForCausalLM,
@@ -185,7 +186,7 @@ def tokenizer_metadata(writer: gguf.GGUFWriter, tok_dir: Path, vocab_size: int, 
         writer.add_chat_template(template)
 
 
-def write_gguf(model, arch: str, tok_dir: Path, pre: str, path: Path, all_f32: bool = False) -> None:
+def write_gguf(model, arch: str, tok_dir: Path | None, pre: str, path: Path, all_f32: bool = False) -> None:
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     w = gguf.GGUFWriter(str(path), arch)
@@ -203,14 +204,24 @@ def write_gguf(model, arch: str, tok_dir: Path, pre: str, path: Path, all_f32: b
     if arch in ("qwen3", "qwen3moe"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    if arch.endswith("moe"):
+    if arch in ("qwen2moe", "qwen3moe"):
         w.add_expert_count(c.num_experts)
         w.add_expert_used_count(c.num_experts_per_tok)
         w.add_expert_feed_forward_length(c.moe_intermediate_size)
         if arch == "qwen2moe":
             w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
+    if c.model_type == "mixtral":
+        # llama.cpp writes Mixtral as `llama` with experts as wide as feed_forward_length.
+        w.add_expert_count(c.num_local_experts)
+        w.add_expert_used_count(c.num_experts_per_tok)
+    if arch == "olmoe":
+        w.add_expert_count(c.num_experts)
+        w.add_expert_used_count(c.num_experts_per_tok)
+        if c.clip_qkv is not None:
+            w.add_clamp_kqv(c.clip_qkv)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
-    tokenizer_metadata(w, tok_dir, c.vocab_size, pre)
+    if tok_dir is not None:
+        tokenizer_metadata(w, tok_dir, c.vocab_size, pre)
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight" and c.tie_word_embeddings:
             continue
@@ -381,6 +392,19 @@ def main() -> None:
             "logits": rounded(logits),
             "tokenizer": tokenizer_reference(OUT, name),
         }
+    # Mixtral (llama.cpp's `llama` with experts) and OLMoE, which transformers' GGUF loader does
+    # not read: the parity fixtures' checkpoints written as llama.cpp writes them (F32, weights
+    # only), with the logits transformers computes from the safetensors as the reference.
+    for fixture, arch, name in [("mixtral_moe", "llama", "mixtral_f32.gguf"), ("olmoe", "olmoe", "olmoe_f32.gguf")]:
+        source = REPO / "fixtures" / "models" / fixture
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation="eager").eval()
+        write_gguf(model, arch, None, "", OUT / name, all_f32=True)
+        ref = load_file(str(source / "reference.safetensors"))
+        ids = ref["input_ids_a"][0].tolist()
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0]
+        assert torch.allclose(logits, ref["logits_a"][0], atol=1e-6), fixture
+        reference["models"][name] = {"input_ids": ids, "logits": rounded(logits), "source": f"fixtures/models/{fixture}"}
     spm_vocab_gguf(OUT / "spm_vocab.gguf")
     reference["models"]["spm_vocab.gguf"] = {"tokenizer": tokenizer_reference(OUT, "spm_vocab.gguf")}
     (OUT / "reference.json").write_text(json.dumps(reference) + "\n")

@@ -31,9 +31,11 @@ pub const ARCHITECTURES: [(&str, &str); 3] = [
 
 /// Mixture-of-experts architectures stoke loads (not exports): llama.cpp's name, the
 /// transformers class and model type.
-pub const MOE_ARCHITECTURES: [(&str, &str, &str); 2] = [
+/// llama.cpp stores Mixtral as `llama` with `llama.expert_count` (see [`hf_config`]).
+pub const MOE_ARCHITECTURES: [(&str, &str, &str); 3] = [
     ("qwen2moe", "Qwen2MoeForCausalLM", "qwen2_moe"),
     ("qwen3moe", "Qwen3MoeForCausalLM", "qwen3_moe"),
+    ("olmoe", "OlmoeForCausalLM", "olmoe"),
 ];
 
 /// llama.cpp's stacked expert tensors (`blk.N.ffn_{gate,up,down}_exps.weight`, [experts, out,
@@ -203,8 +205,11 @@ pub const ROPE_FREQS: &str = "rope_freqs.weight";
 /// `rope_freqs.weight` tensor encodes; see [`ROPE_FREQS`]).
 pub fn hf_config(file: &GgufFile) -> Result<Json, GgufError> {
     let arch = architecture(file)?;
+    // Mixtral is llama.cpp's `llama` with experts.
+    let mixtral = arch == "llama" && file.uint("llama.expert_count")?.is_some_and(|n| n > 0);
     let (class, model_type) = match MOE_ARCHITECTURES.iter().find(|(a, _, _)| *a == arch) {
         Some((_, class, model_type)) => (Some(*class), *model_type),
+        None if mixtral => (Some("MixtralForCausalLM"), "mixtral"),
         None => (
             ARCHITECTURES
                 .iter()
@@ -274,6 +279,19 @@ pub fn hf_config(file: &GgufFile) -> Result<Json, GgufError> {
         "tie_word_embeddings".into(),
         json!(file.tensor_info("output.weight").is_none()),
     );
+    if mixtral {
+        // Mixtral's experts are `intermediate_size` wide (llama.cpp's feed_forward_length).
+        config.insert("num_local_experts".into(), json!(required("expert_count")?));
+        config.insert(
+            "num_experts_per_tok".into(),
+            json!(required("expert_used_count")?),
+        );
+    }
+    if arch == "olmoe" {
+        if let Some(clamp) = file.float(&key("attention.clamp_kqv"))? {
+            config.insert("clip_qkv".into(), json!(clamp));
+        }
+    }
     if MOE_ARCHITECTURES.iter().any(|(a, _, _)| *a == arch) {
         // llama.cpp's expert keys. transformers' GGUF loader reads only the two counts and takes
         // the expert widths from its config defaults; stoke reads the widths the file states.
@@ -282,7 +300,10 @@ pub fn hf_config(file: &GgufFile) -> Result<Json, GgufError> {
             "num_experts_per_tok".into(),
             json!(required("expert_used_count")?),
         );
-        if let Some(width) = file.uint(&key("expert_feed_forward_length"))? {
+        // (OLMoE's experts are `intermediate_size` wide, llama.cpp's feed_forward_length.)
+        if let Some(width) = file.uint(&key("expert_feed_forward_length"))?
+            && arch != "olmoe"
+        {
             config.insert("moe_intermediate_size".into(), json!(width));
         }
         if let Some(width) = file.uint(&key("expert_shared_feed_forward_length"))? {

@@ -61,8 +61,22 @@ impl Transformer {
             if let Some((layer, proj)) = hf::expert_tensor(&info.name) {
                 // [experts, out, in]: one [out, in] slice per expert.
                 let (found, values) = file.tensor_f32(&info.name)?;
-                let experts = config.moe.as_ref().map_or(0, |m| m.num_experts);
-                let first = format!("model.layers.{layer}.mlp.experts.0.{proj}.weight");
+                let Some(moe) = config.moe.as_ref() else {
+                    return Err(ModelError::UnexpectedTensor {
+                        path: path.to_path_buf(),
+                        tensor: info.name.clone(),
+                    });
+                };
+                let experts = moe.num_experts;
+                let names = crate::transformer::ExpertNames::of(moe.naming);
+                let slot = match proj {
+                    "gate_proj" => 0,
+                    "up_proj" => 1,
+                    _ => 2,
+                };
+                let expert_name =
+                    |e: usize| format!("model.layers.{layer}.{}.weight", names.expert(e)[slot]);
+                let first = expert_name(0);
                 let Some(&per_expert) = expected.get(first.as_str()) else {
                     return Err(ModelError::UnexpectedTensor {
                         path: path.to_path_buf(),
@@ -82,13 +96,21 @@ impl Transformer {
                 let size: usize = per_expert.iter().product();
                 for (e, chunk) in values.chunks_exact(size).enumerate() {
                     tensors.insert(
-                        format!("model.layers.{layer}.mlp.experts.{e}.{proj}.weight"),
+                        expert_name(e),
                         Tensor::from_slice(chunk, per_expert.as_slice(), device)?,
                     );
                 }
                 continue;
             }
-            match hf::hf_tensor_name(&info.name) {
+            // The router is `mlp.gate` in the Qwen families' naming, Mixtral's own elsewhere.
+            let mapped = hf::hf_tensor_name(&info.name).map(|name| match &config.moe {
+                Some(moe) if name.ends_with(".mlp.gate.weight") => {
+                    let names = crate::transformer::ExpertNames::of(moe.naming);
+                    name.replace("mlp.gate.weight", &names.router())
+                }
+                _ => name,
+            });
+            match mapped {
                 Some(name) => {
                     by_hf_name.insert(name, info.name.clone());
                 }

@@ -112,6 +112,33 @@ fn moe_gguf_logits_match_transformers_and_convert_to_a_folder() {
     }
 }
 
+/// Mixtral (llama.cpp's `llama` with `llama.expert_count`, q/k rows permuted) and OLMoE
+/// (whole-projection q/k norms, `attention.clamp_kqv`), which transformers' GGUF loader does not
+/// read: the parity fixtures written as llama.cpp writes them (F32), held to the logits
+/// transformers computes from the safetensors.
+#[test]
+fn mixtral_and_olmoe_ggufs_give_the_safetensors_logits() {
+    let reference = reference();
+    for (name, architecture) in [
+        ("mixtral_f32.gguf", stoke_model::Architecture::Mixtral),
+        ("olmoe_f32.gguf", stoke_model::Architecture::Olmoe),
+    ] {
+        let model = load(&root().join(name));
+        assert_eq!(model.config().architecture, architecture);
+        if architecture == stoke_model::Architecture::Olmoe {
+            assert_eq!(model.config().clip_qkv, Some(2.0));
+        }
+        let case = &reference["models"][name];
+        let logits = forward_full(&model, &ids_tensor(&case["input_ids"]));
+        let diff = max_abs_diff(&logits, &matrix(&case["logits"]));
+        eprintln!("{name}: max abs logit diff {diff:.2e}");
+        assert!(
+            diff < 1e-4,
+            "{name}: logits differ from transformers by {diff}"
+        );
+    }
+}
+
 #[test]
 fn convert_to_folder_and_back_to_gguf_round_trips() {
     let dir = tempfile::tempdir().expect("tempdir");
