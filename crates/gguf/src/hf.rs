@@ -765,8 +765,11 @@ pub fn gguf_metadata(
     let arch = config
         .get("model_type")
         .and_then(Json::as_str)
-        .filter(|a| ARCHITECTURES.iter().any(|(x, _)| x == a))
-        .ok_or("config.json: model_type must be llama, qwen2 or qwen3 for a GGUF export")?;
+        .and_then(gguf_architecture)
+        .ok_or(
+            "config.json: model_type must be llama, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe or \
+             olmoe for a GGUF export",
+        )?;
     let uint = |k: &str| -> Result<u64, String> {
         config
             .get(k)
@@ -845,8 +848,48 @@ pub fn gguf_metadata(
         (k("rope.dimension_count"), Value::U32(head_dim as u32)),
         (k("vocab_size"), Value::U32(uint("vocab_size")? as u32)),
     ];
+    let experts = config
+        .get("num_experts")
+        .or_else(|| config.get("num_local_experts"))
+        .and_then(Json::as_u64);
+    if let Some(experts) = experts {
+        meta.push((k("expert_count"), Value::U32(experts as u32)));
+        meta.push((
+            k("expert_used_count"),
+            Value::U32(uint("num_experts_per_tok")? as u32),
+        ));
+        if arch == "qwen2moe" || arch == "qwen3moe" {
+            meta.push((
+                k("expert_feed_forward_length"),
+                Value::U32(uint("moe_intermediate_size")? as u32),
+            ));
+        }
+        if arch == "qwen2moe" {
+            meta.push((
+                k("expert_shared_feed_forward_length"),
+                Value::U32(uint("shared_expert_intermediate_size")? as u32),
+            ));
+        }
+    }
+    if let Some(clamp) = config.get("clip_qkv").and_then(Json::as_f64) {
+        meta.push((k("attention.clamp_kqv"), Value::F32(clamp as f32)));
+    }
     meta.extend(tokenizer_metadata(tokenizer, tokenizer_config, config)?);
     Ok(meta)
+}
+
+/// llama.cpp's architecture for a transformers `model_type` stoke exports (Mixtral is its
+/// `llama` with experts).
+pub fn gguf_architecture(model_type: &str) -> Option<&'static str> {
+    Some(match model_type {
+        "llama" | "mixtral" => "llama",
+        "qwen2" => "qwen2",
+        "qwen3" => "qwen3",
+        "qwen2_moe" => "qwen2moe",
+        "qwen3_moe" => "qwen3moe",
+        "olmoe" => "olmoe",
+        _ => return None,
+    })
 }
 
 /// The `tokenizer.*` keys for a byte-level BPE `tokenizer.json`, with its `tokenizer_config.json`

@@ -187,11 +187,12 @@ impl Transformer {
                 "GGUF export writes F32, F16, BF16 or Q8_0, not {dtype}"
             ))
         })?;
-        if !self.config().is_plain() {
+        if !gguf_exportable(self.config()) {
             return Err(ModelError::InvalidArgument(format!(
                 "GGUF export: {} is not supported (stoke writes the llama, qwen2 and qwen3 \
-                 blocks; this model has block variants such as sliding windows, soft-caps or \
-                 NoPE layers)",
+                 blocks and the Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE mixtures of experts; \
+                 this model has block variants such as sliding windows, soft-caps, NoPE layers \
+                 or latent attention)",
                 self.config().architecture.model_type()
             )));
         }
@@ -202,22 +203,80 @@ impl Transformer {
                 .map_err(|message| {
                     ModelError::InvalidArgument(format!("GGUF export: {message}"))
                 })?;
-        let architecture = self.config().architecture.model_type();
+        let architecture =
+            hf::gguf_architecture(self.config().architecture.model_type()).unwrap_or("llama");
 
-        let parameters: Vec<(String, Tensor)> = self
+        // Each GGUF tensor and the model tensors it is made of: one, or every expert's slice of
+        // a stacked `ffn_*_exps` tensor.
+        let tensors: BTreeMap<String, Tensor> = self
             .parameters()
             .into_iter()
             .map(|(n, v)| (n, v.as_tensor().clone()))
             .collect();
-        let mut specs = Vec::with_capacity(parameters.len());
-        for (hf_name, tensor) in &parameters {
-            let gguf_name = hf::gguf_tensor_name(hf_name).ok_or_else(|| {
-                ModelError::InvalidArgument(format!("GGUF export: no GGUF name for `{hf_name}`"))
-            })?;
-            let shape = tensor.dims().to_vec();
+        let mut parts: Vec<Vec<String>> = Vec::new();
+        let mut specs = Vec::new();
+        let names = self
+            .config()
+            .moe
+            .as_ref()
+            .map(|m| (crate::transformer::ExpertNames::of(m.naming), m.num_experts));
+        for (hf_name, tensor) in &tensors {
+            let (gguf_name, sources, shape) = match &names {
+                Some((names, experts)) if hf_name.contains(".experts.") => {
+                    // model.layers.{l}.{block}.experts.{e}.{proj}.weight
+                    let layer: usize = hf_name
+                        .strip_prefix("model.layers.")
+                        .and_then(|r| r.split('.').next())
+                        .and_then(|l| l.parse().ok())
+                        .ok_or_else(|| {
+                            ModelError::InvalidArgument(format!("GGUF export: `{hf_name}`"))
+                        })?;
+                    let p = |s: &str| format!("model.layers.{layer}.{s}.weight");
+                    let slot = (0..3).find(|&slot| p(&names.expert(0)[slot]) == *hf_name);
+                    let Some(slot) = slot else {
+                        // Experts 1.. travel inside expert 0's stacked tensor.
+                        continue;
+                    };
+                    let (gguf, _) = hf::EXPERT_TENSORS[slot];
+                    let sources: Vec<String> =
+                        (0..*experts).map(|e| p(&names.expert(e)[slot])).collect();
+                    let mut shape = vec![*experts];
+                    shape.extend(tensor.dims());
+                    (format!("blk.{layer}.{gguf}.weight"), sources, shape)
+                }
+                Some((names, _)) if hf_name.ends_with(&names.router()) => {
+                    let layer = hf_name
+                        .strip_prefix("model.layers.")
+                        .and_then(|r| r.split('.').next())
+                        .unwrap_or_default();
+                    let shape = tensor.dims().to_vec();
+                    (
+                        format!("blk.{layer}.ffn_gate_inp.weight"),
+                        vec![hf_name.clone()],
+                        shape,
+                    )
+                }
+                _ => {
+                    let gguf_name = hf::gguf_tensor_name(hf_name).ok_or_else(|| {
+                        ModelError::InvalidArgument(format!(
+                            "GGUF export: no GGUF name for `{hf_name}`"
+                        ))
+                    })?;
+                    // Qwen2-MoE's shared-expert gate is 1-D in GGUF.
+                    let shape = if hf_name.ends_with("mlp.shared_expert_gate.weight") {
+                        vec![tensor.elem_count()]
+                    } else {
+                        tensor.dims().to_vec()
+                    };
+                    (gguf_name, vec![hf_name.clone()], shape)
+                }
+            };
             let row = *shape.last().unwrap_or(&0);
+            // Routers stay F32, as llama.cpp's converter keeps `ffn_gate_inp`: a quantized
+            // router moves near-tied expert choices.
+            let router = gguf_name.contains(".ffn_gate_inp");
             let tensor_type = match dtype {
-                _ if shape.len() < 2 => GgmlType::F32,
+                _ if shape.len() < 2 || router => GgmlType::F32,
                 GgmlType::Q8_0 if row % 32 != 0 => GgmlType::F16,
                 other => other,
             };
@@ -226,6 +285,7 @@ impl Transformer {
                 shape,
                 dtype: tensor_type,
             });
+            parts.push(sources);
         }
         // Llama 3 RoPE scaling: llama.cpp reads it as a factor per frequency.
         let rope_factors = match self.config().rope.scaling {
@@ -250,16 +310,20 @@ impl Transformer {
             _ => None,
         };
         stoke_gguf::write_gguf(path, &metadata, &specs, |i| {
-            if i == parameters.len() {
+            if i == parts.len() {
                 let factors = rope_factors.as_deref().unwrap_or_default();
                 return stoke_gguf::quant::quantize(GgmlType::F32, factors);
             }
-            let (hf_name, tensor) = &parameters[i];
-            let mut values: Vec<f32> = tensor
-                .to_dtype(DType::F32)
-                .and_then(|t| t.flatten_all())
-                .and_then(|t| t.to_vec1())
-                .map_err(|e| e.to_string())?;
+            let hf_name = &parts[i][0];
+            let mut values: Vec<f32> = Vec::new();
+            for source in &parts[i] {
+                let part: Vec<f32> = tensors[source]
+                    .to_dtype(DType::F32)
+                    .and_then(|t| t.flatten_all())
+                    .and_then(|t| t.to_vec1())
+                    .map_err(|e| e.to_string())?;
+                values.extend(part);
+            }
             if let Some(bad) = values.iter().position(|v| !v.is_finite()) {
                 return Err(format!(
                     "value {} at index {bad} is not finite; refusing to export",
@@ -283,6 +347,36 @@ impl Transformer {
         })?;
         Ok(())
     }
+}
+
+/// Whether `save_gguf` writes this model: the plain llama/qwen2/qwen3 block, or one of the
+/// mixtures of experts llama.cpp runs as stoke computes them (Mixtral without a sliding window,
+/// Qwen2-MoE, Qwen3-MoE, OLMoE).
+fn gguf_exportable(config: &ModelConfig) -> bool {
+    use crate::config::Architecture;
+    if config.is_plain() {
+        return true;
+    }
+    let plain_but_moe = ModelConfig {
+        moe: None,
+        qk_norm_whole: false,
+        clip_qkv: None,
+        ..config.clone()
+    };
+    // llama.cpp's MoE architectures have no dense layers between the sparse ones.
+    let all_sparse = config
+        .moe
+        .as_ref()
+        .is_some_and(|m| m.sparse_layers.iter().all(|&s| s));
+    plain_but_moe.is_plain()
+        && all_sparse
+        && match config.architecture {
+            Architecture::Mixtral | Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
+                !config.qk_norm_whole && config.clip_qkv.is_none()
+            }
+            Architecture::Olmoe => true,
+            _ => false,
+        }
 }
 
 /// The Llama 3 RoPE scaling whose per-frequency factors (llama.cpp's `rope_freqs`, the default

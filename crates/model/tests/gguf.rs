@@ -80,9 +80,10 @@ fn gguf_logits_match_transformers_gguf_loader() {
 
 /// Mixture-of-experts GGUFs (llama.cpp's qwen2moe and qwen3moe: stacked expert tensors in
 /// Q4_0, Qwen2-MoE's shared expert and its gate): the logits transformers' GGUF loader gives,
-/// the same model again through a Hugging Face folder, and an export refused by name.
+/// the same model again through a Hugging Face folder, and back to GGUF (the experts stacked
+/// again; F32 bit-identical). Latent attention's export is refused by name.
 #[test]
-fn moe_gguf_logits_match_transformers_and_convert_to_a_folder() {
+fn moe_gguf_logits_match_transformers_and_round_trip() {
     let reference = reference();
     let dir = tempfile::tempdir().expect("tempdir");
     for name in ["qwen2moe_mixed.gguf", "qwen3moe_mixed.gguf"] {
@@ -103,13 +104,43 @@ fn moe_gguf_logits_match_transformers_and_convert_to_a_folder() {
             .save_with_tokenizer(&folder, Some(&source))
             .expect("save folder");
         assert_eq!(parameters(&load(&folder)), parameters(&model), "{name}");
-        let error = model
-            .save_gguf(&dir.path().join("x.gguf"), &folder, GgmlType::F32, "x")
-            .expect_err("MoE export")
-            .to_string();
-        assert!(error.contains("GGUF"), "{name}: {error}");
-        assert!(!dir.path().join("x.gguf").exists());
+        // Export stacks the experts back: F32 is bit-identical, Q8_0 loads.
+        let f32_file = dir.path().join(name.replace(".gguf", "_f32.gguf"));
+        load(&folder)
+            .save_gguf(&f32_file, &folder, GgmlType::F32, "moe")
+            .expect("export f32");
+        let back = load(&f32_file);
+        assert_eq!(
+            parameters(&back),
+            parameters(&model),
+            "{name}: F32 round trip"
+        );
+        let q8_file = dir.path().join(name.replace(".gguf", "_q8.gguf"));
+        model
+            .save_gguf(&q8_file, &folder, GgmlType::Q8_0, "moe")
+            .expect("export q8_0");
+        assert_eq!(load(&q8_file).config().moe, model.config().moe, "{name}");
     }
+    // Latent attention (DeepSeek-V3) is not written: refused by name, no file left.
+    let deepseek = Transformer::load(
+        &root().join("../models/deepseek_v3_mla"),
+        &candle_core::Device::Cpu,
+    )
+    .expect("deepseek fixture");
+    let error = deepseek
+        .save_gguf(
+            &dir.path().join("x.gguf"),
+            &root().join("../tokenizers/qwen2"),
+            GgmlType::F32,
+            "x",
+        )
+        .expect_err("MLA export")
+        .to_string();
+    assert!(
+        error.contains("GGUF export") && error.contains("deepseek_v3"),
+        "{error}"
+    );
+    assert!(!dir.path().join("x.gguf").exists());
 }
 
 /// Mixtral (llama.cpp's `llama` with `llama.expert_count`, q/k rows permuted) and OLMoE
