@@ -3,13 +3,17 @@
 //! `integrations/gguf/gguf_tokenizer_mapping.py`), so a model loaded from GGUF by stoke is the
 //! model transformers loads from the same file:
 //!
-//! - `config.json` from the `{arch}.*` keys (llama, qwen2, qwen3);
+//! - `config.json` from the `{arch}.*` keys (llama, qwen2, qwen3; the mixtures of experts
+//!   qwen2moe, qwen3moe, olmoe, and Mixtral as llama with `expert_count`);
 //! - tensor names (`blk.N.attn_q.weight` <-> `model.layers.N.self_attn.q_proj.weight`), and for
 //!   llama the inverse of llama.cpp's q/k row permutation (its RoPE pairs adjacent values where
 //!   transformers pairs the two halves of a head);
 //! - `tokenizer.json` and `tokenizer_config.json` from the `tokenizer.*` keys: byte-level BPE
 //!   (`tokenizer.ggml.model = "gpt2"`) with the pre-tokenizer split its `tokenizer.ggml.pre`
 //!   names, control tokens as special added tokens, the chat template and the special tokens.
+//!
+//! - llama.cpp's stacked expert tensors (`ffn_{gate,up,down}_exps`, [experts, out, in]), which
+//!   the model loader splits per expert and the exporter stacks again ([`EXPERT_TENSORS`]).
 //!
 //! And back, for `stoke export --gguf`: the metadata llama.cpp reads for those architectures,
 //! the vocabulary and merges from `tokenizer.json`, and the forward permutation.
