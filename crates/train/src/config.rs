@@ -22,6 +22,7 @@
 //! [training]
 //! steps = 200
 //! # activation_checkpointing = true; precision = "bf16"
+//! # mtp_loss_weight = 0.1     # models with MTP modules (DeepSeek-V3): the MTP loss's weight
 //! # [training.moe]            # mixture-of-experts models: balance = "none" | "aux_loss" |
 //! # balance = "smebu"         # "aux_free" | "smebu"; aux_loss_coef, bias_rate, bias_momentum
 //! # [lora]                    # optional: adapters on the frozen model (PEFT's key names)

@@ -213,6 +213,22 @@ fn training_charts(steps: &[&StepMetrics], evals: &[&EvalMetrics]) -> Vec<ChartS
         ));
     }
     charts.extend(moe_charts(steps));
+    let mtp: Vec<(f64, f64)> = steps
+        .iter()
+        .filter_map(|m| m.mtp_loss.map(|v| (m.step as f64, v)))
+        .collect();
+    if !mtp.is_empty() {
+        charts.push(ChartSpec::new(
+            "Multi-token prediction loss (mean cross-entropy of the MTP modules)",
+            "step",
+            "loss",
+            vec![
+                step_series("next-token loss", |m| m.loss),
+                Series::new("MTP loss", mtp),
+            ],
+            YScale::Auto,
+        ));
+    }
     let logits: Vec<(f64, f64)> = steps
         .iter()
         .filter_map(|m| m.max_attn_logit.map(|v| (m.step as f64, v)))

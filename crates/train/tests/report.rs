@@ -125,6 +125,23 @@ fn a_run_without_evaluations_draws_only_the_training_charts() {
     assert!(empty.contains("No metric records."));
 }
 
+/// Steps that carry the multi-token prediction loss get one more chart, beside the next-token
+/// loss.
+#[test]
+fn an_mtp_run_charts_its_mtp_loss() {
+    let records: Vec<MetricRecord> = (1..=20)
+        .map(|s| {
+            let mut m = step(s, 3.0);
+            m.mtp_loss = Some(4.0 - s as f64 * 0.05);
+            MetricRecord::Step(m)
+        })
+        .collect();
+    let html = render_report("run", &records, &[]).unwrap();
+    assert_eq!(count(&html, "<svg"), 5);
+    assert!(html.contains("Multi-token prediction loss"));
+    assert!(html.contains("MTP loss"));
+}
+
 #[test]
 fn sections_add_their_tables_text_and_charts() {
     let chart = ChartSpec::new(
