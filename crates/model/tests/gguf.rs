@@ -430,6 +430,38 @@ fn smollm2_gguf_matches_transformers_when_available() {
         "logits differ from float32: {torch32}"
     );
     assert_eq!(argmax, expected, "greedy next tokens");
+
+    // The same loaded weights computed in float64: stoke's logits are transformers' float32
+    // ones within 1e-4 (that distance is then transformers' own float32 rounding, 6.5e-5), and
+    // transformers' float64 ones within 2e-5 (transformers builds its RoPE cos/sin in float32
+    // even in a float64 model: its rotary embedding casts `inv_freq` and the positions to float
+    // before the product; measured 9.9e-6).
+    let wide = model.to_dtype(candle_core::DType::F64).expect("f64");
+    let ids = ids_tensor(&reference["input_ids"]);
+    let len = ids.dim(1).expect("len");
+    let bias = stoke_model::causal_bias(&[vec![true; len]], len, &Device::Cpu).expect("bias");
+    let positions = Tensor::from_vec((0..len as u32).collect::<Vec<u32>>(), (1, len), &Device::Cpu)
+        .expect("positions");
+    let logits64 = wide
+        .forward(&ids, &positions, &bias, None)
+        .expect("forward f64")
+        .squeeze(0)
+        .expect("squeeze")
+        .to_dtype(candle_core::DType::F32)
+        .expect("f32");
+    let picked64 = logits64
+        .index_select(&index, 1)
+        .expect("columns")
+        .unsqueeze(0)
+        .expect("unsqueeze");
+    let exact64 = max_abs_diff(&picked64, &matrix(&reference["logits_float64"]));
+    let torch32_64 = max_abs_diff(&picked64, &matrix(&reference["logits"]));
+    eprintln!(
+        "SmolLM2 GGUF in float64: against transformers float64 {exact64:.2e}; against \
+         transformers float32 {torch32_64:.2e}"
+    );
+    assert!(exact64 < 2e-5, "float64 logits differ from transformers' float64: {exact64}");
+    assert!(torch32_64 < 1e-4, "float64 logits differ from transformers' float32: {torch32_64}");
 }
 
 #[test]
