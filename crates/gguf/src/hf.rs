@@ -291,10 +291,10 @@ pub fn hf_config(file: &GgufFile) -> Result<Json, GgufError> {
             json!(required("expert_used_count")?),
         );
     }
-    if arch == "olmoe" {
-        if let Some(clamp) = file.float(&key("attention.clamp_kqv"))? {
-            config.insert("clip_qkv".into(), json!(clamp));
-        }
+    if arch == "olmoe"
+        && let Some(clamp) = file.float(&key("attention.clamp_kqv"))?
+    {
+        config.insert("clip_qkv".into(), json!(clamp));
     }
     if MOE_ARCHITECTURES.iter().any(|(a, _, _)| *a == arch) {
         // llama.cpp's expert keys. transformers' GGUF loader reads only the two counts and takes

@@ -440,8 +440,12 @@ fn smollm2_gguf_matches_transformers_when_available() {
     let ids = ids_tensor(&reference["input_ids"]);
     let len = ids.dim(1).expect("len");
     let bias = stoke_model::causal_bias(&[vec![true; len]], len, &Device::Cpu).expect("bias");
-    let positions = Tensor::from_vec((0..len as u32).collect::<Vec<u32>>(), (1, len), &Device::Cpu)
-        .expect("positions");
+    let positions = Tensor::from_vec(
+        (0..len as u32).collect::<Vec<u32>>(),
+        (1, len),
+        &Device::Cpu,
+    )
+    .expect("positions");
     let logits64 = wide
         .forward(&ids, &positions, &bias, None)
         .expect("forward f64")
@@ -460,8 +464,14 @@ fn smollm2_gguf_matches_transformers_when_available() {
         "SmolLM2 GGUF in float64: against transformers float64 {exact64:.2e}; against \
          transformers float32 {torch32_64:.2e}"
     );
-    assert!(exact64 < 2e-5, "float64 logits differ from transformers' float64: {exact64}");
-    assert!(torch32_64 < 1e-4, "float64 logits differ from transformers' float32: {torch32_64}");
+    assert!(
+        exact64 < 2e-5,
+        "float64 logits differ from transformers' float64: {exact64}"
+    );
+    assert!(
+        torch32_64 < 1e-4,
+        "float64 logits differ from transformers' float32: {torch32_64}"
+    );
 }
 
 #[test]
