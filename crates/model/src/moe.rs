@@ -27,6 +27,9 @@ pub struct Routing {
     pub logits: Tensor,
     pub chosen: Vec<u32>,
     pub top_k: usize,
+    /// (token, slot) pairs an expert capacity dropped (0 without a capacity): their token
+    /// skipped that expert, and `chosen` still names it.
+    pub dropped: u64,
 }
 
 impl Routing {

@@ -361,6 +361,9 @@ pub(crate) struct MoeBlock {
     /// The balancing bias added to the router probabilities for the top-k choice only
     /// (`Transformer::set_expert_bias`); training state, not a checkpoint tensor.
     pub(crate) selection_bias: Option<Arc<[f32]>>,
+    /// Expert capacity factor (`Transformer::set_expert_capacity`): each expert takes at most
+    /// `ceil(factor * tokens * top_k / experts)` of a forward pass's (token, slot) pairs.
+    pub(crate) capacity_factor: Option<f64>,
 }
 
 impl MoeBlock {
@@ -429,30 +432,58 @@ impl MoeBlock {
             }
         }
         let weights = weights.to_dtype(x.dtype())?;
-        // Counting sort of the (token, slot) pairs by expert.
+        // With a capacity, pairs are admitted by slot (every token's first choice before any
+        // second choice, GShard's priority), then in token order, until the expert is full.
+        let mut kept = vec![true; n * k];
+        let mut dropped = 0u64;
+        if let Some(factor) = self.capacity_factor {
+            let capacity = (factor * (n * k) as f64 / experts as f64).ceil() as usize;
+            let mut taken = vec![0usize; experts];
+            for slot in 0..k {
+                for token in 0..n {
+                    let pair = token * k + slot;
+                    let e = chosen[pair] as usize;
+                    if taken[e] < capacity {
+                        taken[e] += 1;
+                    } else {
+                        kept[pair] = false;
+                        dropped += 1;
+                    }
+                }
+            }
+        }
+        // Counting sort of the kept (token, slot) pairs by expert; a dropped pair reads the zero
+        // row appended after them.
         let mut counts = vec![0usize; experts];
-        for &e in &chosen {
+        for (&e, _) in chosen.iter().zip(&kept).filter(|(_, k)| **k) {
             counts[e as usize] += 1;
         }
         let mut starts = vec![0usize; experts];
         for e in 1..experts {
             starts[e] = starts[e - 1] + counts[e - 1];
         }
+        let admitted: usize = counts.iter().sum();
         let mut next = starts.clone();
-        let mut tokens = vec![0u32; n * k];
-        let mut sorted_row = vec![0u32; n * k];
+        let mut tokens = vec![0u32; admitted];
+        let mut sorted_row = vec![admitted as u32; n * k];
         for (pair, &e) in chosen.iter().enumerate() {
+            if !kept[pair] {
+                continue;
+            }
             let at = next[e as usize];
             tokens[at] = (pair / k) as u32;
             sorted_row[pair] = at as u32;
             next[e as usize] += 1;
         }
-        let gathered = x.index_select(&Tensor::from_vec(tokens, n * k, x.device())?, 0)?;
+        let gathered = x.index_select(&Tensor::from_vec(tokens, admitted, x.device())?, 0)?;
         let mut outputs = Vec::new();
         for (e, expert) in self.experts.iter().enumerate() {
             if counts[e] > 0 {
                 outputs.push(expert.forward(&gathered.narrow(0, starts[e], counts[e])?, p, act)?);
             }
+        }
+        if dropped > 0 {
+            outputs.push(Tensor::zeros((1, hidden), x.dtype(), x.device())?);
         }
         let sorted = Tensor::cat(&outputs, 0)?;
         let per_slot = sorted
@@ -476,6 +507,7 @@ impl MoeBlock {
                 logits,
                 chosen,
                 top_k: k,
+                dropped,
             },
         ))
     }
@@ -1046,6 +1078,7 @@ impl Transformer {
                                 naming: moe.naming,
                                 group_limit: moe.group_limit,
                                 selection_bias: None,
+                                capacity_factor: None,
                             }))
                         }
                         _ => Mlp::SwiGlu {
@@ -1745,6 +1778,31 @@ impl Transformer {
         let moe = self.config.moe.as_ref()?;
         let bias = ExpertNames::of(moe.naming).checkpoint_bias()?;
         Some(format!("model.layers.{layer}.{bias}"))
+    }
+
+    /// Sets an expert capacity factor on every MoE layer (the MTP modules' included): in each
+    /// forward pass an expert takes at most `ceil(factor * tokens * top_k / experts)` (token,
+    /// slot) pairs, first choices before second ones and then in token order; the others are
+    /// dropped (the token skips that expert; shared experts and the residual still carry it) and
+    /// counted in `Routing::dropped`. `None` (the default) drops nothing.
+    pub fn set_expert_capacity(&mut self, factor: Option<f64>) -> Result<(), ModelError> {
+        if let Some(f) = factor
+            && !(f.is_finite() && f > 0.0)
+        {
+            return Err(ModelError::InvalidArgument(format!(
+                "set_expert_capacity: the factor must be positive, got {f}"
+            )));
+        }
+        for layer in self
+            .layers
+            .iter_mut()
+            .chain(self.mtp.iter_mut().map(|m| &mut m.block))
+        {
+            if let Mlp::Moe(block) = &mut layer.mlp {
+                block.capacity_factor = factor;
+            }
+        }
+        Ok(())
     }
 
     /// The balancing bias of MoE layer `layer`, when one is set.

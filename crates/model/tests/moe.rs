@@ -184,3 +184,53 @@ fn the_selection_bias_moves_choices_not_weights() {
     );
     assert!(dense.set_expert_bias(0, &[0.0; 3]).is_err());
 }
+
+/// Expert capacity: an expert takes at most ceil(factor * pairs / experts) (token, slot) pairs,
+/// first choices before second ones, then in token order. The dropped count is the hand count
+/// of that rule over what the router chose, a generous factor changes nothing, and a tight one
+/// changes the output (the dropped pairs skip their expert) while keeping it finite.
+#[test]
+fn an_expert_capacity_drops_the_pairs_past_it_by_slot_then_token() {
+    let dir = fixture("mixtral_moe");
+    let reference = reference_tensors(&dir);
+    let ids = &reference["input_ids_a"];
+    let mut model = load(&dir);
+    let (free_hidden, free_routings) = routed(&model, ids, None);
+    assert!(free_routings.iter().all(|r| r.dropped == 0));
+    model.set_expert_capacity(Some(100.0)).expect("capacity");
+    let (generous, _) = routed(&model, ids, None);
+    assert_eq!(max_abs_diff(&generous, &free_hidden), 0.0);
+    let factor = 0.5;
+    model.set_expert_capacity(Some(factor)).expect("capacity");
+    let (tight, routings) = routed(&model, ids, None);
+    let experts = model.config().moe.as_ref().expect("moe").num_experts;
+    let mut total = 0;
+    for routing in &routings {
+        let k = routing.top_k;
+        let tokens = routing.chosen.len() / k;
+        let capacity = (factor * (tokens * k) as f64 / experts as f64).ceil() as usize;
+        let mut taken = vec![0usize; experts];
+        let mut dropped = 0u64;
+        for slot in 0..k {
+            for token in 0..tokens {
+                let e = routing.chosen[token * k + slot] as usize;
+                if taken[e] < capacity {
+                    taken[e] += 1;
+                } else {
+                    dropped += 1;
+                }
+            }
+        }
+        assert_eq!(routing.dropped, dropped, "layer {}", routing.layer);
+        total += dropped;
+    }
+    assert!(total > 0, "a factor of 0.5 drops pairs");
+    assert!(max_abs_diff(&tight, &free_hidden) > 1e-3);
+    let values: Vec<f32> = tight.flatten_all().unwrap().to_vec1().unwrap();
+    assert!(values.iter().all(|v| v.is_finite()));
+    // Back off: the model computes as before.
+    model.set_expert_capacity(None).expect("none");
+    let (again, _) = routed(&model, ids, None);
+    assert_eq!(max_abs_diff(&again, &free_hidden), 0.0);
+    assert!(model.set_expert_capacity(Some(0.0)).is_err());
+}

@@ -25,6 +25,7 @@
 //! # mtp_loss_weight = 0.1     # models with MTP modules (DeepSeek-V3): the MTP loss's weight
 //! # [training.moe]            # mixture-of-experts models: balance = "none" | "aux_loss" |
 //! # balance = "smebu"         # "aux_free" | "smebu"; aux_loss_coef, bias_rate, bias_momentum
+//! # capacity_factor = 1.25    # optional: drop (and log) pairs past each expert's capacity
 //! # [lora]                    # optional: adapters on the frozen model (PEFT's key names)
 //! # r = 16
 //! # lora_alpha = 32
@@ -268,6 +269,10 @@ pub struct MoeBalanceConfig {
     pub bias_rate: f64,
     /// SMEBU's momentum.
     pub bias_momentum: f64,
+    /// Expert capacity factor for training (`Transformer::set_expert_capacity`): each expert
+    /// takes at most `ceil(factor * pairs / experts)` of a micro-batch's (token, slot) pairs;
+    /// the rest are dropped and logged. `None`: dropless.
+    pub capacity_factor: Option<f64>,
 }
 
 impl Default for MoeBalanceConfig {
@@ -277,6 +282,7 @@ impl Default for MoeBalanceConfig {
             aux_loss_coef: None,
             bias_rate: 1e-3,
             bias_momentum: 0.9,
+            capacity_factor: None,
         }
     }
 }
@@ -545,6 +551,14 @@ impl TrainConfig {
             return Err(invalid(
                 "training.moe.bias_rate",
                 format!("must be > 0, got {}", t.moe.bias_rate),
+            ));
+        }
+        if let Some(f) = t.moe.capacity_factor
+            && !(f.is_finite() && f > 0.0)
+        {
+            return Err(invalid(
+                "training.moe.capacity_factor",
+                format!("must be > 0, got {f}"),
             ));
         }
         if !(0.0..1.0).contains(&t.moe.bias_momentum) {

@@ -133,6 +133,14 @@ pub struct MoeMetrics {
         with = "json_float_opt"
     )]
     pub aux_loss: Option<f64>,
+    /// The share of the step's (token, slot) pairs an expert capacity dropped (with
+    /// `training.moe.capacity_factor`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "json_float_opt"
+    )]
+    pub dropped_share: Option<f64>,
 }
 
 impl MoeMetrics {
@@ -157,6 +165,7 @@ impl MoeMetrics {
                 .map(|(layer, l)| (*layer, l.fractions()))
                 .collect(),
             aux_loss,
+            dropped_share: None,
         })
     }
 }

@@ -48,6 +48,9 @@ pub struct ForwardFigures {
     pub aux_loss_sum: f64,
     /// Tokens routed to each expert, per MoE layer: `(layer, counts)`.
     pub expert_counts: Vec<(usize, Vec<u64>)>,
+    /// (token, slot) pairs routed over the MoE layers, and those an expert capacity dropped.
+    pub routed_pairs: u64,
+    pub dropped_pairs: u64,
     /// Each attention layer's per-query-head largest logit, when tracked (MuonClip).
     pub max_logits: Vec<(usize, Vec<f32>)>,
     /// Multi-token prediction: the modules' cross-entropy summed over their predictions
@@ -204,6 +207,8 @@ pub fn moe_record(
     let mut record = ForwardFigures {
         aux_loss_sum: 0.0,
         expert_counts,
+        routed_pairs: routings.iter().map(|r| r.chosen.len() as u64).sum(),
+        dropped_pairs: routings.iter().map(|r| r.dropped).sum(),
         ..ForwardFigures::default()
     };
     let Some(coef) = aux_loss_coef else {

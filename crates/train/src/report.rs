@@ -285,6 +285,19 @@ fn moe_charts(steps: &[&StepMetrics]) -> Vec<ChartSpec> {
         ],
         YScale::Linear,
     )];
+    let dropped: Vec<(f64, f64)> = with_moe
+        .iter()
+        .filter_map(|(m, moe)| moe.dropped_share.map(|d| (m.step as f64, d)))
+        .collect();
+    if !dropped.is_empty() {
+        charts.push(ChartSpec::new(
+            "MoE pairs dropped by the expert capacity",
+            "step",
+            "share of (token, slot) pairs",
+            vec![Series::new("dropped share", dropped)],
+            YScale::Linear,
+        ));
+    }
     let layers: Vec<usize> = with_moe[0].1.expert_load.iter().map(|(l, _)| *l).collect();
     const WINDOW: usize = 10;
     for (slot, layer) in layers.iter().enumerate() {

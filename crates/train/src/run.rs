@@ -151,6 +151,9 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
     };
     model.set_precision(config.training.precision);
     model.set_activation_checkpointing(config.training.activation_checkpointing);
+    if model.config().moe.is_some() {
+        model.set_expert_capacity(config.training.moe.capacity_factor)?;
+    }
     let config_path = run_dir.join("config.toml");
     std::fs::write(&config_path, &config_toml).map_err(|e| TrainError::io(&config_path, e))?;
 

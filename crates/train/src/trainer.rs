@@ -74,6 +74,8 @@ pub struct StepReport {
     pub expert_counts: Vec<(usize, Vec<u64>)>,
     /// Mean auxiliary load-balancing term per loss token (coefficient included), when on.
     pub moe_aux_loss: Option<f64>,
+    /// The share of (token, slot) pairs an expert capacity dropped, when one is set.
+    pub moe_dropped: Option<f64>,
     /// MuonClip: the largest attention logit of the step's forward passes (before the clip).
     pub max_attn_logit: Option<f64>,
     /// MuonClip: heads whose query/key projections the step scaled.
@@ -415,6 +417,7 @@ impl Trainer {
             seconds: 0.0,
             expert_counts: Vec::new(),
             moe_aux_loss: None,
+            moe_dropped: None,
             max_attn_logit: None,
             qk_clipped_heads: None,
             mtp_loss: None,
@@ -431,6 +434,7 @@ impl Trainer {
         let mut expert_counts: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
         let mut aux_sum = 0.0f64;
         let (mut mtp_sum, mut mtp_tokens) = (0.0f64, 0usize);
+        let (mut routed_pairs, mut dropped_pairs) = (0u64, 0u64);
         let mut max_logits: Vec<(usize, Vec<f32>)> = Vec::new();
         for batch in &batches {
             let output = self.objective.loss(&self.model, batch)?;
@@ -444,6 +448,8 @@ impl Trainer {
             }
             aux_sum += output.figures.aux_loss_sum;
             mtp_sum += output.figures.mtp_nll_sum;
+            routed_pairs += output.figures.routed_pairs;
+            dropped_pairs += output.figures.dropped_pairs;
             mtp_tokens += output.figures.mtp_tokens;
             max_logits.extend(output.figures.max_logits.iter().cloned());
             if output.loss_tokens == 0 {
@@ -461,6 +467,9 @@ impl Trainer {
         report.z_loss = self.objective.reports_z_loss().then_some(z_sum * scale);
         report.moe_aux_loss = (aux_sum != 0.0).then_some(aux_sum * scale);
         report.mtp_loss = (mtp_tokens > 0).then(|| mtp_sum / mtp_tokens as f64);
+        report.moe_dropped = (self.config.training.moe.capacity_factor.is_some()
+            && routed_pairs > 0)
+            .then(|| dropped_pairs as f64 / routed_pairs as f64);
         // The bias rules see the step's whole load (every micro-batch) before the optimizer
         // step, as torchtitan's pre-step hook does; the bias moves the next step's routing.
         if let Some((rule, states)) = &mut self.moe_bias {
@@ -529,7 +538,11 @@ impl Trainer {
             moe: crate::metrics::MoeMetrics::from_counts(
                 &report.expert_counts,
                 report.moe_aux_loss,
-            ),
+            )
+            .map(|moe| crate::metrics::MoeMetrics {
+                dropped_share: report.moe_dropped,
+                ..moe
+            }),
             max_attn_logit: report.max_attn_logit,
             qk_clipped_heads: report.qk_clipped_heads,
             mtp_loss: report.mtp_loss,

@@ -147,3 +147,49 @@ fn the_aux_loss_is_logged_and_changes_the_update() {
     assert!((0.1 - 1e-6..0.1 * 8.0).contains(&first), "{first}");
     assert!(weights(dir.path(), "aux") != weights(dir.path(), "plain"));
 }
+
+/// `training.moe.capacity_factor`: a tight capacity drops pairs, and every step's `moe` record
+/// says what share; without it nothing is reported as dropped. A non-positive factor is refused
+/// by name.
+#[test]
+fn an_expert_capacity_logs_the_dropped_share() {
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path());
+    run(
+        config(
+            dir.path(),
+            &[
+                "output_dir=\"capacity\"",
+                "training.steps=3",
+                "training.moe.capacity_factor=0.5",
+            ],
+        ),
+        options(false),
+    )
+    .unwrap();
+    let steps = moe_steps(dir.path(), "capacity");
+    assert_eq!(steps.len(), 3);
+    for moe in &steps {
+        let share = moe["dropped_share"].as_f64().expect("dropped_share logged");
+        assert!(share > 0.0 && share < 1.0, "{share}");
+    }
+    run(
+        config(dir.path(), &["output_dir=\"dropless\"", "training.steps=2"]),
+        options(false),
+    )
+    .unwrap();
+    assert!(
+        moe_steps(dir.path(), "dropless")
+            .iter()
+            .all(|moe| moe.get("dropped_share").is_none())
+    );
+    let error = run_config_error(dir.path(), "training.moe.capacity_factor=0.0");
+    assert!(error.contains("training.moe.capacity_factor"), "{error}");
+}
+
+fn run_config_error(dir: &Path, set: &str) -> String {
+    let mut table: toml::Table = toml::from_str(CONFIG).unwrap();
+    stoke_train::config::apply_overrides(&mut table, &[set.to_string()]).unwrap();
+    let file = stoke_train::config::ConfigFile::from_table(table, "test").unwrap();
+    TrainConfig::from_file(file, dir).unwrap_err().to_string()
+}

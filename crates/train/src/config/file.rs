@@ -258,6 +258,9 @@ pub struct MoeBalanceFile {
     pub bias_rate: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bias_momentum: Option<f64>,
+    /// Expert capacity factor (tokens over it are dropped and counted); absent: no capacity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_factor: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

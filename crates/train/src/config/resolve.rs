@@ -122,6 +122,7 @@ impl TrainConfig {
                     aux_loss_coef: m.aux_loss_coef,
                     bias_rate: m.bias_rate.unwrap_or(d.bias_rate),
                     bias_momentum: m.bias_momentum.unwrap_or(d.bias_momentum),
+                    capacity_factor: m.capacity_factor,
                 }
             },
         };
@@ -261,6 +262,7 @@ impl TrainConfig {
                         aux_loss_coef: t.moe.aux_loss_coef,
                         bias_rate: Some(t.moe.bias_rate),
                         bias_momentum: Some(t.moe.bias_momentum),
+                        capacity_factor: t.moe.capacity_factor,
                     },
                 ),
             },
