@@ -317,6 +317,25 @@ fn inspect_prints_config_and_parameter_count() {
     assert_eq!(printed["config"]["vocab_size"], 300);
 }
 
+/// A DeepSeek-V3 checkpoint: inspect shows its latent attention, its routing and its MTP modules.
+#[test]
+fn inspect_shows_mla_routing_and_mtp_modules() {
+    let model = fixture_dir("deepseek_v3_mtp");
+    let printed: Value = serde_json::from_str(&stdout_of(&stoke(&[
+        "inspect",
+        "--model",
+        model.to_str().unwrap(),
+    ])))
+    .unwrap();
+    let config = &printed["config"];
+    assert_eq!(config["model_type"], "deepseek_v3");
+    assert_eq!(config["mla"]["kv_lora_rank"], 12);
+    assert_eq!(config["mla"]["q_lora_rank"], Value::Null);
+    assert_eq!(config["moe"]["num_experts"], 4);
+    assert_eq!(config["moe"]["router"]["sigmoid"]["route_scale"], 1.5);
+    assert_eq!(config["num_mtp_layers"], 2);
+}
+
 #[test]
 fn missing_model_directory_is_reported() {
     let output = stoke(&[

@@ -326,6 +326,38 @@ fn parsed_config_json(config: &ModelConfig) -> serde_json::Value {
         "max_position_embeddings": config.max_position_embeddings,
         "bos_token_id": config.bos_token_id,
         "eos_token_ids": config.eos_token_ids,
+        "hidden_act": config.hidden_act.hf_name(),
+        "sliding_window": config.sliding_window,
+        "moe": config.moe.as_ref().map(|m| {
+            let router = match m.router_score {
+                stoke_model::config::RouterScore::Softmax => serde_json::json!("softmax"),
+                stoke_model::config::RouterScore::Sigmoid { route_scale } => {
+                    serde_json::json!({ "sigmoid": { "route_scale": route_scale } })
+                }
+            };
+            serde_json::json!({
+                "num_experts": m.num_experts,
+                "num_experts_per_tok": m.num_experts_per_tok,
+                "expert_intermediate_size": m.expert_intermediate_size,
+                "shared_expert_intermediate_size": m.shared_expert_intermediate_size,
+                "norm_topk_prob": m.norm_topk_prob,
+                "router": router,
+                "group_limit": m.group_limit.map(|g| serde_json::json!({
+                    "groups": g.groups,
+                    "topk_groups": g.topk_groups,
+                })),
+                "sparse_layers": m.sparse_layers.iter().filter(|&&s| s).count(),
+            })
+        }),
+        "mla": config.mla.as_ref().map(|m| serde_json::json!({
+            "q_lora_rank": m.q_lora_rank,
+            "kv_lora_rank": m.kv_lora_rank,
+            "qk_nope_head_dim": m.qk_nope_head_dim,
+            "qk_rope_head_dim": m.qk_rope_head_dim,
+            "v_head_dim": m.v_head_dim,
+            "rope_interleave": m.rope_interleave,
+        })),
+        "num_mtp_layers": config.num_mtp_layers,
     })
 }
 
