@@ -41,6 +41,70 @@ fn positions_for(key_valid: &[Vec<bool>]) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// Decodes `sequences` (rows left-padded where `key_valid` is false) through a fresh cache: a
+/// prefill of `prefill` slots, then one slot per step. Every valid position's logits must equal
+/// one full forward pass within the cache tolerance (relative to the logits' scale: f32
+/// summation order; a wrong window, eviction or latent is off by order 1). After each step
+/// `after_step(cache, end)` checks what the cache holds; the final cache is returned.
+fn decode_equals_full(
+    model: &Transformer,
+    sequences: &[Vec<u32>],
+    key_valid: &[Vec<bool>],
+    prefill: usize,
+    mut after_step: impl FnMut(&KvCache, usize),
+) -> KvCache {
+    let positions = positions_for(key_valid);
+    let len = sequences[0].len();
+    let full_bias = causal_bias(key_valid, len, &Device::Cpu).unwrap();
+    let full = model
+        .forward(
+            &tensor_u32(sequences),
+            &tensor_u32(&positions),
+            &full_bias,
+            None,
+        )
+        .unwrap();
+    let mut cache = KvCache::new(model.config().num_hidden_layers);
+    let mut start = 0;
+    while start < len {
+        let end = if start == 0 { prefill } else { start + 1 };
+        let chunk: Vec<Vec<u32>> = sequences.iter().map(|s| s[start..end].to_vec()).collect();
+        let chunk_pos: Vec<Vec<u32>> = positions.iter().map(|p| p[start..end].to_vec()).collect();
+        let valid: Vec<Vec<bool>> = key_valid.iter().map(|v| v[..end].to_vec()).collect();
+        let bias = causal_bias(&valid, end - start, &Device::Cpu).unwrap();
+        let logits = model
+            .forward(
+                &tensor_u32(&chunk),
+                &tensor_u32(&chunk_pos),
+                &bias,
+                Some(&mut cache),
+            )
+            .unwrap();
+        for (b, valid) in key_valid.iter().enumerate() {
+            for t in (start..end).filter(|&t| valid[t]) {
+                let got = logits.get(b).unwrap().get(t - start).unwrap();
+                let want = full.get(b).unwrap().get(t).unwrap();
+                let diff = max_abs_diff(&got, &want);
+                let scale = want
+                    .abs()
+                    .unwrap()
+                    .max(0)
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
+                assert!(
+                    diff <= CACHE_TOLERANCE * (1.0 + scale),
+                    "prefill {prefill}: row {b} position {t}: cached vs full {diff}"
+                );
+            }
+        }
+        assert_eq!(cache.len(), end);
+        after_step(&cache, end);
+        start = end;
+    }
+    cache
+}
+
 #[test]
 fn prefill_then_decode_equals_full_forward_with_left_padding() {
     let pad = 2;
@@ -259,56 +323,9 @@ fn a_sliding_window_cache_keeps_the_window_and_equals_full_recomputation() {
         vec![0, 0, 0, 0, 0, 0, 27, 95, 2, 88, 41, 97, 16, 93, 99, 37],
     ];
     let key_valid: Vec<Vec<bool>> = vec![vec![true; 16], (0..16).map(|t| t >= 6).collect()];
-    let positions = positions_for(&key_valid);
     let len = sequences[0].len();
-    let full_bias = causal_bias(&key_valid, len, &Device::Cpu).unwrap();
-    let full = model
-        .forward(
-            &tensor_u32(&sequences),
-            &tensor_u32(&positions),
-            &full_bias,
-            None,
-        )
-        .unwrap();
     for prefill in [8usize, 1] {
-        let mut cache = KvCache::new(config.num_hidden_layers);
-        let mut start = 0;
-        while start < len {
-            let end = if start == 0 { prefill } else { start + 1 };
-            let chunk: Vec<Vec<u32>> = sequences.iter().map(|s| s[start..end].to_vec()).collect();
-            let chunk_pos: Vec<Vec<u32>> =
-                positions.iter().map(|p| p[start..end].to_vec()).collect();
-            let valid: Vec<Vec<bool>> = key_valid.iter().map(|v| v[..end].to_vec()).collect();
-            let bias = causal_bias(&valid, end - start, &Device::Cpu).unwrap();
-            let logits = model
-                .forward(
-                    &tensor_u32(&chunk),
-                    &tensor_u32(&chunk_pos),
-                    &bias,
-                    Some(&mut cache),
-                )
-                .unwrap();
-            for (b, valid) in key_valid.iter().enumerate() {
-                for t in (start..end).filter(|&t| valid[t]) {
-                    let got = logits.get(b).unwrap().get(t - start).unwrap();
-                    let want = full.get(b).unwrap().get(t).unwrap();
-                    let diff = max_abs_diff(&got, &want);
-                    // f32 summation order, relative to the logits' scale (as the fused-prefill
-                    // test above); a wrong window or eviction is off by order 1.
-                    let scale = want
-                        .abs()
-                        .unwrap()
-                        .max(0)
-                        .unwrap()
-                        .to_scalar::<f32>()
-                        .unwrap();
-                    assert!(
-                        diff <= CACHE_TOLERANCE * (1.0 + scale),
-                        "prefill {prefill}: row {b} position {t}: cached vs full {diff}"
-                    );
-                }
-            }
-            assert_eq!(cache.len(), end);
+        let cache = decode_equals_full(&model, &sequences, &key_valid, prefill, |cache, end| {
             for layer in 0..config.num_hidden_layers {
                 let expected = match config.window_of(layer) {
                     Some(w) => end.min(w - 1),
@@ -320,8 +337,7 @@ fn a_sliding_window_cache_keeps_the_window_and_equals_full_recomputation() {
                     "layer {layer} after {end}"
                 );
             }
-            start = end;
-        }
+        });
         let per_layer_full = 2 * 2 * config.num_key_value_heads * config.head_dim * 4;
         eprintln!(
             "sliding-window cache after {len} slots: {} bytes ({} bytes/slot-row for the global \
@@ -353,56 +369,9 @@ fn a_latent_attention_cache_holds_the_latent_and_equals_full_recomputation() {
         vec![0, 0, 0, 0, 27, 95, 2, 88, 41, 97, 16, 93, 99, 37],
     ];
     let key_valid: Vec<Vec<bool>> = vec![vec![true; 14], (0..14).map(|t| t >= 4).collect()];
-    let positions = positions_for(&key_valid);
     let len = sequences[0].len();
-    let full_bias = causal_bias(&key_valid, len, &Device::Cpu).unwrap();
-    let full = model
-        .forward(
-            &tensor_u32(&sequences),
-            &tensor_u32(&positions),
-            &full_bias,
-            None,
-        )
-        .unwrap();
     for prefill in [6usize, 1] {
-        let mut cache = KvCache::new(config.num_hidden_layers);
-        let mut start = 0;
-        while start < len {
-            let end = if start == 0 { prefill } else { start + 1 };
-            let chunk: Vec<Vec<u32>> = sequences.iter().map(|s| s[start..end].to_vec()).collect();
-            let chunk_pos: Vec<Vec<u32>> =
-                positions.iter().map(|p| p[start..end].to_vec()).collect();
-            let valid: Vec<Vec<bool>> = key_valid.iter().map(|v| v[..end].to_vec()).collect();
-            let bias = causal_bias(&valid, end - start, &Device::Cpu).unwrap();
-            let logits = model
-                .forward(
-                    &tensor_u32(&chunk),
-                    &tensor_u32(&chunk_pos),
-                    &bias,
-                    Some(&mut cache),
-                )
-                .unwrap();
-            for (b, valid) in key_valid.iter().enumerate() {
-                for t in (start..end).filter(|&t| valid[t]) {
-                    let got = logits.get(b).unwrap().get(t - start).unwrap();
-                    let want = full.get(b).unwrap().get(t).unwrap();
-                    let diff = max_abs_diff(&got, &want);
-                    let scale = want
-                        .abs()
-                        .unwrap()
-                        .max(0)
-                        .unwrap()
-                        .to_scalar::<f32>()
-                        .unwrap();
-                    assert!(
-                        diff <= CACHE_TOLERANCE * (1.0 + scale),
-                        "prefill {prefill}: row {b} position {t}: cached vs full {diff}"
-                    );
-                }
-            }
-            assert_eq!(cache.len(), end);
-            start = end;
-        }
+        let cache = decode_equals_full(&model, &sequences, &key_valid, prefill, |_, _| {});
         let slots = 2 * len * config.num_hidden_layers;
         let latent_per_slot = (mla.kv_lora_rank + mla.qk_rope_head_dim) * 4;
         assert_eq!(cache.bytes(), slots * latent_per_slot);

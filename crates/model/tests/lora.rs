@@ -319,8 +319,8 @@ fn adapted_latent_attention_decodes_as_it_recomputes() {
     let bias = stoke_model::causal_bias(&[vec![true; len]], len, &Device::Cpu).unwrap();
     let full = model.forward(&all, &positions, &bias, None).unwrap();
     let mut cache = stoke_model::KvCache::new(model.config().num_hidden_layers);
-    for t in 0..len {
-        let token = Tensor::from_vec(vec![ids[t]], (1, 1), &Device::Cpu).unwrap();
+    for (t, &id) in ids.iter().enumerate() {
+        let token = Tensor::from_vec(vec![id], (1, 1), &Device::Cpu).unwrap();
         let position = Tensor::from_vec(vec![t as u32], (1, 1), &Device::Cpu).unwrap();
         let step_bias = stoke_model::causal_bias(&[vec![true; t + 1]], 1, &Device::Cpu).unwrap();
         let logits = model
