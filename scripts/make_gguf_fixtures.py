@@ -177,7 +177,7 @@ def tokenizer_metadata(writer: gguf.GGUFWriter, tok_dir: Path, vocab_size: int, 
         return v["content"] if isinstance(v, dict) else v
 
     for field, setter in [("bos_token", writer.add_bos_token_id), ("eos_token", writer.add_eos_token_id), ("pad_token", writer.add_pad_token_id)]:
-        if cfg.get(field) is not None and content(cfg[field]) in ids:
+        if cfg.get(field) is not None and ids.get(content(cfg[field]), vocab_size) < vocab_size:
             setter(ids[content(cfg[field])])
     template = cfg.get("chat_template")
     if template is None and (tok_dir / "chat_template.jinja").exists():
@@ -254,6 +254,107 @@ def write_gguf(model, arch: str, tok_dir: Path | None, pre: str, path: Path, all
             w.add_tensor(g, data.astype(np.float32))
         else:
             w.add_tensor(g, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+# llama.cpp's deepseek2 tensor names (convert_hf_to_gguf.py DeepseekV2Model, gguf-py's
+# tensor_mapping.py) for the per-layer transformers modules of a DeepSeek-V3 checkpoint.
+DEEPSEEK2 = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.q_a_proj": "attn_q_a",
+    "self_attn.q_a_layernorm": "attn_q_a_norm",
+    "self_attn.q_b_proj": "attn_q_b",
+    "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+    "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_experts.up_proj": "ffn_up_shexp",
+    "mlp.shared_experts.down_proj": "ffn_down_shexp",
+}
+
+
+def write_deepseek2(source: Path, path: Path, tok_dir: Path, pre: str) -> None:
+    """A DeepSeek-V3 checkpoint (hub layout, one tensor per expert) written as llama.cpp's
+    converter writes it: MLA as MQA over the latent, kv_b_proj split into k_b (transposed) and
+    v_b, experts stacked, the multi-token prediction layers left out. F32 throughout."""
+    c = json.loads((source / "config.json").read_text())
+    state = load_file(str(source / "model.safetensors"))
+    w = gguf.GGUFWriter(str(path), "deepseek2")
+    w.add_name("stoke deepseek2 fixture")
+    n_layers = c["num_hidden_layers"]
+    w.add_block_count(n_layers)
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(c["num_attention_heads"])
+    w.add_head_count_kv(1)
+    w.add_rope_freq_base(c["rope_parameters"]["rope_theta"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_leading_dense_block_count(c["first_k_dense_replace"])
+    w.add_vocab_size(c["vocab_size"])
+    if c.get("q_lora_rank") is not None:
+        w.add_q_lora_rank(c["q_lora_rank"])
+    w.add_kv_lora_rank(c["kv_lora_rank"])
+    w.add_key_length(c["kv_lora_rank"] + c["qk_rope_head_dim"])
+    w.add_value_length(c["kv_lora_rank"])
+    w.add_key_length_mla(c["qk_nope_head_dim"] + c["qk_rope_head_dim"])
+    w.add_value_length_mla(c["v_head_dim"])
+    w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    w.add_expert_count(c["n_routed_experts"])
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    w.add_expert_shared_count(c["n_shared_experts"])
+    w.add_expert_weights_scale(c["routed_scaling_factor"])
+    w.add_expert_weights_norm(c["norm_topk_prob"])
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_group_count(c["n_group"])
+    w.add_expert_group_used_count(c["topk_group"])
+    w.add_rope_dimension_count(c["qk_rope_head_dim"])
+    rope = c["rope_parameters"]
+    if rope.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    tokenizer_metadata(w, tok_dir, c["vocab_size"], pre)
+    heads, nope, v = c["num_attention_heads"], c["qk_nope_head_dim"], c["v_head_dim"]
+    out: dict[str, np.ndarray] = {}
+    experts: dict[tuple[int, str], dict[int, np.ndarray]] = {}
+    for name, tensor in state.items():
+        data = tensor.float().numpy()
+        stem, kind = name.rsplit(".", 1)
+        if stem in HF_TO_GGUF_GLOBAL:
+            out[f"{HF_TO_GGUF_GLOBAL[stem]}.{kind}"] = data
+            continue
+        layer, suffix = stem.removeprefix("model.layers.").split(".", 1)
+        layer = int(layer)
+        if layer >= n_layers:
+            continue  # multi-token prediction: llama.cpp leaves it out
+        if suffix == "mlp.gate" and kind == "e_score_correction_bias":
+            out[f"blk.{layer}.exp_probs_b.bias"] = data
+        elif suffix == "self_attn.kv_b_proj":
+            kv_b = data.reshape(heads, nope + v, data.shape[-1])
+            out[f"blk.{layer}.attn_k_b.weight"] = np.ascontiguousarray(kv_b[:, :nope].transpose(0, 2, 1))
+            out[f"blk.{layer}.attn_v_b.weight"] = np.ascontiguousarray(kv_b[:, nope:])
+        elif suffix.startswith("mlp.experts."):
+            e, proj = suffix.removeprefix("mlp.experts.").split(".")
+            experts.setdefault((layer, proj), {})[int(e)] = data
+        else:
+            out[f"blk.{layer}.{DEEPSEEK2[suffix]}.{kind}"] = data
+    for (layer, proj), by_e in experts.items():
+        g = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}[proj]
+        out[f"blk.{layer}.{g}.weight"] = np.stack([by_e[e] for e in sorted(by_e)])
+    for name in sorted(out):
+        w.add_tensor(name, out[name].astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -405,6 +506,17 @@ def main() -> None:
             logits = model(torch.tensor([ids])).logits[0]
         assert torch.allclose(logits, ref["logits_a"][0], atol=1e-6), fixture
         reference["models"][name] = {"input_ids": ids, "logits": rounded(logits), "source": f"fixtures/models/{fixture}"}
+    # DeepSeek-V3 (llama.cpp's `deepseek2`, which transformers' GGUF loader does not read either):
+    # MLA, sigmoid group-limited routing and YaRN, held to the safetensors logits.
+    source = REPO / "fixtures" / "models" / "deepseek_v3_mla"
+    write_deepseek2(source, OUT / "deepseek2_f32.gguf", REPO / "fixtures" / "tokenizers" / "qwen2", "qwen2")
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, attn_implementation="eager").eval()
+    ref = load_file(str(source / "reference.safetensors"))
+    ids = ref["input_ids_a"][0].tolist()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0]
+    assert torch.allclose(logits, ref["logits_a"][0], atol=1e-6), "deepseek_v3_mla"
+    reference["models"]["deepseek2_f32.gguf"] = {"input_ids": ids, "logits": rounded(logits), "source": "fixtures/models/deepseek_v3_mla"}
     spm_vocab_gguf(OUT / "spm_vocab.gguf")
     reference["models"]["spm_vocab.gguf"] = {"tokenizer": tokenizer_reference(OUT, "spm_vocab.gguf")}
     (OUT / "reference.json").write_text(json.dumps(reference) + "\n")

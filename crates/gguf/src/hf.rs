@@ -4,7 +4,9 @@
 //! model transformers loads from the same file:
 //!
 //! - `config.json` from the `{arch}.*` keys (llama, qwen2, qwen3; the mixtures of experts
-//!   qwen2moe, qwen3moe, olmoe, and Mixtral as llama with `expert_count`);
+//!   qwen2moe, qwen3moe, olmoe, Mixtral as llama with `expert_count`, and DeepSeek-V3 as
+//!   deepseek2, which transformers' GGUF loader does not read: there stoke follows llama.cpp's
+//!   converter, see [`DEEPSEEK2`]);
 //! - tensor names (`blk.N.attn_q.weight` <-> `model.layers.N.self_attn.q_proj.weight`), and for
 //!   llama the inverse of llama.cpp's q/k row permutation (its RoPE pairs adjacent values where
 //!   transformers pairs the two halves of a head);
@@ -33,14 +35,31 @@ pub const ARCHITECTURES: [(&str, &str); 3] = [
     ("qwen3", "Qwen3ForCausalLM"),
 ];
 
-/// Mixture-of-experts architectures stoke loads (not exports): llama.cpp's name, the
+/// Mixture-of-experts architectures stoke loads and exports: llama.cpp's name, the
 /// transformers class and model type.
-/// llama.cpp stores Mixtral as `llama` with `llama.expert_count` (see [`hf_config`]).
-pub const MOE_ARCHITECTURES: [(&str, &str, &str); 3] = [
+/// llama.cpp stores Mixtral as `llama` with `llama.expert_count` (see [`hf_config`]), and
+/// DeepSeek-V3 as `deepseek2` (MLA, sigmoid routing; see [`DEEPSEEK2`]).
+pub const MOE_ARCHITECTURES: [(&str, &str, &str); 4] = [
     ("qwen2moe", "Qwen2MoeForCausalLM", "qwen2_moe"),
     ("qwen3moe", "Qwen3MoeForCausalLM", "qwen3_moe"),
     ("olmoe", "OlmoeForCausalLM", "olmoe"),
+    (DEEPSEEK2, "DeepseekV3ForCausalLM", "deepseek_v3"),
 ];
+
+/// llama.cpp's architecture for DeepSeek-V2/V3 (multi-head latent attention). Its converter
+/// (`DeepseekV2Model` in `convert_hf_to_gguf.py`) writes the attention as MQA over the latent:
+/// `attention.head_count_kv` 1, `attention.key_length` kv_lora_rank + qk_rope_head_dim and
+/// `attention.value_length` kv_lora_rank, with the per-head sizes in
+/// `attention.key_length_mla` / `attention.value_length_mla`. It splits `kv_b_proj` into
+/// [`MLA_K_B`] and [`MLA_V_B`] for the absorbed decode, and leaves out the multi-token
+/// prediction layers. Its RoPE pairs adjacent values, which is transformers'
+/// `rope_interleave = true`.
+pub const DEEPSEEK2: &str = "deepseek2";
+
+/// `kv_b_proj`'s key half per head, transposed: `[heads, kv_lora_rank, qk_nope_head_dim]`.
+pub const MLA_K_B: &str = "attn_k_b";
+/// `kv_b_proj`'s value half per head: `[heads, v_head_dim, kv_lora_rank]`.
+pub const MLA_V_B: &str = "attn_v_b";
 
 /// llama.cpp's stacked expert tensors (`blk.N.ffn_{gate,up,down}_exps.weight`, [experts, out,
 /// in]) and the per-expert transformers module each slice becomes.
@@ -60,7 +79,7 @@ pub fn expert_tensor(name: &str) -> Option<(usize, &'static str)> {
 }
 
 /// Per-block tensor names: GGUF suffix -> transformers suffix.
-const BLOCK_TENSORS: [(&str, &str); 16] = [
+const BLOCK_TENSORS: [(&str, &str); 22] = [
     ("ffn_gate_inp", "mlp.gate"),
     ("ffn_gate_shexp", "mlp.shared_expert.gate_proj"),
     ("ffn_up_shexp", "mlp.shared_expert.up_proj"),
@@ -77,6 +96,28 @@ const BLOCK_TENSORS: [(&str, &str); 16] = [
     ("ffn_gate", "mlp.gate_proj"),
     ("ffn_up", "mlp.up_proj"),
     ("ffn_down", "mlp.down_proj"),
+    // Multi-head latent attention (deepseek2).
+    ("attn_q_a", "self_attn.q_a_proj"),
+    ("attn_q_a_norm", "self_attn.q_a_layernorm"),
+    ("attn_q_b", "self_attn.q_b_proj"),
+    ("attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"),
+    ("attn_kv_a_norm", "self_attn.kv_a_layernorm"),
+    ("attn_kv_b", "self_attn.kv_b_proj"),
+];
+
+/// DeepSeek-V3's names where they differ from the Qwen families' (`deepseek2`): its shared
+/// experts are `mlp.shared_experts`, and its selection bias is a bare parameter of the router.
+const DEEPSEEK2_TENSORS: [(&str, &str); 4] = [
+    (
+        "ffn_gate_shexp.weight",
+        "mlp.shared_experts.gate_proj.weight",
+    ),
+    ("ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight"),
+    (
+        "ffn_down_shexp.weight",
+        "mlp.shared_experts.down_proj.weight",
+    ),
+    ("exp_probs_b.bias", "mlp.gate.e_score_correction_bias"),
 ];
 
 const GLOBAL_TENSORS: [(&str, &str); 3] = [
@@ -85,8 +126,15 @@ const GLOBAL_TENSORS: [(&str, &str); 3] = [
     ("output", "lm_head"),
 ];
 
-/// The transformers name of GGUF tensor `name`, if it is one stoke maps.
-pub fn hf_tensor_name(name: &str) -> Option<String> {
+/// The transformers name of GGUF tensor `name` in a file of architecture `arch`, if it is one
+/// stoke maps.
+pub fn hf_tensor_name(arch: &str, name: &str) -> Option<String> {
+    if arch == DEEPSEEK2
+        && let Some((layer, suffix)) = block_suffix(name, "blk.")
+        && let Some((_, hf)) = DEEPSEEK2_TENSORS.iter().find(|(g, _)| *g == suffix)
+    {
+        return Some(format!("model.layers.{layer}.{hf}"));
+    }
     let (stem, kind) = name.rsplit_once('.')?;
     if kind != "weight" && kind != "bias" {
         return None;
@@ -101,8 +149,21 @@ pub fn hf_tensor_name(name: &str) -> Option<String> {
     Some(format!("model.layers.{layer}.{hf}.{kind}"))
 }
 
-/// The GGUF name of transformers tensor `name`, if it is one stoke maps.
-pub fn gguf_tensor_name(name: &str) -> Option<String> {
+/// `(layer, rest)` of a per-block tensor name (`blk.3.attn_q.weight` -> `(3, "attn_q.weight")`
+/// with `prefix` `blk.`).
+fn block_suffix<'a>(name: &'a str, prefix: &str) -> Option<(usize, &'a str)> {
+    let (layer, suffix) = name.strip_prefix(prefix)?.split_once('.')?;
+    Some((layer.parse().ok()?, suffix))
+}
+
+/// The GGUF name of transformers tensor `name` for architecture `arch`, if it is one stoke maps.
+pub fn gguf_tensor_name(arch: &str, name: &str) -> Option<String> {
+    if arch == DEEPSEEK2
+        && let Some((layer, suffix)) = block_suffix(name, "model.layers.")
+        && let Some((g, _)) = DEEPSEEK2_TENSORS.iter().find(|(_, hf)| *hf == suffix)
+    {
+        return Some(format!("blk.{layer}.{g}"));
+    }
     let (stem, kind) = name.rsplit_once('.')?;
     if kind != "weight" && kind != "bias" {
         return None;
@@ -142,20 +203,49 @@ pub fn permute_rows(
     heads: usize,
     to_gguf: bool,
 ) -> Result<Vec<f32>, String> {
-    if heads == 0 || !rows.is_multiple_of(2 * heads) || !values.len().is_multiple_of(rows) {
+    if heads == 0 || !rows.is_multiple_of(heads) {
         return Err(format!(
             "{rows} rows cannot be split into {heads} heads of rotary pairs"
         ));
     }
+    let block = rows / heads;
+    permute_rotary_rows(values, rows, block, 0, block, to_gguf)
+}
+
+/// [`permute_rows`] for the rotary part of each `block` of rows: rows `offset..offset + rope`
+/// of every block move between the half-split and the adjacent-pairs layout, the rest stay.
+/// (DeepSeek's MLA rotates only the last `qk_rope_head_dim` rows of each query head and of the
+/// latent projection.)
+pub fn permute_rotary_rows(
+    values: &[f32],
+    rows: usize,
+    block: usize,
+    offset: usize,
+    rope: usize,
+    to_gguf: bool,
+) -> Result<Vec<f32>, String> {
+    if block == 0
+        || rows == 0
+        || !rows.is_multiple_of(block)
+        || !rope.is_multiple_of(2)
+        || offset + rope > block
+        || !values.len().is_multiple_of(rows)
+    {
+        return Err(format!(
+            "{rows} rows cannot be split into blocks of {block} with {rope} rotary rows from row \
+             {offset}"
+        ));
+    }
     let cols = values.len() / rows;
-    let half = rows / heads / 2;
-    let mut out = vec![0f32; values.len()];
-    for h in 0..heads {
+    let half = rope / 2;
+    let mut out = values.to_vec();
+    for b in 0..rows / block {
+        let base = b * block + offset;
         for i in 0..half {
             for pair in 0..2 {
-                // transformers row (h, pair, i) <-> llama.cpp row (h, i, pair).
-                let hf_row = h * 2 * half + pair * half + i;
-                let gguf_row = h * 2 * half + 2 * i + pair;
+                // transformers row (pair, i) <-> llama.cpp row (i, pair).
+                let hf_row = base + pair * half + i;
+                let gguf_row = base + 2 * i + pair;
                 let (from, to) = if to_gguf {
                     (hf_row, gguf_row)
                 } else {
@@ -167,6 +257,76 @@ pub fn permute_rows(
         }
     }
     Ok(out)
+}
+
+/// The sizes of MLA's `kv_b_proj` (`[heads * (nope + value), rank]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvB {
+    pub heads: usize,
+    /// `qk_nope_head_dim`.
+    pub nope: usize,
+    /// `v_head_dim`.
+    pub value: usize,
+    /// `kv_lora_rank`.
+    pub rank: usize,
+}
+
+impl KvB {
+    /// llama.cpp's two tensors from `kv_b_proj`: [`MLA_K_B`] `[heads, rank, nope]` (each head's
+    /// key rows, transposed) and [`MLA_V_B`] `[heads, value, rank]`.
+    pub fn split(&self, kv_b: &[f32]) -> Result<(Vec<f32>, Vec<f32>), String> {
+        let KvB {
+            heads,
+            nope,
+            value,
+            rank,
+        } = *self;
+        if kv_b.len() != heads * (nope + value) * rank {
+            return Err(format!(
+                "kv_b_proj has {} values, not heads {heads} x (nope {nope} + value {value}) x \
+                 rank {rank}",
+                kv_b.len()
+            ));
+        }
+        let mut k_b = vec![0f32; heads * rank * nope];
+        let mut v_b = Vec::with_capacity(heads * value * rank);
+        for h in 0..heads {
+            let head = &kv_b[h * (nope + value) * rank..(h + 1) * (nope + value) * rank];
+            for n in 0..nope {
+                for r in 0..rank {
+                    k_b[(h * rank + r) * nope + n] = head[n * rank + r];
+                }
+            }
+            v_b.extend_from_slice(&head[nope * rank..]);
+        }
+        Ok((k_b, v_b))
+    }
+
+    /// `kv_b_proj` from llama.cpp's [`MLA_K_B`] and [`MLA_V_B`] (the inverse of [`KvB::split`]).
+    pub fn join(&self, k_b: &[f32], v_b: &[f32]) -> Result<Vec<f32>, String> {
+        let KvB {
+            heads,
+            nope,
+            value,
+            rank,
+        } = *self;
+        if k_b.len() != heads * rank * nope || v_b.len() != heads * value * rank {
+            return Err(format!(
+                "{MLA_K_B} / {MLA_V_B} have {} / {} values, not heads {heads} x rank {rank} x \
+                 nope {nope} / heads x value {value} x rank",
+                k_b.len(),
+                v_b.len()
+            ));
+        }
+        let mut kv_b = Vec::with_capacity(heads * (nope + value) * rank);
+        for h in 0..heads {
+            for n in 0..nope {
+                kv_b.extend((0..rank).map(|r| k_b[(h * rank + r) * nope + n]));
+            }
+            kv_b.extend_from_slice(&v_b[h * value * rank..(h + 1) * value * rank]);
+        }
+        Ok(kv_b)
+    }
 }
 
 fn unsupported(file: &GgufFile, key: &str, value: &str, supported: &str) -> GgufError {
@@ -296,7 +456,9 @@ pub fn hf_config(file: &GgufFile) -> Result<Json, GgufError> {
     {
         config.insert("clip_qkv".into(), json!(clamp));
     }
-    if MOE_ARCHITECTURES.iter().any(|(a, _, _)| *a == arch) {
+    if arch == DEEPSEEK2 {
+        deepseek2_config(file, &mut config)?;
+    } else if MOE_ARCHITECTURES.iter().any(|(a, _, _)| *a == arch) {
         // llama.cpp's expert keys. transformers' GGUF loader reads only the two counts and takes
         // the expert widths from its config defaults; stoke reads the widths the file states.
         config.insert("num_experts".into(), json!(required("expert_count")?));
@@ -342,6 +504,98 @@ pub fn hf_config(file: &GgufFile) -> Result<Json, GgufError> {
     Ok(Json::Object(config))
 }
 
+/// DeepSeek-V3's fields from a `deepseek2` file (see [`DEEPSEEK2`] for how llama.cpp lays out
+/// MLA), replacing the MQA view the generic keys give.
+fn deepseek2_config(file: &GgufFile, config: &mut Map<String, Json>) -> Result<(), GgufError> {
+    let arch = DEEPSEEK2;
+    let key = |suffix: &str| format!("{arch}.{suffix}");
+    let required = |suffix: &str| -> Result<u64, GgufError> {
+        let k = key(suffix);
+        file.uint(&k)?.ok_or_else(|| file.missing(&k))
+    };
+    let gating = key("expert_gating_func");
+    match file.uint(&gating)? {
+        // 2 is llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID (DeepSeek-V3); DeepSeek-V2's
+        // softmax (1, or the key absent) is a different router.
+        Some(2) => {}
+        other => {
+            return Err(unsupported(
+                file,
+                &gating,
+                &other.map_or("absent (softmax)".into(), |v| v.to_string()),
+                "2 (sigmoid, DeepSeek-V3; DeepSeek-V2's softmax router is not built)",
+            ));
+        }
+    }
+    let heads = required("attention.head_count")?;
+    let rope = required("rope.dimension_count")?;
+    let kv_lora_rank = required("attention.kv_lora_rank")?;
+    // Older converters wrote the per-head sizes as key_length / value_length.
+    let (qk, value) = match file.uint(&key("attention.key_length_mla"))? {
+        Some(qk) => (qk, required("attention.value_length_mla")?),
+        None => (
+            required("attention.key_length")?,
+            required("attention.value_length")?,
+        ),
+    };
+    if qk <= rope {
+        return Err(GgufError::Malformed {
+            path: file.path().to_path_buf(),
+            what: format!("metadata key `{}`", key("attention.key_length_mla")),
+            message: format!(
+                "a query/key head of {qk} leaves nothing beside its {rope} rotary dimensions"
+            ),
+        });
+    }
+    config.remove("head_dim");
+    config.insert("num_key_value_heads".into(), json!(heads));
+    config.insert("qk_rope_head_dim".into(), json!(rope));
+    config.insert("qk_nope_head_dim".into(), json!(qk - rope));
+    config.insert("v_head_dim".into(), json!(value));
+    config.insert("kv_lora_rank".into(), json!(kv_lora_rank));
+    config.insert(
+        "q_lora_rank".into(),
+        json!(file.uint(&key("attention.q_lora_rank"))?),
+    );
+    config.insert("rope_interleave".into(), json!(true));
+    config.insert(
+        "first_k_dense_replace".into(),
+        json!(file.uint(&key("leading_dense_block_count"))?.unwrap_or(0)),
+    );
+    config.insert("n_routed_experts".into(), json!(required("expert_count")?));
+    config.insert(
+        "num_experts_per_tok".into(),
+        json!(required("expert_used_count")?),
+    );
+    config.insert(
+        "moe_intermediate_size".into(),
+        json!(required("expert_feed_forward_length")?),
+    );
+    config.insert(
+        "n_shared_experts".into(),
+        json!(file.uint(&key("expert_shared_count"))?.unwrap_or(0)),
+    );
+    config.insert(
+        "routed_scaling_factor".into(),
+        json!(file.float(&key("expert_weights_scale"))?.unwrap_or(1.0) as f32 as f64),
+    );
+    config.insert(
+        "norm_topk_prob".into(),
+        json!(file.bool(&key("expert_weights_norm"))?.unwrap_or(false)),
+    );
+    config.insert(
+        "n_group".into(),
+        json!(file.uint(&key("expert_group_count"))?.unwrap_or(1)),
+    );
+    config.insert(
+        "topk_group".into(),
+        json!(file.uint(&key("expert_group_used_count"))?.unwrap_or(1)),
+    );
+    // llama.cpp leaves the multi-token prediction layers out of deepseek2 files.
+    config.insert("num_nextn_predict_layers".into(), json!(0));
+    Ok(())
+}
+
 fn rope_scaling(file: &GgufFile, arch: &str) -> Result<Option<Json>, GgufError> {
     let key = format!("{arch}.rope.scaling.type");
     let Some(kind) = file.str(&key)? else {
@@ -358,11 +612,28 @@ fn rope_scaling(file: &GgufFile, arch: &str) -> Result<Option<Json>, GgufError> 
             let original = original.ok_or_else(|| {
                 file.missing(&format!("{arch}.rope.scaling.original_context_length"))
             })?;
-            Ok(Some(json!({
+            let mut scaling = json!({
                 "rope_type": "yarn",
                 "factor": factor,
                 "original_max_position_embeddings": original,
-            })))
+            });
+            // deepseek2: llama.cpp scales the attention by (1 + log_mul · ln factor)² and keeps
+            // the rotation's own factor at 1, which is transformers' DeepSeek-V3 with
+            // mscale = mscale_all_dim = log_mul / 0.1.
+            if arch == DEEPSEEK2
+                && let Some(log_mul) =
+                    file.float(&format!("{arch}.rope.scaling.yarn_log_multiplier"))?
+            {
+                let mscale = (log_mul as f32 / 0.1) as f64;
+                scaling["mscale"] = json!(mscale);
+                scaling["mscale_all_dim"] = json!(mscale);
+                // llama.cpp's YaRN ramp, unless the file states its own.
+                for (name, default) in [("beta_fast", 32.0), ("beta_slow", 1.0)] {
+                    let stated = file.float(&format!("{arch}.rope.scaling.yarn_{name}"))?;
+                    scaling[name] = json!(stated.unwrap_or(default));
+                }
+            }
+            Ok(Some(scaling))
         }
         other => Err(unsupported(
             file,
@@ -771,8 +1042,8 @@ pub fn gguf_metadata(
         .and_then(Json::as_str)
         .and_then(gguf_architecture)
         .ok_or(
-            "config.json: model_type must be llama, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe or \
-             olmoe for a GGUF export",
+            "config.json: model_type must be llama, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, \
+             olmoe or deepseek_v3 for a GGUF export",
         )?;
     let uint = |k: &str| -> Result<u64, String> {
         config
@@ -805,9 +1076,14 @@ pub fn gguf_metadata(
         .and_then(Json::as_str)
         .unwrap_or("default");
     // llama3 scaling travels as the `rope_freqs.weight` tensor, which the caller writes.
-    if rope_type != "default" && rope_type != "llama3" {
+    // deepseek2 has its own YaRN keys (see `deepseek2_metadata`).
+    if rope_type != "default"
+        && rope_type != "llama3"
+        && !(arch == DEEPSEEK2 && rope_type == "yarn")
+    {
         return Err(format!(
-            "config.json: rope type {rope_type:?} is not exported to GGUF yet (default and llama3 are)"
+            "config.json: rope type {rope_type:?} is not exported to GGUF yet (default and llama3 \
+             are, and yarn for deepseek_v3)"
         ));
     }
     let k = |s: &str| format!("{arch}.{s}");
@@ -878,8 +1154,147 @@ pub fn gguf_metadata(
     if let Some(clamp) = config.get("clip_qkv").and_then(Json::as_f64) {
         meta.push((k("attention.clamp_kqv"), Value::F32(clamp as f32)));
     }
+    if arch == DEEPSEEK2 {
+        deepseek2_metadata(config, &mut meta)?;
+    }
     meta.extend(tokenizer_metadata(tokenizer, tokenizer_config, config)?);
     Ok(meta)
+}
+
+/// The `deepseek2.*` keys llama.cpp's converter writes for a DeepSeek-V3 config, replacing the
+/// generic attention sizes in `meta` with its MQA view of MLA (see [`DEEPSEEK2`]).
+fn deepseek2_metadata(config: &Json, meta: &mut Vec<(String, Value)>) -> Result<(), String> {
+    let k = |s: &str| format!("{DEEPSEEK2}.{s}");
+    let uint = |key: &str| -> Result<u32, String> {
+        config
+            .get(key)
+            .and_then(Json::as_u64)
+            .map(|v| v as u32)
+            .ok_or_else(|| format!("config.json: `{key}` is missing or not an integer"))
+    };
+    let float = |key: &str, default: f64| config.get(key).and_then(Json::as_f64).unwrap_or(default);
+    let rope = uint("qk_rope_head_dim")?;
+    let rank = uint("kv_lora_rank")?;
+    let mut set = |key: String, value: Value| match meta.iter_mut().find(|(k, _)| *k == key) {
+        Some(slot) => slot.1 = value,
+        None => meta.push((key, value)),
+    };
+    set(k("attention.head_count_kv"), Value::U32(1));
+    set(k("attention.key_length"), Value::U32(rank + rope));
+    set(k("attention.value_length"), Value::U32(rank));
+    set(
+        k("attention.key_length_mla"),
+        Value::U32(uint("qk_nope_head_dim")? + rope),
+    );
+    set(
+        k("attention.value_length_mla"),
+        Value::U32(uint("v_head_dim")?),
+    );
+    set(k("rope.dimension_count"), Value::U32(rope));
+    set(k("attention.kv_lora_rank"), Value::U32(rank));
+    if let Some(q_rank) = config.get("q_lora_rank").and_then(Json::as_u64) {
+        set(k("attention.q_lora_rank"), Value::U32(q_rank as u32));
+    }
+    set(
+        k("leading_dense_block_count"),
+        Value::U32(
+            config
+                .get("first_k_dense_replace")
+                .and_then(Json::as_u64)
+                .unwrap_or(0) as u32,
+        ),
+    );
+    set(k("expert_count"), Value::U32(uint("n_routed_experts")?));
+    set(
+        k("expert_used_count"),
+        Value::U32(uint("num_experts_per_tok")?),
+    );
+    set(
+        k("expert_feed_forward_length"),
+        Value::U32(uint("moe_intermediate_size")?),
+    );
+    set(
+        k("expert_shared_count"),
+        Value::U32(
+            config
+                .get("n_shared_experts")
+                .and_then(Json::as_u64)
+                .unwrap_or(0) as u32,
+        ),
+    );
+    set(
+        k("expert_weights_scale"),
+        Value::F32(float("routed_scaling_factor", 1.0) as f32),
+    );
+    set(
+        k("expert_weights_norm"),
+        Value::Bool(
+            config
+                .get("norm_topk_prob")
+                .and_then(Json::as_bool)
+                .unwrap_or(false),
+        ),
+    );
+    // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID.
+    set(k("expert_gating_func"), Value::U32(2));
+    set(
+        k("expert_group_count"),
+        Value::U32(config.get("n_group").and_then(Json::as_u64).unwrap_or(1) as u32),
+    );
+    set(
+        k("expert_group_used_count"),
+        Value::U32(config.get("topk_group").and_then(Json::as_u64).unwrap_or(1) as u32),
+    );
+    let scaling = config
+        .get("rope_scaling")
+        .filter(|s| s.is_object())
+        .or_else(|| config.get("rope_parameters"));
+    let field = |name: &str| scaling.and_then(|s| s.get(name)).and_then(Json::as_f64);
+    let yarn = scaling
+        .and_then(|s| s.get("rope_type").or_else(|| s.get("type")))
+        .and_then(Json::as_str)
+        == Some("yarn");
+    if yarn {
+        // llama.cpp keeps the rotation's own YaRN factor at 1 and scales the scores by
+        // (1 + 0.1 · mscale_all_dim · ln factor)²: transformers' numbers only when mscale equals
+        // mscale_all_dim (DeepSeek-V3's 1.0 and 1.0) and no attention_factor overrides them.
+        let (mscale, all_dim) = (field("mscale"), field("mscale_all_dim"));
+        if mscale.is_none()
+            || mscale != all_dim
+            || mscale == Some(0.0)
+            || field("attention_factor").is_some_and(|a| a != 1.0)
+        {
+            return Err(format!(
+                "config.json: YaRN with mscale {mscale:?} and mscale_all_dim {all_dim:?} has no \
+                 deepseek2 GGUF form (llama.cpp assumes the two are equal)"
+            ));
+        }
+        for (name, default) in [("beta_fast", 32.0), ("beta_slow", 1.0)] {
+            if field(name).is_some_and(|v| v != default) {
+                return Err(format!(
+                    "config.json: YaRN's {name} {:?} is not llama.cpp's {default} for deepseek2",
+                    field(name)
+                ));
+            }
+        }
+        let factor = field("factor")
+            .ok_or("config.json: YaRN without a `factor` has no deepseek2 GGUF form")?;
+        let original = scaling
+            .and_then(|s| s.get("original_max_position_embeddings"))
+            .and_then(Json::as_u64)
+            .ok_or("config.json: YaRN without `original_max_position_embeddings`")?;
+        set(k("rope.scaling.type"), Value::String("yarn".into()));
+        set(k("rope.scaling.factor"), Value::F32(factor as f32));
+        set(
+            k("rope.scaling.original_context_length"),
+            Value::U32(original as u32),
+        );
+        set(
+            k("rope.scaling.yarn_log_multiplier"),
+            Value::F32(0.1 * mscale.unwrap_or(0.0) as f32),
+        );
+    }
+    Ok(())
 }
 
 /// llama.cpp's architecture for a transformers `model_type` stoke exports (Mixtral is its
@@ -892,6 +1307,7 @@ pub fn gguf_architecture(model_type: &str) -> Option<&'static str> {
         "qwen2_moe" => "qwen2moe",
         "qwen3_moe" => "qwen3moe",
         "olmoe" => "olmoe",
+        "deepseek_v3" => DEEPSEEK2,
         _ => return None,
     })
 }
@@ -1119,12 +1535,80 @@ mod tests {
                 "model.layers.3.self_attn.k_norm.weight",
             ),
         ] {
-            assert_eq!(hf_tensor_name(gguf).as_deref(), Some(hf));
-            assert_eq!(gguf_tensor_name(hf).as_deref(), Some(gguf));
+            assert_eq!(hf_tensor_name("qwen3", gguf).as_deref(), Some(hf));
+            assert_eq!(gguf_tensor_name("qwen3", hf).as_deref(), Some(gguf));
         }
-        assert_eq!(hf_tensor_name("rope_freqs.weight"), None);
-        assert_eq!(hf_tensor_name("blk.x.attn_q.weight"), None);
-        assert_eq!(hf_tensor_name("blk.0.ffn_gate_exps.weight"), None);
+        assert_eq!(hf_tensor_name("llama", "rope_freqs.weight"), None);
+        assert_eq!(hf_tensor_name("llama", "blk.x.attn_q.weight"), None);
+        assert_eq!(
+            hf_tensor_name("qwen3moe", "blk.0.ffn_gate_exps.weight"),
+            None
+        );
+        // DeepSeek-V3's latent attention, shared experts and selection bias.
+        for (gguf, hf) in [
+            (
+                "blk.2.attn_kv_a_mqa.weight",
+                "model.layers.2.self_attn.kv_a_proj_with_mqa.weight",
+            ),
+            (
+                "blk.0.attn_q_a_norm.weight",
+                "model.layers.0.self_attn.q_a_layernorm.weight",
+            ),
+            (
+                "blk.1.ffn_up_shexp.weight",
+                "model.layers.1.mlp.shared_experts.up_proj.weight",
+            ),
+            (
+                "blk.1.exp_probs_b.bias",
+                "model.layers.1.mlp.gate.e_score_correction_bias",
+            ),
+        ] {
+            assert_eq!(hf_tensor_name(DEEPSEEK2, gguf).as_deref(), Some(hf));
+            assert_eq!(gguf_tensor_name(DEEPSEEK2, hf).as_deref(), Some(gguf));
+        }
+        // Qwen2-MoE's shared expert is singular.
+        assert_eq!(
+            hf_tensor_name("qwen2moe", "blk.1.ffn_up_shexp.weight").as_deref(),
+            Some("model.layers.1.mlp.shared_expert.up_proj.weight")
+        );
+    }
+
+    #[test]
+    fn kv_b_splits_into_llama_cpp_halves_and_joins_back() {
+        // 2 heads, nope 2, value 3, rank 4: kv_b is [2 * 5, 4]; each value is 100 h + 10 row + col.
+        let shape = KvB {
+            heads: 2,
+            nope: 2,
+            value: 3,
+            rank: 4,
+        };
+        let kv_b: Vec<f32> = (0..2)
+            .flat_map(|h| {
+                (0..5).flat_map(move |r| (0..4).map(move |c| (100 * h + 10 * r + c) as f32))
+            })
+            .collect();
+        let (k_b, v_b) = shape.split(&kv_b).unwrap();
+        // k_b[h, r, n] = kv_b[h, n, r].
+        assert_eq!(k_b[(4 + 3) * 2 + 1], 100.0 + 10.0 + 3.0);
+        // v_b[h, v, r] = kv_b[h, nope + v, r].
+        assert_eq!(v_b[(3 + 2) * 4 + 1], 100.0 + 40.0 + 1.0);
+        assert_eq!(shape.join(&k_b, &v_b).unwrap(), kv_b);
+        assert!(shape.split(&kv_b[1..]).is_err());
+        assert!(shape.join(&k_b, &v_b[1..]).is_err());
+    }
+
+    #[test]
+    fn rotary_rows_permute_only_the_rope_part_of_each_block() {
+        // 2 blocks of 5 rows: 1 plain row, then 4 rotary rows; each row holds its index.
+        let values: Vec<f32> = (0..10).map(|r| r as f32).collect();
+        let gguf = permute_rotary_rows(&values, 10, 5, 1, 4, true).unwrap();
+        assert_eq!(gguf, [0., 1., 3., 2., 4., 5., 6., 8., 7., 9.]);
+        assert_eq!(
+            permute_rotary_rows(&gguf, 10, 5, 1, 4, false).unwrap(),
+            values
+        );
+        assert!(permute_rotary_rows(&values, 10, 5, 2, 4, true).is_err());
+        assert!(permute_rotary_rows(&values, 10, 4, 0, 4, true).is_err());
     }
 
     #[test]

@@ -29,7 +29,8 @@ pub fn config_of(path: &Path) -> Result<ModelConfig, ModelError> {
 }
 
 impl Transformer {
-    /// Loads a GGUF model file (llama, qwen2, qwen3) with f32 parameters.
+    /// Loads a GGUF model file (llama, qwen2, qwen3, and the mixtures of experts in
+    /// [`hf::MOE_ARCHITECTURES`]) with f32 parameters.
     pub fn load_gguf(path: &Path, device: &Device) -> Result<Transformer, ModelError> {
         let file = GgufFile::open(path)?;
         let mut config_json = hf::hf_config(&file)?;
@@ -54,8 +55,16 @@ impl Transformer {
             shapes.iter().map(|(n, s)| (n.as_str(), s)).collect();
         let mut tensors = BTreeMap::new();
         let mut by_hf_name = BTreeMap::new();
+        // deepseek2's split kv_b_proj: layer -> (attn_k_b, attn_v_b).
+        let mut kv_b_halves: BTreeMap<usize, [Option<String>; 2]> = BTreeMap::new();
         for info in &file.tensors {
             if info.name == hf::ROPE_FREQS {
+                continue;
+            }
+            if let Some((layer, half)) = mla_half(&info.name)
+                && config.mla.is_some()
+            {
+                kv_b_halves.entry(layer).or_default()[half] = Some(info.name.clone());
                 continue;
             }
             if let Some((layer, proj)) = hf::expert_tensor(&info.name) {
@@ -103,13 +112,14 @@ impl Transformer {
                 continue;
             }
             // The router is `mlp.gate` in the Qwen families' naming, Mixtral's own elsewhere.
-            let mapped = hf::hf_tensor_name(&info.name).map(|name| match &config.moe {
-                Some(moe) if name.ends_with(".mlp.gate.weight") => {
-                    let names = crate::transformer::ExpertNames::of(moe.naming);
-                    name.replace("mlp.gate.weight", &names.router())
-                }
-                _ => name,
-            });
+            let mapped =
+                hf::hf_tensor_name(&architecture, &info.name).map(|name| match &config.moe {
+                    Some(moe) if name.ends_with(".mlp.gate.weight") => {
+                        let names = crate::transformer::ExpertNames::of(moe.naming);
+                        name.replace("mlp.gate.weight", &names.router())
+                    }
+                    _ => name,
+                });
             match mapped {
                 Some(name) => {
                     by_hf_name.insert(name, info.name.clone());
@@ -122,6 +132,17 @@ impl Transformer {
                 }
             }
         }
+        for (layer, halves) in kv_b_halves {
+            let name = format!("model.layers.{layer}.self_attn.kv_b_proj.weight");
+            let kv_b = join_kv_b(&file, &config, layer, &halves)?;
+            let shape = expected.get(name.as_str()).copied().ok_or_else(|| {
+                ModelError::UnexpectedTensor {
+                    path: path.to_path_buf(),
+                    tensor: format!("blk.{layer}.{}.weight", hf::MLA_K_B),
+                }
+            })?;
+            tensors.insert(name, Tensor::from_vec(kv_b, shape.as_slice(), device)?);
+        }
         for (name, shape) in &shapes {
             if tensors.contains_key(name) {
                 continue;
@@ -130,7 +151,8 @@ impl Transformer {
                 .remove(name)
                 .ok_or_else(|| ModelError::MissingTensor {
                     path: path.to_path_buf(),
-                    tensor: hf::gguf_tensor_name(name).unwrap_or_else(|| name.clone()),
+                    tensor: hf::gguf_tensor_name(&architecture, name)
+                        .unwrap_or_else(|| name.clone()),
                     detail: format!(" (the model's `{name}`)"),
                 })?;
             let (mut found, mut values) = file.tensor_f32(&gguf_name)?;
@@ -190,9 +212,9 @@ impl Transformer {
         if !gguf_exportable(self.config()) {
             return Err(ModelError::InvalidArgument(format!(
                 "GGUF export: {} is not supported (stoke writes the llama, qwen2 and qwen3 \
-                 blocks and the Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE mixtures of experts; \
-                 this model has block variants such as sliding windows, soft-caps, NoPE layers \
-                 or latent attention)",
+                 blocks and the Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE and DeepSeek-V3 mixtures \
+                 of experts; this model has block variants such as sliding windows, soft-caps \
+                 or NoPE layers)",
                 self.config().architecture.model_type()
             )));
         }
@@ -206,31 +228,33 @@ impl Transformer {
         let architecture =
             hf::gguf_architecture(self.config().architecture.model_type()).unwrap_or("llama");
 
-        // Each GGUF tensor and the model tensors it is made of: one, or every expert's slice of
-        // a stacked `ffn_*_exps` tensor.
+        // Each GGUF tensor, the model tensors it is made of (one, or every expert's slice of a
+        // stacked `ffn_*_exps` tensor) and how their values are rearranged.
         let tensors: BTreeMap<String, Tensor> = self
             .parameters()
             .into_iter()
             .map(|(n, v)| (n, v.as_tensor().clone()))
             .collect();
-        let mut parts: Vec<Vec<String>> = Vec::new();
+        let mut parts: Vec<(Vec<String>, Rearrange)> = Vec::new();
         let mut specs = Vec::new();
         let names = self
             .config()
             .moe
             .as_ref()
             .map(|m| (crate::transformer::ExpertNames::of(m.naming), m.num_experts));
+        let kv_b = kv_b_shape(self.config());
         for (hf_name, tensor) in &tensors {
-            let (gguf_name, sources, shape) = match &names {
-                Some((names, experts)) if hf_name.contains(".experts.") => {
+            let layer = layer_of(hf_name);
+            // The multi-token prediction modules (layers past num_hidden_layers): llama.cpp's
+            // deepseek2 has no place for them, and its converter leaves them out too.
+            if layer.is_some_and(|l| l >= self.config().num_hidden_layers) {
+                continue;
+            }
+            let mut rearrange =
+                self.rotary_rearrange(hf_name, tensor.dims().first().copied().unwrap_or(0));
+            let (gguf_name, sources, shape) = match (&names, layer) {
+                (Some((names, experts)), Some(layer)) if hf_name.contains(".experts.") => {
                     // model.layers.{l}.{block}.experts.{e}.{proj}.weight
-                    let layer: usize = hf_name
-                        .strip_prefix("model.layers.")
-                        .and_then(|r| r.split('.').next())
-                        .and_then(|l| l.parse().ok())
-                        .ok_or_else(|| {
-                            ModelError::InvalidArgument(format!("GGUF export: `{hf_name}`"))
-                        })?;
                     let p = |s: &str| format!("model.layers.{layer}.{s}.weight");
                     let slot = (0..3).find(|&slot| p(&names.expert(0)[slot]) == *hf_name);
                     let Some(slot) = slot else {
@@ -244,48 +268,53 @@ impl Transformer {
                     shape.extend(tensor.dims());
                     (format!("blk.{layer}.{gguf}.weight"), sources, shape)
                 }
-                Some((names, _)) if hf_name.ends_with(&names.router()) => {
-                    let layer = hf_name
-                        .strip_prefix("model.layers.")
-                        .and_then(|r| r.split('.').next())
-                        .unwrap_or_default();
-                    let shape = tensor.dims().to_vec();
-                    (
-                        format!("blk.{layer}.ffn_gate_inp.weight"),
-                        vec![hf_name.clone()],
-                        shape,
-                    )
+                (Some((names, _)), Some(layer)) if hf_name.ends_with(&names.router()) => (
+                    format!("blk.{layer}.ffn_gate_inp.weight"),
+                    vec![hf_name.clone()],
+                    tensor.dims().to_vec(),
+                ),
+                (_, Some(layer)) if kv_b.is_some() && hf_name.ends_with(".kv_b_proj.weight") => {
+                    // llama.cpp's absorbed decode reads kv_b_proj as two tensors.
+                    let kv_b = kv_b.expect("checked");
+                    for (half, name, shape) in [
+                        (0, hf::MLA_K_B, vec![kv_b.heads, kv_b.rank, kv_b.nope]),
+                        (1, hf::MLA_V_B, vec![kv_b.heads, kv_b.value, kv_b.rank]),
+                    ] {
+                        specs.push(tensor_spec(
+                            format!("blk.{layer}.{name}.weight"),
+                            shape,
+                            dtype,
+                        ));
+                        parts.push((vec![hf_name.clone()], Rearrange::KvBHalf(kv_b, half)));
+                    }
+                    continue;
                 }
                 _ => {
-                    let gguf_name = hf::gguf_tensor_name(hf_name).ok_or_else(|| {
-                        ModelError::InvalidArgument(format!(
-                            "GGUF export: no GGUF name for `{hf_name}`"
-                        ))
-                    })?;
+                    let gguf_name =
+                        hf::gguf_tensor_name(architecture, hf_name).ok_or_else(|| {
+                            ModelError::InvalidArgument(format!(
+                                "GGUF export: no GGUF name for `{hf_name}`"
+                            ))
+                        })?;
                     // Qwen2-MoE's shared-expert gate is 1-D in GGUF.
                     let shape = if hf_name.ends_with("mlp.shared_expert_gate.weight") {
                         vec![tensor.elem_count()]
                     } else {
                         tensor.dims().to_vec()
                     };
+                    if let Some(heads) = hf::permuted_heads(architecture, hf_name, &config_json) {
+                        rearrange = Rearrange::Rotary {
+                            rows: shape[0],
+                            block: shape[0] / heads.max(1),
+                            offset: 0,
+                            rope: shape[0] / heads.max(1),
+                        };
+                    }
                     (gguf_name, vec![hf_name.clone()], shape)
                 }
             };
-            let row = *shape.last().unwrap_or(&0);
-            // Routers stay F32, as llama.cpp's converter keeps `ffn_gate_inp`: a quantized
-            // router moves near-tied expert choices.
-            let router = gguf_name.contains(".ffn_gate_inp");
-            let tensor_type = match dtype {
-                _ if shape.len() < 2 || router => GgmlType::F32,
-                GgmlType::Q8_0 if row % 32 != 0 => GgmlType::F16,
-                other => other,
-            };
-            specs.push(TensorSpec {
-                name: gguf_name,
-                shape,
-                dtype: tensor_type,
-            });
-            parts.push(sources);
+            specs.push(tensor_spec(gguf_name, shape, dtype));
+            parts.push((sources, rearrange));
         }
         // Llama 3 RoPE scaling: llama.cpp reads it as a factor per frequency.
         let rope_factors = match self.config().rope.scaling {
@@ -314,9 +343,9 @@ impl Transformer {
                 let factors = rope_factors.as_deref().unwrap_or_default();
                 return stoke_gguf::quant::quantize(GgmlType::F32, factors);
             }
-            let hf_name = &parts[i][0];
+            let (sources, rearrange) = &parts[i];
             let mut values: Vec<f32> = Vec::new();
-            for source in &parts[i] {
+            for source in sources {
                 let part: Vec<f32> = tensors[source]
                     .to_dtype(DType::F32)
                     .and_then(|t| t.flatten_all())
@@ -340,13 +369,172 @@ impl Transformer {
                     values[big]
                 ));
             }
-            if let Some(heads) = hf::permuted_heads(architecture, hf_name, &config_json) {
-                values = hf::permute_rows(&values, specs[i].shape[0], heads, true)?;
-            }
+            let values = rearrange.apply(values)?;
             stoke_gguf::quant::quantize(specs[i].dtype, &values)
         })?;
         Ok(())
     }
+}
+
+/// How an exported tensor's values are rearranged from the model's layout to llama.cpp's.
+#[derive(Debug, Clone, Copy)]
+enum Rearrange {
+    AsIs,
+    /// The rotary rows `offset..offset + rope` of every `block` of rows go from transformers'
+    /// half-split pairs to llama.cpp's adjacent pairs.
+    Rotary {
+        rows: usize,
+        block: usize,
+        offset: usize,
+        rope: usize,
+    },
+    /// `kv_b_proj`'s key (0) or value (1) half, as llama.cpp's deepseek2 stores it.
+    KvBHalf(hf::KvB, usize),
+}
+
+impl Rearrange {
+    fn apply(self, values: Vec<f32>) -> Result<Vec<f32>, String> {
+        match self {
+            Rearrange::AsIs => Ok(values),
+            Rearrange::Rotary {
+                rows,
+                block,
+                offset,
+                rope,
+            } => hf::permute_rotary_rows(&values, rows, block, offset, rope, true),
+            Rearrange::KvBHalf(shape, half) => {
+                let (k_b, v_b) = shape.split(&values)?;
+                Ok(if half == 0 { k_b } else { v_b })
+            }
+        }
+    }
+}
+
+/// The layer of a per-layer parameter (`model.layers.3.mlp...` -> 3).
+fn layer_of(hf_name: &str) -> Option<usize> {
+    hf_name
+        .strip_prefix("model.layers.")?
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The GGUF tensor `name` of `shape` in the export type `dtype`: 1-D tensors and routers stay
+/// F32 (as llama.cpp's converter keeps `ffn_gate_inp`: a quantized router moves near-tied expert
+/// choices), and a Q8_0 matrix whose rows are not a multiple of 32 is written in F16.
+fn tensor_spec(name: String, shape: Vec<usize>, dtype: GgmlType) -> TensorSpec {
+    let row = *shape.last().unwrap_or(&0);
+    let router = name.contains(".ffn_gate_inp");
+    let dtype = match dtype {
+        _ if shape.len() < 2 || router => GgmlType::F32,
+        GgmlType::Q8_0 if !row.is_multiple_of(32) => GgmlType::F16,
+        other => other,
+    };
+    TensorSpec { name, shape, dtype }
+}
+
+impl Transformer {
+    /// The rearrangement of parameter `hf_name`'s rows for llama.cpp's RoPE in a latent-attention
+    /// model whose rotary dims are half-split (`rope_interleave = false`): llama.cpp's deepseek2
+    /// rotates adjacent pairs, so the rotary rows of each query head and of the latent
+    /// projection are interleaved on the way out. (The GGUF then loads back with
+    /// `rope_interleave = true` and the same outputs.)
+    fn rotary_rearrange(&self, hf_name: &str, rows: usize) -> Rearrange {
+        let config = self.config();
+        let Some(mla) = config.mla.as_ref().filter(|m| !m.rope_interleave) else {
+            return Rearrange::AsIs;
+        };
+        let rope = mla.qk_rope_head_dim;
+        if hf_name.ends_with(".self_attn.q_b_proj.weight")
+            || hf_name.ends_with(".self_attn.q_proj.weight")
+        {
+            Rearrange::Rotary {
+                rows,
+                block: mla.qk_head_dim(),
+                offset: mla.qk_nope_head_dim,
+                rope,
+            }
+        } else if hf_name.ends_with(".self_attn.kv_a_proj_with_mqa.weight") {
+            Rearrange::Rotary {
+                rows,
+                block: mla.kv_lora_rank + rope,
+                offset: mla.kv_lora_rank,
+                rope,
+            }
+        } else {
+            Rearrange::AsIs
+        }
+    }
+}
+
+/// `(layer, 0)` for deepseek2's `blk.N.attn_k_b.weight`, `(layer, 1)` for `attn_v_b`.
+fn mla_half(name: &str) -> Option<(usize, usize)> {
+    let (layer, rest) = name.strip_prefix("blk.")?.split_once('.')?;
+    let half = match rest.strip_suffix(".weight")? {
+        hf::MLA_K_B => 0,
+        hf::MLA_V_B => 1,
+        _ => return None,
+    };
+    Some((layer.parse().ok()?, half))
+}
+
+/// The sizes of the model's `kv_b_proj` for [`hf::KvB`].
+fn kv_b_shape(config: &ModelConfig) -> Option<hf::KvB> {
+    config.mla.as_ref().map(|mla| hf::KvB {
+        heads: config.num_attention_heads,
+        nope: mla.qk_nope_head_dim,
+        value: mla.v_head_dim,
+        rank: mla.kv_lora_rank,
+    })
+}
+
+/// `kv_b_proj` of `layer` from its two deepseek2 halves (both must be there, each of the shape
+/// the config implies).
+fn join_kv_b(
+    file: &GgufFile,
+    config: &ModelConfig,
+    layer: usize,
+    halves: &[Option<String>; 2],
+) -> Result<Vec<f32>, ModelError> {
+    let path = file.path();
+    let Some(shape) = kv_b_shape(config) else {
+        return Err(ModelError::UnexpectedTensor {
+            path: path.to_path_buf(),
+            tensor: format!("blk.{layer}.{}.weight", hf::MLA_K_B),
+        });
+    };
+    let mut values = Vec::new();
+    let wants = [
+        (hf::MLA_K_B, vec![shape.heads, shape.rank, shape.nope]),
+        (hf::MLA_V_B, vec![shape.heads, shape.value, shape.rank]),
+    ];
+    for ((name, want), tensor) in wants.into_iter().zip(halves) {
+        let tensor = tensor.as_ref().ok_or_else(|| ModelError::MissingTensor {
+            path: path.to_path_buf(),
+            tensor: format!("blk.{layer}.{name}.weight"),
+            detail: format!(
+                " (half of the model's `model.layers.{layer}.self_attn.kv_b_proj.weight`)"
+            ),
+        })?;
+        let (found, data) = file.tensor_f32(tensor)?;
+        if found != want {
+            return Err(ModelError::ShapeMismatch {
+                path: path.to_path_buf(),
+                tensor: tensor.clone(),
+                expected: want,
+                found,
+            });
+        }
+        values.push(data);
+    }
+    shape
+        .join(&values[0], &values[1])
+        .map_err(|message| ModelError::InvalidConfig {
+            path: path.to_path_buf(),
+            field: format!("blk.{layer}.{}.weight", hf::MLA_K_B),
+            message,
+        })
 }
 
 /// Whether `save_gguf` writes this model: the plain llama/qwen2/qwen3 block, or one of the
@@ -361,20 +549,31 @@ fn gguf_exportable(config: &ModelConfig) -> bool {
         moe: None,
         qk_norm_whole: false,
         clip_qkv: None,
+        mla: None,
         ..config.clone()
     };
-    // llama.cpp's MoE architectures have no dense layers between the sparse ones.
-    let all_sparse = config
-        .moe
-        .as_ref()
-        .is_some_and(|m| m.sparse_layers.iter().all(|&s| s));
+    let Some(moe) = config.moe.as_ref() else {
+        return false;
+    };
+    // llama.cpp's MoE architectures have no dense layers between the sparse ones; deepseek2 has
+    // its `leading_dense_block_count` dense layers first.
+    let all_sparse = moe.sparse_layers.iter().all(|&s| s);
+    let dense_then_sparse = moe.sparse_layers.windows(2).all(|w| w[0] <= w[1]);
     plain_but_moe.is_plain()
-        && all_sparse
         && match config.architecture {
             Architecture::Mixtral | Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
-                !config.qk_norm_whole && config.clip_qkv.is_none()
+                all_sparse && !config.qk_norm_whole && config.clip_qkv.is_none()
             }
-            Architecture::Olmoe => true,
+            Architecture::Olmoe => all_sparse,
+            // llama.cpp's deepseek2 has no attention or MLP biases.
+            Architecture::DeepseekV3 => {
+                dense_then_sparse
+                    && config.mla.is_some()
+                    && !config.qk_norm_whole
+                    && !config.attention_bias
+                    && !config.attention_output_bias
+                    && !config.mlp_bias
+            }
             _ => false,
         }
 }

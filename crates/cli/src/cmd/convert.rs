@@ -93,6 +93,12 @@ pub fn write_gguf(
     model
         .save_gguf(out, source, dtype.ggml(), &name)
         .with_context(|| format!("writing {}", out.display()))?;
+    let mtp = model.config().num_mtp_layers;
+    if mtp > 0 {
+        println!(
+            "note: the model's {mtp} multi-token prediction module(s) are not in the GGUF              (llama.cpp's deepseek2 has no place for them, and its own converter leaves them              out); the Hugging Face folder keeps them"
+        );
+    }
     println!(
         "wrote {} ({:?} weights) from {}",
         out.display(),
