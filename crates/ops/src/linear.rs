@@ -22,8 +22,57 @@ use crate::bf16::PackedA;
 use crate::gemm::Operand;
 use crate::kernels::contiguous_slice;
 
+thread_local! {
+    static DECODING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Most rows `linear` streams the weight for inside a [`Decoding`] scope.
+pub const STREAM_MAX_ROWS: usize = 16;
+
+/// A scope in which this thread's `linear` calls are inference on few rows (a decode step): up
+/// to [`STREAM_MAX_ROWS`] f32 rows go through the streaming kernel
+/// (`matvec::matmul_f32_weight_rows`) instead of candle's GEMM, which at small M packs the
+/// whole weight per call. The result carries no gradient. Scopes nest; dropping the guard
+/// restores the previous state.
+#[must_use = "the scope ends when the guard is dropped"]
+pub struct Decoding(bool);
+
+impl Decoding {
+    pub fn begin() -> Decoding {
+        Decoding(DECODING.with(|d| d.replace(true)))
+    }
+}
+
+impl Drop for Decoding {
+    fn drop(&mut self) {
+        DECODING.with(|d| d.set(self.0));
+    }
+}
+
 /// `x W^T` for x `[..., K]` and W `[N, K]`; result `[..., N]`.
 pub fn linear(x: &Tensor, weight: &Tensor, precision: Precision) -> Result<Tensor> {
+    if DECODING.with(std::cell::Cell::get)
+        && !uses_bf16(precision, &[x, weight])
+        && x.device().is_cpu()
+        && x.dtype() == DType::F32
+        && weight.dtype() == DType::F32
+    {
+        let dims = x.dims().to_vec();
+        let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
+        let (n, k) = weight.dims2()?;
+        if rows <= STREAM_MAX_ROWS && dims.last() == Some(&k) {
+            let y = with_f32(x, |xs| {
+                with_f32(weight, |w| {
+                    crate::matvec::matmul_f32_weight_rows(xs, rows, w, n, k)
+                })
+            })??;
+            let mut out = dims;
+            if let Some(last) = out.last_mut() {
+                *last = n;
+            }
+            return Tensor::from_vec(y, out, x.device());
+        }
+    }
     let frozen = !weight.track_op() && x.track_op();
     if frozen && !uses_bf16(precision, &[x, weight]) {
         let (n, k) = weight.dims2()?;
@@ -300,6 +349,30 @@ mod tests {
             .unwrap()
             .to_scalar()
             .unwrap()
+    }
+
+    #[test]
+    fn a_decoding_scope_streams_few_rows_with_the_same_values() {
+        let w = tensor(40 * 24, &[40, 24], 0.3);
+        for rows in [1, 2, 8, STREAM_MAX_ROWS, STREAM_MAX_ROWS + 1] {
+            let x = tensor(rows * 24, &[1, rows, 24], 1.1);
+            let plain = linear(&x, &w, Precision::F32).unwrap();
+            let streamed = {
+                let _scope = Decoding::begin();
+                linear(&x, &w, Precision::F32).unwrap()
+            };
+            assert_eq!(streamed.dims(), [1, rows, 40]);
+            let diff = max_diff(&plain, &streamed);
+            assert!(diff < 1e-5, "{rows} rows: {diff}");
+        }
+        // Scopes nest, and the state returns when each ends.
+        let outer = Decoding::begin();
+        {
+            let _inner = Decoding::begin();
+        }
+        assert!(DECODING.with(std::cell::Cell::get));
+        drop(outer);
+        assert!(!DECODING.with(std::cell::Cell::get));
     }
 
     #[test]

@@ -154,6 +154,53 @@ impl Inputs {
     }
 }
 
+/// `x W^T` for `x` `[m, k]` and an f32 weight `W` `[n, k]`, both row-major: the streaming kernel
+/// over blocks of 256 weight rows in parallel, so the weight is read once for all `m` input
+/// rows. For few rows (decoding), where candle's GEMM packs the whole weight per call. Each
+/// output is one row's dot product, whatever `m` and the thread split.
+pub fn matmul_f32_weight_rows(x: &[f32], m: usize, w: &[f32], n: usize, k: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    assert!(
+        x.len() == m * k && w.len() == n * k,
+        "matmul_f32_weight_rows: x {} values for [{m}, {k}], w {} for [{n}, {k}]",
+        x.len(),
+        w.len()
+    );
+    let mut out = vec![0.0f32; m * n];
+    if m == 0 || n == 0 {
+        return out;
+    }
+    let mut inputs = Inputs::new();
+    inputs.prepare(x, m, k, false);
+    let weights = Weights::F32 {
+        data: w,
+        rows: n,
+        cols: k,
+    };
+    const ROWS: usize = 256;
+    let c = OutPtr(out.as_mut_ptr());
+    (0..n.div_ceil(ROWS)).into_par_iter().for_each(|block| {
+        let rows = block * ROWS..((block + 1) * ROWS).min(n);
+        // SAFETY: block `block` writes columns `rows` of every output row, disjoint from every
+        // other block's, inside `out` ([m, n]).
+        unsafe { matvec_raw(&weights, &inputs, rows.clone(), c.get().add(rows.start), n) };
+    });
+    out
+}
+
+/// The output pointer handed to the parallel blocks of `matmul_f32_weight_rows`.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: each task writes only its own columns through the pointer.
+unsafe impl Send for OutPtr {}
+// SAFETY: as for Send.
+unsafe impl Sync for OutPtr {}
+impl OutPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// Which kernel runs `matvec`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
@@ -1000,6 +1047,34 @@ mod tests {
         (0..n)
             .map(|i| (i as f32 * 0.37 + seed as f32).sin() * 1.7)
             .collect()
+    }
+
+    #[test]
+    fn f32_weight_rows_match_an_f64_product_for_any_split() {
+        // n = 300: one full block of 256 weight rows and a partial one; k = 37 is not a multiple
+        // of any vector width.
+        for m in [1, 2, 5, 16] {
+            let (n, k) = (300, 37);
+            let x = values(m * k, 1);
+            let w = values(n * k, 2);
+            let y = matmul_f32_weight_rows(&x, m, &w, n, k);
+            for i in 0..m {
+                for j in 0..n {
+                    let exact: f64 = (0..k)
+                        .map(|t| x[i * k + t] as f64 * w[j * k + t] as f64)
+                        .sum();
+                    let got = y[i * n + j] as f64;
+                    assert!(
+                        (got - exact).abs() < 1e-5 * (1.0 + exact.abs()),
+                        "m {m} ({i}, {j})"
+                    );
+                }
+            }
+            // A row's values do not depend on how many rows share the call.
+            let alone = matmul_f32_weight_rows(&x[..k], 1, &w, n, k);
+            assert_eq!(alone, y[..n]);
+        }
+        assert!(matmul_f32_weight_rows(&[], 0, &values(6, 3), 2, 3).is_empty());
     }
 
     /// f64 reference of the bf16 policy: both operands rounded to bf16.

@@ -442,6 +442,8 @@ impl Caches {
                 Ok(model.decode_step(cache, &input, &positions)?)
             }
             Caches::Graph { cache, key_valid } => {
+                // A decode step: few rows, no gradient (see `stoke_ops::linear::Decoding`).
+                let _decoding = stoke_ops::linear::Decoding::begin();
                 let rows = input.len();
                 for valid in key_valid.iter_mut() {
                     valid.push(true);

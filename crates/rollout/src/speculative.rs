@@ -320,7 +320,9 @@ pub fn generate_speculative(
         row.draft = row.draft_distribution.draw(&mut row.stream);
     }
 
-    // 4. Decode: feed [pending, draft], verify the draft, draft again from the module.
+    // 4. Decode: feed [pending, draft], verify the draft, draft again from the module. Every
+    // product here is on few rows without a gradient (`stoke_ops::linear::Decoding`).
+    let _decoding = stoke_ops::linear::Decoding::begin();
     let mut finished: Vec<Row> = Vec::new();
     loop {
         // Rows that finished, or whose draft would not fit, leave the batch.
