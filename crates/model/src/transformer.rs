@@ -2253,28 +2253,34 @@ impl LatentAttention {
                     .kv_b_proj
                     .effective_weight()?
                     .reshape((heads, nope + v_dim, rank))?;
-                let w_uk = w.narrow(1, 0, nope)?.contiguous()?;
+                // W_uk^T per head [H, rank, nope], and W_uv [H, v, rank]: both as rows the
+                // per-head products read (`stoke_ops::linear::per_head_linear`).
+                let w_uk_t = w.narrow(1, 0, nope)?.transpose(1, 2)?.contiguous()?;
                 let w_uv = w.narrow(1, nope, v_dim)?.contiguous()?;
                 // [H, B*T, nope] x [H, nope, rank] -> q in the latent space, [B, H, T, rank].
-                let q_lat = q_nope
-                    .transpose(0, 1)?
-                    .contiguous()?
-                    .reshape((heads, batch * len, nope))?
-                    .matmul(&w_uk)?
-                    .reshape((heads, batch, len, rank))?
-                    .transpose(0, 1)?;
+                let q_lat = stoke_ops::linear::per_head_linear(
+                    &q_nope
+                        .transpose(0, 1)?
+                        .contiguous()?
+                        .reshape((heads, batch * len, nope))?,
+                    &w_uk_t,
+                )?
+                .reshape((heads, batch, len, rank))?
+                .transpose(0, 1)?;
                 let q = Tensor::cat(&[&q_lat, &q_rot], 3)?;
                 let k = Tensor::cat(&[&latent_all, &k_rot_all], 3)?;
                 let bias = context.bias.narrow(3, 0, keys)?;
                 let attended = attention_with(&q, &k, &latent_all, &bias, scale, None)?;
                 // [H, B*T, rank] x [H, rank, v] -> [B, H, T, v].
-                attended
-                    .transpose(0, 1)?
-                    .contiguous()?
-                    .reshape((heads, batch * len, rank))?
-                    .matmul(&w_uv.transpose(1, 2)?)?
-                    .reshape((heads, batch, len, v_dim))?
-                    .transpose(0, 1)?
+                stoke_ops::linear::per_head_linear(
+                    &attended
+                        .transpose(0, 1)?
+                        .contiguous()?
+                        .reshape((heads, batch * len, rank))?,
+                    &w_uv,
+                )?
+                .reshape((heads, batch, len, v_dim))?
+                .transpose(0, 1)?
             }
         };
         let out = out

@@ -38,8 +38,12 @@ pub const STREAM_MAX_ROWS: usize = 16;
 pub struct Decoding(bool);
 
 impl Decoding {
+    /// Enters the scope, unless `STOKE_DECODE_STREAM=0` (A/B runs against candle's GEMM).
     pub fn begin() -> Decoding {
-        Decoding(DECODING.with(|d| d.replace(true)))
+        static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let enabled =
+            *ENABLED.get_or_init(|| std::env::var("STOKE_DECODE_STREAM").as_deref() != Ok("0"));
+        Decoding(DECODING.with(|d| d.replace(enabled || d.get())))
     }
 }
 
@@ -49,9 +53,54 @@ impl Drop for Decoding {
     }
 }
 
+/// Whether this thread is inside a [`Decoding`] scope.
+pub fn decoding() -> bool {
+    DECODING.with(std::cell::Cell::get)
+}
+
+/// `x W^T` per head: x `[H, M, K]`, W `[H, N, K]`, result `[H, M, N]` (MLA's absorbed
+/// projections into and out of the latent space). Inside a [`Decoding`] scope, f32 on the CPU
+/// with up to [`STREAM_MAX_ROWS`] rows, each head's weight is streamed once for its rows (no
+/// gradient); otherwise a batched matmul.
+pub fn per_head_linear(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    let (heads, m, k) = x.dims3()?;
+    let (w_heads, n, w_k) = weight.dims3()?;
+    if heads != w_heads || k != w_k {
+        candle_core::bail!(
+            "per_head_linear: x {:?} and weight {:?} disagree",
+            x.dims(),
+            weight.dims()
+        )
+    }
+    if !(decoding()
+        && m <= STREAM_MAX_ROWS
+        && x.device().is_cpu()
+        && x.dtype() == DType::F32
+        && weight.dtype() == DType::F32)
+    {
+        return x.matmul(&weight.t()?);
+    }
+    let out = with_f32(x, |xs| {
+        with_f32(weight, |w| {
+            let mut out = vec![0f32; heads * m * n];
+            for (h, y) in out.chunks_exact_mut(m * n).enumerate() {
+                let x = &xs[h * m * k..(h + 1) * m * k];
+                let w = &w[h * n * k..(h + 1) * n * k];
+                for (row, y) in x.chunks_exact(k).zip(y.chunks_exact_mut(n)) {
+                    for (value, w) in y.iter_mut().zip(w.chunks_exact(k)) {
+                        *value = crate::matvec::dot(row, w);
+                    }
+                }
+            }
+            out
+        })
+    })??;
+    Tensor::from_vec(out, (heads, m, n), x.device())
+}
+
 /// `x W^T` for x `[..., K]` and W `[N, K]`; result `[..., N]`.
 pub fn linear(x: &Tensor, weight: &Tensor, precision: Precision) -> Result<Tensor> {
-    if DECODING.with(std::cell::Cell::get)
+    if decoding()
         && !uses_bf16(precision, &[x, weight])
         && x.device().is_cpu()
         && x.dtype() == DType::F32
@@ -365,6 +414,18 @@ mod tests {
             let diff = max_diff(&plain, &streamed);
             assert!(diff < 1e-5, "{rows} rows: {diff}");
         }
+        // Per head: x [H, M, K] against W [H, N, K].
+        let x = tensor(3 * 2 * 24, &[3, 2, 24], 0.7);
+        let w = tensor(3 * 5 * 24, &[3, 5, 24], 1.9);
+        let plain = per_head_linear(&x, &w).unwrap();
+        let streamed = {
+            let _scope = Decoding::begin();
+            per_head_linear(&x, &w).unwrap()
+        };
+        assert_eq!(streamed.dims(), [3, 2, 5]);
+        assert!(max_diff(&plain, &x.matmul(&w.t().unwrap()).unwrap()) == 0.0);
+        assert!(max_diff(&plain, &streamed) < 1e-5);
+        assert!(per_head_linear(&x, &tensor(3 * 5 * 23, &[3, 5, 23], 0.0)).is_err());
         // Scopes nest, and the state returns when each ends.
         let outer = Decoding::begin();
         {

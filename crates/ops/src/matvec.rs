@@ -178,6 +178,13 @@ pub fn matmul_f32_weight_rows(x: &[f32], m: usize, w: &[f32], n: usize, k: usize
         cols: k,
     };
     const ROWS: usize = 256;
+    // A small weight is read on this thread: handing it to the pool costs more (a wake-up and
+    // a sleep of the calling thread) than the product.
+    if n * k <= SMALL_WEIGHT {
+        // SAFETY: all `n` columns of every output row, inside `out` ([m, n]).
+        unsafe { matvec_raw(&weights, &inputs, 0..n, out.as_mut_ptr(), n) };
+        return out;
+    }
     let c = OutPtr(out.as_mut_ptr());
     (0..n.div_ceil(ROWS)).into_par_iter().for_each(|block| {
         let rows = block * ROWS..((block + 1) * ROWS).min(n);
@@ -187,6 +194,10 @@ pub fn matmul_f32_weight_rows(x: &[f32], m: usize, w: &[f32], n: usize, k: usize
     });
     out
 }
+
+/// Weights of up to this many values (256 KiB in f32) are multiplied on the calling thread by
+/// `matmul_f32_weight_rows`.
+pub const SMALL_WEIGHT: usize = 1 << 16;
 
 /// The output pointer handed to the parallel blocks of `matmul_f32_weight_rows`.
 #[derive(Clone, Copy)]
