@@ -252,8 +252,8 @@ impl Transformer {
             }
             let mut rearrange =
                 self.rotary_rearrange(hf_name, tensor.dims().first().copied().unwrap_or(0));
-            let (gguf_name, sources, shape) = match (&names, layer) {
-                (Some((names, experts)), Some(layer)) if hf_name.contains(".experts.") => {
+            let (gguf_name, sources, shape) = match (&names, layer, kv_b) {
+                (Some((names, experts)), Some(layer), _) if hf_name.contains(".experts.") => {
                     // model.layers.{l}.{block}.experts.{e}.{proj}.weight
                     let p = |s: &str| format!("model.layers.{layer}.{s}.weight");
                     let slot = (0..3).find(|&slot| p(&names.expert(0)[slot]) == *hf_name);
@@ -268,14 +268,13 @@ impl Transformer {
                     shape.extend(tensor.dims());
                     (format!("blk.{layer}.{gguf}.weight"), sources, shape)
                 }
-                (Some((names, _)), Some(layer)) if hf_name.ends_with(&names.router()) => (
+                (Some((names, _)), Some(layer), _) if hf_name.ends_with(&names.router()) => (
                     format!("blk.{layer}.ffn_gate_inp.weight"),
                     vec![hf_name.clone()],
                     tensor.dims().to_vec(),
                 ),
-                (_, Some(layer)) if kv_b.is_some() && hf_name.ends_with(".kv_b_proj.weight") => {
+                (_, Some(layer), Some(kv_b)) if hf_name.ends_with(".kv_b_proj.weight") => {
                     // llama.cpp's absorbed decode reads kv_b_proj as two tensors.
-                    let kv_b = kv_b.expect("checked");
                     for (half, name, shape) in [
                         (0, hf::MLA_K_B, vec![kv_b.heads, kv_b.rank, kv_b.nope]),
                         (1, hf::MLA_V_B, vec![kv_b.heads, kv_b.value, kv_b.rank]),
