@@ -5,6 +5,7 @@
 # acceptance. Time the two `generate` commands as whole processes for the speed-up.
 #
 #   cargo build --release && bash bench/mtp_speculative.sh [WORK_DIR]   (default /tmp/mtp-spec)
+#   LAYERS=12 STEPS=1200 bash bench/mtp_speculative.sh /tmp/mtp-spec-12  (the deeper variant)
 #
 # Data: this repository's Markdown and Rust sources, a 1,024-token BPE trained on them, one file
 # in twenty held out (as bench/moe_balance.sh).
@@ -13,7 +14,11 @@ cd "$(dirname "$0")/.."
 STOKE=${STOKE:-$PWD/target/release/stoke}
 WORK=${1:-/tmp/mtp-spec}
 mkdir -p "$WORK"
+LAYERS=${LAYERS:-4}
+STEPS=${STEPS:-1500}
 cp bench/mtp-speculative/mtp.toml bench/mtp-speculative/config.json "$WORK/"
+sed -i "s/\"num_hidden_layers\": 4,/\"num_hidden_layers\": $LAYERS,/" "$WORK/config.json"
+sed -i "s/^steps = 1500$/steps = $STEPS/" "$WORK/mtp.toml"
 cat README.md bench/*.md crates/README.md fixtures/README.md crates/*/src/*.rs > "$WORK/corpus.txt"
 cd "$WORK"
 rm -rf tok shards run part_* eval.txt
