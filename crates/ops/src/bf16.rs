@@ -302,23 +302,7 @@ pub fn matmul_weight_rows(x: &[f32], m: usize, w: &PackedA) -> Vec<f32> {
     if m <= 16 {
         let mut inputs = crate::matvec::Inputs::new();
         inputs.prepare(x, m, k, true);
-        let weights = w.weights();
-        const ROWS: usize = 256;
-        let c = SyncPtr(out.as_mut_ptr());
-        (0..n.div_ceil(ROWS)).into_par_iter().for_each(|block| {
-            let rows = block * ROWS..((block + 1) * ROWS).min(n);
-            // SAFETY: block `block` writes columns `rows` of every output row, disjoint from
-            // every other block's, inside `out` ([m, n]).
-            unsafe {
-                crate::matvec::matvec_raw(
-                    &weights,
-                    &inputs,
-                    rows.clone(),
-                    c.get().add(rows.start),
-                    n,
-                )
-            };
-        });
+        crate::matvec::matvec_parallel(&w.weights(), &inputs, &mut out);
         return out;
     }
     let transposed = matmul(w, &PackedB::from_rows(x, m, k));
@@ -546,13 +530,13 @@ struct Tile {
 }
 
 #[derive(Clone, Copy)]
-struct SyncPtr(*mut f32);
+pub(crate) struct SyncPtr(pub(crate) *mut f32);
 // SAFETY: used only to hand disjoint tiles of one buffer to rayon tasks (see matmul_with).
 unsafe impl Send for SyncPtr {}
 // SAFETY: as for Send: each task writes only its own tile through the pointer.
 unsafe impl Sync for SyncPtr {}
 impl SyncPtr {
-    fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut f32 {
         self.0
     }
 }

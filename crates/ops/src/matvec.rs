@@ -159,7 +159,6 @@ impl Inputs {
 /// rows. For few rows (decoding), where candle's GEMM packs the whole weight per call. Each
 /// output is one row's dot product, whatever `m` and the thread split.
 pub fn matmul_f32_weight_rows(x: &[f32], m: usize, w: &[f32], n: usize, k: usize) -> Vec<f32> {
-    use rayon::prelude::*;
     assert!(
         x.len() == m * k && w.len() == n * k,
         "matmul_f32_weight_rows: x {} values for [{m}, {k}], w {} for [{n}, {k}]",
@@ -177,21 +176,13 @@ pub fn matmul_f32_weight_rows(x: &[f32], m: usize, w: &[f32], n: usize, k: usize
         rows: n,
         cols: k,
     };
-    const ROWS: usize = 256;
     // A small weight is read on this thread: handing it to the pool costs more (a wake-up and
     // a sleep of the calling thread) than the product.
     if n * k <= SMALL_WEIGHT {
-        // SAFETY: all `n` columns of every output row, inside `out` ([m, n]).
-        unsafe { matvec_raw(&weights, &inputs, 0..n, out.as_mut_ptr(), n) };
-        return out;
+        matvec(&weights, &inputs, 0..n, &mut out, n);
+    } else {
+        matvec_parallel(&weights, &inputs, &mut out);
     }
-    let c = OutPtr(out.as_mut_ptr());
-    (0..n.div_ceil(ROWS)).into_par_iter().for_each(|block| {
-        let rows = block * ROWS..((block + 1) * ROWS).min(n);
-        // SAFETY: block `block` writes columns `rows` of every output row, disjoint from every
-        // other block's, inside `out` ([m, n]).
-        unsafe { matvec_raw(&weights, &inputs, rows.clone(), c.get().add(rows.start), n) };
-    });
     out
 }
 
@@ -199,17 +190,25 @@ pub fn matmul_f32_weight_rows(x: &[f32], m: usize, w: &[f32], n: usize, k: usize
 /// `matmul_f32_weight_rows`.
 pub const SMALL_WEIGHT: usize = 1 << 16;
 
-/// The output pointer handed to the parallel blocks of `matmul_f32_weight_rows`.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: each task writes only its own columns through the pointer.
-unsafe impl Send for OutPtr {}
-// SAFETY: as for Send.
-unsafe impl Sync for OutPtr {}
-impl OutPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
+/// `out[b, j] = sum_k W[j, k] x[b, k]` for every weight row `j` (`out` is `[x.batch(), w.rows()]`),
+/// blocks of 256 weight rows in parallel.
+pub(crate) fn matvec_parallel(w: &Weights, x: &Inputs, out: &mut [f32]) {
+    use rayon::prelude::*;
+    const ROWS: usize = 256;
+    let n = w.rows();
+    assert!(
+        out.len() >= x.batch * n,
+        "matvec_parallel: output of {} values too small for [{}, {n}]",
+        out.len(),
+        x.batch
+    );
+    let c = crate::bf16::SyncPtr(out.as_mut_ptr());
+    (0..n.div_ceil(ROWS)).into_par_iter().for_each(|block| {
+        let rows = block * ROWS..((block + 1) * ROWS).min(n);
+        // SAFETY: block `block` writes columns `rows` of every output row, disjoint from every
+        // other block's, inside `out` ([batch, n], checked above).
+        unsafe { matvec_raw(w, x, rows.clone(), c.get().add(rows.start), n) };
+    });
 }
 
 /// Which kernel runs `matvec`.
