@@ -29,6 +29,9 @@ enum Command {
     Serve(cmd::serve::ServeArgs),
     /// Chat in the terminal with a local model or an OpenAI-compatible server (streaming).
     Chat(cmd::serve::ChatArgs),
+    /// Serve a GRPO config's rewards (verifiers and the code sandbox) over HTTP, for
+    /// `[reward] kind = "remote"`.
+    RewardServer(cmd::reward_server::RewardServerArgs),
     /// Print a model's parsed configuration and parameter count.
     Inspect(cmd::model::InspectArgs),
     /// Fold a LoRA adapter (PEFT layout) into its base model and save the merged model.
@@ -106,6 +109,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => cmd::model::generate(args),
         Command::Serve(args) => cmd::serve::serve(args),
         Command::Chat(args) => cmd::serve::chat(args),
+        Command::RewardServer(args) => cmd::reward_server::run(args),
         Command::Inspect(args) => cmd::model::inspect(args),
         Command::Merge(args) => cmd::model::merge(args),
         Command::Export(args) => cmd::export::run(args),

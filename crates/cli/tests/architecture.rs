@@ -51,9 +51,20 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "stoke-data",
             ],
         ),
+        (
+            "stoke-serve",
+            &[
+                "stoke-types",
+                "stoke-ops",
+                "stoke-model",
+                "stoke-tokenizer",
+                "stoke-rollout",
+            ],
+        ),
         // The pipeline holds the policy (model), its tokenizer, the optimizer settings and the
         // PTX shards directly, besides the three modules' crates; its held-out evaluation runs
-        // through the eval harness (one evaluator in the codebase).
+        // through the eval harness (one evaluator in the codebase); remote rollout talks to
+        // inference servers through stoke-serve's client.
         (
             "stoke-pipeline",
             &[
@@ -67,16 +78,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "stoke-reward",
                 "stoke-train",
                 "stoke-eval",
-            ],
-        ),
-        (
-            "stoke-serve",
-            &[
-                "stoke-types",
-                "stoke-ops",
-                "stoke-model",
-                "stoke-tokenizer",
-                "stoke-rollout",
+                "stoke-serve",
             ],
         ),
         (

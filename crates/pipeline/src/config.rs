@@ -88,7 +88,7 @@ use stoke_train::grpo::GrpoLossFile;
 use crate::error::PipelineError;
 use crate::settings::{
     EvalSettings, GrpoSettings, KlPlacement, Lag, OldLogprobs, PipelineMode, PtxSettings,
-    TemperatureSchedule, WeightSync,
+    Services, TemperatureSchedule, WeightSync,
 };
 
 /// The names of `stoke_eval::Level` (`Level::name`), the arithmetic task's levels. The pipeline
@@ -351,6 +351,10 @@ impl GrpoConfig {
             precision: g.precision.unwrap_or_default(),
             activation_checkpointing: g.activation_checkpointing.unwrap_or(false),
             lora: file.lora.clone(),
+            services: Services {
+                rollout: resolve_rollout_service(file.rollout.as_ref(), &at, &out_dir_of(&file, &base, stem))?,
+                reward: resolve_reward_service(file.reward.as_ref())?,
+            },
         };
         if let Some(lora) = &settings.lora {
             lora.validate().map_err(|e| match e {
@@ -370,10 +374,7 @@ impl GrpoConfig {
                 "must be at least 1",
             ));
         }
-        let out_dir = match &file.out.dir {
-            Some(dir) => at(dir),
-            None => base.join("runs").join(stem),
-        };
+        let out_dir = out_dir_of(&file, &base, stem);
         Ok(GrpoConfig {
             model: at(&file.model.path),
             out_dir,
@@ -477,6 +478,8 @@ impl GrpoConfig {
                 dir: Some(self.out_dir.clone()),
             },
             lora: s.lora.clone(),
+            rollout: s.services.rollout.as_ref().map(rollout_service_file),
+            reward: s.services.reward.as_ref().map(pool_file),
         }
     }
 
@@ -512,6 +515,9 @@ const RESUME_FREE_KEYS: &[&str] = &[
     "grpo.activation_checkpointing",
     "held_out.",
     "eval.",
+    // Where a module runs, not what it computes.
+    "rollout.",
+    "reward.",
     "checkpoint.",
     "out.",
 ];

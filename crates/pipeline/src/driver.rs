@@ -35,12 +35,10 @@ use rand::seq::SliceRandom;
 
 use crate::buffer::{BufferCapacity, RecordBuffer};
 use crate::error::PipelineError;
-use crate::inference::InferenceModule;
 use crate::learner::{Learner, LearnerStep};
 use crate::records::{GroupTicket, RolloutGroup, ScoredGroup, Task};
-use crate::reward::RewardPool;
-use crate::rollout::RolloutModule;
 use crate::scheduler::{ComputeModule, ThreadScheduler};
+use crate::service::{ReferenceScoring, RewardService, RolloutService};
 use crate::settings::TemperatureSchedule;
 use crate::staleness::{GenerationPermit, StalenessGate};
 use crate::weights::WeightStore;
@@ -102,11 +100,12 @@ impl TaskPlan {
     }
 }
 
-/// The modules and joints one session drives.
+/// The modules and joints one session drives. The three modules are traits (`service`), in
+/// process or remote; the joints are always the trainer process's own.
 pub struct Modules {
-    pub rollout: RolloutModule,
-    pub rewards: RewardPool,
-    pub inference: Arc<Mutex<InferenceModule>>,
+    pub rollout: Box<dyn RolloutService>,
+    pub rewards: Box<dyn RewardService>,
+    pub inference: Arc<Mutex<dyn ReferenceScoring>>,
     pub weights: Arc<WeightStore>,
     pub gate: Arc<StalenessGate>,
     pub scheduler: ThreadScheduler,
@@ -166,7 +165,10 @@ fn busy_of(groups: &[ScoredGroup]) -> (f64, f64, f64) {
     })
 }
 
-fn score_all(rewards: &RewardPool, groups: Vec<RolloutGroup>) -> Vec<ScoredGroup> {
+fn score_all(
+    rewards: &dyn RewardService,
+    groups: Vec<RolloutGroup>,
+) -> Result<Vec<ScoredGroup>, PipelineError> {
     std::thread::scope(|scope| {
         let handles: Vec<_> = groups
             .into_iter()
@@ -183,7 +185,7 @@ fn score_all(rewards: &RewardPool, groups: Vec<RolloutGroup>) -> Vec<ScoredGroup
 }
 
 fn add_reference(
-    inference: &Mutex<InferenceModule>,
+    inference: &Mutex<dyn ReferenceScoring>,
     groups: &mut [ScoredGroup],
 ) -> Result<(), PipelineError> {
     let inference = inference.lock().unwrap_or_else(PoisonError::into_inner);
@@ -239,7 +241,7 @@ pub fn run_sync(
         let groups = modules
             .scheduler
             .install(ComputeModule::Rollout, || modules.rollout.generate(tickets))??;
-        let mut scored = score_all(&modules.rewards, groups);
+        let mut scored = score_all(&*modules.rewards, groups)?;
         modules.scheduler.install(ComputeModule::Trainer, || {
             add_reference(&modules.inference, &mut scored)
         })??;
@@ -396,9 +398,16 @@ pub fn run_async(
                     trainer_in
                 };
                 while let Some(group) = rollout_out.pop() {
-                    let scored = modules.rewards.score(group);
-                    if next.send(scored).is_err() {
-                        return;
+                    match modules.rewards.score(group) {
+                        Ok(scored) => {
+                            if next.send(scored).is_err() {
+                                return;
+                            }
+                        }
+                        Err(error) => {
+                            shutdown.fail(error);
+                            return;
+                        }
                     }
                 }
             });

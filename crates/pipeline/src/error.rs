@@ -37,6 +37,13 @@ pub enum PipelineError {
     Tensor(#[from] candle_core::Error),
     #[error("reward: {0}")]
     Reward(String),
+    /// A remote module (rollout or reward servers) could not do its work on any server, or a
+    /// server failed the checks before the first step.
+    #[error("remote {service}: {reason}")]
+    Remote {
+        service: &'static str,
+        reason: String,
+    },
     /// A module thread died or a buffer closed before the run finished.
     #[error("pipeline module `{module}` stopped: {reason}")]
     ModuleStopped {

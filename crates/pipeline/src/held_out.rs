@@ -24,7 +24,7 @@ use stoke_tokenizer::hf::Tokenizer;
 
 use crate::error::PipelineError;
 use crate::records::{RolloutGroup, Task};
-use crate::reward::RewardPool;
+use crate::service::RewardService;
 
 /// Prompts per target call.
 const EVAL_BATCH: usize = 32;
@@ -63,7 +63,7 @@ pub fn evaluate(
     model: &Transformer,
     tokenizer: &Tokenizer,
     tasks: &[Arc<Task>],
-    rewards: &RewardPool,
+    rewards: &dyn RewardService,
     sampling: &EvalSampling,
 ) -> Result<HeldOutResult, PipelineError> {
     let started = Instant::now();
@@ -127,7 +127,7 @@ fn generate_and_score(
     model: &Transformer,
     tokenizer: &Tokenizer,
     tasks: &[Arc<Task>],
-    rewards: &RewardPool,
+    rewards: &dyn RewardService,
     sampling: &EvalSampling,
     n: usize,
     temperature: f32,
@@ -182,7 +182,7 @@ fn generate_and_score(
             })
             .collect();
         let group = RolloutGroup::offline(index as u64, Arc::clone(task), temperature, completions);
-        let scored = rewards.score(group);
+        let scored = rewards.score(group)?;
         groups.push(
             samples
                 .into_iter()

@@ -33,7 +33,7 @@ use stoke_train::grpo::update::{
 use stoke_train::source::BatchSource;
 
 use crate::error::PipelineError;
-use crate::inference::InferenceModule;
+use crate::service::ReferenceScoring;
 use crate::records::ScoredGroup;
 use crate::settings::{GrpoSettings, KlPlacement, OldLogprobs};
 use crate::staleness::{PolicyVersion, StalenessGate};
@@ -67,7 +67,7 @@ pub struct Learner {
     settings: GrpoSettings,
     weights: Arc<WeightStore>,
     gate: Option<Arc<StalenessGate>>,
-    inference: Arc<Mutex<InferenceModule>>,
+    inference: Arc<Mutex<dyn ReferenceScoring>>,
     ptx: Option<Box<dyn BatchSource>>,
     /// The trainer step of session version 0 (nonzero after a resume).
     step_offset: u64,
@@ -80,7 +80,7 @@ impl Learner {
         settings: GrpoSettings,
         weights: Arc<WeightStore>,
         gate: Option<Arc<StalenessGate>>,
-        inference: Arc<Mutex<InferenceModule>>,
+        inference: Arc<Mutex<dyn ReferenceScoring>>,
         ptx: Option<Box<dyn BatchSource>>,
         step_offset: u64,
     ) -> Learner {

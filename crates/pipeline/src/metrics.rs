@@ -172,6 +172,63 @@ pub struct GrpoStepRecord {
     /// process's peak, rollout KV caches and snapshots included, in `activations_bytes`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<stoke_train::metrics::MemoryReport>,
+    /// Remote rollout: each server's counters since the run started, and the retries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_servers: Option<RemoteRecord>,
+    /// Remote rewards: likewise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward_servers: Option<RemoteRecord>,
+}
+
+/// One server of a remote module, cumulative since the run started.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServerRecord {
+    pub url: String,
+    pub alive: bool,
+    pub requests: u64,
+    pub failures: u64,
+    pub samples: u64,
+    pub tokens: u64,
+    /// Share of the run's wall time with at least one request of ours in flight.
+    #[serde(with = "json_float")]
+    pub utilization: f64,
+    /// Tokens (rollout) or samples (reward) per busy second.
+    #[serde(with = "json_float")]
+    pub throughput: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// A remote module's servers and retries.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RemoteRecord {
+    pub servers: Vec<ServerRecord>,
+    pub retries: u64,
+}
+
+impl RemoteRecord {
+    /// The record of `stats`; `by_tokens`: throughput in tokens (rollout), else samples.
+    pub fn of(stats: &crate::service::RemoteStats, by_tokens: bool) -> RemoteRecord {
+        RemoteRecord {
+            servers: stats
+                .servers
+                .iter()
+                .map(|s| ServerRecord {
+                    url: s.url.clone(),
+                    alive: s.alive,
+                    requests: s.requests,
+                    failures: s.failures,
+                    samples: s.samples,
+                    tokens: s.tokens,
+                    utilization: s.busy_seconds / stats.seconds.max(1e-9),
+                    throughput: if by_tokens { s.tokens } else { s.samples } as f64
+                        / s.busy_seconds.max(1e-9),
+                    last_error: s.last_error.clone(),
+                })
+                .collect(),
+            retries: stats.retries,
+        }
+    }
 }
 
 /// Figures of one held-out evaluation.

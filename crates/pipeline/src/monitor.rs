@@ -19,6 +19,7 @@ use crate::error::PipelineError;
 use crate::held_out::HeldOutResult;
 use crate::learner::{Learner, LearnerStep};
 use crate::metrics::{
+    RemoteRecord,
     GrpoEvalRecord, GrpoMetricsLog, GrpoRecord, GrpoStepRecord, ModuleSeconds, ModuleUtilization,
     RatioRecord, batch_stats,
 };
@@ -231,6 +232,14 @@ impl StepSink for RunSink<'_> {
             stoke_train::metrics::MemoryReport::measure(updater.model(), updater.optimizer())
                 .with_kv_cache(modules.rollout.stats().kv_cache_peak_bytes),
         );
+        record.rollout_servers = modules
+            .rollout
+            .remote_stats()
+            .map(|stats| RemoteRecord::of(&stats, true));
+        record.reward_servers = modules
+            .rewards
+            .remote_stats()
+            .map(|stats| RemoteRecord::of(&stats, false));
         monitor.progress.step(&ProgressLine {
             step: number,
             reward_mean: record.reward_mean,
@@ -294,9 +303,8 @@ pub fn reward_failure_message(
     let task = &group.rollout.ticket.task;
     let reward = modules
         .rewards
-        .specs()
-        .get(task.reward)
-        .map_or_else(|| format!("#{}", task.reward), |spec| spec.name.clone());
+        .reward_name(task.reward)
+        .unwrap_or_else(|| format!("#{}", task.reward));
     let why = match failure {
         RewardFailure::Panicked(message) => format!("panicked: {message}"),
         RewardFailure::TimedOut => "did not answer within grpo.reward_timeout_s".to_string(),

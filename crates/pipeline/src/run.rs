@@ -42,7 +42,9 @@ use crate::learner::Learner;
 use crate::monitor::RunMonitor;
 use crate::records::Task;
 use crate::reward::{RewardPool, RewardSpec};
+use crate::remote::{RemoteRewards, RemoteRollout};
 use crate::rollout::{RolloutModule, RolloutSettings};
+use crate::service::{ReferenceScoring, RewardService, RolloutService};
 use crate::scheduler::ThreadScheduler;
 use crate::settings::{GrpoSettings, KlPlacement, Lag, PipelineMode};
 use crate::staleness::{StalenessBound, StalenessGate};
@@ -197,13 +199,42 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
         Lag::Fixed => settings.max_off_policy_steps as usize + 1,
     };
     let weights = Arc::new(WeightStore::with_history(&policy, kept_versions)?);
-    let rollout = RolloutModule::new(
-        Arc::clone(&weights),
-        Arc::clone(&tokenizer),
-        RolloutSettings::from_grpo(&settings, stop_token_ids.clone()),
-    )?;
-    let reward_pool = RewardPool::new(rewards, settings.reward_workers, settings.reward_timeout)?;
-    let inference = Arc::new(Mutex::new(InferenceModule::new(
+    let rollout_settings = RolloutSettings::from_grpo(&settings, stop_token_ids.clone());
+    let rollout: Box<dyn RolloutService> = match &settings.services.rollout {
+        None => Box::new(RolloutModule::new(
+            Arc::clone(&weights),
+            Arc::clone(&tokenizer),
+            rollout_settings,
+        )?),
+        Some(remote) => {
+            let rollout = RemoteRollout::connect(
+                remote,
+                Arc::clone(&weights),
+                &tokenizer,
+                &model_dir,
+                rollout_settings,
+            )?;
+            eprintln!(
+                "rollout on {} {} server(s): {}",
+                remote.pool.servers.len(),
+                remote.engine.name(),
+                remote.pool.servers.join(", ")
+            );
+            Box::new(rollout)
+        }
+    };
+    let rewards: Box<dyn RewardService> = match &settings.services.reward {
+        None => Box::new(RewardPool::new(
+            rewards,
+            settings.reward_workers,
+            settings.reward_timeout,
+        )?),
+        Some(pool) => Box::new(RemoteRewards::connect(
+            pool.clone(),
+            rewards.iter().map(|spec| spec.name.clone()).collect(),
+        )?),
+    };
+    let inference: Arc<Mutex<dyn ReferenceScoring>> = Arc::new(Mutex::new(InferenceModule::new(
         reference,
         settings.micro_batch_tokens,
     )));
@@ -277,7 +308,7 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
     );
     let modules = Modules {
         rollout,
-        rewards: reward_pool,
+        rewards,
         inference,
         weights,
         gate,
@@ -322,7 +353,7 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
                 model,
                 &tokenizer,
                 &held_out,
-                &modules.rewards,
+                &*modules.rewards,
                 &eval_sampling,
             )
             .map(Some)

@@ -129,6 +129,13 @@ pub struct EvalSettings {
     pub problems: usize,
 }
 
+/// Where the rollout and reward modules run (`[rollout]`, `[reward]`); `None`: in process.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Services {
+    pub rollout: Option<crate::remote::RemoteRolloutSettings>,
+    pub reward: Option<crate::remote::PoolSettings>,
+}
+
 /// Everything a GRPO run needs besides loaded objects.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GrpoSettings {
@@ -192,6 +199,8 @@ pub struct GrpoSettings {
     pub activation_checkpointing: bool,
     /// LoRA adapters on the frozen policy.
     pub lora: Option<stoke_model::lora::LoraConfig>,
+    /// Rollout and rewards in process or on remote servers.
+    pub services: Services,
 }
 
 impl GrpoSettings {

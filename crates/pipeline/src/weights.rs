@@ -59,11 +59,27 @@ fn rollout_copy(model: &Transformer) -> Result<Transformer, PipelineError> {
     Ok(model.snapshot()?)
 }
 
+/// What else happens when the trainer publishes a version: remote rollout writes the weights to
+/// a shared path and has its servers load them (`remote::rollout::RemotePublisher`). It runs on
+/// the trainer's thread before the version becomes current, so the staleness gate (published
+/// after the store) grants no ticket of that version before the servers hold it.
+pub trait PublishHook: Send + Sync {
+    fn publish(&self, model: &Transformer, version: PolicyVersion) -> Result<(), PipelineError>;
+}
+
 /// The newest policy weights, shared as `Arc<WeightStore>` between the trainer and rollout.
-#[derive(Debug)]
 pub struct WeightStore {
     state: Mutex<StoreState>,
     published: Condvar,
+    hook: Mutex<Option<Arc<dyn PublishHook>>>,
+}
+
+impl std::fmt::Debug for WeightStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeightStore")
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
 }
 
 impl WeightStore {
@@ -97,6 +113,7 @@ impl WeightStore {
                 waiting: 0,
             }),
             published: Condvar::new(),
+            hook: Mutex::new(None),
         })
     }
 
@@ -117,6 +134,14 @@ impl WeightStore {
         // publisher may have won the race in between).
         self.check_publishable(&self.lock(), model, version)?;
         let started = Instant::now();
+        let hook = self
+            .hook
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(hook) = hook {
+            hook.publish(model, version)?;
+        }
         let snapshot = Arc::new(rollout_copy(model)?);
         let seconds = started.elapsed().as_secs_f64();
         let mut state = self.lock();
@@ -171,6 +196,11 @@ impl WeightStore {
             ));
         }
         Ok(())
+    }
+
+    /// Runs `hook` on every later publication (see [`PublishHook`]).
+    pub fn set_hook(&self, hook: Arc<dyn PublishHook>) {
+        *self.hook.lock().unwrap_or_else(PoisonError::into_inner) = Some(hook);
     }
 
     /// The newest weights and their version.

@@ -21,6 +21,7 @@ use stoke_pipeline::reward::{RewardPool, RewardSpec};
 use stoke_pipeline::rollout::{RolloutModule, RolloutSettings};
 use stoke_pipeline::run::{GrpoRun, RunOptions, run};
 use stoke_pipeline::scheduler::ThreadScheduler;
+use stoke_pipeline::service::ReferenceScoring;
 use stoke_pipeline::weights::WeightStore;
 use stoke_pipeline::{GrpoSettings, Lag, PipelineError, StalenessBound, StalenessGate, Task};
 use stoke_reward::{Details, Reference, RewardInput, RewardOutcome, Verifier};
@@ -165,7 +166,8 @@ fn session_with(
         group_level: false,
     };
     let rewards = RewardPool::new(vec![spec], 2, Duration::from_secs(30)).unwrap();
-    let inference = Arc::new(Mutex::new(InferenceModule::new(reference, 4096)));
+    let inference: Arc<Mutex<dyn ReferenceScoring>> =
+        Arc::new(Mutex::new(InferenceModule::new(reference, 4096)));
     let bound = StalenessBound::new(
         settings.max_off_policy_steps,
         settings.prompts_per_step as u64,
@@ -196,8 +198,8 @@ fn session_with(
         0,
     );
     let modules = Modules {
-        rollout,
-        rewards,
+        rollout: Box::new(rollout),
+        rewards: Box::new(rewards),
         inference,
         weights,
         gate,

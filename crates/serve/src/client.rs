@@ -28,6 +28,12 @@ pub enum ClientError {
 impl Client {
     /// A client of `base_url` (e.g. `http://127.0.0.1:8000`; a trailing `/v1` is kept off).
     pub fn new(base_url: &str) -> Client {
+        Client::with_timeout(base_url, None)
+    }
+
+    /// A client whose every exchange ends with an error after `timeout` (connecting, sending,
+    /// waiting and reading together); `None` waits as long as the server takes.
+    pub fn with_timeout(base_url: &str, timeout: Option<Duration>) -> Client {
         let base = base_url
             .trim_end_matches('/')
             .trim_end_matches("/v1")
@@ -35,9 +41,15 @@ impl Client {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_connect(Some(Duration::from_secs(10)))
+            .timeout_global(timeout)
             .build()
             .into();
         Client { base, agent }
+    }
+
+    /// The server's address as given (without a trailing `/v1`).
+    pub fn base(&self) -> &str {
+        &self.base
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -148,7 +148,7 @@ impl Generation {
                     BatchRequest {
                         prompt_ids: prompt.ids.clone(),
                         params: spec.params.clone(),
-                        prompt_number: index as u64,
+                        prompt_number: spec.first_prompt_number + index as u64,
                         logprobs: spec.logprobs,
                     },
                     ChannelSink {

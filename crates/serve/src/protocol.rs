@@ -3,7 +3,8 @@
 //! What it is: serde types for `/v1/completions` and `/v1/chat/completions` bodies (OpenAI's
 //! fields plus vLLM's extras: `top_k`, `stop_token_ids`, `ignore_eos`, `prompt_logprobs`,
 //! `return_token_ids`, `return_tokens_as_token_ids`, `skip_special_tokens`,
-//! `add_generation_prompt`, `chat_template_kwargs`), and [`GenerationSpec`], the validated
+//! `add_generation_prompt`, `chat_template_kwargs`; and stoke's `prompt_number`, the random
+//! stream number of the first prompt, which remote rollout uses), and [`GenerationSpec`], the validated
 //! request the routes hand to the batcher: prompts as token ids, sampling parameters, what to
 //! report. What it is not: response shapes (`response.rs`) or HTTP.
 //!
@@ -94,6 +95,10 @@ pub struct CommonFields {
     pub skip_special_tokens: Option<bool>,
     /// `processed_logprobs` (default) or `raw_logprobs` (also `processed` / `raw`).
     pub logprobs_mode: Option<String>,
+    /// stoke's extension: the number of the first prompt in the random streams (prompt i of the
+    /// request samples from stream (seed, prompt_number + i, j)), so a remote rollout that sends
+    /// its group id draws the very samples the in-process engine would. Default 0.
+    pub prompt_number: Option<u64>,
     // Known and not implemented: refused when set to anything but their neutral value.
     pub logit_bias: Option<Value>,
     pub presence_penalty: Option<f64>,
@@ -223,6 +228,8 @@ pub struct GenerationSpec {
     pub skip_special_tokens: bool,
     /// The seed was given (otherwise a random one was drawn).
     pub seeded: bool,
+    /// The stream number of `prompts[0]` (`CommonFields::prompt_number`).
+    pub first_prompt_number: u64,
 }
 
 fn positive(
@@ -575,6 +582,7 @@ impl CompletionRequest {
             tokens_as_ids: common.return_tokens_as_token_ids,
             skip_special_tokens: common.skip_special_tokens.unwrap_or(true),
             seeded,
+            first_prompt_number: common.prompt_number.unwrap_or(0),
         })
     }
 }
@@ -721,6 +729,7 @@ impl ChatRequest {
             tokens_as_ids: common.return_tokens_as_token_ids,
             skip_special_tokens: common.skip_special_tokens.unwrap_or(true),
             seeded,
+            first_prompt_number: common.prompt_number.unwrap_or(0),
         })
     }
 }

@@ -303,7 +303,7 @@ fn parse_levels(names: &[String], section: &str) -> anyhow::Result<Vec<Level>> {
 
 /// One `RewardSpec` per configured reward, in index order; one sandbox (default limits) shared
 /// by the rewards that run code.
-fn build_rewards(config: &GrpoConfig) -> anyhow::Result<Vec<RewardSpec>> {
+pub fn build_rewards(config: &GrpoConfig) -> anyhow::Result<Vec<RewardSpec>> {
     let sandbox = if config.rewards.iter().any(|(_, r)| r.runs_code()) {
         let sandbox_config = SandboxConfigFile::default().into_config()?;
         Some(Sandbox::new(sandbox_config).context("starting the sandbox for code rewards")?)

@@ -11,6 +11,7 @@ pub mod export;
 pub mod grpo;
 pub mod model;
 pub mod r1;
+pub mod reward_server;
 pub mod rft;
 pub mod sandbox;
 pub mod serve;

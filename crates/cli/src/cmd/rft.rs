@@ -227,6 +227,8 @@ pub fn sampling_source(
         ptx: None,
         out,
         lora: None,
+        rollout: None,
+        reward: None,
     };
     let mut source =
         GrpoConfig::from_file(source, &stage.base, stem).with_context(|| stage.origin.clone())?;

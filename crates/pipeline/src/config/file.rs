@@ -42,6 +42,60 @@ pub struct GrpoConfigFile {
     /// is then the base without adapters, at no copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<stoke_model::lora::LoraConfig>,
+    /// Where rollout runs: in process (default) or on remote inference servers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<ServiceSection>,
+    /// Where rewards are computed: in process (default) or on `stoke reward-server`s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<ServiceSection>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServiceKindFile {
+    Local,
+    Remote,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RoutingFile {
+    RoundRobin,
+    LeastLoaded,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineFile {
+    Stoke,
+    Vllm,
+}
+
+/// `[rollout]` / `[reward]`: a module in process or on a pool of servers.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceSection {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<ServiceKindFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub servers: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<RoutingFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revive_after_s: Option<f64>,
+    /// `[rollout]` only: the server software.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineFile>,
+    /// `[rollout]` only: the served model name to expect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// `[rollout]` only: the shared folder new weights are published to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights_dir: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -178,3 +178,187 @@ pub(super) fn schedule_file(schedule: &LrSchedule) -> ScheduleSection {
         decay_shape: f.decay_shape,
     }
 }
+
+const DEFAULT_ROLLOUT_IN_FLIGHT: usize = 4;
+const DEFAULT_REWARD_IN_FLIGHT: usize = 8;
+const DEFAULT_ROLLOUT_TIMEOUT_S: f64 = 600.0;
+const DEFAULT_REWARD_TIMEOUT_S_REMOTE: f64 = 120.0;
+const DEFAULT_REVIVE_AFTER_S: f64 = 10.0;
+
+/// The run's output folder (`[out] dir`, else `base/runs/<stem>`).
+pub(super) fn out_dir_of(file: &GrpoConfigFile, base: &Path, stem: &str) -> PathBuf {
+    match &file.out.dir {
+        Some(dir) => base.join(dir),
+        None => base.join("runs").join(stem),
+    }
+}
+
+fn seconds(key: String, value: f64) -> Result<Duration, PipelineError> {
+    if !(value.is_finite() && value > 0.0) {
+        return Err(PipelineError::config(
+            key,
+            format!("must be a positive number of seconds, got {value}"),
+        ));
+    }
+    Duration::try_from_secs_f64(value).map_err(|e| PipelineError::config(key, e.to_string()))
+}
+
+/// The pool part of `[rollout]` / `[reward]`; `None` for a local module. Keys that only one of
+/// them has are checked by the callers.
+fn resolve_pool(
+    section: &str,
+    file: &ServiceSection,
+    default_in_flight: usize,
+    default_timeout_s: f64,
+) -> Result<Option<crate::remote::PoolSettings>, PipelineError> {
+    let key = |name: &str| format!("{section}.{name}");
+    let servers = file.servers.clone().unwrap_or_default();
+    match file.kind.unwrap_or(ServiceKindFile::Local) {
+        ServiceKindFile::Local => {
+            if !servers.is_empty() {
+                return Err(PipelineError::config(
+                    key("servers"),
+                    "servers are used with kind = \"remote\" only",
+                ));
+            }
+            Ok(None)
+        }
+        ServiceKindFile::Remote => {
+            if servers.is_empty() {
+                return Err(PipelineError::config(
+                    key("servers"),
+                    "kind = \"remote\" needs at least one server URL",
+                ));
+            }
+            for (i, url) in servers.iter().enumerate() {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(PipelineError::config(
+                        format!("{section}.servers[{i}]"),
+                        format!("{url:?} is not an http:// or https:// URL"),
+                    ));
+                }
+                if servers[..i].contains(url) {
+                    return Err(PipelineError::config(
+                        format!("{section}.servers[{i}]"),
+                        format!("{url} is listed twice"),
+                    ));
+                }
+            }
+            let max_in_flight = file.max_in_flight.unwrap_or(default_in_flight);
+            if max_in_flight == 0 {
+                return Err(PipelineError::config(key("max_in_flight"), "must be at least 1"));
+            }
+            Ok(Some(crate::remote::PoolSettings {
+                servers,
+                routing: match file.routing.unwrap_or(RoutingFile::LeastLoaded) {
+                    RoutingFile::RoundRobin => crate::remote::Routing::RoundRobin,
+                    RoutingFile::LeastLoaded => crate::remote::Routing::LeastLoaded,
+                },
+                max_in_flight,
+                timeout: seconds(key("timeout_s"), file.timeout_s.unwrap_or(default_timeout_s))?,
+                revive_after: seconds(
+                    key("revive_after_s"),
+                    file.revive_after_s.unwrap_or(DEFAULT_REVIVE_AFTER_S),
+                )?,
+            }))
+        }
+    }
+}
+
+pub(super) fn resolve_rollout_service(
+    file: Option<&ServiceSection>,
+    at: &dyn Fn(&Path) -> PathBuf,
+    out_dir: &Path,
+) -> Result<Option<crate::remote::RemoteRolloutSettings>, PipelineError> {
+    let Some(file) = file else {
+        return Ok(None);
+    };
+    let Some(pool) = resolve_pool(
+        "rollout",
+        file,
+        DEFAULT_ROLLOUT_IN_FLIGHT,
+        DEFAULT_ROLLOUT_TIMEOUT_S,
+    )?
+    else {
+        for (name, set) in [
+            ("engine", file.engine.is_some()),
+            ("model", file.model.is_some()),
+            ("weights_dir", file.weights_dir.is_some()),
+        ] {
+            if set {
+                return Err(PipelineError::config(
+                    format!("rollout.{name}"),
+                    "is used with kind = \"remote\" only",
+                ));
+            }
+        }
+        return Ok(None);
+    };
+    Ok(Some(crate::remote::RemoteRolloutSettings {
+        pool,
+        engine: match file.engine.unwrap_or(EngineFile::Stoke) {
+            EngineFile::Stoke => crate::remote::Engine::Stoke,
+            EngineFile::Vllm => crate::remote::Engine::Vllm,
+        },
+        model: file.model.clone(),
+        weights_dir: file
+            .weights_dir
+            .as_deref()
+            .map_or_else(|| out_dir.join("published-weights"), at),
+    }))
+}
+
+pub(super) fn resolve_reward_service(
+    file: Option<&ServiceSection>,
+) -> Result<Option<crate::remote::PoolSettings>, PipelineError> {
+    let Some(file) = file else {
+        return Ok(None);
+    };
+    for (name, set) in [
+        ("engine", file.engine.is_some()),
+        ("model", file.model.is_some()),
+        ("weights_dir", file.weights_dir.is_some()),
+    ] {
+        if set {
+            return Err(PipelineError::config(
+                format!("reward.{name}"),
+                "belongs to [rollout]; [reward] takes kind, servers, routing, max_in_flight, \
+                 timeout_s and revive_after_s",
+            ));
+        }
+    }
+    resolve_pool(
+        "reward",
+        file,
+        DEFAULT_REWARD_IN_FLIGHT,
+        DEFAULT_REWARD_TIMEOUT_S_REMOTE,
+    )
+}
+
+/// A remote pool back in file form, every value explicit.
+pub(super) fn pool_file(pool: &crate::remote::PoolSettings) -> ServiceSection {
+    ServiceSection {
+        kind: Some(ServiceKindFile::Remote),
+        servers: Some(pool.servers.clone()),
+        routing: Some(match pool.routing {
+            crate::remote::Routing::RoundRobin => RoutingFile::RoundRobin,
+            crate::remote::Routing::LeastLoaded => RoutingFile::LeastLoaded,
+        }),
+        max_in_flight: Some(pool.max_in_flight),
+        timeout_s: Some(pool.timeout.as_secs_f64()),
+        revive_after_s: Some(pool.revive_after.as_secs_f64()),
+        ..ServiceSection::default()
+    }
+}
+
+pub(super) fn rollout_service_file(remote: &crate::remote::RemoteRolloutSettings) -> ServiceSection {
+    ServiceSection {
+        engine: Some(match remote.engine {
+            crate::remote::Engine::Stoke => EngineFile::Stoke,
+            crate::remote::Engine::Vllm => EngineFile::Vllm,
+        }),
+        model: remote.model.clone(),
+        weights_dir: Some(remote.weights_dir.clone()),
+        ..pool_file(&remote.pool)
+    }
+}

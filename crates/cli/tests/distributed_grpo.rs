@@ -1,0 +1,359 @@
+//! Distributed GRPO on localhost: the trainer (`stoke grpo`) with rollout on two `stoke serve`
+//! processes and rewards on one `stoke reward-server`, all real processes on loopback ports.
+//!
+//! - Learning matches the in-process run: on-policy (sync, `max_off_policy_steps = 0`), the
+//!   remote run logs the same update figures and ends with the same weights as the local one,
+//!   since the servers draw each group's samples from the same random streams, on the weights the
+//!   trainer published, and every trained token's reported version is the version updated.
+//! - Asynchronous with k = 1 and 2, no sample is more than k versions old.
+//! - One rollout server killed mid-run (SIGKILL): the run finishes every update, each once with
+//!   all its samples, the dead server is out of rotation with its failure counted, and the alert
+//!   is logged.
+//! - A server that does not answer is refused before the first step, naming it.
+//!
+//! The model is the tiny random Llama of the other CLI tests, with an `instructions` reward the
+//! random policy scores unevenly (so updates move the weights).
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+mod common;
+
+fn stoke() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_stoke"))
+}
+
+const STEPS: usize = 8;
+
+const CONFIG: &str = r#"
+[model]
+path = "model"
+[tasks]
+kind = "jsonl"
+path = "tasks.jsonl"
+[grpo]
+steps = 8
+prompts_per_step = 2
+group_size = 4
+max_new_tokens = 6
+mode = "sync"
+threads = 1
+reward_workers = 1
+seed = 7
+[rewards.default]
+kind = "instructions"
+constraints = [
+    { type = "word_count", relation = "at_most", value = 3 },
+    { type = "keywords_required", keywords = ["is"] },
+    { type = "ends_with", text = "?" },
+]
+[optimizer]
+kind = "adamw"
+lr = 1e-3
+[out]
+dir = "run-local"
+"#;
+
+/// A server process and its URL (read from the first line it prints); killed on drop.
+struct Proc {
+    child: Child,
+    url: String,
+}
+
+impl Proc {
+    fn start(args: &[&str], dir: &Path) -> Proc {
+        let mut child = stoke()
+            .args(args)
+            .current_dir(dir)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("the server starts");
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        stderr.read_line(&mut line).unwrap();
+        let url = line
+            .split_whitespace()
+            .find(|word| word.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no URL in {line:?}"))
+            .to_string();
+        std::thread::spawn(move || for _ in stderr.lines() {});
+        Proc { child, url }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Two rollout servers over `dir/model` and one reward server with `dir/grpo.toml`'s rewards.
+struct Cluster {
+    rollout: Vec<Proc>,
+    reward: Proc,
+}
+
+impl Cluster {
+    fn start(dir: &Path) -> Cluster {
+        let serve = |_| {
+            Proc::start(
+                &[
+                    "serve",
+                    "--model",
+                    "model",
+                    "--port",
+                    "0",
+                    "--served-model-name",
+                    "tiny",
+                    "--kv-cache-gib",
+                    "0.25",
+                ],
+                dir,
+            )
+        };
+        let rollout = (0..2).map(serve).collect();
+        let reward = Proc::start(&["reward-server", "grpo.toml", "--port", "0"], dir);
+        Cluster { rollout, reward }
+    }
+
+    /// `--set` arguments that put rollout and rewards on this cluster.
+    fn sets(&self) -> Vec<String> {
+        let urls: Vec<String> = self
+            .rollout
+            .iter()
+            .map(|p| format!("\"{}\"", p.url))
+            .collect();
+        vec![
+            "rollout.kind=\"remote\"".into(),
+            format!("rollout.servers=[{}]", urls.join(", ")),
+            "rollout.revive_after_s=3600".into(),
+            "reward.kind=\"remote\"".into(),
+            format!("reward.servers=[\"{}\"]", self.reward.url),
+        ]
+    }
+}
+
+fn setup() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let texts: Vec<String> = (0..40)
+        .map(|i| format!("What is {i} + {}? It is {} . Is it?", i + 2, 2 * i + 2))
+        .collect();
+    common::tiny_chat_model(dir.path(), &texts);
+    let tasks: String = (0..8)
+        .map(|i| format!("{{\"id\": \"t{i}\", \"prompt\": \"What is {i} + 2?\"}}\n"))
+        .collect();
+    std::fs::write(dir.path().join("tasks.jsonl"), tasks).unwrap();
+    std::fs::write(dir.path().join("grpo.toml"), CONFIG).unwrap();
+    dir
+}
+
+fn grpo_command(dir: &Path, out: &str, sets: &[String]) -> Command {
+    let mut command = stoke();
+    command
+        .arg("grpo")
+        .arg(dir.join("grpo.toml"))
+        .args(["--set", &format!("out.dir=\"{out}\""), "--quiet"])
+        .args(sets.iter().flat_map(|set| ["--set", set.as_str()]))
+        .current_dir("/");
+    command
+}
+
+fn assert_success(output: &Output) {
+    assert!(
+        output.status.success(),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The update records of a run's metrics log.
+fn steps(dir: &Path, out: &str) -> Vec<Value> {
+    std::fs::read_to_string(dir.join(out).join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("\"kind\":\"step\""))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn weights(dir: &Path, out: &str) -> Vec<u8> {
+    std::fs::read(dir.join(out).join("model/model.safetensors")).unwrap()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-6 * (1.0 + a.abs().max(b.abs()))
+}
+
+#[test]
+fn remote_rollout_and_rewards_train_as_the_local_pipeline_does() {
+    let dir = setup();
+    let cluster = Cluster::start(dir.path());
+    let sets = cluster.sets();
+
+    let local = grpo_command(dir.path(), "run-local", &[]).output().unwrap();
+    assert_success(&local);
+    let remote = grpo_command(dir.path(), "run-remote", &sets)
+        .output()
+        .unwrap();
+    assert_success(&remote);
+    let stderr = String::from_utf8_lossy(&remote.stderr);
+    assert!(stderr.contains("rollout on 2 stoke server(s)"), "{stderr}");
+    assert!(stderr.contains("sandbox isolation"), "{stderr}");
+
+    let (local_steps, remote_steps) = (steps(dir.path(), "run-local"), steps(dir.path(), "run-remote"));
+    assert_eq!(local_steps.len(), STEPS);
+    assert_eq!(remote_steps.len(), STEPS);
+    let mut moved = false;
+    for (l, r) in local_steps.iter().zip(&remote_steps) {
+        for key in ["reward_mean", "reward_std", "loss", "grad_norm", "length_mean"] {
+            let (a, b) = (l[key].as_f64().unwrap(), r[key].as_f64().unwrap());
+            assert!(close(a, b), "update {}: {key} local {a}, remote {b}", l["step"]);
+        }
+        moved |= l["grad_norm"].as_f64().unwrap() > 0.0;
+        // Every trained token was generated by the weights being updated.
+        assert_eq!(r["staleness_histogram"], serde_json::json!([8]), "{r}");
+        let servers = r["rollout_servers"]["servers"].as_array().unwrap();
+        assert_eq!(servers.len(), 2);
+        assert!(servers.iter().all(|s| s["alive"] == true && s["failures"] == 0), "{r}");
+        assert_eq!(r["reward_servers"]["servers"][0]["failures"], 0);
+    }
+    assert!(moved, "no update had a gradient: equal runs would prove nothing");
+    let last = remote_steps.last().unwrap();
+    let requests: Vec<u64> = last["rollout_servers"]["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["requests"].as_u64().unwrap())
+        .collect();
+    assert_eq!(requests.iter().sum::<u64>(), (STEPS * 2) as u64);
+    assert!(requests.iter().all(|&r| r > 0), "one server did all the work: {requests:?}");
+    assert_eq!(
+        last["reward_servers"]["servers"][0]["samples"],
+        (STEPS * 8) as u64
+    );
+    // The servers sampled with the published weights: the runs end with the same weights.
+    let (lw, rw) = (weights(dir.path(), "run-local"), weights(dir.path(), "run-remote"));
+    let initial = std::fs::read(dir.path().join("model/model.safetensors")).unwrap();
+    assert!(lw != initial, "training changed no weight");
+    let local_model = safetensors::SafeTensors::deserialize(&lw).unwrap();
+    let remote_model = safetensors::SafeTensors::deserialize(&rw).unwrap();
+    for (name, tensor) in local_model.tensors() {
+        let other = remote_model.tensor(&name).unwrap();
+        let values = |bytes: &[u8]| -> Vec<f32> {
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        };
+        for (a, b) in values(tensor.data()).iter().zip(values(other.data())) {
+            assert!((a - b).abs() <= 1e-5, "{name}: local {a}, remote {b}");
+        }
+    }
+
+    // Asynchronous, k = 1 and 2: the bound holds across processes.
+    for k in [1usize, 2] {
+        let mut async_sets = sets.clone();
+        async_sets.push("grpo.mode=\"async\"".into());
+        async_sets.push(format!("grpo.max_off_policy_steps={k}"));
+        let out = format!("run-async-{k}");
+        let run = grpo_command(dir.path(), &out, &async_sets).output().unwrap();
+        assert_success(&run);
+        let logged = steps(dir.path(), &out);
+        assert_eq!(logged.len(), STEPS);
+        for step in &logged {
+            let histogram = step["staleness_histogram"].as_array().unwrap();
+            assert!(histogram.len() <= k + 1, "k = {k}: {step}");
+            let samples: u64 = histogram.iter().map(|c| c.as_u64().unwrap()).sum();
+            assert_eq!(samples, 8, "k = {k}: {step}");
+        }
+    }
+}
+
+#[test]
+fn a_killed_rollout_server_does_not_stop_the_run() {
+    let dir = setup();
+    let mut cluster = Cluster::start(dir.path());
+    let mut sets = cluster.sets();
+    sets.push("grpo.steps=24".into());
+    sets.push("grpo.mode=\"async\"".into());
+    sets.push("grpo.max_off_policy_steps=1".into());
+    let mut child = grpo_command(dir.path(), "run-kill", &sets)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let log = std::thread::spawn(move || {
+        let mut text = String::new();
+        for line in BufReader::new(stderr).lines() {
+            text.push_str(&line.unwrap());
+            text.push('\n');
+        }
+        text
+    });
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while steps(dir.path(), "run-kill").len() < 3 {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+        assert!(Instant::now() < deadline, "no progress in metrics.jsonl");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let victim = cluster.rollout.remove(0);
+    let victim_url = victim.url.clone();
+    drop(victim); // SIGKILL
+    let killed_after = steps(dir.path(), "run-kill").len();
+    let status = child.wait().unwrap();
+    let stderr = log.join().unwrap();
+    assert!(status.success(), "{stderr}");
+    assert!(killed_after < 24, "the server died after the run had finished");
+
+    let logged = steps(dir.path(), "run-kill");
+    let numbers: Vec<u64> = logged.iter().map(|s| s["step"].as_u64().unwrap()).collect();
+    assert_eq!(numbers, (1..=24).collect::<Vec<_>>(), "each update once");
+    for step in &logged {
+        assert_eq!(step["samples"], 8, "no sample lost: {step}");
+    }
+    let last = logged.last().unwrap();
+    let servers = last["rollout_servers"]["servers"].as_array().unwrap();
+    let dead = servers.iter().find(|s| s["url"] == victim_url.as_str()).unwrap();
+    let alive = servers.iter().find(|s| s["url"] != victim_url.as_str()).unwrap();
+    assert_eq!(dead["alive"], false, "{last}");
+    assert!(dead["failures"].as_u64().unwrap() >= 1, "{last}");
+    assert_eq!(alive["alive"], true);
+    assert_eq!(alive["failures"], 0);
+    let answered: u64 = servers.iter().map(|s| s["requests"].as_u64().unwrap()).sum();
+    assert_eq!(answered, 24 * 2, "every group answered once: {last}");
+    assert!(
+        stderr.contains(&format!("alert: rollout server {victim_url} failed")),
+        "{stderr}"
+    );
+    eprintln!("killed after update {killed_after}: {}", dead);
+}
+
+#[test]
+fn a_rollout_server_that_does_not_answer_is_refused_before_the_first_step() {
+    let dir = setup();
+    let output = grpo_command(
+        dir.path(),
+        "run-refused",
+        &[
+            "rollout.kind=\"remote\"".into(),
+            "rollout.servers=[\"http://127.0.0.1:9\"]".into(),
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("remote rollout: http://127.0.0.1:9: does not answer"),
+        "{stderr}"
+    );
+    assert!(steps(dir.path(), "run-refused").is_empty());
+}

@@ -1,0 +1,771 @@
+//! Remote rollout: the rollout module on N OpenAI-compatible servers (`stoke serve` or vLLM), and
+//! the publication of new weights to them.
+//!
+//! Requests: one `POST /v1/completions` per group: the prompt as token ids, `n = group_size`,
+//! `return_token_ids`, `logprobs: 0` (the sampled token's log-prob only) under the sampling
+//! distribution (`logprobs_mode: processed_logprobs` for `stoke serve`; start vLLM with
+//! `--logprobs-mode processed_logprobs`), the group's temperature, top-p/top-k, the run's stop
+//! ids and the sampling stream: `stoke serve` takes the run's seed and the group id as
+//! `prompt_number`, so sample j of a group draws from stream (seed, group id, j) exactly as in
+//! process; vLLM gets a seed mixed from both. The completion's token ids come back and are
+//! trained on as they are: text is decoded for the reward only and never tokenized again.
+//!
+//! Every answer is checked before it is used: `n` choices, one log-prob (finite) and one weight
+//! version per token id, ids inside the vocabulary, versions non-decreasing and not older than
+//! the ticket's permit. A server that breaks one of these fails the request, which is retried
+//! elsewhere (`servers.rs`).
+//!
+//! Weight versions across processes: the servers count versions of their own, so the run takes
+//! an offset `base` at start (one above the highest version any server reports) and publishes its
+//! session version `v` as server version `base + v`. `stoke serve` reports the version of every
+//! token (`weight_versions`); vLLM reports none, so its tokens carry the version the client last
+//! published to that server (its reload pauses with `mode=wait`, so no request straddles one).
+//!
+//! Publication ([`RemotePublisher`], installed in the [`WeightStore`] as its hook): the trainer's
+//! new weights are written in Hugging Face layout to `weights_dir/.staging-vN`, renamed to
+//! `weights_dir/vN` (readers never see half a directory), then every server in rotation is told
+//! to load it: `stoke serve`: `POST /update_weights {"path", "version"}`; vLLM (with
+//! `VLLM_SERVER_DEV_MODE=1`): `/pause?mode=wait`, `/collective_rpc` `reload_weights`,
+//! `/reset_prefix_cache`, `/resume`. A server that fails the update leaves rotation; it is brought
+//! to the newest version before it rejoins. Older directories are removed once every server has
+//! moved on.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use serde_json::{Value, json};
+use stoke_model::Transformer;
+use stoke_rollout::FinishReason;
+use stoke_serve::client::Client;
+use stoke_tokenizer::hf::Tokenizer;
+
+use crate::error::PipelineError;
+use crate::records::{GroupTicket, RolloutGroup, Sample};
+use crate::remote::servers::{PoolSettings, ServerPool, Work};
+use crate::rollout::{RolloutSettings, RolloutStats};
+use crate::service::{RemoteStats, RolloutService};
+use crate::staleness::PolicyVersion;
+use crate::weights::{PublishHook, WeightStore};
+
+/// Which server software answers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Engine {
+    #[default]
+    Stoke,
+    Vllm,
+}
+
+impl Engine {
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Stoke => "stoke",
+            Engine::Vllm => "vllm",
+        }
+    }
+}
+
+/// Remote rollout's own settings (the `[rollout]` table, resolved).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RemoteRolloutSettings {
+    pub pool: PoolSettings,
+    pub engine: Engine,
+    /// The served model name to expect (and send as `model`); the first server's when `None`.
+    pub model: Option<String>,
+    /// Where published weights are written; every server must see this path.
+    pub weights_dir: PathBuf,
+}
+
+/// The weight side shared by the client and the probe of a failed server.
+struct Published {
+    /// Server version of session version 0.
+    base: u64,
+    /// The newest published session version and its directory.
+    latest: Option<(PolicyVersion, PathBuf)>,
+    /// Per server: the server version it holds as far as we know (vLLM reports none).
+    held: Vec<Option<u64>>,
+}
+
+/// Writes new weights to the shared directory and tells every server to load them.
+pub struct RemotePublisher {
+    pool: Arc<ServerPool>,
+    engine: Engine,
+    dir: PathBuf,
+    /// Tokenizer and generation files copied next to the weights (the run's model folder).
+    tokenizer_dir: PathBuf,
+    state: Arc<Mutex<Published>>,
+}
+
+impl RemotePublisher {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Published> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn base(&self) -> u64 {
+        self.lock().base
+    }
+
+    /// Writes `model` as session version `version` and loads it on every server in rotation.
+    fn publish_model(
+        &self,
+        model: &Transformer,
+        version: PolicyVersion,
+    ) -> Result<(), PipelineError> {
+        let path = write_weights(model, &self.dir, &self.tokenizer_dir, version)?;
+        let base = self.base();
+        let server_version = base + version.0;
+        let alive = self.pool.alive();
+        let results: Vec<(usize, Result<(), String>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = alive
+                .iter()
+                .map(|&index| {
+                    let client = self.pool.client(index);
+                    let path = &path;
+                    scope.spawn(move || {
+                        (index, load_weights(client, self.engine, path, server_version))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                })
+                .collect()
+        });
+        let mut loaded = 0;
+        {
+            let mut state = self.lock();
+            for (index, result) in &results {
+                match result {
+                    Ok(()) => {
+                        state.held[*index] = Some(server_version);
+                        loaded += 1;
+                    }
+                    Err(error) => self
+                        .pool
+                        .mark_failed(*index, &format!("loading weights v{}: {error}", version.0)),
+                }
+            }
+            let previous = state.latest.replace((version, path.clone()));
+            if let Some((_, old)) = previous
+                && old != path
+            {
+                // Every server in rotation has moved on; a returning one loads the newest.
+                let _ = std::fs::remove_dir_all(old);
+            }
+        }
+        if loaded == 0 {
+            return Err(PipelineError::Remote {
+                service: "rollout",
+                reason: format!(
+                    "no rollout server loaded weights version {} ({})",
+                    version.0,
+                    results
+                        .iter()
+                        .filter_map(|(i, r)| r
+                            .as_ref()
+                            .err()
+                            .map(|e| format!("{}: {e}", self.pool.client(*i).base())))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl PublishHook for RemotePublisher {
+    fn publish(&self, model: &Transformer, version: PolicyVersion) -> Result<(), PipelineError> {
+        self.publish_model(model, version)
+    }
+}
+
+/// `model` in Hugging Face layout at `dir/vN`, written under another name and renamed.
+fn write_weights(
+    model: &Transformer,
+    dir: &Path,
+    tokenizer_dir: &Path,
+    version: PolicyVersion,
+) -> Result<PathBuf, PipelineError> {
+    std::fs::create_dir_all(dir).map_err(|e| PipelineError::io(dir, e))?;
+    let staging = dir.join(format!(".staging-v{}", version.0));
+    let target = dir.join(format!("v{}", version.0));
+    for stale in [&staging, &target] {
+        if stale.exists() {
+            std::fs::remove_dir_all(stale).map_err(|e| PipelineError::io(stale, e))?;
+        }
+    }
+    if model.lora_config().is_some() {
+        model
+            .merged()?
+            .save_with_tokenizer(&staging, Some(tokenizer_dir))?;
+    } else {
+        model.save_with_tokenizer(&staging, Some(tokenizer_dir))?;
+    }
+    std::fs::rename(&staging, &target).map_err(|e| PipelineError::io(&staging, e))?;
+    Ok(target)
+}
+
+/// Asks one server to load `path` as `server_version`.
+fn load_weights(
+    client: &Client,
+    engine: Engine,
+    path: &Path,
+    server_version: u64,
+) -> Result<(), String> {
+    let path_text = path.display().to_string();
+    match engine {
+        Engine::Stoke => {
+            let (status, body) = client
+                .post(
+                    "/update_weights",
+                    &json!({"path": path_text, "version": server_version}),
+                )
+                .map_err(|e| e.to_string())?;
+            if status != 200 {
+                return Err(format!("/update_weights answered {status}: {body}"));
+            }
+            if body["version"].as_u64() != Some(server_version) {
+                return Err(format!(
+                    "/update_weights answered version {} instead of {server_version}",
+                    body["version"]
+                ));
+            }
+            Ok(())
+        }
+        Engine::Vllm => {
+            let steps: [(&str, Value); 4] = [
+                ("/pause?mode=wait", Value::Null),
+                (
+                    "/collective_rpc",
+                    json!({"method": "reload_weights", "kwargs": {"weights_path": path_text}}),
+                ),
+                ("/reset_prefix_cache", Value::Null),
+                ("/resume", Value::Null),
+            ];
+            for (route, body) in steps {
+                let text = if body.is_null() {
+                    String::new()
+                } else {
+                    body.to_string()
+                };
+                let (status, answer) = client.post_raw(route, &text).map_err(|e| e.to_string())?;
+                if status != 200 {
+                    return Err(format!("{route} answered {status}: {answer}"));
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The rollout module on remote servers (see the module doc).
+pub struct RemoteRollout {
+    pool: Arc<ServerPool>,
+    publisher: Arc<RemotePublisher>,
+    weights: Arc<WeightStore>,
+    settings: RolloutSettings,
+    model_name: String,
+    vocab_size: usize,
+    max_model_len: usize,
+    stats: Mutex<RolloutStats>,
+}
+
+impl std::fmt::Debug for RemoteRollout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteRollout")
+            .field("pool", &self.pool)
+            .field("model", &self.model_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RemoteRollout {
+    /// Checks every server before the first step (it answers, serves the expected model, and
+    /// tokenizes as the run's tokenizer does), publishes the session's starting weights to all of
+    /// them, and installs the publisher in `weights`. Errors name the server and what failed.
+    pub fn connect(
+        remote: &RemoteRolloutSettings,
+        weights: Arc<WeightStore>,
+        tokenizer: &Tokenizer,
+        tokenizer_dir: &Path,
+        settings: RolloutSettings,
+    ) -> Result<RemoteRollout, PipelineError> {
+        if settings.fixed_lag {
+            return Err(PipelineError::config(
+                "grpo.lag",
+                "a fixed lag needs older weight versions on demand; remote rollout servers hold \
+                 one version (use lag = \"bounded\")",
+            ));
+        }
+        let refuse = |url: &str, reason: String| PipelineError::Remote {
+            service: "rollout",
+            reason: format!("{url}: {reason}"),
+        };
+        let (model, version) = weights.current();
+        let config = model.config().clone();
+        let mut model_name = remote.model.clone();
+        let mut max_model_len = config.max_position_embeddings;
+        let mut base = 0u64;
+        let probe_text = "Remote rollout checks the tokenizer: 12 + 30 = 42.";
+        let local_ids = tokenizer.encode(probe_text, false)?;
+        for url in &remote.pool.servers {
+            let client = Client::with_timeout(url, Some(remote.pool.timeout));
+            let (status, models) = client
+                .get("/v1/models")
+                .map_err(|e| refuse(url, format!("does not answer: {e}")))?;
+            if status != 200 {
+                return Err(refuse(url, format!("/v1/models answered {status}")));
+            }
+            let served: Vec<&Value> = models["data"].as_array().into_iter().flatten().collect();
+            let name = model_name.get_or_insert_with(|| {
+                served
+                    .first()
+                    .and_then(|m| m["id"].as_str())
+                    .unwrap_or_default()
+                    .to_string()
+            });
+            let Some(entry) = served.iter().find(|m| m["id"].as_str() == Some(name.as_str())) else {
+                return Err(refuse(
+                    url,
+                    format!(
+                        "does not serve model `{name}` (it serves {})",
+                        served
+                            .iter()
+                            .filter_map(|m| m["id"].as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+            };
+            if let Some(len) = entry["max_model_len"].as_u64() {
+                max_model_len = max_model_len.min(len as usize);
+            }
+            let (status, tokenized) = client
+                .post(
+                    "/tokenize",
+                    &json!({"model": name, "prompt": probe_text, "add_special_tokens": false}),
+                )
+                .map_err(|e| refuse(url, format!("/tokenize: {e}")))?;
+            let remote_ids: Option<Vec<u32>> = tokenized["tokens"]
+                .as_array()
+                .map(|ids| ids.iter().filter_map(|v| v.as_u64().map(|v| v as u32)).collect());
+            if status != 200 || remote_ids.as_deref() != Some(local_ids.as_slice()) {
+                return Err(refuse(
+                    url,
+                    format!(
+                        "its tokenizer differs from the run's: {probe_text:?} is {:?} here and \
+                         {} there (status {status})",
+                        local_ids, tokenized["tokens"]
+                    ),
+                ));
+            }
+            if remote.engine == Engine::Stoke {
+                let (status, answer) = client
+                    .get("/weights/checksum")
+                    .map_err(|e| refuse(url, format!("/weights/checksum: {e}")))?;
+                let held = answer["version"].as_u64().filter(|_| status == 200).ok_or_else(
+                    || refuse(url, format!("/weights/checksum answered {status}: {answer}")),
+                )?;
+                base = base.max(held + 1);
+            }
+        }
+        let model_name = model_name.unwrap_or_default();
+        let probe_state = Arc::new(Mutex::new(Published {
+            base,
+            latest: None,
+            held: vec![None; remote.pool.servers.len()],
+        }));
+        let engine = remote.engine;
+        let probe = {
+            let state = Arc::clone(&probe_state);
+            Box::new(move |client: &Client| -> Result<(), String> {
+                let (status, _) = client.get_text("/health").map_err(|e| e.to_string())?;
+                if status != 200 {
+                    return Err(format!("/health answered {status}"));
+                }
+                let (base, latest) = {
+                    let state = state.lock().unwrap_or_else(PoisonError::into_inner);
+                    (state.base, state.latest.clone())
+                };
+                // Back in rotation only with the newest weights.
+                match latest {
+                    Some((version, path)) => load_weights(client, engine, &path, base + version.0),
+                    None => Ok(()),
+                }
+            })
+        };
+        let pool = Arc::new(ServerPool::new("rollout", remote.pool.clone(), probe));
+        let publisher = Arc::new(RemotePublisher {
+            pool: Arc::clone(&pool),
+            engine,
+            dir: remote.weights_dir.clone(),
+            tokenizer_dir: tokenizer_dir.to_path_buf(),
+            state: probe_state,
+        });
+        publisher.publish_model(&model, version)?;
+        weights.set_hook(Arc::clone(&publisher) as Arc<dyn PublishHook>);
+        Ok(RemoteRollout {
+            pool,
+            publisher,
+            weights,
+            settings,
+            model_name,
+            vocab_size: config.vocab_size,
+            max_model_len,
+            stats: Mutex::new(RolloutStats::default()),
+        })
+    }
+
+    fn check_prompt(&self, prompt_ids: &[u32]) -> Result<(), String> {
+        if prompt_ids.is_empty() {
+            return Err("the prompt has no tokens".into());
+        }
+        if let Some(&id) = prompt_ids.iter().find(|&&id| id as usize >= self.vocab_size) {
+            return Err(format!(
+                "prompt token id {id} is outside the model's vocabulary (size {})",
+                self.vocab_size
+            ));
+        }
+        if prompt_ids.len() >= self.max_model_len {
+            return Err(format!(
+                "the prompt has {} tokens, leaving no room below the servers' max_model_len = {}",
+                prompt_ids.len(),
+                self.max_model_len
+            ));
+        }
+        Ok(())
+    }
+
+    /// One group on one server: the request, and the answer checked and turned into samples.
+    fn request_group(
+        &self,
+        index: usize,
+        client: &Client,
+        ticket: &GroupTicket,
+        base: u64,
+    ) -> Result<(Vec<Sample>, Work), String> {
+        let s = &self.settings;
+        let prompt = &ticket.task.prompt_ids;
+        let max_tokens = s.max_new_tokens.min(self.max_model_len - prompt.len());
+        let mut body = json!({
+            "model": self.model_name,
+            "prompt": prompt,
+            "n": s.group_size,
+            "max_tokens": max_tokens,
+            "temperature": ticket.temperature,
+            "top_p": s.top_p,
+            "seed": match self.publisher.engine {
+                // stoke serve draws sample j from stream (seed, group id, j), as the in-process
+                // engine does, so remote samples are the local ones.
+                Engine::Stoke => s.seed as i64,
+                Engine::Vllm => group_seed(s.seed, ticket.group_id),
+            },
+            "stop_token_ids": s.stop_token_ids,
+            "logprobs": 0,
+            "return_token_ids": true,
+        });
+        if let Some(k) = s.top_k {
+            body["top_k"] = json!(k);
+        }
+        let held_version = self.publisher.lock().held[index];
+        if self.publisher.engine == Engine::Stoke {
+            body["logprobs_mode"] = json!("processed_logprobs");
+            body["prompt_number"] = json!(ticket.group_id);
+        }
+        let (status, answer) = client
+            .post("/v1/completions", &body)
+            .map_err(|e| e.to_string())?;
+        if status != 200 {
+            return Err(format!(
+                "/v1/completions answered {status}: {}",
+                answer.to_string().chars().take(300).collect::<String>()
+            ));
+        }
+        let choices = answer["choices"]
+            .as_array()
+            .ok_or("the answer has no `choices`")?;
+        if choices.len() != s.group_size {
+            return Err(format!(
+                "{} choices for n = {}",
+                choices.len(),
+                s.group_size
+            ));
+        }
+        let mut ordered: Vec<&Value> = choices.iter().collect();
+        ordered.sort_by_key(|c| c["index"].as_u64().unwrap_or(u64::MAX));
+        let permit = base + ticket.permit.policy_version.0;
+        let mut samples = Vec::with_capacity(ordered.len());
+        let mut tokens = 0u64;
+        for (i, choice) in ordered.into_iter().enumerate() {
+            let sample = parse_choice(choice, permit, base, held_version, self.vocab_size)
+                .map_err(|e| format!("choice {i}: {e}"))?;
+            tokens += sample.completion_ids.len() as u64;
+            samples.push(sample);
+        }
+        Ok((
+            samples,
+            Work {
+                samples: s.group_size as u64,
+                tokens,
+            },
+        ))
+    }
+
+}
+
+/// The seed of group `group_id`'s request to a vLLM server (which has no stream numbers): a
+/// fixed mix of the run's seed and the group id, so a group's samples do not depend on which
+/// server or batch served it.
+fn group_seed(seed: u64, group_id: u64) -> i64 {
+    let mixed = (seed ^ group_id.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    (mixed >> 1) as i64
+}
+
+/// One choice of a completions answer as a sample, checked (see the module doc).
+fn parse_choice(
+    choice: &Value,
+    permit: u64,
+    base: u64,
+    held_version: Option<u64>,
+    vocab_size: usize,
+) -> Result<Sample, String> {
+    let ids: Vec<u32> = choice["token_ids"]
+        .as_array()
+        .ok_or("no `token_ids` (the server must honour return_token_ids)")?
+        .iter()
+        .map(|v| {
+            v.as_u64()
+                .filter(|&id| (id as usize) < vocab_size)
+                .map(|id| id as u32)
+                .ok_or_else(|| format!("token id {v} is not in the vocabulary (size {vocab_size})"))
+        })
+        .collect::<Result<_, _>>()?;
+    let logprobs: Vec<f32> = choice["logprobs"]["token_logprobs"]
+        .as_array()
+        .ok_or("no `logprobs.token_logprobs`")?
+        .iter()
+        .map(|v| {
+            v.as_f64()
+                .filter(|lp| lp.is_finite())
+                .map(|lp| lp as f32)
+                .ok_or_else(|| format!("log-prob {v} is not a finite number"))
+        })
+        .collect::<Result<_, _>>()?;
+    if logprobs.len() != ids.len() {
+        return Err(format!(
+            "{} log-probs for {} tokens",
+            logprobs.len(),
+            ids.len()
+        ));
+    }
+    let versions: Vec<u64> = match choice["weight_versions"].as_array() {
+        Some(list) => list
+            .iter()
+            .map(|v| v.as_u64().ok_or_else(|| format!("weight version {v} is not a number")))
+            .collect::<Result<_, _>>()?,
+        None => {
+            let held = held_version.ok_or("no `weight_versions`, and no weights published here")?;
+            vec![held; ids.len()]
+        }
+    };
+    if versions.len() != ids.len() {
+        return Err(format!(
+            "{} weight versions for {} tokens",
+            versions.len(),
+            ids.len()
+        ));
+    }
+    if versions.windows(2).any(|w| w[1] < w[0]) {
+        return Err("weight versions go down within a completion".into());
+    }
+    if let Some(&first) = versions.first()
+        && first < permit
+    {
+        return Err(format!(
+            "tokens of weights version {first} for a ticket granted version {permit} (the server \
+             missed a weight update)"
+        ));
+    }
+    let text = choice["text"].as_str().unwrap_or_default().to_string();
+    let finish = match (choice["finish_reason"].as_str(), &choice["stop_reason"]) {
+        (Some("length"), _) => FinishReason::Length,
+        (Some("stop"), Value::String(stop)) => FinishReason::StopString { stop: stop.clone() },
+        (Some("stop"), _) => FinishReason::Eos {
+            token_id: ids.last().copied().ok_or("stopped without a token")?,
+        },
+        (other, _) => return Err(format!("finish_reason {other:?} is not stop or length")),
+    };
+    Ok(Sample {
+        completion_ids: ids,
+        rollout_logprobs: logprobs,
+        token_versions: versions
+            .into_iter()
+            .map(|v| PolicyVersion(v - base))
+            .collect(),
+        text,
+        finish,
+    })
+}
+
+impl RolloutService for RemoteRollout {
+    fn generate(&self, tickets: Vec<GroupTicket>) -> Result<Vec<RolloutGroup>, PipelineError> {
+        if tickets.is_empty() {
+            return Ok(Vec::new());
+        }
+        let wait_started = Instant::now();
+        let needed = tickets
+            .iter()
+            .map(|t| t.permit.policy_version)
+            .max()
+            .unwrap_or(PolicyVersion(0));
+        if self.weights.wait_for(needed).is_none() {
+            return Err(PipelineError::ModuleStopped {
+                module: "rollout",
+                reason: format!(
+                    "the weight store closed before version {} was published",
+                    needed.0
+                ),
+            });
+        }
+        let wait_seconds = wait_started.elapsed().as_secs_f64();
+        let base = self.publisher.base();
+        let started = Instant::now();
+        let results: Vec<Result<Result<Vec<Sample>, String>, PipelineError>> =
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = tickets
+                    .iter()
+                    .map(|ticket| {
+                        scope.spawn(move || match self.check_prompt(&ticket.task.prompt_ids) {
+                            Err(reason) => Ok(Err(format!("task {}: {reason}", ticket.task.id))),
+                            Ok(()) => self
+                                .pool
+                                .call(&format!("group {}", ticket.group_id), |index, client| {
+                                    self.request_group(index, client, ticket, base)
+                                })
+                                .map(Ok),
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                    })
+                    .collect()
+            });
+        let seconds = started.elapsed().as_secs_f64();
+        let share = seconds / tickets.len() as f64;
+        let mut groups = Vec::with_capacity(tickets.len());
+        let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        stats.wait_seconds += wait_seconds;
+        stats.generate_seconds += seconds;
+        stats.engine_calls += tickets.len() as u64;
+        for (ticket, result) in tickets.into_iter().zip(results) {
+            let samples = match result? {
+                Ok(samples) => {
+                    stats.groups += 1;
+                    stats.samples += samples.len() as u64;
+                    stats.prefill_tokens += ticket.task.prompt_ids.len() as u64;
+                    for sample in &samples {
+                        stats.generated_tokens += sample.completion_ids.len() as u64;
+                        if sample.token_versions.first() != sample.token_versions.last() {
+                            stats.samples_spanning_versions += 1;
+                        }
+                    }
+                    samples
+                }
+                Err(rejection) => {
+                    stats.rejected_tickets += 1;
+                    stats.last_rejection = Some(rejection);
+                    Vec::new()
+                }
+            };
+            groups.push(RolloutGroup {
+                ticket,
+                samples,
+                generate_seconds: share,
+            });
+        }
+        Ok(groups)
+    }
+
+    fn stats(&self) -> RolloutStats {
+        self.stats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn remote_stats(&self) -> Option<RemoteStats> {
+        Some(self.pool.stats())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn choice(versions: Value) -> Value {
+        json!({
+            "index": 0,
+            "text": "42",
+            "token_ids": [5, 6, 2],
+            "logprobs": {"token_logprobs": [-0.5, -0.25, -0.125]},
+            "finish_reason": "stop",
+            "stop_reason": null,
+            "weight_versions": versions,
+        })
+    }
+
+    #[test]
+    fn a_choice_becomes_a_sample_in_session_versions() {
+        let sample = parse_choice(&choice(json!([7, 7, 8])), 7, 5, None, 10).unwrap();
+        assert_eq!(sample.completion_ids, vec![5, 6, 2]);
+        assert_eq!(sample.rollout_logprobs, vec![-0.5, -0.25, -0.125]);
+        assert_eq!(
+            sample.token_versions,
+            vec![PolicyVersion(2), PolicyVersion(2), PolicyVersion(3)]
+        );
+        assert_eq!(sample.finish, FinishReason::Eos { token_id: 2 });
+    }
+
+    #[test]
+    fn broken_answers_are_refused_with_the_reason() {
+        let stale = parse_choice(&choice(json!([6, 6, 6])), 7, 5, None, 10).unwrap_err();
+        assert!(stale.contains("missed a weight update"), "{stale}");
+        let short = parse_choice(&choice(json!([7, 7])), 7, 5, None, 10).unwrap_err();
+        assert!(short.contains("2 weight versions for 3 tokens"), "{short}");
+        let down = parse_choice(&choice(json!([8, 7, 7])), 7, 5, None, 10).unwrap_err();
+        assert!(down.contains("go down"), "{down}");
+        let vocab = parse_choice(&choice(json!([7, 7, 7])), 7, 5, None, 6).unwrap_err();
+        assert!(vocab.contains("not in the vocabulary"), "{vocab}");
+        let mut nan = choice(json!([7, 7, 7]));
+        nan["logprobs"]["token_logprobs"][1] = Value::Null;
+        let nan = parse_choice(&nan, 7, 5, None, 10).unwrap_err();
+        assert!(nan.contains("not a finite number"), "{nan}");
+    }
+
+    #[test]
+    fn without_reported_versions_the_held_version_is_used() {
+        let mut vllm = choice(Value::Null);
+        vllm.as_object_mut().unwrap().remove("weight_versions");
+        let sample = parse_choice(&vllm, 5, 5, Some(6), 10).unwrap();
+        assert_eq!(sample.token_versions, vec![PolicyVersion(1); 3]);
+        assert!(parse_choice(&vllm, 5, 5, None, 10).is_err());
+    }
+
+    #[test]
+    fn group_seeds_differ_by_group_and_are_non_negative() {
+        let seeds: Vec<i64> = (0..100).map(|g| group_seed(3, g)).collect();
+        assert!(seeds.iter().all(|&s| s >= 0));
+        let mut unique = seeds.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), seeds.len());
+    }
+}

@@ -1,0 +1,342 @@
+//! A pool of HTTP servers that do one module's work: routing, per-server in-flight limits,
+//! failure handling and the per-server counters.
+//!
+//! What it is: [`ServerPool::call`] runs one request (a closure over a [`Client`]) on a server
+//! chosen by the routing rule among those in rotation with room under `max_in_flight`, waiting
+//! while all of them are full. A request that fails (transport error, timeout, an error status,
+//! an answer that breaks the API's promises) takes its server out of rotation, logs an alert and
+//! is sent whole to another server; its partial work is dropped, so nothing is counted twice. A
+//! server out of rotation is probed again after `revive_after` (the caller's probe may also bring
+//! it up to date, e.g. load the current weights), and rejoins when the probe passes.
+//!
+//! What it is not: the request itself (the rollout and reward clients build and check those) or
+//! a queue across processes (each trainer process keeps its own pool).
+//!
+//! Invariants: a request runs on at most one server at a time and on each server at most once;
+//! `call` returns the first successful answer or, when no server is left to try, an error naming
+//! every server's failure.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use stoke_serve::client::Client;
+
+use crate::error::PipelineError;
+use crate::service::{RemoteStats, ServerStats};
+
+/// How a request picks its server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Routing {
+    /// The next server in turn that has room.
+    RoundRobin,
+    /// The server with the fewest of our requests in flight (ties in turn).
+    #[default]
+    LeastLoaded,
+}
+
+/// How a pool talks to its servers (validated by the config layer).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolSettings {
+    pub servers: Vec<String>,
+    pub routing: Routing,
+    /// Requests of ours in flight on one server at most.
+    pub max_in_flight: usize,
+    /// One request's limit, connecting to reading the answer.
+    pub timeout: Duration,
+    /// How long a failed server stays out of rotation before it is probed again.
+    pub revive_after: Duration,
+}
+
+/// What a successful request did, for the counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Work {
+    pub samples: u64,
+    pub tokens: u64,
+}
+
+struct Slot {
+    stats: ServerStats,
+    busy_since: Option<Instant>,
+    failed_at: Option<Instant>,
+}
+
+/// A probe run on a server out of rotation; `Ok` brings it back.
+pub type Probe = dyn Fn(&Client) -> Result<(), String> + Send + Sync;
+
+/// N servers of one service (see the module doc).
+pub struct ServerPool {
+    service: &'static str,
+    clients: Vec<Client>,
+    settings: PoolSettings,
+    slots: Mutex<Vec<Slot>>,
+    room: Condvar,
+    turn: AtomicUsize,
+    retries: AtomicU64,
+    started: Instant,
+    probe: Box<Probe>,
+}
+
+impl std::fmt::Debug for ServerPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerPool")
+            .field("service", &self.service)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerPool {
+    /// A pool over `settings.servers`, all in rotation. `probe` decides whether a failed server
+    /// may rejoin.
+    pub fn new(service: &'static str, settings: PoolSettings, probe: Box<Probe>) -> ServerPool {
+        let clients = settings
+            .servers
+            .iter()
+            .map(|url| Client::with_timeout(url, Some(settings.timeout)))
+            .collect();
+        let slots = settings
+            .servers
+            .iter()
+            .map(|url| Slot {
+                stats: ServerStats {
+                    url: url.clone(),
+                    alive: true,
+                    ..ServerStats::default()
+                },
+                busy_since: None,
+                failed_at: None,
+            })
+            .collect();
+        ServerPool {
+            service,
+            clients,
+            settings,
+            slots: Mutex::new(slots),
+            room: Condvar::new(),
+            turn: AtomicUsize::new(0),
+            retries: AtomicU64::new(0),
+            started: Instant::now(),
+            probe,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Slot>> {
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn len(&self) -> usize {
+        self.clients.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.clients.is_empty()
+    }
+
+    pub fn client(&self, index: usize) -> &Client {
+        &self.clients[index]
+    }
+
+    /// Indices of the servers in rotation now.
+    pub fn alive(&self) -> Vec<usize> {
+        self.lock()
+            .iter()
+            .enumerate()
+            .filter(|(_, slot)| slot.stats.alive)
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    /// Runs `request` (given the server's index and client) on one server after another until
+    /// one answers (see the module doc).
+    pub fn call<T>(
+        &self,
+        what: &str,
+        request: impl Fn(usize, &Client) -> Result<(T, Work), String>,
+    ) -> Result<T, PipelineError> {
+        let mut tried: Vec<usize> = Vec::new();
+        let mut failures: Vec<String> = Vec::new();
+        loop {
+            self.revive(&tried);
+            let Some(index) = self.acquire(&tried) else {
+                return Err(PipelineError::Remote {
+                    service: self.service,
+                    reason: format!(
+                        "{what}: no server left to try ({})",
+                        if failures.is_empty() {
+                            "every server is out of rotation".to_string()
+                        } else {
+                            failures.join("; ")
+                        }
+                    ),
+                });
+            };
+            if !tried.is_empty() {
+                self.retries.fetch_add(1, Ordering::Relaxed);
+            }
+            tried.push(index);
+            let answer = request(index, &self.clients[index]);
+            match answer {
+                Ok((value, work)) => {
+                    self.release(index, Ok(work));
+                    return Ok(value);
+                }
+                Err(error) => {
+                    failures.push(format!("{}: {error}", self.settings.servers[index]));
+                    self.release(index, Err(format!("{what}: {error}")));
+                }
+            }
+        }
+    }
+
+    /// Takes a server out of rotation after a failure seen outside `call` (a weight update).
+    pub fn mark_failed(&self, index: usize, error: &str) {
+        let mut slots = self.lock();
+        self.fail_slot(&mut slots[index], error);
+        drop(slots);
+        self.room.notify_all();
+    }
+
+    fn fail_slot(&self, slot: &mut Slot, error: &str) {
+        slot.stats.failures += 1;
+        slot.stats.last_error = Some(error.to_string());
+        if slot.stats.alive {
+            eprintln!(
+                "alert: {} server {} failed and is out of rotation ({error}); its requests go \
+                 to the other servers",
+                self.service, slot.stats.url
+            );
+        }
+        slot.stats.alive = false;
+        slot.failed_at = Some(Instant::now());
+    }
+
+    /// Probes the servers out of rotation whose pause is over (not those in `skip`, which this
+    /// request already tried).
+    fn revive(&self, skip: &[usize]) {
+        let due: Vec<usize> = {
+            let mut slots = self.lock();
+            let now = Instant::now();
+            slots
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, slot)| {
+                    !slot.stats.alive
+                        && !skip.contains(i)
+                        && slot
+                            .failed_at
+                            .is_some_and(|at| now.duration_since(at) >= self.settings.revive_after)
+                })
+                .map(|(i, slot)| {
+                    // One prober at a time: the next probe is a pause away.
+                    slot.failed_at = Some(now);
+                    i
+                })
+                .collect()
+        };
+        for index in due {
+            let probed = (self.probe)(&self.clients[index]);
+            let mut slots = self.lock();
+            let slot = &mut slots[index];
+            match probed {
+                Ok(()) => {
+                    eprintln!(
+                        "{} server {} answers again; back in rotation",
+                        self.service, slot.stats.url
+                    );
+                    slot.stats.alive = true;
+                    slot.failed_at = None;
+                }
+                Err(error) => {
+                    slot.stats.last_error = Some(format!("probe: {error}"));
+                }
+            }
+            drop(slots);
+            self.room.notify_all();
+        }
+    }
+
+    /// A server in rotation, not in `exclude`, with room; waits while every candidate is full.
+    /// `None` when no candidate is in rotation.
+    fn acquire(&self, exclude: &[usize]) -> Option<usize> {
+        let mut slots = self.lock();
+        loop {
+            let candidates: Vec<usize> = (0..slots.len())
+                .filter(|i| slots[*i].stats.alive && !exclude.contains(i))
+                .collect();
+            if candidates.is_empty() {
+                return None;
+            }
+            let free: Vec<usize> = candidates
+                .iter()
+                .copied()
+                .filter(|&i| slots[i].stats.in_flight < self.settings.max_in_flight)
+                .collect();
+            if !free.is_empty() {
+                let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+                let n = slots.len();
+                // In turn order starting at `turn`, so ties rotate.
+                let mut ordered = free.clone();
+                ordered.sort_by_key(|&i| (i + n - turn % n) % n);
+                let index = match self.settings.routing {
+                    Routing::RoundRobin => ordered[0],
+                    Routing::LeastLoaded => *ordered
+                        .iter()
+                        .min_by_key(|&&i| slots[i].stats.in_flight)
+                        .unwrap_or(&ordered[0]),
+                };
+                let slot = &mut slots[index];
+                if slot.stats.in_flight == 0 {
+                    slot.busy_since = Some(Instant::now());
+                }
+                slot.stats.in_flight += 1;
+                return Some(index);
+            }
+            slots = self
+                .room
+                .wait_timeout(slots, Duration::from_millis(200))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    fn release(&self, index: usize, result: Result<Work, String>) {
+        let mut slots = self.lock();
+        let slot = &mut slots[index];
+        slot.stats.in_flight -= 1;
+        if slot.stats.in_flight == 0
+            && let Some(since) = slot.busy_since.take()
+        {
+            slot.stats.busy_seconds += since.elapsed().as_secs_f64();
+        }
+        match result {
+            Ok(work) => {
+                slot.stats.requests += 1;
+                slot.stats.samples += work.samples;
+                slot.stats.tokens += work.tokens;
+            }
+            Err(error) => self.fail_slot(slot, &error),
+        }
+        drop(slots);
+        self.room.notify_all();
+    }
+
+    /// The counters now.
+    pub fn stats(&self) -> RemoteStats {
+        let slots = self.lock();
+        RemoteStats {
+            servers: slots
+                .iter()
+                .map(|slot| {
+                    let mut stats = slot.stats.clone();
+                    if let Some(since) = slot.busy_since {
+                        stats.busy_seconds += since.elapsed().as_secs_f64();
+                    }
+                    stats
+                })
+                .collect(),
+            retries: self.retries.load(Ordering::Relaxed),
+            seconds: self.started.elapsed().as_secs_f64(),
+        }
+    }
+}
