@@ -366,3 +366,81 @@ fn the_old_clip_name_is_read_as_the_shared_one_and_both_are_refused() {
     let (field, _) = field_of(load(MINIMAL, &["optimizer.clip_grad_norm=-1"]));
     assert_eq!(field, "optimizer.clip_grad_norm");
 }
+
+#[test]
+fn remote_services_resolve_round_trip_and_name_their_errors() {
+    use stoke_pipeline::remote::{Engine, Routing};
+    let text = format!(
+        "{MINIMAL}[rollout]\nkind = \"remote\"\nservers = [\"http://a:8000\", \"http://b:8000/v1\"]\n\
+         routing = \"round_robin\"\nengine = \"vllm\"\nmodel = \"policy\"\nweights_dir = \"shared/w\"\n\
+         [reward]\nkind = \"remote\"\nservers = [\"http://r:8100\"]\ntimeout_s = 5\n"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "remote.toml", &text);
+    let config = GrpoConfig::load(&path, &[]).unwrap();
+    let rollout = config.settings.services.rollout.clone().unwrap();
+    assert_eq!(rollout.pool.servers.len(), 2);
+    assert_eq!(rollout.pool.routing, Routing::RoundRobin);
+    assert_eq!(rollout.pool.max_in_flight, 4);
+    assert_eq!(rollout.pool.timeout.as_secs(), 600);
+    assert_eq!(rollout.engine, Engine::Vllm);
+    assert_eq!(rollout.model.as_deref(), Some("policy"));
+    assert_eq!(
+        rollout.weights_dir,
+        std::path::absolute(dir.path()).unwrap().join("shared/w")
+    );
+    let reward = config.settings.services.reward.clone().unwrap();
+    assert_eq!(reward.routing, Routing::LeastLoaded);
+    assert_eq!(reward.timeout.as_secs(), 5);
+    assert_eq!(reward.max_in_flight, 8);
+    let other = tempfile::tempdir().unwrap();
+    let saved = write(other.path(), "c.toml", &config.to_toml().unwrap());
+    assert_eq!(GrpoConfig::load(&saved, &[]).unwrap(), config);
+    // Local by default; the published weights default into the run folder.
+    assert_eq!(load(MINIMAL, &[]).unwrap().settings.services, Default::default());
+    let defaulted = load(
+        MINIMAL,
+        &["rollout.kind=\"remote\"", "rollout.servers=[\"http://a:1\"]"],
+    )
+    .unwrap();
+    let rollout = defaulted.settings.services.rollout.unwrap();
+    assert_eq!(rollout.weights_dir, defaulted.out_dir.join("published-weights"));
+    assert_eq!(rollout.engine, Engine::Stoke);
+    // Moving a module is not a change of the training: resume allows it.
+    let local = GrpoConfig::load(&write(dir.path(), "local.toml", MINIMAL), &[]).unwrap();
+    assert_eq!(
+        stoke_pipeline::config::resume_differences(&local, &config),
+        Vec::new()
+    );
+
+    for (sets, field, reason) in [
+        (vec!["rollout.kind=\"remote\""], "rollout.servers", "at least one server"),
+        (
+            vec!["rollout.kind=\"remote\"", "rollout.servers=[\"a:1\"]"],
+            "rollout.servers[0]",
+            "not an http",
+        ),
+        (
+            vec!["rollout.kind=\"remote\"", "rollout.servers=[\"http://a\", \"http://a\"]"],
+            "rollout.servers[1]",
+            "listed twice",
+        ),
+        (vec!["rollout.servers=[\"http://a\"]"], "rollout.servers", "kind = \"remote\" only"),
+        (vec!["rollout.engine=\"vllm\""], "rollout.engine", "kind = \"remote\" only"),
+        (vec!["reward.model=\"x\""], "reward.model", "belongs to [rollout]"),
+        (
+            vec!["reward.kind=\"remote\"", "reward.servers=[\"http://r\"]", "reward.max_in_flight=0"],
+            "reward.max_in_flight",
+            "at least 1",
+        ),
+        (
+            vec!["reward.kind=\"remote\"", "reward.servers=[\"http://r\"]", "reward.timeout_s=-1"],
+            "reward.timeout_s",
+            "positive",
+        ),
+    ] {
+        let (got_field, got_reason) = field_of(load(MINIMAL, &sets));
+        assert_eq!(got_field, field, "{sets:?}: {got_reason}");
+        assert!(got_reason.contains(reason), "{sets:?}: {got_reason}");
+    }
+}
