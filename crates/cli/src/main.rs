@@ -32,6 +32,9 @@ enum Command {
     /// Serve a GRPO config's rewards (verifiers and the code sandbox) over HTTP, for
     /// `[reward] kind = "remote"`.
     RewardServer(cmd::reward_server::RewardServerArgs),
+    /// Run one process of a distributed GRPO run (trainer, rollout server or reward server),
+    /// the role read from torchrun, MPI, Slurm or JobSet variables.
+    Launch(cmd::launch::LaunchArgs),
     /// Print a model's parsed configuration and parameter count.
     Inspect(cmd::model::InspectArgs),
     /// Fold a LoRA adapter (PEFT layout) into its base model and save the merged model.
@@ -110,6 +113,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => cmd::serve::serve(args),
         Command::Chat(args) => cmd::serve::chat(args),
         Command::RewardServer(args) => cmd::reward_server::run(args),
+        Command::Launch(args) => cmd::launch::run(args),
         Command::Inspect(args) => cmd::model::inspect(args),
         Command::Merge(args) => cmd::model::merge(args),
         Command::Export(args) => cmd::export::run(args),

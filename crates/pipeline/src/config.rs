@@ -87,8 +87,8 @@ use stoke_train::grpo::GrpoLossFile;
 
 use crate::error::PipelineError;
 use crate::settings::{
-    EvalSettings, GrpoSettings, KlPlacement, Lag, OldLogprobs, PipelineMode, PtxSettings,
-    Services, TemperatureSchedule, WeightSync,
+    EvalSettings, GrpoSettings, KlPlacement, Lag, OldLogprobs, PipelineMode, PtxSettings, Services,
+    TemperatureSchedule, WeightSync,
 };
 
 /// The names of `stoke_eval::Level` (`Level::name`), the arithmetic task's levels. The pipeline
@@ -352,7 +352,11 @@ impl GrpoConfig {
             activation_checkpointing: g.activation_checkpointing.unwrap_or(false),
             lora: file.lora.clone(),
             services: Services {
-                rollout: resolve_rollout_service(file.rollout.as_ref(), &at, &out_dir_of(&file, &base, stem))?,
+                rollout: resolve_rollout_service(
+                    file.rollout.as_ref(),
+                    &at,
+                    &out_dir_of(&file, &base, stem),
+                )?,
                 reward: resolve_reward_service(file.reward.as_ref())?,
             },
         };

@@ -33,8 +33,8 @@ use stoke_train::grpo::update::{
 use stoke_train::source::BatchSource;
 
 use crate::error::PipelineError;
-use crate::service::ReferenceScoring;
 use crate::records::ScoredGroup;
+use crate::service::ReferenceScoring;
 use crate::settings::{GrpoSettings, KlPlacement, OldLogprobs};
 use crate::staleness::{PolicyVersion, StalenessGate};
 use crate::weights::WeightStore;

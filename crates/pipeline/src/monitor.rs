@@ -19,9 +19,8 @@ use crate::error::PipelineError;
 use crate::held_out::HeldOutResult;
 use crate::learner::{Learner, LearnerStep};
 use crate::metrics::{
-    RemoteRecord,
     GrpoEvalRecord, GrpoMetricsLog, GrpoRecord, GrpoStepRecord, ModuleSeconds, ModuleUtilization,
-    RatioRecord, batch_stats,
+    RatioRecord, RemoteRecord, batch_stats,
 };
 use crate::progress::{Progress, ProgressLine};
 use crate::records::{RewardFailure, ScoredGroup};

@@ -397,14 +397,23 @@ fn remote_services_resolve_round_trip_and_name_their_errors() {
     let saved = write(other.path(), "c.toml", &config.to_toml().unwrap());
     assert_eq!(GrpoConfig::load(&saved, &[]).unwrap(), config);
     // Local by default; the published weights default into the run folder.
-    assert_eq!(load(MINIMAL, &[]).unwrap().settings.services, Default::default());
+    assert_eq!(
+        load(MINIMAL, &[]).unwrap().settings.services,
+        Default::default()
+    );
     let defaulted = load(
         MINIMAL,
-        &["rollout.kind=\"remote\"", "rollout.servers=[\"http://a:1\"]"],
+        &[
+            "rollout.kind=\"remote\"",
+            "rollout.servers=[\"http://a:1\"]",
+        ],
     )
     .unwrap();
     let rollout = defaulted.settings.services.rollout.unwrap();
-    assert_eq!(rollout.weights_dir, defaulted.out_dir.join("published-weights"));
+    assert_eq!(
+        rollout.weights_dir,
+        defaulted.out_dir.join("published-weights")
+    );
     assert_eq!(rollout.engine, Engine::Stoke);
     // Moving a module is not a change of the training: resume allows it.
     let local = GrpoConfig::load(&write(dir.path(), "local.toml", MINIMAL), &[]).unwrap();
@@ -414,27 +423,54 @@ fn remote_services_resolve_round_trip_and_name_their_errors() {
     );
 
     for (sets, field, reason) in [
-        (vec!["rollout.kind=\"remote\""], "rollout.servers", "at least one server"),
+        (
+            vec!["rollout.kind=\"remote\""],
+            "rollout.servers",
+            "at least one server",
+        ),
         (
             vec!["rollout.kind=\"remote\"", "rollout.servers=[\"a:1\"]"],
             "rollout.servers[0]",
             "not an http",
         ),
         (
-            vec!["rollout.kind=\"remote\"", "rollout.servers=[\"http://a\", \"http://a\"]"],
+            vec![
+                "rollout.kind=\"remote\"",
+                "rollout.servers=[\"http://a\", \"http://a\"]",
+            ],
             "rollout.servers[1]",
             "listed twice",
         ),
-        (vec!["rollout.servers=[\"http://a\"]"], "rollout.servers", "kind = \"remote\" only"),
-        (vec!["rollout.engine=\"vllm\""], "rollout.engine", "kind = \"remote\" only"),
-        (vec!["reward.model=\"x\""], "reward.model", "belongs to [rollout]"),
         (
-            vec!["reward.kind=\"remote\"", "reward.servers=[\"http://r\"]", "reward.max_in_flight=0"],
+            vec!["rollout.servers=[\"http://a\"]"],
+            "rollout.servers",
+            "kind = \"remote\" only",
+        ),
+        (
+            vec!["rollout.engine=\"vllm\""],
+            "rollout.engine",
+            "kind = \"remote\" only",
+        ),
+        (
+            vec!["reward.model=\"x\""],
+            "reward.model",
+            "belongs to [rollout]",
+        ),
+        (
+            vec![
+                "reward.kind=\"remote\"",
+                "reward.servers=[\"http://r\"]",
+                "reward.max_in_flight=0",
+            ],
             "reward.max_in_flight",
             "at least 1",
         ),
         (
-            vec!["reward.kind=\"remote\"", "reward.servers=[\"http://r\"]", "reward.timeout_s=-1"],
+            vec![
+                "reward.kind=\"remote\"",
+                "reward.servers=[\"http://r\"]",
+                "reward.timeout_s=-1",
+            ],
             "reward.timeout_s",
             "positive",
         ),

@@ -128,7 +128,11 @@ fn remote_verdicts_are_the_local_pools() {
     let local = RewardPool::new(specs(), 2, TIMEOUT).unwrap();
     let cases = [
         group("4", &["4", "5", "panic", "hang"], 0),
-        group("#### 4", &["#### 4", "a longer wrong answer #### 5", "x"], 1),
+        group(
+            "#### 4",
+            &["#### 4", "a longer wrong answer #### 5", "x"],
+            1,
+        ),
     ];
     for case in cases {
         let here = local.score(case.clone());
@@ -141,7 +145,10 @@ fn remote_verdicts_are_the_local_pools() {
             match (&a.failure, &b.failure) {
                 (None, None) | (Some(RewardFailure::TimedOut), Some(RewardFailure::TimedOut)) => {}
                 (Some(RewardFailure::Panicked(x)), Some(RewardFailure::Panicked(y))) => {
-                    assert!(x.contains("exploded") && y.contains("exploded"), "{x} / {y}")
+                    assert!(
+                        x.contains("exploded") && y.contains("exploded"),
+                        "{x} / {y}"
+                    )
                 }
                 other => panic!("failures differ: {other:?}"),
             }
@@ -152,7 +159,10 @@ fn remote_verdicts_are_the_local_pools() {
     assert_eq!(stats.scored, 5);
     // A reward index the run does not have fails its samples, as the local pool does.
     let unknown = RewardService::score(&remote, group("4", &["4"], 7)).unwrap();
-    assert!(matches!(unknown.rewards[0].failure, Some(RewardFailure::Panicked(_))));
+    assert!(matches!(
+        unknown.rewards[0].failure,
+        Some(RewardFailure::Panicked(_))
+    ));
     server.stop();
 }
 
@@ -163,12 +173,18 @@ fn bad_requests_get_a_4xx_naming_the_field_and_the_server_keeps_serving() {
     let (status, body) = client.post_raw("/score", "{not json").unwrap();
     assert_eq!(status, 400, "{body}");
     let (status, body) = client
-        .post("/score", &json!({"reward": "scripted", "prompt": "p", "samples": [{"text": 3}]}))
+        .post(
+            "/score",
+            &json!({"reward": "scripted", "prompt": "p", "samples": [{"text": 3}]}),
+        )
         .unwrap();
     assert_eq!(status, 400);
     assert!(body.to_string().contains("samples[0].text"), "{body}");
     let (status, body) = client
-        .post("/score", &json!({"reward": "nope", "prompt": "p", "samples": []}))
+        .post(
+            "/score",
+            &json!({"reward": "nope", "prompt": "p", "samples": []}),
+        )
         .unwrap();
     assert_eq!(status, 400);
     assert!(body.to_string().contains("unknown reward `nope`"), "{body}");
@@ -215,7 +231,10 @@ fn a_dead_server_is_skipped_and_counted_and_no_group_is_scored_twice() {
     let dead_stats = stats.servers.iter().find(|s| s.url == dead_url).unwrap();
     let live_stats = stats.servers.iter().find(|s| s.url != dead_url).unwrap();
     assert!(!dead_stats.alive);
-    assert_eq!(dead_stats.failures, 1, "out of rotation after its first failure");
+    assert_eq!(
+        dead_stats.failures, 1,
+        "out of rotation after its first failure"
+    );
     assert_eq!(dead_stats.requests, 0);
     assert_eq!(live_stats.requests, 4);
     assert_eq!(live_stats.samples, 8);
@@ -224,7 +243,10 @@ fn a_dead_server_is_skipped_and_counted_and_no_group_is_scored_twice() {
 
     live.stop();
     let error = RewardService::score(&remote, group("4", &["4"], 0)).unwrap_err();
-    assert!(error.to_string().contains("no server left to try"), "{error}");
+    assert!(
+        error.to_string().contains("no server left to try"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -244,6 +266,9 @@ fn a_server_without_the_runs_rewards_is_refused_naming_it() {
     )
     .unwrap_err()
     .to_string();
-    assert!(error.contains("http://127.0.0.1:9: does not answer"), "{error}");
+    assert!(
+        error.contains("http://127.0.0.1:9: does not answer"),
+        "{error}"
+    );
     server.stop();
 }

@@ -49,18 +49,22 @@ pub struct GrpoArgs {
 }
 
 pub fn run_command(args: GrpoArgs) -> anyhow::Result<()> {
-    let config = GrpoConfig::load(&args.config, &args.sets)
-        .with_context(|| format!("config {}", args.config.display()))?;
-    if args.resume {
+    run_with(&args.config, args.sets, args.resume, args.quiet)
+}
+
+/// `stoke grpo CONFIG --set ... [--resume] [--quiet]` (also the trainer of `stoke launch`).
+pub fn run_with(
+    path: &std::path::Path,
+    sets: Vec<String>,
+    resume: bool,
+    quiet: bool,
+) -> anyhow::Result<()> {
+    let config =
+        GrpoConfig::load(path, &sets).with_context(|| format!("config {}", path.display()))?;
+    if resume {
         check_resume(&config)?;
     }
-    let summary = run_config(
-        &config,
-        RunOptions {
-            resume: args.resume,
-            quiet: args.quiet,
-        },
-    )?;
+    let summary = run_config(&config, RunOptions { resume, quiet })?;
     if let Some(step) = summary.resumed_from {
         println!("resumed from step {step}");
     }

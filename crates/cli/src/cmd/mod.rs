@@ -9,6 +9,7 @@ pub mod eval;
 pub mod eval_report;
 pub mod export;
 pub mod grpo;
+pub mod launch;
 pub mod model;
 pub mod r1;
 pub mod reward_server;

@@ -86,7 +86,8 @@ pub struct ChatArgs {
     engine: EngineArgs,
 }
 
-fn config(model: PathBuf, engine: &EngineArgs) -> anyhow::Result<ServeConfig> {
+/// A server config for `model` sized by `engine`.
+pub fn engine_config(model: PathBuf, engine: &EngineArgs) -> anyhow::Result<ServeConfig> {
     if !(engine.kv_cache_gib > 0.0 && engine.kv_cache_gib.is_finite()) {
         bail!("--kv-cache-gib must be a positive number of GiB");
     }
@@ -101,7 +102,7 @@ fn config(model: PathBuf, engine: &EngineArgs) -> anyhow::Result<ServeConfig> {
 }
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let mut config = config(args.model, &args.engine)?;
+    let mut config = engine_config(args.model, &args.engine)?;
     config.host = args.host;
     config.port = args.port;
     config.served_model_name = args.served_model_name;
@@ -119,7 +120,7 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
     // A local model gets a server of its own for the session.
     let (server, url) = match (&args.model, &args.url) {
         (Some(model), _) => {
-            let mut config = config(model.clone(), &args.engine)?;
+            let mut config = engine_config(model.clone(), &args.engine)?;
             config.port = 0;
             let server = RunningServer::start(config).map_err(anyhow::Error::msg)?;
             let url = server.url();

@@ -246,7 +246,10 @@ fn resolve_pool(
             }
             let max_in_flight = file.max_in_flight.unwrap_or(default_in_flight);
             if max_in_flight == 0 {
-                return Err(PipelineError::config(key("max_in_flight"), "must be at least 1"));
+                return Err(PipelineError::config(
+                    key("max_in_flight"),
+                    "must be at least 1",
+                ));
             }
             Ok(Some(crate::remote::PoolSettings {
                 servers,
@@ -255,7 +258,10 @@ fn resolve_pool(
                     RoutingFile::LeastLoaded => crate::remote::Routing::LeastLoaded,
                 },
                 max_in_flight,
-                timeout: seconds(key("timeout_s"), file.timeout_s.unwrap_or(default_timeout_s))?,
+                timeout: seconds(
+                    key("timeout_s"),
+                    file.timeout_s.unwrap_or(default_timeout_s),
+                )?,
                 revive_after: seconds(
                     key("revive_after_s"),
                     file.revive_after_s.unwrap_or(DEFAULT_REVIVE_AFTER_S),
@@ -351,7 +357,9 @@ pub(super) fn pool_file(pool: &crate::remote::PoolSettings) -> ServiceSection {
     }
 }
 
-pub(super) fn rollout_service_file(remote: &crate::remote::RemoteRolloutSettings) -> ServiceSection {
+pub(super) fn rollout_service_file(
+    remote: &crate::remote::RemoteRolloutSettings,
+) -> ServiceSection {
     ServiceSection {
         engine: Some(match remote.engine {
             crate::remote::Engine::Stoke => EngineFile::Stoke,

@@ -209,7 +209,11 @@ async fn score(State(app): State<Arc<RewardApp>>, body: Bytes) -> Response {
         Ok(request) => request,
         Err(e) => {
             let path = e.path().to_string();
-            return error(StatusCode::BAD_REQUEST, &path, format!("{path}: {}", e.inner()));
+            return error(
+                StatusCode::BAD_REQUEST,
+                &path,
+                format!("{path}: {}", e.inner()),
+            );
         }
     };
     let Some(index) = app.names.iter().position(|n| *n == request.reward) else {
@@ -279,7 +283,10 @@ impl RunningRewardServer {
         let router = Router::new()
             .route("/score", post(score))
             .route("/info", get(info))
-            .route("/health", get(|| async { axum::Json(json!({"status": "ok"})) }))
+            .route(
+                "/health",
+                get(|| async { axum::Json(json!({"status": "ok"})) }),
+            )
             .layer(DefaultBodyLimit::max(64 << 20))
             .with_state(app);
         let (shutdown, stopped) = oneshot::channel::<()>();
@@ -362,7 +369,10 @@ impl std::fmt::Debug for RemoteRewards {
 impl RemoteRewards {
     /// Checks every server before the first step: it answers `/info` and has every reward in
     /// `names` (the run's rewards, in index order). Prints each server's isolation level.
-    pub fn connect(settings: PoolSettings, names: Vec<String>) -> Result<RemoteRewards, PipelineError> {
+    pub fn connect(
+        settings: PoolSettings,
+        names: Vec<String>,
+    ) -> Result<RemoteRewards, PipelineError> {
         for url in &settings.servers {
             let refuse = |reason: String| PipelineError::Remote {
                 service: "reward",

@@ -122,7 +122,10 @@ impl RemotePublisher {
                     let client = self.pool.client(index);
                     let path = &path;
                     scope.spawn(move || {
-                        (index, load_weights(client, self.engine, path, server_version))
+                        (
+                            index,
+                            load_weights(client, self.engine, path, server_version),
+                        )
                     })
                 })
                 .collect();
@@ -328,7 +331,10 @@ impl RemoteRollout {
                     .unwrap_or_default()
                     .to_string()
             });
-            let Some(entry) = served.iter().find(|m| m["id"].as_str() == Some(name.as_str())) else {
+            let Some(entry) = served
+                .iter()
+                .find(|m| m["id"].as_str() == Some(name.as_str()))
+            else {
                 return Err(refuse(
                     url,
                     format!(
@@ -350,9 +356,11 @@ impl RemoteRollout {
                     &json!({"model": name, "prompt": probe_text, "add_special_tokens": false}),
                 )
                 .map_err(|e| refuse(url, format!("/tokenize: {e}")))?;
-            let remote_ids: Option<Vec<u32>> = tokenized["tokens"]
-                .as_array()
-                .map(|ids| ids.iter().filter_map(|v| v.as_u64().map(|v| v as u32)).collect());
+            let remote_ids: Option<Vec<u32>> = tokenized["tokens"].as_array().map(|ids| {
+                ids.iter()
+                    .filter_map(|v| v.as_u64().map(|v| v as u32))
+                    .collect()
+            });
             if status != 200 || remote_ids.as_deref() != Some(local_ids.as_slice()) {
                 return Err(refuse(
                     url,
@@ -367,9 +375,15 @@ impl RemoteRollout {
                 let (status, answer) = client
                     .get("/weights/checksum")
                     .map_err(|e| refuse(url, format!("/weights/checksum: {e}")))?;
-                let held = answer["version"].as_u64().filter(|_| status == 200).ok_or_else(
-                    || refuse(url, format!("/weights/checksum answered {status}: {answer}")),
-                )?;
+                let held = answer["version"]
+                    .as_u64()
+                    .filter(|_| status == 200)
+                    .ok_or_else(|| {
+                        refuse(
+                            url,
+                            format!("/weights/checksum answered {status}: {answer}"),
+                        )
+                    })?;
                 base = base.max(held + 1);
             }
         }
@@ -424,7 +438,10 @@ impl RemoteRollout {
         if prompt_ids.is_empty() {
             return Err("the prompt has no tokens".into());
         }
-        if let Some(&id) = prompt_ids.iter().find(|&&id| id as usize >= self.vocab_size) {
+        if let Some(&id) = prompt_ids
+            .iter()
+            .find(|&&id| id as usize >= self.vocab_size)
+        {
             return Err(format!(
                 "prompt token id {id} is outside the model's vocabulary (size {})",
                 self.vocab_size
@@ -514,14 +531,14 @@ impl RemoteRollout {
             },
         ))
     }
-
 }
 
 /// The seed of group `group_id`'s request to a vLLM server (which has no stream numbers): a
 /// fixed mix of the run's seed and the group id, so a group's samples do not depend on which
 /// server or batch served it.
 fn group_seed(seed: u64, group_id: u64) -> i64 {
-    let mixed = (seed ^ group_id.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    let mixed =
+        (seed ^ group_id.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     (mixed >> 1) as i64
 }
 
@@ -565,7 +582,10 @@ fn parse_choice(
     let versions: Vec<u64> = match choice["weight_versions"].as_array() {
         Some(list) => list
             .iter()
-            .map(|v| v.as_u64().ok_or_else(|| format!("weight version {v} is not a number")))
+            .map(|v| {
+                v.as_u64()
+                    .ok_or_else(|| format!("weight version {v} is not a number"))
+            })
             .collect::<Result<_, _>>()?,
         None => {
             let held = held_version.ok_or("no `weight_versions`, and no weights published here")?;
