@@ -451,12 +451,21 @@ fn stoke_launch_runs_every_role_from_torchrun_variables() {
         );
     }
     let trainer = String::from_utf8_lossy(&outputs[0].stderr);
-    assert!(trainer.contains("Torchrun rank 0 of 4 (local 0) is the Trainer"), "{trainer}");
+    assert!(
+        trainer.contains("Torchrun rank 0 of 4 (local 0) is the Trainer"),
+        "{trainer}"
+    );
     let logged = steps(dir.path(), "run-launch");
     assert_eq!(logged.len(), STEPS);
     let last = logged.last().unwrap();
-    assert_eq!(last["rollout_servers"]["servers"].as_array().unwrap().len(), 2);
-    assert_eq!(last["reward_servers"]["servers"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        last["rollout_servers"]["servers"].as_array().unwrap().len(),
+        2
+    );
+    assert_eq!(
+        last["reward_servers"]["servers"].as_array().unwrap().len(),
+        1
+    );
     assert_eq!(
         std::fs::read_to_string(rendezvous.join("done")).unwrap(),
         "ok"

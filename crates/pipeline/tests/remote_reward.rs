@@ -81,6 +81,7 @@ fn pool_settings(servers: Vec<String>) -> PoolSettings {
         max_in_flight: 4,
         timeout: Duration::from_secs(30),
         revive_after: Duration::from_secs(3600),
+        startup_wait: Duration::ZERO,
     }
 }
 

@@ -57,7 +57,8 @@ pub struct LaunchArgs {
     /// Address servers bind.
     #[arg(long, default_value = "0.0.0.0")]
     host: String,
-    /// First port; a server binds port + its local rank (several on one machine do not clash).
+    /// First port; a server binds port + its local rank (several on one machine do not clash);
+    /// 0 picks free ports.
     #[arg(long, default_value_t = 8000)]
     port: u16,
     /// The host name or address other machines reach this one by.
@@ -248,6 +249,13 @@ fn write_atomically(path: &Path, text: &str) -> anyhow::Result<()> {
     std::fs::rename(&staging, path).with_context(|| format!("renaming to {}", path.display()))
 }
 
+/// One line to stderr in one write: processes of a job often share one log, and a line written
+/// in pieces interleaves with the others'.
+fn say(line: String) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+}
+
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
@@ -272,18 +280,21 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<()> {
         .clone()
         .or_else(|| env("POD_IP"))
         .unwrap_or_else(host_name);
-    let port = args
-        .port
-        .checked_add(placement.local_rank as u16)
-        .ok_or_else(|| anyhow!("--port {} + local rank overflows", args.port))?;
-    eprintln!(
+    // Port 0 asks the system for a free port, whatever the local rank.
+    let port = match args.port {
+        0 => 0,
+        base => base
+            .checked_add(placement.local_rank as u16)
+            .ok_or_else(|| anyhow!("--port {base} + local rank overflows"))?,
+    };
+    say(format!(
         "stoke launch: {:?} rank {} of {} (local {}) is the {role:?}; rendezvous {}",
         placement.launcher,
         placement.rank,
         placement.world_size,
         placement.local_rank,
         dir.display()
-    );
+    ));
     match role {
         Role::Trainer => trainer(&args, &dir),
         Role::Rollout(_) => {
@@ -323,10 +334,10 @@ const SERVED_NAME: &str = "policy";
 fn serve_until_done(dir: &Path, role: Role, advertise: &str, port: u16) -> anyhow::Result<()> {
     let url = format!("http://{advertise}:{port}");
     write_atomically(&url_file(dir, role), &url)?;
-    eprintln!(
+    say(format!(
         "stoke launch: {role:?} serving at {url}; stops when the trainer writes {}",
         dir.join("done").display()
-    );
+    ));
     while !dir.join("done").exists() {
         std::thread::sleep(Duration::from_millis(200));
     }

@@ -87,6 +87,8 @@ pub struct ServiceSection {
     pub timeout_s: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revive_after_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_wait_s: Option<f64>,
     /// `[rollout]` only: the server software.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<EngineFile>,

@@ -266,6 +266,10 @@ fn resolve_pool(
                     key("revive_after_s"),
                     file.revive_after_s.unwrap_or(DEFAULT_REVIVE_AFTER_S),
                 )?,
+                startup_wait: match file.startup_wait_s {
+                    None | Some(0.0) => Duration::ZERO,
+                    Some(s) => seconds(key("startup_wait_s"), s)?,
+                },
             }))
         }
     }
@@ -329,7 +333,7 @@ pub(super) fn resolve_reward_service(
             return Err(PipelineError::config(
                 format!("reward.{name}"),
                 "belongs to [rollout]; [reward] takes kind, servers, routing, max_in_flight, \
-                 timeout_s and revive_after_s",
+                 timeout_s, revive_after_s and startup_wait_s",
             ));
         }
     }
@@ -353,6 +357,7 @@ pub(super) fn pool_file(pool: &crate::remote::PoolSettings) -> ServiceSection {
         max_in_flight: Some(pool.max_in_flight),
         timeout_s: Some(pool.timeout.as_secs_f64()),
         revive_after_s: Some(pool.revive_after.as_secs_f64()),
+        startup_wait_s: Some(pool.startup_wait.as_secs_f64()),
         ..ServiceSection::default()
     }
 }

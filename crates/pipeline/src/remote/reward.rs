@@ -38,7 +38,7 @@ use crate::error::PipelineError;
 use crate::records::{
     GroupTicket, RewardFailure, RolloutGroup, Sample, SampleReward, ScoredGroup, Task,
 };
-use crate::remote::servers::{PoolSettings, ServerPool, Work};
+use crate::remote::servers::{PoolSettings, ServerPool, Work, wait_until_answering};
 use crate::reward::{RewardPool, RewardPoolStats, RewardSpec};
 use crate::service::{RemoteStats, RewardService};
 use crate::staleness::{GenerationPermit, PolicyVersion};
@@ -379,6 +379,8 @@ impl RemoteRewards {
                 reason: format!("{url}: {reason}"),
             };
             let client = Client::with_timeout(url, Some(settings.timeout));
+            wait_until_answering(&client, settings.startup_wait)
+                .map_err(|e| refuse(format!("does not answer: {e}")))?;
             let (status, info) = client
                 .get("/info")
                 .map_err(|e| refuse(format!("does not answer: {e}")))?;

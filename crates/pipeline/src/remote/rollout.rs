@@ -42,7 +42,7 @@ use stoke_tokenizer::hf::Tokenizer;
 
 use crate::error::PipelineError;
 use crate::records::{GroupTicket, RolloutGroup, Sample};
-use crate::remote::servers::{PoolSettings, ServerPool, Work};
+use crate::remote::servers::{PoolSettings, ServerPool, Work, wait_until_answering};
 use crate::rollout::{RolloutSettings, RolloutStats};
 use crate::service::{RemoteStats, RolloutService};
 use crate::staleness::PolicyVersion;
@@ -317,6 +317,8 @@ impl RemoteRollout {
         let local_ids = tokenizer.encode(probe_text, false)?;
         for url in &remote.pool.servers {
             let client = Client::with_timeout(url, Some(remote.pool.timeout));
+            wait_until_answering(&client, remote.pool.startup_wait)
+                .map_err(|e| refuse(url, format!("does not answer: {e}")))?;
             let (status, models) = client
                 .get("/v1/models")
                 .map_err(|e| refuse(url, format!("does not answer: {e}")))?;

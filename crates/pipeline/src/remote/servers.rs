@@ -46,6 +46,25 @@ pub struct PoolSettings {
     pub timeout: Duration,
     /// How long a failed server stays out of rotation before it is probed again.
     pub revive_after: Duration,
+    /// How long the checks before the first step wait for a server that does not answer yet
+    /// (servers starting next to the trainer, as on Kubernetes); 0: not at all.
+    pub startup_wait: Duration,
+}
+
+/// Polls `GET /health` until it answers 200 or `wait` has passed (at least one try).
+pub fn wait_until_answering(client: &Client, wait: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let error = match client.get_text("/health") {
+            Ok((200, _)) => return Ok(()),
+            Ok((status, _)) => format!("/health answered {status}"),
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() >= deadline {
+            return Err(error);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// What a successful request did, for the counters.
