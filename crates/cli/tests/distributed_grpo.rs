@@ -473,3 +473,67 @@ fn stoke_launch_runs_every_role_from_torchrun_variables() {
     let server = String::from_utf8_lossy(&outputs[3].stderr);
     assert!(server.contains("is the Reward(0)"), "{server}");
 }
+
+#[test]
+fn a_remote_reference_scores_the_sampled_tokens() {
+    let dir = setup();
+    let cluster = Cluster::start(dir.path());
+    // The reference: the starting weights on a server of their own, never updated.
+    let reference = Proc::start(
+        &[
+            "serve",
+            "--model",
+            "model",
+            "--port",
+            "0",
+            "--served-model-name",
+            "reference",
+            "--kv-cache-gib",
+            "0.25",
+        ],
+        dir.path(),
+    );
+    let kl = ["grpo.loss.beta=0.2".to_string()];
+    let local = grpo_command(dir.path(), "run-kl-local", &kl)
+        .output()
+        .unwrap();
+    assert_success(&local);
+    let mut sets = cluster.sets();
+    sets.extend(kl.iter().cloned());
+    sets.push("reference.kind=\"remote\"".into());
+    sets.push(format!("reference.servers=[\"{}\"]", reference.url));
+    let remote = grpo_command(dir.path(), "run-kl-remote", &sets)
+        .output()
+        .unwrap();
+    assert_success(&remote);
+    let stderr = String::from_utf8_lossy(&remote.stderr);
+    assert!(
+        stderr.contains("reference log-probs on 1 stoke server(s)"),
+        "{stderr}"
+    );
+    // The runs part after the first updates: server and trainer compute the same log-probs
+    // through different kernels (prefill vs training forward, ~1e-6 apart; the pipeline test
+    // `remote_reference` bounds that), and sampling amplifies any difference. What must hold:
+    // before any update the reference is the policy (KL 0: the server scored exactly the
+    // sampled tokens, at their positions), and later the KL is that of a policy moving away.
+    let (l, r) = (
+        steps(dir.path(), "run-kl-local"),
+        steps(dir.path(), "run-kl-remote"),
+    );
+    assert_eq!((l.len(), r.len()), (STEPS, STEPS));
+    let first = r[0]["kl_mean"].as_f64().unwrap();
+    assert!(first.abs() < 1e-5, "KL {first} before any update");
+    assert_eq!(l[0]["kl_mean"].as_f64().unwrap(), 0.0);
+    let kl_seen = r.iter().any(|s| s["kl_mean"].as_f64().unwrap() > 1e-5);
+    let last = |steps: &[Value]| steps.last().unwrap()["kl_mean"].as_f64().unwrap();
+    assert!(
+        last(&r) < 10.0 * last(&l) && last(&l) < 10.0 * last(&r),
+        "final KL local {}, remote {}",
+        last(&l),
+        last(&r)
+    );
+    assert!(
+        kl_seen,
+        "the policy never left the reference: equal KLs would prove nothing"
+    );
+}

@@ -271,10 +271,15 @@ impl GrpoConfig {
                     "would replace the teacher of [grpo.loss.distill] with the policy",
                 ));
             }
-            if file.model.reference.is_none() {
+            let remote_teacher = file
+                .reference
+                .as_ref()
+                .is_some_and(|r| r.kind == Some(ServiceKindFile::Remote));
+            if file.model.reference.is_none() && !remote_teacher {
                 return Err(PipelineError::config(
                     "model.reference",
-                    "[grpo.loss.distill] needs the teacher: the model folder to distill from",
+                    "[grpo.loss.distill] needs the teacher: the model folder to distill from \
+                     (or [reference] kind = \"remote\" on servers of it)",
                 ));
             }
         }
@@ -358,6 +363,7 @@ impl GrpoConfig {
                     &out_dir_of(&file, &base, stem),
                 )?,
                 reward: resolve_reward_service(file.reward.as_ref())?,
+                reference: resolve_reference_service(file.reference.as_ref())?,
             },
         };
         if let Some(lora) = &settings.lora {
@@ -372,6 +378,12 @@ impl GrpoConfig {
         settings
             .validate()
             .map_err(|(field, reason)| PipelineError::config(settings_key(field), reason))?;
+        if settings.services.reference.is_some() && settings.reference_reset_every.is_some() {
+            return Err(PipelineError::config(
+                "grpo.reference_reset_every",
+                "a remote reference ([reference] kind = \"remote\") is frozen on its servers",
+            ));
+        }
         if settings.max_bad_steps == 0 {
             return Err(PipelineError::config(
                 "grpo.max_bad_steps",
@@ -484,6 +496,7 @@ impl GrpoConfig {
             lora: s.lora.clone(),
             rollout: s.services.rollout.as_ref().map(rollout_service_file),
             reward: s.services.reward.as_ref().map(pool_file),
+            reference: s.services.reference.as_ref().map(reference_service_file),
         }
     }
 
@@ -522,6 +535,7 @@ const RESUME_FREE_KEYS: &[&str] = &[
     // Where a module runs, not what it computes.
     "rollout.",
     "reward.",
+    "reference.",
     "checkpoint.",
     "out.",
 ];

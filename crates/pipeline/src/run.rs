@@ -41,7 +41,7 @@ use crate::inference::InferenceModule;
 use crate::learner::Learner;
 use crate::monitor::RunMonitor;
 use crate::records::Task;
-use crate::remote::{RemoteRewards, RemoteRollout};
+use crate::remote::{RemoteReference, RemoteRewards, RemoteRollout};
 use crate::reward::{RewardPool, RewardSpec};
 use crate::rollout::{RolloutModule, RolloutSettings};
 use crate::scheduler::ThreadScheduler;
@@ -234,10 +234,23 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
             rewards.iter().map(|spec| spec.name.clone()).collect(),
         )?),
     };
-    let inference: Arc<Mutex<dyn ReferenceScoring>> = Arc::new(Mutex::new(InferenceModule::new(
-        reference,
-        settings.micro_batch_tokens,
-    )));
+    let inference: Arc<Mutex<dyn ReferenceScoring>> = match &settings.services.reference {
+        // Beta 0 and no distillation: no reference at all, wherever it would run.
+        Some(remote) if settings.loss.kl.is_some() || settings.loss.distill.is_some() => {
+            let scoring = RemoteReference::connect(remote, &tokenizer, policy.config().vocab_size)?;
+            eprintln!(
+                "reference log-probs on {} {} server(s): {}",
+                remote.pool.servers.len(),
+                remote.engine.name(),
+                remote.pool.servers.join(", ")
+            );
+            Arc::new(Mutex::new(scoring))
+        }
+        _ => Arc::new(Mutex::new(InferenceModule::new(
+            reference,
+            settings.micro_batch_tokens,
+        ))),
+    };
     let bound = StalenessBound::new(
         settings.max_off_policy_steps,
         settings.prompts_per_step as u64,

@@ -129,11 +129,13 @@ pub struct EvalSettings {
     pub problems: usize,
 }
 
-/// Where the rollout and reward modules run (`[rollout]`, `[reward]`); `None`: in process.
+/// Where the rollout, reward and reference modules run (`[rollout]`, `[reward]`,
+/// `[reference]`); `None`: in process.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Services {
     pub rollout: Option<crate::remote::RemoteRolloutSettings>,
     pub reward: Option<crate::remote::PoolSettings>,
+    pub reference: Option<crate::remote::RemoteReferenceSettings>,
 }
 
 /// Everything a GRPO run needs besides loaded objects.

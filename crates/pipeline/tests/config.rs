@@ -480,3 +480,41 @@ fn remote_services_resolve_round_trip_and_name_their_errors() {
         assert!(got_reason.contains(reason), "{sets:?}: {got_reason}");
     }
 }
+
+#[test]
+fn a_remote_reference_is_resolved_and_its_misuses_named() {
+    use stoke_pipeline::remote::Engine;
+    let remote = [
+        "reference.kind=\"remote\"",
+        "reference.servers=[\"http://teacher:8000\"]",
+        "reference.engine=\"vllm\"",
+    ];
+    let config = load(MINIMAL, &remote).unwrap();
+    let reference = config.settings.services.reference.clone().unwrap();
+    assert_eq!(reference.engine, Engine::Vllm);
+    assert_eq!(reference.pool.servers, ["http://teacher:8000"]);
+    let dir = tempfile::tempdir().unwrap();
+    let saved = write(dir.path(), "c.toml", &config.to_toml().unwrap());
+    assert_eq!(GrpoConfig::load(&saved, &[]).unwrap(), config);
+    // On-policy distillation with the teacher on servers needs no local teacher folder.
+    let mut distill = remote.to_vec();
+    distill.push("grpo.loss.distill.kl_coef=1.0");
+    assert!(load(MINIMAL, &distill).is_ok());
+    let (field, reason) = field_of(load(MINIMAL, &["grpo.loss.distill.kl_coef=1.0"]));
+    assert_eq!(field, "model.reference", "{reason}");
+    let mut reset = remote.to_vec();
+    reset.push("grpo.reference_reset_every=5");
+    assert_eq!(
+        field_of(load(MINIMAL, &reset)).0,
+        "grpo.reference_reset_every"
+    );
+    let (field, _) = field_of(load(
+        MINIMAL,
+        &[
+            "reference.kind=\"remote\"",
+            "reference.servers=[\"http://t\"]",
+            "reference.weights_dir=\"w\"",
+        ],
+    ));
+    assert_eq!(field, "reference.weights_dir");
+}

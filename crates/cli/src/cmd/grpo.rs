@@ -185,7 +185,9 @@ pub fn prepare(config: &GrpoConfig, quiet: bool) -> anyhow::Result<PreparedGrpo>
             .with_context(|| format!("loading the tokenizer from {}", model_dir.display()))?,
     );
     let distill = config.settings.loss.distill.is_some();
-    let needs_reference = config.settings.loss.kl.is_some() || distill;
+    // A remote reference ([reference] kind = "remote") is scored on its servers: nothing to load.
+    let needs_reference = (config.settings.loss.kl.is_some() || distill)
+        && config.settings.services.reference.is_none();
     let reference = match (&config.reference_model, needs_reference) {
         (_, false) => None,
         (Some(dir), true) if distill => {

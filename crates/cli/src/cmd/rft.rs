@@ -229,6 +229,7 @@ pub fn sampling_source(
         lora: None,
         rollout: None,
         reward: None,
+        reference: None,
     };
     let mut source =
         GrpoConfig::from_file(source, &stage.base, stem).with_context(|| stage.origin.clone())?;

@@ -48,6 +48,10 @@ pub struct GrpoConfigFile {
     /// Where rewards are computed: in process (default) or on `stoke reward-server`s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reward: Option<ServiceSection>,
+    /// Where reference / teacher log-probs are computed: in process (default) or on inference
+    /// servers of that model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<ServiceSection>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

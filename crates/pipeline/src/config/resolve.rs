@@ -318,6 +318,61 @@ pub(super) fn resolve_rollout_service(
     }))
 }
 
+pub(super) fn resolve_reference_service(
+    file: Option<&ServiceSection>,
+) -> Result<Option<crate::remote::RemoteReferenceSettings>, PipelineError> {
+    let Some(file) = file else {
+        return Ok(None);
+    };
+    if file.weights_dir.is_some() {
+        return Err(PipelineError::config(
+            "reference.weights_dir",
+            "belongs to [rollout]: the reference is frozen, nothing is published to it",
+        ));
+    }
+    let Some(pool) = resolve_pool(
+        "reference",
+        file,
+        DEFAULT_ROLLOUT_IN_FLIGHT,
+        DEFAULT_ROLLOUT_TIMEOUT_S,
+    )?
+    else {
+        for (name, set) in [
+            ("engine", file.engine.is_some()),
+            ("model", file.model.is_some()),
+        ] {
+            if set {
+                return Err(PipelineError::config(
+                    format!("reference.{name}"),
+                    "is used with kind = \"remote\" only",
+                ));
+            }
+        }
+        return Ok(None);
+    };
+    Ok(Some(crate::remote::RemoteReferenceSettings {
+        pool,
+        engine: match file.engine.unwrap_or(EngineFile::Stoke) {
+            EngineFile::Stoke => crate::remote::Engine::Stoke,
+            EngineFile::Vllm => crate::remote::Engine::Vllm,
+        },
+        model: file.model.clone(),
+    }))
+}
+
+pub(super) fn reference_service_file(
+    remote: &crate::remote::RemoteReferenceSettings,
+) -> ServiceSection {
+    ServiceSection {
+        engine: Some(match remote.engine {
+            crate::remote::Engine::Stoke => EngineFile::Stoke,
+            crate::remote::Engine::Vllm => EngineFile::Vllm,
+        }),
+        model: remote.model.clone(),
+        ..pool_file(&remote.pool)
+    }
+}
+
 pub(super) fn resolve_reward_service(
     file: Option<&ServiceSection>,
 ) -> Result<Option<crate::remote::PoolSettings>, PipelineError> {

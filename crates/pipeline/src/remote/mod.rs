@@ -1,13 +1,16 @@
 //! The RL modules on other machines, over HTTP: rollout on OpenAI-compatible inference servers
-//! ([`rollout`]: `stoke serve` or vLLM, with weight publication to them) and rewards on
-//! `stoke reward-server`s ([`reward`]). Both go through one [`servers::ServerPool`]: routing,
+//! ([`rollout`]: `stoke serve` or vLLM, with weight publication to them), rewards on
+//! `stoke reward-server`s ([`reward`]) and reference / teacher log-probs on inference servers
+//! of the frozen model ([`reference`]). Both go through one [`servers::ServerPool`]: routing,
 //! per-server in-flight limits, retries on another server, per-server counters. They implement
 //! the boundary traits of [`crate::service`], so the drivers do not know where a module runs.
 
+pub mod reference;
 pub mod reward;
 pub mod rollout;
 pub mod servers;
 
+pub use reference::{RemoteReference, RemoteReferenceSettings};
 pub use reward::{RemoteRewards, RewardServerConfig, RunningRewardServer};
 pub use rollout::{Engine, RemotePublisher, RemoteRollout, RemoteRolloutSettings};
 pub use servers::{PoolSettings, Routing, ServerPool};

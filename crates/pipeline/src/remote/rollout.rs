@@ -265,6 +265,84 @@ fn load_weights(
     }
 }
 
+/// What the checks of one inference server found.
+pub(crate) struct CheckedServer {
+    pub client: Client,
+    /// The served model's context, when the server reports it.
+    pub max_model_len: Option<usize>,
+}
+
+/// The checks before the first step of one OpenAI-compatible server of `service`: it answers
+/// (waiting up to the pool's `startup_wait`), serves `model_name` (the first server's first
+/// model when `None`, which is then set), and tokenizes a probe text as `tokenizer` does.
+pub(crate) fn check_server(
+    service: &'static str,
+    url: &str,
+    pool: &PoolSettings,
+    model_name: &mut Option<String>,
+    tokenizer: &Tokenizer,
+) -> Result<CheckedServer, PipelineError> {
+    let refuse = |reason: String| PipelineError::Remote {
+        service,
+        reason: format!("{url}: {reason}"),
+    };
+    let probe_text = "Remote modules check the tokenizer: 12 + 30 = 42.";
+    let local_ids = tokenizer.encode(probe_text, false)?;
+    let client = Client::with_timeout(url, Some(pool.timeout));
+    wait_until_answering(&client, pool.startup_wait)
+        .map_err(|e| refuse(format!("does not answer: {e}")))?;
+    let (status, models) = client
+        .get("/v1/models")
+        .map_err(|e| refuse(format!("does not answer: {e}")))?;
+    if status != 200 {
+        return Err(refuse(format!("/v1/models answered {status}")));
+    }
+    let served: Vec<&Value> = models["data"].as_array().into_iter().flatten().collect();
+    let name = model_name.get_or_insert_with(|| {
+        served
+            .first()
+            .and_then(|m| m["id"].as_str())
+            .unwrap_or_default()
+            .to_string()
+    });
+    let Some(entry) = served
+        .iter()
+        .find(|m| m["id"].as_str() == Some(name.as_str()))
+    else {
+        return Err(refuse(format!(
+            "does not serve model `{name}` (it serves {})",
+            served
+                .iter()
+                .filter_map(|m| m["id"].as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    };
+    let max_model_len = entry["max_model_len"].as_u64().map(|len| len as usize);
+    let (status, tokenized) = client
+        .post(
+            "/tokenize",
+            &json!({"model": name, "prompt": probe_text, "add_special_tokens": false}),
+        )
+        .map_err(|e| refuse(format!("/tokenize: {e}")))?;
+    let remote_ids: Option<Vec<u32>> = tokenized["tokens"].as_array().map(|ids| {
+        ids.iter()
+            .filter_map(|v| v.as_u64().map(|v| v as u32))
+            .collect()
+    });
+    if status != 200 || remote_ids.as_deref() != Some(local_ids.as_slice()) {
+        return Err(refuse(format!(
+            "its tokenizer differs from the run's: {probe_text:?} is {:?} here and {} there \
+             (status {status})",
+            local_ids, tokenized["tokens"]
+        )));
+    }
+    Ok(CheckedServer {
+        client,
+        max_model_len,
+    })
+}
+
 /// The rollout module on remote servers (see the module doc).
 pub struct RemoteRollout {
     pool: Arc<ServerPool>,
@@ -313,68 +391,14 @@ impl RemoteRollout {
         let mut model_name = remote.model.clone();
         let mut max_model_len = config.max_position_embeddings;
         let mut base = 0u64;
-        let probe_text = "Remote rollout checks the tokenizer: 12 + 30 = 42.";
-        let local_ids = tokenizer.encode(probe_text, false)?;
         for url in &remote.pool.servers {
-            let client = Client::with_timeout(url, Some(remote.pool.timeout));
-            wait_until_answering(&client, remote.pool.startup_wait)
-                .map_err(|e| refuse(url, format!("does not answer: {e}")))?;
-            let (status, models) = client
-                .get("/v1/models")
-                .map_err(|e| refuse(url, format!("does not answer: {e}")))?;
-            if status != 200 {
-                return Err(refuse(url, format!("/v1/models answered {status}")));
-            }
-            let served: Vec<&Value> = models["data"].as_array().into_iter().flatten().collect();
-            let name = model_name.get_or_insert_with(|| {
-                served
-                    .first()
-                    .and_then(|m| m["id"].as_str())
-                    .unwrap_or_default()
-                    .to_string()
-            });
-            let Some(entry) = served
-                .iter()
-                .find(|m| m["id"].as_str() == Some(name.as_str()))
-            else {
-                return Err(refuse(
-                    url,
-                    format!(
-                        "does not serve model `{name}` (it serves {})",
-                        served
-                            .iter()
-                            .filter_map(|m| m["id"].as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                ));
-            };
-            if let Some(len) = entry["max_model_len"].as_u64() {
-                max_model_len = max_model_len.min(len as usize);
-            }
-            let (status, tokenized) = client
-                .post(
-                    "/tokenize",
-                    &json!({"model": name, "prompt": probe_text, "add_special_tokens": false}),
-                )
-                .map_err(|e| refuse(url, format!("/tokenize: {e}")))?;
-            let remote_ids: Option<Vec<u32>> = tokenized["tokens"].as_array().map(|ids| {
-                ids.iter()
-                    .filter_map(|v| v.as_u64().map(|v| v as u32))
-                    .collect()
-            });
-            if status != 200 || remote_ids.as_deref() != Some(local_ids.as_slice()) {
-                return Err(refuse(
-                    url,
-                    format!(
-                        "its tokenizer differs from the run's: {probe_text:?} is {:?} here and \
-                         {} there (status {status})",
-                        local_ids, tokenized["tokens"]
-                    ),
-                ));
+            let checked = check_server("rollout", url, &remote.pool, &mut model_name, tokenizer)?;
+            if let Some(len) = checked.max_model_len {
+                max_model_len = max_model_len.min(len);
             }
             if remote.engine == Engine::Stoke {
-                let (status, answer) = client
+                let (status, answer) = checked
+                    .client
                     .get("/weights/checksum")
                     .map_err(|e| refuse(url, format!("/weights/checksum: {e}")))?;
                 let held = answer["version"]
