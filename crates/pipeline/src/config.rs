@@ -31,6 +31,12 @@
 //! every = 10
 //! [out]
 //! dir = "../runs/grpo"
+//! [rollout]                       # optional; default kind = "local" (in process)
+//! kind = "remote"
+//! servers = ["http://gen-0:8000"] # OpenAI-compatible servers (stoke serve, vLLM)
+//! [reward]                        # optional; stoke reward-server processes
+//! kind = "remote"
+//! servers = ["http://rewards-0:8100"]
 //! ```
 //!
 //! Defaults (TRL's `GRPOConfig` where it has one, so a stoke run and a TRL run agree unless told
@@ -59,6 +65,12 @@
 //! - `[checkpoint]`: every 0 (only at the end), keep 2, keep_steps [] (stoke train's section).
 //! - `[ptx]`: off; when present `shards` is required, coef 0.1, batch_size 4, seq_len 256.
 //! - `[out] dir`: `runs/<config file stem>` next to the config file.
+//! - `[rollout]`, `[reward]`, `[reference]`: `kind = "local"` (in process); remote pools take
+//!   `servers` (required, http(s) URLs), `routing` "least_loaded", `max_in_flight` 4 (8 for
+//!   rewards), `timeout_s` 600 (120 for rewards), `revive_after_s` 10, `startup_wait_s` 0;
+//!   `[rollout]` and `[reference]` also `engine` "stoke" (or "vllm") and `model` (the first
+//!   server's); `[rollout]` also `weights_dir` (`OUT/published-weights`). These keys say where a
+//!   module runs, not what it computes: a resume may change them.
 //!
 //! `--set key=value` edits the parsed table before it is deserialised (stoke_train's
 //! `apply_overrides`), so an override is checked like a key in the file. Every error names the

@@ -122,6 +122,8 @@ pub struct StepTiming {
     pub reward_busy: f64,
     pub inference_busy: f64,
     pub trainer_busy: f64,
+    /// Publishing the update's weights (part of the trainer's time).
+    pub publish: f64,
 }
 
 impl StepTiming {
@@ -140,6 +142,7 @@ impl StepTiming {
             reward_busy: busy.1,
             inference_busy: busy.2,
             trainer_busy: update.report.seconds,
+            publish: update.publish_seconds,
         }
     }
 }

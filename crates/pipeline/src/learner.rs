@@ -56,6 +56,9 @@ pub struct LearnerStep {
     pub trained_version: PolicyVersion,
     /// Whether the reference was reset to the new weights after this update.
     pub reference_reset: bool,
+    /// Seconds publishing the new weights (the rollout copy, and with remote rollout writing
+    /// them to the shared folder and the servers loading them).
+    pub publish_seconds: f64,
     /// Set when this update was the `max_bad_steps`-th non-finite one in a row: why the run
     /// must stop. The driver records the update first, so the log and checkpoints show it.
     pub stop: Option<String>,
@@ -214,7 +217,9 @@ impl Learner {
         }
 
         let next = self.version.next();
+        let publish_started = std::time::Instant::now();
         self.weights.publish(self.updater.model(), next)?;
+        let publish_seconds = publish_started.elapsed().as_secs_f64();
         if let Some(gate) = &self.gate {
             gate.publish(next)
                 .map_err(|e| PipelineError::ModuleStopped {
@@ -246,6 +251,7 @@ impl Learner {
             rewards,
             trained_version,
             reference_reset,
+            publish_seconds,
             stop,
         })
     }

@@ -20,6 +20,10 @@
 //!   run: setup, resume, final model), [`held_out`] (pass@1 / pass@k evaluation), [`monitor`]
 //!   and [`progress`] (per-update side effects and what a person sees), [`metrics`] and
 //!   [`report`] (the records in `metrics.jsonl` and the charts of `report.html`).
+//! - the boundaries: [`service`] (one narrow trait per module boundary: rollout, reward,
+//!   reference scoring; the drivers see only these) and [`remote`] (their implementations over
+//!   HTTP: rollout on `stoke serve` / vLLM servers with weight publication, rewards on
+//!   `stoke reward-server`s, reference log-probs on servers of the frozen model).
 //! - recipes on top: [`rejection`] (sample `k`, keep the verified-correct, write SFT chat JSONL).
 
 pub mod buffer;

@@ -48,6 +48,9 @@ pub struct ModuleSeconds {
     /// The trainer waiting for groups (the pipeline bubble).
     #[serde(with = "json_float")]
     pub waiting: f64,
+    /// Publishing the new weights (remote rollout: writing them and the servers loading them).
+    #[serde(default, with = "json_float")]
+    pub publish: f64,
 }
 
 /// Busy share (0..=1 per thread) of each module over the update's wall time.

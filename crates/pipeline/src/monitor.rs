@@ -378,6 +378,7 @@ pub fn step_record(
             inference: timing.inference_busy,
             trainer: timing.trainer_busy,
             waiting: timing.trainer_waiting,
+            publish: timing.publish,
         },
         // Busy seconds per thread the module had: 1.0 means its threads never idled.
         utilization: ModuleUtilization {

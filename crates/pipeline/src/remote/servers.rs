@@ -359,3 +359,156 @@ impl ServerPool {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::{Arc, Barrier};
+
+    fn pool(n: usize, routing: Routing, max_in_flight: usize) -> ServerPool {
+        ServerPool::new(
+            "test",
+            PoolSettings {
+                servers: (0..n)
+                    .map(|i| format!("http://127.0.0.1:{}", 9 + i))
+                    .collect(),
+                routing,
+                max_in_flight,
+                timeout: Duration::from_secs(1),
+                revive_after: Duration::from_secs(3600),
+                startup_wait: Duration::ZERO,
+            },
+            Box::new(|_| Err("down".into())),
+        )
+    }
+
+    #[test]
+    fn round_robin_takes_servers_in_turn() {
+        let pool = pool(3, Routing::RoundRobin, 4);
+        let order: Vec<usize> = (0..6)
+            .map(|_| pool.call("r", |i, _| Ok((i, Work::default()))).unwrap())
+            .collect();
+        assert_eq!(order, [0, 1, 2, 0, 1, 2]);
+        let stats = pool.stats();
+        assert!(
+            stats
+                .servers
+                .iter()
+                .all(|s| s.requests == 2 && s.in_flight == 0)
+        );
+    }
+
+    #[test]
+    fn least_loaded_avoids_the_busy_server() {
+        let pool = Arc::new(pool(2, Routing::LeastLoaded, 4));
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        let held = {
+            let pool = Arc::clone(&pool);
+            std::thread::spawn(move || {
+                pool.call("held", |i, _| {
+                    wait.recv().unwrap();
+                    Ok((i, Work::default()))
+                })
+                .unwrap()
+            })
+        };
+        while pool.stats().servers.iter().all(|s| s.in_flight == 0) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let busy = pool
+            .stats()
+            .servers
+            .iter()
+            .position(|s| s.in_flight == 1)
+            .unwrap();
+        for _ in 0..3 {
+            let chosen = pool.call("r", |i, _| Ok((i, Work::default()))).unwrap();
+            assert_ne!(chosen, busy, "a request went to the busy server");
+        }
+        release.send(()).unwrap();
+        assert_eq!(held.join().unwrap(), busy);
+    }
+
+    #[test]
+    fn the_in_flight_limit_holds_under_load() {
+        let pool = Arc::new(pool(2, Routing::LeastLoaded, 2));
+        let peak = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+        let now = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+        let start = Arc::new(Barrier::new(8));
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let (pool, peak, now, start) = (
+                    Arc::clone(&pool),
+                    Arc::clone(&peak),
+                    Arc::clone(&now),
+                    Arc::clone(&start),
+                );
+                std::thread::spawn(move || {
+                    start.wait();
+                    pool.call("r", |i, _| {
+                        let running = now[i].fetch_add(1, Ordering::SeqCst) + 1;
+                        peak[i].fetch_max(running, Ordering::SeqCst);
+                        std::thread::sleep(Duration::from_millis(20));
+                        now[i].fetch_sub(1, Ordering::SeqCst);
+                        Ok((
+                            i,
+                            Work {
+                                samples: 1,
+                                tokens: 3,
+                            },
+                        ))
+                    })
+                    .unwrap()
+                })
+            })
+            .collect();
+        for handle in handles {
+            handle.join().unwrap();
+        }
+        for p in peak.iter() {
+            assert!(
+                p.load(Ordering::SeqCst) <= 2,
+                "max_in_flight is 2 per server"
+            );
+        }
+        let stats = pool.stats();
+        assert_eq!(stats.servers.iter().map(|s| s.requests).sum::<u64>(), 8);
+        assert_eq!(stats.servers.iter().map(|s| s.tokens).sum::<u64>(), 24);
+    }
+
+    #[test]
+    fn a_failure_moves_the_request_and_takes_the_server_out() {
+        let pool = pool(3, Routing::RoundRobin, 1);
+        let tries = AtomicUsize::new(0);
+        let served = pool
+            .call("r", |i, _| {
+                tries.fetch_add(1, Ordering::SeqCst);
+                if i == 0 {
+                    Err("boom".into())
+                } else {
+                    Ok((i, Work::default()))
+                }
+            })
+            .unwrap();
+        assert_eq!((served, tries.load(Ordering::SeqCst)), (1, 2));
+        assert_eq!(pool.alive(), [1, 2]);
+        let stats = pool.stats();
+        assert_eq!(stats.retries, 1);
+        assert_eq!(stats.servers[0].failures, 1);
+        assert!(
+            stats.servers[0]
+                .last_error
+                .as_deref()
+                .unwrap()
+                .contains("boom")
+        );
+        // Every server failing: an error naming each, not a hang.
+        let error = pool
+            .call("r", |_, _| Err::<((), Work), _>("no".into()))
+            .unwrap_err();
+        let text = error.to_string();
+        assert!(text.contains("no server left to try"), "{text}");
+        assert!(pool.alive().is_empty());
+    }
+}
