@@ -562,7 +562,7 @@ impl RemoteRollout {
 /// The seed of group `group_id`'s request to a vLLM server (which has no stream numbers): a
 /// fixed mix of the run's seed and the group id, so a group's samples do not depend on which
 /// server or batch served it.
-fn group_seed(seed: u64, group_id: u64) -> i64 {
+pub fn group_seed(seed: u64, group_id: u64) -> i64 {
     let mixed =
         (seed ^ group_id.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     (mixed >> 1) as i64
