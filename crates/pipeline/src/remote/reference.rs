@@ -28,7 +28,7 @@ use stoke_tokenizer::hf::Tokenizer;
 use crate::error::PipelineError;
 use crate::records::ScoredGroup;
 use crate::remote::rollout::{Engine, check_server};
-use crate::remote::servers::{PoolSettings, ServerPool, Work};
+use crate::remote::servers::{PoolSettings, ServerPool, Work, health};
 use crate::service::{ReferenceScoring, RemoteStats};
 
 /// `[reference]`, resolved.
@@ -70,15 +70,8 @@ impl RemoteReference {
         for url in &settings.pool.servers {
             check_server("reference", url, &settings.pool, &mut model_name, tokenizer)?;
         }
-        let probe = Box::new(|client: &Client| -> Result<(), String> {
-            match client.get_text("/health") {
-                Ok((200, _)) => Ok(()),
-                Ok((status, _)) => Err(format!("/health answered {status}")),
-                Err(e) => Err(e.to_string()),
-            }
-        });
         Ok(RemoteReference {
-            pool: ServerPool::new("reference", settings.pool.clone(), probe),
+            pool: ServerPool::new("reference", settings.pool.clone(), Box::new(health)),
             engine: settings.engine,
             model_name: model_name.unwrap_or_default(),
             vocab_size,

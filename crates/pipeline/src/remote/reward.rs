@@ -38,7 +38,7 @@ use crate::error::PipelineError;
 use crate::records::{
     GroupTicket, RewardFailure, RolloutGroup, Sample, SampleReward, ScoredGroup, Task,
 };
-use crate::remote::servers::{PoolSettings, ServerPool, Work, wait_until_answering};
+use crate::remote::servers::{PoolSettings, ServerPool, Work, health, wait_until_answering};
 use crate::reward::{RewardPool, RewardPoolStats, RewardSpec};
 use crate::service::{RemoteStats, RewardService};
 use crate::staleness::{GenerationPermit, PolicyVersion};
@@ -405,15 +405,8 @@ impl RemoteRewards {
                 info["isolation"].as_str().unwrap_or("unknown")
             );
         }
-        let probe = Box::new(|client: &Client| -> Result<(), String> {
-            match client.get_text("/health") {
-                Ok((200, _)) => Ok(()),
-                Ok((status, _)) => Err(format!("/health answered {status}")),
-                Err(e) => Err(e.to_string()),
-            }
-        });
         Ok(RemoteRewards {
-            pool: ServerPool::new("reward", settings, probe),
+            pool: ServerPool::new("reward", settings, Box::new(health)),
             names,
             stats: Mutex::new(RewardPoolStats::default()),
         })

@@ -42,7 +42,7 @@ use stoke_tokenizer::hf::Tokenizer;
 
 use crate::error::PipelineError;
 use crate::records::{GroupTicket, RolloutGroup, Sample};
-use crate::remote::servers::{PoolSettings, ServerPool, Work, wait_until_answering};
+use crate::remote::servers::{PoolSettings, ServerPool, Work, health, wait_until_answering};
 use crate::rollout::{RolloutSettings, RolloutStats};
 use crate::service::{RemoteStats, RolloutService};
 use crate::staleness::PolicyVersion;
@@ -422,20 +422,19 @@ impl RemoteRollout {
         let engine = remote.engine;
         let probe = {
             let state = Arc::clone(&probe_state);
-            Box::new(move |client: &Client| -> Result<(), String> {
-                let (status, _) = client.get_text("/health").map_err(|e| e.to_string())?;
-                if status != 200 {
-                    return Err(format!("/health answered {status}"));
-                }
+            Box::new(move |index: usize, client: &Client| -> Result<(), String> {
+                health(index, client)?;
                 let (base, latest) = {
                     let state = state.lock().unwrap_or_else(PoisonError::into_inner);
                     (state.base, state.latest.clone())
                 };
                 // Back in rotation only with the newest weights.
-                match latest {
-                    Some((version, path)) => load_weights(client, engine, &path, base + version.0),
-                    None => Ok(()),
+                if let Some((version, path)) = latest {
+                    load_weights(client, engine, &path, base + version.0)?;
+                    let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
+                    state.held[index] = Some(base + version.0);
                 }
+                Ok(())
             })
         };
         let pool = Arc::new(ServerPool::new("rollout", remote.pool.clone(), probe));

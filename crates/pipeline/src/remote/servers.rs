@@ -80,8 +80,17 @@ struct Slot {
     failed_at: Option<Instant>,
 }
 
-/// A probe run on a server out of rotation; `Ok` brings it back.
-pub type Probe = dyn Fn(&Client) -> Result<(), String> + Send + Sync;
+/// A probe run on a server out of rotation (its index and client); `Ok` brings it back.
+pub type Probe = dyn Fn(usize, &Client) -> Result<(), String> + Send + Sync;
+
+/// The plain probe: `GET /health` answers 200.
+pub fn health(_index: usize, client: &Client) -> Result<(), String> {
+    match client.get_text("/health") {
+        Ok((200, _)) => Ok(()),
+        Ok((status, _)) => Err(format!("/health answered {status}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
 
 /// N servers of one service (see the module doc).
 pub struct ServerPool {
@@ -254,7 +263,7 @@ impl ServerPool {
                 .collect()
         };
         for index in due {
-            let probed = (self.probe)(&self.clients[index]);
+            let probed = (self.probe)(index, &self.clients[index]);
             let mut slots = self.lock();
             let slot = &mut slots[index];
             match probed {
@@ -379,8 +388,46 @@ mod tests {
                 revive_after: Duration::from_secs(3600),
                 startup_wait: Duration::ZERO,
             },
-            Box::new(|_| Err("down".into())),
+            Box::new(|_, _| Err("down".into())),
         )
+    }
+
+    #[test]
+    fn a_failed_server_rejoins_once_its_probe_passes() {
+        let probed = Arc::new(AtomicUsize::new(0));
+        let pool = ServerPool::new(
+            "test",
+            PoolSettings {
+                servers: vec!["http://127.0.0.1:9".into(), "http://127.0.0.1:10".into()],
+                routing: Routing::RoundRobin,
+                max_in_flight: 1,
+                timeout: Duration::from_secs(1),
+                revive_after: Duration::ZERO,
+                startup_wait: Duration::ZERO,
+            },
+            {
+                let probed = Arc::clone(&probed);
+                Box::new(move |index, _| {
+                    probed.fetch_add(1, Ordering::SeqCst);
+                    assert_eq!(index, 0, "only the failed server is probed");
+                    Ok(())
+                })
+            },
+        );
+        let failing = AtomicUsize::new(1);
+        pool.call("r", |i, _| {
+            if i == 0 && failing.swap(0, Ordering::SeqCst) == 1 {
+                Err("once".into())
+            } else {
+                Ok(((), Work::default()))
+            }
+        })
+        .unwrap();
+        assert_eq!(pool.alive(), [1]);
+        // The next request probes it first (its pause is 0) and may use it again.
+        pool.call("r", |_, _| Ok(((), Work::default()))).unwrap();
+        assert_eq!(probed.load(Ordering::SeqCst), 1);
+        assert_eq!(pool.alive(), [0, 1]);
     }
 
     #[test]
