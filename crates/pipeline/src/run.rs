@@ -210,6 +210,7 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
             let rollout = RemoteRollout::connect(
                 remote,
                 Arc::clone(&weights),
+                &policy,
                 &tokenizer,
                 &model_dir,
                 rollout_settings,

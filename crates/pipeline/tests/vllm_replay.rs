@@ -207,6 +207,7 @@ fn rollout_on_vllm_reloads_weights_and_reads_its_completions() {
     let rollout = RemoteRollout::connect(
         &remote,
         Arc::clone(&weights),
+        &model,
         &tokenizer,
         &model_dir,
         settings,

@@ -21,6 +21,12 @@
 //! token (`weight_versions`); vLLM reports none, so its tokens carry the version the client last
 //! published to that server (its reload pauses with `mode=wait`, so no request straddles one).
 //!
+//! Weight sync: a server may load a new version while it decodes (the trainer publishes when an
+//! update ends, whatever is in flight), so remote rollout behaves as `weight_sync = "in_flight"`
+//! whichever is configured; every token still carries its version, and the learner's staleness
+//! accounting uses the oldest. With `max_off_policy_steps = 0` nothing is in flight at a
+//! publication, so every token has the version being updated.
+//!
 //! Publication ([`RemotePublisher`], installed in the [`WeightStore`] as its hook): the trainer's
 //! new weights are written in Hugging Face layout to `weights_dir/.staging-vN`, renamed to
 //! `weights_dir/vN` (readers never see half a directory), then every server in rotation is told
@@ -366,11 +372,13 @@ impl std::fmt::Debug for RemoteRollout {
 
 impl RemoteRollout {
     /// Checks every server before the first step (it answers, serves the expected model, and
-    /// tokenizes as the run's tokenizer does), publishes the session's starting weights to all of
-    /// them, and installs the publisher in `weights`. Errors name the server and what failed.
+    /// tokenizes as the run's tokenizer does), publishes `policy` (the trainer's weights of the
+    /// store's current version) to all of them, and installs the publisher in `weights`. Errors
+    /// name the server and what failed.
     pub fn connect(
         remote: &RemoteRolloutSettings,
         weights: Arc<WeightStore>,
+        policy: &Transformer,
         tokenizer: &Tokenizer,
         tokenizer_dir: &Path,
         settings: RolloutSettings,
@@ -386,7 +394,10 @@ impl RemoteRollout {
             service: "rollout",
             reason: format!("{url}: {reason}"),
         };
-        let (model, version) = weights.current();
+        // The store's copy may be an inference-only one (bf16 packed); the servers load the
+        // trainer's own weights, as they will at every update.
+        let version = weights.version();
+        let model = policy;
         let config = model.config().clone();
         let mut model_name = remote.model.clone();
         let mut max_model_len = config.max_position_embeddings;
@@ -445,7 +456,7 @@ impl RemoteRollout {
             tokenizer_dir: tokenizer_dir.to_path_buf(),
             state: probe_state,
         });
-        publisher.publish_model(&model, version)?;
+        publisher.publish_model(model, version)?;
         weights.set_hook(Arc::clone(&publisher) as Arc<dyn PublishHook>);
         Ok(RemoteRollout {
             pool,
