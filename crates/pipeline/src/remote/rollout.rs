@@ -165,7 +165,9 @@ impl RemotePublisher {
                 let _ = std::fs::remove_dir_all(old);
             }
         }
-        if loaded == 0 {
+        // No server in rotation now: the version waits on disk for the first that answers its
+        // probe again. Every server failing to load it is an error.
+        if loaded == 0 && !results.is_empty() {
             return Err(PipelineError::Remote {
                 service: "rollout",
                 reason: format!(
