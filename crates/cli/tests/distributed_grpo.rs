@@ -22,6 +22,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 mod common;
+mod server;
+
+use server::Server;
 
 fn stoke() -> Command {
     Command::new(env!("CARGO_BIN_EXE_stoke"))
@@ -62,51 +65,23 @@ samples = 2
 dir = "run-local"
 "#;
 
-/// A server process and its URL (read from the first line it prints); killed on drop.
-struct Proc {
-    child: Child,
-    url: String,
-}
-
-impl Proc {
-    fn start(args: &[&str], dir: &Path) -> Proc {
-        let mut child = stoke()
-            .args(args)
-            .current_dir(dir)
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("the server starts");
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        stderr.read_line(&mut line).unwrap();
-        let url = line
-            .split_whitespace()
-            .find(|word| word.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no URL in {line:?}"))
-            .to_string();
-        std::thread::spawn(move || for _ in stderr.lines() {});
-        Proc { child, url }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A server process (`stoke serve`, `stoke reward-server`) in `dir`; killed on drop.
+fn server(args: &[&str], dir: &Path) -> Server {
+    let mut command = stoke();
+    command.args(args).current_dir(dir).stdout(Stdio::null());
+    Server::spawn(command)
 }
 
 /// Two rollout servers over `dir/model` and one reward server with `dir/grpo.toml`'s rewards.
 struct Cluster {
-    rollout: Vec<Proc>,
-    reward: Proc,
+    rollout: Vec<Server>,
+    reward: Server,
 }
 
 impl Cluster {
     fn start(dir: &Path) -> Cluster {
         let serve = |_| {
-            Proc::start(
+            server(
                 &[
                     "serve",
                     "--model",
@@ -122,7 +97,7 @@ impl Cluster {
             )
         };
         let rollout = (0..2).map(serve).collect();
-        let reward = Proc::start(&["reward-server", "grpo.toml", "--port", "0"], dir);
+        let reward = server(&["reward-server", "grpo.toml", "--port", "0"], dir);
         Cluster { rollout, reward }
     }
 
@@ -481,7 +456,7 @@ fn a_remote_reference_scores_the_sampled_tokens() {
     let dir = setup();
     let cluster = Cluster::start(dir.path());
     // The reference: the starting weights on a server of their own, never updated.
-    let reference = Proc::start(
+    let reference = server(
         &[
             "serve",
             "--model",

@@ -37,7 +37,7 @@ use crate::buffer::{BufferCapacity, RecordBuffer};
 use crate::error::PipelineError;
 use crate::learner::{Learner, LearnerStep};
 use crate::records::{GroupTicket, RolloutGroup, ScoredGroup, Task};
-use crate::scheduler::{ComputeModule, ThreadScheduler};
+use crate::scheduler::{ComputeModule, ThreadScheduler, each_on_a_thread};
 use crate::service::{ReferenceScoring, RewardService, RolloutService};
 use crate::settings::TemperatureSchedule;
 use crate::staleness::{GenerationPermit, StalenessGate};
@@ -172,19 +172,9 @@ fn score_all(
     rewards: &dyn RewardService,
     groups: Vec<RolloutGroup>,
 ) -> Result<Vec<ScoredGroup>, PipelineError> {
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = groups
-            .into_iter()
-            .map(|group| scope.spawn(move || rewards.score(group)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            })
-            .collect()
-    })
+    each_on_a_thread(groups, |group| rewards.score(group))
+        .into_iter()
+        .collect()
 }
 
 fn add_reference(

@@ -82,6 +82,32 @@ impl RolloutSettings {
     }
 }
 
+/// Why a model with `vocab_size` ids and room for `max_len` positions (named `limit` in the
+/// message) cannot take `prompt_ids`: empty, an id outside the vocabulary, or no room left to
+/// generate.
+pub(crate) fn check_prompt(
+    prompt_ids: &[u32],
+    vocab_size: usize,
+    max_len: usize,
+    limit: &str,
+) -> Result<(), String> {
+    if prompt_ids.is_empty() {
+        return Err("the prompt has no tokens".into());
+    }
+    if let Some(&id) = prompt_ids.iter().find(|&&id| id as usize >= vocab_size) {
+        return Err(format!(
+            "prompt token id {id} is outside the model's vocabulary (size {vocab_size})"
+        ));
+    }
+    if prompt_ids.len() >= max_len {
+        return Err(format!(
+            "the prompt has {} tokens, leaving no room below {limit} = {max_len}",
+            prompt_ids.len()
+        ));
+    }
+    Ok(())
+}
+
 /// Counters over the module's life, for metrics.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RolloutStats {
@@ -348,26 +374,12 @@ impl RolloutModule {
     /// The engine's prompt checks, done per ticket so one bad task rejects only its own group.
     fn check_prompt(&self, prompt_ids: &[u32]) -> Result<(), String> {
         let config = &self.model_config;
-        if prompt_ids.is_empty() {
-            return Err("the prompt has no tokens".into());
-        }
-        if let Some(&id) = prompt_ids
-            .iter()
-            .find(|&&id| id as usize >= config.vocab_size)
-        {
-            return Err(format!(
-                "prompt token id {id} is outside the model's vocabulary (size {})",
-                config.vocab_size
-            ));
-        }
-        if prompt_ids.len() >= config.max_position_embeddings {
-            return Err(format!(
-                "the prompt has {} tokens, leaving no room below max_position_embeddings = {}",
-                prompt_ids.len(),
-                config.max_position_embeddings
-            ));
-        }
-        Ok(())
+        check_prompt(
+            prompt_ids,
+            config.vocab_size,
+            config.max_position_embeddings,
+            "max_position_embeddings",
+        )
     }
 
     fn record(&self, call: RolloutStats, wait_seconds: f64, rejections: Vec<String>) {

@@ -23,6 +23,29 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::error::PipelineError;
 
+/// `work` on every item, each on a thread of its own, results in item order; a panic on one of
+/// the threads is raised again here. For work that waits (verifiers, HTTP requests), not for
+/// tensor work, which the rayon pools above share out.
+pub fn each_on_a_thread<I: Send, T: Send>(
+    items: impl IntoIterator<Item = I>,
+    work: impl Fn(I) -> T + Sync,
+) -> Vec<T> {
+    let work = &work;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = items
+            .into_iter()
+            .map(|item| scope.spawn(move || work(item)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    })
+}
+
 /// The modules that get threads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ComputeModule {

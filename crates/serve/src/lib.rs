@@ -28,5 +28,5 @@ pub mod worker;
 
 pub use client::Client;
 pub use error::ApiError;
-pub use server::{RunningServer, ServeConfig, serve};
+pub use server::{HttpServer, RunningServer, ServeConfig, serve};
 pub use weights::weights_checksum;

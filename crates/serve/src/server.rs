@@ -425,41 +425,41 @@ async fn checksum(State(app): State<Arc<App>>) -> Response {
     .into_response()
 }
 
-/// A server running on its own threads.
+/// An axum router served on a tokio runtime of its own, on a thread of its own: the lifecycle
+/// `stoke serve` and `stoke reward-server` share. [`HttpServer::stop`] (or dropping it) shuts the
+/// HTTP side down gracefully.
 #[derive(Debug)]
-pub struct RunningServer {
+pub struct HttpServer {
     pub addr: SocketAddr,
     shutdown: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl RunningServer {
-    /// Loads the model, binds `host:port` and serves until `stop`.
-    pub fn start(config: ServeConfig) -> Result<RunningServer, String> {
-        RunningServer::start_with(config, false)
-    }
-
-    /// As `start`; with `ctrl_c`, the signal also stops it.
-    fn start_with(config: ServeConfig, ctrl_c: bool) -> Result<RunningServer, String> {
-        let address = format!("{}:{}", config.host, config.port);
-        let app = Arc::new(App::load(config)?);
+impl HttpServer {
+    /// Binds `address` (port 0 picks a free one) and serves `router` until `stop`, or Ctrl-C
+    /// too when `ctrl_c`. `name` names the threads.
+    pub fn start(
+        address: &str,
+        router: Router,
+        name: &str,
+        ctrl_c: bool,
+    ) -> Result<HttpServer, String> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
-            .thread_name("stoke-serve-http")
+            .thread_name(format!("{name}-http"))
             .enable_all()
             .build()
             .map_err(|e| format!("starting the HTTP runtime: {e}"))?;
         let listener = runtime
-            .block_on(tokio::net::TcpListener::bind(&address))
+            .block_on(tokio::net::TcpListener::bind(address))
             .map_err(|e| format!("binding {address}: {e}"))?;
         let addr = listener
             .local_addr()
             .map_err(|e| format!("binding {address}: {e}"))?;
         let (shutdown, stopped) = oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
-            .name("stoke-serve".into())
+            .name(name.into())
             .spawn(move || {
-                let router = router(app);
                 runtime.block_on(async move {
                     let _ = axum::serve(listener, router)
                         .with_graceful_shutdown(async move {
@@ -474,11 +474,11 @@ impl RunningServer {
                         })
                         .await;
                 });
-                // Streams still open are cut here; the worker stops with the last App.
+                // Streams still open are cut here.
                 runtime.shutdown_timeout(std::time::Duration::from_secs(1));
             })
             .map_err(|e| format!("starting the server thread: {e}"))?;
-        Ok(RunningServer {
+        Ok(HttpServer {
             addr,
             shutdown: Some(shutdown),
             thread: Some(thread),
@@ -490,7 +490,7 @@ impl RunningServer {
         format!("http://{}", self.addr)
     }
 
-    /// Stops accepting, lets open requests end, stops the worker.
+    /// Stops accepting and lets open requests end.
     pub fn stop(mut self) {
         self.shut_down();
     }
@@ -504,17 +504,58 @@ impl RunningServer {
         }
     }
 
-    /// Blocks until the server stops (Ctrl-C, for a server started by [`serve`]).
-    fn wait(mut self) {
+    /// Blocks until the server stops (Ctrl-C, for one started with `ctrl_c`).
+    pub fn wait(mut self) {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
     }
 }
 
-impl Drop for RunningServer {
+impl Drop for HttpServer {
     fn drop(&mut self) {
         self.shut_down();
+    }
+}
+
+/// A server running on its own threads.
+#[derive(Debug)]
+pub struct RunningServer {
+    pub addr: SocketAddr,
+    http: HttpServer,
+}
+
+impl RunningServer {
+    /// Loads the model, binds `host:port` and serves until `stop`.
+    pub fn start(config: ServeConfig) -> Result<RunningServer, String> {
+        RunningServer::start_with(config, false)
+    }
+
+    /// As `start`; with `ctrl_c`, the signal also stops it. The worker stops with the last
+    /// `App`, when the HTTP side has shut down.
+    fn start_with(config: ServeConfig, ctrl_c: bool) -> Result<RunningServer, String> {
+        let address = format!("{}:{}", config.host, config.port);
+        let app = Arc::new(App::load(config)?);
+        let http = HttpServer::start(&address, router(app), "stoke-serve", ctrl_c)?;
+        Ok(RunningServer {
+            addr: http.addr,
+            http,
+        })
+    }
+
+    /// `http://host:port`.
+    pub fn url(&self) -> String {
+        self.http.url()
+    }
+
+    /// Stops accepting, lets open requests end, stops the worker.
+    pub fn stop(self) {
+        self.http.stop();
+    }
+
+    /// Blocks until the server stops (Ctrl-C, for a server started by [`serve`]).
+    fn wait(self) {
+        self.http.wait();
     }
 }
 

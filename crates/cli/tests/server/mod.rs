@@ -20,20 +20,25 @@ pub struct Server {
 
 impl Server {
     pub fn start() -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_stoke"))
-            .args(["serve", "--model"])
-            .arg(fixture_dir())
-            .args([
-                "--port",
-                "0",
-                "--served-model-name",
-                "tiny",
-                "--kv-cache-gib",
-                "0.25",
-            ])
+        let mut command = Command::new(env!("CARGO_BIN_EXE_stoke"));
+        command.args(["serve", "--model"]).arg(fixture_dir()).args([
+            "--port",
+            "0",
+            "--served-model-name",
+            "tiny",
+            "--kv-cache-gib",
+            "0.25",
+        ]);
+        Server::spawn(command)
+    }
+
+    /// Any server command (`stoke serve`, `stoke reward-server`) whose first line on stderr
+    /// names its URL.
+    pub fn spawn(mut command: Command) -> Server {
+        let mut child = command
             .stderr(Stdio::piped())
             .spawn()
-            .expect("stoke serve starts");
+            .expect("the server starts");
         let mut stderr = BufReader::new(child.stderr.take().unwrap());
         let mut line = String::new();
         stderr.read_line(&mut line).unwrap();

@@ -275,6 +275,63 @@ fn resolve_pool(
     }
 }
 
+/// The server software a `[rollout]` / `[reference]` table names (default `stoke serve`).
+fn engine_of(file: &ServiceSection) -> crate::remote::Engine {
+    match file.engine.unwrap_or(EngineFile::Stoke) {
+        EngineFile::Stoke => crate::remote::Engine::Stoke,
+        EngineFile::Vllm => crate::remote::Engine::Vllm,
+    }
+}
+
+fn engine_file(engine: crate::remote::Engine) -> EngineFile {
+    match engine {
+        crate::remote::Engine::Stoke => EngineFile::Stoke,
+        crate::remote::Engine::Vllm => EngineFile::Vllm,
+    }
+}
+
+/// Refuses the first of `keys` (of engine, model, weights_dir) that `file` sets, naming it.
+fn refuse_keys(
+    section: &str,
+    file: &ServiceSection,
+    keys: &[&str],
+    reason: &str,
+) -> Result<(), PipelineError> {
+    let set = |key: &str| match key {
+        "engine" => file.engine.is_some(),
+        "model" => file.model.is_some(),
+        _ => file.weights_dir.is_some(),
+    };
+    match keys.iter().find(|key| set(key)) {
+        Some(key) => Err(PipelineError::config(format!("{section}.{key}"), reason)),
+        None => Ok(()),
+    }
+}
+
+/// A `[rollout]` / `[reference]` table: the pool, the engine and the model name of a remote
+/// module of inference servers; `None` in process (where `remote_keys` may not be set).
+fn resolve_inference_service(
+    section: &str,
+    file: &ServiceSection,
+    remote_keys: &[&str],
+) -> Result<Option<(crate::remote::PoolSettings, crate::remote::Engine)>, PipelineError> {
+    let pool = resolve_pool(
+        section,
+        file,
+        DEFAULT_ROLLOUT_IN_FLIGHT,
+        DEFAULT_ROLLOUT_TIMEOUT_S,
+    )?;
+    if pool.is_none() {
+        refuse_keys(
+            section,
+            file,
+            remote_keys,
+            "is used with kind = \"remote\" only",
+        )?;
+    }
+    Ok(pool.map(|pool| (pool, engine_of(file))))
+}
+
 pub(super) fn resolve_rollout_service(
     file: Option<&ServiceSection>,
     at: &dyn Fn(&Path) -> PathBuf,
@@ -283,39 +340,18 @@ pub(super) fn resolve_rollout_service(
     let Some(file) = file else {
         return Ok(None);
     };
-    let Some(pool) = resolve_pool(
-        "rollout",
-        file,
-        DEFAULT_ROLLOUT_IN_FLIGHT,
-        DEFAULT_ROLLOUT_TIMEOUT_S,
-    )?
-    else {
-        for (name, set) in [
-            ("engine", file.engine.is_some()),
-            ("model", file.model.is_some()),
-            ("weights_dir", file.weights_dir.is_some()),
-        ] {
-            if set {
-                return Err(PipelineError::config(
-                    format!("rollout.{name}"),
-                    "is used with kind = \"remote\" only",
-                ));
-            }
-        }
-        return Ok(None);
-    };
-    Ok(Some(crate::remote::RemoteRolloutSettings {
-        pool,
-        engine: match file.engine.unwrap_or(EngineFile::Stoke) {
-            EngineFile::Stoke => crate::remote::Engine::Stoke,
-            EngineFile::Vllm => crate::remote::Engine::Vllm,
-        },
-        model: file.model.clone(),
-        weights_dir: file
-            .weights_dir
-            .as_deref()
-            .map_or_else(|| out_dir.join("published-weights"), at),
-    }))
+    let remote = resolve_inference_service("rollout", file, &["engine", "model", "weights_dir"])?;
+    Ok(
+        remote.map(|(pool, engine)| crate::remote::RemoteRolloutSettings {
+            pool,
+            engine,
+            model: file.model.clone(),
+            weights_dir: file
+                .weights_dir
+                .as_deref()
+                .map_or_else(|| out_dir.join("published-weights"), at),
+        }),
+    )
 }
 
 pub(super) fn resolve_reference_service(
@@ -324,50 +360,27 @@ pub(super) fn resolve_reference_service(
     let Some(file) = file else {
         return Ok(None);
     };
-    if file.weights_dir.is_some() {
-        return Err(PipelineError::config(
-            "reference.weights_dir",
-            "belongs to [rollout]: the reference is frozen, nothing is published to it",
-        ));
-    }
-    let Some(pool) = resolve_pool(
+    refuse_keys(
         "reference",
         file,
-        DEFAULT_ROLLOUT_IN_FLIGHT,
-        DEFAULT_ROLLOUT_TIMEOUT_S,
-    )?
-    else {
-        for (name, set) in [
-            ("engine", file.engine.is_some()),
-            ("model", file.model.is_some()),
-        ] {
-            if set {
-                return Err(PipelineError::config(
-                    format!("reference.{name}"),
-                    "is used with kind = \"remote\" only",
-                ));
-            }
-        }
-        return Ok(None);
-    };
-    Ok(Some(crate::remote::RemoteReferenceSettings {
-        pool,
-        engine: match file.engine.unwrap_or(EngineFile::Stoke) {
-            EngineFile::Stoke => crate::remote::Engine::Stoke,
-            EngineFile::Vllm => crate::remote::Engine::Vllm,
-        },
-        model: file.model.clone(),
-    }))
+        &["weights_dir"],
+        "belongs to [rollout]: the reference is frozen, nothing is published to it",
+    )?;
+    let remote = resolve_inference_service("reference", file, &["engine", "model"])?;
+    Ok(
+        remote.map(|(pool, engine)| crate::remote::RemoteReferenceSettings {
+            pool,
+            engine,
+            model: file.model.clone(),
+        }),
+    )
 }
 
 pub(super) fn reference_service_file(
     remote: &crate::remote::RemoteReferenceSettings,
 ) -> ServiceSection {
     ServiceSection {
-        engine: Some(match remote.engine {
-            crate::remote::Engine::Stoke => EngineFile::Stoke,
-            crate::remote::Engine::Vllm => EngineFile::Vllm,
-        }),
+        engine: Some(engine_file(remote.engine)),
         model: remote.model.clone(),
         ..pool_file(&remote.pool)
     }
@@ -379,19 +392,13 @@ pub(super) fn resolve_reward_service(
     let Some(file) = file else {
         return Ok(None);
     };
-    for (name, set) in [
-        ("engine", file.engine.is_some()),
-        ("model", file.model.is_some()),
-        ("weights_dir", file.weights_dir.is_some()),
-    ] {
-        if set {
-            return Err(PipelineError::config(
-                format!("reward.{name}"),
-                "belongs to [rollout]; [reward] takes kind, servers, routing, max_in_flight, \
-                 timeout_s, revive_after_s and startup_wait_s",
-            ));
-        }
-    }
+    refuse_keys(
+        "reward",
+        file,
+        &["engine", "model", "weights_dir"],
+        "belongs to [rollout]; [reward] takes kind, servers, routing, max_in_flight, \
+         timeout_s, revive_after_s and startup_wait_s",
+    )?;
     resolve_pool(
         "reward",
         file,
@@ -421,10 +428,7 @@ pub(super) fn rollout_service_file(
     remote: &crate::remote::RemoteRolloutSettings,
 ) -> ServiceSection {
     ServiceSection {
-        engine: Some(match remote.engine {
-            crate::remote::Engine::Stoke => EngineFile::Stoke,
-            crate::remote::Engine::Vllm => EngineFile::Vllm,
-        }),
+        engine: Some(engine_file(remote.engine)),
         model: remote.model.clone(),
         weights_dir: Some(remote.weights_dir.clone()),
         ..pool_file(&remote.pool)

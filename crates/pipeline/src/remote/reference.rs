@@ -29,6 +29,7 @@ use crate::error::PipelineError;
 use crate::records::ScoredGroup;
 use crate::remote::rollout::{Engine, check_server};
 use crate::remote::servers::{PoolSettings, ServerPool, Work, health};
+use crate::scheduler::each_on_a_thread;
 use crate::service::{ReferenceScoring, RemoteStats};
 
 /// `[reference]`, resolved.
@@ -197,45 +198,23 @@ impl ReferenceScoring for RemoteReference {
                 ));
             }
         }
-        let results: Vec<Result<Vec<Vec<f32>>, PipelineError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = groups
-                .iter()
-                .map(|group| {
-                    scope.spawn(move || {
-                        if group
-                            .rollout
-                            .samples
-                            .iter()
-                            .all(|s| s.completion_ids.is_empty())
-                        {
-                            return Ok(vec![Vec::new(); group.rollout.samples.len()]);
-                        }
-                        let what = format!(
-                            "reference log-probs of group {}",
-                            group.rollout.ticket.group_id
-                        );
-                        self.pool.call(&what, |_, client| {
-                            let rows = self.score_group(client, group)?;
-                            let tokens = rows.iter().map(|r| r.len() as u64).sum();
-                            Ok((
-                                rows,
-                                Work {
-                                    samples: group.rollout.samples.len() as u64,
-                                    tokens,
-                                },
-                            ))
-                        })
-                    })
+        let results: Vec<Result<Vec<Vec<f32>>, PipelineError>> =
+            each_on_a_thread(groups.iter(), |group| {
+                let samples = &group.rollout.samples;
+                if samples.iter().all(|s| s.completion_ids.is_empty()) {
+                    return Ok(vec![Vec::new(); samples.len()]);
+                }
+                let what = format!(
+                    "reference log-probs of group {}",
+                    group.rollout.ticket.group_id
+                );
+                self.pool.call(&what, |_, client| {
+                    let rows = self.score_group(client, group)?;
+                    let tokens = rows.iter().map(|r| r.len() as u64).sum();
+                    let samples = samples.len() as u64;
+                    Ok((rows, Work { samples, tokens }))
                 })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-                })
-                .collect()
-        });
+            });
         // All or nothing: fill only once every group has its rows.
         let rows: Vec<Vec<Vec<f32>>> = results.into_iter().collect::<Result<_, _>>()?;
         let elapsed = started.elapsed();

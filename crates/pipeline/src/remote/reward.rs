@@ -30,18 +30,15 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use stoke_reward::{Outcome, Reference};
-use stoke_rollout::FinishReason;
+use stoke_rollout::{Completion, FinishReason};
+use stoke_serve::HttpServer;
 use stoke_serve::client::Client;
-use tokio::sync::oneshot;
 
 use crate::error::PipelineError;
-use crate::records::{
-    GroupTicket, RewardFailure, RolloutGroup, Sample, SampleReward, ScoredGroup, Task,
-};
+use crate::records::{RewardFailure, RolloutGroup, SampleReward, ScoredGroup, Task};
 use crate::remote::servers::{PoolSettings, ServerPool, Work, health, wait_until_answering};
 use crate::reward::{RewardPool, RewardPoolStats, RewardSpec};
 use crate::service::{RemoteStats, RewardService};
-use crate::staleness::{GenerationPermit, PolicyVersion};
 
 /// One sample as sent to a reward server.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -125,7 +122,8 @@ impl WireReward {
     }
 }
 
-/// A group as a reward server receives it, ready for a [`RewardPool`].
+/// A group as a reward server receives it, ready for a [`RewardPool`]: an offline group (no
+/// permit, no token versions), as rejection sampling scores.
 fn group_of(request: ScoreRequest, reward: usize) -> RolloutGroup {
     let task = Arc::new(Task {
         id: request.task,
@@ -134,36 +132,25 @@ fn group_of(request: ScoreRequest, reward: usize) -> RolloutGroup {
         reference: request.reference,
         reward,
     });
-    let samples = request
+    let completions = request
         .samples
         .into_iter()
-        .map(|s| Sample {
-            finish: match s.finish.as_deref() {
+        .enumerate()
+        .map(|(sample_index, s)| Completion {
+            prompt_index: 0,
+            sample_index,
+            finish_reason: match s.finish.as_deref() {
                 Some("length") => FinishReason::Length,
                 _ => FinishReason::Eos {
                     token_id: s.completion_ids.last().copied().unwrap_or(0),
                 },
             },
-            completion_ids: s.completion_ids,
-            rollout_logprobs: Vec::new(),
-            token_versions: Vec::new(),
-            text: s.text,
+            token_ids: s.completion_ids,
+            logprobs: Vec::new(),
+            text: Some(s.text),
         })
         .collect();
-    RolloutGroup {
-        ticket: GroupTicket {
-            group_id: 0,
-            task,
-            permit: GenerationPermit {
-                policy_version: PolicyVersion(0),
-                update_slot: 0,
-                permit_index: 0,
-            },
-            temperature: 1.0,
-        },
-        samples,
-        generate_seconds: 0.0,
-    }
+    RolloutGroup::offline(0, task, 1.0, completions)
 }
 
 /// How to run a reward server.
@@ -191,8 +178,7 @@ struct RewardApp {
 #[derive(Debug)]
 pub struct RunningRewardServer {
     pub addr: SocketAddr,
-    shutdown: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    http: HttpServer,
 }
 
 fn error(status: StatusCode, field: &str, message: String) -> Response {
@@ -268,18 +254,6 @@ impl RunningRewardServer {
             workers: config.workers,
             timeout: config.timeout,
         });
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("stoke-reward-http")
-            .enable_all()
-            .build()
-            .map_err(|e| format!("starting the HTTP runtime: {e}"))?;
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind(&address))
-            .map_err(|e| format!("binding {address}: {e}"))?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| format!("binding {address}: {e}"))?;
         let router = Router::new()
             .route("/score", post(score))
             .route("/info", get(info))
@@ -289,63 +263,25 @@ impl RunningRewardServer {
             )
             .layer(DefaultBodyLimit::max(64 << 20))
             .with_state(app);
-        let (shutdown, stopped) = oneshot::channel::<()>();
-        let thread = std::thread::Builder::new()
-            .name("stoke-reward-server".into())
-            .spawn(move || {
-                runtime.block_on(async move {
-                    let _ = axum::serve(listener, router)
-                        .with_graceful_shutdown(async move {
-                            if ctrl_c {
-                                tokio::select! {
-                                    _ = stopped => {}
-                                    _ = tokio::signal::ctrl_c() => {}
-                                }
-                            } else {
-                                let _ = stopped.await;
-                            }
-                        })
-                        .await;
-                });
-                runtime.shutdown_timeout(Duration::from_secs(1));
-            })
-            .map_err(|e| format!("starting the server thread: {e}"))?;
+        let http = HttpServer::start(&address, router, "stoke-reward-server", ctrl_c)?;
         Ok(RunningRewardServer {
-            addr,
-            shutdown: Some(shutdown),
-            thread: Some(thread),
+            addr: http.addr,
+            http,
         })
     }
 
     /// `http://host:port`.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.http.url()
     }
 
-    pub fn stop(mut self) {
-        self.shut_down();
+    pub fn stop(self) {
+        self.http.stop();
     }
 
     /// Blocks until the server stops (Ctrl-C for one started with `ctrl_c`).
-    pub fn wait(mut self) {
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-
-    fn shut_down(&mut self) {
-        if let Some(shutdown) = self.shutdown.take() {
-            let _ = shutdown.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for RunningRewardServer {
-    fn drop(&mut self) {
-        self.shut_down();
+    pub fn wait(self) {
+        self.http.wait();
     }
 }
 

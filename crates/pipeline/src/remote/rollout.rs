@@ -49,7 +49,8 @@ use stoke_tokenizer::hf::Tokenizer;
 use crate::error::PipelineError;
 use crate::records::{GroupTicket, RolloutGroup, Sample};
 use crate::remote::servers::{PoolSettings, ServerPool, Work, health, wait_until_answering};
-use crate::rollout::{RolloutSettings, RolloutStats};
+use crate::rollout::{RolloutSettings, RolloutStats, check_prompt};
+use crate::scheduler::each_on_a_thread;
 use crate::service::{RemoteStats, RolloutService};
 use crate::staleness::PolicyVersion;
 use crate::weights::{PublishHook, WeightStore};
@@ -121,27 +122,12 @@ impl RemotePublisher {
         let base = self.base();
         let server_version = base + version.0;
         let alive = self.pool.alive();
-        let results: Vec<(usize, Result<(), String>)> = std::thread::scope(|scope| {
-            let handles: Vec<_> = alive
-                .iter()
-                .map(|&index| {
-                    let client = self.pool.client(index);
-                    let path = &path;
-                    scope.spawn(move || {
-                        (
-                            index,
-                            load_weights(client, self.engine, path, server_version),
-                        )
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-                })
-                .collect()
+        let results: Vec<(usize, Result<(), String>)> = each_on_a_thread(alive, |index| {
+            let client = self.pool.client(index);
+            (
+                index,
+                load_weights(client, self.engine, &path, server_version),
+            )
         });
         let mut loaded = 0;
         {
@@ -473,26 +459,12 @@ impl RemoteRollout {
     }
 
     fn check_prompt(&self, prompt_ids: &[u32]) -> Result<(), String> {
-        if prompt_ids.is_empty() {
-            return Err("the prompt has no tokens".into());
-        }
-        if let Some(&id) = prompt_ids
-            .iter()
-            .find(|&&id| id as usize >= self.vocab_size)
-        {
-            return Err(format!(
-                "prompt token id {id} is outside the model's vocabulary (size {})",
-                self.vocab_size
-            ));
-        }
-        if prompt_ids.len() >= self.max_model_len {
-            return Err(format!(
-                "the prompt has {} tokens, leaving no room below the servers' max_model_len = {}",
-                prompt_ids.len(),
-                self.max_model_len
-            ));
-        }
-        Ok(())
+        check_prompt(
+            prompt_ids,
+            self.vocab_size,
+            self.max_model_len,
+            "the servers' max_model_len",
+        )
     }
 
     /// One group on one server: the request, and the answer checked and turned into samples.
@@ -693,28 +665,16 @@ impl RolloutService for RemoteRollout {
         let base = self.publisher.base();
         let started = Instant::now();
         let results: Vec<Result<Result<Vec<Sample>, String>, PipelineError>> =
-            std::thread::scope(|scope| {
-                let handles: Vec<_> = tickets
-                    .iter()
-                    .map(|ticket| {
-                        scope.spawn(move || match self.check_prompt(&ticket.task.prompt_ids) {
-                            Err(reason) => Ok(Err(format!("task {}: {reason}", ticket.task.id))),
-                            Ok(()) => self
-                                .pool
-                                .call(&format!("group {}", ticket.group_id), |index, client| {
-                                    self.request_group(index, client, ticket, base)
-                                })
-                                .map(Ok),
+            each_on_a_thread(&tickets, |ticket| {
+                match self.check_prompt(&ticket.task.prompt_ids) {
+                    Err(reason) => Ok(Err(format!("task {}: {reason}", ticket.task.id))),
+                    Ok(()) => self
+                        .pool
+                        .call(&format!("group {}", ticket.group_id), |index, client| {
+                            self.request_group(index, client, ticket, base)
                         })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| {
-                        h.join()
-                            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-                    })
-                    .collect()
+                        .map(Ok),
+                }
             });
         let seconds = started.elapsed().as_secs_f64();
         let share = seconds / tickets.len() as f64;
