@@ -79,6 +79,24 @@ pub struct ModelRef<'a> {
     pub head: Weights<'a>,
 }
 
+impl ModelRef<'_> {
+    /// Bytes of weight matrices one decode step reads (the embedding rows it reads are few).
+    pub fn weight_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down])
+            .map(|linear| linear.weight.bytes())
+            .sum();
+        layers + self.head.bytes()
+    }
+}
+
+/// Above this many bytes of weights a decode step's products treat them as streaming from
+/// memory (`Inputs::stream_weights`): past the last-level cache of common CPUs (16-32 MiB), a
+/// step's weights are gone from cache by the time the next step reads them again.
+const STREAM_WEIGHT_BYTES: usize = 32 << 20;
+
 /// Keys (after RoPE) and values of every decoded sequence.
 ///
 /// Each row (sequence) owns its buffer, laid out `[layer][k | v][kv_head][capacity][head_dim]`,
@@ -799,6 +817,7 @@ impl Step<'_> {
         }
         let mut normed = vec![0f32; rows * hidden];
         let mut x = Inputs::new();
+        x.stream_weights(m.weight_bytes() > STREAM_WEIGHT_BYTES);
         let mut gate = Vec::new();
         let mut up = Vec::new();
         for (l, layer) in m.layers.iter().enumerate() {
