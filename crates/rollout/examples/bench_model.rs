@@ -31,12 +31,14 @@ const WARMUP_STEPS: usize = 2;
 const TIMED_STEPS: usize = 5;
 const PROMPT_LEN: usize = 32;
 const NEW_TOKENS: usize = 128;
+/// Decode batch sizes measured unless `--batches` says otherwise.
 const DECODE_BATCHES: [usize; 2] = [8, 1];
 
 type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn main() -> BenchResult<()> {
-    // [--precision f32|bf16] [--decode-only] [--weights DIR] [CONFIG.json]; bf16 packs the weights once
+    // [--precision f32|bf16] [--decode-only] [--batches 1,8] [--weights DIR] [CONFIG.json]; bf16
+    // packs the weights once
     // (`Transformer::pack_weights`), as generation does.
     let mut config_path =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bench/bench_config.json");
@@ -46,6 +48,7 @@ fn main() -> BenchResult<()> {
     let mut temperature = 0.0f32;
     // A checkpoint folder (config.json + safetensors) instead of random weights of CONFIG.
     let mut weights: Option<PathBuf> = None;
+    let mut batches = DECODE_BATCHES.to_vec();
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -57,6 +60,15 @@ fn main() -> BenchResult<()> {
                     .map_err(|e: String| format!("--precision: {e}"))?;
             }
             "--decode-only" => decode_only = true,
+            "--batches" => {
+                batches = args
+                    .next()
+                    .ok_or("--batches needs a list such as 1,8")?
+                    .split(',')
+                    .map(|b| b.trim().parse::<usize>())
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| format!("--batches: {e}"))?;
+            }
             "--temperature" => {
                 temperature = args.next().ok_or("--temperature needs a number")?.parse()?;
             }
@@ -89,7 +101,7 @@ fn main() -> BenchResult<()> {
         model.pack_weights()?;
     }
     let mut decode = Vec::new();
-    for batch in DECODE_BATCHES {
+    for batch in batches {
         decode.push(bench_decode(&model, vocab, batch, temperature, &device)?);
     }
     let result = json!({
