@@ -893,21 +893,19 @@ mod avx2 {
     macro_rules! tiles {
         ($tile:ident, $r:expr, $nb:expr, $args:expr) => {{
             let (w, ws, x, xs, rows, out, os, stream) = $args;
-            let gap = (rows.end - rows.start) / $r;
             if stream {
-                for i in 0..gap {
-                    $tile::<$r, $nb, true>(w, ws, rows.start + i, gap, x, xs, out.add(i), os);
-                }
-                for j in rows.start + gap * $r..rows.end {
-                    $tile::<1, $nb, true>(w, ws, j, 0, x, xs, out.add(j - rows.start), os);
-                }
+                tiles!(@walk $tile, $r, $nb, true, (w, ws, x, xs, rows, out, os))
             } else {
-                for i in 0..gap {
-                    $tile::<$r, $nb, false>(w, ws, rows.start + i, gap, x, xs, out.add(i), os);
-                }
-                for j in rows.start + gap * $r..rows.end {
-                    $tile::<1, $nb, false>(w, ws, j, 0, x, xs, out.add(j - rows.start), os);
-                }
+                tiles!(@walk $tile, $r, $nb, false, (w, ws, x, xs, rows, out, os))
+            }
+        }};
+        (@walk $tile:ident, $r:expr, $nb:expr, $stream:expr, ($w:expr, $ws:expr, $x:expr, $xs:expr, $rows:expr, $out:expr, $os:expr)) => {{
+            let gap = ($rows.end - $rows.start) / $r;
+            for i in 0..gap {
+                $tile::<$r, $nb, $stream>($w, $ws, $rows.start + i, gap, $x, $xs, $out.add(i), $os);
+            }
+            for j in $rows.start + gap * $r..$rows.end {
+                $tile::<1, $nb, $stream>($w, $ws, j, 0, $x, $xs, $out.add(j - $rows.start), $os);
             }
         }};
     }
