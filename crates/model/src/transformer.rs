@@ -1383,6 +1383,73 @@ impl Transformer {
         Ok(Transformer::from_tensors(self.config.clone(), tensors)?.with_precision(self.precision))
     }
 
+    /// A smaller model made of some of this one's decoder layers (depth pruning, as DistilBERT's
+    /// and Minitron's students start): `layers` are this model's layer indices, strictly
+    /// increasing, and become layers `0..layers.len()` of the copy; the embedding, the final norm
+    /// and the LM head are copied whole. Per-layer settings (`layer_types`, the RoPE layers) follow
+    /// their layers. The copy owns new storage, like [`Transformer::snapshot`].
+    ///
+    /// Refused, naming the reason: an empty or unordered list, an index past the last layer, a
+    /// model with LoRA adapters (merge them first), a mixture of experts or multi-token
+    /// prediction layers (their per-layer layouts are not carried over).
+    pub fn keep_layers(&self, layers: &[usize]) -> Result<Transformer, ModelError> {
+        self.refuse_inference_only("keep_layers")?;
+        let config = &self.config;
+        let invalid = |message: String| Err(ModelError::InvalidArgument(message));
+        if layers.is_empty() {
+            return invalid("keep_layers: no layer to keep".into());
+        }
+        if let Some(&past) = layers.iter().find(|&&l| l >= config.num_hidden_layers) {
+            return invalid(format!(
+                "keep_layers: layer {past} does not exist (the model has {})",
+                config.num_hidden_layers
+            ));
+        }
+        if layers.windows(2).any(|w| w[0] >= w[1]) {
+            return invalid(format!(
+                "keep_layers: the layers must be strictly increasing, got {layers:?}"
+            ));
+        }
+        if self.lora.is_some() {
+            return invalid("keep_layers: the model has LoRA adapters; merge them first".into());
+        }
+        if config.moe.is_some() || config.num_mtp_layers > 0 {
+            return invalid(
+                "keep_layers: mixture-of-experts and multi-token-prediction models are not \
+                 supported"
+                    .into(),
+            );
+        }
+        let mut kept = config.clone();
+        kept.num_hidden_layers = layers.len();
+        if !config.layer_types.is_empty() {
+            kept.layer_types = layers.iter().map(|&l| config.layer_types[l]).collect();
+        }
+        if !config.rope_layers.is_empty() {
+            kept.rope_layers = layers.iter().map(|&l| config.rope_layers[l]).collect();
+        }
+        let mut tensors = BTreeMap::new();
+        for (name, var) in &self.parameters {
+            let renamed = match name
+                .strip_prefix("model.layers.")
+                .and_then(|rest| rest.split_once('.'))
+            {
+                Some((index, tail)) => {
+                    let index: usize = index.parse().map_err(|_| {
+                        ModelError::InvalidArgument(format!("keep_layers: parameter {name}"))
+                    })?;
+                    match layers.iter().position(|&l| l == index) {
+                        Some(new_index) => format!("model.layers.{new_index}.{tail}"),
+                        None => continue,
+                    }
+                }
+                None => name.clone(),
+            };
+            tensors.insert(renamed, var.as_tensor().detach());
+        }
+        Ok(Transformer::from_tensors(kept, tensors)?.with_precision(self.precision))
+    }
+
     /// Logits [B, T, vocab] for `input_ids` [B, T] (u32) at `positions` [B, T] (u32) under the
     /// additive `attn_bias` [B, 1, T, T_past + T]. With a cache, this step's keys/values are
     /// appended and attention covers cached + new slots.

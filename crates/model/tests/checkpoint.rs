@@ -161,3 +161,94 @@ fn saving_over_an_existing_directory_replaces_it_and_leaves_no_temporaries() {
         "temporaries left behind: {leftovers:?}"
     );
 }
+
+/// `keep_layers` (depth pruning): a layer whose attention and MLP outputs are zero is the
+/// identity on the residual stream, so dropping it leaves the logits unchanged bit for bit; the
+/// kept layers carry their own weights, the copy saves and loads as a smaller model, and bad
+/// layer lists are refused by reason.
+#[test]
+fn keep_layers_drops_layers_and_keeps_the_rest_exactly() {
+    stoke_ops::numerics::init_compute_threads();
+    let json = TINY_LLAMA.replace("\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3");
+    let model = Transformer::init(tiny_config(&json), &Device::Cpu, 7).expect("init");
+    // Layer 1 made an identity: its two residual branches write zeros.
+    let tensors = model
+        .parameters()
+        .into_iter()
+        .map(|(name, var)| {
+            let tensor = var.as_tensor().detach();
+            let silent = name == "model.layers.1.self_attn.o_proj.weight"
+                || name == "model.layers.1.mlp.down_proj.weight";
+            let tensor = if silent {
+                tensor.zeros_like().expect("zeros")
+            } else {
+                tensor
+            };
+            (name, tensor)
+        })
+        .collect();
+    let model = Transformer::from_tensors(model.config().clone(), tensors).expect("model");
+    let pruned = model.keep_layers(&[0, 2]).expect("keep layers 0 and 2");
+    assert_eq!(pruned.config().num_hidden_layers, 2);
+    assert_eq!(
+        pruned.config().num_parameters(),
+        pruned
+            .parameters()
+            .iter()
+            .map(|(_, v)| v.elem_count())
+            .sum::<usize>()
+    );
+    let weight = |m: &Transformer, name: &str| {
+        m.parameters()
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_tensor().clone())
+            .unwrap_or_else(|| panic!("{name}"))
+    };
+    let q = "self_attn.q_proj.weight";
+    assert_eq!(
+        max_abs_diff(
+            &weight(&pruned, &format!("model.layers.1.{q}")),
+            &weight(&model, &format!("model.layers.2.{q}"))
+        ),
+        0.0,
+        "the copy's layer 1 is the source's layer 2"
+    );
+    let ids = candle_core::Tensor::new(&[[3i64, 17, 5, 42, 8, 1, 60]], &Device::Cpu).expect("ids");
+    let (full, kept) = (forward_full(&model, &ids), forward_full(&pruned, &ids));
+    let bits = |t: &candle_core::Tensor| -> Vec<u32> {
+        t.flatten_all()
+            .and_then(|t| t.to_vec1::<f32>())
+            .expect("logits")
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    };
+    assert!(
+        bits(&full) == bits(&kept),
+        "dropping an identity layer changed the logits"
+    );
+    // A real layer dropped does change them (the check above can fail).
+    let without_first = model.keep_layers(&[1, 2]).expect("keep layers 1 and 2");
+    assert!(max_abs_diff(&full, &forward_full(&without_first, &ids)) > 0.0);
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let out = tmp.path().join("pruned");
+    pruned.save(&out).expect("save");
+    let reloaded = load(&out);
+    assert_identical(&pruned, &reloaded, "pruned");
+    assert_eq!(reloaded.config().num_hidden_layers, 2);
+
+    for (layers, expected) in [
+        (&[][..], "no layer"),
+        (&[0, 3][..], "layer 3 does not exist"),
+        (&[2, 0][..], "strictly increasing"),
+        (&[1, 1][..], "strictly increasing"),
+    ] {
+        let message = match model.keep_layers(layers) {
+            Ok(_) => panic!("{layers:?} was accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert!(message.contains(expected), "{layers:?}: {message}");
+    }
+}

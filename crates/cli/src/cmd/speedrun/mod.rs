@@ -1,9 +1,10 @@
 //! `stoke speedrun`: the main job. The whole training pipeline in miniature, on CPU, on data it
 //! generates: arithmetic word problems -> tokenizer -> token shards -> pretraining from scratch ->
 //! SFT on chat conversations -> preference optimization (DPO, APO-zero) on the SFT model's own
-//! verified samples -> GRPO with the exact-match reward on the four-module pipeline -> held-out
-//! exact-match accuracy of every model -> report card and a final model folder
-//! that `stoke generate --chat` can talk to.
+//! verified samples -> GRPO with the exact-match reward on the four-module pipeline ->
+//! distillation of the GRPO model into a student of half its depth (offline, then on-policy),
+//! beside the same student trained by SFT alone -> held-out exact-match accuracy of every model ->
+//! report card and a final model folder that `stoke generate --chat` can talk to.
 //!
 //! `run` below reads as the algorithm, one stage per block; each stage lives in its own module
 //! and hands typed records (and folders) to the next. Sizes come from [`recipe::Recipe`] (`full`
@@ -12,9 +13,10 @@
 //! Outputs under `--out` (default `runs/speedrun`, or `runs/speedrun-quick`): `data/`,
 //! `tokenizer/`, `shards/`, `pretrain/` and `sft/` (trainer run folders with config.toml,
 //! metrics.jsonl, report.html, model/), `preference/` (the sampled pairs and one run folder per
-//! loss), `grpo/` (the GRPO run folder), `model_config.json` (the architecture), `pretrain.toml`,
-//! `sft.toml`, `dpo-<loss>.toml` and `grpo.toml` (the stage configs, for `stoke train`,
-//! `stoke dpo` and `stoke grpo`), `eval/*.jsonl` (every evaluated
+//! loss), `grpo/` (the GRPO run folder), `distill/` (the students, their data and run folders),
+//! `model_config.json` (the architecture), `pretrain.toml`, `sft.toml`, `dpo-<loss>.toml`,
+//! `grpo.toml` and `distill-*.toml` (the stage configs, for `stoke train`, `stoke dpo` and
+//! `stoke grpo`), `eval/*.jsonl` (every evaluated
 //! completion), `model/` (the final model, Hugging Face layout with tokenizer files),
 //! `report.html` (the report card) and `speedrun.json` (the summary the integration test
 //! reads). A rerun into the same folder replaces these.
@@ -23,6 +25,7 @@
 //! `evaluations` and its summary to the report card; nothing else changes.
 
 mod data;
+mod distill;
 mod preference;
 mod recipe;
 mod report_card;
@@ -64,7 +67,7 @@ pub struct SpeedrunArgs {
 }
 
 /// Folders and files a previous run into the same `--out` left; removed before a new run.
-const OUTPUTS: [&str; 14] = [
+const OUTPUTS: [&str; 19] = [
     "data",
     "tokenizer",
     "shards",
@@ -72,6 +75,11 @@ const OUTPUTS: [&str; 14] = [
     "sft",
     "grpo",
     "grpo.toml",
+    "distill",
+    "distill-student-sft.toml",
+    "distill-offline.toml",
+    "distill-on-policy.toml",
+    "preference",
     "eval",
     "model",
     "model_config.json",
@@ -226,8 +234,29 @@ pub fn run(args: SpeedrunArgs) -> anyhow::Result<()> {
     );
     timings.push(StageTiming::done("grpo", clock));
 
-    // 8. Evaluation: held-out exact-match accuracy of each model on the same prompts.
-    let clock = stage_header(8, "evaluation: held-out exact-match accuracy");
+    // 8. Distillation: a student of half the depth, distilled from the GRPO model, beside the
+    // same student trained by SFT alone on the same budget.
+    let clock = stage_header(
+        8,
+        "distillation: the GRPO model into a student of half its depth, offline then on-policy",
+    );
+    let distill = distill::distill(
+        &recipe,
+        &out,
+        &distill::DistillInputs {
+            pretrained: &pretrain.model_dir,
+            teacher: &grpo.model_dir,
+            tokenizer_dir: &tokenizer_stats.dir,
+            sft_data: &generated.sft.path,
+            held_out_chat: &generated.held_out_chat.path,
+            held_out: &generated.held_out,
+        },
+        seed,
+    )?;
+    timings.push(StageTiming::done("distill", clock));
+
+    // 9. Evaluation: held-out exact-match accuracy of each model on the same prompts.
+    let clock = stage_header(9, "evaluation: held-out exact-match accuracy");
     let accuracy_config = AccuracyConfig {
         batch_size: recipe.eval_batch_size,
         max_new_tokens: recipe.eval_max_new_tokens,
@@ -238,6 +267,9 @@ pub fn run(args: SpeedrunArgs) -> anyhow::Result<()> {
         models.push((run.label.as_str(), &run.model_dir));
     }
     models.push(("grpo", &grpo.model_dir));
+    models.push((distill::SFT_ONLY, &distill.sft_only.model_dir));
+    models.push((distill::OFFLINE, &distill.offline.model_dir));
+    models.push((distill::DISTILLED, &distill.on_policy.model_dir));
     for (label, model_dir) in models {
         let model = Transformer::load(model_dir, &Device::Cpu)
             .with_context(|| format!("loading {}", model_dir.display()))?;
@@ -255,8 +287,8 @@ pub fn run(args: SpeedrunArgs) -> anyhow::Result<()> {
     }
     timings.push(StageTiming::done("evaluation", clock));
 
-    // 9. Outputs: the final model folder, the report card and the summary.
-    let clock = stage_header(9, "report card and final model");
+    // 10. Outputs: the final model folder, the report card and the summary.
+    let clock = stage_header(10, "report card and final model");
     let final_model = out.join("model");
     copy_dir(&grpo.model_dir, &final_model)?;
     Transformer::load(&final_model, &Device::Cpu)
@@ -273,6 +305,7 @@ pub fn run(args: SpeedrunArgs) -> anyhow::Result<()> {
         sft,
         preference,
         grpo,
+        distill,
         evaluations,
         final_model: final_model.clone(),
         report: out.join("report.html"),

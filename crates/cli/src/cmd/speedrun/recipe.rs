@@ -45,6 +45,7 @@ pub struct Recipe {
     pub sft: StageSizes,
     pub grpo: GrpoSizes,
     pub preference: PreferenceSizes,
+    pub distill: DistillSizes,
     /// Generation cap for the accuracy evaluation (a worked solution is 20-45 tokens).
     pub eval_max_new_tokens: usize,
     pub eval_batch_size: usize,
@@ -109,6 +110,29 @@ impl PreferenceSizes {
         lr: 2e-5,
         beta: 5.0,
     };
+}
+
+/// The distillation stage's sizes (see `distill.rs`): the student owns the first `labels` SFT
+/// conversations; the teacher (the GRPO model) answers each GRPO question once at
+/// `teacher_temperature`; the distilled student trains `offline_steps` SFT steps on labels plus
+/// teacher replies, then `on_policy_steps` updates of on-policy distillation (the GRPO stage's
+/// prompts, group size and temperature, AdamW at `on_policy_lr` with a cosine decay); the SFT-only
+/// student trains `offline_steps + on_policy_steps` SFT steps on the labels.
+///
+/// Measured on the quick recipe (seed 0, 1,000 held-out problems; teacher 77.5%; a one-layer
+/// student from the pretrained model, 200 labels): SFT alone 49.0% after 180 steps and 55.5% after
+/// 280; labels plus teacher replies at temperature 0.3, 180 steps, 72.2%; then 100 on-policy
+/// updates at lr 1e-4, 74.4% (at 3e-4, 69.8%; at 1e-3 the student fell apart, 38%). Teacher
+/// replies at temperature 0.7 (53% right) and verified, 85.2%, past the teacher: the verifier adds
+/// the answers, which the SFT-only student does not get, so the stage keeps the teacher's word
+/// unfiltered.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DistillSizes {
+    pub labels: usize,
+    pub teacher_temperature: f32,
+    pub offline_steps: u64,
+    pub on_policy_steps: u64,
+    pub on_policy_lr: f64,
 }
 
 /// A small Llama: RMSNorm, RoPE, SwiGLU, grouped-query attention.
@@ -177,6 +201,13 @@ impl Recipe {
                 eval_problems: 200,
             },
             preference: PreferenceSizes::BOTH_RECIPES,
+            distill: DistillSizes {
+                labels: 400,
+                teacher_temperature: 0.3,
+                offline_steps: 200,
+                on_policy_steps: 100,
+                on_policy_lr: 1e-4,
+            },
             eval_max_new_tokens: 64,
             eval_batch_size: 50,
             report_samples: 8,
@@ -227,6 +258,13 @@ impl Recipe {
                 eval_problems: 100,
             },
             preference: PreferenceSizes::BOTH_RECIPES,
+            distill: DistillSizes {
+                labels: 200,
+                teacher_temperature: 0.3,
+                offline_steps: 180,
+                on_policy_steps: 100,
+                on_policy_lr: 1e-4,
+            },
             eval_max_new_tokens: 48,
             eval_batch_size: 50,
             report_samples: 6,
@@ -350,6 +388,57 @@ impl Recipe {
     /// `model_dir`, written to `run_dir`.
     pub fn grpo_config(&self, model_dir: &Path, run_dir: &Path, seed: u64) -> String {
         let g = self.grpo;
+        self.grpo_text(
+            &format!("# speedrun ({}) - GRPO on the SFT model", self.name),
+            model_dir,
+            None,
+            run_dir,
+            seed,
+            (g.steps, g.lr),
+        )
+    }
+
+    /// The distillation stage's on-policy phase (`stoke grpo <out>/distill-on-policy.toml`
+    /// reruns it): the GRPO stage's prompts and sampling, the `student` trained with
+    /// `[grpo.loss.distill]` against the `teacher`, written to `run_dir`.
+    pub fn on_policy_distill_config(
+        &self,
+        student: &Path,
+        teacher: &Path,
+        run_dir: &Path,
+        seed: u64,
+    ) -> String {
+        let d = self.distill;
+        let mut text = self.grpo_text(
+            &format!(
+                "# speedrun ({}) - on-policy distillation of the GRPO model into the student",
+                self.name
+            ),
+            student,
+            Some(teacher),
+            run_dir,
+            seed,
+            (d.on_policy_steps, d.on_policy_lr),
+        );
+        text.push_str("\n[grpo.loss.distill]\nkl_coef = 1.0\nreward_weight = 0.0\n");
+        text
+    }
+
+    /// The layers of the speedrun model a distillation student keeps: the first half.
+    pub fn student_layers(&self) -> Vec<usize> {
+        (0..(self.model.layers / 2).max(1)).collect()
+    }
+
+    fn grpo_text(
+        &self,
+        title: &str,
+        model_dir: &Path,
+        reference: Option<&Path>,
+        run_dir: &Path,
+        seed: u64,
+        (steps, lr): (u64, f64),
+    ) -> String {
+        let g = self.grpo;
         let levels: Vec<String> = self
             .levels
             .iter()
@@ -358,8 +447,8 @@ impl Recipe {
         let levels = levels.join(", ");
         let quote = |path: &Path| toml::Value::String(path.display().to_string()).to_string();
         format!(
-            "# speedrun ({name}) - GRPO on the SFT model\n\
-             [model]\npath = {model}\n\n\
+            "{title}\n\
+             [model]\npath = {model}\n{reference}\n\
              [tasks]\nkind = \"arithmetic\"\nlevels = [{levels}]\nproblems = {problems}\nseed = {task_seed}\n\n\
              [held_out]\nkind = \"arithmetic\"\nlevels = [{levels}]\nproblems = {held_out}\nseed = {seed}\n\n\
              [rewards.default]\nkind = \"exact_match\"\nmode = \"gsm8k\"\nextract_answer = true\n\n\
@@ -371,17 +460,15 @@ impl Recipe {
              [eval]\nevery = {eval_every}\nsamples = 4\nproblems = {eval_problems}\n\n\
              [checkpoint]\nevery = 0\nkeep = 1\n\n\
              [out]\ndir = {run_dir}\n",
-            name = self.name,
             model = quote(model_dir),
+            reference = reference.map_or(String::new(), |r| format!("reference = {}\n", quote(r))),
             problems = g.problems,
             task_seed = seed + 1,
             held_out = self.held_out_problems,
-            steps = g.steps,
             prompts = g.prompts_per_step,
             group = g.group_size,
             max_new = self.eval_max_new_tokens,
             temperature = g.temperature,
-            lr = g.lr,
             eval_every = g.eval_every,
             eval_problems = g.eval_problems.min(self.held_out_problems),
             run_dir = quote(run_dir),

@@ -12,6 +12,7 @@ use std::fmt::Write as _;
 use anyhow::Context;
 use stoke_train::report::{ChartSpec, Series, YScale, escape};
 
+use super::distill::DistillStageSummary;
 use super::preference::PreferenceStageSummary;
 use super::recipe::Recipe;
 use super::rl::GrpoStageSummary;
@@ -185,8 +186,9 @@ fn render(s: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<String> {
 
     preference_section(&mut h, &s.preference)?;
     grpo_section(&mut h, &s.grpo)?;
+    distill_section(&mut h, &s.distill, &s.evaluations)?;
 
-    h.push_str("<h2>8. Held-out accuracy</h2>\n<p>Greedy completions of the same held-out questions, rendered with the chat template. <b>Accuracy</b> counts a completion right when its final <code>#### N</code> line holds the answer (the reward crate's exact-match verifier, gsm8k mode); <b>flexible</b> also accepts the last number of a completion without that line.</p>\n");
+    h.push_str("<h2>9. Held-out accuracy</h2>\n<p>Greedy completions of the same held-out questions, rendered with the chat template. <b>Accuracy</b> counts a completion right when its final <code>#### N</code> line holds the answer (the reward crate's exact-match verifier, gsm8k mode); <b>flexible</b> also accepts the last number of a completion without that line.</p>\n");
     accuracy_bars(&mut h, &s.evaluations);
     let eval_rows: Vec<(String, String)> = s
         .evaluations
@@ -222,7 +224,7 @@ fn render(s: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<String> {
     table(&mut h, &level_rows);
     samples_table(&mut h, &s.evaluations, recipe.report_samples);
 
-    h.push_str("<h2>9. The final model</h2>\n");
+    h.push_str("<h2>10. The final model</h2>\n");
     let _ = writeln!(
         h,
         "<p>Hugging Face layout with tokenizer files in <code>{}</code>. Chat with it:</p>\n<pre>stoke generate --model {} --chat --temperature 0 --max-tokens 64 --format text --prompt \"...\"</pre>",
@@ -445,6 +447,108 @@ fn grpo_section(h: &mut String, g: &GrpoStageSummary) -> anyhow::Result<()> {
         h.push_str(&chart.render().context("drawing a chart")?);
         h.push_str("\n</figure>\n");
     }
+    Ok(())
+}
+
+fn distill_section(
+    h: &mut String,
+    d: &DistillStageSummary,
+    evaluations: &[ModelEvaluation],
+) -> anyhow::Result<()> {
+    let _ = writeln!(
+        h,
+        "<h2>8. Distillation</h2>\n<p>A student with layers {:?} of the pretrained model ({} parameters; the teacher, the GRPO model, has {}) learns from the teacher, beside the same student trained by SFT alone on the same number of optimizer steps. The student owns {} labelled conversations (the first of the SFT data), not the teacher's training data: the regime distillation is for. <b>Distilled</b>: {} SFT steps on those labels plus the teacher's replies to the {} GRPO questions (one each at temperature {}, unverified: {} of {} right), then {} updates of on-policy distillation (the student samples, the teacher scores the same tokens, each token's advantage is log p_teacher - log p_student). <b>SFT only</b>: {} SFT steps on the labels.</p>",
+        d.student_layers,
+        d.student_parameters,
+        d.teacher_parameters,
+        d.labels,
+        d.offline.steps,
+        d.teacher_prompts,
+        d.teacher_temperature,
+        d.teacher_samples_correct,
+        d.teacher_samples,
+        d.on_policy.steps,
+        d.sft_only.steps,
+    );
+    let accuracy = |label: &str| {
+        evaluations
+            .iter()
+            .find(|e| e.label == label)
+            .map_or("-".to_string(), |e| {
+                format!("{:.1}% of {}", 100.0 * e.accuracy, e.samples)
+            })
+    };
+    h.push_str("<table>\n<tr><th>model</th><th>layers</th><th>parameters</th><th>held-out accuracy</th><th>decode, batch 1</th></tr>\n");
+    for speed in &d.decode {
+        let label = if speed.label.starts_with("teacher") {
+            "grpo"
+        } else {
+            speed.label.as_str()
+        };
+        let _ = writeln!(
+            h,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0} tokens/s</td></tr>",
+            escape(&speed.label),
+            speed.layers,
+            speed.parameters,
+            escape(&accuracy(label)),
+            speed.tokens_per_s
+        );
+    }
+    h.push_str("</table>\n");
+    table(
+        h,
+        &[
+            (
+                "after the offline phase".to_string(),
+                accuracy(super::distill::OFFLINE),
+            ),
+            (
+                "SFT-only student loss".into(),
+                format!(
+                    "{:.3} -> {:.3} ({} steps)",
+                    d.sft_only.initial_loss, d.sft_only.final_loss, d.sft_only.steps
+                ),
+            ),
+            (
+                "offline phase loss".into(),
+                format!(
+                    "{:.3} -> {:.3} ({} steps)",
+                    d.offline.initial_loss, d.offline.final_loss, d.offline.steps
+                ),
+            ),
+            (
+                "on-policy phase".into(),
+                format!(
+                    "{} updates, {:.2} s each; run report {}",
+                    d.on_policy.steps,
+                    d.on_policy.seconds_per_step,
+                    d.on_policy.report.display()
+                ),
+            ),
+            (
+                "teacher sampling".into(),
+                format!("{:.1} s", d.sampling_seconds),
+            ),
+        ],
+    );
+    let points = |v: &[(u64, f64)]| v.iter().map(|&(s, y)| (s as f64, y)).collect::<Vec<_>>();
+    let chart = ChartSpec::new(
+        "Distillation: training loss of the two students",
+        "step",
+        "loss",
+        vec![
+            Series::new("SFT only (labels)", points(&d.sft_only.train_losses)),
+            Series::new(
+                "distilled, offline phase (labels + teacher replies)",
+                points(&d.offline.train_losses),
+            ),
+        ],
+        YScale::Auto,
+    );
+    h.push_str("<figure>\n");
+    h.push_str(&chart.render().context("drawing a chart")?);
+    h.push_str("\n</figure>\n");
     Ok(())
 }
 

@@ -50,11 +50,18 @@ pub fn grpo(
     seed: u64,
 ) -> anyhow::Result<GrpoStageSummary> {
     let run_dir = out.join("grpo");
-    let config_path = out.join("grpo.toml");
-    let text = recipe.grpo_config(sft_model, &run_dir, seed);
-    std::fs::write(&config_path, &text)
+    grpo_run(
+        &recipe.grpo_config(sft_model, &run_dir, seed),
+        &out.join("grpo.toml"),
+    )
+}
+
+/// Writes the `stoke grpo` config `text` to `config_path`, runs it and reads back its figures
+/// (the GRPO stage, and the distillation stage's on-policy phase).
+pub fn grpo_run(text: &str, config_path: &Path) -> anyhow::Result<GrpoStageSummary> {
+    std::fs::write(config_path, text)
         .with_context(|| format!("writing {}", config_path.display()))?;
-    let config = GrpoConfig::load(&config_path, &[])
+    let config = GrpoConfig::load(config_path, &[])
         .with_context(|| format!("resolving {}", config_path.display()))?;
     let summary = run_config(
         &config,
@@ -83,7 +90,7 @@ pub fn grpo(
         values.iter().map(|(_, r)| r).sum::<f64>() / values.len().max(1) as f64
     };
     Ok(GrpoStageSummary {
-        run_dir,
+        run_dir: summary.out_dir.clone(),
         model_dir: summary.model_dir,
         report: summary.report,
         steps: summary.steps,

@@ -11,6 +11,7 @@ use serde::Serialize;
 use stoke_eval::accuracy::{AccuracyReport, LevelAccuracy, SampleRecord};
 
 use super::data::DataStats;
+use super::distill::DistillStageSummary;
 use super::preference::PreferenceStageSummary;
 use super::rl::GrpoStageSummary;
 use super::shards::ShardStats;
@@ -101,8 +102,10 @@ pub struct SpeedrunSummary {
     pub sft: TrainingStageSummary,
     pub preference: PreferenceStageSummary,
     pub grpo: GrpoStageSummary,
+    pub distill: DistillStageSummary,
     /// In pipeline order: the pretrained model, the SFT model, the preference-optimized models
-    /// (one per loss, labelled by TRL's loss name), the GRPO model.
+    /// (one per loss, labelled by TRL's loss name), the GRPO model, then the distillation
+    /// stage's students: SFT only, after the offline phase, distilled.
     pub evaluations: Vec<ModelEvaluation>,
     pub final_model: PathBuf,
     pub report: PathBuf,
