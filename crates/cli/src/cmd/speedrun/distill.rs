@@ -37,14 +37,13 @@ use stoke_eval::accuracy::{AccuracyConfig, evaluate};
 use stoke_eval::arithmetic::Problem;
 use stoke_model::Transformer;
 use stoke_pipeline::config::GrpoConfig;
-use stoke_pipeline::rejection::{RejectionSettings, sample_and_filter, write_chat_jsonl};
-use stoke_pipeline::reward::RewardPool;
+use stoke_pipeline::rejection::{RejectionSettings, write_chat_jsonl};
 use stoke_tokenizer::hf::Tokenizer;
 
+use super::preference::sample_tasks;
 use super::recipe::{Recipe, StagePaths, write_and_resolve};
 use super::rl::{GrpoStageSummary, grpo_run};
 use super::training::{TrainStage, TrainingStageSummary, train};
-use crate::cmd::grpo::prepare;
 
 /// Where the stage starts from.
 pub struct DistillInputs<'a> {
@@ -137,12 +136,6 @@ pub fn distill(
         &[],
     )
     .context("resolving the distillation stage's sampling config")?;
-    let prepared = prepare(&source, true)?;
-    let rewards = RewardPool::new(
-        prepared.rewards,
-        source.settings.reward_workers,
-        source.settings.reward_timeout,
-    )?;
     let settings = RejectionSettings {
         samples_per_prompt: 1,
         keep_per_prompt: 1,
@@ -154,15 +147,7 @@ pub fn distill(
         keep_truncated: false,
         verify: false,
     };
-    let sampled = sample_and_filter(
-        &prepared.policy,
-        &prepared.tokenizer,
-        &prepared.tasks,
-        &rewards,
-        &settings,
-        &mut |_| {},
-    )?;
-    rewards.shutdown();
+    let sampled = sample_tasks(&source, &settings)?;
     let sampling_seconds = clock.elapsed().as_secs_f64();
     std::fs::write(
         dir.join("teacher-samples.json"),

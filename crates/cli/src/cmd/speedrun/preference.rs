@@ -19,7 +19,9 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use serde::Serialize;
 use stoke_pipeline::config::{GrpoConfig, TaskSource};
-use stoke_pipeline::rejection::{RejectionSettings, sample_and_filter, write_pairs_jsonl};
+use stoke_pipeline::rejection::{
+    RejectionResult, RejectionSettings, sample_and_filter, write_pairs_jsonl,
+};
 use stoke_pipeline::reward::RewardPool;
 use stoke_train::preference::run::{PreferenceFile, run_preference};
 
@@ -84,12 +86,6 @@ pub fn preference(
         *task_seed = seed + 2;
     }
     let started = Instant::now();
-    let prepared = prepare(&source, true)?;
-    let rewards = RewardPool::new(
-        prepared.rewards,
-        source.settings.reward_workers,
-        source.settings.reward_timeout,
-    )?;
     let settings = RejectionSettings {
         samples_per_prompt: p.samples,
         keep_per_prompt: p.samples,
@@ -101,15 +97,7 @@ pub fn preference(
         keep_truncated: false,
         verify: true,
     };
-    let result = sample_and_filter(
-        &prepared.policy,
-        &prepared.tokenizer,
-        &prepared.tasks,
-        &rewards,
-        &settings,
-        &mut |_| {},
-    )?;
-    rewards.shutdown();
+    let result = sample_tasks(&source, &settings)?;
     let sampling_seconds = started.elapsed().as_secs_f64();
     let report_path = dir.join("rejection.json");
     std::fs::write(&report_path, serde_json::to_string_pretty(&result.report)?)
@@ -188,6 +176,30 @@ pub fn preference(
         sampling_seconds,
         runs,
     })
+}
+
+/// Samples the tasks of `source` with its model and scores them with its rewards, as `stoke rft`
+/// does (the preference stage's pairs, the distillation stage's teacher replies).
+pub fn sample_tasks(
+    source: &GrpoConfig,
+    settings: &RejectionSettings,
+) -> anyhow::Result<RejectionResult> {
+    let prepared = prepare(source, true)?;
+    let rewards = RewardPool::new(
+        prepared.rewards,
+        source.settings.reward_workers,
+        source.settings.reward_timeout,
+    )?;
+    let result = sample_and_filter(
+        &prepared.policy,
+        &prepared.tokenizer,
+        &prepared.tasks,
+        &rewards,
+        settings,
+        &mut |_| {},
+    );
+    rewards.shutdown();
+    Ok(result?)
 }
 
 /// (step, logps/chosen, logps/rejected, rewards/margins) of every line of a run's metrics.
