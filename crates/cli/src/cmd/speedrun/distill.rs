@@ -117,6 +117,7 @@ pub fn distill(
         .save_with_tokenizer(&student_init, Some(inputs.pretrained))
         .with_context(|| format!("saving {}", student_init.display()))?;
     let student_parameters = student.config().num_parameters();
+    // The teacher is the pretrained model fine-tuned: the same shape.
     let teacher_parameters = pretrained.config().num_parameters();
     println!(
         "student: layers {layers:?} of the pretrained model, {student_parameters} parameters \
@@ -174,7 +175,7 @@ pub fn distill(
     );
 
     // The two students, on the same budget of optimizer steps.
-    let student_config = |name: &str, data: &Path, steps: u64| -> anyhow::Result<_> {
+    let student_config = |name: &str, data: &Path, steps: u64| {
         let mut config = recipe.sft_config(
             &StagePaths {
                 run_dir: dir.join(name),
@@ -188,19 +189,19 @@ pub fn distill(
         );
         config.title = Some(format!("speedrun ({}) - distillation, {name}", recipe.name));
         config.training.steps = steps;
-        Ok(config)
+        config
     };
     let sft_only = train(
         TrainStage::Sft,
         write_and_resolve(
-            &student_config(SFT_ONLY, &labels_file, d.offline_steps + d.on_policy_steps)?,
+            &student_config(SFT_ONLY, &labels_file, d.offline_steps + d.on_policy_steps),
             &out.join("distill-student-sft.toml"),
         )?,
     )?;
     let offline = train(
         TrainStage::Sft,
         write_and_resolve(
-            &student_config(OFFLINE, &offline_file, d.offline_steps)?,
+            &student_config(OFFLINE, &offline_file, d.offline_steps),
             &out.join("distill-offline.toml"),
         )?,
     )?;
