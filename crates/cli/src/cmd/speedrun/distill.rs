@@ -40,10 +40,10 @@ use stoke_pipeline::config::GrpoConfig;
 use stoke_pipeline::rejection::{RejectionSettings, write_chat_jsonl};
 use stoke_tokenizer::hf::Tokenizer;
 
-use super::preference::sample_tasks;
 use super::recipe::{Recipe, StagePaths, write_and_resolve};
 use super::rl::{GrpoStageSummary, grpo_run};
 use super::training::{TrainStage, TrainingStageSummary, train};
+use crate::cmd::rft::sample;
 
 /// Where the stage starts from.
 pub struct DistillInputs<'a> {
@@ -148,7 +148,7 @@ pub fn distill(
         keep_truncated: false,
         verify: false,
     };
-    let sampled = sample_tasks(&source, &settings)?;
+    let sampled = sample(&source, &settings, true)?;
     let sampling_seconds = clock.elapsed().as_secs_f64();
     std::fs::write(
         dir.join("teacher-samples.json"),

@@ -19,14 +19,11 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use serde::Serialize;
 use stoke_pipeline::config::{GrpoConfig, TaskSource};
-use stoke_pipeline::rejection::{
-    RejectionResult, RejectionSettings, sample_and_filter, write_pairs_jsonl,
-};
-use stoke_pipeline::reward::RewardPool;
+use stoke_pipeline::rejection::{RejectionSettings, write_pairs_jsonl};
 use stoke_train::preference::run::{PreferenceFile, run_preference};
 
 use super::recipe::Recipe;
-use crate::cmd::grpo::prepare;
+use crate::cmd::rft::sample;
 
 /// One preference run of the stage.
 #[derive(Clone, Debug, Serialize)]
@@ -97,7 +94,7 @@ pub fn preference(
         keep_truncated: false,
         verify: true,
     };
-    let result = sample_tasks(&source, &settings)?;
+    let result = sample(&source, &settings, true)?;
     let sampling_seconds = started.elapsed().as_secs_f64();
     let report_path = dir.join("rejection.json");
     std::fs::write(&report_path, serde_json::to_string_pretty(&result.report)?)
@@ -176,30 +173,6 @@ pub fn preference(
         sampling_seconds,
         runs,
     })
-}
-
-/// Samples the tasks of `source` with its model and scores them with its rewards, as `stoke rft`
-/// does (the preference stage's pairs, the distillation stage's teacher replies).
-pub fn sample_tasks(
-    source: &GrpoConfig,
-    settings: &RejectionSettings,
-) -> anyhow::Result<RejectionResult> {
-    let prepared = prepare(source, true)?;
-    let rewards = RewardPool::new(
-        prepared.rewards,
-        source.settings.reward_workers,
-        source.settings.reward_timeout,
-    )?;
-    let result = sample_and_filter(
-        &prepared.policy,
-        &prepared.tokenizer,
-        &prepared.tasks,
-        &rewards,
-        settings,
-        &mut |_| {},
-    );
-    rewards.shutdown();
-    Ok(result?)
 }
 
 /// (step, logps/chosen, logps/rejected, rewards/margins) of every line of a run's metrics.
