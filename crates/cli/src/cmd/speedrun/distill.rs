@@ -62,7 +62,8 @@ pub struct DecodeSpeed {
     pub label: String,
     pub layers: usize,
     pub parameters: usize,
-    /// Generated tokens per second at batch 1, prefill included.
+    /// Generated tokens per second at batch 1, prefill included (the fastest of five passes over
+    /// the first held-out questions).
     pub tokens_per_s: f64,
 }
 
@@ -251,9 +252,15 @@ pub fn distill(
 }
 
 /// Held-out questions decoded one at a time for the speed figure.
-const DECODE_PROBLEMS: usize = 32;
+const DECODE_PROBLEMS: usize = 64;
+/// Timed passes over them (after one untimed warm-up pass); the fastest is reported. A pass takes
+/// a fraction of a second on these models, and on a shared two-core machine whole passes can run
+/// at a third of the speed (measured: the same teacher at 2.5k and 8.6k tokens/s in two runs), so
+/// the best pass is the figure that repeats.
+const DECODE_PASSES: usize = 5;
 
-/// Batch-1 greedy decoding of `problems` with the model in `model_dir`.
+/// Batch-1 greedy decoding of `problems` with the model in `model_dir`: generated tokens per
+/// second, the fastest of [`DECODE_PASSES`] passes.
 fn decode_speed(
     label: &str,
     model_dir: &Path,
@@ -267,13 +274,19 @@ fn decode_speed(
         batch_size: 1,
         max_new_tokens,
     };
-    let report = evaluate(&model, tokenizer, problems, &config)
-        .with_context(|| format!("decoding with the {label} model"))?;
+    let mut speeds = Vec::with_capacity(DECODE_PASSES);
+    for pass in 0..=DECODE_PASSES {
+        let report = evaluate(&model, tokenizer, problems, &config)
+            .with_context(|| format!("decoding with the {label} model"))?;
+        if pass > 0 {
+            speeds.push(report.generated_tokens as f64 / report.seconds.max(1e-9));
+        }
+    }
     Ok(DecodeSpeed {
         label: label.to_string(),
         layers: model.config().num_hidden_layers,
         parameters: model.config().num_parameters(),
-        tokens_per_s: report.generated_tokens as f64 / report.seconds.max(1e-9),
+        tokens_per_s: speeds.iter().copied().fold(0.0, f64::max),
     })
 }
 
