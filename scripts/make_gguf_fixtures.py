@@ -54,6 +54,8 @@ TEXTS = [
     "<|im_start|>user\nhi<|im_end|>",
     "don't I'll we're 3.14159",
 ]
+# The "Today Date" a Llama 3 template prints (pinned, so the fixture does not depend on the day).
+CHAT_DATE = "05 Dec 2026"
 CHAT = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "What is 7 * 6?"},
@@ -416,7 +418,9 @@ def tokenizer_reference(directory: Path, file: str) -> dict:
     texts = TEXTS + ["<|eot|> a <tool>b", " leading space", ""]
     reference = {"texts": [{"text": t, "ids": tok(t, add_special_tokens=True)["input_ids"]} for t in texts]}
     if tok.chat_template:
-        reference["chat"] = {"messages": CHAT, "ids": list(tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True, return_dict=False))}
+        # date_string pinned: Llama 3 templates otherwise print today's date, and the fixture
+        # would only match on the day it was made (crates/tokenizer/tests/gguf.rs passes the same).
+        reference["chat"] = {"messages": CHAT, "ids": list(tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True, return_dict=False, date_string=CHAT_DATE))}
     return reference
 
 
@@ -537,7 +541,7 @@ def main() -> None:
     if args.smollm2:
         tok = AutoTokenizer.from_pretrained(args.smollm2.parent, gguf_file=args.smollm2.name)
         messages = [{"role": "user", "content": "What is the capital of France? Answer in 12 words."}]
-        chat_ids = list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+        chat_ids = list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False, date_string=CHAT_DATE))
         logits = reference_logits(args.smollm2.parent, args.smollm2.name, chat_ids)
         # The same weights computed in float64: at 30 layers float32 rounding alone moves logits by
         # up to ~1e-4 (torch's own float32 result is 7e-5 from it), so stoke is held to this one.

@@ -7,8 +7,22 @@
 
 use std::path::{Path, PathBuf};
 
-use stoke_tokenizer::chat::{ChatMessage, ChatOptions};
+use stoke_tokenizer::chat::{ChatMessage, ChatOptions, TemplateValue};
 use stoke_tokenizer::hf::Tokenizer;
+
+/// Rendering with the generation prompt, the date pinned: Llama 3 templates print today's date
+/// unless `date_string` is given, and the fixtures were rendered with this one
+/// (scripts/make_gguf_fixtures.py passes the same).
+fn chat_options() -> ChatOptions {
+    ChatOptions {
+        add_generation_prompt: true,
+        variables: [(
+            "date_string".to_string(),
+            TemplateValue::from("05 Dec 2026"),
+        )]
+        .into(),
+    }
+}
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/gguf")
@@ -28,10 +42,7 @@ fn check(tokenizer: &Tokenizer, reference: &serde_json::Value, label: &str) {
         serde_json::from_value(reference["chat"]["messages"].clone()).expect("messages");
     let expected: Vec<u32> =
         serde_json::from_value(reference["chat"]["ids"].clone()).expect("chat ids");
-    let options = ChatOptions {
-        add_generation_prompt: true,
-        ..ChatOptions::default()
-    };
+    let options = chat_options();
     let encoded = tokenizer
         .apply_chat_template(&messages, &options)
         .unwrap_or_else(|e| panic!("{label}: chat: {e}"));
@@ -85,10 +96,7 @@ fn smollm2_gguf_tokenizer_matches_transformers_when_available() {
     check(&tokenizer, &reference["tokenizer"], "SmolLM2");
     let messages: Vec<ChatMessage> =
         serde_json::from_value(reference["messages"].clone()).expect("messages");
-    let options = ChatOptions {
-        add_generation_prompt: true,
-        ..ChatOptions::default()
-    };
+    let options = chat_options();
     let ids = tokenizer
         .apply_chat_template(&messages, &options)
         .expect("chat")
