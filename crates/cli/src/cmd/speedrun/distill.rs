@@ -90,7 +90,8 @@ pub struct DistillStageSummary {
     pub decode: Vec<DecodeSpeed>,
 }
 
-/// The labels the evaluation gives the stage's models.
+/// The labels the evaluation gives the teacher (the GRPO model) and the stage's models.
+pub const TEACHER: &str = "grpo";
 pub const SFT_ONLY: &str = "student-sft";
 pub const OFFLINE: &str = "student-offline";
 pub const DISTILLED: &str = "student-distilled";
@@ -221,7 +222,7 @@ pub fn distill(
     let problems = inputs.held_out;
     let mut decode = Vec::new();
     for (label, model_dir) in [
-        ("teacher (grpo)", inputs.teacher),
+        (TEACHER, inputs.teacher),
         (SFT_ONLY, sft_only.model_dir.as_path()),
         (DISTILLED, on_policy.model_dir.as_path()),
     ] {

@@ -480,18 +480,13 @@ fn distill_section(
     };
     h.push_str("<table>\n<tr><th>model</th><th>layers</th><th>parameters</th><th>held-out accuracy</th><th>decode, batch 1</th></tr>\n");
     for speed in &d.decode {
-        let label = if speed.label.starts_with("teacher") {
-            "grpo"
-        } else {
-            speed.label.as_str()
-        };
         let _ = writeln!(
             h,
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.0} tokens/s</td></tr>",
             escape(&speed.label),
             speed.layers,
             speed.parameters,
-            escape(&accuracy(label)),
+            escape(&accuracy(&speed.label)),
             speed.tokens_per_s
         );
     }
