@@ -110,6 +110,9 @@ pub struct Inputs {
     /// The weights these inputs meet come from memory, not cache (`stream_weights`).
     stream: bool,
     data: Vec<f32>,
+    /// For bf16 weights, the same rounded values as bf16 pairs in natural order (`stride / 2`
+    /// words per row), the operand of the `vdpbf16ps` kernel.
+    pairs: Vec<u32>,
 }
 
 impl Inputs {
@@ -136,6 +139,21 @@ impl Inputs {
         }
         let stride = cols.div_ceil(32) * 32;
         self.stride = stride;
+        self.pairs.clear();
+        self.pairs.resize(batch * stride / 2, 0);
+        for (dst, row) in self
+            .pairs
+            .chunks_exact_mut(stride / 2)
+            .zip(x.chunks_exact(cols))
+        {
+            for (p, out) in dst.iter_mut().enumerate().take(cols.div_ceil(2)) {
+                let lo = crate::bf16::bf16_bits(row[2 * p]) as u32;
+                let hi = row
+                    .get(2 * p + 1)
+                    .map_or(0, |&v| crate::bf16::bf16_bits(v) as u32);
+                *out = lo | hi << 16;
+            }
+        }
         self.data.clear();
         self.data.resize(batch * stride, 0.0);
         for (dst, row) in self.data.chunks_exact_mut(stride).zip(x.chunks_exact(cols)) {
@@ -233,6 +251,9 @@ pub(crate) fn matvec_parallel(w: &Weights, x: &Inputs, out: &mut [f32]) {
 /// Which kernel runs `matvec`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
+    /// AVX-512F with `vdpbf16ps` for bf16 weights (AVX512-BF16: AMD Zen 4 and later, Intel
+    /// Cooper Lake and Sapphire Rapids and later); f32 weights as `Avx512`.
+    Avx512Bf16,
     Avx512,
     Avx2,
     Portable,
@@ -241,6 +262,7 @@ pub enum Kernel {
 impl Kernel {
     pub fn name(self) -> &'static str {
         match self {
+            Kernel::Avx512Bf16 => "avx512-bf16",
             Kernel::Avx512 => "avx512",
             Kernel::Avx2 => "avx2",
             Kernel::Portable => "portable",
@@ -248,15 +270,19 @@ impl Kernel {
     }
 }
 
-/// The kernel in use: the widest the CPU has (`cpu::level`, which `STOKE_SIMD` lowers), unless
-/// `STOKE_MATVEC_KERNEL=portable`.
+/// The kernel in use: the widest the CPU has (`cpu::level`, which `STOKE_SIMD` lowers; AVX-512
+/// with `vdpbf16ps` where the CPU has AVX512-BF16), unless `STOKE_MATVEC_KERNEL` names one
+/// (`portable`, or `avx512` for AVX-512 without `vdpbf16ps`).
 pub fn kernel() -> Kernel {
     static CHOSEN: OnceLock<Kernel> = OnceLock::new();
     *CHOSEN.get_or_init(|| {
-        if std::env::var("STOKE_MATVEC_KERNEL").as_deref() == Ok("portable") {
-            return Kernel::Portable;
+        match std::env::var("STOKE_MATVEC_KERNEL").as_deref() {
+            Ok("portable") => return Kernel::Portable,
+            Ok("avx512") if Kernel::Avx512.available() => return Kernel::Avx512,
+            _ => {}
         }
         match crate::cpu::level() {
+            crate::cpu::Level::Avx512 if Kernel::Avx512Bf16.available() => Kernel::Avx512Bf16,
             crate::cpu::Level::Avx512 => Kernel::Avx512,
             crate::cpu::Level::Avx2 => Kernel::Avx2,
             crate::cpu::Level::Baseline => Kernel::Portable,
@@ -303,10 +329,24 @@ impl Kernel {
     /// Whether this CPU can run the kernel.
     pub fn available(self) -> bool {
         match self {
+            Kernel::Avx512Bf16 => {
+                crate::cpu::detected() >= crate::cpu::Level::Avx512 && avx512_bf16_detected()
+            }
             Kernel::Avx512 => crate::cpu::detected() >= crate::cpu::Level::Avx512,
             Kernel::Avx2 => crate::cpu::detected() >= crate::cpu::Level::Avx2,
             Kernel::Portable => true,
         }
+    }
+}
+
+fn avx512_bf16_detected() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -367,7 +407,12 @@ unsafe fn matvec_with(
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the CPU has AVX-512F (asserted); bounds as documented.
                 Kernel::Avx512 => unsafe {
-                    avx512::matvec(w, x, first..last, start..end, out, out_stride)
+                    avx512::matvec(w, x, first..last, start..end, out, out_stride, false)
+                },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the CPU has AVX-512F and AVX512-BF16 (asserted); bounds as documented.
+                Kernel::Avx512Bf16 => unsafe {
+                    avx512::matvec(w, x, first..last, start..end, out, out_stride, true)
                 },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the CPU has AVX2 and FMA (asserted); bounds as documented.
@@ -394,7 +439,7 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     match kernel() {
         // SAFETY: AVX-512F is available (the kernel choice); lengths are equal.
-        Kernel::Avx512 => return unsafe { avx512::dot(a, b) },
+        Kernel::Avx512 | Kernel::Avx512Bf16 => return unsafe { avx512::dot(a, b) },
         // SAFETY: AVX2 and FMA are available (the kernel choice); lengths are equal.
         Kernel::Avx2 => return unsafe { avx2::dot(a, b) },
         Kernel::Portable => {}
@@ -419,7 +464,7 @@ pub(crate) fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     match kernel() {
         // SAFETY: AVX-512F is available (the kernel choice); lengths are equal.
-        Kernel::Avx512 => return unsafe { avx512::axpy(y, alpha, x) },
+        Kernel::Avx512 | Kernel::Avx512Bf16 => return unsafe { avx512::axpy(y, alpha, x) },
         // SAFETY: AVX2 and FMA are available (the kernel choice); lengths are equal.
         Kernel::Avx2 => return unsafe { avx2::axpy(y, alpha, x) },
         Kernel::Portable => {}
@@ -475,22 +520,74 @@ unsafe fn portable(
     }
 }
 
+/// Rows `rows` in tiles of `$r` weight rows `gap` apart (one stream per tile row over its
+/// `$r`-th of the range; see `avx2`'s module doc), then the rows left over one at a time, against
+/// `$nb` inputs.
+macro_rules! tiles {
+    ($tile:ident, $r:expr, $nb:expr, $args:expr) => {{
+        let (w, ws, x, xs, rows, out, os, stream) = $args;
+        if stream {
+            tiles!(@walk $tile, $r, $nb, true, (w, ws, x, xs, rows, out, os))
+        } else {
+            tiles!(@walk $tile, $r, $nb, false, (w, ws, x, xs, rows, out, os))
+        }
+    }};
+    (@walk $tile:ident, $r:expr, $nb:expr, $stream:expr, ($w:expr, $ws:expr, $x:expr, $xs:expr, $rows:expr, $out:expr, $os:expr)) => {{
+        let gap = ($rows.end - $rows.start) / $r;
+        for i in 0..gap {
+            $tile::<$r, $nb, $stream>($w, $ws, $rows.start + i, gap, $x, $xs, $out.add(i), $os);
+        }
+        for j in $rows.start + gap * $r..$rows.end {
+            $tile::<1, $nb, $stream>($w, $ws, j, 0, $x, $xs, $out.add(j - $rows.start), $os);
+        }
+    }};
+}
+
+/// A prefetch of the line at `p` (a hint, valid for any address): non-temporal when the
+/// weights stream from memory (`Inputs::stream_weights`), into L1 otherwise.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch<const STREAM: bool>(p: *const i8) {
+    if STREAM {
+        // SAFETY: a prefetch is a hint; it never faults, whatever the address.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_NTA }>(p) }
+    } else {
+        // SAFETY: as above.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p) }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 // Register tiles are fixed-size arrays indexed by row and input: loops over indices read best.
-#[allow(clippy::needless_range_loop)]
+#[allow(clippy::needless_range_loop, clippy::int_plus_one)]
 mod avx512 {
-    use super::{Inputs, Weights};
+    //! A tile's R weight rows are R long streams, as in the AVX2 kernels (see `super::avx2`'s
+    //! module doc): tile row r walks the r-th of R equal parts of the row range, prefetching
+    //! `PREFETCH_BYTES` ahead in its own stream (non-temporally when the weights stream from
+    //! memory). Measured on an AMD EPYC (Zen 4, AVX-512), SmolLM2-135M's bf16 weights, 2
+    //! threads: batch-1 decoding 76 tokens/s with neighbouring rows and T0 prefetches two tiles
+    //! ahead, see bench/README.md for the figure with streams. Results are those of
+    //! neighbouring rows bit for bit: every output is its own row's sum, in the same order.
+    use super::{Inputs, Weights, prefetch};
     use std::arch::x86_64::*;
     use std::ops::Range;
 
     /// Input rows per kernel call.
     const MAX_BATCH: usize = 8;
-    /// How far ahead (in row tiles) the weights are prefetched: the hardware prefetcher alone
-    /// leaves a single core at about half its bandwidth on these short row streams.
-    const PREFETCH_TILES: usize = 2;
+    /// How far ahead each tile row prefetches in its own stream, in bytes: closer at batch 1
+    /// (eight streams a tile) than at larger batches (two to six). Measured on a Zen 4 at
+    /// SmolLM2-135M's shapes, 2 threads, medians of 5-7 runs: batch 1 decoded at 152 tokens/s
+    /// 256 bytes ahead, 134 at 512 and 115 at 1 KiB; batch 8 varied too much between runs
+    /// (400-500) to tell 640 bytes from 1 KiB.
+    const fn prefetch_ahead(nb: usize) -> usize {
+        if nb == 1 { 256 } else { 1024 }
+    }
 
+    /// `dp`: bf16 weights run the `vdpbf16ps` tiles on the inputs' pairs.
+    ///
     /// # Safety
-    /// AVX-512F is available; bounds as in `super::matvec_raw`.
+    /// AVX-512F is available, and AVX512-BF16 if `dp`; bounds as in `super::matvec_raw`.
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn matvec(
         w: &Weights,
@@ -499,6 +596,7 @@ mod avx512 {
         rows: Range<usize>,
         out: *mut f32,
         out_stride: usize,
+        dp: bool,
     ) {
         let mut b0 = inputs.start;
         while b0 < inputs.end {
@@ -508,6 +606,17 @@ mod avx512 {
                 let xp = x.data.as_ptr().add(b0 * x.stride);
                 let op = out.add(b0 * out_stride);
                 match *w {
+                    Weights::Bf16 { data, stride, .. } if dp => bf16_dp_rows(
+                        data.as_ptr(),
+                        stride,
+                        x.pairs.as_ptr().add(b0 * x.stride / 2),
+                        x.stride / 2,
+                        nb,
+                        rows.clone(),
+                        op,
+                        out_stride,
+                        x.stream,
+                    ),
                     Weights::Bf16 { data, stride, .. } => bf16_rows(
                         data.as_ptr(),
                         stride,
@@ -517,6 +626,7 @@ mod avx512 {
                         rows.clone(),
                         op,
                         out_stride,
+                        x.stream,
                     ),
                     Weights::F32 { data, cols, .. } => f32_rows(
                         data.as_ptr(),
@@ -527,10 +637,96 @@ mod avx512 {
                         rows.clone(),
                         op,
                         out_stride,
+                        x.stream,
                     ),
                 }
             }
             b0 += nb;
+        }
+    }
+
+    /// # Safety
+    /// As `bf16_rows`, with AVX512-BF16, and `x` the inputs' pairs (`x_stride` words a row).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn bf16_dp_rows(
+        w: *const u32,
+        stride: usize,
+        x: *const u32,
+        x_stride: usize,
+        nb: usize,
+        rows: Range<usize>,
+        out: *mut f32,
+        out_stride: usize,
+        stream: bool,
+    ) {
+        let args = (w, stride, x, x_stride, rows, out, out_stride, stream);
+        // R x NB accumulators, R weight vectors, 1 input vector.
+        // SAFETY: forwarded bounds.
+        unsafe {
+            match nb {
+                1 => tiles!(bf16_dp_tile, 8, 1, args),
+                2 => tiles!(bf16_dp_tile, 8, 2, args),
+                3 => tiles!(bf16_dp_tile, 6, 3, args),
+                4 => tiles!(bf16_dp_tile, 5, 4, args),
+                5 => tiles!(bf16_dp_tile, 4, 5, args),
+                6 => tiles!(bf16_dp_tile, 4, 6, args),
+                7 => tiles!(bf16_dp_tile, 3, 7, args),
+                _ => tiles!(bf16_dp_tile, 3, 8, args),
+            }
+        }
+    }
+
+    /// Rows `j + r * gap` (r < R) of bf16 pair weights against `NB` input rows of bf16 pairs,
+    /// by `vdpbf16ps` (per lane: the odd product, then the even one, added to the f32
+    /// accumulator; bf16 x bf16 products are exact in f32); output `(b, r)` at
+    /// `out + b * out_stride + r * gap`.
+    ///
+    /// # Safety
+    /// AVX512-BF16 is available; the rows exist (`stride` pair words each, a multiple of 16),
+    /// the inputs hold `stride` pair words per row (`x_stride`), and `out` has room for these
+    /// outputs.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn bf16_dp_tile<const R: usize, const NB: usize, const STREAM: bool>(
+        w: *const u32,
+        stride: usize,
+        j: usize,
+        gap: usize,
+        x: *const u32,
+        x_stride: usize,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); NB]; R];
+        let blocks = stride / 16;
+        for block in 0..blocks {
+            let mut wv = [_mm512_setzero_si512(); R];
+            for r in 0..R {
+                let at = (j + r * gap) * stride + block * 16;
+                // SAFETY: pair words block * 16 .. + 16 of row j + r * gap exist.
+                wv[r] = unsafe { _mm512_loadu_si512(w.add(at) as *const __m512i) };
+                // PREFETCH_BYTES on in this row's stream: a hint, valid for any address.
+                prefetch::<STREAM>(w.wrapping_add(at + prefetch_ahead(NB) / 4) as *const i8);
+            }
+            for b in 0..NB {
+                // SAFETY: pair words block * 16 .. + 16 of input row b exist.
+                let xv = unsafe { _mm512_loadu_si512(x.add(b * x_stride + block * 16).cast()) };
+                // SAFETY: both are 64-byte vector types; the bits are 16 bf16 pairs.
+                let xv = unsafe { std::mem::transmute::<__m512i, __m512bh>(xv) };
+                for r in 0..R {
+                    // SAFETY: as above.
+                    let wr = unsafe { std::mem::transmute::<__m512i, __m512bh>(wv[r]) };
+                    acc[r][b] = _mm512_dpbf16_ps(acc[r][b], wr, xv);
+                }
+            }
+        }
+        for r in 0..R {
+            for b in 0..NB {
+                // SAFETY: (b, r) is inside the output tile.
+                unsafe { *out.add(b * out_stride + r * gap) = _mm512_reduce_add_ps(acc[r][b]) };
+            }
         }
     }
 
@@ -584,32 +780,6 @@ mod avx512 {
         }
     }
 
-    macro_rules! dispatch {
-        ($tile:ident, $nb:expr, $args:tt) => {
-            match $nb {
-                1 => dispatch!(@rows $tile, 8, 1, $args),
-                2 => dispatch!(@rows $tile, 6, 2, $args),
-                3 => dispatch!(@rows $tile, 4, 3, $args),
-                4 => dispatch!(@rows $tile, 4, 4, $args),
-                5 => dispatch!(@rows $tile, 2, 5, $args),
-                6 => dispatch!(@rows $tile, 2, 6, $args),
-                7 => dispatch!(@rows $tile, 2, 7, $args),
-                _ => dispatch!(@rows $tile, 2, 8, $args),
-            }
-        };
-        (@rows $tile:ident, $r:expr, $nb:expr, ($w:expr, $ws:expr, $x:expr, $xs:expr, $rows:expr, $out:expr, $os:expr)) => {{
-            let mut j = $rows.start;
-            while j + $r <= $rows.end {
-                $tile::<$r, $nb>($w, $ws, j, $x, $xs, $out.add(j - $rows.start), $os);
-                j += $r;
-            }
-            while j < $rows.end {
-                $tile::<1, $nb>($w, $ws, j, $x, $xs, $out.add(j - $rows.start), $os);
-                j += 1;
-            }
-        }};
-    }
-
     /// # Safety
     /// As `matvec`, with `nb <= MAX_BATCH` input rows at `x`.
     #[allow(clippy::too_many_arguments)]
@@ -623,14 +793,22 @@ mod avx512 {
         rows: Range<usize>,
         out: *mut f32,
         out_stride: usize,
+        stream: bool,
     ) {
+        let args = (w, stride, x, x_stride, rows, out, out_stride, stream);
+        // Tiles fit 32 registers: R x NB accumulators, 2R weight vectors, 2 input vectors.
         // SAFETY: forwarded bounds.
         unsafe {
-            dispatch!(
-                bf16_tile,
-                nb,
-                (w, stride, x, x_stride, rows, out, out_stride)
-            )
+            match nb {
+                1 => tiles!(bf16_tile, 8, 1, args),
+                2 => tiles!(bf16_tile, 6, 2, args),
+                3 => tiles!(bf16_tile, 4, 3, args),
+                4 => tiles!(bf16_tile, 4, 4, args),
+                5 => tiles!(bf16_tile, 2, 5, args),
+                6 => tiles!(bf16_tile, 2, 6, args),
+                7 => tiles!(bf16_tile, 2, 7, args),
+                _ => tiles!(bf16_tile, 2, 8, args),
+            }
         }
     }
 
@@ -647,22 +825,39 @@ mod avx512 {
         rows: Range<usize>,
         out: *mut f32,
         out_stride: usize,
+        stream: bool,
     ) {
+        let args = (w, cols, x, x_stride, rows, out, out_stride, stream);
+        // R x NB accumulators, R weight vectors, 1 input vector.
         // SAFETY: forwarded bounds.
-        unsafe { dispatch!(f32_tile, nb, (w, cols, x, x_stride, rows, out, out_stride)) }
+        unsafe {
+            match nb {
+                1 => tiles!(f32_tile, 8, 1, args),
+                2 => tiles!(f32_tile, 6, 2, args),
+                3 => tiles!(f32_tile, 4, 3, args),
+                4 => tiles!(f32_tile, 4, 4, args),
+                5 => tiles!(f32_tile, 2, 5, args),
+                6 => tiles!(f32_tile, 2, 6, args),
+                7 => tiles!(f32_tile, 2, 7, args),
+                _ => tiles!(f32_tile, 2, 8, args),
+            }
+        }
     }
 
-    /// Rows `j..j + R` of bf16 pair weights against `NB` prepared input rows.
+    /// Rows `j + r * gap` (r < R) of bf16 pair weights against `NB` prepared input rows; output
+    /// `(b, r)` at `out + b * out_stride + r * gap`.
     ///
     /// # Safety
     /// The rows exist (`stride` pair words each, a multiple of 16), the inputs hold
-    /// `2 * stride` values per row (`x_stride`), and `out` has room for `NB` rows of `R`.
+    /// `2 * stride` values per row (`x_stride`), and `out` has room for these outputs.
+    #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn bf16_tile<const R: usize, const NB: usize>(
+    unsafe fn bf16_tile<const R: usize, const NB: usize, const STREAM: bool>(
         w: *const u32,
         stride: usize,
         j: usize,
+        gap: usize,
         x: *const f32,
         x_stride: usize,
         out: *mut f32,
@@ -675,13 +870,11 @@ mod avx512 {
             let mut even = [_mm512_setzero_ps(); R];
             let mut odd = [_mm512_setzero_ps(); R];
             for r in 0..R {
-                let at = (j + r) * stride + block * 16;
-                // SAFETY: pair words block * 16 .. + 16 of row j + r exist.
+                let at = (j + r * gap) * stride + block * 16;
+                // SAFETY: pair words block * 16 .. + 16 of row j + r * gap exist.
                 let v = unsafe { _mm512_loadu_si512(w.add(at) as *const __m512i) };
-                // The same line PREFETCH_TILES tiles on: a hint, valid for any address.
-                _mm_prefetch::<_MM_HINT_T0>(
-                    w.wrapping_add(at + PREFETCH_TILES * R * stride) as *const i8
-                );
+                // PREFETCH_BYTES on in this row's stream: a hint, valid for any address.
+                prefetch::<STREAM>(w.wrapping_add(at + prefetch_ahead(NB) / 4) as *const i8);
                 even[r] = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
                 odd[r] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
             }
@@ -700,22 +893,25 @@ mod avx512 {
         for r in 0..R {
             for b in 0..NB {
                 // SAFETY: (b, r) is inside the output tile.
-                unsafe { *out.add(b * out_stride + r) = _mm512_reduce_add_ps(acc[r][b]) };
+                unsafe { *out.add(b * out_stride + r * gap) = _mm512_reduce_add_ps(acc[r][b]) };
             }
         }
     }
 
-    /// Rows `j..j + R` of row-major f32 weights (`cols` per row) against `NB` input rows.
+    /// Rows `j + r * gap` (r < R) of row-major f32 weights (`cols` per row) against `NB` input
+    /// rows; output `(b, r)` at `out + b * out_stride + r * gap`.
     ///
     /// # Safety
     /// The rows exist, the inputs hold `cols` values per row (`x_stride`), and `out` has room
-    /// for `NB` rows of `R`.
+    /// for these outputs.
+    #[allow(clippy::too_many_arguments)]
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn f32_tile<const R: usize, const NB: usize>(
+    unsafe fn f32_tile<const R: usize, const NB: usize, const STREAM: bool>(
         w: *const f32,
         cols: usize,
         j: usize,
+        gap: usize,
         x: *const f32,
         x_stride: usize,
         out: *mut f32,
@@ -727,13 +923,11 @@ mod avx512 {
         while k < body {
             let mut wv = [_mm512_setzero_ps(); R];
             for r in 0..R {
-                let at = (j + r) * cols + k;
-                // SAFETY: values k .. k + 16 of row j + r exist.
+                let at = (j + r * gap) * cols + k;
+                // SAFETY: values k .. k + 16 of row j + r * gap exist.
                 wv[r] = unsafe { _mm512_loadu_ps(w.add(at)) };
                 // A hint, valid for any address (see bf16_tile).
-                _mm_prefetch::<_MM_HINT_T0>(
-                    w.wrapping_add(at + PREFETCH_TILES * R * cols) as *const i8
-                );
+                prefetch::<STREAM>(w.wrapping_add(at + prefetch_ahead(NB) / 4) as *const i8);
             }
             for b in 0..NB {
                 // SAFETY: values k .. k + 16 of input row b exist.
@@ -749,10 +943,10 @@ mod avx512 {
                 let mut sum = _mm512_reduce_add_ps(acc[r][b]);
                 for kk in body..cols {
                     // SAFETY: in bounds as above.
-                    sum += unsafe { *w.add((j + r) * cols + kk) * *x.add(b * x_stride + kk) };
+                    sum += unsafe { *w.add((j + r * gap) * cols + kk) * *x.add(b * x_stride + kk) };
                 }
                 // SAFETY: (b, r) is inside the output tile.
-                unsafe { *out.add(b * out_stride + r) = sum };
+                unsafe { *out.add(b * out_stride + r * gap) = sum };
             }
         }
     }
@@ -774,7 +968,7 @@ mod avx2 {
     //! bf16 LM head from memory: 10.7 GB/s of weights with neighbouring rows, about 20 with six
     //! streams. Which rows share a tile changes nothing in the results: every output is its
     //! own row's sum, in the same order, whatever the tile.
-    use super::{Inputs, Weights};
+    use super::{Inputs, Weights, prefetch};
     use std::arch::x86_64::*;
     use std::ops::Range;
 
@@ -884,42 +1078,6 @@ mod avx2 {
         }
         for k in body..n {
             y[k] += alpha * x[k];
-        }
-    }
-
-    /// Rows `rows` in tiles of `$r` weight rows `gap` apart (one stream per tile row over its
-    /// `$r`-th of the range; see the module doc), then the rows left over one at a time, against
-    /// `$nb` inputs.
-    macro_rules! tiles {
-        ($tile:ident, $r:expr, $nb:expr, $args:expr) => {{
-            let (w, ws, x, xs, rows, out, os, stream) = $args;
-            if stream {
-                tiles!(@walk $tile, $r, $nb, true, (w, ws, x, xs, rows, out, os))
-            } else {
-                tiles!(@walk $tile, $r, $nb, false, (w, ws, x, xs, rows, out, os))
-            }
-        }};
-        (@walk $tile:ident, $r:expr, $nb:expr, $stream:expr, ($w:expr, $ws:expr, $x:expr, $xs:expr, $rows:expr, $out:expr, $os:expr)) => {{
-            let gap = ($rows.end - $rows.start) / $r;
-            for i in 0..gap {
-                $tile::<$r, $nb, $stream>($w, $ws, $rows.start + i, gap, $x, $xs, $out.add(i), $os);
-            }
-            for j in $rows.start + gap * $r..$rows.end {
-                $tile::<1, $nb, $stream>($w, $ws, j, 0, $x, $xs, $out.add(j - $rows.start), $os);
-            }
-        }};
-    }
-
-    /// A prefetch of the line at `p` (a hint, valid for any address): non-temporal when the
-    /// weights stream from memory (`Inputs::stream_weights`), into L1 otherwise.
-    #[inline(always)]
-    fn prefetch<const STREAM: bool>(p: *const i8) {
-        if STREAM {
-            // SAFETY: a prefetch is a hint; it never faults, whatever the address.
-            unsafe { _mm_prefetch::<_MM_HINT_NTA>(p) }
-        } else {
-            // SAFETY: as above.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p) }
         }
     }
 
@@ -1187,7 +1345,12 @@ mod tests {
                     inputs.prepare(&x, batch, cols, bf16);
                     inputs.stream_weights(rows % 2 == 1);
                     let want = reference(&w, &x, rows, cols, batch, bf16);
-                    for kernel in [Kernel::Portable, Kernel::Avx2, Kernel::Avx512] {
+                    for kernel in [
+                        Kernel::Portable,
+                        Kernel::Avx2,
+                        Kernel::Avx512,
+                        Kernel::Avx512Bf16,
+                    ] {
                         if !kernel.available() {
                             eprintln!(
                                 "skipped: the {} kernel is not available on this CPU",
@@ -1251,7 +1414,12 @@ mod tests {
                         cols,
                     }
                 };
-                for kernel in [Kernel::Portable, Kernel::Avx2, Kernel::Avx512] {
+                for kernel in [
+                    Kernel::Portable,
+                    Kernel::Avx2,
+                    Kernel::Avx512,
+                    Kernel::Avx512Bf16,
+                ] {
                     if !kernel.available() {
                         eprintln!(
                             "skipped: the {} kernel is not available on this CPU",
