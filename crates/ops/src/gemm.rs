@@ -330,9 +330,9 @@ pub fn product(
             };
             let c = &mut c[..m * n];
             if accumulate {
-                let mut fresh = vec![0f32; m * n];
-                bf16::matmul_with(kernel, &pa, &pb, &mut fresh);
-                c.iter_mut().zip(fresh).for_each(|(acc, v)| *acc += v);
+                // The kernels add C to the finished sum: the same single rounding as adding
+                // a separately computed product.
+                bf16::matmul_acc_with(kernel, &pa, &pb, c);
             } else {
                 bf16::matmul_with(kernel, &pa, &pb, c);
             }
