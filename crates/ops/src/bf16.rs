@@ -286,13 +286,127 @@ mod convert {
 
     wide!(bits_generic, bits_avx512, bits_avx2, bits, (src: &[f32], dst: &mut [u16]));
     wide!(pairs_generic, pairs_avx512, pairs_avx2, pairs, (lo: &[f32], hi: Option<&[f32]>, dst: &mut [u32]));
-    wide!(
-        a_cols_block_generic,
-        a_cols_block_avx512,
-        a_cols_block_avx2,
-        a_cols_block,
-        (src: &[f32], k: usize, m: usize, first: usize, kp: usize, dst: &mut [u32])
-    );
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn a_cols_block_avx2(
+        src: &[f32],
+        k: usize,
+        m: usize,
+        first: usize,
+        kp: usize,
+        dst: &mut [u32],
+    ) {
+        a_cols_block_generic(src, k, m, first, kp, dst)
+    }
+
+    /// `PackedA::from_cols` for one block of rows (see `a_cols_block_generic`).
+    pub(super) fn a_cols_block(
+        src: &[f32],
+        k: usize,
+        m: usize,
+        first: usize,
+        kp: usize,
+        dst: &mut [u32],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        match width() {
+            // SAFETY: the CPU has AVX-512F/BW/VL (`width`).
+            2 => return unsafe { a_cols_block_avx512(src, k, m, first, kp, dst) },
+            // SAFETY: the CPU has AVX2 (`width`).
+            1 => return unsafe { a_cols_block_avx2(src, k, m, first, kp, dst) },
+            _ => {}
+        }
+        a_cols_block_generic(src, k, m, first, kp, dst)
+    }
+
+    /// Full blocks of 16 rows: 16 pairs of the contraction at a time, rounded and paired in
+    /// registers, then transposed (16 x 16 words) so that each row's 16 words are one store.
+    /// A partial block (the last, when m is not a multiple of 16) takes the generic loop.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    fn a_cols_block_avx512(
+        src: &[f32],
+        k: usize,
+        m: usize,
+        first: usize,
+        kp: usize,
+        dst: &mut [u32],
+    ) {
+        use std::arch::x86_64::*;
+        if dst.len() != 16 * kp {
+            return a_cols_block_generic(src, k, m, first, kp, dst);
+        }
+        assert!(first + 16 <= m && src.len() >= k * m && kp % 16 == 0 && kp >= k.div_ceil(2));
+        let one = _mm512_set1_epi32(1);
+        let bias = _mm512_set1_epi32(0x7fff);
+        let abs_mask = _mm512_set1_epi32(0x7fff_ffff);
+        let inf = _mm512_set1_epi32(0x7f80_0000);
+        let quiet_bit = _mm512_set1_epi32(0x40);
+        // bf16 bits (low 16 bits of each lane) of 16 values: `bits_branchless` in lanes.
+        let round = |p: *const f32| {
+            // SAFETY: the caller passes 16 readable values.
+            let bits = _mm512_castps_si512(unsafe { _mm512_loadu_ps(p) });
+            let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), one);
+            let rounded =
+                _mm512_srli_epi32::<16>(_mm512_add_epi32(bits, _mm512_add_epi32(bias, lsb)));
+            let nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, abs_mask), inf);
+            let quiet = _mm512_or_si512(_mm512_srli_epi32::<16>(bits), quiet_bit);
+            _mm512_mask_blend_epi32(nan, rounded, quiet)
+        };
+        let pairs = k.div_ceil(2);
+        let base = src.as_ptr();
+        let mut j0 = 0;
+        while j0 < pairs {
+            let mut v = [_mm512_setzero_si512(); 16];
+            for (jj, vj) in v.iter_mut().enumerate() {
+                let j = j0 + jj;
+                if j >= pairs {
+                    break;
+                }
+                // SAFETY: rows 2j (and 2j + 1 when < k) of src have columns first..first + 16.
+                let lo = round(unsafe { base.add(2 * j * m + first) });
+                let hi = if 2 * j + 1 < k {
+                    round(unsafe { base.add((2 * j + 1) * m + first) })
+                } else {
+                    _mm512_setzero_si512()
+                };
+                *vj = _mm512_or_si512(lo, _mm512_slli_epi32::<16>(hi));
+            }
+            // v[a] lane b = word (row b, pair j0 + a); transpose so row b's 16 words are one
+            // vector. After the 32- and 64-bit unpacks, u[4i + c] holds, in 128-bit lane L,
+            // pairs 4i..4i + 4 of row 4L + c.
+            let mut t = [_mm512_setzero_si512(); 16];
+            for i in 0..8 {
+                t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+                t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+            }
+            let mut u = [_mm512_setzero_si512(); 16];
+            for i in 0..4 {
+                u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+                u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+                u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+                u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+            }
+            for c in 0..4 {
+                let p0 = _mm512_shuffle_i32x4::<0x44>(u[c], u[4 + c]);
+                let p1 = _mm512_shuffle_i32x4::<0xEE>(u[c], u[4 + c]);
+                let q0 = _mm512_shuffle_i32x4::<0x44>(u[8 + c], u[12 + c]);
+                let q1 = _mm512_shuffle_i32x4::<0xEE>(u[8 + c], u[12 + c]);
+                let rows = [
+                    _mm512_shuffle_i32x4::<0x88>(p0, q0),
+                    _mm512_shuffle_i32x4::<0xDD>(p0, q0),
+                    _mm512_shuffle_i32x4::<0x88>(p1, q1),
+                    _mm512_shuffle_i32x4::<0xDD>(p1, q1),
+                ];
+                for (l, row) in rows.into_iter().enumerate() {
+                    let r = 4 * l + c;
+                    // SAFETY: row r < 16 of the block has kp >= j0 + 16 words.
+                    unsafe { _mm512_storeu_si512(dst.as_mut_ptr().add(r * kp + j0).cast(), row) };
+                }
+            }
+            j0 += 16;
+        }
+    }
 
     /// 2: AVX-512 F/BW/VL, 1: AVX2, 0: neither (or lowered by `STOKE_SIMD`).
     #[cfg(target_arch = "x86_64")]
@@ -1467,7 +1581,12 @@ mod tests {
     fn packs_hold_the_rounded_values_in_their_layouts() {
         // Odd depths (a padded last pair), partial panels and row blocks.
         for (rows, k) in [(1, 1), (5, 7), (17, 33), (70, 64), (130, 77)] {
-            let a = values(rows * k, 0.7);
+            let mut a = values(rows * k, 0.7);
+            // Specials where the vector rounding has its own lanes for them.
+            let len = a.len();
+            a[len / 2] = f32::NAN;
+            a[len - 1] = f32::INFINITY;
+            a[len / 3] = f32::from_bits(0x7f80_0001);
             let at = transpose(&a, rows, k);
             let from_rows = PackedA::from_rows(&a, rows, k);
             let from_cols = PackedA::from_cols(&at, k, rows);
