@@ -336,7 +336,7 @@ mod convert {
         if dst.len() != 16 * kp {
             return a_cols_block_generic(src, k, m, first, kp, dst);
         }
-        assert!(first + 16 <= m && src.len() >= k * m && kp % 16 == 0 && kp >= k.div_ceil(2));
+        assert!(first + 16 <= m && src.len() >= k * m && kp.is_multiple_of(16) && kp >= k.div_ceil(2));
         let one = _mm512_set1_epi32(1);
         let bias = _mm512_set1_epi32(0x7fff);
         let abs_mask = _mm512_set1_epi32(0x7fff_ffff);
@@ -366,6 +366,7 @@ mod convert {
                 // SAFETY: rows 2j (and 2j + 1 when < k) of src have columns first..first + 16.
                 let lo = round(unsafe { base.add(2 * j * m + first) });
                 let hi = if 2 * j + 1 < k {
+                    // SAFETY: as above, row 2j + 1 < k.
                     round(unsafe { base.add((2 * j + 1) * m + first) })
                 } else {
                     _mm512_setzero_si512()
