@@ -256,6 +256,8 @@ mod convert {
         }
     }
 
+    /// `$public`: `$generic` compiled for AVX2 (`$avx2`) and for AVX-512 (`$avx512`, generated
+    /// too unless the `custom` form names a hand-written one), picked by `width()` per call.
     macro_rules! wide {
         ($generic:ident, $avx512:ident, $avx2:ident, $public:ident, ($($arg:ident: $ty:ty),*)) => {
             #[cfg(target_arch = "x86_64")]
@@ -264,6 +266,9 @@ mod convert {
                 $generic($($arg),*)
             }
 
+            wide!(custom $generic, $avx512, $avx2, $public, ($($arg: $ty),*));
+        };
+        (custom $generic:ident, $avx512:ident, $avx2:ident, $public:ident, ($($arg:ident: $ty:ty),*)) => {
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx2")]
             fn $avx2($($arg: $ty),*) {
@@ -286,38 +291,14 @@ mod convert {
 
     wide!(bits_generic, bits_avx512, bits_avx2, bits, (src: &[f32], dst: &mut [u16]));
     wide!(pairs_generic, pairs_avx512, pairs_avx2, pairs, (lo: &[f32], hi: Option<&[f32]>, dst: &mut [u32]));
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    fn a_cols_block_avx2(
-        src: &[f32],
-        k: usize,
-        m: usize,
-        first: usize,
-        kp: usize,
-        dst: &mut [u32],
-    ) {
-        a_cols_block_generic(src, k, m, first, kp, dst)
-    }
-
-    /// `PackedA::from_cols` for one block of rows (see `a_cols_block_generic`).
-    pub(super) fn a_cols_block(
-        src: &[f32],
-        k: usize,
-        m: usize,
-        first: usize,
-        kp: usize,
-        dst: &mut [u32],
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        match width() {
-            // SAFETY: the CPU has AVX-512F/BW/VL (`width`).
-            2 => return unsafe { a_cols_block_avx512(src, k, m, first, kp, dst) },
-            // SAFETY: the CPU has AVX2 (`width`).
-            1 => return unsafe { a_cols_block_avx2(src, k, m, first, kp, dst) },
-            _ => {}
-        }
-        a_cols_block_generic(src, k, m, first, kp, dst)
-    }
+    // `PackedA::from_cols` for one block of rows (see `a_cols_block_generic`).
+    wide!(
+        custom a_cols_block_generic,
+        a_cols_block_avx512,
+        a_cols_block_avx2,
+        a_cols_block,
+        (src: &[f32], k: usize, m: usize, first: usize, kp: usize, dst: &mut [u32])
+    );
 
     /// Full blocks of 16 rows: 16 pairs of the contraction at a time, rounded and paired in
     /// registers, then transposed (16 x 16 words) so that each row's 16 words are one store.
@@ -336,7 +317,9 @@ mod convert {
         if dst.len() != 16 * kp {
             return a_cols_block_generic(src, k, m, first, kp, dst);
         }
-        assert!(first + 16 <= m && src.len() >= k * m && kp.is_multiple_of(16) && kp >= k.div_ceil(2));
+        assert!(
+            first + 16 <= m && src.len() >= k * m && kp.is_multiple_of(16) && kp >= k.div_ceil(2)
+        );
         let one = _mm512_set1_epi32(1);
         let bias = _mm512_set1_epi32(0x7fff);
         let abs_mask = _mm512_set1_epi32(0x7fff_ffff);
