@@ -434,6 +434,26 @@ fn padded_pairs(k: usize) -> usize {
     k.div_ceil(2).div_ceil(KP_ALIGN) * KP_ALIGN
 }
 
+/// `row`'s values rounded to bf16 as pair words (`dst[i]` holds values 2i and 2i + 1; a last odd
+/// value gets a zero partner); words of `dst` past `row.len().div_ceil(2)` are left as they are.
+/// The row layout of `PackedA`, and the decode kernels' `vdpbf16ps` inputs.
+pub(crate) fn pair_words(row: &[f32], dst: &mut [u32]) {
+    let k = row.len();
+    // A row's pair words are its bf16 values in order.
+    #[cfg(target_endian = "little")]
+    convert::bits(row, &mut convert::halves(dst)[..k]);
+    #[cfg(not(target_endian = "little"))]
+    {
+        let (pairs, rest) = row.split_at(k & !1);
+        for (d, two) in dst.iter_mut().zip(pairs.chunks_exact(2)) {
+            *d = pair(two[0], two[1]);
+        }
+        if let Some(&last) = rest.first() {
+            dst[k / 2] = pair(last, 0.0);
+        }
+    }
+}
+
 impl PackedA {
     fn zeroed(m: usize, k: usize) -> Self {
         let kp = padded_pairs(k);
@@ -455,21 +475,7 @@ impl PackedA {
             packed.data[..m * kp]
                 .par_chunks_mut(kp)
                 .zip(src.par_chunks(k))
-                .for_each(|(dst, row)| {
-                    // A row's pair words are its bf16 values in order (the padding stays 0).
-                    #[cfg(target_endian = "little")]
-                    convert::bits(row, &mut convert::halves(dst)[..k]);
-                    #[cfg(not(target_endian = "little"))]
-                    {
-                        let (pairs, rest) = row.split_at(k & !1);
-                        for (d, two) in dst.iter_mut().zip(pairs.chunks_exact(2)) {
-                            *d = pair(two[0], two[1]);
-                        }
-                        if let Some(&last) = rest.first() {
-                            dst[k / 2] = pair(last, 0.0);
-                        }
-                    }
-                });
+                .for_each(|(dst, row)| pair_words(row, dst));
         }
         packed
     }

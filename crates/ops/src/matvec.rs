@@ -30,8 +30,6 @@
 use std::ops::Range;
 use std::sync::OnceLock;
 
-use crate::bf16::round_bf16;
-
 /// A weight matrix `W[rows, cols]` for `matvec`.
 #[derive(Debug, Clone, Copy)]
 pub enum Weights<'a> {
@@ -146,28 +144,20 @@ impl Inputs {
             .chunks_exact_mut(stride / 2)
             .zip(x.chunks_exact(cols))
         {
-            for (p, out) in dst.iter_mut().enumerate().take(cols.div_ceil(2)) {
-                let lo = crate::bf16::bf16_bits(row[2 * p]) as u32;
-                let hi = row
-                    .get(2 * p + 1)
-                    .map_or(0, |&v| crate::bf16::bf16_bits(v) as u32);
-                *out = lo | hi << 16;
-            }
+            crate::bf16::pair_words(row, dst);
         }
+        // The FMA kernels' layout from the same rounded values: per 32-block the 16 even
+        // elements (a pair word's low half, shifted up) then the 16 odd ones (its high half).
         self.data.clear();
         self.data.resize(batch * stride, 0.0);
-        for (dst, row) in self.data.chunks_exact_mut(stride).zip(x.chunks_exact(cols)) {
-            for (block, out) in dst.chunks_exact_mut(32).enumerate() {
-                let base = block * 32;
-                for i in 0..16 {
-                    let even = base + 2 * i;
-                    if even < cols {
-                        out[i] = round_bf16(row[even]);
-                    }
-                    if even + 1 < cols {
-                        out[16 + i] = round_bf16(row[even + 1]);
-                    }
-                }
+        for (dst, words) in self
+            .data
+            .chunks_exact_mut(32)
+            .zip(self.pairs.chunks_exact(16))
+        {
+            for (i, &word) in words.iter().enumerate() {
+                dst[i] = f32::from_bits(word << 16);
+                dst[16 + i] = f32::from_bits(word & 0xffff_0000);
             }
         }
     }
@@ -1312,7 +1302,13 @@ mod tests {
         batch: usize,
         bf16: bool,
     ) -> Vec<f64> {
-        let r = |v: f32| if bf16 { round_bf16(v) as f64 } else { v as f64 };
+        let r = |v: f32| {
+            if bf16 {
+                crate::bf16::round_bf16(v) as f64
+            } else {
+                v as f64
+            }
+        };
         let mut out = vec![0.0; batch * rows];
         for b in 0..batch {
             for j in 0..rows {
