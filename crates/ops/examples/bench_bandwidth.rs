@@ -128,7 +128,12 @@ fn main() -> Result<(), String> {
     }
     let ceiling = args
         .bytes_per_token
-        .map(|b| format!(", \"batch1_tokens_per_s_ceiling\": {:.1}", best_all * 1e9 / b))
+        .map(|b| {
+            format!(
+                ", \"batch1_tokens_per_s_ceiling\": {:.1}",
+                best_all * 1e9 / b
+            )
+        })
         .unwrap_or_default();
     println!(
         "{{\"best_gb_per_s\": {best_all:.1}{ceiling}, \"mib\": {}, \"check\": {}}}",
