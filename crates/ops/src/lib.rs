@@ -63,7 +63,8 @@ pub const ATTENTION_ROW_BLOCK: usize = attention_rows::QB;
 pub use attention::{attention, attention_with};
 pub use linear::linear;
 pub use lm_head::{
-    linear_target_logprobs, linear_target_logprobs_chunked, linear_target_logprobs_with,
+    linear_target_logprob_sum, linear_target_logprobs, linear_target_logprobs_chunked,
+    linear_target_logprobs_with,
 };
 pub use loss::{cross_entropy, token_logprobs};
 pub use norm::rms_norm;

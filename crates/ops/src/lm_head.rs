@@ -65,6 +65,78 @@ pub fn linear_target_logprobs_chunked(
     head(hidden, weight, targets, precision, true)
 }
 
+/// `sum_n log softmax(hidden @ weight^T)[n, targets[n]]` as a scalar graph node, with the
+/// per-row log-probabilities as plain values beside it (for metrics; not in the graph).
+///
+/// Why: a loss that is a plain sum of the log-probabilities (pretraining, SFT) hands the head's
+/// backward one scalar, so its gradients can be formed in the forward pass, chunk by chunk while
+/// the logits are at hand, and scaled in the backward. `linear_target_logprobs` must instead
+/// recompute every chunk's logits in its backward (one more `N x V x H` product, a quarter of
+/// the head's arithmetic) since per-row gradients are known only then. Liger's fused linear
+/// cross-entropy does the same on GPUs. Values equal `linear_target_logprobs_with(..).sum_all()`
+/// up to summation order, and the gradients up to the rounding of `dlogits` to bf16 before the
+/// scale instead of after.
+///
+/// What it is not: a change of precision policy (only the bf16 head takes this route; f32 and
+/// f64 return the per-row op's sum), or memory-free: when a gradient is wanted the head's
+/// gradients (`[V, H]` and `[N, H]`, f32) are held from forward to backward, which is where the
+/// backward would create them anyway. No `[N, V]` tensor larger than a chunk exists.
+pub fn linear_target_logprob_sum(
+    hidden: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    precision: Precision,
+) -> Result<(Tensor, Vec<f32>)> {
+    let fused = hidden.device().is_cpu()
+        && weight.device().is_cpu()
+        && hidden.dtype() == DType::F32
+        && weight.dtype() == DType::F32
+        && uses_bf16(precision, &[hidden, weight]);
+    if !fused {
+        let logprobs = linear_target_logprobs_with(hidden, weight, targets, precision)?;
+        let values = logprobs.detach().to_dtype(DType::F32)?.to_vec1()?;
+        return Ok((logprobs.sum_all()?, values));
+    }
+    let (rows, width) = hidden.dims2()?;
+    let (vocab, weight_width) = weight.dims2()?;
+    if width != weight_width {
+        candle_core::bail!(
+            "linear_target_logprob_sum: hidden {:?} and weight {:?} disagree on the hidden size",
+            hidden.dims(),
+            weight.dims()
+        )
+    }
+    let ids: Vec<u32> = targets.to_dtype(DType::U32)?.flatten_all()?.to_vec1()?;
+    if ids.len() != rows {
+        candle_core::bail!(
+            "linear_target_logprob_sum: {} targets for {rows} rows",
+            ids.len()
+        )
+    }
+    if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+        candle_core::bail!(
+            "linear_target_logprob_sum: target {bad} out of range for vocabulary {vocab}"
+        )
+    }
+    let logprobs = std::sync::Arc::new(Mutex::new(None));
+    let op = Bf16TargetLogprobSum {
+        head: ChunkedBf16TargetLogprobs {
+            chunk: chunk_rows(vocab),
+            targets: ids,
+        },
+        want_grads: hidden.track_op() || weight.track_op(),
+        saved: Mutex::new(None),
+        logprobs: logprobs.clone(),
+    };
+    let sum = hidden.contiguous()?.apply_op2(&weight.contiguous()?, op)?;
+    let values = logprobs
+        .lock()
+        .map_err(|_| candle_core::Error::Msg("linear_target_logprob_sum: poisoned lock".into()))?
+        .take()
+        .unwrap_or_default();
+    Ok((sum, values))
+}
+
 fn head(
     hidden: &Tensor,
     weight: &Tensor,
@@ -289,60 +361,105 @@ impl ChunkedBf16TargetLogprobs {
         Ok(())
     }
 
-    /// The backward on the rounded-f32 route: `(dhidden, dW)`, with `dW = dlogits^T hidden`
-    /// accumulated chunk by chunk straight into `[V, H]`.
-    fn backward_rounded(
+    /// `(dhidden [N, H], dW [V, H])` for row gradients `grad`, chunk by chunk: the chunk's
+    /// logits; their target log-probabilities (`logp`, from the forward, or computed here and
+    /// appended to `computed` when `logp` is None); in place `dlogits = g * (onehot - softmax)`;
+    /// then `dhidden = dlogits W` and `dW += dlogits^T hidden`, on either bf16 route.
+    fn gradients(
         &self,
         hidden: &[f32],
         weight: &[f32],
         width: usize,
-        logp: &[f32],
+        logp: Option<&[f32]>,
         grad: &[f32],
+        computed: &mut Vec<f32>,
     ) -> Result<(Vec<f32>, Vec<f32>)> {
         let rows = self.targets.len();
         let vocab = weight.len() / width.max(1);
-        let head = Head::Rounded {
-            weight: gemm::rounded(weight),
-            vocab,
-        };
-        let Head::Rounded { weight: w, .. } = &head else {
-            unreachable!("built as rounded")
-        };
-        let h = gemm::rounded(hidden);
+        let head = Head::new(weight, vocab, width);
         let mut dhidden = vec![0.0f32; rows * width];
-        let mut dweight = vec![0.0f32; vocab * width];
         let mut first_chunk = true;
+        // The rounded route accumulates dW [V, H] directly; the packed one dW^T [H, V], whose
+        // pack of dlogits is the cheaper one, transposed once at the end.
+        let mut dweight = vec![0.0f32; vocab * width];
+        let rounded_weight;
+        let rounded_hidden;
+        let (head_t, h_rounded, w_rounded) = match &head {
+            Head::Packed(_) => (Some(PackedB::from_cols(weight, vocab, width)), None, None),
+            Head::Rounded { weight: w, .. } => {
+                rounded_weight = w;
+                rounded_hidden = gemm::rounded(hidden);
+                (None, Some(&rounded_hidden), Some(rounded_weight))
+            }
+        };
         self.for_each_chunk(hidden, width, &head, |first, logits| {
             let here = logits.len() / vocab;
+            let targets = &self.targets[first..first + here];
+            let chunk_logp = match logp {
+                Some(lp) => std::borrow::Cow::Borrowed(&lp[first..first + here]),
+                None => {
+                    let lp = target_logprobs_rows(logits, vocab, targets);
+                    computed.extend_from_slice(&lp);
+                    std::borrow::Cow::Owned(lp)
+                }
+            };
             logits_to_grad_in_place(
                 logits,
                 vocab,
-                &self.targets[first..first + here],
-                &logp[first..first + here],
+                targets,
+                &chunk_logp,
                 &grad[first..first + here],
             );
-            let dlogits = gemm::rounded(logits);
-            gemm::product_exact(
-                here,
-                width,
-                vocab,
-                gemm::Operand::plain(&dlogits),
-                gemm::Operand::plain(w),
-                &mut dhidden[first * width..(first + here) * width],
-                false,
-            );
-            gemm::product_exact(
-                vocab,
-                width,
-                here,
-                gemm::Operand::t(&dlogits),
-                gemm::Operand::plain(&h[first * width..(first + here) * width]),
-                &mut dweight,
-                !first_chunk,
-            );
+            let dh = &mut dhidden[first * width..(first + here) * width];
+            if let (Some(head_t), Head::Packed(_)) = (&head_t, &head) {
+                let dlogits = PackedA::from_rows(logits, here, vocab);
+                bf16::matmul_into(&dlogits, head_t, dh);
+                let h_t =
+                    PackedA::from_cols(&hidden[first * width..(first + here) * width], here, width);
+                let dlogits_t = PackedB::from_cols(logits, here, vocab);
+                // dW^T [H, V] += hidden^T dlogits, kept in `dweight`'s buffer.
+                if first_chunk {
+                    bf16::matmul_into(&h_t, &dlogits_t, &mut dweight);
+                } else {
+                    bf16::matmul_acc(&h_t, &dlogits_t, &mut dweight);
+                }
+            } else if let (Some(h), Some(w)) = (h_rounded, w_rounded) {
+                let dlogits = gemm::rounded(logits);
+                gemm::product_exact(
+                    here,
+                    width,
+                    vocab,
+                    gemm::Operand::plain(&dlogits),
+                    gemm::Operand::plain(w),
+                    dh,
+                    false,
+                );
+                gemm::product_exact(
+                    vocab,
+                    width,
+                    here,
+                    gemm::Operand::t(&dlogits),
+                    gemm::Operand::plain(&h[first * width..(first + here) * width]),
+                    &mut dweight,
+                    !first_chunk,
+                );
+            }
             first_chunk = false;
             Ok(())
         })?;
+        if head_t.is_some() {
+            let dweight_t = dweight;
+            let mut transposed = vec![0.0f32; vocab * width];
+            transposed
+                .par_chunks_mut(width)
+                .enumerate()
+                .for_each(|(v, row)| {
+                    for (j, d) in row.iter_mut().enumerate() {
+                        *d = dweight_t[j * vocab + v];
+                    }
+                });
+            dweight = transposed;
+        }
         Ok((dhidden, dweight))
     }
 }
@@ -438,58 +555,114 @@ impl CustomOp2 for ChunkedBf16TargetLogprobs {
         let (vocab, _) = weight.dims2()?;
         let logp: Vec<f32> = res.detach().to_vec1()?;
         let grad: Vec<f32> = grad_res.detach().to_vec1()?;
-        if gemm::bf16_route() == gemm::Bf16Route::RoundedF32 {
-            let (dhidden, dweight) = with_f32(weight, |w| {
-                with_f32(hidden, |h| self.backward_rounded(h, w, width, &logp, &grad))
-            })???;
-            let device = hidden.device();
-            return Ok((
-                Some(Tensor::from_vec(dhidden, (rows, width), device)?),
-                Some(Tensor::from_vec(dweight, (vocab, width), device)?),
-            ));
-        }
-        let (head, head_t) = with_f32(weight, |w| {
-            (
-                Head::Packed(PackedB::from_rows(w, vocab, width)),
-                PackedB::from_cols(w, vocab, width),
-            )
-        })?;
-        let mut dhidden = vec![0.0f32; rows * width];
-        // dW^T [H, V], accumulated chunk by chunk; transposed once at the end.
-        let mut dweight_t = vec![0.0f32; width * vocab];
-        with_f32(hidden, |h| {
-            self.for_each_chunk(h, width, &head, |first, logits| {
-                let here = logits.len() / vocab;
-                let targets = &self.targets[first..first + here];
-                logits_to_grad_in_place(
-                    logits,
-                    vocab,
-                    targets,
-                    &logp[first..first + here],
-                    &grad[first..first + here],
-                );
-                let dlogits = PackedA::from_rows(logits, here, vocab);
-                bf16::matmul_into(
-                    &dlogits,
-                    &head_t,
-                    &mut dhidden[first * width..(first + here) * width],
-                );
-                let h_t =
-                    PackedA::from_cols(&h[first * width..(first + here) * width], here, width);
-                let dlogits_t = PackedB::from_cols(logits, here, vocab);
-                bf16::matmul_acc(&h_t, &dlogits_t, &mut dweight_t);
-                Ok(())
+        let (dhidden, dweight) = with_f32(weight, |w| {
+            with_f32(hidden, |h| {
+                self.gradients(h, w, width, Some(&logp), &grad, &mut Vec::new())
             })
-        })??;
-        let mut dweight = vec![0.0f32; vocab * width];
-        dweight
-            .par_chunks_mut(width)
-            .enumerate()
-            .for_each(|(v, row)| {
-                for (j, d) in row.iter_mut().enumerate() {
-                    *d = dweight_t[j * vocab + v];
-                }
-            });
+        })???;
+        let device = hidden.device();
+        Ok((
+            Some(Tensor::from_vec(dhidden, (rows, width), device)?),
+            Some(Tensor::from_vec(dweight, (vocab, width), device)?),
+        ))
+    }
+}
+
+/// The bf16 head's `sum_n logp[n]`, gradients formed in the forward pass (see
+/// `linear_target_logprob_sum`).
+struct Bf16TargetLogprobSum {
+    head: ChunkedBf16TargetLogprobs,
+    /// A backward may follow: form the gradients of the sum in the forward pass.
+    want_grads: bool,
+    /// `(dhidden, dW)` of the sum (row gradient 1), taken by the backward.
+    saved: Mutex<Option<(Vec<f32>, Vec<f32>)>>,
+    /// The forward's per-row log-probabilities, taken by `linear_target_logprob_sum`.
+    logprobs: std::sync::Arc<Mutex<Option<Vec<f32>>>>,
+}
+
+impl Bf16TargetLogprobSum {
+    const NAME: &'static str = "stoke-linear-target-logprob-sum-bf16";
+
+    fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>> {
+        m.lock()
+            .map_err(|_| candle_core::Error::Msg(format!("{}: poisoned lock", Self::NAME)))
+    }
+}
+
+impl CustomOp2 for Bf16TargetLogprobSum {
+    fn name(&self) -> &'static str {
+        Self::NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (CpuStorage::F32(hidden), CpuStorage::F32(weight)) = (s1, s2) else {
+            candle_core::bail!("{}: f32 only", Self::NAME)
+        };
+        let (_, width) = l1.shape().dims2()?;
+        let (vocab, _) = l2.shape().dims2()?;
+        let hidden = contiguous_slice(hidden, l1, Self::NAME)?;
+        let weight = contiguous_slice(weight, l2, Self::NAME)?;
+        let rows = self.head.targets.len();
+        let mut logp = Vec::with_capacity(rows);
+        if self.want_grads {
+            let ones = vec![1.0f32; rows];
+            let grads = self
+                .head
+                .gradients(hidden, weight, width, None, &ones, &mut logp)?;
+            *Self::lock(&self.saved)? = Some(grads);
+        } else {
+            let head = Head::new(weight, vocab, width);
+            self.head
+                .for_each_chunk(hidden, width, &head, |first, logits| {
+                    let here = logits.len() / vocab;
+                    logp.extend(target_logprobs_rows(
+                        logits,
+                        vocab,
+                        &self.head.targets[first..first + here],
+                    ));
+                    Ok(())
+                })?;
+        }
+        // Row order, in f64: the same sum whatever the chunking.
+        let sum = logp.iter().map(|&v| v as f64).sum::<f64>() as f32;
+        *Self::lock(&self.logprobs)? = Some(logp);
+        Ok((CpuStorage::F32(vec![sum]), Shape::from(())))
+    }
+
+    fn bwd(
+        &self,
+        hidden: &Tensor,
+        weight: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (rows, width) = hidden.dims2()?;
+        let (vocab, _) = weight.dims2()?;
+        let g = grad_res.detach().to_dtype(DType::F32)?.to_scalar::<f32>()?;
+        let saved = Self::lock(&self.saved)?.take();
+        let (mut dhidden, mut dweight) = match saved {
+            Some(grads) => grads,
+            // A second backward (or none was expected): form them again.
+            None => {
+                let ones = vec![1.0f32; rows];
+                with_f32(weight, |w| {
+                    with_f32(hidden, |h| {
+                        self.head
+                            .gradients(h, w, width, None, &ones, &mut Vec::new())
+                    })
+                })???
+            }
+        };
+        if g != 1.0 {
+            dhidden.par_iter_mut().for_each(|v| *v *= g);
+            dweight.par_iter_mut().for_each(|v| *v *= g);
+        }
         let device = hidden.device();
         Ok((
             Some(Tensor::from_vec(dhidden, (rows, width), device)?),
@@ -696,6 +869,113 @@ mod tests {
             let scale = max_abs_diff(w, &w.zeros_like().unwrap());
             let diff = max_abs_diff(g, w);
             assert!(diff <= 1e-2 * scale, "d{name}: {diff} at scale {scale}");
+        }
+    }
+
+    /// The summed head (gradients formed in the forward) against the per-row bf16 head's sum:
+    /// several chunks and a ragged last one, a non-unit loss scale, the per-row values beside
+    /// the sum, a second backward (recomputed), and no gradient work without tracking.
+    #[test]
+    fn the_summed_head_matches_the_per_row_head() {
+        let (rows, width, vocab) = (77, 40, 150);
+        let f = |n: usize, seed: f64, scale: f64| -> Vec<f32> {
+            values(n, seed, scale)
+                .into_iter()
+                .map(|v| v as f32)
+                .collect()
+        };
+        let hidden = Var::from_vec(f(rows * width, 0.3, 1.0), (rows, width), &Device::Cpu).unwrap();
+        let weight =
+            Var::from_vec(f(vocab * width, 1.7, 0.3), (vocab, width), &Device::Cpu).unwrap();
+        let ids: Vec<u32> = (0..rows as u32)
+            .map(|i| (i * 37 + 5) % vocab as u32)
+            .collect();
+        let chunked = |want_grads: bool| Bf16TargetLogprobSum {
+            head: ChunkedBf16TargetLogprobs {
+                targets: ids.clone(),
+                chunk: 32,
+            },
+            want_grads,
+            saved: Mutex::new(None),
+            logprobs: std::sync::Arc::new(Mutex::new(None)),
+        };
+        let op = chunked(true);
+        let values_of = op.logprobs.clone();
+        let sum = hidden
+            .as_tensor()
+            .apply_op2(weight.as_tensor(), op)
+            .unwrap();
+        let scale = -1.0 / 77.0;
+        let loss = (&sum * scale).unwrap();
+        let grads = loss.backward().unwrap();
+
+        let per_row = hidden
+            .as_tensor()
+            .apply_op2(
+                weight.as_tensor(),
+                ChunkedBf16TargetLogprobs {
+                    targets: ids.clone(),
+                    chunk: 32,
+                },
+            )
+            .unwrap();
+        let want_grads = (per_row.sum_all().unwrap() * scale)
+            .unwrap()
+            .backward()
+            .unwrap();
+        let want_values: Vec<f32> = per_row.to_vec1().unwrap();
+        let got_values = values_of.lock().unwrap().take().unwrap();
+        assert_eq!(got_values, want_values, "per-row values");
+        let want_sum: f64 = want_values.iter().map(|&v| v as f64).sum();
+        let got_sum = sum.to_scalar::<f32>().unwrap() as f64;
+        assert!(
+            (got_sum - want_sum).abs() <= 1e-6 * want_sum.abs(),
+            "{got_sum} against {want_sum}"
+        );
+        // dlogits are rounded to bf16 before the scale here and after it there: the difference
+        // is bf16-sized relative to the gradient's scale.
+        for (name, var) in [("hidden", &hidden), ("weight", &weight)] {
+            let g = grads.get(var.as_tensor()).unwrap();
+            let w = want_grads.get(var.as_tensor()).unwrap();
+            let size = max_abs_diff(w, &w.zeros_like().unwrap());
+            let diff = max_abs_diff(g, w);
+            assert!(size > 0.0, "d{name} is all zeros");
+            assert!(diff <= 1e-2 * size, "d{name}: {diff} at scale {size}");
+        }
+        // A second backward forms the gradients again: the same values.
+        let again = loss.backward().unwrap();
+        for var in [&hidden, &weight] {
+            let first = grads.get(var.as_tensor()).unwrap();
+            let second = again.get(var.as_tensor()).unwrap();
+            assert_eq!(max_abs_diff(first, second), 0.0);
+        }
+        // Without tracking, the forward forms no gradients and gives the same sum.
+        let untracked = chunked(false);
+        let plain = hidden
+            .as_tensor()
+            .detach()
+            .apply_op2(&weight.as_tensor().detach(), untracked)
+            .unwrap();
+        assert_eq!(plain.to_scalar::<f32>().unwrap(), got_sum as f32);
+    }
+
+    /// The public entry point refuses mismatched inputs by name, on every route.
+    #[test]
+    fn the_summed_head_refuses_bad_targets() {
+        let dev = Device::Cpu;
+        let hidden = Tensor::zeros((3, 4), DType::F32, &dev).unwrap();
+        let weight = Tensor::zeros((5, 4), DType::F32, &dev).unwrap();
+        for precision in [Precision::F32, Precision::Bf16] {
+            let out_of_range = Tensor::new(&[0u32, 5, 1], &dev).unwrap();
+            let err = linear_target_logprob_sum(&hidden, &weight, &out_of_range, precision)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("out of range"), "{err}");
+            let short = Tensor::new(&[0u32, 1], &dev).unwrap();
+            let err = linear_target_logprob_sum(&hidden, &weight, &short, precision)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("targets for 3 rows"), "{err}");
         }
     }
 

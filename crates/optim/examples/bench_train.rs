@@ -11,10 +11,13 @@
 //!   fit), positions restarting at 0 per document, `document_causal_bias`, loss = masked sum of
 //!   `token_logprobs` / count over the second half of every document, backward, optimizer step.
 //!
-//! The loss head is `--loss fused` (default: `stoke_ops::linear_target_logprobs`, the LM head
-//! and the target log-probabilities as one graph node, on the hidden states of the first T - 1
-//! positions) or `--loss composed` (`Transformer::forward` logits, narrowed to T - 1 positions,
-//! then `stoke_ops::token_logprobs`), to measure the fused op against the composition.
+//! The loss head is `--loss summed` (default, as stoke-train's next-token objective:
+//! `stoke_ops::linear_target_logprob_sum` on the hidden states of the loss positions, which in
+//! bf16 forms the head's gradients in its forward pass), `--loss fused`
+//! (`stoke_ops::linear_target_logprobs`, the LM head and the target log-probabilities as one
+//! graph node, on the hidden states of the first T - 1 positions, then a masked sum) or
+//! `--loss composed` (`Transformer::forward` logits, narrowed to T - 1 positions, then
+//! `stoke_ops::token_logprobs`), to measure the fused ops against the composition.
 //!
 //! 2 warmup + 5 timed steps each; tokens/s = 8 x 256 x 5 / time (every token, masked or not).
 //! Also reports each step's pieces (forward, loss, backward, optimizer; median ms) to show where
@@ -62,7 +65,7 @@ fn main() -> BenchResult<()> {
     let mut only: Vec<String> = WORKLOADS.iter().map(|w| w.to_string()).collect();
     let mut config_path =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bench/bench_config.json");
-    let mut loss_head = LossHead::Fused;
+    let mut loss_head = LossHead::Summed;
     let mut precision = stoke_ops::Precision::F32;
     let mut checkpointing = false;
     let mut lora_rank: Option<usize> = None;
@@ -77,10 +80,14 @@ fn main() -> BenchResult<()> {
     while let Some(arg) = args.next() {
         if arg == "--loss" {
             loss_head = match args.next().as_deref() {
+                Some("summed") => LossHead::Summed,
                 Some("fused") => LossHead::Fused,
                 Some("composed") => LossHead::Composed,
                 other => {
-                    return Err(format!("--loss: expected fused or composed, got {other:?}").into());
+                    return Err(format!(
+                        "--loss: expected summed, fused or composed, got {other:?}"
+                    )
+                    .into());
                 }
             };
         } else if arg == "--precision" {
@@ -170,10 +177,19 @@ fn main() -> BenchResult<()> {
 /// How the step computes the per-token log-probabilities from the model.
 #[derive(Clone, Copy, Debug)]
 enum LossHead {
+    /// `forward_hidden`, the loss positions' rows, `linear_target_logprob_sum` with the LM head.
+    Summed,
     /// `forward_hidden`, narrow to T - 1 positions, `linear_target_logprobs` with the LM head.
     Fused,
     /// `forward` (logits), narrow to T - 1 positions, `token_logprobs`.
     Composed,
+}
+
+/// What the loss is taken from: per-position log-probabilities, or their sum over the loss
+/// positions.
+enum LossInput {
+    Rows(Tensor),
+    Sum(Tensor),
 }
 
 /// splitmix64 (Steele, Lea, Flood 2014); identical to `SplitMix64` in torch_reference.py.
@@ -335,8 +351,8 @@ fn graph_size(loss: &Tensor) -> GraphSize {
     }
 }
 
-/// With `LossHead::Fused` the "forward" piece ends at the final hidden states and the LM head
-/// is timed inside "loss".
+/// With `LossHead::Fused` or `Summed` the "forward" piece ends at the final hidden states and
+/// the LM head is timed inside "loss".
 fn full_step(
     model: &Transformer,
     optimizer: &mut Optimizer,
@@ -349,13 +365,36 @@ fn full_step(
     let start = Instant::now();
     let (ids, positions, bias) = (&inputs.ids, &inputs.positions, &inputs.bias);
     let (logprobs, forward_done) = match loss_head {
+        LossHead::Summed => {
+            let hidden = model.forward_hidden(ids, positions, bias, None)?;
+            let (b, t, width) = hidden.dims3()?;
+            let hidden = hidden.narrow(1, 0, t - 1)?.reshape((b * (t - 1), width))?;
+            let forward_done = Instant::now();
+            // The loss positions' rows only, as stoke-train scores them.
+            let rows: Vec<u32> = inputs
+                .mask
+                .to_vec1::<f32>()?
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| **m > 0.0)
+                .map(|(i, _)| i as u32)
+                .collect();
+            let index = Tensor::from_vec(rows, inputs.loss_tokens, hidden.device())?;
+            let (sum, _) = stoke_ops::linear_target_logprob_sum(
+                &hidden.index_select(&index, 0)?,
+                lm_head,
+                &inputs.targets.index_select(&index, 0)?,
+                model.precision(),
+            )?;
+            (LossInput::Sum(sum), forward_done)
+        }
         LossHead::Composed => {
             let logits = model.forward(ids, positions, bias, None)?;
             let (b, t, vocab) = logits.dims3()?;
             let predictions = logits.narrow(1, 0, t - 1)?.reshape((b * (t - 1), vocab))?;
             let forward_done = Instant::now();
             (
-                stoke_ops::token_logprobs(&predictions, &inputs.targets)?,
+                LossInput::Rows(stoke_ops::token_logprobs(&predictions, &inputs.targets)?),
                 forward_done,
             )
         }
@@ -371,11 +410,16 @@ fn full_step(
                 stoke_ops::linear_target_logprobs_with
             };
             let logprobs = head(&hidden, lm_head, &inputs.targets, model.precision())?;
-            (logprobs, forward_done)
+            (LossInput::Rows(logprobs), forward_done)
         }
     };
     pieces.forward = (forward_done - start).as_secs_f64();
-    let loss = ((logprobs * &inputs.mask)?.sum_all()?.neg()? / inputs.loss_tokens as f64)?;
+    let loss = match logprobs {
+        LossInput::Sum(sum) => (sum.neg()? / inputs.loss_tokens as f64)?,
+        LossInput::Rows(logprobs) => {
+            ((logprobs * &inputs.mask)?.sum_all()?.neg()? / inputs.loss_tokens as f64)?
+        }
+    };
     let loss_value = loss.to_scalar::<f32>()?;
     let loss_done = Instant::now();
     pieces.loss = (loss_done - forward_done).as_secs_f64();

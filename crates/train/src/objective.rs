@@ -117,6 +117,7 @@ impl Objective for NextTokenObjective {
             self.logit_softcap,
             keep_logits,
             self.track_max_logits,
+            true,
         )?
         else {
             return Ok(ObjectiveOutput {
@@ -127,8 +128,10 @@ impl Objective for NextTokenObjective {
                 figures: ForwardFigures::default(),
             });
         };
-        let nll = scored.logprobs.neg()?;
-        let nll_total = nll.sum_all()?;
+        let nll_total = match &scored.logprob_sum {
+            Some(sum) => sum.neg()?,
+            None => scored.logprobs.neg()?.sum_all()?,
+        };
         let nll_sum = scalar(&nll_total)?;
         // `keep_logits` above: the logits are there whenever the z-loss is on.
         let loss_tokens = scored.targets.dim(0)?;
@@ -689,8 +692,12 @@ pub struct ScoredTokens {
     pub logits: Option<Tensor>,
     /// [M] u32 targets.
     pub targets: Tensor,
-    /// [M] log p(target).
+    /// [M] log p(target); plain values outside the graph when `logprob_sum` is set.
     pub logprobs: Tensor,
+    /// The sum of `logprobs` as the graph node to differentiate, when asked for (`sum_only`) and
+    /// the head is the bf16 one: its gradients are then formed in the forward pass
+    /// (`stoke_ops::linear_target_logprob_sum`). None otherwise: differentiate `logprobs`.
+    pub logprob_sum: Option<Tensor>,
     /// The target ids, host side (for per-token byte counts in evaluation).
     pub target_ids: Vec<u32>,
     /// What the MoE layers routed (empty for dense models).
@@ -729,17 +736,19 @@ pub fn score_loss_tokens(
     logit_softcap: Option<f64>,
     keep_logits: bool,
 ) -> Result<Option<ScoredTokens>, TrainError> {
-    score_loss_tokens_tracked(model, batch, logit_softcap, keep_logits, false)
+    score_loss_tokens_tracked(model, batch, logit_softcap, keep_logits, false, false)
 }
 
 /// `score_loss_tokens`, also tracking each attention head's largest logit when
-/// `track_max_logits` (MuonClip).
+/// `track_max_logits` (MuonClip). With `sum_only` the caller differentiates only the sum of the
+/// log-probabilities: a bf16 model's fused head then gives it as `logprob_sum`.
 pub fn score_loss_tokens_tracked(
     model: &Transformer,
     batch: &PackedBatch,
     logit_softcap: Option<f64>,
     keep_logits: bool,
     track_max_logits: bool,
+    sum_only: bool,
 ) -> Result<Option<ScoredTokens>, TrainError> {
     let device = model.device();
     let loss_positions: Vec<u32> = batch
@@ -782,24 +791,34 @@ pub fn score_loss_tokens_tracked(
     // A model whose own logits are soft-capped (Gemma 2) scores through `lm_logits`, which caps
     // them; the fused head computes `hidden · W^T` only.
     let model_capped = model.config().final_logit_softcap.is_some();
-    let (logits, logprobs) = if keep_logits || logit_softcap.is_some() || model_capped {
+    let (logits, logprobs, logprob_sum) = if keep_logits || logit_softcap.is_some() || model_capped
+    {
         let mut logits = model.lm_logits(&hidden)?;
         if let Some(cap) = logit_softcap {
             logits = soft_cap(&logits, cap)?;
         }
         let logprobs = stoke_ops::token_logprobs(&logits, &targets)?;
-        (Some(logits), logprobs)
+        (Some(logits), logprobs, None)
+    } else if sum_only && model.precision() == stoke_types::Precision::Bf16 {
+        // One scalar to differentiate: the bf16 head forms its gradients in the forward pass
+        // instead of recomputing every chunk's logits in the backward.
+        let head = model.lm_head_weight();
+        let (sum, values) =
+            stoke_ops::linear_target_logprob_sum(&hidden, head, &targets, model.precision())?;
+        let logprobs = Tensor::from_vec(values, target_ids.len(), device)?;
+        (None, logprobs, Some(sum))
     } else {
         // The LM head and the target log-probs as one graph node: candle's backward then never
         // zero-fills and accumulates an [M, V] logits gradient (bench/README.md, issue 5).
         let head = model.lm_head_weight();
         let logprobs = crate::lm_head_logprobs(model, &hidden, head, &targets)?;
-        (None, logprobs)
+        (None, logprobs, None)
     };
     Ok(Some(ScoredTokens {
         logits,
         targets,
         logprobs,
+        logprob_sum,
         target_ids,
         routings,
         max_logits,

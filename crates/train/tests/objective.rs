@@ -298,3 +298,47 @@ fn mtp_predictions_stay_inside_their_documents() {
         packed.figures.mtp_nll_sum
     );
 }
+
+/// In bf16 the next-token objective differentiates the summed head
+/// (`stoke_ops::linear_target_logprob_sum`, gradients formed in the forward pass). Its loss and
+/// every parameter's gradient match the per-row head's (`score_loss_tokens`, then a sum) up to
+/// bf16 rounding, and the per-row values it reports beside the sum are that head's.
+#[test]
+fn the_bf16_objective_s_summed_head_matches_the_per_row_head() {
+    let model = nano_model(9).with_precision(stoke_types::Precision::Bf16);
+    let mut rng = Rng(5);
+    let batch = batch_from_docs(&[vec![doc(&mut rng, 15), doc(&mut rng, 10)]], 28);
+    let out = NextTokenObjective::plain().loss(&model, &batch).unwrap();
+    let summed_grads = out.loss_sum.backward().unwrap();
+
+    let rows = score_loss_tokens(&model, &batch, None, false)
+        .unwrap()
+        .unwrap();
+    assert!(rows.logprob_sum.is_none());
+    let want = rows.logprobs.neg().unwrap().sum_all().unwrap();
+    let want_grads = want.backward().unwrap();
+    let want_nll = want.to_scalar::<f32>().unwrap() as f64;
+    assert!(
+        (out.nll_sum - want_nll).abs() <= 1e-5 * want_nll.abs(),
+        "{} vs {want_nll}",
+        out.nll_sum
+    );
+    let got = common::gradient_values(&model, &summed_grads);
+    let reference = common::gradient_values(&model, &want_grads);
+    assert_eq!(got.len(), reference.len());
+    for (i, (g, w)) in got.iter().zip(&reference).enumerate() {
+        let size = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let diff = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(size > 0.0, "parameter {i} has no gradient");
+        assert!(diff <= 2e-2 * size, "parameter {i}: {diff} at scale {size}");
+    }
+
+    let summed =
+        stoke_train::objective::score_loss_tokens_tracked(&model, &batch, None, false, false, true)
+            .unwrap()
+            .unwrap();
+    assert!(summed.logprob_sum.is_some());
+    let a: Vec<f32> = summed.logprobs.to_vec1().unwrap();
+    let b: Vec<f32> = rows.logprobs.to_vec1().unwrap();
+    assert_eq!(a, b);
+}
