@@ -14,7 +14,9 @@
 //! largest activations out of the graph altogether: `fused_attention` (what `attention` runs on
 //! the CPU) and `lm_head::linear_target_logprobs` (LM head + target log-probabilities; the
 //! training objective should use it instead of `forward` + `token_logprobs`). See
-//! bench/README.md, "Training (issue 5)".
+//! bench/README.md, "Training (issue 5)". Where the loss is the plain sum of the
+//! log-probabilities, `lm_head::linear_target_logprob_sum` is that op with its bf16 gradients
+//! formed in the forward pass (no logits recomputed in the backward).
 //!
 //! `block` is a whole decoder layer's forward and hand-written backward on slices (what
 //! `stoke-model` trains with: one graph node per layer, no per-op gradient buffers), and `gemm`
