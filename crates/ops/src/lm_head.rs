@@ -97,27 +97,7 @@ pub fn linear_target_logprob_sum(
         let values = logprobs.detach().to_dtype(DType::F32)?.to_vec1()?;
         return Ok((logprobs.sum_all()?, values));
     }
-    let (rows, width) = hidden.dims2()?;
-    let (vocab, weight_width) = weight.dims2()?;
-    if width != weight_width {
-        candle_core::bail!(
-            "linear_target_logprob_sum: hidden {:?} and weight {:?} disagree on the hidden size",
-            hidden.dims(),
-            weight.dims()
-        )
-    }
-    let ids: Vec<u32> = targets.to_dtype(DType::U32)?.flatten_all()?.to_vec1()?;
-    if ids.len() != rows {
-        candle_core::bail!(
-            "linear_target_logprob_sum: {} targets for {rows} rows",
-            ids.len()
-        )
-    }
-    if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-        candle_core::bail!(
-            "linear_target_logprob_sum: target {bad} out of range for vocabulary {vocab}"
-        )
-    }
+    let (_, vocab, ids) = checked_targets("linear_target_logprob_sum", hidden, weight, targets)?;
     let logprobs = std::sync::Arc::new(Mutex::new(None));
     let op = Bf16TargetLogprobSum {
         head: ChunkedBf16TargetLogprobs {
@@ -137,6 +117,33 @@ pub fn linear_target_logprob_sum(
     Ok((sum, values))
 }
 
+/// `(rows, vocab, target ids)` of a head call, after checking that hidden [N, H] and weight
+/// [V, H] agree on H and that there is one target below V per row; errors name `op`.
+fn checked_targets(
+    op: &str,
+    hidden: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+) -> Result<(usize, usize, Vec<u32>)> {
+    let (rows, width) = hidden.dims2()?;
+    let (vocab, weight_width) = weight.dims2()?;
+    if width != weight_width {
+        candle_core::bail!(
+            "{op}: hidden {:?} and weight {:?} disagree on the hidden size",
+            hidden.dims(),
+            weight.dims()
+        )
+    }
+    let ids: Vec<u32> = targets.to_dtype(DType::U32)?.flatten_all()?.to_vec1()?;
+    if ids.len() != rows {
+        candle_core::bail!("{op}: {} targets for {rows} rows", ids.len())
+    }
+    if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+        candle_core::bail!("{op}: target {bad} out of range for vocabulary {vocab}")
+    }
+    Ok((rows, vocab, ids))
+}
+
 fn head(
     hidden: &Tensor,
     weight: &Tensor,
@@ -144,27 +151,8 @@ fn head(
     precision: Precision,
     chunked: bool,
 ) -> Result<Tensor> {
-    let (rows, width) = hidden.dims2()?;
-    let (vocab, weight_width) = weight.dims2()?;
-    if width != weight_width {
-        candle_core::bail!(
-            "linear_target_logprobs: hidden {:?} and weight {:?} disagree on the hidden size",
-            hidden.dims(),
-            weight.dims()
-        )
-    }
-    let targets: Vec<u32> = targets.to_dtype(DType::U32)?.flatten_all()?.to_vec1()?;
-    if targets.len() != rows {
-        candle_core::bail!(
-            "linear_target_logprobs: {} targets for {rows} rows",
-            targets.len()
-        )
-    }
-    if let Some(bad) = targets.iter().find(|&&t| t as usize >= vocab) {
-        candle_core::bail!(
-            "linear_target_logprobs: target {bad} out of range for vocabulary {vocab}"
-        )
-    }
+    let (rows, vocab, targets) =
+        checked_targets("linear_target_logprobs", hidden, weight, targets)?;
     let fused = hidden.device().is_cpu()
         && weight.device().is_cpu()
         && hidden.dtype() == weight.dtype()
@@ -335,6 +323,23 @@ struct ChunkedBf16TargetLogprobs {
 impl ChunkedBf16TargetLogprobs {
     const NAME: &'static str = "stoke-linear-target-logprobs-bf16";
 
+    /// The target log-probabilities of every row, chunk by chunk.
+    fn logprobs(&self, hidden: &[f32], weight: &[f32], width: usize) -> Result<Vec<f32>> {
+        let vocab = weight.len() / width.max(1);
+        let head = Head::new(weight, vocab, width);
+        let mut out = Vec::with_capacity(self.targets.len());
+        self.for_each_chunk(hidden, width, &head, |first, logits| {
+            let here = logits.len() / vocab;
+            out.extend(target_logprobs_rows(
+                logits,
+                vocab,
+                &self.targets[first..first + here],
+            ));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
     /// Calls `f(first_row, logits)` for each chunk of rows, `logits` `[rows, V]` row-major.
     fn for_each_chunk(
         &self,
@@ -464,6 +469,25 @@ impl ChunkedBf16TargetLogprobs {
     }
 }
 
+/// The f32 hidden `[N, H]` and weight `[V, H]` of a bf16 head op's inputs, contiguous, and H.
+fn head_slices<'a>(
+    name: &str,
+    s1: &'a CpuStorage,
+    l1: &Layout,
+    s2: &'a CpuStorage,
+    l2: &Layout,
+) -> Result<(&'a [f32], &'a [f32], usize)> {
+    let (CpuStorage::F32(hidden), CpuStorage::F32(weight)) = (s1, s2) else {
+        candle_core::bail!("{name}: f32 only")
+    };
+    let (_, width) = l1.shape().dims2()?;
+    Ok((
+        contiguous_slice(hidden, l1, name)?,
+        contiguous_slice(weight, l2, name)?,
+        width,
+    ))
+}
+
 /// The LM head's weight `[V, H]` in the form the bf16 route multiplies (`gemm::bf16_route`):
 /// packed for `bf16`'s kernels, or rounded to bf16 values for the f32 kernel.
 enum Head {
@@ -524,23 +548,8 @@ impl CustomOp2 for ChunkedBf16TargetLogprobs {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (CpuStorage::F32(hidden), CpuStorage::F32(weight)) = (s1, s2) else {
-            candle_core::bail!("{}: f32 only", Self::NAME)
-        };
-        let (_, width) = l1.shape().dims2()?;
-        let (vocab, _) = l2.shape().dims2()?;
-        let hidden = contiguous_slice(hidden, l1, Self::NAME)?;
-        let head = Head::new(contiguous_slice(weight, l2, Self::NAME)?, vocab, width);
-        let mut out = Vec::with_capacity(self.targets.len());
-        self.for_each_chunk(hidden, width, &head, |first, logits| {
-            let here = logits.len() / vocab;
-            out.extend(target_logprobs_rows(
-                logits,
-                vocab,
-                &self.targets[first..first + here],
-            ));
-            Ok(())
-        })?;
+        let (hidden, weight, width) = head_slices(Self::NAME, s1, l1, s2, l2)?;
+        let out = self.logprobs(hidden, weight, width)?;
         Ok((CpuStorage::F32(out), Shape::from(self.targets.len())))
     }
 
@@ -601,34 +610,19 @@ impl CustomOp2 for Bf16TargetLogprobSum {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (CpuStorage::F32(hidden), CpuStorage::F32(weight)) = (s1, s2) else {
-            candle_core::bail!("{}: f32 only", Self::NAME)
-        };
-        let (_, width) = l1.shape().dims2()?;
-        let (vocab, _) = l2.shape().dims2()?;
-        let hidden = contiguous_slice(hidden, l1, Self::NAME)?;
-        let weight = contiguous_slice(weight, l2, Self::NAME)?;
+        let (hidden, weight, width) = head_slices(Self::NAME, s1, l1, s2, l2)?;
         let rows = self.head.targets.len();
-        let mut logp = Vec::with_capacity(rows);
-        if self.want_grads {
+        let logp = if self.want_grads {
             let ones = vec![1.0f32; rows];
+            let mut logp = Vec::with_capacity(rows);
             let grads = self
                 .head
                 .gradients(hidden, weight, width, None, &ones, &mut logp)?;
             *Self::lock(&self.saved)? = Some(grads);
+            logp
         } else {
-            let head = Head::new(weight, vocab, width);
-            self.head
-                .for_each_chunk(hidden, width, &head, |first, logits| {
-                    let here = logits.len() / vocab;
-                    logp.extend(target_logprobs_rows(
-                        logits,
-                        vocab,
-                        &self.head.targets[first..first + here],
-                    ));
-                    Ok(())
-                })?;
-        }
+            self.head.logprobs(hidden, weight, width)?
+        };
         // Row order, in f64: the same sum whatever the chunking.
         let sum = logp.iter().map(|&v| v as f64).sum::<f64>() as f32;
         *Self::lock(&self.logprobs)? = Some(logp);
@@ -810,25 +804,33 @@ mod tests {
             .fold(0.0, f32::max)
     }
 
+    fn f32s(n: usize, seed: f64, scale: f64) -> Vec<f32> {
+        values(n, seed, scale)
+            .into_iter()
+            .map(|v| v as f32)
+            .collect()
+    }
+
+    /// f32 hidden [77, 40] and weight [150, 40] and one target per row: three chunks of 32
+    /// rows, the last one ragged.
+    fn bf16_fixture() -> (Var, Var, Vec<u32>) {
+        let (rows, width, vocab) = (77, 40, 150);
+        let hidden = Var::from_vec(f32s(rows * width, 0.3, 1.0), (rows, width), &Device::Cpu);
+        let weight = Var::from_vec(f32s(vocab * width, 1.7, 0.3), (vocab, width), &Device::Cpu);
+        let targets = (0..rows as u32)
+            .map(|i| (i * 37 + 5) % vocab as u32)
+            .collect();
+        (hidden.unwrap(), weight.unwrap(), targets)
+    }
+
     /// The chunked bf16 head (several chunks, a ragged last one) against the f32 composition
     /// on bf16-rounded operands, forward and both gradients. Only the summation order of the
     /// products differs, so the tolerance is f32-sized.
     #[test]
     fn chunked_bf16_head_matches_the_rounded_f32_composition() {
-        let (rows, width, vocab) = (77, 40, 150);
-        let f = |n: usize, seed: f64, scale: f64| -> Vec<f32> {
-            values(n, seed, scale)
-                .into_iter()
-                .map(|v| v as f32)
-                .collect()
-        };
-        let hidden = Var::from_vec(f(rows * width, 0.3, 1.0), (rows, width), &Device::Cpu).unwrap();
-        let weight =
-            Var::from_vec(f(vocab * width, 1.7, 0.3), (vocab, width), &Device::Cpu).unwrap();
-        let targets: Vec<u32> = (0..rows as u32)
-            .map(|i| (i * 37 + 5) % vocab as u32)
-            .collect();
-        let coeffs = Tensor::from_vec(f(rows, 2.1, 1.0), rows, &Device::Cpu).unwrap();
+        let (hidden, weight, targets) = bf16_fixture();
+        let rows = targets.len();
+        let coeffs = Tensor::from_vec(f32s(rows, 2.1, 1.0), rows, &Device::Cpu).unwrap();
         let op = ChunkedBf16TargetLogprobs {
             targets: targets.clone(),
             chunk: 32,
@@ -877,19 +879,7 @@ mod tests {
     /// the sum, a second backward (recomputed), and no gradient work without tracking.
     #[test]
     fn the_summed_head_matches_the_per_row_head() {
-        let (rows, width, vocab) = (77, 40, 150);
-        let f = |n: usize, seed: f64, scale: f64| -> Vec<f32> {
-            values(n, seed, scale)
-                .into_iter()
-                .map(|v| v as f32)
-                .collect()
-        };
-        let hidden = Var::from_vec(f(rows * width, 0.3, 1.0), (rows, width), &Device::Cpu).unwrap();
-        let weight =
-            Var::from_vec(f(vocab * width, 1.7, 0.3), (vocab, width), &Device::Cpu).unwrap();
-        let ids: Vec<u32> = (0..rows as u32)
-            .map(|i| (i * 37 + 5) % vocab as u32)
-            .collect();
+        let (hidden, weight, ids) = bf16_fixture();
         let chunked = |want_grads: bool| Bf16TargetLogprobSum {
             head: ChunkedBf16TargetLogprobs {
                 targets: ids.clone(),
