@@ -11,9 +11,9 @@
 //!   fit), positions restarting at 0 per document, `document_causal_bias`, loss = masked sum of
 //!   `token_logprobs` / count over the second half of every document, backward, optimizer step.
 //!
-//! The loss head is `--loss summed` (default, as stoke-train's next-token objective:
-//! `stoke_ops::linear_target_logprob_sum` on the hidden states of the loss positions, which in
-//! bf16 forms the head's gradients in its forward pass), `--loss fused`
+//! The loss head is `--loss summed` (default, as stoke-train's next-token objective; in bf16:
+//! `stoke_ops::linear_target_logprob_sum` on the hidden states of the loss positions, which
+//! forms the head's gradients in its forward pass; in f32 the same as `fused`), `--loss fused`
 //! (`stoke_ops::linear_target_logprobs`, the LM head and the target log-probabilities as one
 //! graph node, on the hidden states of the first T - 1 positions, then a masked sum) or
 //! `--loss composed` (`Transformer::forward` logits, narrowed to T - 1 positions, then
@@ -28,7 +28,7 @@
 //! ```text
 //! CARGO_TARGET_DIR=target-bench cargo build --release -p stoke-optim --example bench_train
 //! RAYON_NUM_THREADS=2 target-bench/release/examples/bench_train [--only pretrain,sft_packed]
-//!     [--loss fused|composed] [--precision f32|bf16] [--activation-checkpointing]
+//!     [--loss summed|fused|composed] [--precision f32|bf16] [--activation-checkpointing]
 //!     [--moments f32|int8] [--lora RANK] [--batch B] [--seq T] [--warmup N] [--steps N] [CONFIG.json]
 //! ```
 
@@ -365,7 +365,9 @@ fn full_step(
     let start = Instant::now();
     let (ids, positions, bias) = (&inputs.ids, &inputs.positions, &inputs.bias);
     let (logprobs, forward_done) = match loss_head {
-        LossHead::Summed => {
+        // The summed head is the trainer's route in bf16 only; f32 keeps the per-row head (and
+        // its chunked form under checkpointing), as stoke-train does.
+        LossHead::Summed if model.precision() == stoke_ops::Precision::Bf16 => {
             let hidden = model.forward_hidden(ids, positions, bias, None)?;
             let (b, t, width) = hidden.dims3()?;
             let hidden = hidden.narrow(1, 0, t - 1)?.reshape((b * (t - 1), width))?;
@@ -398,7 +400,7 @@ fn full_step(
                 forward_done,
             )
         }
-        LossHead::Fused => {
+        LossHead::Fused | LossHead::Summed => {
             let hidden = model.forward_hidden(ids, positions, bias, None)?;
             let (b, t, width) = hidden.dims3()?;
             let hidden = hidden.narrow(1, 0, t - 1)?.reshape((b * (t - 1), width))?;
