@@ -387,15 +387,10 @@ impl ChunkedBf16TargetLogprobs {
         // The rounded route accumulates dW [V, H] directly; the packed one dW^T [H, V], whose
         // pack of dlogits is the cheaper one, transposed once at the end.
         let mut dweight = vec![0.0f32; vocab * width];
-        let rounded_weight;
-        let rounded_hidden;
-        let (head_t, h_rounded, w_rounded) = match &head {
-            Head::Packed(_) => (Some(PackedB::from_cols(weight, vocab, width)), None, None),
-            Head::Rounded { weight: w, .. } => {
-                rounded_weight = w;
-                rounded_hidden = gemm::rounded(hidden);
-                (None, Some(&rounded_hidden), Some(rounded_weight))
-            }
+        // The second operand each route's backward products need beyond `head`.
+        let other = match &head {
+            Head::Packed(_) => Other::HeadT(PackedB::from_cols(weight, vocab, width)),
+            Head::Rounded { .. } => Other::Hidden(gemm::rounded(hidden)),
         };
         self.for_each_chunk(hidden, width, &head, |first, logits| {
             let here = logits.len() / vocab;
@@ -416,43 +411,50 @@ impl ChunkedBf16TargetLogprobs {
                 &grad[first..first + here],
             );
             let dh = &mut dhidden[first * width..(first + here) * width];
-            if let (Some(head_t), Head::Packed(_)) = (&head_t, &head) {
-                let dlogits = PackedA::from_rows(logits, here, vocab);
-                bf16::matmul_into(&dlogits, head_t, dh);
-                let h_t =
-                    PackedA::from_cols(&hidden[first * width..(first + here) * width], here, width);
-                let dlogits_t = PackedB::from_cols(logits, here, vocab);
-                // dW^T [H, V] += hidden^T dlogits, kept in `dweight`'s buffer.
-                if first_chunk {
-                    bf16::matmul_into(&h_t, &dlogits_t, &mut dweight);
-                } else {
-                    bf16::matmul_acc(&h_t, &dlogits_t, &mut dweight);
+            match (&head, &other) {
+                (Head::Packed(_), Other::HeadT(head_t)) => {
+                    let dlogits = PackedA::from_rows(logits, here, vocab);
+                    bf16::matmul_into(&dlogits, head_t, dh);
+                    let h_t = PackedA::from_cols(
+                        &hidden[first * width..(first + here) * width],
+                        here,
+                        width,
+                    );
+                    let dlogits_t = PackedB::from_cols(logits, here, vocab);
+                    // dW^T [H, V] += hidden^T dlogits, kept in `dweight`'s buffer.
+                    if first_chunk {
+                        bf16::matmul_into(&h_t, &dlogits_t, &mut dweight);
+                    } else {
+                        bf16::matmul_acc(&h_t, &dlogits_t, &mut dweight);
+                    }
                 }
-            } else if let (Some(h), Some(w)) = (h_rounded, w_rounded) {
-                let dlogits = gemm::rounded(logits);
-                gemm::product_exact(
-                    here,
-                    width,
-                    vocab,
-                    gemm::Operand::plain(&dlogits),
-                    gemm::Operand::plain(w),
-                    dh,
-                    false,
-                );
-                gemm::product_exact(
-                    vocab,
-                    width,
-                    here,
-                    gemm::Operand::t(&dlogits),
-                    gemm::Operand::plain(&h[first * width..(first + here) * width]),
-                    &mut dweight,
-                    !first_chunk,
-                );
+                (Head::Rounded { weight: w, .. }, Other::Hidden(h)) => {
+                    let dlogits = gemm::rounded(logits);
+                    gemm::product_exact(
+                        here,
+                        width,
+                        vocab,
+                        gemm::Operand::plain(&dlogits),
+                        gemm::Operand::plain(w),
+                        dh,
+                        false,
+                    );
+                    gemm::product_exact(
+                        vocab,
+                        width,
+                        here,
+                        gemm::Operand::t(&dlogits),
+                        gemm::Operand::plain(&h[first * width..(first + here) * width]),
+                        &mut dweight,
+                        !first_chunk,
+                    );
+                }
+                _ => unreachable!("`other` is built for `head`'s route"),
             }
             first_chunk = false;
             Ok(())
         })?;
-        if head_t.is_some() {
+        if let Other::HeadT(_) = other {
             let dweight_t = dweight;
             let mut transposed = vec![0.0f32; vocab * width];
             transposed
@@ -486,6 +488,13 @@ fn head_slices<'a>(
         contiguous_slice(weight, l2, name)?,
         width,
     ))
+}
+
+/// What a bf16 head's backward multiplies besides its `Head`: the packed route's `W` packed for
+/// `dhidden = dlogits W`, or the rounded route's bf16-rounded hidden states for `dW`.
+enum Other {
+    HeadT(PackedB),
+    Hidden(Vec<f32>),
 }
 
 /// The LM head's weight `[V, H]` in the form the bf16 route multiplies (`gemm::bf16_route`):
