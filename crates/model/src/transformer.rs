@@ -30,6 +30,7 @@ use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use stoke_ops::bf16::PackedA;
+use stoke_ops::pages::PageRegion;
 use stoke_ops::{Precision, apply_rope, attention, attention_with, rms_norm, swiglu};
 
 /// Standard deviation of the random initialisation of weight matrices (HF `initializer_range`).
@@ -1164,11 +1165,16 @@ impl Transformer {
             }
         }
         let mut copy = Transformer::assemble(self.config.clone(), parameters, &placeholders);
-        let sources = self.layers.iter().flat_map(DecoderLayer::linears);
-        for (linear, source) in copy.linears_mut().zip(sources) {
-            linear.packed = Some(pack(&source.weight)?);
+        let sources = || self.layers.iter().flat_map(DecoderLayer::linears);
+        let region = packing_region(
+            sources()
+                .map(|source| &source.weight)
+                .chain([self.lm_head_weight()]),
+        )?;
+        for (linear, source) in copy.linears_mut().zip(sources()) {
+            linear.packed = Some(pack(&source.weight, region.as_ref())?);
         }
-        copy.packed_head = Some(pack(self.lm_head_weight())?);
+        copy.packed_head = Some(pack(self.lm_head_weight(), region.as_ref())?);
         copy.precision = Precision::Bf16;
         copy.inference_only = true;
         Ok(copy)
@@ -1217,11 +1223,13 @@ impl Transformer {
             return Ok(());
         }
         if self.device().is_cpu() && self.dtype() == DType::F32 {
-            for linear in self.linears_mut() {
-                linear.packed = Some(pack(&linear.weight)?);
-            }
             let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens).clone();
-            self.packed_head = Some(pack(&head)?);
+            let weights: Vec<Tensor> = self.linears_mut().map(|l| l.weight.clone()).collect();
+            let region = packing_region(weights.iter().chain([&head]))?;
+            for linear in self.linears_mut() {
+                linear.packed = Some(pack(&linear.weight, region.as_ref())?);
+            }
+            self.packed_head = Some(pack(&head, region.as_ref())?);
         }
         Ok(())
     }
@@ -2424,11 +2432,26 @@ fn max_logits_per_head(
         .collect())
 }
 
-/// A weight `[out, in]` in bf16 for inference (`pack_weights`, `inference_copy`).
-fn pack(weight: &Tensor) -> Result<Arc<PackedA>, ModelError> {
+/// A weight `[out, in]` in bf16 for inference (`pack_weights`, `inference_copy`), in `region`
+/// where there is one.
+fn pack(weight: &Tensor, region: Option<&Arc<PageRegion>>) -> Result<Arc<PackedA>, ModelError> {
     let (n, k) = weight.dims2()?;
     let values: Vec<f32> = weight.flatten_all()?.to_vec1()?;
-    Ok(Arc::new(PackedA::from_rows(&values, n, k)))
+    Ok(Arc::new(PackedA::from_rows_in(&values, n, k, region)))
+}
+
+/// One region of huge pages for a model's packed weights (decoding streams them all every step;
+/// see `stoke_ops::pages`), sized for `weights` (each `[out, in]`). `None` where the platform has
+/// none: the weights then go on the heap.
+fn packing_region<'a>(
+    weights: impl Iterator<Item = &'a Tensor>,
+) -> Result<Option<Arc<PageRegion>>, ModelError> {
+    let mut words = 0;
+    for weight in weights {
+        let (n, k) = weight.dims2()?;
+        words += PageRegion::words_for(PackedA::words(n, k));
+    }
+    Ok(PageRegion::new(words))
 }
 
 /// Box-Muller transform: one N(0, 1) sample from two uniforms.
@@ -2466,6 +2489,46 @@ mod tests {
         let std = (values.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / n).sqrt();
         let max = values.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
         (std, max)
+    }
+
+    /// Every packed weight of a model sits in one huge-page region (decoding streams them all
+    /// each step), which holds exactly them; an inference copy gets its own. Linux/glibc only.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn packed_weights_share_one_region_sized_for_them() {
+        let mut model = tiny_model();
+        model.pack_weights().expect("pack");
+        let copy = model.inference_copy().expect("copy");
+        for m in [&model, &copy] {
+            let packed: Vec<&Arc<PackedA>> = m
+                .layers
+                .iter()
+                .flat_map(DecoderLayer::linears)
+                .filter_map(|l| l.packed.as_ref())
+                .chain(m.packed_head.as_ref())
+                .collect();
+            assert_eq!(packed.len(), 7 + 1);
+            let region = packed[0].region().expect("in a region");
+            assert!(
+                packed
+                    .iter()
+                    .all(|p| p.region().is_some_and(|r| Arc::ptr_eq(r, region)))
+            );
+            let words: usize = packed
+                .iter()
+                .map(|p| PageRegion::words_for(p.bytes() / 4))
+                .sum();
+            assert_eq!(region.used(), words, "the region holds the packed weights");
+        }
+        let region = |m: &Transformer| {
+            Arc::clone(
+                m.packed_head
+                    .as_ref()
+                    .and_then(|p| p.region())
+                    .expect("region"),
+            )
+        };
+        assert!(!Arc::ptr_eq(&region(&model), &region(&copy)));
     }
 
     #[test]

@@ -170,7 +170,56 @@ pub struct PackedA {
     /// Pairs per row: `ceil(k / 2)` rounded up to KP_ALIGN.
     kp: usize,
     /// `round_up(m, M_ALIGN) * kp` pairs; padding rows and pairs are zero.
-    data: Vec<u32>,
+    data: Words,
+}
+
+/// A `PackedA`'s pair words: on the heap, or in a `PageRegion` (weights packed for decoding,
+/// which streams them: see `crate::pages`). A clone is always on the heap.
+#[derive(Debug)]
+enum Words {
+    Heap(Vec<u32>),
+    Pages(crate::pages::RegionWords),
+}
+
+impl Words {
+    /// `n` zero words, from `region` while it has room, else from the heap.
+    fn zeroed(n: usize, region: Option<&std::sync::Arc<crate::pages::PageRegion>>) -> Words {
+        match region.and_then(|r| r.take(n)) {
+            Some(words) => Words::Pages(words),
+            None => Words::Heap(vec![0u32; n]),
+        }
+    }
+}
+
+impl std::ops::Deref for Words {
+    type Target = [u32];
+    fn deref(&self) -> &[u32] {
+        match self {
+            Words::Heap(v) => v,
+            Words::Pages(p) => p,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Words {
+    fn deref_mut(&mut self) -> &mut [u32] {
+        match self {
+            Words::Heap(v) => v,
+            Words::Pages(p) => p,
+        }
+    }
+}
+
+impl PartialEq for Words {
+    fn eq(&self, other: &Words) -> bool {
+        **self == **other
+    }
+}
+
+impl Clone for Words {
+    fn clone(&self) -> Words {
+        Words::Heap(self.to_vec())
+    }
 }
 
 /// The right operand `B[n, k]` (C = A B^T), in panels of NR columns.
@@ -456,20 +505,49 @@ pub(crate) fn pair_words(row: &[f32], dst: &mut [u32]) {
 
 impl PackedA {
     fn zeroed(m: usize, k: usize) -> Self {
-        let kp = padded_pairs(k);
-        let data = vec![0u32; m.div_ceil(M_ALIGN) * M_ALIGN * kp];
-        Self { m, k, kp, data }
+        Self::zeroed_in(m, k, None)
+    }
+
+    fn zeroed_in(
+        m: usize,
+        k: usize,
+        region: Option<&std::sync::Arc<crate::pages::PageRegion>>,
+    ) -> Self {
+        let data = Words::zeroed(Self::words(m, k), region);
+        Self {
+            m,
+            k,
+            kp: padded_pairs(k),
+            data,
+        }
+    }
+
+    /// Pair words a packed `[m, k]` matrix holds (padding included): what `from_rows_in` takes
+    /// from a region.
+    pub fn words(m: usize, k: usize) -> usize {
+        m.div_ceil(M_ALIGN) * M_ALIGN * padded_pairs(k)
     }
 
     /// From `src` = A, row-major `[m, k]`.
     pub fn from_rows(src: &[f32], m: usize, k: usize) -> Self {
+        Self::from_rows_in(src, m, k, None)
+    }
+
+    /// As `from_rows`, with the words taken from `region` while it has room (a weight that
+    /// decoding streams: see `crate::pages`), else from the heap. The values are the same.
+    pub fn from_rows_in(
+        src: &[f32],
+        m: usize,
+        k: usize,
+        region: Option<&std::sync::Arc<crate::pages::PageRegion>>,
+    ) -> Self {
         assert_eq!(
             src.len(),
             m * k,
             "PackedA::from_rows: {} values for [{m}, {k}]",
             src.len()
         );
-        let mut packed = Self::zeroed(m, k);
+        let mut packed = Self::zeroed_in(m, k, region);
         let kp = packed.kp;
         if k > 0 {
             packed.data[..m * kp]
@@ -514,6 +592,14 @@ impl PackedA {
     /// Bytes held (for memory reports).
     pub fn bytes(&self) -> usize {
         self.data.len() * 4
+    }
+
+    /// The region holding the words, if they are in one (`from_rows_in`).
+    pub fn region(&self) -> Option<&std::sync::Arc<crate::pages::PageRegion>> {
+        match &self.data {
+            Words::Pages(p) => Some(p.region()),
+            Words::Heap(_) => None,
+        }
     }
 
     /// This matrix as `matvec` weights: its rows of bf16 pairs, read in place.
@@ -1581,6 +1667,21 @@ mod tests {
             let from_rows = PackedA::from_rows(&a, rows, k);
             let from_cols = PackedA::from_cols(&at, k, rows);
             assert_eq!(from_rows.data, from_cols.data, "PackedA [{rows}, {k}]");
+            // Packed into a region (decoding's weights): the same words, padding zero, and a
+            // second matrix after the first.
+            let region = crate::pages::PageRegion::new(2 * PackedA::words(rows, k));
+            for _ in 0..2 {
+                let in_pages = PackedA::from_rows_in(&a, rows, k, region.as_ref());
+                assert_eq!(
+                    in_pages.data, from_rows.data,
+                    "PackedA [{rows}, {k}] in pages"
+                );
+                assert_eq!(in_pages.region().is_some(), region.is_some());
+                assert!(
+                    in_pages.clone().region().is_none(),
+                    "a clone is on the heap"
+                );
+            }
             for r in 0..rows {
                 for kk in 0..k {
                     let word = from_rows.data[r * from_rows.kp + kk / 2];

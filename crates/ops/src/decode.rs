@@ -644,20 +644,7 @@ fn run_step(
         barrier: &barrier,
         threads,
     };
-    if threads == 1 {
-        job.run(0);
-    } else {
-        std::thread::scope(|scope| {
-            for thread in 1..threads {
-                let job = &job;
-                scope.spawn(move || {
-                    crate::numerics::set_ftz_daz_on_this_thread();
-                    job.run(thread)
-                });
-            }
-            job.run(0);
-        });
-    }
+    crate::step_threads::run(threads, &|thread| job.run(thread));
     Ok(logits)
 }
 

@@ -36,6 +36,7 @@ pub mod activation;
 pub mod allocator;
 pub mod attention;
 pub(crate) mod attention_rows;
+pub mod bandwidth;
 pub mod bf16;
 pub mod block;
 pub mod cpu;
@@ -53,8 +54,10 @@ pub mod masked_softmax;
 pub mod matvec;
 pub mod norm;
 pub mod numerics;
+pub mod pages;
 pub mod rope;
 pub mod softmax;
+mod step_threads;
 pub mod vexp;
 
 pub use activation::swiglu;

@@ -558,6 +558,13 @@ mod avx512 {
     //! threads: batch-1 decoding 76 tokens/s with neighbouring rows and T0 prefetches two tiles
     //! ahead, see bench/README.md for the figure with streams. Results are those of
     //! neighbouring rows bit for bit: every output is its own row's sum, in the same order.
+    //!
+    //! Except at batch 1 in the `vdpbf16ps` kernel: there a tile is one row and the rows are read
+    //! in order, a single stream per thread. With the weights on 2 MiB pages (`crate::pages`,
+    //! where `pack_weights` puts them) one stream a thread reads as fast as a plain read loop;
+    //! eight streams fell about 15% short. Measured on the same Zen 4, SmolLM2-135M's 269 MB of
+    //! bf16 weights in the decode step's phases, alternated in one process: 43 against 37 GB/s
+    //! (a plain read loop 41), and on 4 KiB pages the two within noise of each other (30-32).
     use super::{Inputs, Weights, prefetch};
     use std::arch::x86_64::*;
     use std::ops::Range;
@@ -651,11 +658,12 @@ mod avx512 {
         stream: bool,
     ) {
         let args = (w, stride, x, x_stride, rows, out, out_stride, stream);
-        // R x NB accumulators, R weight vectors, 1 input vector.
+        // R x NB accumulators, R weight vectors, 1 input vector. At batch 1 a tile is one row:
+        // the rows are read in order, one stream (see the module doc).
         // SAFETY: forwarded bounds.
         unsafe {
             match nb {
-                1 => tiles!(bf16_dp_tile, 8, 1, args),
+                1 => tiles!(bf16_dp_tile, 1, 1, args),
                 2 => tiles!(bf16_dp_tile, 8, 2, args),
                 3 => tiles!(bf16_dp_tile, 6, 3, args),
                 4 => tiles!(bf16_dp_tile, 5, 4, args),
