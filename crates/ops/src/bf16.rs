@@ -503,11 +503,48 @@ pub(crate) fn pair_words(row: &[f32], dst: &mut [u32]) {
     }
 }
 
-impl PackedA {
-    fn zeroed(m: usize, k: usize) -> Self {
-        Self::zeroed_in(m, k, None)
-    }
+/// Integers whose all-zero bytes are the value 0 (what `par_filled` zeroes with).
+trait ZeroBits: Copy + Send + Sync {}
+impl ZeroBits for u16 {}
+impl ZeroBits for u32 {}
 
+/// A new buffer of `len` values, made in parallel chunks of `chunk` values (the last may be
+/// shorter): each task zeroes its chunk, then `fill(index, chunk)` writes what it holds.
+///
+/// Why: a pack's padding must be zero, and `vec![0; len]` zeroes the whole buffer on the
+/// calling thread before the parallel fill overwrites nearly all of it (a training step at
+/// SmolLM2-135M packs about 2 GB of operands: single-threaded `memset`s were 3.5% of its CPU
+/// time, with the other core idle meanwhile). Here the zeroing runs in the tasks, on both
+/// cores, on lines the fill then finds in cache.
+fn par_filled<T: ZeroBits>(
+    len: usize,
+    chunk: usize,
+    fill: impl Fn(usize, &mut [T]) + Sync,
+) -> Vec<T> {
+    let mut data: Vec<T> = Vec::with_capacity(len);
+    if len > 0 {
+        let base = SyncPtr(data.as_mut_ptr().cast::<f32>());
+        let chunk = chunk.max(1);
+        (0..len.div_ceil(chunk)).into_par_iter().for_each(|i| {
+            let start = i * chunk;
+            let n = chunk.min(len - start);
+            // SAFETY: chunk i is values start..start + n of the allocation (capacity len),
+            // disjoint from every other task's; zeroed bytes are a valid T (ZeroBits) before
+            // the slice is made.
+            let part = unsafe {
+                let p = base.get().cast::<T>().add(start);
+                std::ptr::write_bytes(p, 0, n);
+                std::slice::from_raw_parts_mut(p, n)
+            };
+            fill(i, part);
+        });
+    }
+    // SAFETY: every chunk was written (zeroed at least) above.
+    unsafe { data.set_len(len) };
+    data
+}
+
+impl PackedA {
     fn zeroed_in(
         m: usize,
         k: usize,
@@ -547,13 +584,28 @@ impl PackedA {
             "PackedA::from_rows: {} values for [{m}, {k}]",
             src.len()
         );
+        let kp = padded_pairs(k);
+        let fill = |row: usize, dst: &mut [u32]| {
+            if row < m && k > 0 {
+                pair_words(&src[row * k..(row + 1) * k], dst);
+            }
+        };
+        if region.is_none() {
+            // One task per row; the padding rows stay zero.
+            let data = par_filled(Self::words(m, k), kp, fill);
+            return Self {
+                m,
+                k,
+                kp,
+                data: Words::Heap(data),
+            };
+        }
         let mut packed = Self::zeroed_in(m, k, region);
-        let kp = packed.kp;
         if k > 0 {
             packed.data[..m * kp]
                 .par_chunks_mut(kp)
-                .zip(src.par_chunks(k))
-                .for_each(|(dst, row)| pair_words(row, dst));
+                .enumerate()
+                .for_each(|(row, dst)| fill(row, dst));
         }
         packed
     }
@@ -566,19 +618,22 @@ impl PackedA {
             "PackedA::from_cols: {} values for [{k}, {m}]",
             src.len()
         );
-        let mut packed = Self::zeroed(m, k);
-        let kp = packed.kp;
-        if k > 0 && m > 0 {
-            // Blocks of 16 rows of A in parallel; inside, walk k pairs so both source rows
-            // stream.
-            packed.data[..m * kp]
-                .par_chunks_mut(kp * 16)
-                .enumerate()
-                .for_each(|(block, dst)| {
-                    convert::a_cols_block(src, k, m, block * 16, kp, dst);
-                });
+        let kp = padded_pairs(k);
+        // Blocks of 16 rows of A in parallel (M_ALIGN rows: the padding rows are the last
+        // block's tail and stay zero); inside, walk k pairs so both source rows stream.
+        let data = par_filled(Self::words(m, k), kp * M_ALIGN, |block, dst: &mut [u32]| {
+            let first = block * M_ALIGN;
+            if k > 0 && first < m {
+                let rows = (m - first).min(M_ALIGN);
+                convert::a_cols_block(src, k, m, first, kp, &mut dst[..rows * kp]);
+            }
+        });
+        Self {
+            m,
+            k,
+            kp,
+            data: Words::Heap(data),
         }
-        packed
     }
 
     pub fn rows(&self) -> usize {
@@ -667,12 +722,6 @@ impl PackedB {
         n.div_ceil(NR)
     }
 
-    fn zeroed(n: usize, k: usize) -> Self {
-        let kp = padded_pairs(k);
-        let data = vec![0u16; Self::panels(n) * kp * NR * 2];
-        Self { n, k, kp, data }
-    }
-
     fn panel_len(&self) -> usize {
         self.kp * NR * 2
     }
@@ -685,26 +734,27 @@ impl PackedB {
             "PackedB::from_rows: {} values for [{n}, {k}]",
             src.len()
         );
-        let mut packed = Self::zeroed(n, k);
-        let panel_len = packed.panel_len();
-        if k > 0 && n > 0 {
-            packed
-                .data
-                .par_chunks_mut(panel_len)
-                .enumerate()
-                .for_each(|(p, panel)| {
-                    let cols = (n - p * NR).min(NR);
-                    let mut bits = vec![0u16; k];
-                    for c in 0..cols {
-                        let row = &src[(p * NR + c) * k..(p * NR + c + 1) * k];
-                        convert::bits(row, &mut bits);
-                        for (kk, &v) in bits.iter().enumerate() {
-                            panel[(kk / 2) * NR * 2 + c * 2 + (kk & 1)] = v;
-                        }
+        let kp = padded_pairs(k);
+        let panel_len = kp * NR * 2;
+        let data = par_filled(
+            Self::panels(n) * panel_len,
+            panel_len,
+            |p, panel: &mut [u16]| {
+                if k == 0 {
+                    return;
+                }
+                let cols = (n - p * NR).min(NR);
+                let mut bits = vec![0u16; k];
+                for c in 0..cols {
+                    let row = &src[(p * NR + c) * k..(p * NR + c + 1) * k];
+                    convert::bits(row, &mut bits);
+                    for (kk, &v) in bits.iter().enumerate() {
+                        panel[(kk / 2) * NR * 2 + c * 2 + (kk & 1)] = v;
                     }
-                });
-        }
-        packed
+                }
+            },
+        );
+        Self { n, k, kp, data }
     }
 
     /// From `src` = B^T, row-major `[k, n]` (B's row `j` is `src[.., j]`).
@@ -715,34 +765,32 @@ impl PackedB {
             "PackedB::from_cols: {} values for [{k}, {n}]",
             src.len()
         );
-        let mut packed = Self::zeroed(n, k);
-        let panel_len = packed.panel_len();
-        if k > 0 && n > 0 {
-            packed
-                .data
-                .par_chunks_mut(panel_len)
-                .enumerate()
-                .for_each(|(p, panel)| {
-                    let first = p * NR;
-                    let cols = (n - first).min(NR);
-                    for j in 0..k.div_ceil(2) {
-                        let lo = &src[2 * j * n + first..2 * j * n + first + cols];
-                        let hi = (2 * j + 1 < k)
-                            .then(|| &src[(2 * j + 1) * n + first..(2 * j + 1) * n + first + cols]);
-                        let dst = &mut panel[j * NR * 2..j * NR * 2 + 2 * cols];
-                        match convert::words(dst) {
-                            Some(words) => convert::pairs(lo, hi, words),
-                            None => {
-                                for (c, &v) in lo.iter().enumerate() {
-                                    dst[2 * c] = bf16_bits(v);
-                                    dst[2 * c + 1] = hi.map_or(0, |h| bf16_bits(h[c]));
-                                }
+        let kp = padded_pairs(k);
+        let panel_len = kp * NR * 2;
+        let data = par_filled(
+            Self::panels(n) * panel_len,
+            panel_len,
+            |p, panel: &mut [u16]| {
+                let first = p * NR;
+                let cols = (n - first).min(NR);
+                for j in 0..k.div_ceil(2) {
+                    let lo = &src[2 * j * n + first..2 * j * n + first + cols];
+                    let hi = (2 * j + 1 < k)
+                        .then(|| &src[(2 * j + 1) * n + first..(2 * j + 1) * n + first + cols]);
+                    let dst = &mut panel[j * NR * 2..j * NR * 2 + 2 * cols];
+                    match convert::words(dst) {
+                        Some(words) => convert::pairs(lo, hi, words),
+                        None => {
+                            for (c, &v) in lo.iter().enumerate() {
+                                dst[2 * c] = bf16_bits(v);
+                                dst[2 * c + 1] = hi.map_or(0, |h| bf16_bits(h[c]));
                             }
                         }
                     }
-                });
-        }
-        packed
+                }
+            },
+        );
+        Self { n, k, kp, data }
     }
 
     pub fn cols(&self) -> usize {
@@ -815,7 +863,6 @@ pub fn matmul_with(kernel: Backend, a: &PackedA, b: &PackedB, c: &mut [f32]) {
 }
 
 fn run_tiles(kernel: Backend, a: &PackedA, b: &PackedB, c: &mut [f32], accumulate: bool) {
-    assert_eq!(a.k, b.k, "bf16 matmul: A has depth {}, B {}", a.k, b.k);
     assert_eq!(
         c.len(),
         a.m * b.n,
@@ -824,6 +871,37 @@ fn run_tiles(kernel: Backend, a: &PackedA, b: &PackedB, c: &mut [f32], accumulat
         a.m,
         b.n
     );
+    // SAFETY: C is an initialized [m, n] buffer (asserted).
+    unsafe { run_tiles_raw(kernel, a, b, c.as_mut_ptr(), accumulate) }
+}
+
+/// `C = A B^T` into a new `[m, n]` buffer with a given kernel (which must be `available()`).
+/// With the AVX512-BF16 kernel C is not zeroed first: when not accumulating that kernel only
+/// stores to C, and its tiles cover every element (a training step at SmolLM2-135M made
+/// about 2 GB of products, each zeroed on one thread before the kernels overwrote it).
+pub fn matmul_new_with(kernel: Backend, a: &PackedA, b: &PackedB) -> Vec<f32> {
+    let len = a.m * b.n;
+    if kernel != Backend::Avx512Bf16 || a.kp == 0 || len == 0 {
+        let mut c = vec![0.0f32; len];
+        matmul_with(kernel, a, b, &mut c);
+        return c;
+    }
+    let mut c: Vec<f32> = Vec::with_capacity(len);
+    // SAFETY: C has room for [m, n] floats; with the AVX512-BF16 kernel and `accumulate`
+    // false every one of them is stored (never read) by `run_tiles_raw`, so all are
+    // initialized when the length is set.
+    unsafe {
+        run_tiles_raw(kernel, a, b, c.as_mut_ptr(), false);
+        c.set_len(len);
+    }
+    c
+}
+
+/// # Safety
+/// `c` points to `a.m * b.n` writable floats, initialized unless `accumulate` is false and
+/// `kernel` is `Avx512Bf16` (which then only stores to them, each once).
+unsafe fn run_tiles_raw(kernel: Backend, a: &PackedA, b: &PackedB, c: *mut f32, accumulate: bool) {
+    assert_eq!(a.k, b.k, "bf16 matmul: A has depth {}, B {}", a.k, b.k);
     assert!(
         kernel.available(),
         "bf16 matmul: the {} kernel is not available",
@@ -836,7 +914,8 @@ fn run_tiles(kernel: Backend, a: &PackedA, b: &PackedB, c: &mut [f32], accumulat
     if a.kp == 0 {
         // An empty contraction: C = 0 (or unchanged when accumulating).
         if !accumulate {
-            c.fill(0.0);
+            // SAFETY: m * n writable floats (the caller's contract).
+            unsafe { std::ptr::write_bytes(c, 0, m * n) };
         }
         return;
     }
@@ -844,7 +923,7 @@ fn run_tiles(kernel: Backend, a: &PackedA, b: &PackedB, c: &mut [f32], accumulat
     let row_blocks = m.div_ceil(MC);
     // One task per (row block, panel); rows of a block are disjoint across blocks and the
     // columns of a panel disjoint across panels, so tasks write disjoint tiles of C.
-    let c_ptr = SyncPtr(c.as_mut_ptr());
+    let c_ptr = SyncPtr(c);
     let run = |task: usize| {
         let (block, p) = (task / panels, task % panels);
         let tile = Tile {
@@ -900,7 +979,7 @@ unsafe fn compute_tile(
     match kernel {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: forwarded; AMX is available (the caller checked) and A is padded to whole
-        // tiles (PackedA::zeroed).
+        // tiles (PackedA::words).
         Backend::Amx => unsafe { amx::tile(a.kp, &a.data, panel, c, ldc, tile) },
         #[cfg(target_arch = "x86_64")]
         Backend::Avx512Bf16 => {

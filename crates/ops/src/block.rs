@@ -132,9 +132,7 @@ impl BlockReal for f32 {
         if precision != Precision::Bf16 || rounds_operands(precision) {
             crate::gemm::product_exact_new(m, n, k, a, b)
         } else {
-            let mut c = vec![0.0; m * n];
-            crate::gemm::product(precision, m, n, k, a, b, &mut c, false);
-            c
+            crate::gemm::product_new(precision, m, n, k, a, b)
         }
     }
 }

@@ -317,17 +317,7 @@ pub fn product(
             );
         }
         Bf16Route::Packed(kernel) => {
-            let pa = if a.transposed {
-                PackedA::from_cols(a.data, k, m)
-            } else {
-                PackedA::from_rows(a.data, m, k)
-            };
-            // PackedB holds B^T [n, k]: B stored transposed is exactly that.
-            let pb = if b.transposed {
-                PackedB::from_rows(b.data, n, k)
-            } else {
-                PackedB::from_cols(b.data, k, n)
-            };
+            let (pa, pb) = packed(m, n, k, &a, &b);
             let c = &mut c[..m * n];
             if accumulate {
                 // The kernels add C to the finished sum: the same single rounding as adding
@@ -338,6 +328,50 @@ pub fn product(
             }
         }
     }
+}
+
+/// `product` with `accumulate` false into a new `[m, n]` buffer. On the packed bf16 route the
+/// buffer is not zeroed first where the kernel overwrites every element
+/// (`bf16::matmul_new_with`).
+pub fn product_new(
+    precision: Precision,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand<'_, f32>,
+    b: Operand<'_, f32>,
+) -> Vec<f32> {
+    if let (Precision::Bf16, Bf16Route::Packed(kernel)) = (precision, bf16_route()) {
+        check("A", &a, m, k);
+        check("B", &b, k, n);
+        let (pa, pb) = packed(m, n, k, &a, &b);
+        return bf16::matmul_new_with(kernel, &pa, &pb);
+    }
+    let mut c = vec![0.0; m * n];
+    product(precision, m, n, k, a, b, &mut c, false);
+    c
+}
+
+/// The operands of `A [m, k] x B [k, n]` packed for the bf16 kernels.
+fn packed(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &Operand<'_, f32>,
+    b: &Operand<'_, f32>,
+) -> (PackedA, PackedB) {
+    let pa = if a.transposed {
+        PackedA::from_cols(a.data, k, m)
+    } else {
+        PackedA::from_rows(a.data, m, k)
+    };
+    // PackedB holds B^T [n, k]: B stored transposed is exactly that.
+    let pb = if b.transposed {
+        PackedB::from_rows(b.data, n, k)
+    } else {
+        PackedB::from_cols(b.data, k, n)
+    };
+    (pa, pb)
 }
 
 /// Every value rounded to the nearest bf16 (as f32).
@@ -446,6 +480,44 @@ mod tests {
         );
         for (x, y) in c.iter().zip(&exact) {
             assert!((*x as f64 - y).abs() < 1e-5, "{x} vs {y}");
+        }
+    }
+
+    #[test]
+    fn a_new_bf16_product_equals_one_written_into_a_zeroed_buffer() {
+        // Partial tiles (rows past MR and MC multiples, columns past a 64-wide panel), and an
+        // empty contraction. The freed NaN buffer of the same size is likely where the new
+        // output lands: an element the kernels left unwritten would show.
+        for (m, n, k, a_t, b_t) in [
+            (37, 29, 13, false, true),
+            (200, 70, 33, true, false),
+            (7, 130, 64, false, false),
+            (5, 6, 0, true, true),
+        ] {
+            let a: Vec<f32> = values(m * k, 0.1).iter().map(|&v| v as f32).collect();
+            let b: Vec<f32> = values(k * n, 0.5).iter().map(|&v| v as f32).collect();
+            let op = |data, t| Operand {
+                data,
+                transposed: t,
+            };
+            let mut zeroed = vec![0f32; m * n];
+            product(
+                Precision::Bf16,
+                m,
+                n,
+                k,
+                op(&a, a_t),
+                op(&b, b_t),
+                &mut zeroed,
+                false,
+            );
+            drop(std::hint::black_box(vec![f32::NAN; m * n]));
+            let fresh = product_new(Precision::Bf16, m, n, k, op(&a, a_t), op(&b, b_t));
+            assert_eq!(
+                fresh.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                zeroed.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "[{m}, {n}, {k}]"
+            );
         }
     }
 
