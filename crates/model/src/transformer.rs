@@ -1212,6 +1212,9 @@ impl Transformer {
     /// `PackedA`'s row-major bf16 pairs: the fused decode step (`decode_step`) streams those rows
     /// directly, and a prefill uses them as the GEMM's left operand (`bf16::matmul_weight_rows`).
     ///
+    /// The packed matrices share one region of 2 MiB huge pages (`stoke_ops::pages`): decoding
+    /// sweeps them all every step, and on 4 KiB pages that sweep ran about a quarter slower.
+    ///
     /// Invariant: the packed copies are not updated by later changes of the `Var`s (an optimizer
     /// step); call `unpack_weights` (or `pack_weights` again) after changing weights. A backward
     /// pass through packed weights is an error, never a silent wrong gradient. `snapshot` and
