@@ -726,6 +726,14 @@ impl PackedB {
         self.kp * NR * 2
     }
 
+    /// A new `[n, k]` pack whose panels `fill(panel, words)` writes, in parallel, over zeros.
+    fn filled(n: usize, k: usize, fill: impl Fn(usize, &mut [u16]) + Sync) -> Self {
+        let kp = padded_pairs(k);
+        let panel_len = kp * NR * 2;
+        let data = par_filled(Self::panels(n) * panel_len, panel_len, fill);
+        Self { n, k, kp, data }
+    }
+
     /// From `src` = B, row-major `[n, k]` (the `nn.Linear` weight layout `[out, in]`).
     pub fn from_rows(src: &[f32], n: usize, k: usize) -> Self {
         assert_eq!(
@@ -734,27 +742,20 @@ impl PackedB {
             "PackedB::from_rows: {} values for [{n}, {k}]",
             src.len()
         );
-        let kp = padded_pairs(k);
-        let panel_len = kp * NR * 2;
-        let data = par_filled(
-            Self::panels(n) * panel_len,
-            panel_len,
-            |p, panel: &mut [u16]| {
-                if k == 0 {
-                    return;
+        Self::filled(n, k, |p, panel| {
+            if k == 0 {
+                return;
+            }
+            let cols = (n - p * NR).min(NR);
+            let mut bits = vec![0u16; k];
+            for c in 0..cols {
+                let row = &src[(p * NR + c) * k..(p * NR + c + 1) * k];
+                convert::bits(row, &mut bits);
+                for (kk, &v) in bits.iter().enumerate() {
+                    panel[(kk / 2) * NR * 2 + c * 2 + (kk & 1)] = v;
                 }
-                let cols = (n - p * NR).min(NR);
-                let mut bits = vec![0u16; k];
-                for c in 0..cols {
-                    let row = &src[(p * NR + c) * k..(p * NR + c + 1) * k];
-                    convert::bits(row, &mut bits);
-                    for (kk, &v) in bits.iter().enumerate() {
-                        panel[(kk / 2) * NR * 2 + c * 2 + (kk & 1)] = v;
-                    }
-                }
-            },
-        );
-        Self { n, k, kp, data }
+            }
+        })
     }
 
     /// From `src` = B^T, row-major `[k, n]` (B's row `j` is `src[.., j]`).
@@ -765,32 +766,25 @@ impl PackedB {
             "PackedB::from_cols: {} values for [{k}, {n}]",
             src.len()
         );
-        let kp = padded_pairs(k);
-        let panel_len = kp * NR * 2;
-        let data = par_filled(
-            Self::panels(n) * panel_len,
-            panel_len,
-            |p, panel: &mut [u16]| {
-                let first = p * NR;
-                let cols = (n - first).min(NR);
-                for j in 0..k.div_ceil(2) {
-                    let lo = &src[2 * j * n + first..2 * j * n + first + cols];
-                    let hi = (2 * j + 1 < k)
-                        .then(|| &src[(2 * j + 1) * n + first..(2 * j + 1) * n + first + cols]);
-                    let dst = &mut panel[j * NR * 2..j * NR * 2 + 2 * cols];
-                    match convert::words(dst) {
-                        Some(words) => convert::pairs(lo, hi, words),
-                        None => {
-                            for (c, &v) in lo.iter().enumerate() {
-                                dst[2 * c] = bf16_bits(v);
-                                dst[2 * c + 1] = hi.map_or(0, |h| bf16_bits(h[c]));
-                            }
+        Self::filled(n, k, |p, panel| {
+            let first = p * NR;
+            let cols = (n - first).min(NR);
+            for j in 0..k.div_ceil(2) {
+                let lo = &src[2 * j * n + first..2 * j * n + first + cols];
+                let hi = (2 * j + 1 < k)
+                    .then(|| &src[(2 * j + 1) * n + first..(2 * j + 1) * n + first + cols]);
+                let dst = &mut panel[j * NR * 2..j * NR * 2 + 2 * cols];
+                match convert::words(dst) {
+                    Some(words) => convert::pairs(lo, hi, words),
+                    None => {
+                        for (c, &v) in lo.iter().enumerate() {
+                            dst[2 * c] = bf16_bits(v);
+                            dst[2 * c + 1] = hi.map_or(0, |h| bf16_bits(h[c]));
                         }
                     }
                 }
-            },
-        );
-        Self { n, k, kp, data }
+            }
+        })
     }
 
     pub fn cols(&self) -> usize {

@@ -484,48 +484,16 @@ mod tests {
     }
 
     #[test]
-    fn a_new_bf16_product_equals_one_written_into_a_zeroed_buffer() {
-        // Partial tiles (rows past MR and MC multiples, columns past a 64-wide panel), and an
-        // empty contraction. The freed NaN buffer of the same size is likely where the new
-        // output lands: an element the kernels left unwritten would show.
-        for (m, n, k, a_t, b_t) in [
-            (37, 29, 13, false, true),
-            (200, 70, 33, true, false),
-            (7, 130, 64, false, false),
-            (5, 6, 0, true, true),
-        ] {
-            let a: Vec<f32> = values(m * k, 0.1).iter().map(|&v| v as f32).collect();
-            let b: Vec<f32> = values(k * n, 0.5).iter().map(|&v| v as f32).collect();
-            let op = |data, t| Operand {
-                data,
-                transposed: t,
-            };
-            let mut zeroed = vec![0f32; m * n];
-            product(
-                Precision::Bf16,
-                m,
-                n,
-                k,
-                op(&a, a_t),
-                op(&b, b_t),
-                &mut zeroed,
-                false,
-            );
-            drop(std::hint::black_box(vec![f32::NAN; m * n]));
-            let fresh = product_new(Precision::Bf16, m, n, k, op(&a, a_t), op(&b, b_t));
-            assert_eq!(
-                fresh.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                zeroed.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                "[{m}, {n}, {k}]"
-            );
-        }
-    }
-
-    #[test]
     fn a_new_output_holds_the_product_written_into_a_zeroed_one() {
+        // Exact and bf16 products; partial tiles (rows past MR and MC multiples, columns past a
+        // 64-wide panel), an empty output and an empty contraction. The freed NaN buffer of the
+        // same size is likely where the new output lands: an element the kernels left
+        // unwritten would show.
         for (m, n, k, a_t, b_t) in [
             (37, 29, 13, false, true),
             (64, 70, 1, true, false),
+            (200, 70, 33, true, false),
+            (7, 130, 64, false, false),
             (3, 0, 4, false, false),
             (5, 6, 0, true, true),
         ] {
@@ -535,14 +503,19 @@ mod tests {
                 data,
                 transposed: t,
             };
-            let mut zeroed = vec![0f32; m * n];
-            product_exact(m, n, k, op(&a, a_t), op(&b, b_t), &mut zeroed, false);
-            let fresh = product_exact_new(m, n, k, op(&a, a_t), op(&b, b_t));
-            assert_eq!(fresh.len(), m * n);
-            assert_eq!(
-                fresh.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                zeroed.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-            );
+            let bits = |c: &[f32]| c.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            for precision in [Precision::F32, Precision::Bf16] {
+                let mut zeroed = vec![0f32; m * n];
+                let (a, b) = (op(&a, a_t), op(&b, b_t));
+                product(precision, m, n, k, a, b, &mut zeroed, false);
+                drop(std::hint::black_box(vec![f32::NAN; m * n]));
+                let fresh = if precision == Precision::F32 {
+                    product_exact_new(m, n, k, a, b)
+                } else {
+                    product_new(precision, m, n, k, a, b)
+                };
+                assert_eq!(bits(&fresh), bits(&zeroed), "{precision:?} [{m}, {n}, {k}]");
+            }
         }
     }
 
