@@ -1226,6 +1226,9 @@ impl Transformer {
             return Ok(());
         }
         if self.device().is_cpu() && self.dtype() == DType::F32 {
+            // The old copies go first: a region lives until its last matrix is dropped, so
+            // replacing them one by one would hold both regions at once.
+            self.unpack_weights();
             let head = self.lm_head.as_ref().unwrap_or(&self.embed_tokens).clone();
             let weights: Vec<Tensor> = self.linears_mut().map(|l| l.weight.clone()).collect();
             let region = packing_region(weights.iter().chain([&head]))?;

@@ -84,6 +84,11 @@ pub fn read_gb_per_s(
     let words = buffer.words();
     let threads = threads.max(1);
     let share = words.len() / threads / 8 * 8;
+    assert!(
+        share >= 8 * streams.max(1),
+        "read_gb_per_s: {} words for {threads} threads of {streams} streams",
+        words.len()
+    );
     let start = Instant::now();
     let check = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
@@ -94,7 +99,7 @@ pub fn read_gb_per_s(
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or(0))
+            .map(|h| h.join().expect("a read thread panicked"))
             .fold(0, |x, s| x ^ s)
     });
     let seconds = start.elapsed().as_secs_f64();

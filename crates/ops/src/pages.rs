@@ -11,7 +11,8 @@
 //! one region for all of them wastes at most the end of its last huge page.
 //!
 //! What it is not: a general allocator. A region hands out disjoint, zeroed ranges from a bump
-//! pointer and never reuses them; it is unmapped when its last range is dropped. Where the
+//! pointer and never reuses them; it is unmapped when its last range is dropped (so one range
+//! held elsewhere keeps the whole region mapped). Where the
 //! kernel does not give huge pages (transparent huge pages set to `never`), the region still
 //! works on ordinary pages. Off Linux/glibc `PageRegion::new` returns `None` and callers keep
 //! their weights on the heap.
@@ -47,9 +48,12 @@ unsafe impl Send for PageRegion {}
 unsafe impl Sync for PageRegion {}
 
 impl PageRegion {
-    /// Words a range of `words` words takes from a region (rounded up to a cache line).
+    /// Words a range of `words` words takes from a region (rounded up to a cache line;
+    /// `usize::MAX` where that overflows, which no region can hold).
     pub fn words_for(words: usize) -> usize {
-        words.div_ceil(ALIGN_WORDS) * ALIGN_WORDS
+        words
+            .checked_next_multiple_of(ALIGN_WORDS)
+            .unwrap_or(usize::MAX)
     }
 
     /// A zeroed region of at least `words` words, advised for huge pages. `None` where the
@@ -103,7 +107,7 @@ impl PageRegion {
 
     /// `words` zeroed words of this region for the caller alone, or `None` when it is full.
     pub fn take(self: &Arc<Self>, words: usize) -> Option<RegionWords> {
-        let size = Self::words_for(words);
+        let size = words.checked_next_multiple_of(ALIGN_WORDS)?;
         let start = self
             .next
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |next| {
@@ -225,6 +229,11 @@ mod tests {
         let last = region.take(rest).expect("exactly what is left");
         assert!(last.iter().all(|&w| w == 0));
         assert!(region.take(1).is_none(), "full");
+        assert!(
+            region.take(usize::MAX - 3).is_none(),
+            "a size that overflows"
+        );
+        assert_eq!(PageRegion::words_for(usize::MAX - 3), usize::MAX);
         // The ranges keep the region alive after the caller's handle is gone.
         drop(region);
         assert!(a.iter().all(|&w| w == 7) && b.iter().all(|&w| w == 9));

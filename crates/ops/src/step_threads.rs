@@ -13,7 +13,8 @@
 //! count spawns scoped threads as before. Results never depend on which threads ran a job.
 #![allow(unsafe_code)]
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::any::Any;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::thread::{JoinHandle, Thread};
@@ -32,8 +33,8 @@ struct Shared {
     job: Mutex<Option<&'static Job<'static>>>,
     /// Helpers that have not finished the current job.
     pending: AtomicUsize,
-    /// A helper's job panicked.
-    panicked: AtomicBool,
+    /// The first panic of a helper's job, for the caller to resume.
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
     shutdown: AtomicBool,
 }
 
@@ -57,23 +58,27 @@ impl Helpers {
             epoch: AtomicUsize::new(0),
             job: Mutex::new(None),
             pending: AtomicUsize::new(0),
-            panicked: AtomicBool::new(false),
+            panic: Mutex::new(None),
             shutdown: AtomicBool::new(false),
         });
-        let mut helpers = Vec::with_capacity(count);
+        // Built up in place, so a failed spawn drops (shuts down and joins) those made so far.
+        let mut made = Helpers {
+            shared,
+            helpers: Vec::with_capacity(count),
+        };
         for index in 1..=count {
             let sleeping = Arc::new(AtomicBool::new(false));
-            let (s, z) = (Arc::clone(&shared), Arc::clone(&sleeping));
+            let (s, z) = (Arc::clone(&made.shared), Arc::clone(&sleeping));
             let handle = std::thread::Builder::new()
                 .name(format!("stoke-step-{index}"))
                 .spawn(move || helper_loop(&s, &z, index))?;
-            helpers.push(Helper {
+            made.helpers.push(Helper {
                 thread: handle.thread().clone(),
                 handle: Some(handle),
                 sleeping,
             });
         }
-        Ok(Helpers { shared, helpers })
+        Ok(made)
     }
 }
 
@@ -122,9 +127,15 @@ fn helper_loop(shared: &Shared, sleeping: &AtomicBool, index: usize) {
         seen = epoch;
         let job = *shared.job.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(job) = job
-            && catch_unwind(AssertUnwindSafe(|| job(index))).is_err()
+            && let Err(payload) = catch_unwind(AssertUnwindSafe(|| job(index)))
         {
-            shared.panicked.store(true, Ordering::SeqCst);
+            // Kept for the caller (moved, not dropped here: dropping a payload can panic).
+            let mut slot = shared.panic.lock().unwrap_or_else(|e| e.into_inner());
+            if slot.is_none() {
+                *slot = Some(payload);
+            } else {
+                std::mem::forget(payload);
+            }
         }
         shared.pending.fetch_sub(1, Ordering::SeqCst);
     }
@@ -150,7 +161,8 @@ impl Drop for WaitForHelpers<'_> {
 }
 
 /// Calls `job(t)` for every `t < threads`, `job(0)` on this thread, and returns when all calls
-/// have returned. Panics if one of them panicked.
+/// have returned. A helper's panic is resumed on this thread. (A job whose threads meet at a
+/// barrier still hangs if one of them panics before it, as under `std::thread::scope`.)
 pub(crate) fn run(threads: usize, job: &Job<'_>) {
     if threads <= 1 {
         job(0);
@@ -180,7 +192,6 @@ pub(crate) fn run(threads: usize, job: &Job<'_>) {
     let job_static: &'static Job<'static> =
         unsafe { std::mem::transmute::<&Job<'_>, &'static Job<'static>>(job) };
     *shared.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(job_static);
-    shared.panicked.store(false, Ordering::SeqCst);
     shared.pending.store(threads - 1, Ordering::SeqCst);
     shared.epoch.fetch_add(1, Ordering::SeqCst);
     for helper in &helpers.helpers {
@@ -192,9 +203,14 @@ pub(crate) fn run(threads: usize, job: &Job<'_>) {
         let _wait = WaitForHelpers(shared);
         job(0);
     }
-    if shared.panicked.load(Ordering::SeqCst) {
+    let panic = shared
+        .panic
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    if let Some(payload) = panic {
         drop(guard);
-        panic!("a decode step's helper thread panicked");
+        resume_unwind(payload);
     }
 }
 
@@ -243,7 +259,8 @@ mod tests {
                 }
             })
         });
-        assert!(caught.is_err());
+        let payload = caught.expect_err("the helper's panic reaches the caller");
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&"helper fails"));
         let ran = AtomicUsize::new(0);
         run(2, &|_| {
             ran.fetch_add(1, Ordering::SeqCst);
