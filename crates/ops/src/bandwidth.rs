@@ -13,10 +13,11 @@
 
 use std::time::Instant;
 
-/// A read-only buffer of distinct pseudo-random words.
-pub struct ReadBuffer {
-    heap: Vec<u64>,
-    pages: Option<crate::pages::RegionWords>,
+/// A read-only buffer of distinct pseudo-random words, on the heap or on huge pages.
+pub enum ReadBuffer {
+    Heap(Vec<u64>),
+    /// Pairs of u32 words, each pair one u64 (see `words`).
+    Pages(crate::pages::RegionWords),
 }
 
 impl ReadBuffer {
@@ -40,29 +41,25 @@ impl ReadBuffer {
                     let w = random();
                     pair.copy_from_slice(&[w as u32, (w >> 32) as u32]);
                 }
-                ReadBuffer {
-                    heap: Vec::new(),
-                    pages: Some(pages),
-                }
+                ReadBuffer::Pages(pages)
             }
-            None => ReadBuffer {
-                heap: (0..words).map(|_| random()).collect(),
-                pages: None,
-            },
+            None => ReadBuffer::Heap((0..words).map(|_| random()).collect()),
         }
     }
 
     /// Whether the words are in a huge-page region.
     pub fn is_huge(&self) -> bool {
-        self.pages.is_some()
+        matches!(self, ReadBuffer::Pages(_))
     }
 
     fn words(&self) -> &[u64] {
-        match &self.pages {
+        match self {
             // SAFETY: a region's words start on a cache line (8-byte aligned) and are an even
             // number of u32 words (made so in `new`); they live as long as `self`.
-            Some(p) => unsafe { std::slice::from_raw_parts(p.as_ptr().cast::<u64>(), p.len() / 2) },
-            None => &self.heap,
+            ReadBuffer::Pages(p) => unsafe {
+                std::slice::from_raw_parts(p.as_ptr().cast::<u64>(), p.len() / 2)
+            },
+            ReadBuffer::Heap(heap) => heap,
         }
     }
 

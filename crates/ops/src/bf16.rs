@@ -181,16 +181,6 @@ enum Words {
     Pages(crate::pages::RegionWords),
 }
 
-impl Words {
-    /// `n` zero words, from `region` while it has room, else from the heap.
-    fn zeroed(n: usize, region: Option<&std::sync::Arc<crate::pages::PageRegion>>) -> Words {
-        match region.and_then(|r| r.take(n)) {
-            Some(words) => Words::Pages(words),
-            None => Words::Heap(vec![0u32; n]),
-        }
-    }
-}
-
 impl std::ops::Deref for Words {
     type Target = [u32];
     fn deref(&self) -> &[u32] {
@@ -545,20 +535,6 @@ fn par_filled<T: ZeroBits>(
 }
 
 impl PackedA {
-    fn zeroed_in(
-        m: usize,
-        k: usize,
-        region: Option<&std::sync::Arc<crate::pages::PageRegion>>,
-    ) -> Self {
-        let data = Words::zeroed(Self::words(m, k), region);
-        Self {
-            m,
-            k,
-            kp: padded_pairs(k),
-            data,
-        }
-    }
-
     /// Pair words a packed `[m, k]` matrix holds (padding included): what `from_rows_in` takes
     /// from a region.
     pub fn words(m: usize, k: usize) -> usize {
@@ -585,29 +561,26 @@ impl PackedA {
             src.len()
         );
         let kp = padded_pairs(k);
+        // One task per row; the padding rows stay zero.
         let fill = |row: usize, dst: &mut [u32]| {
             if row < m && k > 0 {
                 pair_words(&src[row * k..(row + 1) * k], dst);
             }
         };
-        if region.is_none() {
-            // One task per row; the padding rows stay zero.
-            let data = par_filled(Self::words(m, k), kp, fill);
-            return Self {
-                m,
-                k,
-                kp,
-                data: Words::Heap(data),
-            };
-        }
-        let mut packed = Self::zeroed_in(m, k, region);
-        if k > 0 {
-            packed.data[..m * kp]
-                .par_chunks_mut(kp)
-                .enumerate()
-                .for_each(|(row, dst)| fill(row, dst));
-        }
-        packed
+        let data = match region.and_then(|r| r.take(Self::words(m, k))) {
+            // A region's words are zero already.
+            Some(mut words) => {
+                if kp > 0 {
+                    words[..m * kp]
+                        .par_chunks_mut(kp)
+                        .enumerate()
+                        .for_each(|(row, dst)| fill(row, dst));
+                }
+                Words::Pages(words)
+            }
+            None => Words::Heap(par_filled(Self::words(m, k), kp, fill)),
+        };
+        Self { m, k, kp, data }
     }
 
     /// From `src` = A^T, row-major `[k, m]` (A's column `i` is `src[.., i]`).

@@ -17,7 +17,7 @@ use std::any::Any;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
-use std::thread::{JoinHandle, Thread};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How long a helper spins for the next job before it parks.
@@ -39,8 +39,7 @@ struct Shared {
 }
 
 struct Helper {
-    handle: Option<JoinHandle<()>>,
-    thread: Thread,
+    handle: JoinHandle<()>,
     /// The helper is parked or about to park: unpark it for the next job.
     sleeping: Arc<AtomicBool>,
 }
@@ -72,11 +71,7 @@ impl Helpers {
             let handle = std::thread::Builder::new()
                 .name(format!("stoke-step-{index}"))
                 .spawn(move || helper_loop(&s, &z, index))?;
-            made.helpers.push(Helper {
-                thread: handle.thread().clone(),
-                handle: Some(handle),
-                sleeping,
-            });
+            made.helpers.push(Helper { handle, sleeping });
         }
         Ok(made)
     }
@@ -85,11 +80,9 @@ impl Helpers {
 impl Drop for Helpers {
     fn drop(&mut self) {
         self.shared.shutdown.store(true, Ordering::SeqCst);
-        for helper in &mut self.helpers {
-            helper.thread.unpark();
-            if let Some(handle) = helper.handle.take() {
-                let _ = handle.join();
-            }
+        for helper in std::mem::take(&mut self.helpers) {
+            helper.handle.thread().unpark();
+            let _ = helper.handle.join();
         }
     }
 }
@@ -196,7 +189,7 @@ pub(crate) fn run(threads: usize, job: &Job<'_>) {
     shared.epoch.fetch_add(1, Ordering::SeqCst);
     for helper in &helpers.helpers {
         if helper.sleeping.load(Ordering::SeqCst) {
-            helper.thread.unpark();
+            helper.handle.thread().unpark();
         }
     }
     {
