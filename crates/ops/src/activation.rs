@@ -44,11 +44,14 @@ pub(crate) fn forward<T: Real>(gate: &[T], up: &[T]) -> Vec<T> {
     out.par_chunks_mut(CHUNK)
         .zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK)))
         .for_each(|(y, (g, u))| {
-            crate::vexp::dispatch(|| {
-                for ((o, &g), &u) in y.iter_mut().zip(g).zip(u) {
-                    *o = g * sigmoid(g) * u;
-                }
-            })
+            crate::vexp::dispatch(
+                #[inline(always)]
+                || {
+                    for ((o, &g), &u) in y.iter_mut().zip(g).zip(u) {
+                        *o = g * sigmoid(g) * u;
+                    }
+                },
+            )
         });
     out
 }
@@ -64,19 +67,22 @@ pub(crate) fn backward<T: Real>(gate: &[T], up: &[T], grad: &[T]) -> Vec<T> {
         .zip(gate.par_chunks(CHUNK).zip(up.par_chunks(CHUNK)))
         .zip(grad.par_chunks(CHUNK))
         .for_each(|(((dg, du), (g, u)), dy)| {
-            crate::vexp::dispatch(|| {
-                // Iterators, not indices: no bounds checks, so the loop vectorizes.
-                for (((dg, du), (&g, &u)), &dy) in dg
-                    .iter_mut()
-                    .zip(du.iter_mut())
-                    .zip(g.iter().zip(u))
-                    .zip(dy)
-                {
-                    let s = sigmoid(g);
-                    *dg = dy * u * s * (T::one() + g * (T::one() - s));
-                    *du = dy * g * s;
-                }
-            })
+            crate::vexp::dispatch(
+                #[inline(always)]
+                || {
+                    // Iterators, not indices: no bounds checks, so the loop vectorizes.
+                    for (((dg, du), (&g, &u)), &dy) in dg
+                        .iter_mut()
+                        .zip(du.iter_mut())
+                        .zip(g.iter().zip(u))
+                        .zip(dy)
+                    {
+                        let s = sigmoid(g);
+                        *dg = dy * u * s * (T::one() + g * (T::one() - s));
+                        *du = dy * g * s;
+                    }
+                },
+            )
         });
     out
 }

@@ -611,23 +611,26 @@ fn block_softmax<T: Real>(
         // serial chains they kept the exponentials from vectorizing, and this softmax was most
         // of the attention forward (about 10 ms of 15 a layer at SmolLM2-135M's shapes, batch
         // 8 x 256, on a Zen 4).
-        let alive = crate::vexp::dispatch(|| {
-            for (lo, hi, col) in block.columns() {
-                for (v, &m) in row[col..col + hi - lo].iter_mut().zip(&bias_row[lo..hi]) {
-                    *v = *v * scale + m;
+        let alive = crate::vexp::dispatch(
+            #[inline(always)]
+            || {
+                for (lo, hi, col) in block.columns() {
+                    for (v, &m) in row[col..col + hi - lo].iter_mut().zip(&bias_row[lo..hi]) {
+                        *v = *v * scale + m;
+                    }
                 }
-            }
-            let max = lane_max(row);
-            if max == T::neg_infinity() {
-                return false;
-            }
-            for v in row.iter_mut() {
-                *v = (*v - max).fast_exp();
-            }
-            let inv = T::one() / crate::kernels::lane_sum(row);
-            row.iter_mut().for_each(|v| *v *= inv);
-            true
-        });
+                let max = lane_max(row);
+                if max == T::neg_infinity() {
+                    return false;
+                }
+                for v in row.iter_mut() {
+                    *v = (*v - max).fast_exp();
+                }
+                let inv = T::one() / crate::kernels::lane_sum(row);
+                row.iter_mut().for_each(|v| *v *= inv);
+                true
+            },
+        );
         if !alive {
             dead[r] = true;
             row.fill(T::zero());
@@ -747,14 +750,17 @@ fn backward_task<T: Tiles>(
         for (lo, hi, col) in block.columns() {
             T::row_products(&g_rows, &vt, ld, (lo, hi), &mut ds, width, col);
         }
-        crate::vexp::dispatch(|| {
-            for (dsr, pr) in ds.chunks_exact_mut(width).zip(p.chunks_exact(width)) {
-                let dot = crate::kernels::lane_dot(dsr, pr);
-                for (x, &y) in dsr.iter_mut().zip(pr) {
-                    *x = y * (*x - dot);
+        crate::vexp::dispatch(
+            #[inline(always)]
+            || {
+                for (dsr, pr) in ds.chunks_exact_mut(width).zip(p.chunks_exact(width)) {
+                    let dot = crate::kernels::lane_dot(dsr, pr);
+                    for (x, &y) in dsr.iter_mut().zip(pr) {
+                        *x = y * (*x - dot);
+                    }
                 }
-            }
-        });
+            },
+        );
         // dQ = scale dS K; dK += scale dS^T Q; dV += P^T dO.
         dq_rows.fill(T::zero());
         let q_rows = &task.q[first * d..(first + block.rows) * d];

@@ -441,11 +441,14 @@ fn add_into(x: &mut [f32], add: &[f32]) {
 /// `out = silu(gate) * up`, with the vectorized `exp` (the fused training block's SwiGLU uses
 /// the same one).
 fn swiglu_into(gate: &[f32], up: &[f32], out: &mut [f32]) {
-    crate::vexp::dispatch(|| {
-        for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-            *o = g * crate::vexp::sigmoid(g) * u;
-        }
-    })
+    crate::vexp::dispatch(
+        #[inline(always)]
+        || {
+            for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+                *o = g * crate::vexp::sigmoid(g) * u;
+            }
+        },
+    )
 }
 
 fn rope(x: &mut [f32], cos: &[f32], sin: &[f32]) {

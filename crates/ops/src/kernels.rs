@@ -337,12 +337,15 @@ pub(crate) fn rms_norm_rows<T: Real>(x: &[T], w: &[T], eps: f64) -> Vec<T> {
     out.par_chunks_mut(width)
         .zip(x.par_chunks(width))
         .for_each(|(y, row)| {
-            crate::vexp::dispatch(|| {
-                let r = inv_rms(row, eps);
-                for ((o, &v), &wi) in y.iter_mut().zip(row).zip(w) {
-                    *o = v * r * wi;
-                }
-            })
+            crate::vexp::dispatch(
+                #[inline(always)]
+                || {
+                    let r = inv_rms(row, eps);
+                    for ((o, &v), &wi) in y.iter_mut().zip(row).zip(w) {
+                        *o = v * r * wi;
+                    }
+                },
+            )
         });
     out
 }
@@ -366,17 +369,20 @@ pub(crate) fn rms_norm_grad<T: Real>(x: &[T], w: &[T], g: &[T], eps: f64) -> (Ve
             let rows = dx_block
                 .chunks_mut(width)
                 .zip(x_block.chunks(width).zip(g_block.chunks(width)));
-            crate::vexp::dispatch(|| {
-                for (dxr, (row, gr)) in rows {
-                    let r = inv_rms(row, eps);
-                    let dot = lane_dot3(gr, w, row);
-                    let coef = r * r * r * dot / n;
-                    for i in 0..width {
-                        dxr[i] = r * gr[i] * w[i] - row[i] * coef;
-                        dw[i] += gr[i] * row[i] * r;
+            crate::vexp::dispatch(
+                #[inline(always)]
+                || {
+                    for (dxr, (row, gr)) in rows {
+                        let r = inv_rms(row, eps);
+                        let dot = lane_dot3(gr, w, row);
+                        let coef = r * r * r * dot / n;
+                        for i in 0..width {
+                            dxr[i] = r * gr[i] * w[i] - row[i] * coef;
+                            dw[i] += gr[i] * row[i] * r;
+                        }
                     }
-                }
-            });
+                },
+            );
             dw
         })
         .collect();

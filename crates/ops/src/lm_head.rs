@@ -688,11 +688,14 @@ fn logits_to_grad_in_place(
         .zip(targets.par_iter().zip(logp.par_iter().zip(grad.par_iter())))
         .for_each(|(row, (&t, (&lp, &g)))| {
             let lse = row[t as usize] - lp;
-            crate::vexp::dispatch(|| {
-                for v in row.iter_mut() {
-                    *v = -g * crate::vexp::exp(*v - lse);
-                }
-            });
+            crate::vexp::dispatch(
+                #[inline(always)]
+                || {
+                    for v in row.iter_mut() {
+                        *v = -g * crate::vexp::exp(*v - lse);
+                    }
+                },
+            );
             row[t as usize] += g;
         });
 }

@@ -90,30 +90,33 @@ fn forward_rows<T: Real>(
         .for_each(|(row, (y, xs))| {
             let start = bias_row(row, dims, bias_dims) * width;
             let bs = &bias[start..start + width];
-            crate::vexp::dispatch(|| {
-                let mut max = T::neg_infinity();
-                for ((o, &v), &b) in y.iter_mut().zip(xs).zip(bs) {
-                    *o = v * scale + b;
-                    max = Float::max(max, *o);
-                }
-                // Sixteen partial sums, so the loop vectorizes (lanes are independent).
-                let mut lanes = [T::zero(); 16];
-                let mut chunks = y.chunks_exact_mut(16);
-                for chunk in &mut chunks {
-                    for (lane, o) in lanes.iter_mut().zip(chunk.iter_mut()) {
-                        *o = (*o - max).fast_exp();
-                        *lane += *o;
+            crate::vexp::dispatch(
+                #[inline(always)]
+                || {
+                    let mut max = T::neg_infinity();
+                    for ((o, &v), &b) in y.iter_mut().zip(xs).zip(bs) {
+                        *o = v * scale + b;
+                        max = Float::max(max, *o);
                     }
-                }
-                let mut sum = T::zero();
-                for o in chunks.into_remainder() {
-                    *o = (*o - max).fast_exp();
-                    sum += *o;
-                }
-                let sum = lanes.iter().fold(sum, |s, &l| s + l);
-                let inv = T::one() / sum;
-                y.iter_mut().for_each(|o| *o *= inv);
-            })
+                    // Sixteen partial sums, so the loop vectorizes (lanes are independent).
+                    let mut lanes = [T::zero(); 16];
+                    let mut chunks = y.chunks_exact_mut(16);
+                    for chunk in &mut chunks {
+                        for (lane, o) in lanes.iter_mut().zip(chunk.iter_mut()) {
+                            *o = (*o - max).fast_exp();
+                            *lane += *o;
+                        }
+                    }
+                    let mut sum = T::zero();
+                    for o in chunks.into_remainder() {
+                        *o = (*o - max).fast_exp();
+                        sum += *o;
+                    }
+                    let sum = lanes.iter().fold(sum, |s, &l| s + l);
+                    let inv = T::one() / sum;
+                    y.iter_mut().for_each(|o| *o *= inv);
+                },
+            )
         });
     out
 }

@@ -283,25 +283,28 @@ fn scaled_log_normalizer(logits: &[f32], scale: f64) -> f64 {
         return f64::NEG_INFINITY;
     }
     let s = scale as f32;
-    let sum: f64 = stoke_ops::vexp::dispatch(|| {
-        let mut total = 0.0f64;
-        for block in logits.chunks(1024) {
-            let mut lanes = [0.0f32; 16];
-            let mut chunks = block.chunks_exact(16);
-            for chunk in &mut chunks {
-                for (lane, &x) in lanes.iter_mut().zip(chunk) {
-                    *lane += stoke_ops::vexp::exp((x - max) * s);
+    let sum: f64 = stoke_ops::vexp::dispatch(
+        #[inline(always)]
+        || {
+            let mut total = 0.0f64;
+            for block in logits.chunks(1024) {
+                let mut lanes = [0.0f32; 16];
+                let mut chunks = block.chunks_exact(16);
+                for chunk in &mut chunks {
+                    for (lane, &x) in lanes.iter_mut().zip(chunk) {
+                        *lane += stoke_ops::vexp::exp((x - max) * s);
+                    }
                 }
+                let rest: f32 = chunks
+                    .remainder()
+                    .iter()
+                    .map(|&x| stoke_ops::vexp::exp((x - max) * s))
+                    .sum();
+                total += (lanes.iter().sum::<f32>() + rest) as f64;
             }
-            let rest: f32 = chunks
-                .remainder()
-                .iter()
-                .map(|&x| stoke_ops::vexp::exp((x - max) * s))
-                .sum();
-            total += (lanes.iter().sum::<f32>() + rest) as f64;
-        }
-        total
-    });
+            total
+        },
+    );
     max as f64 * scale + sum.ln()
 }
 

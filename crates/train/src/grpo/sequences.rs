@@ -635,27 +635,30 @@ fn entropy_rows(hidden: &Tensor, head: &Tensor) -> Result<Tensor, TrainError> {
             .par_chunks(vocab)
             .map(|row| {
                 let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                stoke_ops::vexp::dispatch(|| {
-                    let (mut z, mut weighted) = ([0f32; 8], [0f32; 8]);
-                    let mut chunks = row.chunks_exact(8);
-                    for c in &mut chunks {
-                        for l in 0..8 {
-                            let x = c[l] - max;
-                            let e = stoke_ops::vexp::exp(x);
-                            z[l] += e;
-                            weighted[l] += e * x;
+                stoke_ops::vexp::dispatch(
+                    #[inline(always)]
+                    || {
+                        let (mut z, mut weighted) = ([0f32; 8], [0f32; 8]);
+                        let mut chunks = row.chunks_exact(8);
+                        for c in &mut chunks {
+                            for l in 0..8 {
+                                let x = c[l] - max;
+                                let e = stoke_ops::vexp::exp(x);
+                                z[l] += e;
+                                weighted[l] += e * x;
+                            }
                         }
-                    }
-                    let (mut z_sum, mut w_sum) =
-                        (z.iter().sum::<f32>(), weighted.iter().sum::<f32>());
-                    for &v in chunks.remainder() {
-                        let x = v - max;
-                        let e = stoke_ops::vexp::exp(x);
-                        z_sum += e;
-                        w_sum += e * x;
-                    }
-                    z_sum.ln() - w_sum / z_sum
-                })
+                        let (mut z_sum, mut w_sum) =
+                            (z.iter().sum::<f32>(), weighted.iter().sum::<f32>());
+                        for &v in chunks.remainder() {
+                            let x = v - max;
+                            let e = stoke_ops::vexp::exp(x);
+                            z_sum += e;
+                            w_sum += e * x;
+                        }
+                        z_sum.ln() - w_sum / z_sum
+                    },
+                )
             })
             .collect();
         entropy.extend(chunk);
