@@ -118,11 +118,34 @@ struct TargetLogprobs {
     targets: Vec<u32>,
 }
 
-/// Per row: max, log-sum-exp and the target's log-probability.
+/// Per row: max, log-sum-exp and the target's log-probability. The maximum and the sum are
+/// taken in lanes (see [`lanes_then_tail`]): as serial folds they were most of the bf16 LM
+/// head's log-probability pass (a row is the whole vocabulary). The exponentials stay libm's.
 fn row_logsumexp<T: Float>(row: &[T]) -> T {
-    let max = row.iter().fold(T::neg_infinity(), |m, &v| Float::max(m, v));
-    let sum = row.iter().fold(T::zero(), |s, &v| s + (v - max).exp());
-    max + sum.ln()
+    let mut lanes = [T::neg_infinity(); LANES];
+    let chunks = row.chunks_exact(LANES);
+    let mut max = chunks
+        .remainder()
+        .iter()
+        .fold(T::neg_infinity(), |m, &v| Float::max(m, v));
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane = Float::max(*lane, v);
+        }
+    }
+    max = lanes.iter().fold(max, |m, &v| Float::max(m, v));
+    let mut sums = [T::zero(); LANES];
+    let chunks = row.chunks_exact(LANES);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(T::zero(), |s, &v| s + (v - max).exp());
+    for chunk in chunks {
+        for (lane, &v) in sums.iter_mut().zip(chunk) {
+            *lane = *lane + (v - max).exp();
+        }
+    }
+    max + lanes_then_tail(sums, tail).ln()
 }
 
 pub(crate) fn target_logprobs_rows<T: Real>(x: &[T], width: usize, targets: &[u32]) -> Vec<T> {
