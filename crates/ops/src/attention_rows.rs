@@ -619,14 +619,11 @@ fn block_softmax<T: Real>(
                         *v = *v * scale + m;
                     }
                 }
-                let max = lane_max(row);
+                let max = crate::kernels::lane_max(row);
                 if max == T::neg_infinity() {
                     return false;
                 }
-                for v in row.iter_mut() {
-                    *v = (*v - max).fast_exp();
-                }
-                let inv = T::one() / crate::kernels::lane_sum(row);
+                let inv = T::one() / crate::kernels::exp_shifted_sum(row, max);
                 row.iter_mut().for_each(|v| *v *= inv);
                 true
             },
@@ -637,25 +634,6 @@ fn block_softmax<T: Real>(
         }
     }
     dead
-}
-
-/// The largest value of `xs` in lanes (NaN ignored, as `Float::max` does; `-inf` when empty
-/// or all NaN), so that the loop vectorizes.
-#[inline(always)]
-fn lane_max<T: Real>(xs: &[T]) -> T {
-    const LANES: usize = 16;
-    let mut lanes = [T::neg_infinity(); LANES];
-    let chunks = xs.chunks_exact(LANES);
-    let tail = chunks
-        .remainder()
-        .iter()
-        .fold(T::neg_infinity(), |m, &v| if v > m { v } else { m });
-    for chunk in chunks {
-        for (lane, &v) in lanes.iter_mut().zip(chunk) {
-            *lane = if v > *lane { v } else { *lane };
-        }
-    }
-    lanes.iter().fold(tail, |m, &v| if v > m { v } else { m })
 }
 
 /// One (batch, key/value head) task's inputs: its query rows (all R heads), keys, values.

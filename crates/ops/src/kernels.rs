@@ -122,18 +122,7 @@ struct TargetLogprobs {
 /// taken in lanes (see [`lanes_then_tail`]): as serial folds they were most of the bf16 LM
 /// head's log-probability pass (a row is the whole vocabulary). The exponentials stay libm's.
 fn row_logsumexp<T: Float>(row: &[T]) -> T {
-    let mut lanes = [T::neg_infinity(); LANES];
-    let chunks = row.chunks_exact(LANES);
-    let mut max = chunks
-        .remainder()
-        .iter()
-        .fold(T::neg_infinity(), |m, &v| Float::max(m, v));
-    for chunk in chunks {
-        for (lane, &v) in lanes.iter_mut().zip(chunk) {
-            *lane = Float::max(*lane, v);
-        }
-    }
-    max = lanes.iter().fold(max, |m, &v| Float::max(m, v));
+    let max = lane_max(row);
     let mut sums = [T::zero(); LANES];
     let chunks = row.chunks_exact(LANES);
     let tail = chunks
@@ -290,16 +279,41 @@ fn lanes_then_tail<T: Float>(lanes: [T; LANES], tail: T) -> T {
     lanes.iter().fold(tail, |s, &l| s + l)
 }
 
-/// `sum xs` in lanes (see [`lanes_then_tail`]).
+/// The largest value of `xs` in lanes (NaN ignored, as `Float::max` does; `-inf` when empty
+/// or all NaN), so that the loop vectorizes. Exact: the maximum does not depend on the order.
 #[inline(always)]
-pub(crate) fn lane_sum<T: Float>(xs: &[T]) -> T {
-    let mut lanes = [T::zero(); LANES];
+pub(crate) fn lane_max<T: Float>(xs: &[T]) -> T {
+    let larger = |m: T, v: T| if v > m { v } else { m };
+    let mut lanes = [T::neg_infinity(); LANES];
     let chunks = xs.chunks_exact(LANES);
-    let tail = chunks.remainder().iter().fold(T::zero(), |s, &v| s + v);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(T::neg_infinity(), |m, &v| larger(m, v));
     for chunk in chunks {
         for (lane, &v) in lanes.iter_mut().zip(chunk) {
-            *lane = *lane + v;
+            *lane = larger(*lane, v);
         }
+    }
+    lanes.iter().fold(tail, |m, &v| larger(m, v))
+}
+
+/// `row[i] = exp(row[i] - max)` ([`Real::fast_exp`]) in place, returning the sum of the results
+/// in lanes (see [`lanes_then_tail`]): a softmax's exponentials and normalizer in one pass.
+#[inline(always)]
+pub(crate) fn exp_shifted_sum<T: Real>(row: &mut [T], max: T) -> T {
+    let mut lanes = [T::zero(); LANES];
+    let mut chunks = row.chunks_exact_mut(LANES);
+    for chunk in &mut chunks {
+        for (lane, v) in lanes.iter_mut().zip(chunk.iter_mut()) {
+            *v = (*v - max).fast_exp();
+            *lane += *v;
+        }
+    }
+    let mut tail = T::zero();
+    for v in chunks.into_remainder() {
+        *v = (*v - max).fast_exp();
+        tail += *v;
     }
     lanes_then_tail(lanes, tail)
 }

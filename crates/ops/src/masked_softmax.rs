@@ -18,7 +18,6 @@
 
 use crate::kernels::{Real, contiguous_slice};
 use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
-use num_traits::Float;
 use rayon::prelude::*;
 
 /// `softmax(scores * scale + bias, -1)` with the broadcasting described in the module doc.
@@ -93,27 +92,11 @@ fn forward_rows<T: Real>(
             crate::vexp::dispatch(
                 #[inline(always)]
                 || {
-                    let mut max = T::neg_infinity();
                     for ((o, &v), &b) in y.iter_mut().zip(xs).zip(bs) {
                         *o = v * scale + b;
-                        max = Float::max(max, *o);
                     }
-                    // Sixteen partial sums, so the loop vectorizes (lanes are independent).
-                    let mut lanes = [T::zero(); 16];
-                    let mut chunks = y.chunks_exact_mut(16);
-                    for chunk in &mut chunks {
-                        for (lane, o) in lanes.iter_mut().zip(chunk.iter_mut()) {
-                            *o = (*o - max).fast_exp();
-                            *lane += *o;
-                        }
-                    }
-                    let mut sum = T::zero();
-                    for o in chunks.into_remainder() {
-                        *o = (*o - max).fast_exp();
-                        sum += *o;
-                    }
-                    let sum = lanes.iter().fold(sum, |s, &l| s + l);
-                    let inv = T::one() / sum;
+                    let max = crate::kernels::lane_max(y);
+                    let inv = T::one() / crate::kernels::exp_shifted_sum(y, max);
                     y.iter_mut().for_each(|o| *o *= inv);
                 },
             )
