@@ -20,7 +20,9 @@
 //!
 //! Products run in register tiles of [`QB`] rows x 16 columns: in f32 on AVX2 + FMA (and
 //! AVX-512 CPUs) through explicit 8-lane intrinsics (`avx2`), elsewhere (f64, the gradient
-//! checks' precision, and CPUs below AVX2) through plain loops.
+//! checks' precision, and CPUs below AVX2) through plain loops. In bf16 mode (`forward`'s
+//! `bf16`), on CPUs with AVX512-BF16 and masks whose rows' key ranges hold few masked keys
+//! (causal, long packed documents), `packed` runs them in bf16 with f32 accumulation.
 //!
 //! What it is not: a different function. Values equal the dense form up to summation order;
 //! a row whose bias is all `-inf` gives NaN, as the dense softmax does, and so does its query
@@ -36,6 +38,8 @@ use rayon::prelude::*;
 
 use crate::kernels::Real;
 
+mod packed;
+
 /// Query rows per block (and rows of a register tile).
 pub(crate) const QB: usize = 4;
 /// Columns of a register tile.
@@ -43,7 +47,7 @@ const TILE: usize = 16;
 
 /// The shapes of one attention call.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Dims {
+pub struct Dims {
     pub batch: usize,
     pub kv_heads: usize,
     /// Query heads per key/value head (R).
@@ -181,8 +185,10 @@ fn blocks(dims: &Dims, runs: &KeyRuns, b: usize, g: usize) -> Vec<Block> {
 
 /// What the forward keeps for the backward.
 pub struct Saved<T> {
-    /// Per (batch, key/value head) task: the probabilities of its blocks.
+    /// Per (batch, key/value head) task: the probabilities of its blocks (of `packed`'s tiles
+    /// when `packed`).
     probs: Vec<Vec<T>>,
+    packed: bool,
 }
 
 impl<T> Saved<T> {
@@ -245,6 +251,37 @@ pub trait Tiles: Real {
     ) {
         plain::add_outer(w, stride, col, x, scale, span, m)
     }
+
+    /// The forward with its products in bf16 (`packed`), where this type, CPU and mask have
+    /// it: the output and the probabilities per task.
+    #[allow(clippy::too_many_arguments)]
+    fn packed_forward(
+        _q: &[Self],
+        _k: &[Self],
+        _v: &[Self],
+        _bias: &[Self],
+        _runs: &KeyRuns,
+        _dims: Dims,
+        _scale: f64,
+        _keep: bool,
+    ) -> Option<(Vec<Self>, Vec<Vec<Self>>)> {
+        None
+    }
+
+    /// The backward of `packed_forward` (None where it never runs).
+    #[allow(clippy::too_many_arguments)]
+    fn packed_backward(
+        _q: &[Self],
+        _k: &[Self],
+        _v: &[Self],
+        _runs: &KeyRuns,
+        _dims: Dims,
+        _scale: f64,
+        _probs: &[Vec<Self>],
+        _grad_out: &[Self],
+    ) -> Option<(Vec<Self>, Vec<Self>, Vec<Self>)> {
+        None
+    }
 }
 
 impl Tiles for f64 {}
@@ -300,6 +337,42 @@ impl Tiles for f32 {
             return unsafe { avx2::add_outer(w, stride, col, x, scale, span, m) };
         }
         plain::add_outer(w, stride, col, x, scale, span, m)
+    }
+
+    fn packed_forward(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        bias: &[f32],
+        runs: &KeyRuns,
+        dims: Dims,
+        scale: f64,
+        keep: bool,
+    ) -> Option<(Vec<f32>, Vec<Vec<f32>>)> {
+        packed::worthwhile(&dims, runs)
+            .then(|| packed::forward(q, k, v, bias, runs, dims, scale as f32, keep))
+    }
+
+    fn packed_backward(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        runs: &KeyRuns,
+        dims: Dims,
+        scale: f64,
+        probs: &[Vec<f32>],
+        grad_out: &[f32],
+    ) -> Option<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        Some(packed::backward(
+            q,
+            k,
+            v,
+            runs,
+            dims,
+            scale as f32,
+            probs,
+            grad_out,
+        ))
     }
 }
 
@@ -761,7 +834,8 @@ fn backward_task<T: Tiles>(
 }
 
 /// The forward pass: `out` = attention of `q`, `k`, `v` (layouts in the module doc); returns
-/// the probabilities when `keep` is set.
+/// the probabilities when `keep` is set. With `bf16`, the products run in bf16 (`packed`)
+/// where the CPU and the mask suit it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward<T: Tiles>(
     q: &[T],
@@ -772,7 +846,17 @@ pub(crate) fn forward<T: Tiles>(
     dims: Dims,
     scale: f64,
     keep: bool,
+    bf16: bool,
 ) -> (Vec<T>, Option<Saved<T>>) {
+    if bf16 && let Some((out, probs)) = T::packed_forward(q, k, v, bias, runs, dims, scale, keep) {
+        return (
+            out,
+            keep.then_some(Saved {
+                probs,
+                packed: true,
+            }),
+        );
+    }
     let scale = T::from(scale).unwrap_or_else(T::one);
     let d = dims.head_dim;
     let group_q = dims.group * dims.q_len * d;
@@ -799,7 +883,13 @@ pub(crate) fn forward<T: Tiles>(
             store
         })
         .collect();
-    (out, keep.then_some(Saved { probs }))
+    (
+        out,
+        keep.then_some(Saved {
+            probs,
+            packed: false,
+        }),
+    )
 }
 
 /// The backward pass: `(dq, dk, dv)` from `grad_out` (the layout of q), with the forward's
@@ -818,10 +908,14 @@ pub(crate) fn backward<T: Tiles>(
 ) -> (Vec<T>, Vec<T>, Vec<T>) {
     let saved = match saved {
         Some(saved) => saved,
-        None => forward(q, k, v, bias, runs, dims, scale, true)
+        None => forward(q, k, v, bias, runs, dims, scale, true, false)
             .1
             .expect("kept probabilities"),
     };
+    if saved.packed {
+        return T::packed_backward(q, k, v, runs, dims, scale, &saved.probs, grad_out)
+            .expect("packed probabilities come from a type with the packed products");
+    }
     let scale = T::from(scale).unwrap_or_else(T::one);
     let d = dims.head_dim;
     let group_q = dims.group * dims.q_len * d;

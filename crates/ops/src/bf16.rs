@@ -242,7 +242,7 @@ fn bits_branchless(x: f32) -> u16 {
 /// checked at run time) so that the compiler vectorizes the conversion: packing was about a
 /// seventh of a bf16 training step at SmolLM2-135M's shapes on a Zen 4 with the scalar,
 /// branching `bf16_bits`, called per element.
-mod convert {
+pub(crate) mod convert {
     use super::bits_branchless;
 
     /// `dst[i] = bf16_bits(src[i])`.
@@ -314,7 +314,7 @@ mod convert {
                 $generic($($arg),*)
             }
 
-            pub(super) fn $public($($arg: $ty),*) {
+            pub(crate) fn $public($($arg: $ty),*) {
                 #[cfg(target_arch = "x86_64")]
                 match width() {
                     // SAFETY: the CPU has AVX-512F/BW/VL (`width`).
@@ -449,10 +449,18 @@ mod convert {
     /// The bf16 halves of pair words, in memory order (low half first on little-endian
     /// targets, the only ones `PackedA::from_rows` reads them on).
     #[cfg(target_endian = "little")]
-    pub(super) fn halves(words: &mut [u32]) -> &mut [u16] {
+    pub(crate) fn halves(words: &mut [u32]) -> &mut [u16] {
         // SAFETY: u16 has no invalid bit patterns and half the alignment of u32; the slice
         // covers exactly the words' bytes and borrows them mutably for its lifetime.
         unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u16>(), words.len() * 2) }
+    }
+
+    /// [`halves`] of a shared slice: pair words read as a panel of bf16 (`PackedB`'s
+    /// `[pairs][NR][2]` is `[pairs][NR]` words on little-endian targets).
+    #[cfg(target_endian = "little")]
+    pub(crate) fn halves_ref(words: &[u32]) -> &[u16] {
+        // SAFETY: as for `halves`, shared.
+        unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u16>(), words.len() * 2) }
     }
 
     /// The pair words of a panel row of bf16 (`PackedB`), in memory order: Some where the
@@ -960,12 +968,24 @@ unsafe fn compute_tile(
                 unsafe {
                     let at = c.add(row * ldc + tile.col0);
                     match mr {
-                        6 => avx512::kernel::<6>(a.kp, a_rows, panel, at, ldc, tile.cols, acc),
-                        5 => avx512::kernel::<5>(a.kp, a_rows, panel, at, ldc, tile.cols, acc),
-                        4 => avx512::kernel::<4>(a.kp, a_rows, panel, at, ldc, tile.cols, acc),
-                        3 => avx512::kernel::<3>(a.kp, a_rows, panel, at, ldc, tile.cols, acc),
-                        2 => avx512::kernel::<2>(a.kp, a_rows, panel, at, ldc, tile.cols, acc),
-                        _ => avx512::kernel::<1>(a.kp, a_rows, panel, at, ldc, tile.cols, acc),
+                        6 => {
+                            avx512::kernel::<6>(a.kp, a.kp, a_rows, panel, at, ldc, tile.cols, acc)
+                        }
+                        5 => {
+                            avx512::kernel::<5>(a.kp, a.kp, a_rows, panel, at, ldc, tile.cols, acc)
+                        }
+                        4 => {
+                            avx512::kernel::<4>(a.kp, a.kp, a_rows, panel, at, ldc, tile.cols, acc)
+                        }
+                        3 => {
+                            avx512::kernel::<3>(a.kp, a.kp, a_rows, panel, at, ldc, tile.cols, acc)
+                        }
+                        2 => {
+                            avx512::kernel::<2>(a.kp, a.kp, a_rows, panel, at, ldc, tile.cols, acc)
+                        }
+                        _ => {
+                            avx512::kernel::<1>(a.kp, a.kp, a_rows, panel, at, ldc, tile.cols, acc)
+                        }
                     }
                 }
                 r += mr;
@@ -976,6 +996,69 @@ unsafe fn compute_tile(
         Backend::Avx2 => unsafe { avx2::tile(a.kp, &a.data, panel, c, ldc, tile) },
         // SAFETY: forwarded.
         _ => unsafe { portable_tile(a, panel, c, ldc, tile) },
+    }
+}
+
+/// Whether [`rows_times_panel`] can run (the CPU has AVX512-BF16).
+pub(crate) fn raw_kernel_available() -> bool {
+    avx512_bf16_supported()
+}
+
+/// `C[r][c] (+)= sum_{j < pairs} A[r * lda + j] . panel[j][c]` for `r < rows`, `c < cols`
+/// (<= NR): the AVX512-BF16 microkernel on raw operands, for callers that pack their own
+/// (the attention kernels: sub-ranges of a contraction, strided rows). `a` holds pair words,
+/// `panel` `[pairs][NR][2]` bf16; C is row-major with stride `ldc`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rows_times_panel(
+    a: &[u32],
+    lda: usize,
+    rows: usize,
+    pairs: usize,
+    panel: &[u16],
+    c: &mut [f32],
+    ldc: usize,
+    cols: usize,
+    accumulate: bool,
+) {
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    assert!(raw_kernel_available(), "rows_times_panel: no AVX512-BF16");
+    assert!(
+        pairs <= lda || rows == 1,
+        "rows_times_panel: {pairs} pairs, stride {lda}"
+    );
+    assert!(
+        a.len() >= (rows - 1) * lda + pairs,
+        "rows_times_panel: A too short"
+    );
+    assert!(
+        panel.len() >= pairs * NR * 2,
+        "rows_times_panel: panel too short"
+    );
+    assert!(cols <= NR && cols <= ldc && c.len() >= (rows - 1) * ldc + cols);
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut r = 0;
+        while r < rows {
+            let mr = (rows - r).min(MR);
+            let a_rows = &a[r * lda..];
+            // SAFETY: AVX512-BF16 is available (asserted); rows r..r + mr of A hold `pairs`
+            // words at stride lda and rows r..r + mr of C `cols` floats at stride ldc
+            // (asserted above); the panel holds `pairs` pair rows.
+            unsafe {
+                let at = c.as_mut_ptr().add(r * ldc);
+                match mr {
+                    6 => avx512::kernel::<6>(pairs, lda, a_rows, panel, at, ldc, cols, accumulate),
+                    5 => avx512::kernel::<5>(pairs, lda, a_rows, panel, at, ldc, cols, accumulate),
+                    4 => avx512::kernel::<4>(pairs, lda, a_rows, panel, at, ldc, cols, accumulate),
+                    3 => avx512::kernel::<3>(pairs, lda, a_rows, panel, at, ldc, cols, accumulate),
+                    2 => avx512::kernel::<2>(pairs, lda, a_rows, panel, at, ldc, cols, accumulate),
+                    _ => avx512::kernel::<1>(pairs, lda, a_rows, panel, at, ldc, cols, accumulate),
+                }
+            }
+            r += mr;
+        }
     }
 }
 
@@ -1389,14 +1472,17 @@ mod avx512 {
     use super::NR;
     use std::arch::x86_64::*;
 
-    /// `C[0..R, 0..cols] = A[0..R] . panel`, R rows of A pairs (`kp` each, row-major).
+    /// `C[0..R, 0..cols] = A[0..R] . panel`, R rows of A pairs (`kp` each, row `r` at
+    /// `r * lda`).
     ///
     /// # Safety
-    /// AVX512F and AVX512-BF16 are available; `a` holds R * kp pairs; `panel` kp * NR * 2
-    /// bf16; `c` R rows of `ldc` floats with `cols` (<= NR) writable each.
+    /// AVX512F and AVX512-BF16 are available; `a` holds (R - 1) * lda + kp pairs; `panel`
+    /// kp * NR * 2 bf16; `c` R rows of `ldc` floats with `cols` (<= NR) writable each.
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bf16")]
     pub(super) unsafe fn kernel<const R: usize>(
         kp: usize,
+        lda: usize,
         a: &[u32],
         panel: &[u16],
         c: *mut f32,
@@ -1404,7 +1490,7 @@ mod avx512 {
         cols: usize,
         accumulate: bool,
     ) {
-        debug_assert!(a.len() >= R * kp && panel.len() >= kp * NR * 2 && cols <= NR);
+        debug_assert!(a.len() >= (R - 1) * lda + kp && panel.len() >= kp * NR * 2 && cols <= NR);
         let mut acc = [[_mm512_setzero_ps(); 4]; R];
         let ap = a.as_ptr();
         let bp = panel.as_ptr();
@@ -1427,7 +1513,7 @@ mod avx512 {
             };
             for (r, acc_row) in acc.iter_mut().enumerate() {
                 // SAFETY: r < R and j < kp index inside `a`.
-                let pair = unsafe { *ap.add(r * kp + j) } as i32;
+                let pair = unsafe { *ap.add(r * lda + j) } as i32;
                 // SAFETY: both are 64-byte vector types; the bits are 16 bf16 pairs.
                 let av =
                     unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(pair)) };

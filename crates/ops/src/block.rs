@@ -580,8 +580,18 @@ fn forward_impl<T: BlockReal>(
 
     let dims = attention_dims(shape, inputs);
     let scale = 1.0 / (hd as f64).sqrt();
-    let (out_heads, probs) =
-        attention_rows::forward(&qh, &kh, &vh, inputs.bias, inputs.runs, dims, scale, keep);
+    // bf16 products in bf16 mode (where the CPU and the mask suit them: `attention_rows`).
+    let (out_heads, probs) = attention_rows::forward(
+        &qh,
+        &kh,
+        &vh,
+        inputs.bias,
+        inputs.runs,
+        dims,
+        scale,
+        keep,
+        p == Precision::Bf16,
+    );
     let attn = T::prepared(
         p,
         from_heads(&out_heads, shape, shape.q_heads, inputs, false),

@@ -125,6 +125,7 @@ impl<T: Tiles> FusedAttention<T> {
             dims,
             scale,
             keep,
+            false,
         );
         Ok(Self {
             scale,
@@ -156,8 +157,9 @@ impl<T: Tiles> FusedAttention<T> {
         let name = "stoke-fused-attention";
         let [q, k, v] = inputs.map(|(data, layout)| contiguous_slice(data, layout, name));
         let bias = values::<T>(&self.bias)?;
-        let (out, _) =
-            attention_rows::forward(q?, k?, v?, &bias, &self.runs, self.dims, self.scale, false);
+        let (out, _) = attention_rows::forward(
+            q?, k?, v?, &bias, &self.runs, self.dims, self.scale, false, false,
+        );
         Ok(out)
     }
 }
