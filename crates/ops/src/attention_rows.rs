@@ -719,6 +719,21 @@ struct Task<'a, T> {
     v: &'a [T],
 }
 
+impl<'a, T> Task<'a, T> {
+    /// Task `index` (batch `index / kv_heads`, key/value head `index % kv_heads`) of a call.
+    fn of(index: usize, dims: &Dims, q: &'a [T], k: &'a [T], v: &'a [T]) -> Self {
+        let group_q = dims.group * dims.q_len * dims.head_dim;
+        let kv_size = dims.k_len * dims.head_dim;
+        Task {
+            b: index / dims.kv_heads,
+            g: index % dims.kv_heads,
+            q: &q[index * group_q..(index + 1) * group_q],
+            k: &k[index * kv_size..(index + 1) * kv_size],
+            v: &v[index * kv_size..(index + 1) * kv_size],
+        }
+    }
+}
+
 /// `R` row slices of a `[rows, head_dim]` matrix from row `first`.
 fn rows_of<T>(m: &[T], first: usize, rows: usize, head_dim: usize) -> Vec<&[T]> {
     (first..first + rows)
@@ -858,31 +873,16 @@ pub(crate) fn forward<T: Tiles>(
         );
     }
     let scale = T::from(scale).unwrap_or_else(T::one);
-    let d = dims.head_dim;
-    let group_q = dims.group * dims.q_len * d;
-    let kv_size = dims.k_len * d;
-    let mut out = vec![T::zero(); dims.batch * dims.q_heads() * dims.q_len * d];
-    let probs: Vec<Vec<T>> = out
-        .par_chunks_mut(group_q.max(1))
-        .enumerate()
-        .map(|(index, out)| {
-            let task = Task {
-                b: index / dims.kv_heads,
-                g: index % dims.kv_heads,
-                q: &q[index * group_q..(index + 1) * group_q],
-                k: &k[index * kv_size..(index + 1) * kv_size],
-                v: &v[index * kv_size..(index + 1) * kv_size],
-            };
-            let mut store = Vec::new();
-            if keep {
-                let blocks = blocks(&dims, runs, task.b, task.g);
-                let total = blocks.last().map_or(0, |l| l.offset + l.rows * l.width);
-                store.resize(total, T::zero());
-            }
-            forward_task(task, bias, runs, &dims, scale, out, &mut store);
-            store
-        })
-        .collect();
+    let (out, probs) = forward_tasks(q, k, v, &dims, |task, out| {
+        let mut store = Vec::new();
+        if keep {
+            let blocks = blocks(&dims, runs, task.b, task.g);
+            let total = blocks.last().map_or(0, |l| l.offset + l.rows * l.width);
+            store.resize(total, T::zero());
+        }
+        forward_task(task, bias, runs, &dims, scale, out, &mut store);
+        store
+    });
     (
         out,
         keep.then_some(Saved {
@@ -917,6 +917,51 @@ pub(crate) fn backward<T: Tiles>(
             .expect("packed probabilities come from a type with the packed products");
     }
     let scale = T::from(scale).unwrap_or_else(T::one);
+    backward_tasks(
+        q,
+        k,
+        v,
+        grad_out,
+        &dims,
+        &saved.probs,
+        |task, grad, probs, dq, dk, dv| {
+            backward_task(task, grad, probs, runs, &dims, scale, dq, dk, dv)
+        },
+    )
+}
+
+/// Runs `f(task, its output rows)` for every (batch, key/value head) task in parallel, over a
+/// new output in q's layout; returns it with each task's result, in task order.
+fn forward_tasks<T: Real, R: Send>(
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    dims: &Dims,
+    f: impl Fn(Task<'_, T>, &mut [T]) -> R + Sync,
+) -> (Vec<T>, Vec<R>) {
+    let d = dims.head_dim;
+    let group_q = dims.group * dims.q_len * d;
+    let mut out = vec![T::zero(); dims.batch * dims.q_heads() * dims.q_len * d];
+    let results = out
+        .par_chunks_mut(group_q.max(1))
+        .enumerate()
+        .map(|(index, out)| f(Task::of(index, dims, q, k, v), out))
+        .collect();
+    (out, results)
+}
+
+/// Runs `f(task, its rows of grad_out, its saved values, its dq, dk, dv)` for every task in
+/// parallel, over new gradients (zeroed) in the layouts of q, k and v; returns them.
+#[allow(clippy::type_complexity)]
+fn backward_tasks<T: Real, S: Sync>(
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    grad_out: &[T],
+    dims: &Dims,
+    saved: &[S],
+    f: impl Fn(Task<'_, T>, &[T], &S, &mut [T], &mut [T], &mut [T]) + Sync,
+) -> (Vec<T>, Vec<T>, Vec<T>) {
     let d = dims.head_dim;
     let group_q = dims.group * dims.q_len * d;
     let kv_size = dims.k_len * d;
@@ -927,18 +972,11 @@ pub(crate) fn backward<T: Tiles>(
     dq.par_chunks_mut(group_q.max(1))
         .zip(dk.par_chunks_mut(kv_size.max(1)))
         .zip(dv.par_chunks_mut(kv_size.max(1)))
-        .zip(saved.probs.par_iter())
+        .zip(saved.par_iter())
         .enumerate()
-        .for_each(|(index, (((dq, dk), dv), probs))| {
-            let task = Task {
-                b: index / dims.kv_heads,
-                g: index % dims.kv_heads,
-                q: &q[index * group_q..(index + 1) * group_q],
-                k: &k[index * kv_size..(index + 1) * kv_size],
-                v: &v[index * kv_size..(index + 1) * kv_size],
-            };
+        .for_each(|(index, (((dq, dk), dv), saved))| {
             let grad = &grad_out[index * group_q..(index + 1) * group_q];
-            backward_task(task, grad, probs, runs, &dims, scale, dq, dk, dv);
+            f(Task::of(index, dims, q, k, v), grad, saved, dq, dk, dv);
         });
     (dq, dk, dv)
 }

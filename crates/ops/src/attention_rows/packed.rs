@@ -23,9 +23,7 @@
 //! What it is not: an f32 path (f32 mode keeps the exact tiles) nor an AMX one (untested
 //! here: CPUs without AVX512-BF16 keep the f32 tiles).
 
-use rayon::prelude::*;
-
-use super::{Dims, KeyRuns};
+use super::{Dims, KeyRuns, Task, backward_tasks, forward_tasks};
 use crate::bf16::{NR, convert, pair_words, rows_times_panel};
 
 /// Query rows per tile: the microkernel's row block.
@@ -167,6 +165,62 @@ fn transpose_into(src: &[f32], rows: usize, cols: usize, ld: usize, dst: &mut [f
     }
 }
 
+/// `s[r][c] = sum_j rows[r][j] . panels[p][j][c]` over the tile's key panels `p` (columns from
+/// the tile's `base`, row stride `ld`): `S = Q K^T` and `dP = dO V^T` for one tile, `rows` its
+/// query rows as pair words (`dp` per row), `panels` from `row_panels`.
+fn key_panel_products(
+    rows: &[u32],
+    dp: usize,
+    tile: &Tile,
+    panels: &[u32],
+    s: &mut [f32],
+    ld: usize,
+) {
+    let p0 = tile.c0 / NR;
+    for p in tile.panels() {
+        rows_times_panel(
+            rows,
+            dp,
+            tile.rows,
+            dp,
+            convert::halves_ref(&panels[p * dp * NR..(p + 1) * dp * NR]),
+            &mut s[(p - p0) * NR..],
+            ld,
+            NR,
+            false,
+        );
+    }
+}
+
+/// `out[r][c] = sum_j w[r][j] . m[c0 + j][c]` for the tile's rows (`out` row stride `d`):
+/// `O = P V` and `dQ = dS K` for one tile, `w` its rows as pair words from key `c0` (stride
+/// `lda`), `panels` `m`'s `column_panels` (`np` pairs each).
+fn column_panel_products(
+    w: &[u32],
+    lda: usize,
+    tile: &Tile,
+    panels: &[u32],
+    np: usize,
+    out: &mut [f32],
+    d: usize,
+) {
+    let pairs = tile.width().div_ceil(2);
+    for pd in 0..d.div_ceil(NR) {
+        let at = pd * np + tile.c0 / 2;
+        rows_times_panel(
+            w,
+            lda,
+            tile.rows,
+            pairs,
+            convert::halves_ref(&panels[at * NR..(at + pairs) * NR]),
+            &mut out[pd * NR..],
+            d,
+            (d - pd * NR).min(NR),
+            false,
+        );
+    }
+}
+
 /// `pair_words` into a reused buffer: an odd row's last value gets a zero partner (the
 /// buffer's old value there would otherwise multiply a real key).
 fn odd_pair_words(row: &[f32], dst: &mut [u32]) {
@@ -217,17 +271,9 @@ fn tile_softmax(
     dead
 }
 
-/// One (batch, key/value head) task's inputs.
-struct Task<'a> {
-    b: usize,
-    g: usize,
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
-}
-
+/// The tiles of one task: its output rows, and its probabilities (tile by tile) when `keep`.
 fn forward_task(
-    task: &Task<'_>,
+    task: &Task<'_, f32>,
     bias: &[f32],
     runs: &KeyRuns,
     dims: &Dims,
@@ -261,20 +307,8 @@ fn forward_task(
             o.fill(f32::NAN);
             continue;
         }
-        let (p0, skip) = (tile.c0 / NR, tile.c0 - tile.base());
-        for p in tile.panels() {
-            rows_times_panel(
-                &qw[first * dp..],
-                dp,
-                tile.rows,
-                dp,
-                convert::halves_ref(&kp[p * dp * NR..(p + 1) * dp * NR]),
-                &mut s[(p - p0) * NR..],
-                ld,
-                NR,
-                false,
-            );
-        }
+        let skip = tile.c0 - tile.base();
+        key_panel_products(&qw[first * dp..], dp, tile, &kp, &mut s, ld);
         let head = task.g * dims.group + tile.h;
         let dead = tile_softmax(&mut s[skip..], ld, tile, bias, dims, task.b, head, scale);
         let width = tile.width();
@@ -285,22 +319,7 @@ fn forward_task(
             }
             odd_pair_words(row, &mut pw[r * (ld / 2)..]);
         }
-        let pairs = width.div_ceil(2);
-        for pd in 0..d.div_ceil(NR) {
-            let panel = &vp[(pd * tp + tile.c0 / 2) * NR..(pd * tp + tile.c0 / 2 + pairs) * NR];
-            let cols = (d - pd * NR).min(NR);
-            rows_times_panel(
-                &pw,
-                ld / 2,
-                tile.rows,
-                pairs,
-                convert::halves_ref(panel),
-                &mut o[pd * NR..],
-                d,
-                cols,
-                false,
-            );
-        }
+        column_panel_products(&pw, ld / 2, tile, &vp, tp, o, d);
         for (r, &is_dead) in dead.iter().enumerate().take(tile.rows) {
             if is_dead {
                 o[r * d..(r + 1) * d].fill(f32::NAN);
@@ -323,25 +342,9 @@ pub(super) fn forward(
     scale: f32,
     keep: bool,
 ) -> (Vec<f32>, Vec<Vec<f32>>) {
-    let d = dims.head_dim;
-    let group_q = dims.group * dims.q_len * d;
-    let kv_size = dims.k_len * d;
-    let mut out = vec![0.0f32; dims.batch * dims.q_heads() * dims.q_len * d];
-    let probs = out
-        .par_chunks_mut(group_q.max(1))
-        .enumerate()
-        .map(|(index, out)| {
-            let task = Task {
-                b: index / dims.kv_heads,
-                g: index % dims.kv_heads,
-                q: &q[index * group_q..(index + 1) * group_q],
-                k: &k[index * kv_size..(index + 1) * kv_size],
-                v: &v[index * kv_size..(index + 1) * kv_size],
-            };
-            forward_task(&task, bias, runs, &dims, scale, out, keep)
-        })
-        .collect();
-    (out, probs)
+    forward_tasks(q, k, v, &dims, |task, out| {
+        forward_task(&task, bias, runs, &dims, scale, out, keep)
+    })
 }
 
 /// Per key panel, the pair rows `[from, to)` of head `h`'s query rows whose tiles reach it.
@@ -356,9 +359,10 @@ fn reaching_pairs(tiles: &[Tile], h: usize, panels: usize, q_len: usize) -> Vec<
     range
 }
 
+/// The tiles of one task backward: its query gradient rows, key and value gradients.
 #[allow(clippy::too_many_arguments)]
 fn backward_task(
-    task: &Task<'_>,
+    task: &Task<'_, f32>,
     grad: &[f32],
     probs: &[f32],
     runs: &KeyRuns,
@@ -396,21 +400,8 @@ fn backward_task(
                 dq_rows.fill(f32::NAN);
                 continue;
             }
-            let (p0, width) = (tile.c0 / NR, tile.width());
-            let skip = tile.c0 - tile.base();
-            for p in tile.panels() {
-                rows_times_panel(
-                    &gw[first * dp..],
-                    dp,
-                    tile.rows,
-                    dp,
-                    convert::halves_ref(&vp[p * dp * NR..(p + 1) * dp * NR]),
-                    &mut s[(p - p0) * NR..],
-                    ld,
-                    NR,
-                    false,
-                );
-            }
+            let (skip, width) = (tile.c0 - tile.base(), tile.width());
+            key_panel_products(&gw[first * dp..], dp, tile, &vp, &mut s, ld);
             let p_tile = &probs[tile.offset..tile.offset + tile.rows * width];
             // dS = scale * P * (dP - rowsum(P * dP)), in f32.
             crate::vexp::dispatch(
@@ -428,22 +419,7 @@ fn backward_task(
             for r in 0..tile.rows {
                 odd_pair_words(&s[r * ld + skip..][..width], &mut pw[r * (ld / 2)..]);
             }
-            let pairs = width.div_ceil(2);
-            for pd in 0..d.div_ceil(NR) {
-                let at = pd * kp2 + tile.c0 / 2;
-                let cols = (d - pd * NR).min(NR);
-                rows_times_panel(
-                    &pw,
-                    ld / 2,
-                    tile.rows,
-                    pairs,
-                    convert::halves_ref(&kc[at * NR..(at + pairs) * NR]),
-                    &mut dq_rows[pd * NR..],
-                    d,
-                    cols,
-                    false,
-                );
-            }
+            column_panel_products(&pw, ld / 2, tile, &kc, kp2, dq_rows, d);
             let head = task.g * dims.group + h;
             for r in 0..tile.rows {
                 if runs
@@ -520,30 +496,17 @@ pub(super) fn backward(
     probs: &[Vec<f32>],
     grad_out: &[f32],
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-    let d = dims.head_dim;
-    let group_q = dims.group * dims.q_len * d;
-    let kv_size = dims.k_len * d;
-    let tasks = dims.batch * dims.kv_heads;
-    let mut dq = vec![0.0f32; tasks * group_q];
-    let mut dk = vec![0.0f32; tasks * kv_size];
-    let mut dv = vec![0.0f32; tasks * kv_size];
-    dq.par_chunks_mut(group_q.max(1))
-        .zip(dk.par_chunks_mut(kv_size.max(1)))
-        .zip(dv.par_chunks_mut(kv_size.max(1)))
-        .zip(probs.par_iter())
-        .enumerate()
-        .for_each(|(index, (((dq, dk), dv), probs))| {
-            let task = Task {
-                b: index / dims.kv_heads,
-                g: index % dims.kv_heads,
-                q: &q[index * group_q..(index + 1) * group_q],
-                k: &k[index * kv_size..(index + 1) * kv_size],
-                v: &v[index * kv_size..(index + 1) * kv_size],
-            };
-            let grad = &grad_out[index * group_q..(index + 1) * group_q];
-            backward_task(&task, grad, probs, runs, &dims, scale, dq, dk, dv);
-        });
-    (dq, dk, dv)
+    backward_tasks(
+        q,
+        k,
+        v,
+        grad_out,
+        &dims,
+        probs,
+        |task, grad, probs, dq, dk, dv| {
+            backward_task(&task, grad, probs, runs, &dims, scale, dq, dk, dv)
+        },
+    )
 }
 
 #[cfg(test)]
