@@ -692,19 +692,10 @@ fn block_softmax<T: Real>(
                         *v = *v * scale + m;
                     }
                 }
-                let max = crate::kernels::lane_max(row);
-                if max == T::neg_infinity() {
-                    return false;
-                }
-                let inv = T::one() / crate::kernels::exp_shifted_sum(row, max);
-                row.iter_mut().for_each(|v| *v *= inv);
-                true
+                crate::kernels::softmax_or_zeros(row)
             },
         );
-        if !alive {
-            dead[r] = true;
-            row.fill(T::zero());
-        }
+        dead[r] = !alive;
     }
     dead
 }

@@ -958,37 +958,21 @@ unsafe fn compute_tile(
         Backend::Amx => unsafe { amx::tile(a.kp, &a.data, panel, c, ldc, tile) },
         #[cfg(target_arch = "x86_64")]
         Backend::Avx512Bf16 => {
-            let acc = tile.accumulate;
-            let mut r = 0;
-            while r < tile.rows {
-                let mr = (tile.rows - r).min(MR);
-                let row = tile.row0 + r;
-                let a_rows = &a.data[row * a.kp..(row + mr) * a.kp];
-                // SAFETY: rows row..row + mr < m and columns col0..col0 + cols < ldc of C.
-                unsafe {
-                    let at = c.add(row * ldc + tile.col0);
-                    match mr {
-                        6 => {
-                            avx512::kernel::<6>(a.kp, a.kp, a_rows, panel, at, ldc, tile.cols, acc)
-                        }
-                        5 => {
-                            avx512::kernel::<5>(a.kp, a.kp, a_rows, panel, at, ldc, tile.cols, acc)
-                        }
-                        4 => {
-                            avx512::kernel::<4>(a.kp, a.kp, a_rows, panel, at, ldc, tile.cols, acc)
-                        }
-                        3 => {
-                            avx512::kernel::<3>(a.kp, a.kp, a_rows, panel, at, ldc, tile.cols, acc)
-                        }
-                        2 => {
-                            avx512::kernel::<2>(a.kp, a.kp, a_rows, panel, at, ldc, tile.cols, acc)
-                        }
-                        _ => {
-                            avx512::kernel::<1>(a.kp, a.kp, a_rows, panel, at, ldc, tile.cols, acc)
-                        }
-                    }
-                }
-                r += mr;
+            let a_rows = &a.data[tile.row0 * a.kp..];
+            // SAFETY: rows row0..row0 + rows < m of A (kp pairs each) and of C, columns
+            // col0..col0 + cols <= ldc of C, all this tile's (the caller's contract).
+            unsafe {
+                avx512_rows(
+                    a.kp,
+                    a.kp,
+                    a_rows,
+                    tile.rows,
+                    panel,
+                    c.add(tile.row0 * ldc + tile.col0),
+                    ldc,
+                    tile.cols,
+                    tile.accumulate,
+                )
             }
         }
         #[cfg(target_arch = "x86_64")]
@@ -999,15 +983,11 @@ unsafe fn compute_tile(
     }
 }
 
-/// Whether [`rows_times_panel`] can run (the CPU has AVX512-BF16).
-pub(crate) fn raw_kernel_available() -> bool {
-    avx512_bf16_supported()
-}
-
 /// `C[r][c] (+)= sum_{j < pairs} A[r * lda + j] . panel[j][c]` for `r < rows`, `c < cols`
 /// (<= NR): the AVX512-BF16 microkernel on raw operands, for callers that pack their own
 /// (the attention kernels: sub-ranges of a contraction, strided rows). `a` holds pair words,
-/// `panel` `[pairs][NR][2]` bf16; C is row-major with stride `ldc`.
+/// `panel` `[pairs][NR][2]` bf16; C is row-major with stride `ldc`. Needs
+/// `Backend::Avx512Bf16.available()`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn rows_times_panel(
     a: &[u32],
@@ -1023,7 +1003,10 @@ pub(crate) fn rows_times_panel(
     if rows == 0 || cols == 0 {
         return;
     }
-    assert!(raw_kernel_available(), "rows_times_panel: no AVX512-BF16");
+    assert!(
+        Backend::Avx512Bf16.available(),
+        "rows_times_panel: no AVX512-BF16"
+    );
     assert!(
         pairs <= lda || rows == 1,
         "rows_times_panel: {pairs} pairs, stride {lda}"
@@ -1037,28 +1020,59 @@ pub(crate) fn rows_times_panel(
         "rows_times_panel: panel too short"
     );
     assert!(cols <= NR && cols <= ldc && c.len() >= (rows - 1) * ldc + cols);
+    // SAFETY: AVX512-BF16 is available and the operands' extents were asserted above.
     #[cfg(target_arch = "x86_64")]
-    {
-        let mut r = 0;
-        while r < rows {
-            let mr = (rows - r).min(MR);
-            let a_rows = &a[r * lda..];
-            // SAFETY: AVX512-BF16 is available (asserted); rows r..r + mr of A hold `pairs`
-            // words at stride lda and rows r..r + mr of C `cols` floats at stride ldc
-            // (asserted above); the panel holds `pairs` pair rows.
-            unsafe {
-                let at = c.as_mut_ptr().add(r * ldc);
-                match mr {
-                    6 => avx512::kernel::<6>(pairs, lda, a_rows, panel, at, ldc, cols, accumulate),
-                    5 => avx512::kernel::<5>(pairs, lda, a_rows, panel, at, ldc, cols, accumulate),
-                    4 => avx512::kernel::<4>(pairs, lda, a_rows, panel, at, ldc, cols, accumulate),
-                    3 => avx512::kernel::<3>(pairs, lda, a_rows, panel, at, ldc, cols, accumulate),
-                    2 => avx512::kernel::<2>(pairs, lda, a_rows, panel, at, ldc, cols, accumulate),
-                    _ => avx512::kernel::<1>(pairs, lda, a_rows, panel, at, ldc, cols, accumulate),
-                }
+    unsafe {
+        avx512_rows(
+            pairs,
+            lda,
+            a,
+            rows,
+            panel,
+            c.as_mut_ptr(),
+            ldc,
+            cols,
+            accumulate,
+        )
+    };
+}
+
+/// `rows` rows of C from A's rows (`pairs` words each at stride `lda`) and one panel, in
+/// microkernel blocks of MR rows.
+///
+/// # Safety
+/// AVX512F and AVX512-BF16 are available; `a` holds (rows - 1) * lda + pairs words; `panel`
+/// pairs * NR * 2 bf16; `c` `rows` rows of `ldc` floats with `cols` (<= NR) writable each.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn avx512_rows(
+    pairs: usize,
+    lda: usize,
+    a: &[u32],
+    rows: usize,
+    panel: &[u16],
+    c: *mut f32,
+    ldc: usize,
+    cols: usize,
+    acc: bool,
+) {
+    let mut r = 0;
+    while r < rows {
+        let mr = (rows - r).min(MR);
+        let a_rows = &a[r * lda..];
+        // SAFETY: rows r..r + mr of A and C lie inside the extents the caller guarantees.
+        unsafe {
+            let at = c.add(r * ldc);
+            match mr {
+                6 => avx512::kernel::<6>(pairs, lda, a_rows, panel, at, ldc, cols, acc),
+                5 => avx512::kernel::<5>(pairs, lda, a_rows, panel, at, ldc, cols, acc),
+                4 => avx512::kernel::<4>(pairs, lda, a_rows, panel, at, ldc, cols, acc),
+                3 => avx512::kernel::<3>(pairs, lda, a_rows, panel, at, ldc, cols, acc),
+                2 => avx512::kernel::<2>(pairs, lda, a_rows, panel, at, ldc, cols, acc),
+                _ => avx512::kernel::<1>(pairs, lda, a_rows, panel, at, ldc, cols, acc),
             }
-            r += mr;
         }
+        r += mr;
     }
 }
 

@@ -318,6 +318,21 @@ pub(crate) fn exp_shifted_sum<T: Real>(row: &mut [T], max: T) -> T {
     lanes_then_tail(lanes, tail)
 }
 
+/// `row` turned in place into its softmax (maximum, exponentials and sum in lanes), returning
+/// true; a row whose entries are all `-inf` (attention rows that may see no key) becomes zeros
+/// instead and gives false. Inlined, so a `vexp::dispatch` closure compiles it for its target.
+#[inline(always)]
+pub(crate) fn softmax_or_zeros<T: Real>(row: &mut [T]) -> bool {
+    let max = lane_max(row);
+    if max == T::neg_infinity() {
+        row.fill(T::zero());
+        return false;
+    }
+    let inv = T::one() / exp_shifted_sum(row, max);
+    row.iter_mut().for_each(|v| *v *= inv);
+    true
+}
+
 /// `sum a * b` in lanes (see [`lanes_then_tail`]); the slices have one length.
 #[inline(always)]
 pub(crate) fn lane_dot<T: Float>(a: &[T], b: &[T]) -> T {

@@ -91,7 +91,10 @@ fn tiles(dims: &Dims, runs: &KeyRuns, b: usize, g: usize) -> Vec<Tile> {
 /// Whether this path serves the call: AVX512-BF16 at hand, and the tiles' ranges cost at most
 /// a quarter more pairs than the mask allows (else the f32 span tiles do less work).
 pub(super) fn worthwhile(dims: &Dims, runs: &KeyRuns) -> bool {
-    if !crate::bf16::raw_kernel_available() || cfg!(target_endian = "big") || dims.head_dim == 0 {
+    if !crate::bf16::Backend::Avx512Bf16.available()
+        || cfg!(target_endian = "big")
+        || dims.head_dim == 0
+    {
         return false;
     }
     let (mut computed, mut allowed) = (0usize, 0usize);
@@ -254,19 +257,10 @@ fn tile_softmax(
                 for (v, &m) in row.iter_mut().zip(bias_row) {
                     *v = *v * scale + m;
                 }
-                let max = crate::kernels::lane_max(row);
-                if max == f32::NEG_INFINITY {
-                    return false;
-                }
-                let inv = 1.0 / crate::kernels::exp_shifted_sum(row, max);
-                row.iter_mut().for_each(|v| *v *= inv);
-                true
+                crate::kernels::softmax_or_zeros(row)
             },
         );
-        if !alive {
-            *is_dead = true;
-            row.fill(0.0);
-        }
+        *is_dead = !alive;
     }
     dead
 }
@@ -521,7 +515,7 @@ mod tests {
     /// bf16 rounding of the operands (relative 2^-7 of each result's scale), NaN exactly where
     /// the f32 path has NaN.
     fn check(dims: Dims, allowed: impl Fn(usize, usize, usize) -> bool) {
-        if !crate::bf16::raw_kernel_available() {
+        if !crate::bf16::Backend::Avx512Bf16.available() {
             eprintln!("skipped: this CPU has no AVX512-BF16, the packed attention never runs");
             return;
         }
