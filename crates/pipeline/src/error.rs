@@ -58,6 +58,26 @@ impl From<stoke_train::error::TrainError> for PipelineError {
     }
 }
 
+/// The shared metrics log's errors: a bad line keeps its file and line number.
+impl From<stoke_train::metrics::MetricsError> for PipelineError {
+    fn from(error: stoke_train::metrics::MetricsError) -> PipelineError {
+        use stoke_train::metrics::MetricsError;
+        match error {
+            MetricsError::BadLine {
+                path,
+                line,
+                message,
+            } => PipelineError::Task {
+                file: path,
+                line,
+                reason: message,
+            },
+            MetricsError::Io { path, source } => PipelineError::Io { path, source },
+            other => PipelineError::Train(Box::new(other.into())),
+        }
+    }
+}
+
 impl PipelineError {
     pub fn config(field: impl Into<String>, reason: impl Into<String>) -> PipelineError {
         PipelineError::Config {

@@ -9,26 +9,22 @@
 //! time itself (the run passes seconds in).
 //!
 //! Invariants:
-//! - Every `append` reaches the OS before it returns, so a killed run loses no complete record.
-//! - `GrpoMetricsLog::open(path, Some(step))` (resume from the checkpoint of `step`) rewrites the
-//!   file atomically keeping exactly the records whose `step <= step`; a torn last line is
-//!   dropped; any other unreadable line is an error naming its line.
+//! - The log is the shared `RunLog` of every training command (append, fsync, resume
+//!   truncation, torn-line recovery, TensorBoard event file beside it), so its rules are written
+//!   once, in `stoke_train::metrics`.
 //! - Non-finite floats survive the round trip as the strings `"NaN"`, `"Infinity"`,
 //!   `"-Infinity"`: a NaN loss is exactly what a person looks for in the log.
 //! - Step numbers count completed updates (the first update is step 1; an evaluation before any
 //!   update is step 0). A step's `policy_version` is the version its update produced.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::PipelineError;
 use crate::records::{RewardFailure, ScoredGroup};
 use crate::staleness::PolicyVersion;
-use stoke_train::metrics::{json_float, json_float_opt};
+use stoke_train::metrics::{LogRecord, RunLog, json_float, json_float_opt};
 
 /// What the trainer did with a batch: the shared step outcome (GRPO has no spike policy, so
 /// never `skipped_spike`).
@@ -280,140 +276,15 @@ impl GrpoRecord {
     }
 }
 
-/// Append-only JSONL writer of a run's GRPO records.
-pub struct GrpoMetricsLog {
-    path: PathBuf,
-    file: File,
-    line: Vec<u8>,
-}
-
-impl GrpoMetricsLog {
-    /// `None`: a fresh log (an existing file is replaced). `Some(step)`: resume from the
-    /// checkpoint of `step`; the file is rewritten atomically keeping the records with
-    /// `step <= step` (a missing file starts empty), then opened for appending.
-    pub fn open(
-        path: &Path,
-        truncate_after_step: Option<u64>,
-    ) -> Result<GrpoMetricsLog, PipelineError> {
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            fs::create_dir_all(parent).map_err(|e| PipelineError::io(parent, e))?;
-        }
-        let kept = match truncate_after_step {
-            Some(last) if path.exists() => read_records(path, true)?
-                .into_iter()
-                .filter(|r| r.step() <= last)
-                .collect(),
-            _ => Vec::new(),
-        };
-        write_atomically(path, &kept)?;
-        let file = OpenOptions::new()
-            .append(true)
-            .open(path)
-            .map_err(|e| PipelineError::io(path, e))?;
-        Ok(GrpoMetricsLog {
-            path: path.to_path_buf(),
-            file,
-            line: Vec::with_capacity(1024),
-        })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Appends one record as one line (one `write_all`).
-    pub fn append(&mut self, record: &GrpoRecord) -> Result<(), PipelineError> {
-        self.line.clear();
-        serde_json::to_writer(&mut self.line, record)
-            .map_err(|e| PipelineError::io(&self.path, std::io::Error::other(e)))?;
-        self.line.push(b'\n');
-        self.file
-            .write_all(&self.line)
-            .map_err(|e| PipelineError::io(&self.path, e))
-    }
-
-    /// Makes every appended record durable (fsync); call before saving a checkpoint.
-    pub fn flush(&mut self) -> Result<(), PipelineError> {
-        self.file
-            .flush()
-            .and_then(|()| self.file.sync_data())
-            .map_err(|e| PipelineError::io(&self.path, e))
-    }
-
-    /// Every record of a log; an unreadable line is an error naming it.
-    pub fn read_all(path: &Path) -> Result<Vec<GrpoRecord>, PipelineError> {
-        read_records(path, false)
+impl LogRecord for GrpoRecord {
+    fn step(&self) -> u64 {
+        GrpoRecord::step(self)
     }
 }
 
-fn read_records(path: &Path, drop_torn_tail: bool) -> Result<Vec<GrpoRecord>, PipelineError> {
-    let file = File::open(path).map_err(|e| PipelineError::io(path, e))?;
-    let mut reader = BufReader::new(file);
-    let mut records = Vec::new();
-    let mut buffer = Vec::new();
-    let mut line = 0usize;
-    loop {
-        buffer.clear();
-        let read = reader
-            .read_until(b'\n', &mut buffer)
-            .map_err(|e| PipelineError::io(path, e))?;
-        if read == 0 {
-            break;
-        }
-        line += 1;
-        let complete = buffer.ends_with(b"\n");
-        let bad_line = |reason: String| PipelineError::Task {
-            file: path.to_path_buf(),
-            line,
-            reason,
-        };
-        let parsed = std::str::from_utf8(&buffer)
-            .map_err(|_| "not valid UTF-8".to_string())
-            .and_then(|text| {
-                let text = text.trim();
-                if text.is_empty() {
-                    Ok(None)
-                } else {
-                    serde_json::from_str::<GrpoRecord>(text)
-                        .map(Some)
-                        .map_err(|e| e.to_string())
-                }
-            });
-        match parsed {
-            Ok(Some(record)) => records.push(record),
-            Ok(None) => {}
-            Err(_) if drop_torn_tail && !complete => break,
-            Err(reason) => return Err(bad_line(reason)),
-        }
-    }
-    Ok(records)
-}
-
-/// Replaces `path` with `records`: temp file, fsync, rename, fsync of the folder (best effort).
-fn write_atomically(path: &Path, records: &[GrpoRecord]) -> Result<(), PipelineError> {
-    let mut temp_name = path.file_name().unwrap_or_default().to_os_string();
-    temp_name.push(".tmp");
-    let temp = path.with_file_name(temp_name);
-    let mut text = Vec::new();
-    for record in records {
-        serde_json::to_writer(&mut text, record)
-            .map_err(|e| PipelineError::io(path, std::io::Error::other(e)))?;
-        text.push(b'\n');
-    }
-    let mut file = File::create(&temp).map_err(|e| PipelineError::io(&temp, e))?;
-    file.write_all(&text)
-        .and_then(|()| file.sync_all())
-        .map_err(|e| PipelineError::io(&temp, e))?;
-    drop(file);
-    fs::rename(&temp, path).map_err(|e| PipelineError::io(path, e))?;
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty())
-        && let Ok(dir) = File::open(parent)
-    {
-        // Durability of the rename only; some filesystems refuse to sync a folder.
-        let _ = dir.sync_all();
-    }
-    Ok(())
-}
+/// `stoke grpo`'s metrics log: the one log every training command writes
+/// (`stoke_train::metrics::RunLog`), over [`GrpoRecord`].
+pub type GrpoMetricsLog = RunLog<GrpoRecord>;
 
 // ---------------------------------------------------------------------------------------------
 // Batch statistics

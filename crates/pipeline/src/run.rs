@@ -117,29 +117,20 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
         .validate()
         .map_err(|(field, reason)| PipelineError::config(format!("grpo.{field}"), reason))?;
     std::fs::create_dir_all(&out_dir).map_err(|e| PipelineError::io(&out_dir, e))?;
-    let config_path = out_dir.join("config.toml");
-    std::fs::write(&config_path, &config_toml).map_err(|e| PipelineError::io(&config_path, e))?;
-
-    // Resume point.
+    // Resume point (before config.toml is written: a refused fresh start into another run's
+    // folder must leave that run's config as it was).
     let store = CheckpointStore::new(&out_dir.join("checkpoints"), settings.keep_checkpoints);
     let mut policy = policy;
     let mut start_step = 0;
-    let mut bad_streak = 0;
+    let mut engine_state = None;
     let mut optimizer_state = None;
     let mut ptx_cursor = None;
     let mut resumed_from = None;
+    let latest = store
+        .resume_point(options.resume)
+        .map_err(stoke_train::error::TrainError::from)?;
     if options.resume {
-        let latest = store
-            .find_latest()
-            .map_err(stoke_train::error::TrainError::from)?;
-        for skipped in &latest.skipped {
-            eprintln!(
-                "warning: checkpoint {} is unusable ({}); trying an older one",
-                skipped.path.display(),
-                skipped.error
-            );
-        }
-        if let Some(path) = latest.path {
+        if let Some(path) = latest {
             let loaded = load_checkpoint(&path, policy.device())
                 .map_err(stoke_train::error::TrainError::from)?;
             policy = match policy.lora_config() {
@@ -152,10 +143,18 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
                 None => loaded.model,
             };
             start_step = loaded.state.step;
-            // Checkpoints from before the shared step engine have no streak: 0.
-            bad_streak = loaded.state.extra["consecutive_bad_steps"]
-                .as_u64()
-                .unwrap_or(0);
+            engine_state = Some(match loaded.state.engine {
+                Some(engine) => engine,
+                // Checkpoints from before the typed engine state keep the streak in `extra`
+                // (and those from before the shared step engine have none: 0).
+                None => stoke_train::step::EngineState {
+                    steps: start_step,
+                    consecutive_bad_steps: loaded.state.extra["consecutive_bad_steps"]
+                        .as_u64()
+                        .unwrap_or(0),
+                    ..Default::default()
+                },
+            });
             optimizer_state = Some(loaded.optimizer_state);
             ptx_cursor = (!loaded.state.source.is_null()).then_some(loaded.state.source);
             resumed_from = Some(start_step);
@@ -167,6 +166,8 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
             );
         }
     }
+    let config_path = out_dir.join("config.toml");
+    std::fs::write(&config_path, &config_toml).map_err(|e| PipelineError::io(&config_path, e))?;
     let reference = match (reference, settings.reference_reset_every) {
         // After a reference reset the reference is the policy of the reset step, kept on disk.
         (Some(_), Some(every)) if start_step >= every => {
@@ -287,7 +288,12 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
         },
     )?;
     updater.set_steps(start_step);
-    updater.set_consecutive_bad_steps(bad_streak);
+    if let Some(state) = engine_state {
+        updater.restore_engine(stoke_train::step::EngineState {
+            steps: start_step,
+            ..state
+        })?;
+    }
     if let Some(path) = &optimizer_state {
         updater
             .optimizer_mut()
@@ -441,9 +447,7 @@ pub fn trainer_state(learner: &Learner, tokens_seen: u64) -> TrainerState {
         step: learner.step(),
         tokens_seen,
         source: learner.ptx_cursor().unwrap_or(serde_json::Value::Null),
-        extra: serde_json::json!({
-            "kind": "grpo",
-            "consecutive_bad_steps": learner.updater().consecutive_bad_steps(),
-        }),
+        engine: Some(learner.updater().engine_state()),
+        extra: serde_json::json!({ "kind": "grpo" }),
     }
 }

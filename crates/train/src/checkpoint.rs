@@ -5,7 +5,8 @@
 //! - `model/`: the model in Hugging Face layout (`Transformer::save_with_tokenizer`), so any
 //!   checkpoint is also a model folder that `stoke generate` or transformers can open;
 //! - `optimizer.safetensors`: `Optimizer::save_state` (moments, step counts, config);
-//! - `trainer_state.json`: `TrainerState` (step, tokens seen, data cursor, trainer extras);
+//! - `trainer_state.json`: `TrainerState` (step, tokens seen, data cursor, the step engine's
+//!   typed state, the command's extras);
 //! - `config.toml`: the resolved run config text;
 //! - `manifest.json`: size and xxh3-64 of every other file, written last (see `manifest`).
 //!
@@ -63,7 +64,12 @@ pub struct TrainerState {
     pub tokens_seen: u64,
     /// The BatchSource's cursor (typed by the source; opaque here).
     pub source: serde_json::Value,
-    /// Spike detector, clip state, metric running stats, RNG states (typed by the trainer).
+    /// The shared step engine's state (non-finite streak, skipped steps, spike detector), typed
+    /// and the same for every training command. Absent in checkpoints written before it was;
+    /// their `extra` holds those fields.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<crate::step::EngineState>,
+    /// The command's own state beyond the engine (MoE balancing, ...), typed by the command.
     pub extra: serde_json::Value,
 }
 
@@ -206,6 +212,23 @@ impl CheckpointStore {
             path: None,
             skipped,
         })
+    }
+
+    /// The one resume rule of every training command. With `resume`: the newest checkpoint
+    /// that verifies (older ones are tried when the newest is corrupt, each skip a warning), or
+    /// `None` when the folder holds none yet, so the run starts fresh. Without: `None`, but a
+    /// folder that already holds checkpoints is refused, so a run is never silently mixed with
+    /// another.
+    pub fn resume_point(&self, resume: bool) -> Result<Option<PathBuf>, CheckpointError> {
+        if resume {
+            return self.latest();
+        }
+        if !self.list()?.is_empty() {
+            return Err(CheckpointError::FreshStartIntoCheckpoints {
+                dir: self.dir.clone(),
+            });
+        }
+        Ok(None)
     }
 
     /// Newest checkpoint that verifies. Older ones are tried when the newest is corrupt; each

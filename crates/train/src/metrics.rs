@@ -1,28 +1,26 @@
 //! Training metrics as typed records, and the append-only JSONL log they are written to.
 //!
 //! What it is: the records a run emits (`StepMetrics` per optimizer step, `EvalMetrics` per
-//! evaluation, alerts), `MetricsLog` (one JSON object per line in `<run>/metrics.jsonl`), the MFU
+//! evaluation, alerts), `MetricsLog` (`stoke train`'s instance of [`RunLog`], the one metrics log
+//! every command writes, with TensorBoard event files beside it: see `log`, `tensorboard`), the MFU
 //! estimate with the matmul peak it is measured against, and `ThroughputTracker` (a running median
 //! of tokens/s that the monitor's throughput alert compares against).
 //! What it is not: it neither prints (monitor.rs) nor draws (report.rs), and it does not decide
 //! what a spike is (monitor.rs, and the trainer's spike handling in spike.rs).
 //!
 //! Invariants:
-//! - The log is append-only while a run is alive; every `append` reaches the OS before it returns,
-//!   so a process killed with SIGKILL loses no complete record. `flush` also fsyncs; the trainer
-//!   calls it before it saves a checkpoint.
-//! - On resume, `MetricsLog::open(path, Some(step))` rewrites the file atomically (temp file,
-//!   fsync, rename) keeping exactly the records whose `step <= step`, so the log of a resumed run
-//!   holds the same records as an uninterrupted run (up to wall-clock figures such as tokens/s).
-//!   A torn last line (the write a kill interrupted) is dropped; any other unreadable line is an
-//!   error naming its line number.
+//! - The log's append, durability, resume and torn-line rules are `log`'s: one writer and one
+//!   reader for every command.
 //! - Non-finite floats survive the round trip: JSON has no NaN/Infinity, so they are written as the
 //!   strings `"NaN"`, `"Infinity"`, `"-Infinity"` (and `null` reads back as NaN). A step with a
 //!   NaN loss is exactly the record a person wants to find in the log.
 
+mod log;
+pub mod tensorboard;
+
+pub use log::{LogRecord, RunLog, scalars};
+
 use std::collections::VecDeque;
-use std::fs::{self, File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -269,142 +267,14 @@ impl MetricRecord {
     }
 }
 
-/// Append-only JSONL writer for a run's metrics.
-pub struct MetricsLog {
-    path: PathBuf,
-    file: File,
-    /// Reused encoding buffer, so one record is one `write_all` (never half a line from us).
-    line: Vec<u8>,
-}
-
-impl MetricsLog {
-    /// Opens the log of a run.
-    ///
-    /// `truncate_after_step = None` starts a fresh log (an existing file is replaced: a fresh run's
-    /// log holds only that run's records). `Some(step)` is a resume from the checkpoint of `step`:
-    /// the file is rewritten atomically keeping only the records with `step <= step` (a missing
-    /// file is created empty), then opened for appending.
-    pub fn open(path: &Path, truncate_after_step: Option<u64>) -> Result<MetricsLog, MetricsError> {
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            fs::create_dir_all(parent).map_err(|e| MetricsError::io(parent, e))?;
-        }
-        let kept = match truncate_after_step {
-            None => Vec::new(),
-            Some(last_step) if path.exists() => read_records(path, true)?
-                .into_iter()
-                .filter(|record| record.step() <= last_step)
-                .collect(),
-            Some(_) => Vec::new(),
-        };
-        write_atomically(path, &kept)?;
-        let file = OpenOptions::new()
-            .append(true)
-            .open(path)
-            .map_err(|e| MetricsError::io(path, e))?;
-        Ok(MetricsLog {
-            path: path.to_path_buf(),
-            file,
-            line: Vec::with_capacity(256),
-        })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Appends one record as one line; it reaches the OS before this returns.
-    pub fn append(&mut self, record: &MetricRecord) -> Result<(), MetricsError> {
-        self.line.clear();
-        serde_json::to_writer(&mut self.line, record).map_err(MetricsError::Encode)?;
-        self.line.push(b'\n');
-        self.file
-            .write_all(&self.line)
-            .map_err(|e| MetricsError::io(&self.path, e))
-    }
-
-    /// Makes every appended record durable (fsync). Call before saving a checkpoint.
-    pub fn flush(&mut self) -> Result<(), MetricsError> {
-        self.file
-            .flush()
-            .map_err(|e| MetricsError::io(&self.path, e))?;
-        self.file
-            .sync_data()
-            .map_err(|e| MetricsError::io(&self.path, e))
-    }
-
-    /// Reads every record of a log; an unreadable line is an error naming its line number.
-    pub fn read_all(path: &Path) -> Result<Vec<MetricRecord>, MetricsError> {
-        read_records(path, false)
+impl LogRecord for MetricRecord {
+    fn step(&self) -> u64 {
+        MetricRecord::step(self)
     }
 }
 
-/// Parses a JSONL log. With `drop_torn_tail`, a last line without its newline that does not parse
-/// is taken for the write a kill interrupted and dropped.
-fn read_records(path: &Path, drop_torn_tail: bool) -> Result<Vec<MetricRecord>, MetricsError> {
-    let file = File::open(path).map_err(|e| MetricsError::io(path, e))?;
-    let mut reader = BufReader::new(file);
-    let mut records = Vec::new();
-    let mut buffer = String::new();
-    let mut line_number = 0usize;
-    loop {
-        buffer.clear();
-        let read = reader.read_line(&mut buffer).map_err(|e| match e.kind() {
-            std::io::ErrorKind::InvalidData => MetricsError::BadLine {
-                path: path.to_path_buf(),
-                line: line_number + 1,
-                message: "not valid UTF-8".into(),
-            },
-            _ => MetricsError::io(path, e),
-        })?;
-        if read == 0 {
-            break;
-        }
-        line_number += 1;
-        let complete = buffer.ends_with('\n');
-        let text = buffer.trim();
-        if text.is_empty() {
-            continue;
-        }
-        match serde_json::from_str::<MetricRecord>(text) {
-            Ok(record) => records.push(record),
-            Err(_) if drop_torn_tail && !complete => break,
-            Err(e) => {
-                return Err(MetricsError::BadLine {
-                    path: path.to_path_buf(),
-                    line: line_number,
-                    message: e.to_string(),
-                });
-            }
-        }
-    }
-    Ok(records)
-}
-
-/// Replaces `path` with `records`: temp file in the same folder, fsync, rename, fsync the folder.
-fn write_atomically(path: &Path, records: &[MetricRecord]) -> Result<(), MetricsError> {
-    let mut temp_name = path.file_name().unwrap_or_default().to_os_string();
-    temp_name.push(".tmp");
-    let temp = path.with_file_name(temp_name);
-    let mut text = Vec::new();
-    for record in records {
-        serde_json::to_writer(&mut text, record).map_err(MetricsError::Encode)?;
-        text.push(b'\n');
-    }
-    let mut file = File::create(&temp).map_err(|e| MetricsError::io(&temp, e))?;
-    file.write_all(&text)
-        .map_err(|e| MetricsError::io(&temp, e))?;
-    file.sync_all().map_err(|e| MetricsError::io(&temp, e))?;
-    drop(file);
-    fs::rename(&temp, path).map_err(|e| MetricsError::io(path, e))?;
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        // Durability of the rename; some filesystems refuse to open a folder, which only weakens
-        // the guarantee after a power cut, so it is not an error.
-        if let Ok(dir) = File::open(parent) {
-            let _ = dir.sync_all();
-        }
-    }
-    Ok(())
-}
+/// `stoke train`'s metrics log (the shared [`RunLog`] over [`MetricRecord`]).
+pub type MetricsLog = RunLog<MetricRecord>;
 
 /// Model FLOP utilisation: `6 * num_params * tokens_per_s / peak_flops` (forward + backward of a
 /// dense transformer, attention FLOPs left out, as in the PaLM and nanoGPT estimates).

@@ -26,6 +26,7 @@ pub mod data;
 pub mod dpo;
 pub mod kto;
 pub mod orpo;
+pub mod record;
 pub mod report;
 pub mod run;
 pub mod scoring;

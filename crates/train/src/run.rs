@@ -99,17 +99,7 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
     };
 
     let store = CheckpointStore::new(&run_dir.join("checkpoints"), config.training.keep_last);
-    let resume_path = if options.resume {
-        store.latest()?
-    } else {
-        None
-    };
-    if !options.resume && !store.list()?.is_empty() {
-        return Err(TrainError::Other(format!(
-            "{} already holds checkpoints of a run; pass --resume to continue it, or choose another output_dir",
-            store.dir().display()
-        )));
-    }
+    let resume_path = store.resume_point(options.resume)?;
     let (mut model, resumed) = match &resume_path {
         Some(path) => {
             let loaded = load_checkpoint(path, &device)?;

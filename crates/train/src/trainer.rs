@@ -84,12 +84,15 @@ pub struct StepReport {
     pub mtp_loss: Option<f64>,
 }
 
-/// The trainer's own part of `TrainerState.extra`.
+/// The trainer's own part of `TrainerState.extra`. `spike` and `consecutive_bad_steps` are read
+/// from checkpoints written before `TrainerState.engine` held them, and no longer written.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TrainerExtra {
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
     spike: serde_json::Value,
-    consecutive_bad_steps: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    consecutive_bad_steps: Option<u64>,
     /// The MoE balancing state per layer (bias rules only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     moe_bias: Vec<(usize, stoke_model::moe::BiasState)>,
@@ -280,11 +283,18 @@ impl Trainer {
         let extra: TrainerExtra = serde_json::from_value(state.extra)
             .map_err(|e| TrainError::Resume(format!("trainer state `extra`: {e}")))?;
         self.source.restore(state.source)?;
+        let engine = match state.engine {
+            Some(engine) => engine,
+            None => EngineState {
+                steps: state.step,
+                consecutive_bad_steps: extra.consecutive_bad_steps.unwrap_or(0),
+                skipped_steps: 0,
+                spike: extra.spike,
+            },
+        };
         self.engine.restore(EngineState {
             steps: state.step,
-            consecutive_bad_steps: extra.consecutive_bad_steps,
-            skipped_steps: 0,
-            spike: extra.spike,
+            ..engine
         })?;
         self.tokens_seen = state.tokens_seen;
         self.last_checkpoint = None;
@@ -301,8 +311,8 @@ impl Trainer {
     pub fn state(&self) -> TrainerState {
         let engine = self.engine.state();
         let extra = TrainerExtra {
-            spike: engine.spike,
-            consecutive_bad_steps: engine.consecutive_bad_steps,
+            spike: serde_json::Value::Null,
+            consecutive_bad_steps: None,
             moe_bias: self
                 .moe_bias
                 .iter()
@@ -313,6 +323,7 @@ impl Trainer {
             step: engine.steps,
             tokens_seen: self.tokens_seen,
             source: self.source.cursor(),
+            engine: Some(engine),
             extra: serde_json::to_value(extra).unwrap_or(serde_json::Value::Null),
         }
     }

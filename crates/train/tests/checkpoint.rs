@@ -55,6 +55,7 @@ fn state(step: u64) -> TrainerState {
         step,
         tokens_seen: step * 4096,
         source: serde_json::json!({"shard": 3, "offset": step * 17}),
+        engine: None,
         extra: serde_json::json!({"rng": [1, 2, 3], "loss_ema": 2.5}),
     }
 }

@@ -533,8 +533,12 @@ steps = 6
     );
     assert!(summary.model_dir.join("tokenizer.json").exists());
 
-    // A second run on the same pairs and weights reads the cache.
-    let again = run_preference(&file, true).unwrap();
+    // A second run on the same pairs and weights reads the cache (a run of its own: the first
+    // run's folder holds its checkpoint, and a fresh start there is refused).
+    let mut second = file.clone();
+    second.output_dir = dir.path().join("run-2");
+    second.reference.cache_dir = Some(file.output_dir.join("reference"));
+    let again = run_preference(&second, true).unwrap();
     assert!(again.reference.ends_with("(reused)"), "{}", again.reference);
 
     // Keys are checked by path.

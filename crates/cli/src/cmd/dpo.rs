@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use stoke_train::preference::run::{PreferenceFile, run_preference};
+use stoke_train::preference::run::{PreferenceFile, run_preference_with};
+use stoke_train::run::RunOptions;
 
 #[derive(Args)]
 pub struct DpoArgs {
@@ -17,12 +18,25 @@ pub struct DpoArgs {
     /// No progress output.
     #[arg(long)]
     quiet: bool,
+    /// Continue from the newest verified checkpoint in the output folder.
+    #[arg(long)]
+    resume: bool,
 }
 
 pub fn run_command(args: DpoArgs) -> anyhow::Result<()> {
     let file = PreferenceFile::load(&args.config, &args.sets)
         .with_context(|| format!("config {}", args.config.display()))?;
-    let summary = run_preference(&file, args.quiet)?;
+    let summary = run_preference_with(
+        &file,
+        &RunOptions {
+            resume: args.resume,
+            quiet: args.quiet,
+            ..RunOptions::default()
+        },
+    )?;
+    if let Some(from) = &summary.resumed_from {
+        println!("resumed from {}", from.display());
+    }
     println!(
         "{} pairs ({} lines skipped, {} responses cut to max_len); reference: {}",
         summary.pairs,
@@ -55,6 +69,7 @@ pub fn run_command(args: DpoArgs) -> anyhow::Result<()> {
     if summary.skipped_steps > 0 {
         println!("skipped steps: {}", summary.skipped_steps);
     }
+    println!("checkpoint: {}", summary.last_checkpoint.display());
     println!("metrics: {}", summary.metrics_path.display());
     println!("report: {}", summary.report_path.display());
     println!("model: {}", summary.model_dir.display());

@@ -121,21 +121,36 @@ fn check_finite(model: &Transformer, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The stage folders of a lineage entry: itself when it holds a config.toml, else its
-/// sub-folders that do, in the order their configs were written.
+/// The stage folders of a lineage entry: itself when it holds a config.toml, else the folders
+/// below it that do (a speedrun keeps its preference runs one level deeper, in
+/// `preference/<loss>/`), in the order their configs were written. A stage folder is not
+/// searched further (its checkpoints hold copies of its config).
 fn stages(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     if dir.join("config.toml").is_file() {
         return Ok(vec![dir.to_path_buf()]);
     }
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-        let path = entry?.path();
-        let config = path.join("config.toml");
-        if config.is_file() {
-            let written = std::fs::metadata(&config)?.modified()?;
-            found.push((written, path));
+    fn search(
+        dir: &Path,
+        depth: usize,
+        found: &mut Vec<(std::time::SystemTime, PathBuf)>,
+    ) -> anyhow::Result<()> {
+        for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+            let path = entry?.path();
+            if !path.is_dir() {
+                continue;
+            }
+            let config = path.join("config.toml");
+            if config.is_file() {
+                let written = std::fs::metadata(&config)?.modified()?;
+                found.push((written, path));
+            } else if depth > 1 {
+                search(&path, depth - 1, found)?;
+            }
         }
+        Ok(())
     }
+    let mut found = Vec::new();
+    search(dir, 3, &mut found)?;
     if found.is_empty() {
         bail!(
             "{}: no config.toml in it or its sub-folders (not a run folder)",
@@ -177,11 +192,18 @@ fn stage_line(dir: &Path) -> anyhow::Result<String> {
             get("grpo", "steps"),
         )
     } else if table.contains_key("dpo") {
+        let objective = get("objective", "kind").unwrap_or_else(|| "dpo".into());
+        let loss = match objective.as_str() {
+            "dpo" => get("dpo", "loss_type").unwrap_or_else(|| "sigmoid".into()),
+            "cpo" => get("cpo", "loss_type").unwrap_or_else(|| "sigmoid".into()),
+            _ => String::new(),
+        };
         (
-            format!(
-                "preference optimization ({})",
-                get("dpo", "loss_type").unwrap_or_else(|| "sigmoid".into())
-            ),
+            if loss.is_empty() {
+                format!("preference optimization ({objective})")
+            } else {
+                format!("preference optimization ({objective}, {loss})")
+            },
             get("data", "train").unwrap_or_default(),
             get("training", "steps"),
         )

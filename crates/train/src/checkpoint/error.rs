@@ -126,6 +126,11 @@ pub enum CheckpointError {
         state_step: u64,
         manifest_step: u64,
     },
+    #[error(
+        "{dir} already holds checkpoints of a run; pass --resume to continue it, or choose \
+         another output_dir"
+    )]
+    FreshStartIntoCheckpoints { dir: PathBuf },
     #[error("checkpoint model: {0}")]
     Model(#[from] stoke_model::ModelError),
     #[error("checkpoint optimizer state: {0}")]

@@ -231,6 +231,16 @@ impl PolicyUpdater {
         self.engine.set_consecutive_bad_steps(count);
     }
 
+    /// The step engine's state, as every command's checkpoint keeps it.
+    pub fn engine_state(&self) -> crate::step::EngineState {
+        self.engine.state()
+    }
+
+    /// Resume: the step engine's state of a checkpoint.
+    pub fn restore_engine(&mut self, state: crate::step::EngineState) -> Result<(), TrainError> {
+        self.engine.restore(state)
+    }
+
     /// One optimizer step on `samples` (all of one update), scored at `temperature`; see the
     /// module doc. An error (malformed samples, a failed tensor operation) leaves the weights,
     /// the optimizer and the step count as they were.

@@ -4,28 +4,29 @@
 //! and rejected log-probs (likelihood displacement shows as `logps/chosen` falling), the implicit
 //! rewards and their margin, and the reward accuracy.
 //!
-//! What it is not: it reads no files (the run passes its step reports) and computes nothing but
-//! first / last values of what the steps logged.
+//! What it is not: it reads no files (the run passes its step records, read from the log so a
+//! resumed run's report covers the whole run) and computes nothing but first / last values of
+//! what the steps logged.
 //!
 //! Invariants: a chart is drawn only for figures some step logged with a finite value (CPO and
 //! ORPO log no `rewards/*` of a reference); non-finite values are left out of charts.
 
 use std::path::{Path, PathBuf};
 
-use super::train::PairStepReport;
+use super::record::PairStepRecord;
 use crate::metrics::{MetricRecord, MetricsError, StepMetrics};
 use crate::report::{ChartSpec, ReportSection, SectionBody, Series, YScale, write_report};
 use crate::step::StepOutcome;
 
-/// The step report as the trainer's standard record (loss, lr, grad norm, tokens/s, skipped).
+/// The step record as the trainer's standard record (loss, lr, grad norm, tokens/s, skipped).
 /// MFU is not measured here (NaN: left out of the summary).
-pub fn standard_record(report: &PairStepReport, tokens_seen: u64, elapsed_s: f64) -> MetricRecord {
+pub fn standard_record(report: &PairStepRecord, tokens_seen: u64, elapsed_s: f64) -> MetricRecord {
     MetricRecord::Step(StepMetrics {
         step: report.step,
         loss: report.loss,
         lr: report.lr,
         grad_norm: report.grad_norm,
-        tokens_per_s: report.tokens as f64 / report.seconds.max(1e-9),
+        tokens_per_s: report.tokens_per_s,
         tokens_seen,
         mfu: f64::NAN,
         elapsed_s,
@@ -56,11 +57,11 @@ const CHARTS: &[(&str, &str, &[&str])] = &[
 ];
 
 /// The preference section: a table of each figure's first and last value, then the charts.
-pub fn preference_section(steps: &[PairStepReport]) -> ReportSection {
-    let mut names: Vec<&'static str> = Vec::new();
+pub fn preference_section(steps: &[PairStepRecord]) -> ReportSection {
+    let mut names: Vec<&str> = Vec::new();
     for report in steps {
-        for (name, _) in &report.metrics {
-            if !names.contains(name) {
+        for name in report.metrics.keys() {
+            if !names.contains(&name.as_str()) {
                 names.push(name);
             }
         }
@@ -114,7 +115,7 @@ pub fn preference_section(steps: &[PairStepReport]) -> ReportSection {
 }
 
 /// The steps as the trainer's standard records, with running token and time totals.
-pub fn standard_records(steps: &[PairStepReport]) -> Vec<MetricRecord> {
+pub fn standard_records(steps: &[PairStepRecord]) -> Vec<MetricRecord> {
     let (mut tokens, mut seconds) = (0u64, 0f64);
     steps
         .iter()
@@ -130,7 +131,7 @@ pub fn standard_records(steps: &[PairStepReport]) -> Vec<MetricRecord> {
 pub fn write_preference_report(
     out_dir: &Path,
     title: &str,
-    steps: &[PairStepReport],
+    steps: &[PairStepRecord],
 ) -> Result<PathBuf, MetricsError> {
     write_report(
         out_dir,
@@ -143,9 +144,10 @@ pub fn write_preference_report(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::preference::train::PairStepReport;
 
-    fn step(step: u64, chosen: f64, rejected: f64) -> PairStepReport {
-        PairStepReport {
+    fn step(step: u64, chosen: f64, rejected: f64) -> PairStepRecord {
+        PairStepRecord::from_report(&PairStepReport {
             step,
             epoch: 0,
             outcome: StepOutcome::Applied,
@@ -160,7 +162,7 @@ mod tests {
             pairs: 4,
             tokens: 400,
             seconds: 0.5,
-        }
+        })
     }
 
     #[test]

@@ -32,17 +32,26 @@
 //! steps = 200
 //! # max_bad_steps = 3; seed = 0; precision = "bf16"; activation_checkpointing
 //! # batch_shards = "auto"          # or N: each micro-batch as N shards at once, one per thread
+//! [checkpoint]                     # the [checkpoint] table of `stoke train` and `stoke grpo`
+//! every = 50                       # 0 (default): only the final checkpoint; keep = 2; keep_steps
 //! ```
 //!
-//! Files written under `output_dir`: `metrics.jsonl` (one line per step: loss, grad norm, lr,
-//! outcome, tokens/s and the loss's metrics under TRL's names), `report.html` (the trainer's
-//! summary and curves, plus the log-probs, rewards and margins charts), `model/` (HF layout, with
-//! the tokenizer), and the reference cache `reference/ref-logps-<key>.json` (reused by any later run
-//! on the same pairs and reference weights).
+//! Files written under `output_dir`: `config.toml` (the resolved config, always: `stoke export
+//! --lineage` reads it), `metrics.jsonl` (one `kind = "step"` record per step through the shared
+//! metrics log: loss, grad norm, lr, outcome, tokens/s and the loss's metrics under TRL's names)
+//! with its TensorBoard event file, `checkpoints/step-*` (the shared checkpoint layout: model,
+//! optimizer state, the step engine's typed state and the data cursor), `report.html` (the
+//! trainer's summary and curves, plus the log-probs, rewards and margins charts), `model/` (HF
+//! layout, with the tokenizer), and the reference cache `reference/ref-logps-<key>.json` (reused
+//! by any later run on the same pairs and reference weights). Under TR-DPO the synced live
+//! reference is kept in `reference-step-*` so a resume finds it.
 //!
-//! What this is not: no checkpoints or resume yet.
+//! Resume: the rule of every training command (`CheckpointStore::resume_point`): `--resume`
+//! continues from the newest checkpoint that verifies and ends with the weights of the
+//! uninterrupted run, bit for bit; a fresh start into a folder that holds checkpoints is
+//! refused. The saved config must agree in everything that changes what is trained.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use candle_core::Device;
@@ -54,16 +63,21 @@ use stoke_tokenizer::hf::Tokenizer;
 
 use super::data::read_labelled;
 use super::data::{ReadOptions, ReadReport, read_pairs};
+use super::record::{PairRecord, PairStepRecord};
 use super::scoring::{PairReference, cache_key, load_cache, save_cache, score_reference};
+use super::train::PairCursor;
 use super::train::kto_rows;
 use super::train::{PairLoopSettings, PairObjective, PairTrainer, Reference, ReferenceSync};
 use super::{CpoLoss, DpoLoss, KtoLoss, OrpoLoss};
+use crate::checkpoint::{CheckpointStore, TrainerState, load_checkpoint};
 use crate::config::{
-    ConfigError, OptimizerFile, ScheduleDefaults, ScheduleFile, apply_overrides, keys,
-    resolve_lr_schedule, resolve_optimizer,
+    CheckpointFile, ConfigError, OptimizerFile, ScheduleDefaults, ScheduleFile, apply_overrides,
+    keys, resolve_lr_schedule, resolve_optimizer,
 };
 use crate::error::TrainError;
 use crate::grpo::ScoringLayout;
+use crate::metrics::RunLog;
+use crate::run::RunOptions;
 use crate::step::{StepEngine, StepOutcome, StepSettings};
 
 /// TRL's `DPOConfig.learning_rate`.
@@ -95,6 +109,9 @@ pub struct PreferenceFile {
     #[serde(default)]
     pub schedule: Option<ScheduleFile>,
     pub training: PreferenceTrainingFile,
+    /// `[checkpoint] every / keep / keep_steps`, as in `stoke train` and `stoke grpo`.
+    #[serde(default)]
+    pub checkpoint: CheckpointFile,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -294,6 +311,20 @@ impl PreferenceFile {
         Ok(file)
     }
 
+    /// The resolved file as `<run>/config.toml` holds it (paths absolute).
+    pub fn to_toml(&self) -> Result<String, ConfigError> {
+        toml::to_string(self).map_err(|e| ConfigError::Invalid {
+            key: "(config)".into(),
+            message: format!("cannot write the resolved config: {e}"),
+        })
+    }
+
+    /// A run's saved `config.toml` (its paths are already absolute).
+    pub fn from_saved(text: &str, origin: &Path) -> Result<PreferenceFile, ConfigError> {
+        let table = keys::parse_table(text, origin)?;
+        keys::from_table(table, &origin.display().to_string())
+    }
+
     pub fn objective(&self) -> PairObjective {
         match self.objective.kind {
             ObjectiveKind::Dpo => PairObjective::Dpo(self.dpo.clone()),
@@ -321,14 +352,35 @@ pub struct PreferenceSummary {
     pub shards: usize,
     /// Where the reference came from: the cache file (and whether this run wrote it), or live.
     pub reference: String,
+    /// The checkpoint this run continued from (`--resume`).
+    pub resumed_from: Option<PathBuf>,
+    /// The run's newest checkpoint (every run ends with one).
+    pub last_checkpoint: PathBuf,
     pub model_dir: PathBuf,
     pub metrics_path: PathBuf,
     pub report_path: PathBuf,
 }
 
-/// Runs `file` to the end. `quiet` turns the progress display off.
+/// Runs `file` to the end as a fresh run. `quiet` turns the progress display off.
 pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSummary, TrainError> {
+    run_preference_with(
+        file,
+        &RunOptions {
+            quiet,
+            ..RunOptions::default()
+        },
+    )
+}
+
+/// Runs `file` to the end under the shared run rules (`RunOptions`: resume, quiet): the run
+/// folder, `config.toml`, the metrics log and the checkpoints are those of every training
+/// command (see the module doc).
+pub fn run_preference_with(
+    file: &PreferenceFile,
+    options: &RunOptions,
+) -> Result<PreferenceSummary, TrainError> {
     stoke_ops::numerics::init_compute_threads();
+    let quiet = options.quiet;
     let device = Device::Cpu;
     let objective = file.objective();
     objective.validate()?;
@@ -350,16 +402,16 @@ pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSu
             format!("{max_len} is over the model's max_position_embeddings = {limit}"),
         ));
     }
-    let options = ReadOptions {
+    let options_read = ReadOptions {
         max_len,
         strict: file.data.strict,
     };
     // KTO's examples become (completion, mismatched completion) rows with a label.
     let (pairs, labelled, read) = if file.objective.kind == ObjectiveKind::Kto {
-        let (examples, read) = read_labelled(&file.data.train, &tokenizer, options)?;
+        let (examples, read) = read_labelled(&file.data.train, &tokenizer, options_read)?;
         (kto_rows(&examples), Some(examples), read)
     } else {
-        let (pairs, read) = read_pairs(&file.data.train, &tokenizer, options)?;
+        let (pairs, read) = read_pairs(&file.data.train, &tokenizer, options_read)?;
         (pairs, None, read)
     };
     for skipped in &read.skipped {
@@ -382,27 +434,92 @@ pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSu
         }
         (None, None) => None,
     };
-    std::fs::create_dir_all(&file.output_dir)
-        .map_err(|e| TrainError::Other(format!("{}: {e}", file.output_dir.display())))?;
+    let schedule = match &file.schedule {
+        Some(s) => resolve_lr_schedule(
+            s,
+            file.training.steps,
+            ScheduleDefaults {
+                warmup_steps: 0,
+                cosine_min_lr_ratio: 0.0,
+            },
+        )?,
+        None => LrSchedule::Constant { warmup_steps: 0 },
+    };
 
+    // The run folder: the one resume rule, then config.toml (after the rule, so a refused
+    // fresh start leaves another run's config as it was).
+    let out = &file.output_dir;
+    std::fs::create_dir_all(out).map_err(|e| TrainError::io(out, e))?;
+    let store = CheckpointStore::new(
+        &out.join("checkpoints"),
+        file.checkpoint.keep.unwrap_or(DEFAULT_KEEP),
+    );
+    let resume_path = store.resume_point(options.resume)?;
+    let config_toml = file.to_toml()?;
+    let resumed = match &resume_path {
+        Some(path) => {
+            let loaded = load_checkpoint(path, &device)?;
+            let saved = PreferenceFile::from_saved(
+                &loaded.config_toml,
+                &path.join(crate::checkpoint::CONFIG_FILE),
+            )?;
+            check_resumable(&saved, file, &schedule, loaded.state.step)?;
+            let mut model = loaded.model;
+            model.set_precision(file.training.precision);
+            model.set_activation_checkpointing(file.training.activation_checkpointing);
+            policy = model;
+            if !quiet {
+                eprintln!(
+                    "resuming from {} (step {})",
+                    path.display(),
+                    loaded.state.step
+                );
+            }
+            Some((loaded.state, loaded.optimizer_state))
+        }
+        None => None,
+    };
+    let config_path = out.join(crate::checkpoint::CONFIG_FILE);
+    std::fs::write(&config_path, &config_toml).map_err(|e| TrainError::io(&config_path, e))?;
+
+    let extra: PairExtra = match &resumed {
+        Some((state, _)) => serde_json::from_value(state.extra.clone())
+            .map_err(|e| TrainError::Resume(format!("trainer state `extra`: {e}")))?,
+        None => PairExtra::default(),
+    };
     let (reference, reference_note) = if !objective.needs_reference() {
         (Reference::None, "none (reference-free loss)".to_string())
     } else {
         match file.reference.mode {
-            ReferenceMode::Live => (
-                Reference::Live(Box::new(
-                    Transformer::load(&file.model.pretrained, &device)?
-                        .with_precision(file.training.precision),
-                )),
-                "live (a second model)".to_string(),
-            ),
+            ReferenceMode::Live => {
+                // After a TR-DPO sync the reference is the mixed model, kept in the run folder.
+                let dir = match extra.reference_synced_at {
+                    Some(step) => reference_model_dir(out, step),
+                    None => file.model.pretrained.clone(),
+                };
+                (
+                    Reference::Live(Box::new(
+                        Transformer::load(&dir, &device)?.with_precision(file.training.precision),
+                    )),
+                    "live (a second model)".to_string(),
+                )
+            }
             ReferenceMode::Cached => {
                 let dir = file
                     .reference
                     .cache_dir
                     .clone()
-                    .unwrap_or_else(|| file.output_dir.join("reference"));
-                let (entries, note) = cached_reference(&policy, &pairs, &dir, layout, quiet)?;
+                    .unwrap_or_else(|| out.join("reference"));
+                // The cache belongs to the starting weights, not a checkpoint's.
+                let starting;
+                let scorer = if resumed.is_some() {
+                    starting = Transformer::load(&file.model.pretrained, &device)?
+                        .with_precision(file.training.precision);
+                    &starting
+                } else {
+                    &policy
+                };
+                let (entries, note) = cached_reference(scorer, &pairs, &dir, layout, quiet)?;
                 (Reference::Cached(entries), note)
             }
         }
@@ -416,17 +533,6 @@ pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSu
         },
         policy.config().hidden_size,
     )?;
-    let schedule = match &file.schedule {
-        Some(s) => resolve_lr_schedule(
-            s,
-            file.training.steps,
-            ScheduleDefaults {
-                warmup_steps: 0,
-                cosine_min_lr_ratio: 0.0,
-            },
-        )?,
-        None => LrSchedule::Constant { warmup_steps: 0 },
-    };
     let step_settings = StepSettings {
         schedule,
         clip_norm: keys::clip_grad_norm(file.optimizer.clip_grad_norm),
@@ -434,7 +540,10 @@ pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSu
         max_bad_steps: file.training.max_bad_steps,
     };
     step_settings.validate()?;
-    let optimizer = Optimizer::new(optimizer_config, policy.trainable_parameters())?;
+    let mut optimizer = Optimizer::new(optimizer_config, policy.trainable_parameters())?;
+    if let Some((_, optimizer_state)) = &resumed {
+        optimizer.load_state(optimizer_state)?;
+    }
     let engine = StepEngine::new(optimizer, step_settings);
     // The loop never makes more shards than a micro-batch has pairs; the summary says what ran.
     let shards = file
@@ -468,38 +577,72 @@ pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSu
             loop_settings,
         )?,
     };
+    let mut tokens_seen = 0u64;
+    let mut reference_synced_at = extra.reference_synced_at;
+    if let Some((state, _)) = &resumed {
+        let cursor: PairCursor = serde_json::from_value(state.source.clone())
+            .map_err(|e| TrainError::Resume(format!("trainer state `source`: {e}")))?;
+        let engine = state
+            .engine
+            .clone()
+            .ok_or_else(|| TrainError::Resume("trainer state: no step engine state".into()))?;
+        trainer.restore(engine, cursor)?;
+        tokens_seen = state.tokens_seen;
+    }
+    let start_step = trainer.engine().steps();
 
-    let metrics_path = file.output_dir.join("metrics.jsonl");
-    let mut log = std::fs::File::create(&metrics_path)
-        .map_err(|e| TrainError::Other(format!("{}: {e}", metrics_path.display())))?;
+    let metrics_path = out.join("metrics.jsonl");
+    let mut log = RunLog::<PairRecord>::open(&metrics_path, resumed.as_ref().map(|_| start_step))?;
     let total = file.training.steps;
-    let bar = progress(total, quiet);
+    let every = file.checkpoint.every.unwrap_or(0);
+    let save = |trainer: &mut PairTrainer,
+                log: &mut RunLog<PairRecord>,
+                tokens_seen: u64,
+                reference_synced_at: Option<u64>|
+     -> Result<PathBuf, TrainError> {
+        log.flush()?;
+        let state = TrainerState {
+            step: trainer.engine().steps(),
+            tokens_seen,
+            source: serde_json::to_value(trainer.cursor())
+                .map_err(|e| TrainError::Other(format!("data cursor: {e}")))?,
+            engine: Some(trainer.engine().state()),
+            extra: serde_json::to_value(PairExtra {
+                reference_synced_at,
+            })
+            .map_err(|e| TrainError::Other(format!("trainer state: {e}")))?,
+        };
+        Ok(store.save(
+            trainer.model(),
+            Some(&tokenizer_dir),
+            trainer.engine().optimizer(),
+            &state,
+            &config_toml,
+            &file.checkpoint.keep_steps,
+        )?)
+    };
+    let bar = progress(total, start_step, quiet);
     let (mut first, mut last, mut last_loss) = (None, None, None);
     let (mut tokens, mut seconds, mut skipped) = (0usize, 0f64, 0u64);
-    let mut history = Vec::new();
-    for _ in 0..total {
+    let mut last_checkpoint = None;
+    while trainer.engine().steps() < total {
         let report = trainer.step()?;
         tokens += report.tokens;
+        tokens_seen += report.tokens as u64;
         seconds += report.seconds;
         if report.outcome != StepOutcome::Applied {
             skipped += 1;
         }
-        let mut line = serde_json::json!({
-            "step": report.step,
-            "epoch": report.epoch,
-            "outcome": report.outcome.name(),
-            "loss": finite_or_null(report.loss),
-            "grad_norm": finite_or_null(report.grad_norm),
-            "lr": report.lr,
-            "pairs": report.pairs,
-            "tokens_per_s": report.tokens as f64 / report.seconds.max(1e-9),
-            "seconds": report.seconds,
-        });
-        for (name, value) in &report.metrics {
-            line[*name] = finite_or_null(*value);
+        log.append(&PairRecord::Step(PairStepRecord::from_report(&report)))?;
+        // A TR-DPO sync changed the reference: keep it, so a resume finds it.
+        if let Some(sync) = sync
+            && report.outcome == StepOutcome::Applied
+            && report.step.is_multiple_of(sync.every)
+            && let Some(reference) = trainer.reference_model()
+        {
+            crate::checkpoint::save_model(reference, &reference_model_dir(out, report.step), None)?;
+            reference_synced_at = Some(report.step);
         }
-        writeln!(log, "{line}")
-            .map_err(|e| TrainError::Other(format!("{}: {e}", metrics_path.display())))?;
         let margin = report.metric("rewards/margins").unwrap_or(f64::NAN);
         let accuracy = report.metric("rewards/accuracies").unwrap_or(f64::NAN);
         let message = format!(
@@ -525,34 +668,132 @@ pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSu
             last_loss = Some(report.loss);
         }
         last = Some(report.metrics.clone());
-        history.push(report);
+        // During a streak of non-finite steps the checkpoint waits, as `stoke train`'s does.
+        if every > 0
+            && report.step.is_multiple_of(every)
+            && trainer.engine().consecutive_bad_steps() == 0
+        {
+            last_checkpoint = Some((
+                report.step,
+                save(&mut trainer, &mut log, tokens_seen, reference_synced_at)?,
+            ));
+        }
     }
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    let model_dir = file.output_dir.join("model");
+    let final_step = trainer.engine().steps();
+    let last_checkpoint = match last_checkpoint {
+        Some((step, path)) if step == final_step => path,
+        _ if resume_path.is_some() && final_step == start_step => {
+            resume_path.clone().unwrap_or_default()
+        }
+        _ => save(&mut trainer, &mut log, tokens_seen, reference_synced_at)?,
+    };
+    let model_dir = out.join("model");
     crate::checkpoint::save_model(trainer.model(), &model_dir, Some(&tokenizer_dir))?;
     let title = file
         .title
         .clone()
         .unwrap_or_else(|| format!("stoke dpo: {}", file.objective().name()));
-    let report_path = super::report::write_preference_report(&file.output_dir, &title, &history)?;
+    // The report covers the whole run, resumed parts included: it reads the log.
+    let history: Vec<PairStepRecord> = RunLog::<PairRecord>::read_all(&metrics_path)?
+        .into_iter()
+        .map(|PairRecord::Step(record)| record)
+        .collect();
+    let report_path = super::report::write_preference_report(out, &title, &history)?;
     Ok(PreferenceSummary {
-        steps: trainer.engine().steps(),
+        steps: final_step,
         pairs: read.examples,
         read,
         first,
         last,
         last_loss,
         skipped_steps: skipped,
-        seconds_per_step: seconds / total.max(1) as f64,
+        seconds_per_step: seconds / (final_step - start_step).max(1) as f64,
         tokens_per_s: tokens as f64 / seconds.max(1e-9),
         shards,
         reference: reference_note,
+        resumed_from: resume_path,
+        last_checkpoint,
         model_dir,
         metrics_path,
         report_path,
     })
+}
+
+/// Checkpoints kept by default (`[checkpoint] keep`), as in `stoke train`.
+pub const DEFAULT_KEEP: usize = 2;
+
+/// `stoke dpo`'s part of `TrainerState.extra`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PairExtra {
+    /// The step of the last TR-DPO reference sync, whose reference is in
+    /// [`reference_model_dir`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reference_synced_at: Option<u64>,
+}
+
+/// Where the live reference after the TR-DPO sync at `step` is kept.
+pub fn reference_model_dir(out: &Path, step: u64) -> PathBuf {
+    out.join(format!("reference-step-{step:08}"))
+}
+
+/// The resume check: the saved config must agree with this one in everything that changes
+/// what is trained (the first difference is named); `training.steps` may grow when the
+/// schedule's factors of the steps already taken are unchanged.
+fn check_resumable(
+    saved: &PreferenceFile,
+    current: &PreferenceFile,
+    schedule: &LrSchedule,
+    resume_step: u64,
+) -> Result<(), TrainError> {
+    const FREE: &[&str] = &[
+        "title",
+        "output_dir",
+        "training.steps",
+        "training.max_bad_steps",
+        "checkpoint.",
+        // Exact (bit-identical gradients), so it may change between sessions of a run.
+        "training.activation_checkpointing",
+        "reference.cache_dir",
+        "schedule.",
+    ];
+    let mut diffs = keys::differences(saved, current, FREE);
+    let saved_schedule = match &saved.schedule {
+        Some(s) => resolve_lr_schedule(
+            s,
+            saved.training.steps,
+            ScheduleDefaults {
+                warmup_steps: 0,
+                cosine_min_lr_ratio: 0.0,
+            },
+        )?,
+        None => LrSchedule::Constant { warmup_steps: 0 },
+    };
+    if let Some(step) = (0..resume_step)
+        .find(|&s| saved_schedule.lr_factor(s).to_bits() != schedule.lr_factor(s).to_bits())
+    {
+        diffs.push((
+            "schedule".into(),
+            format!(
+                "lr factor {} at step {step}",
+                saved_schedule.lr_factor(step)
+            ),
+            format!("{}", schedule.lr_factor(step)),
+        ));
+    }
+    let run_dir = current.output_dir.clone();
+    match diffs.into_iter().next() {
+        None => Ok(()),
+        Some((field, saved, current)) => Err(TrainError::ResumeMismatch {
+            run_dir,
+            field,
+            saved,
+            current,
+        }),
+    }
 }
 
 /// The reference values from the cache in `dir`, computed and written there when missing.
@@ -568,7 +809,7 @@ fn cached_reference(
     if let Some(entries) = load_cache(dir, &key, pairs.len())? {
         return Ok((entries, format!("cached: {} (reused)", path.display())));
     }
-    let bar = progress(pairs.len() as u64, quiet);
+    let bar = progress(pairs.len() as u64, 0, quiet);
     if let Some(bar) = &bar {
         bar.set_message("reference log-probs");
     } else if !quiet {
@@ -590,24 +831,18 @@ fn cached_reference(
     Ok((entries, format!("cached: {} (written)", path.display())))
 }
 
-fn progress(total: u64, quiet: bool) -> Option<ProgressBar> {
+fn progress(total: u64, start: u64, quiet: bool) -> Option<ProgressBar> {
     if quiet || !std::io::stderr().is_terminal() {
         return None;
     }
-    Some(crate::monitor::step_bar(total))
+    let bar = crate::monitor::step_bar(total);
+    bar.set_position(start);
+    Some(bar)
 }
 
 /// Plain progress lines: the first step, about 20 over the run, and the last.
 fn plain_line_due(step: u64, total: u64) -> bool {
     step == 1 || step == total || step.is_multiple_of((total / 20).max(1))
-}
-
-fn finite_or_null(value: f64) -> serde_json::Value {
-    if value.is_finite() {
-        serde_json::json!(value)
-    } else {
-        serde_json::Value::Null
-    }
 }
 
 fn invalid_key(key: &str, message: String) -> TrainError {

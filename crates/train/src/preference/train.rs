@@ -186,6 +186,14 @@ impl PairStepReport {
     }
 }
 
+/// Where the loop is in its data: the epoch and the next position in that epoch's order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairCursor {
+    pub epoch: u64,
+    pub position: usize,
+}
+
 /// The loop's state.
 pub struct PairTrainer {
     model: Transformer,
@@ -340,6 +348,42 @@ impl PairTrainer {
             Reference::Live(model) => Some(model),
             _ => None,
         }
+    }
+
+    /// The data cursor a checkpoint keeps (`TrainerState.source`): the epoch and the position
+    /// in its order (the order itself follows from the seed and the epoch).
+    pub fn cursor(&self) -> PairCursor {
+        PairCursor {
+            epoch: self.epoch,
+            position: self.cursor,
+        }
+    }
+
+    /// The step engine (its state goes into checkpoints; its optimizer state is saved beside).
+    pub fn engine_mut(&mut self) -> &mut StepEngine {
+        &mut self.engine
+    }
+
+    /// Continues from a checkpoint: the engine's state and the data cursor (the optimizer
+    /// state and the weights are loaded by the caller).
+    pub fn restore(
+        &mut self,
+        engine: crate::step::EngineState,
+        cursor: PairCursor,
+    ) -> Result<(), TrainError> {
+        if cursor.position > self.pairs.len() {
+            return Err(TrainError::Resume(format!(
+                "the checkpoint's data cursor is at pair {} of an epoch, but the data has {} \
+                 pairs: not the same data",
+                cursor.position,
+                self.pairs.len()
+            )));
+        }
+        self.engine.restore(engine)?;
+        self.epoch = cursor.epoch;
+        self.shuffle();
+        self.cursor = cursor.position;
+        Ok(())
     }
 
     fn shuffle(&mut self) {
