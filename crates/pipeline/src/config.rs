@@ -4,6 +4,7 @@
 //! [`GrpoSettings`] the pipeline reads.
 //!
 //! ```toml
+//! output_dir = "../runs/grpo"     # the shared key of every training command (was `[out] dir`)
 //! [model]
 //! path = "../runs/sft/model"     # HF model folder with tokenizer files; relative to this file
 //! reference = "../runs/sft/model" # optional; default: the policy's own starting weights
@@ -16,8 +17,9 @@
 //! [rewards.default]               # each a stoke_reward::RewardConfig
 //! kind = "exact_match"
 //! mode = "gsm8k"
+//! [training]                     # the shared table: steps, seed, precision,
+//! steps = 50                      # activation_checkpointing, max_bad_steps (were `grpo.*`)
 //! [grpo]
-//! steps = 50
 //! group_size = 8
 //! [grpo.loss]                     # stoke_train::grpo::GrpoLossFile
 //! beta = 0.0
@@ -29,8 +31,6 @@
 //! every = 10
 //! [checkpoint]
 //! every = 10
-//! [out]
-//! dir = "../runs/grpo"
 //! [rollout]                       # optional; default kind = "local" (in process)
 //! kind = "remote"
 //! servers = ["http://gen-0:8000"] # OpenAI-compatible servers (stoke serve, vLLM)
@@ -41,30 +41,33 @@
 //!
 //! Defaults (TRL's `GRPOConfig` where it has one, so a stoke run and a TRL run agree unless told
 //! otherwise):
-//! - `[tasks]`: arithmetic, levels `["single_digit"]`, 1000 problems, seed = `grpo.seed`.
+//! - `[tasks]`: arithmetic, levels `["single_digit"]`, 1000 problems, seed = `training.seed`.
 //!   `[held_out]`: for arithmetic tasks, the held-out split at the same levels with
 //!   `eval.problems` problems; for JSONL tasks, none (no held-out evaluation).
 //! - `[rewards]`: one reward `default` = exact match in `gsm8k` mode with `extract_answer`.
 //!   Reward order: `default` is index 0 (what tasks without a `reward` name use), the others
 //!   follow sorted by name; without a `default`, the first name in that order is index 0.
-//! - `[grpo]`: steps 100, prompts_per_step 8, group_size 16, max_new_tokens 256,
+//! - `[training]`: steps 100, seed 0, precision "f32", activation_checkpointing false,
+//!   max_bad_steps 3 (the old `grpo.*` names are read with a deprecation warning).
+//! - `[grpo]`: prompts_per_step 8, group_size 16, max_new_tokens 256,
 //!   temperature 1.0 (constant: `temperature_end` = `temperature`, `temperature_decay_steps` 0),
-//!   top_p 1.0, top_k off (0 also means off), seed 0, mode "async", max_off_policy_steps 1 (0 in
+//!   top_p 1.0, top_k off (0 also means off), mode "async", max_off_policy_steps 1 (0 in
 //!   mode "sync"), lag "bounded", weight_sync "between_batches", rollout_batch_groups = prompts_per_step,
 //!   buffer_bytes 16 MiB, kl_placement "loss", reference_reset_every off, old_logprobs
 //!   "rollout", drop_equal_reward_groups false,
-//!   micro_batch_tokens 8192, max_bad_steps 3, reward_workers and threads = the machine's cores,
-//!   reward_timeout_s 30, precision "f32", activation_checkpointing false.
+//!   micro_batch_tokens 8192, reward_workers and threads = the machine's cores,
+//!   reward_timeout_s 30.
 //! - `[grpo.loss]`: GrpoLossFile's defaults (clipped surrogate eps 0.2/0.2, token-mean, beta 0).
 //! - `[optimizer]`: AdamW, lr 1e-6, betas (0.9, 0.999), eps 1e-8, weight_decay 0, clip_grad_norm
 //!   1.0 (0 turns it off) (TRL's; users of tiny models set a larger lr). `grpo.clip_grad_norm`,
 //!   the old name, is read with a deprecation warning. `kind = "muon"` takes the Muon keys of `stoke train`.
-//! - `[schedule]`: constant, warmup_steps 0. Cosine: over `grpo.steps` to min_lr_ratio 0; WSD:
+//! - `[schedule]`: constant, warmup_steps 0. Cosine: over `training.steps` to min_lr_ratio 0; WSD:
 //!   decay over the last 20% to min_lr_ratio 0, linear.
 //! - `[eval]`: every 0 (before the first update and after the last only), samples 8, problems 64.
 //! - `[checkpoint]`: every 0 (only at the end), keep 2, keep_steps [] (stoke train's section).
 //! - `[ptx]`: off; when present `shards` is required, coef 0.1, batch_size 4, seq_len 256.
-//! - `[out] dir`: `runs/<config file stem>` next to the config file.
+//! - `output_dir`: `runs/<config file stem>` next to the config file (`[out] dir`, the old
+//!   name, is read with a deprecation warning).
 //! - `[rollout]`, `[reward]`, `[reference]`: `kind = "local"` (in process); remote pools take
 //!   `servers` (required, http(s) URLs), `routing` "least_loaded", `max_in_flight` 4 (8 for
 //!   rewards), `timeout_s` 600 (120 for rewards), `revive_after_s` 10, `startup_wait_s` 0;
@@ -217,8 +220,9 @@ impl GrpoConfig {
         let base = std::path::absolute(base).map_err(|e| PipelineError::io(base, e))?;
         let at = |p: &Path| base.join(p);
         let g = &file.grpo;
-        let seed = g.seed.unwrap_or(0);
-        let steps = g.steps.unwrap_or(DEFAULT_STEPS);
+        let t = &file.training;
+        let seed = t.seed.unwrap_or(0);
+        let steps = t.steps.unwrap_or(DEFAULT_STEPS);
 
         let eval = EvalSettings {
             every: file.eval.every.unwrap_or(0),
@@ -356,7 +360,7 @@ impl GrpoConfig {
             schedule,
             clip_grad_norm,
             micro_batch_tokens: g.micro_batch_tokens.unwrap_or(DEFAULT_MICRO_BATCH_TOKENS),
-            max_bad_steps: g.max_bad_steps.unwrap_or(DEFAULT_MAX_BAD_STEPS),
+            max_bad_steps: t.max_bad_steps.unwrap_or(DEFAULT_MAX_BAD_STEPS),
             ptx,
             reward_workers: g.reward_workers.unwrap_or(cores),
             reward_timeout,
@@ -365,8 +369,8 @@ impl GrpoConfig {
             keep_checkpoints: file.checkpoint.keep.unwrap_or(DEFAULT_KEEP_CHECKPOINTS),
             keep_steps: file.checkpoint.keep_steps.clone(),
             threads: g.threads.unwrap_or(cores),
-            precision: g.precision.unwrap_or_default(),
-            activation_checkpointing: g.activation_checkpointing.unwrap_or(false),
+            precision: t.precision.unwrap_or_default(),
+            activation_checkpointing: t.activation_checkpointing.unwrap_or(false),
             lora: file.lora.clone(),
             services: Services {
                 rollout: resolve_rollout_service(
@@ -398,7 +402,7 @@ impl GrpoConfig {
         }
         if settings.max_bad_steps == 0 {
             return Err(PipelineError::config(
-                "grpo.max_bad_steps",
+                "training.max_bad_steps",
                 "must be at least 1",
             ));
         }
@@ -428,7 +432,6 @@ impl GrpoConfig {
             distill: s.loss.distill,
         };
         let grpo = GrpoSection {
-            steps: Some(s.steps),
             prompts_per_step: Some(s.prompts_per_step),
             group_size: Some(s.group_size),
             max_new_tokens: Some(s.max_new_tokens),
@@ -437,7 +440,6 @@ impl GrpoConfig {
             temperature_decay_steps: Some(s.temperature.decay_steps),
             top_p: Some(shortest_f64(s.top_p)),
             top_k: Some(s.top_k.unwrap_or(0)),
-            seed: Some(s.seed),
             mode: Some(match s.mode {
                 PipelineMode::Sync => ModeFile::Sync,
                 PipelineMode::Async => ModeFile::Async,
@@ -464,15 +466,20 @@ impl GrpoConfig {
             }),
             drop_equal_reward_groups: Some(s.drop_equal_reward_groups),
             micro_batch_tokens: Some(s.micro_batch_tokens),
-            max_bad_steps: Some(s.max_bad_steps),
             reward_workers: Some(s.reward_workers),
             reward_timeout_s: Some(s.reward_timeout.as_secs_f64()),
             threads: Some(s.threads),
-            precision: (s.precision != stoke_types::Precision::F32).then_some(s.precision),
-            activation_checkpointing: s.activation_checkpointing.then_some(true),
             loss,
         };
+        let training = TrainingSection {
+            steps: Some(s.steps),
+            seed: Some(s.seed),
+            precision: (s.precision != stoke_types::Precision::F32).then_some(s.precision),
+            activation_checkpointing: s.activation_checkpointing.then_some(true),
+            max_bad_steps: Some(s.max_bad_steps),
+        };
         GrpoConfigFile {
+            output_dir: Some(self.out_dir.clone()),
             model: ModelSection {
                 path: self.model.clone(),
                 reference: self.reference_model.clone(),
@@ -481,6 +488,7 @@ impl GrpoConfig {
             held_out: self.held_out.as_ref().map(task_file),
             rewards: self.rewards.iter().cloned().collect(),
             grpo,
+            training,
             optimizer: OptimizerFile {
                 clip_grad_norm: Some(s.clip_grad_norm.unwrap_or(0.0)),
                 ..OptimizerFile::explicit(&s.optimizer)
@@ -502,9 +510,6 @@ impl GrpoConfig {
                 batch_size: Some(p.batch_size),
                 seq_len: Some(p.seq_len),
             }),
-            out: OutSection {
-                dir: Some(self.out_dir.clone()),
-            },
             lora: s.lora.clone(),
             rollout: s.services.rollout.as_ref().map(rollout_service_file),
             reward: s.services.reward.as_ref().map(pool_file),
@@ -526,22 +531,48 @@ impl GrpoConfig {
 
 /// Keys of `stoke grpo` renamed to the vocabulary every command shares (see
 /// `stoke_train::config::keys`).
-pub const RENAMED: &[keys::Renamed] = &[keys::Renamed {
-    old: "grpo.clip_grad_norm",
-    new: keys::CLIP_GRAD_NORM,
-}];
+pub const RENAMED: &[keys::Renamed] = &[
+    keys::Renamed {
+        old: "grpo.clip_grad_norm",
+        new: keys::CLIP_GRAD_NORM,
+    },
+    keys::Renamed {
+        old: "out.dir",
+        new: "output_dir",
+    },
+    keys::Renamed {
+        old: "grpo.steps",
+        new: "training.steps",
+    },
+    keys::Renamed {
+        old: "grpo.seed",
+        new: "training.seed",
+    },
+    keys::Renamed {
+        old: "grpo.precision",
+        new: "training.precision",
+    },
+    keys::Renamed {
+        old: "grpo.activation_checkpointing",
+        new: "training.activation_checkpointing",
+    },
+    keys::Renamed {
+        old: "grpo.max_bad_steps",
+        new: "training.max_bad_steps",
+    },
+];
 
 /// Keys (or key prefixes ending in `.`) that may change when a run is resumed: they set how long
 /// it runs, how it is evaluated, checkpointed and resourced, not what an update computes.
 const RESUME_FREE_KEYS: &[&str] = &[
-    "grpo.steps",
-    "grpo.max_bad_steps",
+    "training.steps",
+    "training.max_bad_steps",
     "grpo.reward_workers",
     "grpo.reward_timeout_s",
     "grpo.threads",
     "grpo.buffer_bytes",
     // Exact (bit-identical gradients).
-    "grpo.activation_checkpointing",
+    "training.activation_checkpointing",
     "held_out.",
     "eval.",
     // Where a module runs, not what it computes.
@@ -549,7 +580,7 @@ const RESUME_FREE_KEYS: &[&str] = &[
     "reward.",
     "reference.",
     "checkpoint.",
-    "out.",
+    "output_dir",
 ];
 
 /// `(key, saved value, current value)` for every key of the resolved configs that differs,
@@ -567,6 +598,9 @@ fn settings_key(field: &str) -> String {
     match field {
         "keep_checkpoints" => "checkpoint.keep".into(),
         "reward_timeout" => "grpo.reward_timeout_s".into(),
+        "steps" | "seed" | "precision" | "activation_checkpointing" | "max_bad_steps" => {
+            format!("training.{field}")
+        }
         f if f.starts_with("ptx.") => f.into(),
         other => format!("grpo.{other}"),
     }

@@ -211,7 +211,7 @@ impl Learner {
             stop = Some(format!(
                 "{bad} consecutive updates had a non-finite loss or gradient (last loss {}, \
                  grad norm {}); no weights were changed by them; stopping at \
-                 grpo.max_bad_steps = {}",
+                 training.max_bad_steps = {}",
                 report.loss, report.grad_norm, self.settings.max_bad_steps
             ));
         }

@@ -21,7 +21,6 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::PipelineError;
 use crate::records::{RewardFailure, ScoredGroup};
 use crate::staleness::PolicyVersion;
 use stoke_train::metrics::{LogRecord, RunLog, json_float, json_float_opt};

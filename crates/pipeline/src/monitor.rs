@@ -110,8 +110,9 @@ impl RunMonitor {
             result.problems,
             result.seconds
         ));
-        self.log
-            .append(&GrpoRecord::Eval(eval_record(step, result)))
+        Ok(self
+            .log
+            .append(&GrpoRecord::Eval(eval_record(step, result)))?)
     }
 
     /// Saves a checkpoint of the learner's state when one is due (every `checkpoint_every`

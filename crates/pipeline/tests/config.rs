@@ -339,7 +339,10 @@ fn resume_differences_ignore_length_and_cadence_but_not_the_math() {
         .into_iter()
         .map(|(key, _, _)| key)
         .collect();
-    assert_eq!(keys, ["grpo.group_size", "grpo.precision", "optimizer.lr"]);
+    assert_eq!(
+        keys,
+        ["grpo.group_size", "optimizer.lr", "training.precision"]
+    );
 }
 
 #[test]

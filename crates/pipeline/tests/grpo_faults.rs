@@ -8,7 +8,7 @@
 //!   task and the panic message or the timeout;
 //! - a non-finite loss: the update is skipped (`skipped_non_finite`, with an alert naming the
 //!   non-finite inputs), the weights stay as they were, every checkpoint holds finite weights,
-//!   the run goes on, and after `grpo.max_bad_steps` consecutive bad updates it stops with an
+//!   the run goes on, and after `training.max_bad_steps` consecutive bad updates it stops with an
 //!   error naming that setting; with the KL term in the reward a NaN penalty skips the update
 //!   too, instead of training on a reward of 0 (and, a regression found here, `kl_placement =
 //!   "reward"` trains at all).
@@ -693,7 +693,7 @@ fn stops_at_max_bad_steps(mode: PipelineMode) {
         "{message}"
     );
     assert!(
-        message.contains("2 consecutive updates") && message.contains("grpo.max_bad_steps = 2"),
+        message.contains("2 consecutive updates") && message.contains("training.max_bad_steps = 2"),
         "{message}"
     );
 

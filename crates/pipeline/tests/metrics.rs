@@ -8,8 +8,8 @@ use stoke_pipeline::metrics::{
     GrpoEvalRecord, GrpoMetricsLog, GrpoRecord, GrpoStepRecord, StepOutcome, batch_stats,
 };
 use stoke_pipeline::{
-    GenerationPermit, GroupTicket, PipelineError, PolicyVersion, RewardFailure, RolloutGroup,
-    Sample, SampleReward, ScoredGroup, Task,
+    GenerationPermit, GroupTicket, PolicyVersion, RewardFailure, RolloutGroup, Sample,
+    SampleReward, ScoredGroup, Task,
 };
 use stoke_reward::{Outcome, Reference};
 use stoke_rollout::FinishReason;
@@ -216,7 +216,7 @@ fn a_bad_line_in_the_middle_is_an_error_naming_it() {
     let first = serde_json::to_string(&step(1, 1.0)).unwrap();
     std::fs::write(&path, format!("{first}\nnot json\n{first}\n")).unwrap();
     match GrpoMetricsLog::read_all(&path) {
-        Err(PipelineError::Task { line, .. }) => assert_eq!(line, 2),
+        Err(stoke_train::metrics::MetricsError::BadLine { line, .. }) => assert_eq!(line, 2),
         other => panic!("expected a line error, got {other:?}"),
     }
 }

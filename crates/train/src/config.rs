@@ -6,8 +6,8 @@
 //! title = "pretrain-tiny"
 //! output_dir = "../runs/pretrain-tiny"      # relative paths are relative to this file's folder
 //! [model]
-//! preset = "micro"            # or: config = "config.json" (random init) | pretrained = "hf-dir"
-//! tokenizer = "../tokenizer"  # folder with tokenizer.json (default: the pretrained folder)
+//! preset = "micro"            # or: config = "config.json" (random init) | path = "hf-dir"
+//! tokenizer = "../tokenizer"  # folder with tokenizer.json (default: the model folder)
 //! [data]
 //! kind = "shards"             # or "chat": train = "train.jsonl", eval = "eval.jsonl"
 //! train = ["../data/train"]   # shard files or folders of shards
@@ -393,6 +393,10 @@ pub fn default_warmup(steps: u64) -> u64 {
 
 /// Keys of `stoke train` renamed to the vocabulary every command shares (see `keys`).
 pub const RENAMED: &[keys::Renamed] = &[
+    keys::Renamed {
+        old: "model.pretrained",
+        new: keys::MODEL_PATH,
+    },
     keys::Renamed {
         old: "training.clip_norm",
         new: keys::CLIP_GRAD_NORM,

@@ -226,8 +226,8 @@ fn stage_line(dir: &Path) -> anyhow::Result<String> {
             get("training", "steps"),
         )
     };
-    let from = get("model", "pretrained")
-        .or_else(|| get("model", "path"))
+    let from = get("model", "path")
+        .or_else(|| get("model", "pretrained"))
         .or_else(|| get("model", "config").map(|c| format!("random initialization ({c})")))
         .or_else(|| get("model", "preset").map(|p| format!("random initialization ({p})")))
         .unwrap_or_else(|| "-".into());

@@ -37,7 +37,7 @@ const ARITHMETIC_HELD_OUT_FRACTION: f64 = 0.1;
 pub struct GrpoArgs {
     /// The run's TOML config (relative paths inside it are relative to its folder).
     config: PathBuf,
-    /// Override a key of the config, e.g. `--set grpo.steps=20` (repeatable).
+    /// Override a key of the config, e.g. `--set training.steps=20` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     sets: Vec<String>,
     /// Continue from the newest checkpoint in the output folder.
@@ -148,7 +148,7 @@ fn check_resume(config: &GrpoConfig) -> anyhow::Result<()> {
         .collect();
     bail!(
         "--resume: the config differs from the run's saved {} in keys that change training ({}); \
-         start a new run (another [out] dir) or restore those values",
+         start a new run (another output_dir) or restore those values",
         saved_path.display(),
         listed.join("; ")
     )

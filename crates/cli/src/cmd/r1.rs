@@ -47,7 +47,7 @@ use super::stage_config::{StageEntry, StageTable, path_value};
 pub struct R1Args {
     /// The recipe's TOML config (relative paths inside it are relative to its folder).
     config: PathBuf,
-    /// Override a key of the config, e.g. `--set reasoning_rl.grpo.steps=5` (repeatable).
+    /// Override a key of the config, e.g. `--set reasoning_rl.training.steps=5` (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     sets: Vec<String>,
     /// No progress output (stage headers and the summary are still printed).
@@ -337,14 +337,14 @@ fn plan_stage(
                 &table.origin,
             )?;
             table.set_owned("output_dir", path_value(dir), "the stage folder")?;
-            if !table.has_any(&["model.preset", "model.config", "model.pretrained"]) {
+            if !table.has_any(&["model.preset", "model.config", "model.path"]) {
                 let Some(model) = previous_model else {
                     bail!(
-                        "{}: no model: set `model.pretrained` here or `[model] path` in the recipe",
+                        "{}: no model: set `model.path` here or `[model] path` in the recipe",
                         table.origin
                     );
                 };
-                table.set_default("model.pretrained", path_value(model))?;
+                table.set_default("model.path", path_value(model))?;
             }
             ConfigFile::from_table(table.table.clone(), &table.origin)?;
             Ok(StagePlan::Sft(table))
@@ -355,7 +355,7 @@ fn plan_stage(
                 stoke_pipeline::config::RENAMED,
                 &table.origin,
             )?;
-            table.set_owned("out.dir", path_value(dir), "the stage folder")?;
+            table.set_owned("output_dir", path_value(dir), "the stage folder")?;
             if let Some(model) = previous_model {
                 table.set_default("model.path", path_value(model))?;
             }
@@ -499,7 +499,7 @@ mod tests {
 
     #[test]
     fn set_reaches_a_stage_and_a_typo_is_named() {
-        let sets = ["final_rl.grpo.steps=3".to_string()];
+        let sets = ["final_rl.training.steps=3".to_string()];
         let plan = plan(&shipped_config(), &sets).unwrap();
         let Some(StagePlan::Grpo(final_rl)) = &plan.stages[3].1 else {
             panic!("stage 4 is GRPO");

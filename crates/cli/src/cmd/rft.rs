@@ -49,7 +49,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use stoke_pipeline::config::{
     CheckpointSection, EvalSection, GrpoConfig, GrpoConfigFile, GrpoSection, ModelSection,
-    OutSection, ScheduleSection, TaskSourceFile,
+    OutSection, ScheduleSection, TaskSourceFile, TrainingSection,
 };
 use stoke_pipeline::rejection::{
     RejectionReport, RejectionResult, RejectionSettings, sample_and_filter, write_chat_jsonl,
@@ -169,6 +169,12 @@ impl RftPlan {
         let out_dir = source.out_dir.clone();
 
         let mut sft = StageTable::load(file.sft, "sft", Path::new(&stage.origin), &stage.base)?;
+        // `[sft]` is `stoke train`'s config: its renamed keys move to their new names here too.
+        stoke_train::config::keys::migrate_renamed_with_warnings(
+            &mut sft.table,
+            stoke_train::config::RENAMED,
+            &sft.origin,
+        )?;
         sft.set_owned(
             "output_dir",
             path_value(&out_dir.join("sft")),
@@ -180,8 +186,8 @@ impl RftPlan {
             "the sampled OUT/rft.jsonl",
         )?;
         sft.set_default("data.kind", toml::Value::String("chat".into()))?;
-        if !sft.has_any(&["model.preset", "model.config", "model.pretrained"]) {
-            sft.set_default("model.pretrained", path_value(&source.model))?;
+        if !sft.has_any(&["model.preset", "model.config", "model.path"]) {
+            sft.set_default("model.path", path_value(&source.model))?;
         }
         // The file layer now, so a typo in [sft] is named before any sampling.
         ConfigFile::from_table(sft.table.clone(), &sft.origin)?;
@@ -210,22 +216,25 @@ pub fn sampling_source(
 ) -> anyhow::Result<(GrpoConfig, RejectionSettings)> {
     let seed = s.seed.unwrap_or(0);
     let source = GrpoConfigFile {
+        output_dir: out.dir,
         model,
         tasks,
         held_out: None,
         rewards,
         grpo: GrpoSection {
-            seed: Some(seed),
             reward_workers: s.reward_workers,
             reward_timeout_s: s.reward_timeout_s,
             ..GrpoSection::default()
+        },
+        training: TrainingSection {
+            seed: Some(seed),
+            ..TrainingSection::default()
         },
         optimizer: Default::default(),
         schedule: ScheduleSection::default(),
         eval: EvalSection::default(),
         checkpoint: CheckpointSection::default(),
         ptx: None,
-        out,
         lora: None,
         rollout: None,
         reward: None,
@@ -421,7 +430,7 @@ mod tests {
         );
         assert_eq!(sft["data"]["kind"].as_str(), Some("chat"));
         assert_eq!(
-            sft["model"]["pretrained"].as_str().map(PathBuf::from),
+            sft["model"]["path"].as_str().map(PathBuf::from),
             Some(plan.source.model.clone())
         );
         assert!(plan.source.held_out.is_none());

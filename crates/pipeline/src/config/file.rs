@@ -10,6 +10,7 @@ use stoke_optim::DecayShape;
 use stoke_reward::RewardConfig;
 use stoke_train::config::{OptimizerFile, ScheduleKind};
 use stoke_train::grpo::GrpoLossFile;
+use stoke_types::Precision;
 
 use crate::error::PipelineError;
 
@@ -17,6 +18,10 @@ use crate::error::PipelineError;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GrpoConfigFile {
+    /// The run folder (default `runs/<config file stem>` next to the config file): the key every
+    /// command shares (`[out] dir` before; migrated with a warning).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_dir: Option<PathBuf>,
     pub model: ModelSection,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tasks: Option<TaskSourceFile>,
@@ -26,6 +31,10 @@ pub struct GrpoConfigFile {
     pub rewards: BTreeMap<String, RewardConfig>,
     #[serde(default)]
     pub grpo: GrpoSection,
+    /// `[training]`: the keys every training command shares (steps, seed, precision,
+    /// activation_checkpointing, max_bad_steps).
+    #[serde(default)]
+    pub training: TrainingSection,
     #[serde(default)]
     pub optimizer: OptimizerFile,
     #[serde(default)]
@@ -36,8 +45,6 @@ pub struct GrpoConfigFile {
     pub checkpoint: CheckpointSection,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ptx: Option<PtxSection>,
-    #[serde(default)]
-    pub out: OutSection,
     /// LoRA adapters on the frozen policy (the keys of `stoke train`'s `[lora]`); the reference
     /// is then the base without adapters, at no copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -176,8 +183,6 @@ pub enum OldLogprobsFile {
 #[serde(deny_unknown_fields)]
 pub struct GrpoSection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub steps: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompts_per_step: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group_size: Option<usize>,
@@ -193,8 +198,6 @@ pub struct GrpoSection {
     pub top_p: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<usize>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<ModeFile>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -218,21 +221,33 @@ pub struct GrpoSection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub micro_batch_tokens: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_bad_steps: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reward_workers: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reward_timeout_s: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threads: Option<usize>,
+    #[serde(default)]
+    pub loss: GrpoLossFile,
+}
+
+/// `[training]`: the keys `stoke train`, `stoke dpo` and `stoke grpo` share, with one meaning.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainingSection {
+    /// Trainer updates (optimizer steps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
     /// Matmul precision of the policy, its rollout copies and the reference: "f32" or "bf16".
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub precision: Option<stoke_types::Precision>,
+    pub precision: Option<Precision>,
     /// Recompute each block's activations in the trainer's backward pass (exact).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub activation_checkpointing: Option<bool>,
-    #[serde(default)]
-    pub loss: GrpoLossFile,
+    /// Non-finite updates in a row that stop the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bad_steps: Option<u64>,
 }
 
 /// `[schedule]`: the learning-rate schedule (keys as in `stoke train`, default constant).
@@ -245,6 +260,9 @@ pub struct ScheduleSection {
     pub warmup_steps: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_lr_ratio: Option<f64>,
+    /// WSD: the share of the run spent decaying (`stoke train`'s key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decay_fraction: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decay_start: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -280,6 +298,8 @@ pub struct PtxSection {
     pub seq_len: Option<usize>,
 }
 
+/// `[out] dir`: the output folder of `stoke distill generate` (GRPO's is the shared
+/// `output_dir`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutSection {

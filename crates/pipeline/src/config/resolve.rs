@@ -142,7 +142,7 @@ pub(super) fn resolve_schedule(
         kind: s.kind.unwrap_or(ScheduleKind::Constant),
         warmup_steps: s.warmup_steps,
         min_lr_ratio: s.min_lr_ratio,
-        decay_fraction: None,
+        decay_fraction: s.decay_fraction,
         decay_start: s.decay_start,
         decay_steps: s.decay_steps,
         decay_shape: s.decay_shape,
@@ -166,13 +166,15 @@ pub(super) fn resolve_schedule(
 }
 
 /// `[schedule]` with every value explicit: stoke train's file form (GRPO's section has no
-/// `decay_fraction` or `batch_warmup`; the explicit form sets neither).
+/// `batch_warmup`; the explicit form sets neither it nor `decay_fraction`, which it resolves into
+/// `decay_start` / `decay_steps`).
 pub(super) fn schedule_file(schedule: &LrSchedule) -> ScheduleSection {
     let f = ScheduleFile::explicit(schedule);
     ScheduleSection {
         kind: Some(f.kind),
         warmup_steps: f.warmup_steps,
         min_lr_ratio: f.min_lr_ratio,
+        decay_fraction: None,
         decay_start: f.decay_start,
         decay_steps: f.decay_steps,
         decay_shape: f.decay_shape,
@@ -185,9 +187,9 @@ const DEFAULT_ROLLOUT_TIMEOUT_S: f64 = 600.0;
 const DEFAULT_REWARD_TIMEOUT_S_REMOTE: f64 = 120.0;
 const DEFAULT_REVIVE_AFTER_S: f64 = 10.0;
 
-/// The run's output folder (`[out] dir`, else `base/runs/<stem>`).
+/// The run's output folder (`output_dir`, else `base/runs/<stem>`).
 pub(super) fn out_dir_of(file: &GrpoConfigFile, base: &Path, stem: &str) -> PathBuf {
-    match &file.out.dir {
+    match &file.output_dir {
         Some(dir) => base.join(dir),
         None => base.join("runs").join(stem),
     }

@@ -58,8 +58,10 @@ pub struct ModelFile {
     pub vocab_size: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<PathBuf>,
+    /// A model folder (Hugging Face layout) or a GGUF file to start from: the key every
+    /// command shares (`pretrained` before; migrated with a warning).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pretrained: Option<PathBuf>,
+    pub path: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenizer: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

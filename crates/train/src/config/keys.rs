@@ -25,6 +25,9 @@ pub struct Renamed {
     pub new: &'static str,
 }
 
+/// The starting model's one name, for every command (a model folder or a GGUF file).
+pub const MODEL_PATH: &str = "model.path";
+
 /// Clipping's one name, for every command.
 pub const CLIP_GRAD_NORM: &str = "optimizer.clip_grad_norm";
 
@@ -111,6 +114,22 @@ pub fn migrate_renamed(
         let Some(value) = table_at(table, old_parents).and_then(|t| t.remove(*old_leaf)) else {
             continue;
         };
+        // A table the move left empty goes too (`[out] dir` -> `output_dir` leaves no `[out]`).
+        for depth in (1..=old_parents.len()).rev() {
+            let (leaf, parents) = (old_parents[depth - 1], &old_parents[..depth - 1]);
+            let Some(parent) = table_at(table, parents) else {
+                break;
+            };
+            if parent
+                .get(leaf)
+                .and_then(toml::Value::as_table)
+                .is_some_and(|t| t.is_empty())
+            {
+                parent.remove(leaf);
+            } else {
+                break;
+            }
+        }
         let new: Vec<&str> = rename.new.split('.').collect();
         let Some((new_leaf, new_parents)) = new.split_last() else {
             continue;

@@ -29,15 +29,11 @@ impl TrainConfig {
         })?;
         let at = |p: &Path| base.join(p);
         let m = &file.model;
-        let chosen = [
-            m.preset.is_some(),
-            m.config.is_some(),
-            m.pretrained.is_some(),
-        ];
+        let chosen = [m.preset.is_some(), m.config.is_some(), m.path.is_some()];
         if chosen.iter().filter(|c| **c).count() != 1 {
             return Err(invalid(
                 "model",
-                "set exactly one of `preset`, `config` (a config.json) or `pretrained` (a model folder)",
+                "set exactly one of `preset`, `config` (a config.json) or `path` (a model folder)",
             ));
         }
         if m.vocab_size.is_some() && m.preset.is_none() {
@@ -54,14 +50,14 @@ impl TrainConfig {
             let hidden = hidden_size_of(&path, "model.config")?;
             (ModelSource::ConfigJson(path), hidden)
         } else {
-            let dir = at(m.pretrained.as_deref().unwrap_or(Path::new(".")));
+            let dir = at(m.path.as_deref().unwrap_or(Path::new(".")));
             // A file is a GGUF model, which carries its config and tokenizer in its metadata.
             let hidden = if dir.is_file() {
                 stoke_model::gguf::config_of(&dir)
-                    .map_err(|e| invalid("model.pretrained", e.to_string()))?
+                    .map_err(|e| invalid("model.path", e.to_string()))?
                     .hidden_size
             } else {
-                hidden_size_of(&dir.join("config.json"), "model.pretrained")?
+                hidden_size_of(&dir.join("config.json"), "model.path")?
             };
             (ModelSource::Pretrained(dir), hidden)
         };
@@ -170,7 +166,7 @@ impl TrainConfig {
 
     /// The file form with every value explicit (what `<run>/config.toml` holds).
     pub fn to_file(&self) -> ConfigFile {
-        let (preset, vocab_size, config, pretrained) = match &self.model.source {
+        let (preset, vocab_size, config, path) = match &self.model.source {
             ModelSource::Preset { preset, vocab_size } => (Some(*preset), *vocab_size, None, None),
             ModelSource::ConfigJson(p) => (None, None, Some(p.clone()), None),
             ModelSource::Pretrained(p) => (None, None, None, Some(p.clone())),
@@ -198,7 +194,7 @@ impl TrainConfig {
                 preset,
                 vocab_size,
                 config,
-                pretrained,
+                path,
                 tokenizer: self.model.tokenizer.clone(),
                 init_seed: Some(self.model.init_seed),
                 init: Some(match self.model.init {

@@ -7,7 +7,7 @@
 //! title = "dpo"
 //! output_dir = "../runs/dpo"       # relative paths are relative to this file's folder
 //! [model]
-//! pretrained = "../runs/sft/model" # an HF folder; tokenizer = "..." if it is elsewhere
+//! path = "../runs/sft/model"     # an HF folder; tokenizer = "..." if it is elsewhere
 //! [data]
 //! train = "pairs.jsonl"            # prompt/chosen/rejected: messages or strings
 //! max_len = 512                    # prompt + response tokens (default: the model's limit, at most 1024)
@@ -117,7 +117,8 @@ pub struct PreferenceFile {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PreferenceModelFile {
-    pub pretrained: PathBuf,
+    /// The starting model (usually an SFT model): the shared `[model] path`.
+    pub path: PathBuf,
     #[serde(default)]
     pub tokenizer: Option<PathBuf>,
 }
@@ -279,10 +280,16 @@ fn default_bad_steps() -> u64 {
 }
 
 /// Keys of `stoke dpo` renamed to the shared vocabulary (see `config::keys`).
-pub const RENAMED: &[keys::Renamed] = &[keys::Renamed {
-    old: "training.clip_norm",
-    new: keys::CLIP_GRAD_NORM,
-}];
+pub const RENAMED: &[keys::Renamed] = &[
+    keys::Renamed {
+        old: "training.clip_norm",
+        new: keys::CLIP_GRAD_NORM,
+    },
+    keys::Renamed {
+        old: "model.pretrained",
+        new: keys::MODEL_PATH,
+    },
+];
 
 impl PreferenceFile {
     /// Reads `path`, applies `--set` overrides, and makes its relative paths absolute against
@@ -300,7 +307,7 @@ impl PreferenceFile {
             }
         };
         absolute(&mut file.output_dir);
-        absolute(&mut file.model.pretrained);
+        absolute(&mut file.model.path);
         if let Some(t) = file.model.tokenizer.as_mut() {
             absolute(t);
         }
@@ -321,8 +328,41 @@ impl PreferenceFile {
 
     /// A run's saved `config.toml` (its paths are already absolute).
     pub fn from_saved(text: &str, origin: &Path) -> Result<PreferenceFile, ConfigError> {
-        let table = keys::parse_table(text, origin)?;
-        keys::from_table(table, &origin.display().to_string())
+        let mut table = keys::parse_table(text, origin)?;
+        let origin = origin.display().to_string();
+        keys::migrate_renamed(&mut table, RENAMED, &origin)?;
+        keys::from_table(table, &origin)
+    }
+
+    /// The optimizer the run builds for a model of `hidden_size` (`[optimizer]` with `stoke
+    /// dpo`'s defaults: TRL's lr 1e-6, no weight decay).
+    pub fn resolved_optimizer(
+        &self,
+        hidden_size: usize,
+    ) -> Result<stoke_optim::OptimizerConfig, ConfigError> {
+        resolve_optimizer(
+            &OptimizerFile {
+                lr: Some(self.optimizer.lr.unwrap_or(DEFAULT_LR)),
+                weight_decay: Some(self.optimizer.weight_decay.unwrap_or(0.0)),
+                ..self.optimizer.clone()
+            },
+            hidden_size,
+        )
+    }
+
+    /// The learning-rate schedule over `training.steps` (constant without a `[schedule]`).
+    pub fn resolved_schedule(&self) -> Result<LrSchedule, ConfigError> {
+        match &self.schedule {
+            Some(s) => resolve_lr_schedule(
+                s,
+                self.training.steps,
+                ScheduleDefaults {
+                    warmup_steps: 0,
+                    cosine_min_lr_ratio: 0.0,
+                },
+            ),
+            None => Ok(LrSchedule::Constant { warmup_steps: 0 }),
+        }
     }
 
     pub fn objective(&self) -> PairObjective {
@@ -388,10 +428,10 @@ pub fn run_preference_with(
         .model
         .tokenizer
         .clone()
-        .unwrap_or_else(|| file.model.pretrained.clone());
+        .unwrap_or_else(|| file.model.path.clone());
     let tokenizer = Tokenizer::from_dir(&tokenizer_dir)
         .map_err(|e| TrainError::Other(format!("{}: {e}", tokenizer_dir.display())))?;
-    let mut policy = Transformer::load(&file.model.pretrained, &device)?;
+    let mut policy = Transformer::load(&file.model.path, &device)?;
     policy.set_precision(file.training.precision);
     policy.set_activation_checkpointing(file.training.activation_checkpointing);
     let limit = policy.config().max_position_embeddings;
@@ -434,17 +474,7 @@ pub fn run_preference_with(
         }
         (None, None) => None,
     };
-    let schedule = match &file.schedule {
-        Some(s) => resolve_lr_schedule(
-            s,
-            file.training.steps,
-            ScheduleDefaults {
-                warmup_steps: 0,
-                cosine_min_lr_ratio: 0.0,
-            },
-        )?,
-        None => LrSchedule::Constant { warmup_steps: 0 },
-    };
+    let schedule = file.resolved_schedule()?;
 
     // The run folder: the one resume rule, then config.toml (after the rule, so a refused
     // fresh start leaves another run's config as it was).
@@ -495,7 +525,7 @@ pub fn run_preference_with(
                 // After a TR-DPO sync the reference is the mixed model, kept in the run folder.
                 let dir = match extra.reference_synced_at {
                     Some(step) => reference_model_dir(out, step),
-                    None => file.model.pretrained.clone(),
+                    None => file.model.path.clone(),
                 };
                 (
                     Reference::Live(Box::new(
@@ -513,7 +543,7 @@ pub fn run_preference_with(
                 // The cache belongs to the starting weights, not a checkpoint's.
                 let starting;
                 let scorer = if resumed.is_some() {
-                    starting = Transformer::load(&file.model.pretrained, &device)?
+                    starting = Transformer::load(&file.model.path, &device)?
                         .with_precision(file.training.precision);
                     &starting
                 } else {
@@ -525,14 +555,7 @@ pub fn run_preference_with(
         }
     };
 
-    let optimizer_config = resolve_optimizer(
-        &OptimizerFile {
-            lr: Some(file.optimizer.lr.unwrap_or(DEFAULT_LR)),
-            weight_decay: Some(file.optimizer.weight_decay.unwrap_or(0.0)),
-            ..file.optimizer.clone()
-        },
-        policy.config().hidden_size,
-    )?;
+    let optimizer_config = file.resolved_optimizer(policy.config().hidden_size)?;
     let step_settings = StepSettings {
         schedule,
         clip_norm: keys::clip_grad_norm(file.optimizer.clip_grad_norm),
@@ -761,17 +784,7 @@ fn check_resumable(
         "schedule.",
     ];
     let mut diffs = keys::differences(saved, current, FREE);
-    let saved_schedule = match &saved.schedule {
-        Some(s) => resolve_lr_schedule(
-            s,
-            saved.training.steps,
-            ScheduleDefaults {
-                warmup_steps: 0,
-                cosine_min_lr_ratio: 0.0,
-            },
-        )?,
-        None => LrSchedule::Constant { warmup_steps: 0 },
-    };
+    let saved_schedule = saved.resolved_schedule()?;
     if let Some(step) = (0..resume_step)
         .find(|&s| saved_schedule.lr_factor(s).to_bits() != schedule.lr_factor(s).to_bits())
     {

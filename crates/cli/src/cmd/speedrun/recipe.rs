@@ -344,7 +344,7 @@ impl Recipe {
             title: Some(format!("speedrun ({}) - SFT", self.name)),
             output_dir: paths.run_dir.clone(),
             model: ModelFile {
-                pretrained: Some(paths.model_source.clone()),
+                path: Some(paths.model_source.clone()),
                 tokenizer: Some(paths.tokenizer.clone()),
                 ..ModelFile::default()
             },
@@ -450,18 +450,19 @@ impl Recipe {
         let quote = |path: &Path| toml::Value::String(path.display().to_string()).to_string();
         format!(
             "{title}\n\
+             output_dir = {run_dir}\n\n\
              [model]\npath = {model}\n{reference}\n\
              [tasks]\nkind = \"arithmetic\"\nlevels = [{levels}]\nproblems = {problems}\nseed = {task_seed}\n\n\
              [held_out]\nkind = \"arithmetic\"\nlevels = [{levels}]\nproblems = {held_out}\nseed = {seed}\n\n\
              [rewards.default]\nkind = \"exact_match\"\nmode = \"gsm8k\"\nextract_answer = true\n\n\
-             [grpo]\nsteps = {steps}\nprompts_per_step = {prompts}\ngroup_size = {group}\n\
-             max_new_tokens = {max_new}\ntemperature = {temperature}\nseed = {seed}\n\
+             [training]\nsteps = {steps}\nseed = {seed}\n\n\
+             [grpo]\nprompts_per_step = {prompts}\ngroup_size = {group}\n\
+             max_new_tokens = {max_new}\ntemperature = {temperature}\n\
              mode = \"async\"\nmax_off_policy_steps = 1\nlag = \"fixed\"\n\n\
              [optimizer]\nkind = \"adamw\"\nlr = {lr:e}\nweight_decay = 0.0\n\n\
              [schedule]\nkind = \"cosine\"\n\n\
              [eval]\nevery = {eval_every}\nsamples = 4\nproblems = {eval_problems}\n\n\
-             [checkpoint]\nevery = 0\nkeep = 1\n\n\
-             [out]\ndir = {run_dir}\n",
+             [checkpoint]\nevery = 0\nkeep = 1\n",
             model = quote(model_dir),
             reference = reference.map_or(String::new(), |r| format!("reference = {}\n", quote(r))),
             problems = g.problems,
@@ -496,7 +497,7 @@ impl Recipe {
         format!(
             "# speedrun ({name}) - {loss} on the SFT model's own verified samples\n\
              output_dir = {run_dir}\n\n\
-             [model]\npretrained = {model}\n\n\
+             [model]\npath = {model}\n\n\
              [data]\ntrain = {pairs}\nmax_len = {max_len}\npairs_per_micro_batch = {per_batch}\n\n\
              [objective]\nkind = \"dpo\"\n\n\
              [dpo]\nbeta = {beta}\nloss_type = \"{loss}\"\n\n\
