@@ -44,7 +44,7 @@ mod context;
 mod forward;
 mod fused_block;
 mod init;
-pub(crate) mod layer;
+mod layer;
 pub(crate) mod linear;
 mod lora;
 mod mla;

@@ -17,7 +17,9 @@
 mod moe;
 mod rope;
 
-use super::architecture::{Architecture, SUPPORTED_ARCHITECTURES, SUPPORTED_MODEL_TYPES};
+use super::architecture::{
+    Architecture, ArchitectureTraits, SUPPORTED_ARCHITECTURES, SUPPORTED_MODEL_TYPES,
+};
 use super::hf_json::{HfConfigFile, OneOrMany};
 use super::model_config::{Activation, AttentionKind, MlaConfig, ModelConfig};
 use crate::error::ModelError;
@@ -127,20 +129,13 @@ impl Validator<'_> {
                 ),
             ));
         }
-        let head_dim = match &mla {
-            // DeepseekV3Config sets head_dim to the rotated width (its RoPE table's).
-            Some(mla) => mla.qk_rope_head_dim,
-            None => file
-                .head_dim
-                .or(traits.default_head_dim)
-                .unwrap_or(hidden_size / num_attention_heads),
-        };
-        if head_dim == 0 || !head_dim.is_multiple_of(2) {
-            return Err(self.invalid(
-                "head_dim",
-                format!("must be even and positive for RoPE, found {head_dim}"),
-            ));
-        }
+        let head_dim = self.head_dim(
+            &file,
+            &traits,
+            mla.as_ref(),
+            hidden_size,
+            num_attention_heads,
+        )?;
         let rms_norm_eps = file.rms_norm_eps.unwrap_or(1e-6);
         if !(rms_norm_eps > 0.0 && rms_norm_eps.is_finite()) {
             return Err(self.invalid(
@@ -148,16 +143,7 @@ impl Validator<'_> {
                 format!("must be positive, found {rms_norm_eps}"),
             ));
         }
-        // Gemma names the MLP activation `hidden_activation` (hub configs often carry both).
-        let (act_field, act_name) = match (&file.hidden_activation, &file.hidden_act) {
-            (Some(a), _) if traits.gemma => ("hidden_activation", a.as_str()),
-            (_, Some(a)) => ("hidden_act", a.as_str()),
-            _ if traits.gemma => ("hidden_activation", "gelu_pytorch_tanh"),
-            _ => ("hidden_act", "silu"),
-        };
-        let hidden_act = Activation::from_hf_name(act_name).ok_or_else(|| {
-            self.unsupported(act_field, format!("{act_name:?}"), SUPPORTED_ACTIVATIONS)
-        })?;
+        let hidden_act = self.activation(&file, &traits)?;
         if file.use_bidirectional_attention == Some(true) {
             return Err(self.unsupported("use_bidirectional_attention", "true", "false (causal)"));
         }
@@ -179,21 +165,8 @@ impl Validator<'_> {
             .max_position_embeddings
             .unwrap_or(traits.default_max_position_embeddings);
         let (rope, local_rope) = self.ropes(&file, architecture, max_position_embeddings)?;
-        let gemma_default = |key: &str,
-                             given: Option<f64>,
-                             default: Option<f64>|
-         -> Result<Option<f64>, ModelError> {
-            // An absent key takes the class default; an explicit null turns the feature off.
-            let value = match source_fields.contains_key(key) {
-                false if traits.gemma => default,
-                _ => given,
-            };
-            match value {
-                Some(v) if !(v > 0.0 && v.is_finite()) => {
-                    Err(self.invalid(key, format!("must be positive, found {v}")))
-                }
-                v => Ok(v),
-            }
+        let gemma_default = |key: &str, given: Option<f64>, default: Option<f64>| {
+            self.gemma_default(&source_fields, traits.gemma, key, given, default)
         };
         let gemma2 = architecture == Architecture::Gemma2;
         let attn_logit_softcap = gemma_default(
@@ -211,68 +184,13 @@ impl Validator<'_> {
             file.query_pre_attn_scalar,
             Some(256.0),
         )?;
-        let sliding_window = match (source_fields.get("sliding_window"), traits.gemma) {
-            (None, true) => Some(4096),
-            (None, false) if architecture == Architecture::Afmoe => Some(1024),
-            _ => file.sliding_window,
-        };
-        if layer_types.contains(&AttentionKind::Sliding) {
-            match sliding_window {
-                Some(0) => return Err(self.invalid("sliding_window", "must be positive, found 0")),
-                None => {
-                    return Err(self.invalid(
-                        "sliding_window",
-                        "missing (required when layer_types has sliding_attention layers)",
-                    ));
-                }
-                Some(_) => {}
-            }
-        }
-        // Unused windows are dropped so two configs that compute the same compare equal.
         let sliding_window =
-            sliding_window.filter(|_| layer_types.contains(&AttentionKind::Sliding));
-        let attention_bias_flag = file.attention_bias.unwrap_or(false);
-        let (attention_bias, attention_output_bias) = match architecture {
-            // Qwen2MoeAttention: q/k/v biases follow `qkv_bias`, o_proj never has one.
-            Architecture::Qwen2Moe => (file.qkv_bias.unwrap_or(true), false),
-            // MixtralAttention has no biases.
-            Architecture::Mixtral => (false, false),
-            // DeepseekV3Attention: q_a_proj, kv_a_proj_with_mqa and o_proj follow
-            // `attention_bias`.
-            Architecture::DeepseekV3 => (attention_bias_flag, attention_bias_flag),
-            _ => (
-                traits.qkv_bias_forced || attention_bias_flag,
-                !traits.qkv_bias_forced && attention_bias_flag,
-            ),
-        };
-        let clip_qkv = match (architecture, file.clip_qkv) {
-            (Architecture::Olmoe, Some(c)) if !(c > 0.0 && c.is_finite()) => {
-                return Err(self.invalid("clip_qkv", format!("must be positive, found {c}")));
-            }
-            (Architecture::Olmoe, c) => c,
-            (_, Some(_)) => {
-                return Err(self.unsupported("clip_qkv", "a clamp", "olmoe (elsewhere null)"));
-            }
-            (_, None) => None,
-        };
+            self.sliding_window(&file, &source_fields, architecture, &traits, &layer_types)?;
+        let (attention_bias, attention_output_bias) =
+            attention_biases(&file, architecture, &traits);
+        let clip_qkv = self.clip_qkv(&file, architecture)?;
         let moe = self.moe(&file, architecture, num_hidden_layers, intermediate_size)?;
-        let num_mtp_layers = match (file.num_nextn_predict_layers, file.num_mtp_layers) {
-            (Some(a), Some(b)) if a != b => {
-                return Err(self.invalid(
-                    "num_mtp_layers",
-                    format!("{b} contradicts num_nextn_predict_layers {a}"),
-                ));
-            }
-            (Some(n), _) | (None, Some(n)) => n,
-            (None, None) => 0,
-        };
-        if num_mtp_layers > 0 && architecture != Architecture::DeepseekV3 {
-            return Err(self.unsupported(
-                "num_nextn_predict_layers",
-                num_mtp_layers.to_string(),
-                "deepseek_v3 (elsewhere 0)",
-            ));
-        }
+        let num_mtp_layers = self.mtp_layers(&file, architecture)?;
         let mlp_bias = matches!(architecture, Architecture::Llama | Architecture::SmolLm3)
             && file.mlp_bias.unwrap_or(false);
         let eos_token_ids = match file.eos_token_id {
@@ -321,6 +239,149 @@ impl Validator<'_> {
             moe,
             source_fields,
         })
+    }
+
+    /// The width of a head: MLA's rotated width, else `head_dim` (the class default, or hidden
+    /// size / heads); even and positive, as RoPE needs.
+    fn head_dim(
+        &self,
+        file: &HfConfigFile,
+        traits: &ArchitectureTraits,
+        mla: Option<&MlaConfig>,
+        hidden_size: usize,
+        num_attention_heads: usize,
+    ) -> Result<usize, ModelError> {
+        let head_dim = match mla {
+            // DeepseekV3Config sets head_dim to the rotated width (its RoPE table's).
+            Some(mla) => mla.qk_rope_head_dim,
+            None => file
+                .head_dim
+                .or(traits.default_head_dim)
+                .unwrap_or(hidden_size / num_attention_heads),
+        };
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
+            return Err(self.invalid(
+                "head_dim",
+                format!("must be even and positive for RoPE, found {head_dim}"),
+            ));
+        }
+        Ok(head_dim)
+    }
+
+    /// The MLP's activation, from `hidden_act` or, for Gemma, `hidden_activation`.
+    fn activation(
+        &self,
+        file: &HfConfigFile,
+        traits: &ArchitectureTraits,
+    ) -> Result<Activation, ModelError> {
+        // Gemma names the MLP activation `hidden_activation` (hub configs often carry both).
+        let (act_field, act_name) = match (&file.hidden_activation, &file.hidden_act) {
+            (Some(a), _) if traits.gemma => ("hidden_activation", a.as_str()),
+            (_, Some(a)) => ("hidden_act", a.as_str()),
+            _ if traits.gemma => ("hidden_activation", "gelu_pytorch_tanh"),
+            _ => ("hidden_act", "silu"),
+        };
+        Activation::from_hf_name(act_name).ok_or_else(|| {
+            self.unsupported(act_field, format!("{act_name:?}"), SUPPORTED_ACTIVATIONS)
+        })
+    }
+
+    /// A Gemma scalar (soft-caps, `query_pre_attn_scalar`): positive when set.
+    fn gemma_default(
+        &self,
+        source_fields: &Map<String, Value>,
+        gemma: bool,
+        key: &str,
+        given: Option<f64>,
+        default: Option<f64>,
+    ) -> Result<Option<f64>, ModelError> {
+        // An absent key takes the class default; an explicit null turns the feature off.
+        let value = match source_fields.contains_key(key) {
+            false if gemma => default,
+            _ => given,
+        };
+        match value {
+            Some(v) if !(v > 0.0 && v.is_finite()) => {
+                Err(self.invalid(key, format!("must be positive, found {v}")))
+            }
+            v => Ok(v),
+        }
+    }
+
+    /// The sliding window (the class default when the key is absent), required and positive
+    /// when a layer slides, and dropped when none does.
+    fn sliding_window(
+        &self,
+        file: &HfConfigFile,
+        source_fields: &Map<String, Value>,
+        architecture: Architecture,
+        traits: &ArchitectureTraits,
+        layer_types: &[AttentionKind],
+    ) -> Result<Option<usize>, ModelError> {
+        let sliding_window = match (source_fields.get("sliding_window"), traits.gemma) {
+            (None, true) => Some(4096),
+            (None, false) if architecture == Architecture::Afmoe => Some(1024),
+            _ => file.sliding_window,
+        };
+        if layer_types.contains(&AttentionKind::Sliding) {
+            match sliding_window {
+                Some(0) => return Err(self.invalid("sliding_window", "must be positive, found 0")),
+                None => {
+                    return Err(self.invalid(
+                        "sliding_window",
+                        "missing (required when layer_types has sliding_attention layers)",
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        // Unused windows are dropped so two configs that compute the same compare equal.
+        Ok(sliding_window.filter(|_| layer_types.contains(&AttentionKind::Sliding)))
+    }
+
+    /// OLMoE's `clip_qkv` (positive when set); refused elsewhere.
+    fn clip_qkv(
+        &self,
+        file: &HfConfigFile,
+        architecture: Architecture,
+    ) -> Result<Option<f64>, ModelError> {
+        Ok(match (architecture, file.clip_qkv) {
+            (Architecture::Olmoe, Some(c)) if !(c > 0.0 && c.is_finite()) => {
+                return Err(self.invalid("clip_qkv", format!("must be positive, found {c}")));
+            }
+            (Architecture::Olmoe, c) => c,
+            (_, Some(_)) => {
+                return Err(self.unsupported("clip_qkv", "a clamp", "olmoe (elsewhere null)"));
+            }
+            (_, None) => None,
+        })
+    }
+
+    /// The multi-token prediction layers (`num_nextn_predict_layers`, or its alias
+    /// `num_mtp_layers`; both given must agree); DeepSeek-V3 only.
+    fn mtp_layers(
+        &self,
+        file: &HfConfigFile,
+        architecture: Architecture,
+    ) -> Result<usize, ModelError> {
+        let num_mtp_layers = match (file.num_nextn_predict_layers, file.num_mtp_layers) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(self.invalid(
+                    "num_mtp_layers",
+                    format!("{b} contradicts num_nextn_predict_layers {a}"),
+                ));
+            }
+            (Some(n), _) | (None, Some(n)) => n,
+            (None, None) => 0,
+        };
+        if num_mtp_layers > 0 && architecture != Architecture::DeepseekV3 {
+            return Err(self.unsupported(
+                "num_nextn_predict_layers",
+                num_mtp_layers.to_string(),
+                "deepseek_v3 (elsewhere 0)",
+            ));
+        }
+        Ok(num_mtp_layers)
     }
 
     /// DeepSeek-V3's latent attention (`None` for the other families, where its fields are
@@ -494,5 +555,28 @@ impl Validator<'_> {
                 Ok((0..layers).map(|i| (i + 1) % interval != 0).collect())
             }
         }
+    }
+}
+
+/// The q/k/v and o_proj biases, `(attention_bias, attention_output_bias)`, as each family's
+/// attention class decides them.
+fn attention_biases(
+    file: &HfConfigFile,
+    architecture: Architecture,
+    traits: &ArchitectureTraits,
+) -> (bool, bool) {
+    let attention_bias_flag = file.attention_bias.unwrap_or(false);
+    match architecture {
+        // Qwen2MoeAttention: q/k/v biases follow `qkv_bias`, o_proj never has one.
+        Architecture::Qwen2Moe => (file.qkv_bias.unwrap_or(true), false),
+        // MixtralAttention has no biases.
+        Architecture::Mixtral => (false, false),
+        // DeepseekV3Attention: q_a_proj, kv_a_proj_with_mqa and o_proj follow
+        // `attention_bias`.
+        Architecture::DeepseekV3 => (attention_bias_flag, attention_bias_flag),
+        _ => (
+            traits.qkv_bias_forced || attention_bias_flag,
+            !traits.qkv_bias_forced && attention_bias_flag,
+        ),
     }
 }

@@ -26,28 +26,10 @@ impl Validator<'_> {
         layers: usize,
         intermediate_size: usize,
     ) -> Result<Option<MoeConfig>, ModelError> {
-        let (experts_default, top_k_default, aux_default) = match architecture {
-            Architecture::Mixtral => (8, 2, 0.001),
-            Architecture::Qwen2Moe => (60, 4, 0.001),
-            Architecture::Qwen3Moe => (128, 8, 0.001),
-            Architecture::Olmoe => (64, 8, 0.01),
-            Architecture::Afmoe => (64, 6, 0.001),
-            Architecture::DeepseekV3 => (256, 8, 0.001),
-            _ => {
-                for (field, present) in [
-                    ("num_experts", file.num_experts.is_some()),
-                    ("num_local_experts", file.num_local_experts.is_some()),
-                ] {
-                    if present {
-                        return Err(self.unsupported(
-                            field,
-                            "experts",
-                            "mixtral, qwen2_moe, qwen3_moe, olmoe, afmoe",
-                        ));
-                    }
-                }
-                return Ok(None);
-            }
+        let Some((experts_default, top_k_default, aux_default)) =
+            self.moe_defaults(file, architecture)?
+        else {
+            return Ok(None);
         };
         // DeepseekV3Config names its experts `n_routed_experts` (`num_local_experts` is an alias).
         let named_experts = match architecture {
@@ -72,29 +54,7 @@ impl Validator<'_> {
             } else {
                 "num_experts"
             };
-        let step = file.decoder_sparse_step.unwrap_or(1);
-        if step == 0 {
-            return Err(self.invalid("decoder_sparse_step", "must be positive, found 0"));
-        }
-        let dense_only = file.mlp_only_layers.clone().unwrap_or_default();
-        if let Some(bad) = dense_only.iter().find(|&&l| l >= layers) {
-            return Err(self.invalid(
-                "mlp_only_layers",
-                format!("layer {bad} is past the model's {layers} layers"),
-            ));
-        }
-        let sparse_layers: Vec<bool> = (0..layers)
-            .map(|i| match architecture {
-                Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
-                    !dense_only.contains(&i) && num_experts > 0 && (i + 1) % step == 0
-                }
-                // AfmoeDecoderLayer: the first `num_dense_layers` are dense.
-                Architecture::Afmoe => i >= file.num_dense_layers.unwrap_or(1),
-                // DeepseekV3DecoderLayer: the first `first_k_dense_replace` are dense.
-                Architecture::DeepseekV3 => i >= file.first_k_dense_replace.unwrap_or(3),
-                _ => true,
-            })
-            .collect();
+        let sparse_layers = self.sparse_layers(file, architecture, layers, num_experts)?;
         let top_k = file.num_experts_per_tok.unwrap_or(top_k_default);
         if sparse_layers.contains(&true) {
             if num_experts == 0 {
@@ -107,6 +67,114 @@ impl Validator<'_> {
                 ));
             }
         }
+        let (expert_intermediate_size, shared_expert_intermediate_size) =
+            self.expert_sizes(file, architecture, intermediate_size)?;
+        let router_score = self.router_score(file, architecture)?;
+        let group_limit = self.group_limit(file, architecture, num_experts, top_k, expert_field)?;
+        let router_aux_loss_coef = file.router_aux_loss_coef.unwrap_or(aux_default);
+        if !(router_aux_loss_coef >= 0.0 && router_aux_loss_coef.is_finite()) {
+            return Err(self.invalid(
+                "router_aux_loss_coef",
+                format!("must be >= 0, found {router_aux_loss_coef}"),
+            ));
+        }
+        Ok(Some(MoeConfig {
+            num_experts,
+            num_experts_per_tok: top_k,
+            expert_intermediate_size,
+            // Mixtral always renormalizes the top-k weights.
+            norm_topk_prob: matches!(architecture, Architecture::Mixtral | Architecture::Afmoe)
+                || file
+                    .norm_topk_prob
+                    .unwrap_or(architecture == Architecture::DeepseekV3),
+            shared_expert_intermediate_size,
+            router_score,
+            sparse_layers,
+            router_aux_loss_coef,
+            naming: match architecture {
+                Architecture::Mixtral => ExpertNaming::Mixtral,
+                Architecture::Afmoe => ExpertNaming::Afmoe,
+                Architecture::DeepseekV3 => ExpertNaming::Deepseek,
+                _ => ExpertNaming::Qwen,
+            },
+            group_limit,
+        }))
+    }
+
+    /// The family's defaults `(experts, top_k, router_aux_loss_coef)`; `None` for a dense family,
+    /// which must not name experts.
+    fn moe_defaults(
+        &self,
+        file: &HfConfigFile,
+        architecture: Architecture,
+    ) -> Result<Option<(usize, usize, f64)>, ModelError> {
+        Ok(Some(match architecture {
+            Architecture::Mixtral => (8, 2, 0.001),
+            Architecture::Qwen2Moe => (60, 4, 0.001),
+            Architecture::Qwen3Moe => (128, 8, 0.001),
+            Architecture::Olmoe => (64, 8, 0.01),
+            Architecture::Afmoe => (64, 6, 0.001),
+            Architecture::DeepseekV3 => (256, 8, 0.001),
+            _ => {
+                for (field, present) in [
+                    ("num_experts", file.num_experts.is_some()),
+                    ("num_local_experts", file.num_local_experts.is_some()),
+                ] {
+                    if present {
+                        return Err(self.unsupported(
+                            field,
+                            "experts",
+                            "mixtral, qwen2_moe, qwen3_moe, olmoe, afmoe",
+                        ));
+                    }
+                }
+                return Ok(None);
+            }
+        }))
+    }
+
+    /// Per layer, whether its MLP is sparse: Qwen2/3-MoE's `decoder_sparse_step` and
+    /// `mlp_only_layers`, AFMoE's and DeepSeek-V3's dense first layers, every layer elsewhere.
+    fn sparse_layers(
+        &self,
+        file: &HfConfigFile,
+        architecture: Architecture,
+        layers: usize,
+        num_experts: usize,
+    ) -> Result<Vec<bool>, ModelError> {
+        let step = file.decoder_sparse_step.unwrap_or(1);
+        if step == 0 {
+            return Err(self.invalid("decoder_sparse_step", "must be positive, found 0"));
+        }
+        let dense_only = file.mlp_only_layers.clone().unwrap_or_default();
+        if let Some(bad) = dense_only.iter().find(|&&l| l >= layers) {
+            return Err(self.invalid(
+                "mlp_only_layers",
+                format!("layer {bad} is past the model's {layers} layers"),
+            ));
+        }
+        Ok((0..layers)
+            .map(|i| match architecture {
+                Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
+                    !dense_only.contains(&i) && num_experts > 0 && (i + 1) % step == 0
+                }
+                // AfmoeDecoderLayer: the first `num_dense_layers` are dense.
+                Architecture::Afmoe => i >= file.num_dense_layers.unwrap_or(1),
+                // DeepseekV3DecoderLayer: the first `first_k_dense_replace` are dense.
+                Architecture::DeepseekV3 => i >= file.first_k_dense_replace.unwrap_or(3),
+                _ => true,
+            })
+            .collect())
+    }
+
+    /// `(expert_intermediate_size, shared_expert_intermediate_size)`: the experts' width
+    /// (`moe_intermediate_size`, or Mixtral's `intermediate_size`) and the shared expert's, if any.
+    fn expert_sizes(
+        &self,
+        file: &HfConfigFile,
+        architecture: Architecture,
+        intermediate_size: usize,
+    ) -> Result<(usize, Option<usize>), ModelError> {
         let expert_intermediate_size = match architecture {
             Architecture::Qwen2Moe
             | Architecture::Qwen3Moe
@@ -139,7 +207,17 @@ impl Validator<'_> {
             },
             _ => None,
         };
-        let router_score = match architecture {
+        Ok((expert_intermediate_size, shared_expert_intermediate_size))
+    }
+
+    /// How the router scores the experts: a softmax, or AFMoE's and DeepSeek-V3's sigmoid with a
+    /// positive route scale.
+    fn router_score(
+        &self,
+        file: &HfConfigFile,
+        architecture: Architecture,
+    ) -> Result<RouterScore, ModelError> {
+        Ok(match architecture {
             Architecture::Afmoe => {
                 let route_scale = file.route_scale.unwrap_or(1.0);
                 if !(route_scale.is_finite() && route_scale > 0.0) {
@@ -161,8 +239,20 @@ impl Validator<'_> {
                 RouterScore::Sigmoid { route_scale }
             }
             _ => RouterScore::Softmax,
-        };
-        let group_limit = match architecture {
+        })
+    }
+
+    /// DeepSeek-V3's group limit (`n_group`, `topk_group`), checked against the expert count and
+    /// top-k; `None` elsewhere.
+    fn group_limit(
+        &self,
+        file: &HfConfigFile,
+        architecture: Architecture,
+        num_experts: usize,
+        top_k: usize,
+        expert_field: &str,
+    ) -> Result<Option<GroupLimit>, ModelError> {
+        Ok(match architecture {
             Architecture::DeepseekV3 => {
                 let groups = file.n_group.unwrap_or(8);
                 let topk_groups = file.topk_group.unwrap_or(4);
@@ -205,34 +295,6 @@ impl Validator<'_> {
                 })
             }
             _ => None,
-        };
-        let router_aux_loss_coef = file.router_aux_loss_coef.unwrap_or(aux_default);
-        if !(router_aux_loss_coef >= 0.0 && router_aux_loss_coef.is_finite()) {
-            return Err(self.invalid(
-                "router_aux_loss_coef",
-                format!("must be >= 0, found {router_aux_loss_coef}"),
-            ));
-        }
-        Ok(Some(MoeConfig {
-            num_experts,
-            num_experts_per_tok: top_k,
-            expert_intermediate_size,
-            // Mixtral always renormalizes the top-k weights.
-            norm_topk_prob: matches!(architecture, Architecture::Mixtral | Architecture::Afmoe)
-                || file
-                    .norm_topk_prob
-                    .unwrap_or(architecture == Architecture::DeepseekV3),
-            shared_expert_intermediate_size,
-            router_score,
-            sparse_layers,
-            router_aux_loss_coef,
-            naming: match architecture {
-                Architecture::Mixtral => ExpertNaming::Mixtral,
-                Architecture::Afmoe => ExpertNaming::Afmoe,
-                Architecture::DeepseekV3 => ExpertNaming::Deepseek,
-                _ => ExpertNaming::Qwen,
-            },
-            group_limit,
-        }))
+        })
     }
 }
