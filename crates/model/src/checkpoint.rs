@@ -14,7 +14,8 @@
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::transformer::{LM_HEAD, Transformer, parameter_shapes};
+use crate::hf_names::{LM_HEAD, parameter_shapes};
+use crate::transformer::Transformer;
 use candle_core::{DType, Device, Tensor};
 use safetensors::{Dtype, SafeTensors, View};
 use std::borrow::Cow;

@@ -17,7 +17,8 @@ use stoke_ops::matvec::Weights;
 
 use crate::error::ModelError;
 use crate::kv_cache::KvCache;
-use crate::transformer::{Linear, Transformer};
+use crate::transformer::Transformer;
+use crate::transformer::linear::Linear;
 
 fn f32_slice<'g>(
     guard: &'g (candle_core::StorageRef<'_>, &candle_core::Layout),

@@ -19,8 +19,9 @@ use stoke_gguf::{GgmlType, GgufFile, TensorSpec, hf};
 
 use crate::config::{ModelConfig, RopeScaling};
 use crate::error::ModelError;
+use crate::hf_names::{ExpertNames, parameter_shapes};
 use crate::rotary::RotaryTable;
-use crate::transformer::{Transformer, parameter_shapes};
+use crate::transformer::Transformer;
 
 /// The configuration of the GGUF model at `path` (its metadata only; no tensor is read).
 pub fn config_of(path: &Path) -> Result<ModelConfig, ModelError> {
@@ -77,7 +78,7 @@ impl Transformer {
                     });
                 };
                 let experts = moe.num_experts;
-                let names = crate::transformer::ExpertNames::of(moe.naming);
+                let names = ExpertNames::of(moe.naming);
                 let slot = match proj {
                     "gate_proj" => 0,
                     "up_proj" => 1,
@@ -115,7 +116,7 @@ impl Transformer {
             let mapped =
                 hf::hf_tensor_name(&architecture, &info.name).map(|name| match &config.moe {
                     Some(moe) if name.ends_with(".mlp.gate.weight") => {
-                        let names = crate::transformer::ExpertNames::of(moe.naming);
+                        let names = ExpertNames::of(moe.naming);
                         name.replace("mlp.gate.weight", &names.router())
                     }
                     _ => name,
@@ -241,7 +242,7 @@ impl Transformer {
             .config()
             .moe
             .as_ref()
-            .map(|m| (crate::transformer::ExpertNames::of(m.naming), m.num_experts));
+            .map(|m| (ExpertNames::of(m.naming), m.num_experts));
         let kv_b = kv_b_shape(self.config());
         for (hf_name, tensor) in &tensors {
             let layer = layer_of(hf_name);

@@ -4,13 +4,17 @@
 //!
 //! Layout of the crate (one noun per file):
 //! - `config`: HF config.json (4.x and 5.x styles) -> validated `ModelConfig`; `Architecture`
-//!   is the single place where the families differ.
+//!   is the single place where the families differ (`config/`: architecture, model_config, rope,
+//!   hf_json, validate).
 //! - `rotary`: RoPE inverse frequencies (default, linear, llama3, yarn) and cos/sin tables,
 //!   reproducing transformers' `modeling_rope_utils`.
-//! - `transformer`: the model and its forward pass, built on stoke-ops' differentiable ops.
+//! - `hf_names`: the Hugging Face tensor names and shapes of a config (`parameter_shapes`).
+//! - `transformer`: the model and its forward pass, built on stoke-ops' differentiable ops
+//!   (`transformer/`: model, forward, layer, attention, mla, mlp, moe_block, init, ...).
 //! - `moe`: what MoE layers routed, per-expert load, HF's load-balancing loss, the bias rules.
 //! - `qk_clip`: MuonClip's per-head query/key rescaling from the step's max attention logits.
-//! - `lora`: LoRA adapters in PEFT's layout (add, save/load, merge, the base without them).
+//! - `lora`: LoRA's configuration in PEFT's layout (`LoraConfig`); the adapters themselves (add,
+//!   save/load, merge, the base without them) are `transformer/lora.rs`.
 //! - `kv_cache`: the explicit cache for generation (the model holds no mutable state).
 //! - `decode`: the fused decode step (`Transformer::decode_step`) on a preallocated cache.
 //! - `mask`: additive attention biases (causal with padding, block-diagonal for packing).
@@ -39,8 +43,8 @@ pub mod checkpoint;
 pub mod config;
 pub mod decode;
 pub mod error;
-pub(crate) mod fused_block;
 pub mod gguf;
+pub mod hf_names;
 pub mod kv_cache;
 pub mod lora;
 pub mod mask;

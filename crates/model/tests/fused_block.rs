@@ -1,9 +1,9 @@
-//! The fused decoder block (src/fused_block.rs, stoke_ops::block) against the composition of
-//! ops it replaces, on every golden fixture (Llama with GQA/MQA and RoPE scalings, Qwen2 with
-//! q/k/v biases, Qwen3 with q/k norms): logits and every parameter's gradient, in f64 (where the
-//! two forms must agree to rounding, 1e-9 relative), in f32, and in bf16; with causal masks, a
-//! left-padded batch and packed documents; and with activation checkpointing, whose gradients
-//! must equal the fused block's own bit for bit.
+//! The fused decoder block (src/transformer/fused_block.rs, stoke_ops::block) against the
+//! composition of ops it replaces, on every golden fixture (Llama with GQA/MQA and RoPE scalings,
+//! Qwen2 with q/k/v biases, Qwen3 with q/k norms): logits and every parameter's gradient, in f64
+//! (where the two forms must agree to rounding, 1e-9 relative), in f32, and in bf16; with causal
+//! masks, a left-padded batch and packed documents; and with activation checkpointing, whose
+//! gradients must equal the fused block's own bit for bit.
 
 mod common;
 

@@ -14,7 +14,7 @@
 //!
 //! When it is used ([`applies`]): CPU tensors in f32 or f64, no KV cache, no LoRA adapter, no
 //! packed inference-only weights, and biases only where Qwen2 has them (q, k, v). Everything
-//! else takes the composition in `transformer.rs`, as does every layer when `STOKE_BLOCK=graph`
+//! else takes the composition (`layer.rs`), as does every layer when `STOKE_BLOCK=graph`
 //! is set (for comparisons).
 
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -27,8 +27,9 @@ use stoke_ops::block::{
     self, BlockActivations, BlockGrads, BlockInputs, BlockReal, BlockShape, BlockWeights, KeyRuns,
 };
 
+use super::layer::DecoderLayer;
+use super::linear::Linear;
 use crate::activation_checkpoint::{Stash, linked_params, lock};
-use crate::transformer::{DecoderLayer, Linear};
 
 /// What every layer of one forward pass shares: RoPE tables `[N, head_dim]`, the mask and its
 /// allowed keys.
