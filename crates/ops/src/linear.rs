@@ -40,9 +40,7 @@ pub struct Decoding(bool);
 impl Decoding {
     /// Enters the scope, unless `STOKE_DECODE_STREAM=0` (A/B runs against candle's GEMM).
     pub fn begin() -> Decoding {
-        static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let enabled =
-            *ENABLED.get_or_init(|| std::env::var("STOKE_DECODE_STREAM").as_deref() != Ok("0"));
+        let enabled = crate::dispatch::decode_stream();
         Decoding(DECODING.with(|d| d.replace(enabled || d.get())))
     }
 }

@@ -22,7 +22,7 @@
 //! Kernels: AVX-512F (any AVX-512 CPU; FMA into f32 lanes, which runs at full rate where
 //! `vdpbf16ps` does not), AVX2 + FMA (the same tiles in 8 lanes and 16 registers), and a
 //! portable loop; `cpu::level` picks the widest. `STOKE_MATVEC_KERNEL=portable`
-//! forces the latter (tests, other CPUs). The two agree up to f32 summation order; each is
+//! forces the latter (tests, other CPUs); `crate::dispatch` makes the choice. The two agree up to f32 summation order; each is
 //! deterministic and independent of how rows are split between threads (a row's sum never
 //! crosses a split).
 //!
@@ -33,7 +33,6 @@
 #![allow(unsafe_code)]
 
 use std::ops::Range;
-use std::sync::OnceLock;
 
 use crate::bf16::{PackedA, PackedB};
 
@@ -257,46 +256,14 @@ pub(crate) fn matvec_parallel(w: &Weights, x: &Inputs, out: &mut [f32]) {
     });
 }
 
-/// Which kernel runs `matvec`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kernel {
-    /// AVX-512F with `vdpbf16ps` for bf16 weights (AVX512-BF16: AMD Zen 4 and later, Intel
-    /// Cooper Lake and Sapphire Rapids and later); f32 weights as `Avx512`.
-    Avx512Bf16,
-    Avx512,
-    Avx2,
-    Portable,
-}
-
-impl Kernel {
-    pub fn name(self) -> &'static str {
-        match self {
-            Kernel::Avx512Bf16 => "avx512-bf16",
-            Kernel::Avx512 => "avx512",
-            Kernel::Avx2 => "avx2",
-            Kernel::Portable => "portable",
-        }
-    }
-}
+/// Which kernel runs `matvec` (chosen by `crate::dispatch`, the one CPU dispatch point).
+pub use crate::dispatch::MatvecKernel as Kernel;
 
 /// The kernel in use: the widest the CPU has (`cpu::level`, which `STOKE_SIMD` lowers; AVX-512
 /// with `vdpbf16ps` where the CPU has AVX512-BF16), unless `STOKE_MATVEC_KERNEL` names one
-/// (`portable`, or `avx512` for AVX-512 without `vdpbf16ps`).
+/// (`crate::dispatch::matvec_kernel`).
 pub fn kernel() -> Kernel {
-    static CHOSEN: OnceLock<Kernel> = OnceLock::new();
-    *CHOSEN.get_or_init(|| {
-        match std::env::var("STOKE_MATVEC_KERNEL").as_deref() {
-            Ok("portable") => return Kernel::Portable,
-            Ok("avx512") if Kernel::Avx512.available() => return Kernel::Avx512,
-            _ => {}
-        }
-        match crate::cpu::level() {
-            crate::cpu::Level::Avx512 if Kernel::Avx512Bf16.available() => Kernel::Avx512Bf16,
-            crate::cpu::Level::Avx512 => Kernel::Avx512,
-            crate::cpu::Level::Avx2 => Kernel::Avx2,
-            crate::cpu::Level::Baseline => Kernel::Portable,
-        }
-    })
+    crate::dispatch::matvec_kernel()
 }
 
 /// `out[b * out_stride + (j - rows.start)] = sum_k W[j, k] x[b, k]` for `j` in `rows`, every
@@ -332,31 +299,6 @@ pub(crate) unsafe fn matvec_raw(
 ) {
     // SAFETY: forwarded; `kernel()` is available on this CPU.
     unsafe { matvec_with(kernel(), w, x, rows, out, out_stride) }
-}
-
-impl Kernel {
-    /// Whether this CPU can run the kernel.
-    pub fn available(self) -> bool {
-        match self {
-            Kernel::Avx512Bf16 => {
-                crate::cpu::detected() >= crate::cpu::Level::Avx512 && avx512_bf16_detected()
-            }
-            Kernel::Avx512 => crate::cpu::detected() >= crate::cpu::Level::Avx512,
-            Kernel::Avx2 => crate::cpu::detected() >= crate::cpu::Level::Avx2,
-            Kernel::Portable => true,
-        }
-    }
-}
-
-fn avx512_bf16_detected() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx512bf16")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
 }
 
 /// As `matvec_raw` with a given kernel.

@@ -1,104 +1,25 @@
-//! Which kernel computes each tile of a bf16 product: the `Backend` choice, the public `matmul*`
+//! Which kernel computes each tile of a bf16 product: the public `matmul*`
 //! entry points, the split of C into (row block, panel) tasks over rayon, and
 //! `rows_times_panel` for callers that pack their own operands.
 //!
-//! What it is not: a kernel (each instruction set has its own file: `amx`, `avx512bf16`, `avx2`,
+//! What it is not: where the kernel is chosen (`crate::dispatch`; `Backend` and `backend` are
+//! re-exported from there), nor a kernel (each instruction set has its own file: `amx`, `avx512bf16`, `avx2`,
 //! `portable`) nor a pack (`pack`). Invariants: a kernel runs only if `available()`; tasks write
 //! disjoint tiles of C; every kernel gives the same values up to f32 summation order.
 #![allow(unsafe_code)]
 
 use rayon::prelude::*;
-use std::sync::OnceLock;
 
 use super::pack::{PackedA, PackedB};
 use super::tile::{MC, NR, SyncPtr, Tile};
-use crate::cpu::Level;
 
-/// Which kernel runs the bf16 matmuls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    Amx,
-    Avx512Bf16,
-    Avx2,
-    Portable,
-}
+/// Which kernel runs the bf16 matmuls (chosen by `crate::dispatch`, the one CPU dispatch point).
+pub use crate::dispatch::Bf16Kernel as Backend;
 
-impl Backend {
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Amx => "amx",
-            Backend::Avx512Bf16 => "avx512-bf16",
-            Backend::Avx2 => "avx2",
-            Backend::Portable => "portable",
-        }
-    }
-
-    /// Whether this CPU (and kernel) can run the backend.
-    pub fn available(self) -> bool {
-        match self {
-            Backend::Portable => true,
-            Backend::Avx512Bf16 => avx512_bf16_supported(),
-            Backend::Avx2 => crate::cpu::detected() >= crate::cpu::Level::Avx2,
-            Backend::Amx => amx_supported(),
-        }
-    }
-}
-
-fn avx512_bf16_supported() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// AMX-TILE and AMX-BF16 in CPUID, and Linux granted this process the tile data state.
-fn amx_supported() -> bool {
-    static OK: OnceLock<bool> = OnceLock::new();
-    *OK.get_or_init(|| {
-        #[cfg(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu"))]
-        {
-            // CPUID.(EAX=7, ECX=0):EDX bit 22 = AMX-BF16, bit 24 = AMX-TILE.
-            let leaf = std::arch::x86_64::__cpuid_count(7, 0);
-            let cpu = leaf.edx & (1 << 22) != 0 && leaf.edx & (1 << 24) != 0;
-            // ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18): without it the first
-            // tile instruction raises SIGILL. The permission is per process.
-            // SAFETY: arch_prctl with these arguments only changes this process's xstate
-            // permissions; it reads and writes no memory.
-            cpu && unsafe { libc::syscall(libc::SYS_arch_prctl, 0x1023, 18) } == 0
-        }
-        #[cfg(not(all(target_arch = "x86_64", target_os = "linux", target_env = "gnu")))]
-        {
-            false
-        }
-    })
-}
-
-/// The kernel in use: `STOKE_BF16_KERNEL` if set (and available), else the fastest available.
+/// The kernel in use: `STOKE_BF16_KERNEL` if set (and available), else the fastest available
+/// (`crate::dispatch::bf16_kernel`).
 pub fn backend() -> Backend {
-    static CHOSEN: OnceLock<Backend> = OnceLock::new();
-    *CHOSEN.get_or_init(|| {
-        let forced = std::env::var("STOKE_BF16_KERNEL").ok();
-        let wanted = match forced.as_deref() {
-            Some("amx") => Some(Backend::Amx),
-            Some("avx512") | Some("avx512-bf16") => Some(Backend::Avx512Bf16),
-            Some("avx2") => Some(Backend::Avx2),
-            Some("portable") => Some(Backend::Portable),
-            _ => None,
-        };
-        // `STOKE_SIMD` (cpu::level) lowers the automatic choice too.
-        let level = crate::cpu::level();
-        match wanted {
-            Some(b) if b.available() => b,
-            _ if level >= Level::Avx512 && Backend::Amx.available() => Backend::Amx,
-            _ if level >= Level::Avx512 && Backend::Avx512Bf16.available() => Backend::Avx512Bf16,
-            _ if level >= Level::Avx2 && Backend::Avx2.available() => Backend::Avx2,
-            _ => Backend::Portable,
-        }
-    })
+    crate::dispatch::bf16_kernel()
 }
 
 /// `C = A B^T` into a new `[m, n]` row-major f32 buffer.

@@ -1,3 +1,8 @@
+//! The AVX2 + FMA decode kernels (`Kernel::Avx2`): the FMA tiles of `tiles.rs` in 8 lanes, and
+//! the attention's `dot` / `axpy`.
+//!
+//! What it is not: the kernel choice (`crate::dispatch`) nor the layouts (`super`).
+//!
 //! The AVX-512 kernels' tiles in 8 lanes: a 32-value bf16 block is two 8-pair loads, each
 //! giving 8 even and 8 odd weights; tiles are smaller (16 registers, not 32).
 //!

@@ -1,3 +1,10 @@
+//! The AVX-512 decode kernels (`Kernel::Avx512`, `Kernel::Avx512Bf16`): the FMA tiles of
+//! `tiles.rs` in 16 lanes, the `vdpbf16ps` tiles for bf16 weights (AVX512-BF16 only), and the
+//! attention's `dot` / `axpy`.
+//!
+//! What it is not: the kernel choice (`crate::dispatch`) nor the layouts (`super`). Invariant:
+//! every output is its own weight row's sum, in the same order whatever the tile.
+//!
 //! A tile's R weight rows are R long streams, as in the AVX2 kernels (see `super::avx2`'s
 //! module doc): tile row r walks the r-th of R equal parts of the row range, prefetching
 //! `PREFETCH_BYTES` ahead in its own stream (non-temporally when the weights stream from
