@@ -102,6 +102,11 @@ fn default_candle_threads() {
 }
 
 fn main() -> ExitCode {
+    // A misspelt STOKE_* kernel variable stops the run before any work (docs/src/kernels.md).
+    if let Err(error) = stoke_ops::dispatch::check_env() {
+        eprintln!("error: {error}");
+        return ExitCode::FAILURE;
+    }
     default_candle_threads();
     // FTZ/DAZ on every compute thread and the allocator settings for training loops
     // (stoke_ops::numerics, stoke_ops::allocator), before any tensor work.

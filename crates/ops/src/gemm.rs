@@ -20,11 +20,9 @@
 //! contraction), so a run is reproducible whatever pool it runs on.
 #![allow(unsafe_code)]
 
-use std::sync::OnceLock;
-
 use stoke_types::Precision;
 
-use crate::bf16::{self, Backend, PackedA, PackedB};
+use crate::bf16::{self, PackedA, PackedB};
 
 /// One operand of a product: `rows x cols` as used, stored row-major either as is or
 /// transposed (then the slice holds `cols x rows`).
@@ -62,48 +60,14 @@ impl<'a, T> Operand<'a, T> {
     }
 }
 
-/// How bf16 products run on this CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Bf16Route {
-    /// `crate::bf16`'s packed kernels (AMX, or AVX512-BF16 where it outruns f32 FMA).
-    Packed(Backend),
-    /// Operands rounded to bf16, multiplied by the f32 kernel.
-    RoundedF32,
-}
+/// How bf16 products run on this CPU (chosen by `crate::dispatch`, the one CPU dispatch point).
+pub use crate::dispatch::Bf16Route;
 
 /// The route for bf16 products: `STOKE_BF16_KERNEL=f32` forces the rounded-f32 form, another
 /// value of it the packed kernel it names; otherwise AMX if present, AVX512-BF16 on AMD, and
-/// the rounded-f32 form everywhere else.
+/// the rounded-f32 form everywhere else (`crate::dispatch::bf16_route`).
 pub fn bf16_route() -> Bf16Route {
-    static ROUTE: OnceLock<Bf16Route> = OnceLock::new();
-    *ROUTE.get_or_init(|| {
-        let forced = std::env::var("STOKE_BF16_KERNEL").ok();
-        match forced.as_deref() {
-            Some("f32") | Some("rounded-f32") => return Bf16Route::RoundedF32,
-            Some(_) => return Bf16Route::Packed(bf16::backend()),
-            None => {}
-        }
-        match bf16::backend() {
-            Backend::Amx => Bf16Route::Packed(Backend::Amx),
-            Backend::Avx512Bf16 if cpu_is_amd() => Bf16Route::Packed(Backend::Avx512Bf16),
-            _ => Bf16Route::RoundedF32,
-        }
-    })
-}
-
-fn cpu_is_amd() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let leaf = std::arch::x86_64::__cpuid(0);
-        // "AuthenticAMD": ebx "Auth", edx "enti", ecx "cAMD".
-        leaf.ebx == u32::from_le_bytes(*b"Auth")
-            && leaf.edx == u32::from_le_bytes(*b"enti")
-            && leaf.ecx == u32::from_le_bytes(*b"cAMD")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    crate::dispatch::bf16_route()
 }
 
 /// The element types the `gemm` crate multiplies.

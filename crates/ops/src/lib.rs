@@ -18,6 +18,10 @@
 //! log-probabilities, `lm_head::linear_target_logprob_sum` is that op with its bf16 gradients
 //! formed in the forward pass (no logits recomputed in the backward).
 //!
+//! `dispatch` is the one CPU dispatch point: it detects the CPU's instruction sets, reads the
+//! `STOKE_*` kernel variables (its `VARS` table, `docs/src/kernels.md`) and makes every kernel
+//! choice; `dispatch::chosen()` describes them for a run's metadata.
+//!
 //! `block` is a whole decoder layer's forward and hand-written backward on slices (what
 //! `stoke-model` trains with: one graph node per layer, no per-op gradient buffers), and `gemm`
 //! the products it and the bf16 linear layers take, under the precision policy.
@@ -41,6 +45,7 @@ pub mod bf16;
 pub mod block;
 pub mod cpu;
 pub mod decode;
+pub mod dispatch;
 pub mod distill;
 pub mod fused_attention;
 pub mod gemm;

@@ -40,9 +40,7 @@ pub struct Decoding(bool);
 impl Decoding {
     /// Enters the scope, unless `STOKE_DECODE_STREAM=0` (A/B runs against candle's GEMM).
     pub fn begin() -> Decoding {
-        static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let enabled =
-            *ENABLED.get_or_init(|| std::env::var("STOKE_DECODE_STREAM").as_deref() != Ok("0"));
+        let enabled = crate::dispatch::decode_stream();
         Decoding(DECODING.with(|d| d.replace(enabled || d.get())))
     }
 }
@@ -229,7 +227,7 @@ fn matmul_tn_bf16(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// weights in): for inference, where the weights do not change between calls and converting
 /// them per call would cost more than the product itself. x `[..., K]` f32 on the CPU. Not
 /// differentiable: a backward through it is an error naming the fix (training takes `linear`,
-/// which converts per call). See `bf16::matmul_weight_rows` for the kernels.
+/// which converts per call). See `matvec::matmul_weight_rows` for the kernels.
 pub fn linear_prepacked(x: &Tensor, packed: &std::sync::Arc<PackedA>) -> Result<Tensor> {
     let dims = x.dims().to_vec();
     let Some((&last, lead)) = dims.split_last() else {
@@ -265,7 +263,7 @@ impl candle_core::CustomOp1 for Prepacked {
         };
         let (m, _) = layout.shape().dims2()?;
         let x = contiguous_slice(x, layout, self.name())?;
-        let out = crate::bf16::matmul_weight_rows(x, m, &self.0);
+        let out = crate::matvec::matmul_weight_rows(x, m, &self.0);
         Ok((CpuStorage::F32(out), Shape::from((m, self.0.rows()))))
     }
 

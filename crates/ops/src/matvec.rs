@@ -22,13 +22,31 @@
 //! Kernels: AVX-512F (any AVX-512 CPU; FMA into f32 lanes, which runs at full rate where
 //! `vdpbf16ps` does not), AVX2 + FMA (the same tiles in 8 lanes and 16 registers), and a
 //! portable loop; `cpu::level` picks the widest. `STOKE_MATVEC_KERNEL=portable`
-//! forces the latter (tests, other CPUs). The two agree up to f32 summation order; each is
+//! forces the latter (tests, other CPUs); `crate::dispatch` makes the choice. The two agree up to f32 summation order; each is
 //! deterministic and independent of how rows are split between threads (a row's sum never
 //! crosses a split).
+//!
+//! Files: this one holds the layouts, the entry points, the kernel choice and the portable loop;
+//! `tiles` the FMA tiles written once for both instruction sets (`fma_tiles!`), expanded in
+//! `avx512` (which adds the `vdpbf16ps` tiles) and `avx2`. `matvec` builds on `bf16`'s packs
+//! (`PackedA`'s pair layout, `pair_words`); `bf16` does not use `matvec`.
 #![allow(unsafe_code)]
 
 use std::ops::Range;
-use std::sync::OnceLock;
+
+use crate::bf16::{PackedA, PackedB};
+
+#[macro_use]
+mod tiles;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(test)]
+mod tests;
+
+#[cfg(target_arch = "x86_64")]
+use tiles::prefetch;
 
 /// A weight matrix `W[rows, cols]` for `matvec`.
 #[derive(Debug, Clone, Copy)]
@@ -238,46 +256,14 @@ pub(crate) fn matvec_parallel(w: &Weights, x: &Inputs, out: &mut [f32]) {
     });
 }
 
-/// Which kernel runs `matvec`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kernel {
-    /// AVX-512F with `vdpbf16ps` for bf16 weights (AVX512-BF16: AMD Zen 4 and later, Intel
-    /// Cooper Lake and Sapphire Rapids and later); f32 weights as `Avx512`.
-    Avx512Bf16,
-    Avx512,
-    Avx2,
-    Portable,
-}
-
-impl Kernel {
-    pub fn name(self) -> &'static str {
-        match self {
-            Kernel::Avx512Bf16 => "avx512-bf16",
-            Kernel::Avx512 => "avx512",
-            Kernel::Avx2 => "avx2",
-            Kernel::Portable => "portable",
-        }
-    }
-}
+/// Which kernel runs `matvec` (chosen by `crate::dispatch`, the one CPU dispatch point).
+pub use crate::dispatch::MatvecKernel as Kernel;
 
 /// The kernel in use: the widest the CPU has (`cpu::level`, which `STOKE_SIMD` lowers; AVX-512
 /// with `vdpbf16ps` where the CPU has AVX512-BF16), unless `STOKE_MATVEC_KERNEL` names one
-/// (`portable`, or `avx512` for AVX-512 without `vdpbf16ps`).
+/// (`crate::dispatch::matvec_kernel`).
 pub fn kernel() -> Kernel {
-    static CHOSEN: OnceLock<Kernel> = OnceLock::new();
-    *CHOSEN.get_or_init(|| {
-        match std::env::var("STOKE_MATVEC_KERNEL").as_deref() {
-            Ok("portable") => return Kernel::Portable,
-            Ok("avx512") if Kernel::Avx512.available() => return Kernel::Avx512,
-            _ => {}
-        }
-        match crate::cpu::level() {
-            crate::cpu::Level::Avx512 if Kernel::Avx512Bf16.available() => Kernel::Avx512Bf16,
-            crate::cpu::Level::Avx512 => Kernel::Avx512,
-            crate::cpu::Level::Avx2 => Kernel::Avx2,
-            crate::cpu::Level::Baseline => Kernel::Portable,
-        }
-    })
+    crate::dispatch::matvec_kernel()
 }
 
 /// `out[b * out_stride + (j - rows.start)] = sum_k W[j, k] x[b, k]` for `j` in `rows`, every
@@ -313,31 +299,6 @@ pub(crate) unsafe fn matvec_raw(
 ) {
     // SAFETY: forwarded; `kernel()` is available on this CPU.
     unsafe { matvec_with(kernel(), w, x, rows, out, out_stride) }
-}
-
-impl Kernel {
-    /// Whether this CPU can run the kernel.
-    pub fn available(self) -> bool {
-        match self {
-            Kernel::Avx512Bf16 => {
-                crate::cpu::detected() >= crate::cpu::Level::Avx512 && avx512_bf16_detected()
-            }
-            Kernel::Avx512 => crate::cpu::detected() >= crate::cpu::Level::Avx512,
-            Kernel::Avx2 => crate::cpu::detected() >= crate::cpu::Level::Avx2,
-            Kernel::Portable => true,
-        }
-    }
-}
-
-fn avx512_bf16_detected() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx512bf16")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
 }
 
 /// As `matvec_raw` with a given kernel.
@@ -510,998 +471,64 @@ unsafe fn portable(
     }
 }
 
-/// Rows `rows` in tiles of `$r` weight rows `gap` apart (one stream per tile row over its
-/// `$r`-th of the range; see `avx2`'s module doc), then the rows left over one at a time, against
-/// `$nb` inputs.
-macro_rules! tiles {
-    ($tile:ident, $r:expr, $nb:expr, $args:expr) => {{
-        let (w, ws, x, xs, rows, out, os, stream) = $args;
-        if stream {
-            tiles!(@walk $tile, $r, $nb, true, (w, ws, x, xs, rows, out, os))
-        } else {
-            tiles!(@walk $tile, $r, $nb, false, (w, ws, x, xs, rows, out, os))
-        }
-    }};
-    (@walk $tile:ident, $r:expr, $nb:expr, $stream:expr, ($w:expr, $ws:expr, $x:expr, $xs:expr, $rows:expr, $out:expr, $os:expr)) => {{
-        let gap = ($rows.end - $rows.start) / $r;
-        for i in 0..gap {
-            $tile::<$r, $nb, $stream>($w, $ws, $rows.start + i, gap, $x, $xs, $out.add(i), $os);
-        }
-        for j in $rows.start + gap * $r..$rows.end {
-            $tile::<1, $nb, $stream>($w, $ws, j, 0, $x, $xs, $out.add(j - $rows.start), $os);
-        }
-    }};
-}
-
-/// A prefetch of the line at `p` (a hint, valid for any address): non-temporal when the
-/// weights stream from memory (`Inputs::stream_weights`), into L1 otherwise.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn prefetch<const STREAM: bool>(p: *const i8) {
-    if STREAM {
-        // SAFETY: a prefetch is a hint; it never faults, whatever the address.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_NTA }>(p) }
-    } else {
-        // SAFETY: as above.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p) }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-// Register tiles are fixed-size arrays indexed by row and input: loops over indices read best.
-#[allow(clippy::needless_range_loop, clippy::int_plus_one)]
-mod avx512 {
-    //! A tile's R weight rows are R long streams, as in the AVX2 kernels (see `super::avx2`'s
-    //! module doc): tile row r walks the r-th of R equal parts of the row range, prefetching
-    //! `PREFETCH_BYTES` ahead in its own stream (non-temporally when the weights stream from
-    //! memory). Measured on an AMD EPYC (Zen 4, AVX-512), SmolLM2-135M's bf16 weights, 2
-    //! threads: batch-1 decoding 76 tokens/s with neighbouring rows and T0 prefetches two tiles
-    //! ahead, see bench/README.md for the figure with streams. Results are those of
-    //! neighbouring rows bit for bit: every output is its own row's sum, in the same order.
-    //!
-    //! Except at batch 1 in the `vdpbf16ps` kernel: there a tile is one row and the rows are read
-    //! in order, a single stream per thread. With the weights on 2 MiB pages (`crate::pages`,
-    //! where `pack_weights` puts them) one stream a thread reads as fast as a plain read loop;
-    //! eight streams fell about 15% short. Measured on the same Zen 4, SmolLM2-135M's 269 MB of
-    //! bf16 weights in the decode step's phases, alternated in one process: 43 against 37 GB/s
-    //! (a plain read loop 41), and on 4 KiB pages the two within noise of each other (30-32).
-    use super::{Inputs, Weights, prefetch};
-    use std::arch::x86_64::*;
-    use std::ops::Range;
-
-    /// Input rows per kernel call.
-    const MAX_BATCH: usize = 8;
-    /// How far ahead each tile row prefetches in its own stream, in bytes: closer at batch 1
-    /// (eight streams a tile) than at larger batches (two to six). Measured on a Zen 4 at
-    /// SmolLM2-135M's shapes, 2 threads, medians of 5-7 runs: batch 1 decoded at 152 tokens/s
-    /// 256 bytes ahead, 134 at 512 and 115 at 1 KiB; batch 8 varied too much between runs
-    /// (400-500) to tell 640 bytes from 1 KiB.
-    const fn prefetch_ahead(nb: usize) -> usize {
-        if nb == 1 { 256 } else { 1024 }
-    }
-
-    /// `dp`: bf16 weights run the `vdpbf16ps` tiles on the inputs' pairs.
-    ///
-    /// # Safety
-    /// AVX-512F is available, and AVX512-BF16 if `dp`; bounds as in `super::matvec_raw`.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn matvec(
-        w: &Weights,
-        x: &Inputs,
-        inputs: Range<usize>,
-        rows: Range<usize>,
-        out: *mut f32,
-        out_stride: usize,
-        dp: bool,
-    ) {
-        let mut b0 = inputs.start;
-        while b0 < inputs.end {
-            let nb = (inputs.end - b0).min(MAX_BATCH);
-            // SAFETY: rows b0..b0 + nb of x and of the output exist (see the caller).
-            unsafe {
-                let xp = x.data.as_ptr().add(b0 * x.stride);
-                let op = out.add(b0 * out_stride);
-                match *w {
-                    Weights::Bf16 { data, stride, .. } if dp => bf16_dp_rows(
-                        data.as_ptr(),
-                        stride,
-                        x.pairs.as_ptr().add(b0 * x.stride / 2),
-                        x.stride / 2,
-                        nb,
-                        rows.clone(),
-                        op,
-                        out_stride,
-                        x.stream,
-                    ),
-                    Weights::Bf16 { data, stride, .. } => bf16_rows(
-                        data.as_ptr(),
-                        stride,
-                        xp,
-                        x.stride,
-                        nb,
-                        rows.clone(),
-                        op,
-                        out_stride,
-                        x.stream,
-                    ),
-                    Weights::F32 { data, cols, .. } => f32_rows(
-                        data.as_ptr(),
-                        cols,
-                        xp,
-                        x.stride,
-                        nb,
-                        rows.clone(),
-                        op,
-                        out_stride,
-                        x.stream,
-                    ),
-                }
-            }
-            b0 += nb;
-        }
-    }
-
-    /// # Safety
-    /// As `bf16_rows`, with AVX512-BF16, and `x` the inputs' pairs (`x_stride` words a row).
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f,avx512bf16")]
-    unsafe fn bf16_dp_rows(
-        w: *const u32,
-        stride: usize,
-        x: *const u32,
-        x_stride: usize,
-        nb: usize,
-        rows: Range<usize>,
-        out: *mut f32,
-        out_stride: usize,
-        stream: bool,
-    ) {
-        let args = (w, stride, x, x_stride, rows, out, out_stride, stream);
-        // R x NB accumulators, R weight vectors, 1 input vector. At batch 1 a tile is one row:
-        // the rows are read in order, one stream (see the module doc).
-        // SAFETY: forwarded bounds.
-        unsafe {
-            match nb {
-                1 => tiles!(bf16_dp_tile, 1, 1, args),
-                2 => tiles!(bf16_dp_tile, 8, 2, args),
-                3 => tiles!(bf16_dp_tile, 6, 3, args),
-                4 => tiles!(bf16_dp_tile, 5, 4, args),
-                5 => tiles!(bf16_dp_tile, 4, 5, args),
-                6 => tiles!(bf16_dp_tile, 4, 6, args),
-                7 => tiles!(bf16_dp_tile, 3, 7, args),
-                _ => tiles!(bf16_dp_tile, 3, 8, args),
-            }
-        }
-    }
-
-    /// Rows `j + r * gap` (r < R) of bf16 pair weights against `NB` input rows of bf16 pairs,
-    /// by `vdpbf16ps` (per lane: the odd product, then the even one, added to the f32
-    /// accumulator; bf16 x bf16 products are exact in f32); output `(b, r)` at
-    /// `out + b * out_stride + r * gap`.
-    ///
-    /// # Safety
-    /// AVX512-BF16 is available; the rows exist (`stride` pair words each, a multiple of 16),
-    /// the inputs hold `stride` pair words per row (`x_stride`), and `out` has room for these
-    /// outputs.
-    #[allow(clippy::too_many_arguments)]
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bf16")]
-    unsafe fn bf16_dp_tile<const R: usize, const NB: usize, const STREAM: bool>(
-        w: *const u32,
-        stride: usize,
-        j: usize,
-        gap: usize,
-        x: *const u32,
-        x_stride: usize,
-        out: *mut f32,
-        out_stride: usize,
-    ) {
-        let mut acc = [[_mm512_setzero_ps(); NB]; R];
-        let blocks = stride / 16;
-        for block in 0..blocks {
-            let mut wv = [_mm512_setzero_si512(); R];
-            for r in 0..R {
-                let at = (j + r * gap) * stride + block * 16;
-                // SAFETY: pair words block * 16 .. + 16 of row j + r * gap exist.
-                wv[r] = unsafe { _mm512_loadu_si512(w.add(at) as *const __m512i) };
-                // PREFETCH_BYTES on in this row's stream: a hint, valid for any address.
-                prefetch::<STREAM>(w.wrapping_add(at + prefetch_ahead(NB) / 4) as *const i8);
-            }
-            for b in 0..NB {
-                // SAFETY: pair words block * 16 .. + 16 of input row b exist.
-                let xv = unsafe { _mm512_loadu_si512(x.add(b * x_stride + block * 16).cast()) };
-                // SAFETY: both are 64-byte vector types; the bits are 16 bf16 pairs.
-                let xv = unsafe { std::mem::transmute::<__m512i, __m512bh>(xv) };
-                for r in 0..R {
-                    // SAFETY: as above.
-                    let wr = unsafe { std::mem::transmute::<__m512i, __m512bh>(wv[r]) };
-                    acc[r][b] = _mm512_dpbf16_ps(acc[r][b], wr, xv);
-                }
-            }
-        }
-        for r in 0..R {
-            for b in 0..NB {
-                // SAFETY: (b, r) is inside the output tile.
-                unsafe { *out.add(b * out_stride + r * gap) = _mm512_reduce_add_ps(acc[r][b]) };
-            }
-        }
-    }
-
-    /// # Safety
-    /// AVX-512F is available; `a.len() == b.len()`.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
-        let n = a.len();
-        let body = n - n % 16;
-        let mut acc = _mm512_setzero_ps();
-        let mut i = 0;
-        while i < body {
-            // SAFETY: i + 16 <= n for both slices.
-            unsafe {
-                acc = _mm512_fmadd_ps(
-                    _mm512_loadu_ps(a.as_ptr().add(i)),
-                    _mm512_loadu_ps(b.as_ptr().add(i)),
-                    acc,
-                );
-            }
-            i += 16;
-        }
-        let mut sum = _mm512_reduce_add_ps(acc);
-        for k in body..n {
-            sum += a[k] * b[k];
-        }
-        sum
-    }
-
-    /// # Safety
-    /// AVX-512F is available; `y.len() == x.len()`.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
-        let n = y.len();
-        let body = n - n % 16;
-        let a = _mm512_set1_ps(alpha);
-        let mut i = 0;
-        while i < body {
-            // SAFETY: i + 16 <= n for both slices.
-            unsafe {
-                let p = y.as_mut_ptr().add(i);
-                _mm512_storeu_ps(
-                    p,
-                    _mm512_fmadd_ps(a, _mm512_loadu_ps(x.as_ptr().add(i)), _mm512_loadu_ps(p)),
-                );
-            }
-            i += 16;
-        }
-        for k in body..n {
-            y[k] += alpha * x[k];
-        }
-    }
-
-    /// # Safety
-    /// As `matvec`, with `nb <= MAX_BATCH` input rows at `x`.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn bf16_rows(
-        w: *const u32,
-        stride: usize,
-        x: *const f32,
-        x_stride: usize,
-        nb: usize,
-        rows: Range<usize>,
-        out: *mut f32,
-        out_stride: usize,
-        stream: bool,
-    ) {
-        let args = (w, stride, x, x_stride, rows, out, out_stride, stream);
-        // Tiles fit 32 registers: R x NB accumulators, 2R weight vectors, 2 input vectors.
-        // SAFETY: forwarded bounds.
-        unsafe {
-            match nb {
-                1 => tiles!(bf16_tile, 8, 1, args),
-                2 => tiles!(bf16_tile, 6, 2, args),
-                3 => tiles!(bf16_tile, 4, 3, args),
-                4 => tiles!(bf16_tile, 4, 4, args),
-                5 => tiles!(bf16_tile, 2, 5, args),
-                6 => tiles!(bf16_tile, 2, 6, args),
-                7 => tiles!(bf16_tile, 2, 7, args),
-                _ => tiles!(bf16_tile, 2, 8, args),
-            }
-        }
-    }
-
-    /// # Safety
-    /// As `matvec`, with `nb <= MAX_BATCH` input rows at `x`.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn f32_rows(
-        w: *const f32,
-        cols: usize,
-        x: *const f32,
-        x_stride: usize,
-        nb: usize,
-        rows: Range<usize>,
-        out: *mut f32,
-        out_stride: usize,
-        stream: bool,
-    ) {
-        let args = (w, cols, x, x_stride, rows, out, out_stride, stream);
-        // R x NB accumulators, R weight vectors, 1 input vector.
-        // SAFETY: forwarded bounds.
-        unsafe {
-            match nb {
-                1 => tiles!(f32_tile, 8, 1, args),
-                2 => tiles!(f32_tile, 6, 2, args),
-                3 => tiles!(f32_tile, 4, 3, args),
-                4 => tiles!(f32_tile, 4, 4, args),
-                5 => tiles!(f32_tile, 2, 5, args),
-                6 => tiles!(f32_tile, 2, 6, args),
-                7 => tiles!(f32_tile, 2, 7, args),
-                _ => tiles!(f32_tile, 2, 8, args),
-            }
-        }
-    }
-
-    /// Rows `j + r * gap` (r < R) of bf16 pair weights against `NB` prepared input rows; output
-    /// `(b, r)` at `out + b * out_stride + r * gap`.
-    ///
-    /// # Safety
-    /// The rows exist (`stride` pair words each, a multiple of 16), the inputs hold
-    /// `2 * stride` values per row (`x_stride`), and `out` has room for these outputs.
-    #[allow(clippy::too_many_arguments)]
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn bf16_tile<const R: usize, const NB: usize, const STREAM: bool>(
-        w: *const u32,
-        stride: usize,
-        j: usize,
-        gap: usize,
-        x: *const f32,
-        x_stride: usize,
-        out: *mut f32,
-        out_stride: usize,
-    ) {
-        let high = _mm512_set1_epi32(0xffff_0000_u32 as i32);
-        let mut acc = [[_mm512_setzero_ps(); NB]; R];
-        let blocks = stride / 16;
-        for block in 0..blocks {
-            let mut even = [_mm512_setzero_ps(); R];
-            let mut odd = [_mm512_setzero_ps(); R];
-            for r in 0..R {
-                let at = (j + r * gap) * stride + block * 16;
-                // SAFETY: pair words block * 16 .. + 16 of row j + r * gap exist.
-                let v = unsafe { _mm512_loadu_si512(w.add(at) as *const __m512i) };
-                // PREFETCH_BYTES on in this row's stream: a hint, valid for any address.
-                prefetch::<STREAM>(w.wrapping_add(at + prefetch_ahead(NB) / 4) as *const i8);
-                even[r] = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
-                odd[r] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
-            }
-            for b in 0..NB {
-                // SAFETY: values block * 32 .. + 32 of input row b exist.
-                let (xe, xo) = unsafe {
-                    let p = x.add(b * x_stride + block * 32);
-                    (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
-                };
-                for r in 0..R {
-                    acc[r][b] = _mm512_fmadd_ps(even[r], xe, acc[r][b]);
-                    acc[r][b] = _mm512_fmadd_ps(odd[r], xo, acc[r][b]);
-                }
-            }
-        }
-        for r in 0..R {
-            for b in 0..NB {
-                // SAFETY: (b, r) is inside the output tile.
-                unsafe { *out.add(b * out_stride + r * gap) = _mm512_reduce_add_ps(acc[r][b]) };
-            }
-        }
-    }
-
-    /// Rows `j + r * gap` (r < R) of row-major f32 weights (`cols` per row) against `NB` input
-    /// rows; output `(b, r)` at `out + b * out_stride + r * gap`.
-    ///
-    /// # Safety
-    /// The rows exist, the inputs hold `cols` values per row (`x_stride`), and `out` has room
-    /// for these outputs.
-    #[allow(clippy::too_many_arguments)]
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn f32_tile<const R: usize, const NB: usize, const STREAM: bool>(
-        w: *const f32,
-        cols: usize,
-        j: usize,
-        gap: usize,
-        x: *const f32,
-        x_stride: usize,
-        out: *mut f32,
-        out_stride: usize,
-    ) {
-        let mut acc = [[_mm512_setzero_ps(); NB]; R];
-        let body = cols - cols % 16;
-        let mut k = 0;
-        while k < body {
-            let mut wv = [_mm512_setzero_ps(); R];
-            for r in 0..R {
-                let at = (j + r * gap) * cols + k;
-                // SAFETY: values k .. k + 16 of row j + r * gap exist.
-                wv[r] = unsafe { _mm512_loadu_ps(w.add(at)) };
-                // A hint, valid for any address (see bf16_tile).
-                prefetch::<STREAM>(w.wrapping_add(at + prefetch_ahead(NB) / 4) as *const i8);
-            }
-            for b in 0..NB {
-                // SAFETY: values k .. k + 16 of input row b exist.
-                let xv = unsafe { _mm512_loadu_ps(x.add(b * x_stride + k)) };
-                for r in 0..R {
-                    acc[r][b] = _mm512_fmadd_ps(wv[r], xv, acc[r][b]);
-                }
-            }
-            k += 16;
-        }
-        for r in 0..R {
-            for b in 0..NB {
-                let mut sum = _mm512_reduce_add_ps(acc[r][b]);
-                for kk in body..cols {
-                    // SAFETY: in bounds as above.
-                    sum += unsafe { *w.add((j + r * gap) * cols + kk) * *x.add(b * x_stride + kk) };
-                }
-                // SAFETY: (b, r) is inside the output tile.
-                unsafe { *out.add(b * out_stride + r * gap) = sum };
-            }
+impl PackedA {
+    /// This matrix as `matvec` weights: its rows of bf16 pairs, read in place.
+    pub fn weights(&self) -> Weights<'_> {
+        Weights::Bf16 {
+            data: self.pair_rows(),
+            rows: self.rows(),
+            cols: self.depth(),
+            stride: self.stride(),
         }
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-// Register tiles are fixed-size arrays indexed by row and input: loops over indices read best.
-// `j + R <= end` reads as "a whole tile fits" for every R, 1 included.
-#[allow(clippy::needless_range_loop, clippy::int_plus_one)]
-mod avx2 {
-    //! The AVX-512 kernels' tiles in 8 lanes: a 32-value bf16 block is two 8-pair loads, each
-    //! giving 8 even and 8 odd weights; tiles are smaller (16 registers, not 32).
-    //!
-    //! A tile's R weight rows are not neighbours: the row range is cut into R equal parts and
-    //! tile row r walks part r, so the weights are read as R long sequential streams instead of
-    //! R short ones side by side (a row of SmolLM2's 576 bf16 columns is 18 cache lines, too
-    //! short for the hardware prefetcher to follow), with a software prefetch a fixed distance
-    //! ahead in each stream. Measured on an AMD EPYC (Zen, AVX2), one core, batch 1, SmolLM2's
-    //! bf16 LM head from memory: 10.7 GB/s of weights with neighbouring rows, about 20 with six
-    //! streams. Which rows share a tile changes nothing in the results: every output is its
-    //! own row's sum, in the same order, whatever the tile.
-    use super::{Inputs, Weights, prefetch};
-    use std::arch::x86_64::*;
-    use std::ops::Range;
-
-    const MAX_BATCH: usize = 8;
-    /// How far ahead in its stream each tile row prefetches, in bytes.
-    const PREFETCH_BYTES: usize = 1024;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    fn hsum(v: __m256) -> f32 {
-        let quad = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
-        let one = _mm_add_ss(pair, _mm_shuffle_ps::<0b01>(pair, pair));
-        _mm_cvtss_f32(one)
+/// `x W^T` for `x` `[m, k]` row-major f32 and a weight `W` `[n, k]` held as a `PackedA` (the
+/// layout inference keeps weights in: decoding reads its rows directly, see `matvec`). Returns
+/// `[m, n]`. Few rows (decoding, a prefill's last positions) run the streaming `matvec` kernel
+/// over row blocks in parallel; more rows run the GEMM as `(W x^T)^T`, so the weight is the
+/// left operand and only the activations are packed per call.
+pub fn matmul_weight_rows(x: &[f32], m: usize, w: &PackedA) -> Vec<f32> {
+    let (n, k) = (w.rows(), w.depth());
+    assert_eq!(
+        x.len(),
+        m * k,
+        "matmul_weight_rows: {} values for [{m}, {k}]",
+        x.len()
+    );
+    let mut out = vec![0.0f32; m * n];
+    if m == 0 || n == 0 {
+        return out;
     }
-
-    /// # Safety
-    /// AVX2 and FMA are available; bounds as in `super::matvec_raw`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn matvec(
-        w: &Weights,
-        x: &Inputs,
-        inputs: Range<usize>,
-        rows: Range<usize>,
-        out: *mut f32,
-        out_stride: usize,
-    ) {
-        let mut b0 = inputs.start;
-        while b0 < inputs.end {
-            let nb = (inputs.end - b0).min(MAX_BATCH);
-            // SAFETY: rows b0..b0 + nb of x and of the output exist (see the caller).
-            unsafe {
-                let xp = x.data.as_ptr().add(b0 * x.stride);
-                let op = out.add(b0 * out_stride);
-                match *w {
-                    Weights::Bf16 { data, stride, .. } => bf16_rows(
-                        data.as_ptr(),
-                        stride,
-                        xp,
-                        x.stride,
-                        nb,
-                        rows.clone(),
-                        op,
-                        out_stride,
-                        x.stream,
-                    ),
-                    Weights::F32 { data, cols, .. } => f32_rows(
-                        data.as_ptr(),
-                        cols,
-                        xp,
-                        x.stride,
-                        nb,
-                        rows.clone(),
-                        op,
-                        out_stride,
-                        x.stream,
-                    ),
-                }
-            }
-            b0 += nb;
-        }
-    }
-
-    /// # Safety
-    /// AVX2 and FMA are available; `a.len() == b.len()`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
-        let n = a.len();
-        let body = n - n % 16;
-        let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let mut i = 0;
-        while i < body {
-            // SAFETY: i + 16 <= n for both slices.
-            unsafe {
-                let (pa, pb) = (a.as_ptr().add(i), b.as_ptr().add(i));
-                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa), _mm256_loadu_ps(pb), acc0);
-                acc1 =
-                    _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(8)), _mm256_loadu_ps(pb.add(8)), acc1);
-            }
-            i += 16;
-        }
-        let mut sum = hsum(_mm256_add_ps(acc0, acc1));
-        for k in body..n {
-            sum += a[k] * b[k];
-        }
-        sum
-    }
-
-    /// # Safety
-    /// AVX2 and FMA are available; `y.len() == x.len()`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
-        let n = y.len();
-        let body = n - n % 8;
-        let a = _mm256_set1_ps(alpha);
-        let mut i = 0;
-        while i < body {
-            // SAFETY: i + 8 <= n for both slices.
-            unsafe {
-                let p = y.as_mut_ptr().add(i);
-                _mm256_storeu_ps(
-                    p,
-                    _mm256_fmadd_ps(a, _mm256_loadu_ps(x.as_ptr().add(i)), _mm256_loadu_ps(p)),
-                );
-            }
-            i += 8;
-        }
-        for k in body..n {
-            y[k] += alpha * x[k];
-        }
-    }
-
-    /// # Safety
-    /// As `matvec`, with `nb <= MAX_BATCH` input rows at `x`.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn bf16_rows(
-        w: *const u32,
-        stride: usize,
-        x: *const f32,
-        x_stride: usize,
-        nb: usize,
-        rows: Range<usize>,
-        out: *mut f32,
-        out_stride: usize,
-        stream: bool,
-    ) {
-        let args = (w, stride, x, x_stride, rows, out, out_stride, stream);
-        // Tiles fit 16 registers: R x NB accumulators, 2R weight vectors, 2 input vectors (at
-        // NB = 1 the weight vectors are used as they are loaded, so 6 rows fit).
-        // SAFETY: forwarded bounds.
-        unsafe {
-            match nb {
-                1 => tiles!(bf16_tile, 6, 1, args),
-                2 => tiles!(bf16_tile, 3, 2, args),
-                3 => tiles!(bf16_tile, 2, 3, args),
-                4 => tiles!(bf16_tile, 2, 4, args),
-                5 => tiles!(bf16_tile, 1, 5, args),
-                6 => tiles!(bf16_tile, 1, 6, args),
-                7 => tiles!(bf16_tile, 1, 7, args),
-                _ => tiles!(bf16_tile, 1, 8, args),
-            }
-        }
-    }
-
-    /// # Safety
-    /// As `matvec`, with `nb <= MAX_BATCH` input rows at `x`.
-    #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn f32_rows(
-        w: *const f32,
-        cols: usize,
-        x: *const f32,
-        x_stride: usize,
-        nb: usize,
-        rows: Range<usize>,
-        out: *mut f32,
-        out_stride: usize,
-        stream: bool,
-    ) {
-        let args = (w, cols, x, x_stride, rows, out, out_stride, stream);
-        // R x NB accumulators, R weight vectors, 1 input vector.
-        // SAFETY: forwarded bounds.
-        unsafe {
-            match nb {
-                1 => tiles!(f32_tile, 6, 1, args),
-                2 => tiles!(f32_tile, 4, 2, args),
-                3 => tiles!(f32_tile, 3, 3, args),
-                4 => tiles!(f32_tile, 2, 4, args),
-                5 => tiles!(f32_tile, 2, 5, args),
-                6 => tiles!(f32_tile, 2, 6, args),
-                7 => tiles!(f32_tile, 1, 7, args),
-                _ => tiles!(f32_tile, 1, 8, args),
-            }
-        }
-    }
-
-    /// Rows `j + r * gap` (r < R) of bf16 pair weights against `NB` prepared input rows; output
-    /// `(b, r)` at `out + b * out_stride + r * gap`.
-    ///
-    /// # Safety
-    /// As `super::avx512::bf16_tile`, for these rows.
-    #[allow(clippy::too_many_arguments)]
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn bf16_tile<const R: usize, const NB: usize, const STREAM: bool>(
-        w: *const u32,
-        stride: usize,
-        j: usize,
-        gap: usize,
-        x: *const f32,
-        x_stride: usize,
-        out: *mut f32,
-        out_stride: usize,
-    ) {
-        let high = _mm256_set1_epi32(0xffff_0000_u32 as i32);
-        let mut acc = [[_mm256_setzero_ps(); NB]; R];
-        let blocks = stride / 16;
-        for block in 0..blocks {
-            for r in 0..R {
-                // One 64-byte line per row and block, PREFETCH_BYTES on in this row's stream:
-                // a hint, valid for any address.
-                prefetch::<STREAM>(
-                    w.wrapping_add((j + r * gap) * stride + block * 16 + PREFETCH_BYTES / 4)
-                        as *const i8,
-                );
-            }
-            for half in 0..2 {
-                let mut even = [_mm256_setzero_ps(); R];
-                let mut odd = [_mm256_setzero_ps(); R];
-                for r in 0..R {
-                    let at = (j + r * gap) * stride + block * 16 + half * 8;
-                    // SAFETY: pair words at .. at + 8 of row j + r * gap exist (stride is a
-                    // multiple of 16 pair words).
-                    let v = unsafe { _mm256_loadu_si256(w.add(at) as *const __m256i) };
-                    even[r] = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v));
-                    odd[r] = _mm256_castsi256_ps(_mm256_and_si256(v, high));
-                }
-                for b in 0..NB {
-                    // SAFETY: values block * 32 .. + 32 of input row b exist; this half reads
-                    // the even values 8 * half .. + 8 and the odd ones 16 + 8 * half .. + 8.
-                    let (xe, xo) = unsafe {
-                        let p = x.add(b * x_stride + block * 32 + half * 8);
-                        (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(16)))
-                    };
-                    for r in 0..R {
-                        acc[r][b] = _mm256_fmadd_ps(even[r], xe, acc[r][b]);
-                        acc[r][b] = _mm256_fmadd_ps(odd[r], xo, acc[r][b]);
-                    }
-                }
-            }
-        }
-        for r in 0..R {
-            for b in 0..NB {
-                // SAFETY: (b, r) is inside the output tile.
-                unsafe { *out.add(b * out_stride + r * gap) = hsum(acc[r][b]) };
-            }
-        }
-    }
-
-    /// Rows `j + r * gap` (r < R) of row-major f32 weights (`cols` per row) against `NB` input
-    /// rows; output `(b, r)` at `out + b * out_stride + r * gap`.
-    ///
-    /// # Safety
-    /// As `super::avx512::f32_tile`, for these rows.
-    #[allow(clippy::too_many_arguments)]
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn f32_tile<const R: usize, const NB: usize, const STREAM: bool>(
-        w: *const f32,
-        cols: usize,
-        j: usize,
-        gap: usize,
-        x: *const f32,
-        x_stride: usize,
-        out: *mut f32,
-        out_stride: usize,
-    ) {
-        let mut acc = [[_mm256_setzero_ps(); NB]; R];
-        let body = cols - cols % 8;
-        let mut k = 0;
-        while k < body {
-            let mut wv = [_mm256_setzero_ps(); R];
-            for r in 0..R {
-                let at = (j + r * gap) * cols + k;
-                // SAFETY: values k .. k + 8 of row j + r * gap exist.
-                wv[r] = unsafe { _mm256_loadu_ps(w.add(at)) };
-                if k % 16 == 0 {
-                    // A hint, valid for any address (one per 64-byte line of the stream).
-                    prefetch::<STREAM>(w.wrapping_add(at + PREFETCH_BYTES / 4) as *const i8);
-                }
-            }
-            for b in 0..NB {
-                // SAFETY: values k .. k + 8 of input row b exist.
-                let xv = unsafe { _mm256_loadu_ps(x.add(b * x_stride + k)) };
-                for r in 0..R {
-                    acc[r][b] = _mm256_fmadd_ps(wv[r], xv, acc[r][b]);
-                }
-            }
-            k += 8;
-        }
-        for r in 0..R {
-            for b in 0..NB {
-                let mut sum = hsum(acc[r][b]);
-                for kk in body..cols {
-                    // SAFETY: in bounds as above.
-                    sum += unsafe { *w.add((j + r * gap) * cols + kk) * *x.add(b * x_stride + kk) };
-                }
-                // SAFETY: (b, r) is inside the output tile.
-                unsafe { *out.add(b * out_stride + r * gap) = sum };
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::bf16::PackedA;
-
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        (0..n)
-            .map(|i| (i as f32 * 0.37 + seed as f32).sin() * 1.7)
-            .collect()
-    }
-
-    #[test]
-    fn f32_weight_rows_match_an_f64_product_for_any_split() {
-        // n = 300: one full block of 256 weight rows and a partial one; k = 37 is not a multiple
-        // of any vector width.
-        for m in [1, 2, 5, 16] {
-            let (n, k) = (300, 37);
-            let x = values(m * k, 1);
-            let w = values(n * k, 2);
-            let y = matmul_f32_weight_rows(&x, m, &w, n, k);
-            for i in 0..m {
-                for j in 0..n {
-                    let exact: f64 = (0..k)
-                        .map(|t| x[i * k + t] as f64 * w[j * k + t] as f64)
-                        .sum();
-                    let got = y[i * n + j] as f64;
-                    assert!(
-                        (got - exact).abs() < 1e-5 * (1.0 + exact.abs()),
-                        "m {m} ({i}, {j})"
-                    );
-                }
-            }
-            // A row's values do not depend on how many rows share the call.
-            let alone = matmul_f32_weight_rows(&x[..k], 1, &w, n, k);
-            assert_eq!(alone, y[..n]);
-        }
-        assert!(matmul_f32_weight_rows(&[], 0, &values(6, 3), 2, 3).is_empty());
-    }
-
-    /// f64 reference of the bf16 policy: both operands rounded to bf16.
-    fn reference(
-        w: &[f32],
-        x: &[f32],
-        rows: usize,
-        cols: usize,
-        batch: usize,
-        bf16: bool,
-    ) -> Vec<f64> {
-        let r = |v: f32| {
-            if bf16 {
-                crate::bf16::round_bf16(v) as f64
-            } else {
-                v as f64
-            }
-        };
-        let mut out = vec![0.0; batch * rows];
-        for b in 0..batch {
-            for j in 0..rows {
-                out[b * rows + j] = (0..cols)
-                    .map(|k| r(w[j * cols + k]) * r(x[b * cols + k]))
-                    .sum();
-            }
-        }
-        out
-    }
-
-    #[test]
-    fn both_layouts_match_the_reference_for_every_batch_size_and_odd_shapes() {
-        for (rows, cols) in [(37, 64), (16, 576), (9, 40), (3, 7), (100, 33), (13, 576)] {
-            let w = values(rows * cols, 1);
-            let packed = PackedA::from_rows(&w, rows, cols);
-            for batch in [1, 2, 3, 4, 5, 6, 7, 8, 11] {
-                let x = values(batch * cols, 2);
-                for bf16 in [false, true] {
-                    let weights = if bf16 {
-                        packed.weights()
-                    } else {
-                        Weights::F32 {
-                            data: &w,
-                            rows,
-                            cols,
-                        }
-                    };
-                    let mut inputs = Inputs::new();
-                    inputs.prepare(&x, batch, cols, bf16);
-                    inputs.stream_weights(rows % 2 == 1);
-                    let want = reference(&w, &x, rows, cols, batch, bf16);
-                    for kernel in [
-                        Kernel::Portable,
-                        Kernel::Avx2,
-                        Kernel::Avx512,
-                        Kernel::Avx512Bf16,
-                    ] {
-                        if !kernel.available() {
-                            eprintln!(
-                                "skipped: the {} kernel is not available on this CPU",
-                                kernel.name()
-                            );
-                            continue;
-                        }
-                        // Two disjoint row ranges, as two threads would split them.
-                        let mut out = vec![f32::NAN; batch * rows];
-                        let split = rows / 2;
-                        // SAFETY: each range's writes stay inside `out` (batch x rows, stride
-                        // rows); the kernel is available.
-                        unsafe {
-                            matvec_with(
-                                kernel,
-                                &weights,
-                                &inputs,
-                                0..split,
-                                out.as_mut_ptr(),
-                                rows,
-                            );
-                            matvec_with(
-                                kernel,
-                                &weights,
-                                &inputs,
-                                split..rows,
-                                out.as_mut_ptr().add(split),
-                                rows,
-                            );
-                        }
-                        for (i, (&got, &want)) in out.iter().zip(&want).enumerate() {
-                            let tol = 1e-5 * (1.0 + want.abs()) * (cols as f64).sqrt();
-                            assert!(
-                                (got as f64 - want).abs() <= tol,
-                                "{} [{rows}x{cols}] batch {batch} bf16 {bf16} element {i}: {got} vs {want}",
-                                kernel.name()
-                            );
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn an_output_does_not_depend_on_the_other_inputs_of_the_call() {
-        // Past 8 inputs the rows are blocked (a large LM-head-like matrix: several blocks) and
-        // past 64 the inputs are chunked; every input row alone gives the same bits as among 70.
-        for (rows, cols) in [(700, 576), (45, 1536), (13, 40)] {
-            let w = values(rows * cols, 5);
-            let packed = PackedA::from_rows(&w, rows, cols);
-            let batch = 70;
-            let x = values(batch * cols, 6);
-            for bf16 in [false, true] {
-                let weights = if bf16 {
-                    packed.weights()
-                } else {
-                    Weights::F32 {
-                        data: &w,
-                        rows,
-                        cols,
-                    }
-                };
-                for kernel in [
-                    Kernel::Portable,
-                    Kernel::Avx2,
-                    Kernel::Avx512,
-                    Kernel::Avx512Bf16,
-                ] {
-                    if !kernel.available() {
-                        eprintln!(
-                            "skipped: the {} kernel is not available on this CPU",
-                            kernel.name()
-                        );
-                        continue;
-                    }
-                    let run = |x: &[f32], n: usize, stream: bool| {
-                        let mut inputs = Inputs::new();
-                        inputs.prepare(x, n, cols, bf16);
-                        inputs.stream_weights(stream);
-                        let mut out = vec![f32::NAN; n * rows];
-                        // SAFETY: writes stay inside `out` (n x rows); the kernel is available.
-                        unsafe {
-                            matvec_with(kernel, &weights, &inputs, 0..rows, out.as_mut_ptr(), rows)
-                        };
-                        out
-                    };
-                    let all = run(&x, batch, false);
-                    // Nor on how the weights are prefetched (`stream_weights`), nor on the
-                    // batch size's tile shape (batch 1 takes the widest tiles).
-                    for stream in [false, true] {
-                        for b in [0, 7, 8, 19, 64, 69] {
-                            let alone = run(&x[b * cols..(b + 1) * cols], 1, stream);
-                            let together = &all[b * rows..(b + 1) * rows];
-                            assert!(
-                                alone
-                                    .iter()
-                                    .zip(together)
-                                    .all(|(a, t)| a.to_bits() == t.to_bits()),
-                                "{} [{rows}x{cols}] bf16 {bf16} stream {stream} input {b}",
-                                kernel.name()
-                            );
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn dot_and_axpy_match_plain_loops_with_every_kernel() {
-        for n in [0, 1, 7, 8, 15, 16, 17, 64, 100] {
-            let a = values(n, 3);
-            let b = values(n, 4);
-            let dot_want: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
-            let got = dot(&a, &b);
-            assert!(
-                (got as f64 - dot_want).abs() <= 1e-5 * (1.0 + n as f64),
-                "dot n {n}: {got} vs {dot_want}"
-            );
-            let mut y = values(n, 5);
-            let want: Vec<f32> = y.iter().zip(&a).map(|(&v, &x)| v + 0.5 * x).collect();
-            axpy(&mut y, 0.5, &a);
-            for (g, w) in y.iter().zip(&want) {
-                assert!(
-                    (g - w).abs() <= 1e-6 * (1.0 + w.abs()),
-                    "axpy n {n}: {g} vs {w}"
-                );
-            }
-        }
-        eprintln!("dot/axpy ran on the {} kernel", kernel().name());
-    }
-
-    #[test]
-    fn the_safe_entry_point_refuses_a_short_output() {
-        let w = values(4 * 8, 1);
-        let weights = Weights::F32 {
-            data: &w,
-            rows: 4,
-            cols: 8,
-        };
+    if m <= 16 {
         let mut inputs = Inputs::new();
-        inputs.prepare(&values(16, 2), 2, 8, false);
-        let mut out = vec![0.0; 5];
-        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            matvec(&weights, &inputs, 0..4, &mut out, 4)
-        }));
-        assert!(caught.is_err());
+        inputs.prepare(x, m, k, true);
+        matvec_parallel(&w.weights(), &inputs, &mut out);
+        return out;
     }
+    let transposed = crate::bf16::matmul(w, &PackedB::from_rows(x, m, k));
+    transpose_into(&transposed, n, m, &mut out);
+    out
+}
+
+/// `dst[i, j] = src[j, i]` for `src` `[rows, cols]`, in 32 x 32 blocks (both sides stay in cache),
+/// bands of 32 destination rows in parallel.
+fn transpose_into(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+    use rayon::prelude::*;
+    const B: usize = 32;
+    dst.par_chunks_mut(B * rows)
+        .enumerate()
+        .for_each(|(band, out)| {
+            let i0 = band * B;
+            let height = out.len() / rows;
+            for j0 in (0..rows).step_by(B) {
+                let width = (rows - j0).min(B);
+                for j in j0..j0 + width {
+                    let from = &src[j * cols + i0..j * cols + i0 + height];
+                    for (di, &v) in from.iter().enumerate() {
+                        out[di * rows + j] = v;
+                    }
+                }
+            }
+        });
 }

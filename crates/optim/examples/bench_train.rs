@@ -147,6 +147,7 @@ fn main() -> BenchResult<()> {
         "implementation": format!("stoke (candle CPU, {precision})"),
         "precision": precision.as_str(),
         "bf16_kernel": stoke_ops::bf16::backend().name(),
+        "kernels": kernels(),
         "config": config_path.display().to_string(),
         "parameters": config.num_parameters(),
         "threads": env_threads("RAYON_NUM_THREADS"),
@@ -593,4 +594,11 @@ fn process_cpu_seconds() -> f64 {
     };
     // After the ")" field 3 (state) is index 0, so utime (14) is index 11 and stime (15) index 12.
     (ticks(11) + ticks(12)) / 100.0
+}
+
+/// The kernels chosen on this CPU (`stoke_ops::dispatch::chosen`), as a JSON object.
+fn kernels() -> Value {
+    let chosen = stoke_ops::dispatch::chosen().into_iter();
+    let object = chosen.map(|(key, value)| (key.to_string(), Value::String(value)));
+    Value::Object(object.collect())
 }

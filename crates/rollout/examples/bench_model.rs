@@ -107,6 +107,7 @@ fn main() -> BenchResult<()> {
     let result = json!({
         "implementation": format!("stoke (candle CPU, {precision})"),
         "bf16_kernel": stoke_ops::bf16::backend().name(),
+        "kernels": kernels(),
         "packed_weight_bytes": model.packed_weight_bytes(),
         "config": config_path.display().to_string(),
         "weights": weights.as_ref().map_or("random (seed 0)".to_string(), |w| w.display().to_string()),
@@ -245,7 +246,8 @@ fn bare_decode(
 /// Whether decoding runs the fused step (`STOKE_DECODE=graph` keeps the tensor graph, as in
 /// `Engine::generate`).
 fn fused_path(model: &Transformer) -> bool {
-    model.supports_fused_decode() && std::env::var("STOKE_DECODE").as_deref() != Ok("graph")
+    model.supports_fused_decode()
+        && stoke_ops::dispatch::decode_path() == stoke_ops::dispatch::DecodePath::Fused
 }
 
 /// The first index of the largest value (torch.argmax's tie rule).
@@ -344,4 +346,14 @@ fn process_cpu_seconds() -> f64 {
     };
     // after the ")" field 3 (state) is index 0, so utime (14) is index 11 and stime (15) index 12.
     (ticks(11) + ticks(12)) / 100.0
+}
+
+/// The kernels chosen on this CPU (`stoke_ops::dispatch::chosen`), as a JSON object.
+fn kernels() -> Value {
+    let chosen = stoke_ops::dispatch::chosen().into_iter();
+    Value::Object(
+        chosen
+            .map(|(key, value)| (key.to_string(), Value::String(value)))
+            .collect(),
+    )
 }

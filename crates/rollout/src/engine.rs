@@ -385,8 +385,7 @@ const INITIAL_DECODE_SLOTS: usize = 256;
 /// `STOKE_DECODE=graph` keeps decoding on the tensor graph (A/B checks, benchmarks); otherwise a
 /// model that supports it (`Transformer::supports_fused_decode`) decodes through the fused step.
 fn fused_decode_allowed() -> bool {
-    static ALLOWED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ALLOWED.get_or_init(|| std::env::var("STOKE_DECODE").as_deref() != Ok("graph"))
+    stoke_ops::dispatch::decode_path() == stoke_ops::dispatch::DecodePath::Fused
 }
 
 /// The decode loop's KV cache: the fused step's preallocated one, or the graph's.

@@ -17,7 +17,7 @@
 //! else takes the composition (`layer.rs`), as does every layer when `STOKE_BLOCK=graph`
 //! is set (for comparisons).
 
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use candle_core::{
     CpuStorage, CustomOp2, DType, Layout, Result, Shape, Storage, Tensor, WithDType,
@@ -68,9 +68,7 @@ impl FusedInputs {
 
 /// Whether the fused node can run this layer (see the module doc).
 pub(crate) fn applies(layer: &DecoderLayer, x: &Tensor) -> bool {
-    static GRAPH_ONLY: OnceLock<bool> = OnceLock::new();
-    let graph_only =
-        *GRAPH_ONLY.get_or_init(|| std::env::var("STOKE_BLOCK").is_ok_and(|v| v == "graph"));
+    let graph_only = stoke_ops::dispatch::block_path() == stoke_ops::dispatch::BlockPath::Graph;
     let plain = |l: &Linear| l.lora.is_none() && l.packed.is_none();
     let Some(a) = layer.self_attn.standard() else {
         return false;
