@@ -168,6 +168,7 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
     }
     let config_path = out_dir.join("config.toml");
     std::fs::write(&config_path, &config_toml).map_err(|e| PipelineError::io(&config_path, e))?;
+    stoke_train::run_info::write_run_info(&out_dir, "grpo", resumed_from.is_some())?;
     let reference = match (reference, settings.reference_reset_every) {
         // After a reference reset the reference is the policy of the reset step, kept on disk.
         (Some(_), Some(every)) if start_step >= every => {

@@ -6,7 +6,8 @@
 //! optimizer and the fixed evaluation set, run the loop, then write the final model folder
 //! (`<run>/model`, Hugging Face layout with the tokenizer files) and the run report.
 //!
-//! Run folder layout: `config.toml` (the resolved config), `metrics.jsonl`, `checkpoints/step-*`,
+//! Run folder layout: `config.toml` (the resolved config), `run.json` (the kernels chosen),
+//! `metrics.jsonl` with its TensorBoard event file, `checkpoints/step-*`,
 //! `model/`, `report.html`.
 //!
 //! Resume rules: `resume = true` continues from the newest checkpoint that verifies (older ones
@@ -146,6 +147,7 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
     }
     let config_path = run_dir.join("config.toml");
     std::fs::write(&config_path, &config_toml).map_err(|e| TrainError::io(&config_path, e))?;
+    crate::run_info::write_run_info(&run_dir, "train", resumed.is_some())?;
 
     // Under LoRA only the adapters train (the base is frozen).
     let mut optimizer = Optimizer::new(config.optimizer.clone(), model.trainable_parameters())?;

@@ -511,6 +511,7 @@ pub fn run_preference_with(
     };
     let config_path = out.join(crate::checkpoint::CONFIG_FILE);
     std::fs::write(&config_path, &config_toml).map_err(|e| TrainError::io(&config_path, e))?;
+    crate::run_info::write_run_info(out, "dpo", resumed.is_some())?;
 
     let extra: PairExtra = match &resumed {
         Some((state, _)) => serde_json::from_value(state.extra.clone())
