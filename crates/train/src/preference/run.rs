@@ -34,8 +34,9 @@
 //! # batch_shards = "auto"          # or N: each micro-batch as N shards at once, one per thread
 //! ```
 //!
-//! Files written under `output_dir`: `metrics.jsonl` (one line per step: loss, grad norm, lr,
-//! outcome, tokens/s and the loss's metrics under TRL's names), `report.html` (the trainer's
+//! Files written under `output_dir`: `config.toml` (this file, paths absolute), `metrics.jsonl`
+//! (one line per step: loss, grad norm, lr, outcome, tokens/s and the loss's metrics under TRL's
+//! names), `report.html` (the trainer's
 //! summary and curves, plus the log-probs, rewards and margins charts), `model/` (HF layout, with
 //! the tokenizer), and the reference cache `reference/ref-logps-<key>.json` (reused by any later run
 //! on the same pairs and reference weights).
@@ -384,6 +385,11 @@ pub fn run_preference(file: &PreferenceFile, quiet: bool) -> Result<PreferenceSu
     };
     std::fs::create_dir_all(&file.output_dir)
         .map_err(|e| TrainError::Other(format!("{}: {e}", file.output_dir.display())))?;
+    // The run folder names its config like every run's, so `stoke export --lineage` reads it.
+    let config_path = file.output_dir.join("config.toml");
+    let config_text = toml::to_string(file).map_err(|e| TrainError::Other(e.to_string()))?;
+    std::fs::write(&config_path, config_text)
+        .map_err(|e| TrainError::Other(format!("{}: {e}", config_path.display())))?;
 
     let (reference, reference_note) = if !objective.needs_reference() {
         (Reference::None, "none (reference-free loss)".to_string())
