@@ -9,9 +9,9 @@ row per run, and appends every raw JSON result to a log (JSON lines).
 What it is not: part of CI, or a statistics package: it reports what each run measured.
 
 Usage:
-    /work/venv/bin/python bench/compare_train.py --pairs 3 \
-        --stoke target-bench/release/examples/bench_train \
-        [--variant default:] [--variant cnt1:CANDLE_NUM_THREADS=1] [--log /tmp/compare.jsonl]
+    $VENV/bin/python bench/compare_train.py --pairs 3 \
+        --stoke $STOKE_TARGET/release/examples/bench_train \
+        [--variant default:] [--variant cnt1:CANDLE_NUM_THREADS=1] [--log $SCRATCH/compare.jsonl]
 
 A variant is NAME:VAR=VALUE[,VAR=VALUE...] (empty after the colon = no extra variables).
 RAYON_NUM_THREADS=2 is always set for stoke (the reference uses torch.set_num_threads(2)).
@@ -24,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -67,7 +68,7 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--stoke", type=Path, required=True, help="the bench_train binary")
     ap.add_argument("--variant", action="append", default=[], help="NAME:VAR=VALUE,... (repeatable)")
-    ap.add_argument("--log", type=Path, default=Path("/tmp/compare_train.jsonl"))
+    ap.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "compare_train.jsonl")
     ap.add_argument("--python", default=sys.executable)
     args = ap.parse_args()
     variants = [parse_variant(v) for v in (args.variant or ["default:"])]

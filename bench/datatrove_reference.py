@@ -6,9 +6,9 @@ the same corpus, on one process (one core), and prints documents/s, MB/s of text
 of kept documents (compare with stoke's kept count: the filters should agree closely).
 
 Setup (outside the repository):
-    python3 -m venv /work/dt-venv && /work/dt-venv/bin/pip install datatrove==0.10.1 spacy==3.8.18 orjson
+    python3 -m venv $DATATROVE_VENV && $DATATROVE_VENV/bin/pip install datatrove==0.10.1 spacy==3.8.18 orjson
 Run:
-    /work/dt-venv/bin/python bench/datatrove_reference.py /tmp/stoke-bench/corpus.jsonl [--limit N]
+    $DATATROVE_VENV/bin/python bench/datatrove_reference.py $SCRATCH/stoke-bench/corpus.jsonl [--limit N]
 
 The language filter is left out on both sides of the ratio: datatrove's needs the fastText
 lid.176 model download, which this machine cannot reach.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Distributed GRPO benchmark (issue 18): the same run with rollout in process, on 1 remote
 # `stoke serve` and on 2, on SmolLM2-135M-Instruct (bench/convert_smollm2.py writes
-# /tmp/smollm2/hf; python3 bench/make_arith_tasks.py /tmp/grpo19/tasks.jsonl writes the tasks).
+# $SCRATCH/smollm2/hf; python3 bench/make_arith_tasks.py $SCRATCH/grpo19/tasks.jsonl writes the tasks).
 # The settings are bench/grpo-smollm2.toml's (4 prompts x 8 samples, 64 new tokens, token-mean
 # loss, AdamW 1e-5) in f32. Every server runs on this machine, so the processes share its cores:
 # the figures show where a step's time goes (rollout, trainer, weight publication, each
@@ -15,8 +15,8 @@ set -euo pipefail
 STEPS=${1:-4}
 MODE=${2:-sync}
 STOKE=${STOKE:-target/release/stoke}
-OUT=${OUT:-/tmp/grpo18}
-MODEL=${MODEL:-/tmp/smollm2/hf}
+OUT=${OUT:-${TMPDIR:-/tmp}/grpo18}
+MODEL=${MODEL:-${SCRATCH:-scratch}/smollm2/hf}
 THREADS=${THREADS:-2}
 mkdir -p "$OUT"
 common=(--set "grpo.steps=$STEPS" --set 'grpo.precision="f32"'

@@ -3,7 +3,7 @@
 
 What it is: the TRL half of the "stoke dpo vs TRL DPOTrainer" benchmark. It loads a model folder
 (Hugging Face layout with tokenizer files and chat template, e.g. SmolLM2-135M-Instruct at
-/tmp/smollm2/hf) with transformers in f32, reads pairs in TRL's conversational preference format
+$SCRATCH/smollm2/hf) with transformers in f32, reads pairs in TRL's conversational preference format
 (bench/make_pairs.py writes them), runs `DPOTrainer.train()` on the CPU for a fixed number of
 optimizer steps and prints ONE JSON line on stdout: the wall-clock seconds of every step (a
 TrainerCallback around on_step_begin / on_step_end), median and mean of steps 2..N (step 1 warms
@@ -17,7 +17,7 @@ setup: f32 unless --bf16, no gradient checkpointing unless --grad-ckpt (TRL 1.x 
 default; this script passes it explicitly), no Liger kernels, no packing.
 
 Pinned versions it was written against: Python 3, torch 2.15.0, transformers 5.24.0, trl 1.16.0,
-datasets and accelerate from the same venv (/work/venv).
+datasets and accelerate from the same venv ($VENV).
 
 Settings (stoke name -> TRL name):
   pairs per step        -> per_device_train_batch_size (--batch), gradient_accumulation_steps 1
@@ -41,9 +41,9 @@ file sits in the HF datasets cache and a second run reuses it (no precompute tim
 in-memory data set it goes to a temporary folder removed at exit, so every run pays the precompute.
 
 Usage:
-    python3 bench/make_pairs.py --out /tmp/dpo_pairs.jsonl --n 256 --seed 0
-    /work/venv/bin/python bench/dpo_trl.py --data /tmp/dpo_pairs.jsonl --steps 8 --batch 4 > /tmp/dpo_trl.json
-    /work/venv/bin/python bench/dpo_trl.py --data /tmp/dpo_pairs.jsonl --precompute-ref > /tmp/dpo_trl_pre.json
+    python3 bench/make_pairs.py --out $SCRATCH/dpo_pairs.jsonl --n 256 --seed 0
+    $VENV/bin/python bench/dpo_trl.py --data $SCRATCH/dpo_pairs.jsonl --steps 8 --batch 4 > $SCRATCH/dpo_trl.json
+    $VENV/bin/python bench/dpo_trl.py --data $SCRATCH/dpo_pairs.jsonl --precompute-ref > $SCRATCH/dpo_trl_pre.json
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ import os
 import resource
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -94,7 +95,7 @@ def load_pairs(path: Path) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=Path("/tmp/smollm2/hf"),
+    ap.add_argument("--model", type=Path, default=Path(os.environ.get("SCRATCH", "scratch")) / "smollm2" / "hf",
                     help="HF model folder (config.json, safetensors, tokenizer, chat template)")
     ap.add_argument("--data", type=Path, required=True, help="preference pairs JSONL (bench/make_pairs.py)")
     ap.add_argument("--steps", type=int, default=8)
@@ -108,7 +109,7 @@ def main() -> None:
                     help="precompute_ref_log_probs=True: reference log-probs before training, no reference copy")
     ap.add_argument("--bf16", action="store_true", help="bf16 mixed precision (default: f32)")
     ap.add_argument("--grad-ckpt", action="store_true", help="gradient checkpointing (default: off)")
-    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/dpo_trl_run"), help="TRL output_dir (nothing is saved)")
+    ap.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "dpo_trl_run", help="TRL output_dir (nothing is saved)")
     args = ap.parse_args()
     if args.steps < 1 or args.batch < 1:
         raise SystemExit("--steps and --batch must be at least 1")
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace, pairs: list[dict]) -> dict:
 
     # With ref_model=None and no precompute, TRL loads its reference copy with create_model_from_path, which
     # reads `architectures` from the folder's config.json and fails (TypeError: 'NoneType' object is not
-    # subscriptable) when it is null, as in /tmp/smollm2/hf. Then hand it the class TRL itself falls back on
+    # subscriptable) when it is null, as in $SCRATCH/smollm2/hf. Then hand it the class TRL itself falls back on
     # for remote-code models; the copy is otherwise TRL's own (same dtype, attention kernel, device).
     architecture_patched = not args.precompute_ref and not getattr(model.config, "architectures", None)
     if architecture_patched:

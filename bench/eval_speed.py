@@ -4,7 +4,7 @@ never in CI): a four-way multiple-choice task (log-likelihood; arithmetic questi
 seed) and a short generative task (greedy, exact match), each as a stoke task file and as an
 lm-eval task YAML over the same JSONL data, into DIR. Prints the two command pairs to time.
 
-    python3 bench/eval_speed.py DIR --model /tmp/smollm2/hf --items 100
+    python3 bench/eval_speed.py DIR --model $SCRATCH/smollm2/hf --items 100
 
 Pinned for the comparison: lm-eval 0.4.13, transformers 5.24.0, torch 2.15.0.
 """

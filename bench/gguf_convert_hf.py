@@ -3,7 +3,7 @@
 Hugging Face folder (float32 safetensors, config, tokenizer). A model loaded from GGUF refuses
 `save_pretrained`, so the state dict is saved with safetensors, as bench/convert_smollm2.py does.
 
-Usage: /work/venv/bin/python bench/gguf_convert_hf.py FILE.gguf OUT_DIR
+Usage: $VENV/bin/python bench/gguf_convert_hf.py FILE.gguf OUT_DIR
 """
 
 import sys

@@ -5,7 +5,7 @@ Loads GGUF with llama-cpp-python (PyPI llama-cpp-python 0.3.36, built from sourc
 prompt token ids given, and prints the greedy continuation's ids as JSON on one line, to compare
 with `stoke generate --model SAME.gguf --prompt-ids ... --temperature 0` (bench/README.md, "GGUF").
 
-Usage: /work/venv/bin/python bench/gguf_llamacpp.py FILE.gguf --prompt-ids 1,2,3 --max-tokens 32
+Usage: $VENV/bin/python bench/gguf_llamacpp.py FILE.gguf --prompt-ids 1,2,3 --max-tokens 32
 """
 
 import argparse

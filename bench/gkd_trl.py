@@ -4,7 +4,7 @@ student and teacher and a chat JSONL, timed per step.
 
 What it is: the TRL half of the "stoke train [distill] vs TRL GKDTrainer" benchmark (issue 17).
 It loads the student and the teacher (model folders in Hugging Face layout, e.g. SmolLM2-135M-Instruct
-at /tmp/smollm2/hf for both) with transformers in f32, reads chat records ({"messages": [...]}),
+at $SCRATCH/smollm2/hf for both) with transformers in f32, reads chat records ({"messages": [...]}),
 runs `GKDTrainer.train()` on the CPU for a fixed number of optimizer steps with lmbda = 0 (every
 batch is the data's own completions: no generation, GKD's supervised KD) and prints ONE JSON line on
 stdout: every step's wall seconds (a TrainerCallback around on_step_begin / on_step_end), the median
@@ -19,14 +19,14 @@ per step).
 
 What it is not: part of CI (it needs the venv with torch / transformers / trl).
 
-Pinned versions: torch 2.15.0, transformers 5.24.0, trl 1.16.0 (/work/venv).
+Pinned versions: torch 2.15.0, transformers 5.24.0, trl 1.16.0 ($VENV).
 
 Settings (stoke name -> TRL name): sequences per step -> per_device_train_batch_size (--batch),
 gradient_accumulation_steps 1; steps -> max_steps; seq_len -> max_length (--max-length); beta ->
 beta; lr -> learning_rate; activation checkpointing -> gradient_checkpointing (TRL's default True;
 --no-grad-ckpt turns it off); dropout off; the rest TRL / transformers defaults.
 
-    /work/venv/bin/python bench/gkd_trl.py --data /tmp/gkd/chat.jsonl --steps 8 --batch 4
+    $VENV/bin/python bench/gkd_trl.py --data $SCRATCH/gkd/chat.jsonl --steps 8 --batch 4
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import os
 import resource
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,8 +47,8 @@ PROCESS_START = time.perf_counter()
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--student", type=Path, default=Path("/tmp/smollm2/hf"))
-    ap.add_argument("--teacher", type=Path, default=Path("/tmp/smollm2/hf"))
+    ap.add_argument("--student", type=Path, default=Path(os.environ.get("SCRATCH", "scratch")) / "smollm2" / "hf")
+    ap.add_argument("--teacher", type=Path, default=Path(os.environ.get("SCRATCH", "scratch")) / "smollm2" / "hf")
     ap.add_argument("--data", type=Path, required=True, help="chat JSONL, one {messages: [...]} per line")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--batch", type=int, default=4)
@@ -59,7 +60,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128, help="GKDConfig.max_new_tokens (on-policy batches)")
     ap.add_argument("--temperature", type=float, default=0.9, help="GKDConfig.temperature (generation)")
     ap.add_argument("--no-grad-ckpt", action="store_true", help="gradient checkpointing off (TRL's default: on)")
-    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/gkd_trl_run"))
+    ap.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "gkd_trl_run")
     args = ap.parse_args()
     records = [json.loads(line) for line in args.data.read_text().splitlines() if line.strip()]
     stdout = sys.stdout

@@ -34,10 +34,10 @@ is the user turn, the answer the number after the assistant reply's last `####`)
 file: `[tasks] path = ...`) and exits.
 
 Usage:
-    /work/venv/bin/python bench/grpo_trl.py --model RUN/model --tasks RUN/data/sft.jsonl \
-        --export-tasks /tmp/grpo_tasks.jsonl
-    /work/venv/bin/python bench/grpo_trl.py --model RUN/model --tasks /tmp/grpo_tasks.jsonl \
-        --steps 20 --out /tmp/grpo_trl.json
+    $VENV/bin/python bench/grpo_trl.py --model RUN/model --tasks RUN/data/sft.jsonl \
+        --export-tasks $SCRATCH/grpo_tasks.jsonl
+    $VENV/bin/python bench/grpo_trl.py --model RUN/model --tasks $SCRATCH/grpo_tasks.jsonl \
+        --steps 20 --out $SCRATCH/grpo_trl.json
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ import resource
 import os
 import re
 import sys
+import tempfile
 import time
 from fractions import Fraction
 from pathlib import Path
@@ -287,7 +288,7 @@ def main() -> None:
                     help="with --trl-defaults: keep gradient checkpointing and sdpa but compute in f32. For "
                     "CPUs without AVX512-BF16/AMX, where PyTorch's bf16 matmul falls back to a scalar loop "
                     "(measured 1.1 GFLOP/s against 92 for f32 on an AVX2-only AMD EPYC)")
-    ap.add_argument("--work-dir", type=Path, default=Path("/tmp/grpo_trl_run"), help="TRL output_dir (nothing is saved)")
+    ap.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "grpo_trl_run", help="TRL output_dir (nothing is saved)")
     args = ap.parse_args()
     if args.attn_implementation is None:
         args.attn_implementation = "sdpa" if args.trl_defaults else "eager"

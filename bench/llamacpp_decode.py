@@ -10,7 +10,7 @@ threads. Prints one JSON object.
 What it is not: part of CI.
 
 Usage:
-    /work/venv/bin/python bench/llamacpp_decode.py /tmp/smollm2/smollm2-135m-bf16.gguf
+    $VENV/bin/python bench/llamacpp_decode.py $SCRATCH/smollm2/smollm2-135m-bf16.gguf
 Pinned: llama-cpp-python 0.3.36 (built from source by pip, with the machine's native flags).
 """
 

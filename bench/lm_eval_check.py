@@ -8,9 +8,9 @@ computes the same accuracies without the server: every choice scored with `stoke
 continuation as the rest of the whole string's encoding, as lm-eval's `_encode_pair` does).
 Prints both; they must agree.
 
-    target/release/stoke serve --model /tmp/smollm2/hf --served-model-name smollm2 --port 8011 &
-    /work/venv/bin/python bench/lm_eval_check.py --url http://127.0.0.1:8011 --model smollm2 \
-        --model-dir /tmp/smollm2/hf --stoke target/release/stoke --items 40
+    target/release/stoke serve --model $SCRATCH/smollm2/hf --served-model-name smollm2 --port 8011 &
+    $VENV/bin/python bench/lm_eval_check.py --url http://127.0.0.1:8011 --model smollm2 \
+        --model-dir $SCRATCH/smollm2/hf --stoke target/release/stoke --items 40
 
 Pinned: lm-eval 0.4.13 (with its `api` extra), transformers 5.24.0.
 """

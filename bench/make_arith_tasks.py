@@ -4,7 +4,7 @@ against TRL with its defaults") in stoke's task JSONL: {"id", "prompt", "answer"
 "What is A op B? Give the final answer after ####." with A, B in 2..60 and op in plus, minus,
 times, drawn from random.Random(0). No dependencies.
 
-    python3 bench/make_arith_tasks.py /tmp/grpo19/tasks.jsonl
+    python3 bench/make_arith_tasks.py $SCRATCH/grpo19/tasks.jsonl
 """
 
 import json

@@ -14,7 +14,7 @@ wrong value on, so it is internally consistent after the slip and ends on a wron
 Chosen and rejected differ only in a few number tokens and are about 40-80 tokens each with the
 SmolLM2 tokenizer. Deterministic from --seed (random.Random); standard library only.
 
-    python3 bench/make_pairs.py --out /tmp/dpo_pairs.jsonl --n 256 --seed 0
+    python3 bench/make_pairs.py --out $SCRATCH/dpo_pairs.jsonl --n 256 --seed 0
 """
 
 from __future__ import annotations

@@ -5,14 +5,14 @@
 # of their layer's slots at the end, and the eval loss. Each run's report.html charts the
 # violation and every layer's per-expert load.
 #
-#   cargo build --release && bash bench/moe_balance.sh [WORK_DIR]     (default /tmp/moe-balance)
+#   cargo build --release && bash bench/moe_balance.sh [WORK_DIR]     (default $TMPDIR/moe-balance)
 #
 # Data: this repository's Markdown and Rust sources (2.4 MB), a 1,024-token BPE trained on them,
 # one file in twenty held out. About 4 minutes per mode on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STOKE=${STOKE:-$PWD/target/release/stoke}
-WORK=${1:-/tmp/moe-balance}
+WORK=${1:-${TMPDIR:-/tmp}/moe-balance}
 mkdir -p "$WORK"
 cp bench/moe-balance/moe.toml bench/moe-balance/config.json "$WORK/"
 cat README.md bench/*.md crates/README.md fixtures/README.md crates/*/src/*.rs > "$WORK/corpus.txt"

@@ -4,15 +4,15 @@
 # from the same prompt with and without `--speculative`, greedy and sampled, and prints the
 # acceptance. Time the two `generate` commands as whole processes for the speed-up.
 #
-#   cargo build --release && bash bench/mtp_speculative.sh [WORK_DIR]   (default /tmp/mtp-spec)
-#   LAYERS=12 STEPS=1200 bash bench/mtp_speculative.sh /tmp/mtp-spec-12  (the deeper variant)
+#   cargo build --release && bash bench/mtp_speculative.sh [WORK_DIR]   (default $TMPDIR/mtp-spec)
+#   LAYERS=12 STEPS=1200 bash bench/mtp_speculative.sh $SCRATCH/mtp-spec-12  (the deeper variant)
 #
 # Data: this repository's Markdown and Rust sources, a 1,024-token BPE trained on them, one file
 # in twenty held out (as bench/moe_balance.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STOKE=${STOKE:-$PWD/target/release/stoke}
-WORK=${1:-/tmp/mtp-spec}
+WORK=${1:-${TMPDIR:-/tmp}/mtp-spec}
 mkdir -p "$WORK"
 LAYERS=${LAYERS:-4}
 STEPS=${STEPS:-1500}

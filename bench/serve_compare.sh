@@ -9,16 +9,16 @@
 #
 # e.g.
 #   bench/serve_compare.sh stoke-f32 8011 \
-#     'target/release/stoke serve --model /tmp/smollm2/hf --served-model-name smollm2 --port 8011' \
+#     'target/release/stoke serve --model $SCRATCH/smollm2/hf --served-model-name smollm2 --port 8011' \
 #     '1:8 4:16 64:128' --no-seed
 #   bench/serve_compare.sh vllm 8012 \
-#     'env LD_PRELOAD=/work/vllm-venv/lib/libiomp5.so VLLM_CPU_KVCACHE_SPACE=4 /work/vllm-venv/bin/python -m vllm.entrypoints.openai.api_server --model /tmp/smollm2/hf --served-model-name smollm2 --max-model-len 2048 --host 127.0.0.1 --port 8012' \
+#     'env LD_PRELOAD=$VLLM_VENV/lib/libiomp5.so VLLM_CPU_KVCACHE_SPACE=4 $VLLM_VENV/bin/python -m vllm.entrypoints.openai.api_server --model $SCRATCH/smollm2/hf --served-model-name smollm2 --max-model-len 2048 --host 127.0.0.1 --port 8012' \
 #     '1:8 4:16 64:128' --no-seed
 set -euo pipefail
 name=$1 port=$2 command=$3 loads=$4
 shift 4
 here=$(cd "$(dirname "$0")" && pwd)
-log=/tmp/serve_compare_$name.log
+log=${TMPDIR:-/tmp}/serve_compare_$name.log
 setsid bash -c "exec $command" >"$log" 2>&1 &
 leader=$!
 trap 'kill -INT -- -$leader 2>/dev/null || true; sleep 2; kill -KILL -- -$leader 2>/dev/null || true' EXIT
@@ -36,7 +36,7 @@ for load in $loads; do
     continue
   fi
   clients=${load%%:*} requests=${load##*:}
-  out=/tmp/serve_compare_${name}_c$clients.json
+  out=${TMPDIR:-/tmp}/serve_compare_${name}_c$clients.json
   python3 "$here/serve_load.py" --url "http://127.0.0.1:$port" --model smollm2 \
     --clients "$clients" --requests "$requests" "$@" > "$out"
   peak_kb=0

@@ -24,9 +24,9 @@ It prints one JSON object. The Rust benchmarks report their own figures as ratio
 What it is not: part of CI (Python ML packages are never used by CI).
 
 Usage:
-    /work/venv/bin/python bench/torch_reference.py [--config bench/bench_config.json]
+    $VENV/bin/python bench/torch_reference.py [--config bench/bench_config.json]
         [--only train,decode,pretrain,sft_packed] [--check-packing]
-    /work/venv/bin/python bench/torch_reference.py --write-config   # regenerate the config file
+    $VENV/bin/python bench/torch_reference.py --write-config   # regenerate the config file
 """
 
 from __future__ import annotations

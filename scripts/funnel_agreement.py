@@ -27,10 +27,10 @@ ones that will flip verdicts on other documents.
 Usage:
 
     python3 scripts/funnel_agreement.py crates/data/tests/fixtures/datatrove_agreement.jsonl
-    python3 scripts/funnel_agreement.py /tmp/funnel-agreement/large.jsonl --stoke target/release/stoke \\
-        --json /tmp/funnel-agreement/report.json
+    python3 scripts/funnel_agreement.py $SCRATCH/funnel-agreement/large.jsonl --stoke target/release/stoke \\
+        --json $SCRATCH/funnel-agreement/report.json
     python3 scripts/funnel_agreement.py docs.jsonl --stoke-output stoke_verdicts.jsonl   # no run
-    /work/dt-venv/bin/python scripts/funnel_agreement.py plain_id_text.jsonl             # runs datatrove
+    $DATATROVE_VENV/bin/python scripts/funnel_agreement.py plain_id_text.jsonl             # runs datatrove
 
 Exit status: 0; 1 when --fail-under is given and some filter's verdict agreement is below it;
 2 on malformed input or a failed stoke run.

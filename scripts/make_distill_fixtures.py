@@ -6,7 +6,7 @@ logits to fixtures/distill/trl_gkd.json.
 This installs nothing. Run by hand, once, with a Python that has the pinned TRL and torch
 (trl==1.16.0, torch==2.15.0, as scripts/make_preference_fixtures.py):
 
-    /work/venv/bin/python scripts/make_distill_fixtures.py
+    $VENV/bin/python scripts/make_distill_fixtures.py
 
 Inputs (float64, from a seeded `torch.Generator`, so a rerun writes the same bytes):
 B = 2 sequences, S = 5 positions, V = 13 vocabulary entries; `student` and `teacher` logits

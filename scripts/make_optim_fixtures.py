@@ -29,7 +29,7 @@ setting each group's lr to base_lr * factor before the step, which is what stoke
 means.
 
 Usage:
-    /work/venv/bin/python scripts/make_optim_fixtures.py
+    $VENV/bin/python scripts/make_optim_fixtures.py
 """
 
 from __future__ import annotations

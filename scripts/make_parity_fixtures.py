@@ -17,8 +17,8 @@ Invariants:
   bf16 checkpoint's reference is that of its bf16-rounded weights computed in float32.
 
 Usage:
-    /work/venv/bin/python scripts/make_parity_fixtures.py            # (re)build all fixtures
-    /work/venv/bin/python scripts/make_parity_fixtures.py --check-saved SRC_DIR SAVED_DIR
+    $VENV/bin/python scripts/make_parity_fixtures.py            # (re)build all fixtures
+    $VENV/bin/python scripts/make_parity_fixtures.py --check-saved SRC_DIR SAVED_DIR
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ tiny fixture checkpoints, with the adapted and merged models' logits computed by
 
 Run by hand, once (CI never runs Python ML packages; the outputs are committed):
 
-    /work/venv/bin/pip install peft==0.21.2   # plus scripts/requirements-fixtures.txt
-    /work/venv/bin/python scripts/make_peft_fixture.py
+    $VENV/bin/pip install peft==0.21.2   # plus scripts/requirements-fixtures.txt
+    $VENV/bin/python scripts/make_peft_fixture.py
 
 Writes fixtures/peft/<name>/: adapter_model.safetensors and adapter_config.json exactly as
 `PeftModel.save_pretrained` writes them, and reference.safetensors with `input_ids` [2, 9] (i64),

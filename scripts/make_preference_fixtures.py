@@ -6,8 +6,8 @@ to fixtures/preference/trl_loss.json.
 This installs nothing. Run by hand, once, with a Python that has the pinned TRL and torch
 (trl==1.16.0, torch==2.15.0; accelerate, transformers, datasets and pandas as TRL needs them):
 
-    /work/venv/bin/pip install --no-deps trl==1.16.0 && /work/venv/bin/pip install accelerate datasets pandas
-    /work/venv/bin/python scripts/make_preference_fixtures.py
+    $VENV/bin/pip install --no-deps trl==1.16.0 && $VENV/bin/pip install accelerate datasets pandas
+    $VENV/bin/python scripts/make_preference_fixtures.py
 
 The inputs come from a seeded `torch.Generator`, so a rerun rewrites the same bytes.
 

@@ -6,9 +6,9 @@ word lists without Python.
 
 Run by hand (CI never needs Python), in a venv outside the repository:
 
-    python3.11 -m venv /work/dt-venv
-    /work/dt-venv/bin/pip install datatrove==0.10.1 spacy==3.8.18
-    /work/dt-venv/bin/python scripts/make_spacy_en_tables.py
+    python3.11 -m venv $DATATROVE_VENV
+    $DATATROVE_VENV/bin/pip install datatrove==0.10.1 spacy==3.8.18
+    $DATATROVE_VENV/bin/python scripts/make_spacy_en_tables.py
 
 What is taken from where:
 - prefixes, suffixes and infixes: `nlp.Defaults`, each regex entry recognized by its shape

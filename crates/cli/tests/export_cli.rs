@@ -167,3 +167,70 @@ fn a_model_is_released_with_its_card_and_a_broken_one_is_refused() {
         .collect();
     assert!(leftovers.is_empty(), "no staging folder is left behind");
 }
+
+/// Regression: a `stoke dpo` run folder held no config.toml, so `--lineage` refused it as "not a
+/// run folder" and a DPO stage could not be in the card; a LoRA stage did not say it was LoRA.
+#[test]
+fn the_card_records_a_lora_stage_and_a_dpo_stage_with_their_settings() {
+    let work = tempfile::tempdir().unwrap();
+    let path = |p: &str| work.path().join(p).display().to_string();
+    // An SFT run with LoRA, its config as `stoke train` writes it back.
+    let sft = work.path().join("sft-lora");
+    std::fs::create_dir_all(&sft).unwrap();
+    std::fs::write(
+        sft.join("config.toml"),
+        "title = \"sft with lora\"\noutput_dir = \"sft-lora\"\n[model]\npretrained = \"base\"\n\
+         [data]\nkind = \"chat\"\ntrain = [\"chat.jsonl\"]\nseq_len = 64\nmicro_batch_size = 2\n\
+         [training]\nsteps = 30\n[lora]\nr = 8\nlora_alpha = 16.0\nlora_dropout = 0.0\n\
+         target_modules = [\"q_proj\", \"v_proj\"]\nuse_rslora = true\n",
+    )
+    .unwrap();
+    // A real `stoke dpo` run on the fixture.
+    let pairs: Vec<String> = (0..4)
+        .map(|k| {
+            serde_json::json!({
+                "prompt": format!("add {k} 1"),
+                "chosen": format!("sum {}", k + 1),
+                "rejected": format!("sum {}", k + 2),
+            })
+            .to_string()
+        })
+        .collect();
+    std::fs::write(work.path().join("pairs.jsonl"), pairs.join("\n") + "\n").unwrap();
+    std::fs::write(
+        work.path().join("dpo.toml"),
+        format!(
+            "title = \"dpo on pairs\"\noutput_dir = \"dpo-run\"\n[model]\npretrained = \"{}\"\n\
+             [data]\ntrain = \"pairs.jsonl\"\nmax_len = 120\npairs_per_micro_batch = 2\n\
+             micro_batches = 1\n[objective]\nkind = \"dpo\"\n[dpo]\nloss_type = \"apo_zero\"\n\
+             [training]\nsteps = 2\n",
+            fixture().display()
+        ),
+    )
+    .unwrap();
+    ok(&["dpo", &path("dpo.toml"), "--quiet"]);
+    assert!(work.path().join("dpo-run/config.toml").is_file());
+    ok(&[
+        "export",
+        "--model",
+        &path("dpo-run/model"),
+        "--out",
+        &path("release"),
+        "--lineage",
+        &path("sft-lora"),
+        "--lineage",
+        &path("dpo-run"),
+    ]);
+    let card = std::fs::read_to_string(work.path().join("release/README.md")).unwrap();
+    for expected in [
+        "| sft with lora | supervised fine-tuning (chat), LoRA (rank 8, alpha 16.0, target \
+         modules q_proj, v_proj, rsLoRA) | base | chat.jsonl | 30 |",
+        "| dpo on pairs | preference optimization (DPO, apo_zero) | ",
+        "pairs.jsonl | 2 |",
+    ] {
+        assert!(
+            card.contains(expected),
+            "no {expected:?} in the card:\n{card}"
+        );
+    }
+}

@@ -142,3 +142,24 @@ fn convert_export_generate_and_train_on_gguf() {
     ]);
     assert!(chat.contains("token_ids"), "{chat}");
 }
+
+/// Regression: `--type bf16` printed `(Bf16 weights)`; types are named as GGUF spells them.
+#[test]
+fn convert_names_the_weight_type_as_gguf_spells_it() {
+    let work = tempfile::tempdir().unwrap();
+    let folder = work.path().join("folder").display().to_string();
+    let gguf = root()
+        .join("fixtures/gguf/qwen2_mixed.gguf")
+        .display()
+        .to_string();
+    ok(&["convert", &gguf, &folder]);
+    for (flag, name) in [("bf16", "BF16"), ("q8_0", "Q8_0"), ("f16", "F16")] {
+        let out = work
+            .path()
+            .join(format!("{flag}.gguf"))
+            .display()
+            .to_string();
+        let printed = ok(&["convert", &folder, &out, "--type", flag]);
+        assert!(printed.contains(&format!("({name} weights)")), "{printed}");
+    }
+}

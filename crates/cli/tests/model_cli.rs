@@ -296,6 +296,41 @@ fn generate_chat_renders_the_template_and_text_format_is_readable() {
     assert!(text.starts_with("--- completion 0 ("), "{text}");
 }
 
+/// Regression: the text format printed the finish reason as a JSON fragment
+/// (`finish: {"kind":"length"}`); it says `length` or `stop`, as OpenAI's API words it.
+#[test]
+fn generate_text_format_names_the_finish_reason_in_a_word() {
+    let model = fixture_dir(FIXTURE);
+    let run = |format: &str| {
+        stdout_of(&stoke(&[
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt-ids",
+            "1,17,250,42",
+            "--max-tokens",
+            "3",
+            "--temperature",
+            "0",
+            "-n",
+            "1",
+            "--format",
+            format,
+        ]))
+    };
+    let json: Value = serde_json::from_str(run("json").lines().next().unwrap()).unwrap();
+    let expected = match json["finish_reason"]["kind"].as_str().unwrap() {
+        "length" => "length",
+        _ => "stop",
+    };
+    let text = run("text");
+    let header = text.lines().next().unwrap();
+    assert!(
+        header.ends_with(&format!("finish: {expected}) ---")),
+        "{header}"
+    );
+}
+
 #[test]
 fn inspect_prints_config_and_parameter_count() {
     let model = fixture_dir(FIXTURE);

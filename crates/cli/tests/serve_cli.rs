@@ -130,3 +130,23 @@ fn chat_streams_replies_from_a_local_model_and_from_a_server() {
     assert!(stdout.len() > remote.len());
     server.stop();
 }
+
+#[test]
+fn serve_help_says_the_model_may_be_a_folder_or_a_gguf_file() {
+    let output = Command::new(env!("CARGO_BIN_EXE_stoke"))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout);
+    let model = help
+        .lines()
+        .skip_while(|line| !line.trim_start().starts_with("--model"))
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        model.contains("folder") && model.contains("GGUF file"),
+        "--model's help: {model:?}"
+    );
+}

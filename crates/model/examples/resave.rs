@@ -2,7 +2,7 @@
 //! generation_config.json, tokenizer files), so transformers can check the saved copy:
 //!
 //!     cargo run -p stoke-model --example resave -- SRC DST
-//!     /work/venv/bin/python scripts/make_parity_fixtures.py --check-saved SRC DST
+//!     $VENV/bin/python scripts/make_parity_fixtures.py --check-saved SRC DST
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -301,6 +301,13 @@ impl Transformer {
                 source: std::io::Error::other(e.to_string()),
             }
         })?;
+        // safetensors writes through a temporary file, created 0600; the weights take the mode
+        // config.json got from `std::fs::write` (0666 less the umask), like every other file.
+        let mode = std::fs::metadata(staging.join(CONFIG_FILE))
+            .map_err(|e| ModelError::io(staging, e))?
+            .permissions();
+        std::fs::set_permissions(&weights_path, mode)
+            .map_err(|e| ModelError::io(&weights_path, e))?;
 
         let source_generation = source_dir
             .map(|s| s.join(GENERATION_CONFIG_FILE))

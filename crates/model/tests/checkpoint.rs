@@ -136,6 +136,37 @@ fn save_with_tokenizer_copies_tokenizer_files_and_generation_config() {
     );
 }
 
+/// Regression: model.safetensors was written 0600 (through a temporary file) while config.json
+/// got 0644, so a released folder's weights were unreadable to other users.
+#[cfg(unix)]
+#[test]
+fn the_saved_weights_get_the_same_file_mode_as_the_other_files() {
+    use std::os::unix::fs::PermissionsExt;
+    let source = fixtures_root().join("qwen2_bias_tied");
+    let model = load(&source);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let out = tmp.path().join("saved");
+    model
+        .save_with_tokenizer(&out, Some(&source))
+        .expect("save");
+    let mode = |file: &str| {
+        std::fs::metadata(out.join(file))
+            .unwrap_or_else(|e| panic!("{file}: {e}"))
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    // config.json is written by `std::fs::write`: 0666 less this process's umask. (Copied
+    // tokenizer files keep their source's mode, so they are no reference.)
+    assert_eq!(
+        mode("model.safetensors"),
+        mode("config.json"),
+        "model.safetensors {:o}, config.json {:o}",
+        mode("model.safetensors"),
+        mode("config.json")
+    );
+}
+
 #[test]
 fn saving_over_an_existing_directory_replaces_it_and_leaves_no_temporaries() {
     stoke_ops::numerics::init_compute_threads();

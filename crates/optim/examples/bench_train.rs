@@ -27,7 +27,7 @@
 //!
 //! ```text
 //! CARGO_TARGET_DIR=target-bench cargo build --release -p stoke-optim --example bench_train
-//! RAYON_NUM_THREADS=2 target-bench/release/examples/bench_train [--only pretrain,sft_packed]
+//! RAYON_NUM_THREADS=2 $STOKE_TARGET/release/examples/bench_train [--only pretrain,sft_packed]
 //!     [--loss summed|fused|composed] [--precision f32|bf16] [--activation-checkpointing]
 //!     [--moments f32|int8] [--lora RANK] [--batch B] [--seq T] [--warmup N] [--steps N] [CONFIG.json]
 //! ```

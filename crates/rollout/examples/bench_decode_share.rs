@@ -14,7 +14,7 @@
 //!
 //! ```text
 //! cargo build --release -p stoke-rollout --example bench_decode_share
-//! RAYON_NUM_THREADS=2 target/release/examples/bench_decode_share --weights /tmp/smollm2/hf [--rounds 10] [--steps 48]
+//! RAYON_NUM_THREADS=2 target/release/examples/bench_decode_share --weights $SCRATCH/smollm2/hf [--rounds 10] [--steps 48]
 //! ```
 
 use std::path::PathBuf;

@@ -13,7 +13,7 @@
 //! stops the worker. [`serve`] runs one until Ctrl-C.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -39,12 +39,28 @@ use crate::weights::load_for_serving;
 use crate::worker::{Command, Worker};
 use crate::{chat, completions, tools};
 
+/// The name a model is served under when none is given: a folder's name, or a GGUF file's name
+/// without its extension (`smollm2-135m.gguf` is served as `smollm2-135m`, as vLLM and
+/// llama.cpp's server name it).
+pub fn default_served_model_name(model: &Path) -> String {
+    let is_gguf = model
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    let name = if is_gguf {
+        model.file_stem()
+    } else {
+        model.file_name()
+    };
+    name.map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| model.display().to_string())
+}
+
 /// How to serve a model.
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
-    /// A Hugging Face model directory with its tokenizer.
+    /// A Hugging Face model directory with its tokenizer, or a GGUF file.
     pub model_dir: PathBuf,
-    /// The name clients send as `model`; the directory's name when `None`.
+    /// The name clients send as `model`; [`default_served_model_name`] when `None`.
     pub served_model_name: Option<String>,
     pub host: String,
     /// 0 picks a free port.
@@ -135,11 +151,10 @@ impl App {
         eos_token_ids.extend(tokenizer.eos_token_ids());
         eos_token_ids.sort_unstable();
         eos_token_ids.dedup();
-        let name = config.served_model_name.clone().unwrap_or_else(|| {
-            dir.file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| dir.display().to_string())
-        });
+        let name = config
+            .served_model_name
+            .clone()
+            .unwrap_or_else(|| default_served_model_name(dir));
         let template_tool_calls = tokenizer
             .chat_template_names()
             .iter()
@@ -571,4 +586,19 @@ pub fn serve(config: ServeConfig) -> Result<(), String> {
     server.wait();
     eprintln!("stoke serve: stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_served_model_name;
+    use std::path::Path;
+
+    #[test]
+    fn a_gguf_file_is_served_under_its_name_without_the_extension() {
+        let name = |p: &str| default_served_model_name(Path::new(p));
+        assert_eq!(name("models/smollm2-135m-q8_0.gguf"), "smollm2-135m-q8_0");
+        assert_eq!(name("models/SmolLM2.GGUF"), "SmolLM2");
+        assert_eq!(name("runs/speedrun/model"), "model");
+        assert_eq!(name("runs/v1.5"), "v1.5");
+    }
 }

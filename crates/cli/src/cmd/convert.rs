@@ -26,6 +26,16 @@ pub enum GgufType {
 }
 
 impl GgufType {
+    /// The type's name as GGUF and llama.cpp spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            GgufType::F32 => "F32",
+            GgufType::F16 => "F16",
+            GgufType::Bf16 => "BF16",
+            GgufType::Q8_0 => "Q8_0",
+        }
+    }
+
     pub fn ggml(self) -> GgmlType {
         match self {
             GgufType::F32 => GgmlType::F32,
@@ -96,13 +106,15 @@ pub fn write_gguf(
     let mtp = model.config().num_mtp_layers;
     if mtp > 0 {
         println!(
-            "note: the model's {mtp} multi-token prediction module(s) are not in the GGUF              (llama.cpp's deepseek2 has no place for them, and its own converter leaves them              out); the Hugging Face folder keeps them"
+            "note: the model's {mtp} multi-token prediction module(s) are not in the GGUF \
+             (llama.cpp's deepseek2 has no place for them, and its own converter leaves them \
+             out); the Hugging Face folder keeps them"
         );
     }
     println!(
-        "wrote {} ({:?} weights) from {}",
+        "wrote {} ({} weights) from {}",
         out.display(),
-        dtype,
+        dtype.name(),
         source.display()
     );
     Ok(())

@@ -175,7 +175,36 @@ fn text(value: Option<&toml::Value>) -> Option<String> {
     }
 }
 
-/// One stage's line: its kind, what it started from, its data and how long it ran.
+/// A preference stage's kind: the objective (`[objective] kind`, DPO when absent) and its loss.
+fn preference_kind(get: &dyn Fn(&str, &str) -> Option<String>) -> String {
+    let objective = get("objective", "kind").unwrap_or_else(|| "dpo".into());
+    let loss = match objective.as_str() {
+        "dpo" => get("dpo", "loss_type").or_else(|| Some("sigmoid".into())),
+        "cpo" | "kto" => get(&objective, "loss_type"),
+        _ => None,
+    };
+    let name = objective.to_uppercase();
+    match loss {
+        Some(loss) => format!("preference optimization ({name}, {loss})"),
+        None => format!("preference optimization ({name})"),
+    }
+}
+
+/// A `[lora]` table as the card shows it: rank, alpha, target modules (and rsLoRA when on).
+fn lora_description(lora: &toml::Value) -> String {
+    let get = |key: &str| text(lora.get(key)).unwrap_or_else(|| "-".into());
+    let rslora = lora.get("use_rslora").and_then(toml::Value::as_bool) == Some(true);
+    format!(
+        "LoRA (rank {}, alpha {}, target modules {}{})",
+        get("r"),
+        get("lora_alpha"),
+        get("target_modules"),
+        if rslora { ", rsLoRA" } else { "" }
+    )
+}
+
+/// One stage's line: its kind (with its LoRA adapters, if any), what it started from, its data
+/// and how long it ran.
 fn stage_line(dir: &Path) -> anyhow::Result<String> {
     let path = dir.join("config.toml");
     let table: toml::Table = toml::from_str(
@@ -189,21 +218,11 @@ fn stage_line(dir: &Path) -> anyhow::Result<String> {
             get("tasks", "path")
                 .or_else(|| get("tasks", "kind"))
                 .unwrap_or_default(),
-            get("grpo", "steps"),
+            get("training", "steps").or_else(|| get("grpo", "steps")),
         )
-    } else if table.contains_key("dpo") {
-        let objective = get("objective", "kind").unwrap_or_else(|| "dpo".into());
-        let loss = match objective.as_str() {
-            "dpo" => get("dpo", "loss_type").unwrap_or_else(|| "sigmoid".into()),
-            "cpo" => get("cpo", "loss_type").unwrap_or_else(|| "sigmoid".into()),
-            _ => String::new(),
-        };
+    } else if table.contains_key("objective") || table.contains_key("dpo") {
         (
-            if loss.is_empty() {
-                format!("preference optimization ({objective})")
-            } else {
-                format!("preference optimization ({objective}, {loss})")
-            },
+            preference_kind(&get),
             get("data", "train").unwrap_or_default(),
             get("training", "steps"),
         )
@@ -231,6 +250,10 @@ fn stage_line(dir: &Path) -> anyhow::Result<String> {
         .or_else(|| get("model", "config").map(|c| format!("random initialization ({c})")))
         .or_else(|| get("model", "preset").map(|p| format!("random initialization ({p})")))
         .unwrap_or_else(|| "-".into());
+    let kind = match table.get("lora") {
+        Some(lora) => format!("{kind}, {}", lora_description(lora)),
+        None => kind,
+    };
     let title = text(table.get("title")).unwrap_or_else(|| dir.display().to_string());
     let mut line = format!(
         "| {} | {kind} | {from} | {data} | {} |",

@@ -239,7 +239,7 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
                     "--- completion {} ({} tokens, finish: {}) ---",
                     completion.sample_index,
                     completion.token_ids.len(),
-                    serde_json::to_string(&completion.finish_reason)?
+                    finish_word(&completion.finish_reason)
                 );
                 match &completion.text {
                     Some(text) => println!("{text}"),
@@ -249,6 +249,16 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A finish reason in OpenAI's words, for text output: `stop` (an end-of-sequence token or a stop
+/// string) or `length` (the token limit). The JSON output keeps the detailed record.
+fn finish_word(reason: &stoke_rollout::FinishReason) -> &'static str {
+    match reason {
+        stoke_rollout::FinishReason::Eos { .. }
+        | stoke_rollout::FinishReason::StopString { .. } => "stop",
+        stoke_rollout::FinishReason::Length => "length",
+    }
 }
 
 pub fn inspect(args: InspectArgs) -> anyhow::Result<()> {

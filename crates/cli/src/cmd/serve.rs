@@ -40,14 +40,15 @@ pub struct EngineArgs {
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// Model directory (config.json, safetensors weights, tokenizer files).
+    /// The model: a folder (config.json, safetensors weights, tokenizer files) or a GGUF file.
     #[arg(long)]
     model: PathBuf,
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// The name clients send as `model` (default: the directory's name).
+    /// The name clients send as `model` (default: the folder's name, or the GGUF file's name
+    /// without `.gguf`).
     #[arg(long)]
     served_model_name: Option<String>,
     /// Requests that may wait for admission; past it, 429 with Retry-After.
@@ -66,7 +67,8 @@ pub struct ServeArgs {
 
 #[derive(Args)]
 pub struct ChatArgs {
-    /// Chat with this model directory (a server is started on a loopback port for the session).
+    /// Chat with this model, a folder or a GGUF file (a server is started on a loopback port for
+    /// the session).
     #[arg(long, conflicts_with = "url", required_unless_present = "url")]
     model: Option<PathBuf>,
     /// Chat with the OpenAI-compatible server at this URL (stoke serve, vLLM, ...).

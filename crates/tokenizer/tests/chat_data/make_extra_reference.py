@@ -7,7 +7,7 @@ lacks), and message preparation (null keys dropped, reasoning fields aliased, th
 generation block that ends inside a character split over byte-level tokens).
 
 Run from the repository root with the fixtures venv (see fixtures/README.md):
-    /work/venv/bin/python crates/tokenizer/tests/chat_data/make_extra_reference.py
+    $VENV/bin/python crates/tokenizer/tests/chat_data/make_extra_reference.py
 It writes crates/tokenizer/tests/chat_data/extra_reference.json (deterministic).
 """
 import json
