@@ -219,7 +219,10 @@ fn a_fresh_start_into_a_folder_with_checkpoints_is_refused_and_keeps_its_config(
     let info: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("run.json")).unwrap()).unwrap();
     assert_eq!(info["command"], "dpo", "{info}");
-    assert!(info["kernels"].as_object().is_some_and(|k| !k.is_empty()), "{info}");
+    assert!(
+        info["kernels"].as_object().is_some_and(|k| !k.is_empty()),
+        "{info}"
+    );
 
     let again = dpo(dir.path(), &["--set", "dpo.beta=0.25"]);
     assert!(!again.status.success(), "a fresh start mixed two runs");

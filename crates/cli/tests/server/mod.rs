@@ -32,21 +32,31 @@ impl Server {
         Server::spawn(command)
     }
 
-    /// Any server command (`stoke serve`, `stoke reward-server`) whose first line on stderr
-    /// names its URL.
+    /// Any server command (`stoke serve`, `stoke reward-server`) whose first line on stderr that
+    /// is not a warning names its URL.
     pub fn spawn(mut command: Command) -> Server {
         let mut child = command
             .stderr(Stdio::piped())
             .spawn()
             .expect("the server starts");
         let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        stderr.read_line(&mut line).unwrap();
-        let url = line
-            .split_whitespace()
-            .find(|word| word.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no URL in {line:?}"))
-            .to_string();
+        // The URL line may follow warnings about the config (a deprecated key, say).
+        let mut before = Vec::new();
+        let url = loop {
+            let mut line = String::new();
+            let read = stderr.read_line(&mut line).unwrap();
+            if let Some(url) = line
+                .split_whitespace()
+                .find(|word| word.starts_with("http://"))
+            {
+                break url.to_string();
+            }
+            assert!(
+                read > 0 && before.len() < 20,
+                "no URL in the server's first lines: {before:?}"
+            );
+            before.push(line);
+        };
         // Keep draining stderr so the server never blocks on it.
         std::thread::spawn(move || for _ in stderr.lines() {});
         Server { child, url }

@@ -59,8 +59,9 @@ pub struct ModelFile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<PathBuf>,
     /// A model folder (Hugging Face layout) or a GGUF file to start from: the key every
-    /// command shares (`pretrained` before; migrated with a warning).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// command shares (`pretrained` before: `load` migrates it with a warning, and a table
+    /// deserialised directly still reads it).
+    #[serde(default, alias = "pretrained", skip_serializing_if = "Option::is_none")]
     pub path: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokenizer: Option<PathBuf>,
