@@ -61,8 +61,10 @@
 //! - `[optimizer]`: AdamW, lr 1e-6, betas (0.9, 0.999), eps 1e-8, weight_decay 0, clip_grad_norm
 //!   1.0 (0 turns it off) (TRL's; users of tiny models set a larger lr). `grpo.clip_grad_norm`,
 //!   the old name, is read with a deprecation warning. `kind = "muon"` takes the Muon keys of `stoke train`.
-//! - `[schedule]`: constant, warmup_steps 0. Cosine: over `training.steps` to min_lr_ratio 0; WSD:
-//!   decay over the last 20% to min_lr_ratio 0, linear.
+//! - `[schedule]`: the defaults of every training command (`ScheduleDefaults::shared`): WSD,
+//!   warmup over `min(1000, steps / 20)` steps, decay over the last 20% to min_lr_ratio 0,
+//!   linear; cosine to min_lr_ratio 0.1. (Before the shared vocabulary GRPO defaulted to a
+//!   constant rate: write `kind = "constant"` for that.)
 //! - `[eval]`: every 0 (before the first update and after the last only), samples 8, problems 64.
 //! - `[checkpoint]`: every 0 (only at the end), keep 2, keep_steps [] (stoke train's section).
 //! - `[ptx]`: off; when present `shards` is required, coef 0.1, batch_size 4, seq_len 256.

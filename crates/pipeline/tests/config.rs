@@ -58,7 +58,19 @@ fn minimal_config_gets_documented_defaults() {
     assert_eq!(s.reward_timeout.as_secs_f64(), 30.0);
     assert_eq!(s.eval.every, 0);
     assert_eq!(s.eval.samples, 8);
-    assert_eq!(s.schedule, LrSchedule::Constant { warmup_steps: 0 });
+    // The schedule defaults of every training command (an absent table: WSD).
+    let shared = stoke_train::config::resolve_lr_schedule(
+        &stoke_train::config::ScheduleFile::default(),
+        s.steps,
+        stoke_train::config::ScheduleDefaults::shared(s.steps),
+    )
+    .unwrap();
+    assert_eq!(s.schedule, shared);
+    assert!(
+        matches!(s.schedule, LrSchedule::Wsd { .. }),
+        "{:?}",
+        s.schedule
+    );
     match &s.optimizer {
         OptimizerConfig::AdamW(adamw) => {
             assert_eq!(adamw.lr, 1e-6);
@@ -289,7 +301,8 @@ fn set_overrides_are_applied_and_checked() {
 #[test]
 fn schedule_keys_of_another_kind_are_refused() {
     let (field, _) = field_of(load(
-        &format!("{MINIMAL}[schedule]\ndecay_steps = 4\n"),
+        // A WSD key under a constant schedule (the default kind is WSD, as in every command).
+        &format!("{MINIMAL}[schedule]\nkind = \"constant\"\ndecay_steps = 4\n"),
         &[],
     ));
     assert_eq!(field, "schedule.decay_steps");

@@ -132,14 +132,14 @@ pub(super) fn resolve_optimizer(o: &OptimizerFile) -> Result<OptimizerConfig, Pi
     Ok(config)
 }
 
-/// `[schedule]` through stoke train's resolver (the same keys and checks) with the GRPO defaults:
-/// constant, no warmup, cosine and WSD down to 0.
+/// `[schedule]` through stoke train's resolver with the same keys, checks and defaults as every
+/// training command (WSD, `ScheduleDefaults::shared`).
 pub(super) fn resolve_schedule(
     s: &ScheduleSection,
     steps: u64,
 ) -> Result<LrSchedule, PipelineError> {
     let file = ScheduleFile {
-        kind: s.kind.unwrap_or(ScheduleKind::Constant),
+        kind: s.kind.unwrap_or_default(),
         warmup_steps: s.warmup_steps,
         min_lr_ratio: s.min_lr_ratio,
         decay_fraction: s.decay_fraction,
@@ -148,10 +148,7 @@ pub(super) fn resolve_schedule(
         decay_shape: s.decay_shape,
         batch_warmup: None,
     };
-    let defaults = ScheduleDefaults {
-        warmup_steps: 0,
-        cosine_min_lr_ratio: 0.0,
-    };
+    let defaults = ScheduleDefaults::shared(steps);
     let schedule = resolve_lr_schedule(&file, steps, defaults).map_err(|e| match e {
         ConfigError::Invalid { key, message } => PipelineError::config(key, message),
         other => PipelineError::config("schedule", other.to_string()),

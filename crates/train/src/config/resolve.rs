@@ -430,14 +430,7 @@ fn resolve_schedule(
     steps: u64,
     data: &DataConfig,
 ) -> Result<(LrSchedule, Option<BatchSizeWarmup>), ConfigError> {
-    let schedule = resolve_lr_schedule(
-        s,
-        steps,
-        ScheduleDefaults {
-            warmup_steps: default_warmup(steps),
-            cosine_min_lr_ratio: 0.1,
-        },
-    )?;
+    let schedule = resolve_lr_schedule(s, steps, ScheduleDefaults::shared(steps))?;
     let batch_warmup = match &s.batch_warmup {
         None => None,
         Some(w) => {
@@ -464,6 +457,19 @@ pub struct ScheduleDefaults {
     pub warmup_steps: u64,
     /// The cosine schedule's floor as a share of the peak lr.
     pub cosine_min_lr_ratio: f64,
+}
+
+impl ScheduleDefaults {
+    /// The one set of schedule defaults of every training command (`stoke train`, `stoke dpo`,
+    /// `stoke grpo`) over a run of `steps`: a linear warmup over `min(1000, steps / 20)` steps,
+    /// and a cosine floor of 0.1 of the peak. With the kind's default (WSD, `ScheduleKind`'s
+    /// `Default`) an absent `[schedule]` table means the same in every command.
+    pub fn shared(steps: u64) -> ScheduleDefaults {
+        ScheduleDefaults {
+            warmup_steps: super::default_warmup(steps),
+            cosine_min_lr_ratio: 0.1,
+        }
+    }
 }
 
 /// The learning-rate schedule of a `[schedule]` table over a run of `steps` optimizer steps

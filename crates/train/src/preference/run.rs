@@ -27,7 +27,7 @@
 //! [optimizer]                      # the [optimizer] table of `stoke train`; lr default 1e-6 (TRL),
 //!                                  # clip_grad_norm 1.0 (0 = off)
 //! lr = 5e-7
-//! [schedule]                       # the [schedule] table of `stoke train`; default constant
+//! [schedule]                       # the [schedule] table of `stoke train`, its defaults too (WSD)
 //! [training]
 //! steps = 200
 //! # max_bad_steps = 3; seed = 0; precision = "bf16"; activation_checkpointing
@@ -350,19 +350,14 @@ impl PreferenceFile {
         )
     }
 
-    /// The learning-rate schedule over `training.steps` (constant without a `[schedule]`).
+    /// The learning-rate schedule over `training.steps`, with the defaults every command
+    /// shares (an absent `[schedule]` is an empty one: WSD, `ScheduleDefaults::shared`).
     pub fn resolved_schedule(&self) -> Result<LrSchedule, ConfigError> {
-        match &self.schedule {
-            Some(s) => resolve_lr_schedule(
-                s,
-                self.training.steps,
-                ScheduleDefaults {
-                    warmup_steps: 0,
-                    cosine_min_lr_ratio: 0.0,
-                },
-            ),
-            None => Ok(LrSchedule::Constant { warmup_steps: 0 }),
-        }
+        resolve_lr_schedule(
+            &self.schedule.clone().unwrap_or_default(),
+            self.training.steps,
+            ScheduleDefaults::shared(self.training.steps),
+        )
     }
 
     pub fn objective(&self) -> PairObjective {

@@ -462,7 +462,7 @@ impl Recipe {
              max_new_tokens = {max_new}\ntemperature = {temperature}\n\
              mode = \"async\"\nmax_off_policy_steps = 1\nlag = \"fixed\"\n\n\
              [optimizer]\nkind = \"adamw\"\nlr = {lr:e}\nweight_decay = 0.0\n\n\
-             [schedule]\nkind = \"cosine\"\n\n\
+             [schedule]\nkind = \"cosine\"\nwarmup_steps = 0\nmin_lr_ratio = 0.0\n\n\
              [eval]\nevery = {eval_every}\nsamples = 4\nproblems = {eval_problems}\n\n\
              [checkpoint]\nevery = 0\nkeep = 1\n",
             model = quote(model_dir),
@@ -505,7 +505,7 @@ impl Recipe {
              [dpo]\nbeta = {beta}\nloss_type = \"{loss}\"\n\n\
              [reference]\nmode = \"cached\"\ncache_dir = {cache}\n\n\
              [optimizer]\nkind = \"adamw\"\nlr = {lr:e}\nweight_decay = 0.0\n\n\
-             [schedule]\nkind = \"cosine\"\n\n\
+             [schedule]\nkind = \"cosine\"\nwarmup_steps = 0\nmin_lr_ratio = 0.0\n\n\
              [training]\nsteps = {steps}\nseed = {seed}\n",
             name = self.name,
             run_dir = quote(run_dir),
