@@ -269,3 +269,24 @@ fn old_names_of_shared_keys_load_as_their_new_names() {
         grpo(dir.path(), &new, &[])
     );
 }
+
+#[test]
+fn the_shared_defaults_are_the_same_in_every_command() {
+    // Only what must be said: the model, the run's length, and the two defaults that depend on
+    // the objective (the learning rate and weight decay; see the configuration chapter). Every
+    // other shared key, the whole `[schedule]` and `[checkpoint]` included, takes one default.
+    let dir = tempfile::tempdir().unwrap();
+    let minimal = format!(
+        "output_dir = \"runs/defaults\"\n[model]\npath = \"{}\"\n[training]\nsteps = 40\n\
+         [optimizer]\nlr = 1e-4\nweight_decay = 0.0\n",
+        fixture().display()
+    );
+    let t = train(dir.path(), &minimal, &[]);
+    assert_eq!(t, dpo(dir.path(), &minimal, &[]), "train vs dpo defaults");
+    assert_eq!(t, grpo(dir.path(), &minimal, &[]), "train vs grpo defaults");
+    // The one default schedule: WSD, a warmup of steps / 20, the last 20% decaying.
+    let factor = |step: usize| f64::from_bits(t.lr_factors[step]);
+    assert!(factor(0) < factor(2), "no warmup: {:?}", &t.lr_factors[..3]);
+    assert_eq!(factor(10), 1.0);
+    assert!(factor(39) < 0.2, "no decay at the end");
+}

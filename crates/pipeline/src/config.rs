@@ -58,7 +58,7 @@
 //!   micro_batch_tokens 8192, reward_workers and threads = the machine's cores,
 //!   reward_timeout_s 30.
 //! - `[grpo.loss]`: GrpoLossFile's defaults (clipped surrogate eps 0.2/0.2, token-mean, beta 0).
-//! - `[optimizer]`: AdamW, lr 1e-6, betas (0.9, 0.999), eps 1e-8, weight_decay 0, clip_grad_norm
+//! - `[optimizer]`: AdamW, lr 1e-6, betas (0.9, 0.95), eps 1e-8, weight_decay 0, clip_grad_norm
 //!   1.0 (0 turns it off) (TRL's; users of tiny models set a larger lr). `grpo.clip_grad_norm`,
 //!   the old name, is read with a deprecation warning. `kind = "muon"` takes the Muon keys of `stoke train`.
 //! - `[schedule]`: the defaults of every training command (`ScheduleDefaults::shared`): WSD,

@@ -107,14 +107,12 @@ pub(super) fn resolve_rewards(
 }
 
 pub(super) fn resolve_optimizer(o: &OptimizerFile) -> Result<OptimizerConfig, PipelineError> {
-    // stoke train's resolver with GRPO's defaults (lr DEFAULT_LR, no weight decay).
+    // stoke train's resolver with the optimizer defaults every command shares, but for the two
+    // that depend on the objective: lr DEFAULT_LR (TRL's) and no weight decay.
     let defaults = AdamWConfig {
         lr: DEFAULT_LR,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
         weight_decay: 0.0,
-        moments: Default::default(),
+        ..AdamWConfig::default()
     };
     let config = resolve_optimizer_with(o, &defaults).map_err(|e| match e {
         ConfigError::Invalid { key, message } => PipelineError::config(key, message),

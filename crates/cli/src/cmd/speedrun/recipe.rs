@@ -461,7 +461,7 @@ impl Recipe {
              [grpo]\nprompts_per_step = {prompts}\ngroup_size = {group}\n\
              max_new_tokens = {max_new}\ntemperature = {temperature}\n\
              mode = \"async\"\nmax_off_policy_steps = 1\nlag = \"fixed\"\n\n\
-             [optimizer]\nkind = \"adamw\"\nlr = {lr:e}\nweight_decay = 0.0\n\n\
+             [optimizer]\nkind = \"adamw\"\nlr = {lr:e}\nbeta2 = 0.999\nweight_decay = 0.0\n\n\
              [schedule]\nkind = \"cosine\"\nwarmup_steps = 0\nmin_lr_ratio = 0.0\n\n\
              [eval]\nevery = {eval_every}\nsamples = 4\nproblems = {eval_problems}\n\n\
              [checkpoint]\nevery = 0\nkeep = 1\n",
