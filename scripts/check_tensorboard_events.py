@@ -15,7 +15,8 @@ import math
 import sys
 from pathlib import Path
 
-from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
 
 
 def flatten(prefix, value, out):
@@ -48,13 +49,16 @@ def main(run_dir):
         for line in (run_dir / "metrics.jsonl").read_text().splitlines()
         if line.strip()
     ]
-    events = list(EventFileLoader(str(run_dir / "events.out.tfevents.stoke")).Load())
+    events = list(LegacyEventFileLoader(str(run_dir / "events.out.tfevents.stoke")).Load())
     if not events or events[0].file_version != "brain.Event:2":
         sys.exit(f"first event has no file version: {events[:1]}")
+    # What dashboards read: TensorBoard's own accumulator over the run folder.
+    accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    accumulator.Reload()
     seen = {}
-    for event in events[1:]:
-        for value in event.summary.value:
-            seen[(event.step, value.tag)] = value.simple_value
+    for tag in accumulator.Tags()["scalars"]:
+        for scalar in accumulator.Scalars(tag):
+            seen[(scalar.step, tag)] = scalar.value
     checked = 0
     for record in records:
         for tag, value in expected_scalars(record).items():
@@ -67,7 +71,7 @@ def main(run_dir):
             checked += 1
     print(
         f"{run_dir}: {len(events)} events, {len(records)} records, {checked} scalars agree "
-        f"(TensorBoard's EventFileLoader)"
+        f"(TensorBoard's EventAccumulator)"
     )
 
 
