@@ -100,10 +100,16 @@ pub struct Packer {
     stats: PackingStats,
 }
 
+/// The tokens of one row for a model that reads `seq_len` positions: one more than it reads, so
+/// the row holds every input and every target. The one place `seq_len + 1` is written.
+pub fn row_tokens(seq_len: usize) -> usize {
+    seq_len + 1
+}
+
 impl Packer {
-    /// A packer for rows of `seq_len + 1` tokens. `window_docs` of 0 is treated as 1.
+    /// A packer for rows of [`row_tokens`]`(seq_len)` tokens. `window_docs` of 0 is treated as 1.
     pub fn new(policy: PackingPolicy, seq_len: usize) -> Self {
-        let capacity = u32::try_from(seq_len + 1).unwrap_or(u32::MAX);
+        let capacity = u32::try_from(row_tokens(seq_len)).unwrap_or(u32::MAX);
         Packer {
             policy,
             capacity,

@@ -41,7 +41,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use stoke_data::loader::epoch_order;
 use stoke_data::packing::{
-    DocPiece, PackedBatch, PackedRow, Packer, PackingPolicy, PackingStats, build_batch,
+    DocPiece, PackedBatch, PackedRow, Packer, PackingPolicy, PackingStats, build_batch, row_tokens,
 };
 use stoke_tokenizer::hf::Tokenizer;
 
@@ -88,7 +88,7 @@ impl ChatSourceConfig {
                 "seq_len and batch_size must be positive".into(),
             ));
         }
-        if u32::try_from(self.seq_len + 1).is_err() {
+        if u32::try_from(row_tokens(self.seq_len)).is_err() {
             return Err(SourceError::BadConfig(format!(
                 "seq_len {} does not fit a row",
                 self.seq_len
@@ -158,7 +158,7 @@ impl ChatSource {
         config.validate()?;
         // A missing template would fail every line; say so once.
         tokenizer.default_chat_template()?;
-        let (conversations, report) = load(jsonl, tokenizer, config.seq_len + 1)?;
+        let (conversations, report) = load(jsonl, tokenizer, row_tokens(config.seq_len))?;
         if conversations.is_empty() {
             let first_problems = report
                 .skipped
@@ -306,13 +306,13 @@ impl ChatSource {
         batch: &mut PackedBatch,
     ) -> Result<(), SourceError> {
         let seq_len = self.config.seq_len;
-        let mut assistant_slots = Vec::with_capacity(seq_len + 1);
+        let mut assistant_slots = Vec::with_capacity(row_tokens(seq_len));
         for (r, row) in rows.iter().enumerate() {
             assistant_slots.clear();
             for piece in &row.pieces {
                 assistant_slots.extend_from_slice(self.conversation(piece)?.1);
             }
-            assistant_slots.resize(seq_len + 1, false);
+            assistant_slots.resize(row_tokens(seq_len), false);
             let mask = &mut batch.loss_mask[r * seq_len..(r + 1) * seq_len];
             for (i, trained) in mask.iter_mut().enumerate() {
                 *trained &= assistant_slots[i + 1];
@@ -381,7 +381,7 @@ impl BatchSource for ChatSource {
         }
         if (cursor.seed, cursor.seq_len, cursor.shuffle, cursor.policy)
             != (ours.seed, ours.seq_len, ours.shuffle, ours.policy)
-            || cursor.packer.capacity() != self.config.seq_len + 1
+            || cursor.packer.capacity() != row_tokens(self.config.seq_len)
         {
             return Err(mismatch(format!(
                 "cursor has seed {}, seq_len {}, shuffle {}, {:?}; this source {}, {}, {}, {:?}",

@@ -86,7 +86,7 @@ impl BatchSource for ShardSource {
                 message: err.to_string(),
             })?;
         let config = self.loader.config().clone();
-        if cursor.packer.capacity() != config.seq_len + 1 {
+        if cursor.packer.capacity() != stoke_data::packing::row_tokens(config.seq_len) {
             return Err(SourceError::CursorMismatch {
                 source_kind: SOURCE_KIND,
                 message: format!(
