@@ -124,6 +124,21 @@ fn kill_resume_matches_uninterrupted(config: &str, sets: &[&str]) {
     let uninterrupted = dpo(dir.path(), &set_args);
     assert_success(&uninterrupted);
     let reference = std::fs::read(dir.path().join("run-a/model/model.safetensors")).unwrap();
+    // TR-DPO keeps only the synced references a kept checkpoint (or the run) resumes with.
+    let synced = std::fs::read_dir(dir.path().join("run-a"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("reference-step-")
+        })
+        .count();
+    assert!(
+        synced <= 2,
+        "{synced} synced references kept for 2 checkpoints"
+    );
     let initial = std::fs::read(dir.path().join("model/model.safetensors")).unwrap();
     assert!(
         reference != initial,

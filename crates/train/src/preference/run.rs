@@ -631,14 +631,18 @@ pub fn run_preference_with(
             })
             .map_err(|e| TrainError::Other(format!("trainer state: {e}")))?,
         };
-        Ok(store.save(
+        let path = store.save(
             trainer.model(),
             Some(&tokenizer_dir),
             trainer.engine().optimizer(),
             &state,
             &config_toml,
             &file.checkpoint.keep_steps,
-        )?)
+        )?;
+        if sync.is_some() {
+            remove_unneeded_references(out, &store, reference_synced_at)?;
+        }
+        Ok(path)
     };
     let bar = progress(total, start_step, quiet);
     let (mut first, mut last, mut last_loss) = (None, None, None);
@@ -752,6 +756,44 @@ struct PairExtra {
     /// [`reference_model_dir`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     reference_synced_at: Option<u64>,
+}
+
+/// Removes the synced references (`reference-step-*`) that neither the run (`current`) nor any
+/// checkpoint still in `store` would resume with, so a long TR-DPO run keeps a bounded number of
+/// reference models on disk (rotation bounds the checkpoints).
+fn remove_unneeded_references(
+    out: &Path,
+    store: &CheckpointStore,
+    current: Option<u64>,
+) -> Result<(), TrainError> {
+    let mut needed: Vec<u64> = current.into_iter().collect();
+    for (_, checkpoint) in store.list()? {
+        let state = crate::checkpoint::read_trainer_state(
+            &checkpoint.join(crate::checkpoint::TRAINER_STATE_FILE),
+        )?;
+        if let Ok(PairExtra {
+            reference_synced_at: Some(step),
+        }) = serde_json::from_value(state.extra)
+        {
+            needed.push(step);
+        }
+    }
+    let entries = std::fs::read_dir(out).map_err(|e| TrainError::io(out, e))?;
+    for entry in entries {
+        let path = entry.map_err(|e| TrainError::io(out, e))?.path();
+        let Some(step) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("reference-step-"))
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        if !needed.contains(&step) {
+            std::fs::remove_dir_all(&path).map_err(|e| TrainError::io(&path, e))?;
+        }
+    }
+    Ok(())
 }
 
 /// Where the live reference after the TR-DPO sync at `step` is kept.
