@@ -481,6 +481,8 @@ pub fn run_preference_with(
     );
     let resume_path = store.resume_point(options.resume)?;
     let config_toml = file.to_toml()?;
+    // On resume: the starting weights, which the reference cache belongs to.
+    let mut starting = None;
     let resumed = match &resume_path {
         Some(path) => {
             let loaded = load_checkpoint(path, &device)?;
@@ -492,7 +494,7 @@ pub fn run_preference_with(
             let mut model = loaded.model;
             model.set_precision(file.training.precision);
             model.set_activation_checkpointing(file.training.activation_checkpointing);
-            policy = model;
+            starting = Some(std::mem::replace(&mut policy, model));
             if !quiet {
                 eprintln!(
                     "resuming from {} (step {})",
@@ -537,20 +539,14 @@ pub fn run_preference_with(
                     .clone()
                     .unwrap_or_else(|| out.join("reference"));
                 // The cache belongs to the starting weights, not a checkpoint's.
-                let starting;
-                let scorer = if resumed.is_some() {
-                    starting = Transformer::load(&file.model.path, &device)?
-                        .with_precision(file.training.precision);
-                    &starting
-                } else {
-                    &policy
-                };
+                let scorer = starting.as_ref().unwrap_or(&policy);
                 let (entries, note) = cached_reference(scorer, &pairs, &dir, layout, quiet)?;
                 (Reference::Cached(entries), note)
             }
         }
     };
 
+    drop(starting);
     let optimizer_config = file.resolved_optimizer(policy.config().hidden_size)?;
     let step_settings = StepSettings {
         schedule,
