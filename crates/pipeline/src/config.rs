@@ -99,7 +99,7 @@ use std::time::Duration;
 use stoke_optim::{AdamWConfig, LrSchedule, OptimizerConfig};
 use stoke_reward::RewardConfig;
 use stoke_reward::exact_match::{ExactMatchConfig, MatchMode};
-use stoke_train::config::{OptimizerFile, ScheduleKind, apply_overrides, keys};
+use stoke_train::config::{OptimizerFile, apply_overrides, keys};
 use stoke_train::grpo::GrpoLossFile;
 
 use crate::error::PipelineError;

@@ -466,7 +466,7 @@ impl ScheduleDefaults {
     /// `Default`) an absent `[schedule]` table means the same in every command.
     pub fn shared(steps: u64) -> ScheduleDefaults {
         ScheduleDefaults {
-            warmup_steps: super::default_warmup(steps),
+            warmup_steps: default_warmup(steps),
             cosine_min_lr_ratio: 0.1,
         }
     }
