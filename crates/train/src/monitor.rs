@@ -383,6 +383,12 @@ impl Monitor {
 
     /// Shows one step; returns its alerts (already printed) for the caller to log.
     pub fn on_step(&mut self, m: &StepMetrics) -> Vec<Alert> {
+        self.on_step_with(m, "")
+    }
+
+    /// [`Monitor::on_step`] with the objective's own figures after the common ones (`stoke
+    /// dpo`'s margin and reward accuracy, say); `detail` may be empty.
+    pub fn on_step_with(&mut self, m: &StepMetrics, detail: &str) -> Vec<Alert> {
         let alerts = self.rules.check(m);
         for alert in &alerts {
             self.println(&format!("[alert] step {}: {}", alert.step, alert.message));
@@ -393,12 +399,15 @@ impl Monitor {
             self.throughput_sum += m.tokens_per_s;
             self.throughput_count += 1;
         }
-        let figures = format!(
+        let mut figures = format!(
             "loss {} | lr {:.1e} | {} tok/s",
             fmt_loss(m.loss),
             m.lr,
             fmt_rate(m.tokens_per_s)
         );
+        if !detail.is_empty() {
+            figures = format!("{figures} | {detail}");
+        }
         match &mut self.display {
             Display::Bar(bar) => {
                 bar.set_position(m.step.min(self.total_steps));

@@ -20,12 +20,18 @@ use crate::step::StepOutcome;
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum PairRecord {
     Step(PairStepRecord),
+    /// What the shared monitor's alert rules raised (a loss spike, a throughput drop).
+    Alert {
+        step: u64,
+        message: String,
+    },
 }
 
 impl LogRecord for PairRecord {
     fn step(&self) -> u64 {
         match self {
             PairRecord::Step(record) => record.step,
+            PairRecord::Alert { step, .. } => *step,
         }
     }
 }
@@ -107,7 +113,9 @@ mod tests {
         assert!(value["logps/chosen"].is_null(), "{text}");
         assert_eq!(value["grad_norm"], "NaN");
         let back: PairRecord = serde_json::from_str(&text).unwrap();
-        let PairRecord::Step(back) = back;
+        let PairRecord::Step(back) = back else {
+            panic!("a step record")
+        };
         assert_eq!(back.metric("rewards/margins"), Some(0.25));
         assert!(back.metric("logps/chosen").unwrap().is_nan());
         assert!(back.grad_norm.is_nan());

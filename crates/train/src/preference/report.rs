@@ -21,7 +21,12 @@ use crate::step::StepOutcome;
 /// The step record as the trainer's standard record (loss, lr, grad norm, tokens/s, skipped).
 /// MFU is not measured here (NaN: left out of the summary).
 pub fn standard_record(report: &PairStepRecord, tokens_seen: u64, elapsed_s: f64) -> MetricRecord {
-    MetricRecord::Step(StepMetrics {
+    MetricRecord::Step(standard_step(report, tokens_seen, elapsed_s))
+}
+
+/// [`standard_record`]'s figures (what the shared monitor reads).
+pub fn standard_step(report: &PairStepRecord, tokens_seen: u64, elapsed_s: f64) -> StepMetrics {
+    StepMetrics {
         step: report.step,
         loss: report.loss,
         lr: report.lr,
@@ -37,7 +42,7 @@ pub fn standard_record(report: &PairStepRecord, tokens_seen: u64, elapsed_s: f64
         max_attn_logit: None,
         qk_clipped_heads: None,
         mtp_loss: None,
-    })
+    }
 }
 
 /// The charts of the preference figures, in this order; a chart whose figures no step logged

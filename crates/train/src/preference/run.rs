@@ -77,6 +77,7 @@ use crate::config::{
 use crate::error::TrainError;
 use crate::grpo::ScoringLayout;
 use crate::metrics::RunLog;
+use crate::monitor::Monitor;
 use crate::run::RunOptions;
 use crate::step::{StepEngine, StepOutcome, StepSettings};
 
@@ -640,7 +641,19 @@ pub fn run_preference_with(
         }
         Ok(path)
     };
-    let bar = progress(total, start_step, quiet);
+    // The display every command shares (a bar, or plain lines off a terminal) and its alert
+    // rules, replayed over a resumed run's kept steps.
+    let mut monitor = if quiet {
+        Monitor::plain(total, total, Box::new(std::io::sink()))
+    } else {
+        Monitor::new(total, false)
+    };
+    if resumed.is_some() {
+        monitor.replay(&super::report::standard_records(&step_records(
+            &metrics_path,
+        )?));
+    }
+    let started = std::time::Instant::now();
     let (mut first, mut last, mut last_loss) = (None, None, None);
     let (mut tokens, mut seconds, mut skipped) = (0usize, 0f64, 0u64);
     let mut last_checkpoint = None;
@@ -652,7 +665,8 @@ pub fn run_preference_with(
         if report.outcome != StepOutcome::Applied {
             skipped += 1;
         }
-        log.append(&PairRecord::Step(PairStepRecord::from_report(&report)))?;
+        let record = PairStepRecord::from_report(&report);
+        log.append(&PairRecord::Step(record.clone()))?;
         // A TR-DPO sync changed the reference: keep it, so a resume finds it.
         if let Some(sync) = sync
             && report.outcome == StepOutcome::Applied
@@ -664,21 +678,18 @@ pub fn run_preference_with(
         }
         let margin = report.metric("rewards/margins").unwrap_or(f64::NAN);
         let accuracy = report.metric("rewards/accuracies").unwrap_or(f64::NAN);
-        let message = format!(
-            "loss {:.4} margin {margin:.3} acc {accuracy:.2} chosen {:.2} rejected {:.2}",
-            report.loss,
+        let detail = format!(
+            "margin {margin:.3} | acc {accuracy:.2} | chosen {:.2} | rejected {:.2}",
             report.metric("logps/chosen").unwrap_or(f64::NAN),
             report.metric("logps/rejected").unwrap_or(f64::NAN),
         );
-        match &bar {
-            Some(bar) => {
-                bar.set_position(report.step);
-                bar.set_message(message);
-            }
-            None if !quiet && plain_line_due(report.step, total) => {
-                eprintln!("step {}/{total} | {message}", report.step);
-            }
-            None => {}
+        let standard =
+            super::report::standard_step(&record, tokens_seen, started.elapsed().as_secs_f64());
+        for alert in monitor.on_step_with(&standard, &detail) {
+            log.append(&PairRecord::Alert {
+                step: alert.step,
+                message: alert.message,
+            })?;
         }
         if first.is_none() {
             first = Some(report.metrics.clone());
@@ -698,9 +709,7 @@ pub fn run_preference_with(
             ));
         }
     }
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
+    monitor.finish();
     let final_step = trainer.engine().steps();
     let last_checkpoint = match last_checkpoint {
         Some((step, path)) if step == final_step => path,
@@ -716,10 +725,7 @@ pub fn run_preference_with(
         .clone()
         .unwrap_or_else(|| format!("stoke dpo: {}", file.objective().name()));
     // The report covers the whole run, resumed parts included: it reads the log.
-    let history: Vec<PairStepRecord> = RunLog::<PairRecord>::read_all(&metrics_path)?
-        .into_iter()
-        .map(|PairRecord::Step(record)| record)
-        .collect();
+    let history = step_records(&metrics_path)?;
     let report_path = super::report::write_preference_report(out, &title, &history)?;
     Ok(PreferenceSummary {
         steps: final_step,
@@ -856,7 +862,7 @@ fn cached_reference(
     if let Some(entries) = load_cache(dir, &key, pairs.len())? {
         return Ok((entries, format!("cached: {} (reused)", path.display())));
     }
-    let bar = progress(pairs.len() as u64, 0, quiet);
+    let bar = progress(pairs.len() as u64, quiet);
     if let Some(bar) = &bar {
         bar.set_message("reference log-probs");
     } else if !quiet {
@@ -878,18 +884,23 @@ fn cached_reference(
     Ok((entries, format!("cached: {} (written)", path.display())))
 }
 
-fn progress(total: u64, start: u64, quiet: bool) -> Option<ProgressBar> {
+/// The bar of the reference-scoring pass (off when quiet or off a terminal).
+fn progress(total: u64, quiet: bool) -> Option<ProgressBar> {
     if quiet || !std::io::stderr().is_terminal() {
         return None;
     }
-    let bar = crate::monitor::step_bar(total);
-    bar.set_position(start);
-    Some(bar)
+    Some(crate::monitor::step_bar(total))
 }
 
-/// Plain progress lines: the first step, about 20 over the run, and the last.
-fn plain_line_due(step: u64, total: u64) -> bool {
-    step == 1 || step == total || step.is_multiple_of((total / 20).max(1))
+/// The step records of a run's log (alerts left out).
+fn step_records(metrics_path: &Path) -> Result<Vec<PairStepRecord>, TrainError> {
+    Ok(RunLog::<PairRecord>::read_all(metrics_path)?
+        .into_iter()
+        .filter_map(|record| match record {
+            PairRecord::Step(step) => Some(step),
+            PairRecord::Alert { .. } => None,
+        })
+        .collect())
 }
 
 fn invalid_key(key: &str, message: String) -> TrainError {
