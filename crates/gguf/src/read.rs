@@ -440,6 +440,17 @@ impl GgufFile {
     }
 }
 
+/// The error for a metadata value stoke does not handle: `key` holds `value`, and `supported`
+/// says what would be accepted.
+pub(crate) fn unsupported(file: &GgufFile, key: &str, value: &str, supported: &str) -> GgufError {
+    GgufError::Unsupported {
+        path: file.path().to_path_buf(),
+        key: key.into(),
+        value: value.into(),
+        supported: supported.into(),
+    }
+}
+
 /// A bounds-checked little-endian reader over the mapped file.
 struct Cursor<'a> {
     bytes: &'a [u8],
