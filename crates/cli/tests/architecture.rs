@@ -189,8 +189,6 @@ use std::path::{Path, PathBuf};
 /// use). The first reference of each edge is named.
 fn allowed_module_cycles() -> Vec<(&'static str, &'static [&'static str])> {
     vec![
-        // docs -> task (docs.rs uses task::TaskError), task -> docs (read_docs, Doc).
-        ("eval", &["docs", "task"]),
         // optimizer -> state (the state file types), state -> optimizer (OptimizerConfig).
         ("optim", &["optimizer", "state"]),
         // monitor -> run (reference_dir, trainer_state), run -> monitor (RunMonitor).

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use crate::task::TaskError;
+use crate::task_error::TaskError;
 
 /// One document of a task, with its place in the data for messages.
 #[derive(Debug, Clone, PartialEq)]

@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod quality;
 pub mod target;
 pub mod task;
+pub mod task_error;
 
 pub use accuracy::{
     AccuracyConfig, AccuracyError, AccuracyReport, LevelAccuracy, SampleRecord, evaluate,

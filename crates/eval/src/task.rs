@@ -44,19 +44,7 @@ use stoke_tokenizer::hf::Tokenizer;
 
 use crate::docs::{Doc, read_docs};
 
-#[derive(Debug, thiserror::Error)]
-pub enum TaskError {
-    #[error("task file {path}: {message}")]
-    File { path: String, message: String },
-    #[error("{location}: {message}")]
-    Data { location: String, message: String },
-    #[error("task {task}, item {location}: {message}")]
-    Item {
-        task: String,
-        location: String,
-        message: String,
-    },
-}
+pub use crate::task_error::TaskError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
