@@ -233,11 +233,6 @@ fn allowed_module_cycles() -> Vec<(&'static str, &'static [&'static str])> {
         ),
         // hf -> chat (the chat template types), chat -> hf (Tokenizer).
         ("tokenizer", &["chat", "hf"]),
-        // checkpoint -> step (EngineState), step -> error, error -> checkpoint (CheckpointError),
-        // and config with them.
-        ("train", &["checkpoint", "config", "error", "step"]),
-        // monitor -> trainer (StepObserver), trainer -> run (qk_clip_threshold), run -> monitor.
-        ("train", &["monitor", "run", "trainer"]),
     ]
 }
 

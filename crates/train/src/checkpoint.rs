@@ -55,6 +55,17 @@ const STEP_PREFIX: &str = "step-";
 /// Prefix of every transient directory (being written, being replaced, being rotated away).
 const TEMP_PREFIX: &str = ".tmp-";
 
+/// The step engine's checkpointed state ([`crate::step::StepEngine::state`]): its step counters
+/// and spike detector.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineState {
+    pub steps: u64,
+    pub consecutive_bad_steps: u64,
+    pub skipped_steps: u64,
+    pub spike: serde_json::Value,
+}
+
 /// Everything besides the model weights and optimizer moments that a resumed run needs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -68,7 +79,7 @@ pub struct TrainerState {
     /// and the same for every training command. Absent in checkpoints written before it was;
     /// their `extra` holds those fields.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub engine: Option<crate::step::EngineState>,
+    pub engine: Option<EngineState>,
     /// The command's own state beyond the engine (MoE balancing, ...), typed by the command.
     pub extra: serde_json::Value,
 }

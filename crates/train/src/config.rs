@@ -584,7 +584,15 @@ impl TrainConfig {
 
     /// The peak learning rate reported in metrics (Muon: its matrix lr).
     pub fn peak_lr(&self) -> f64 {
-        crate::step::peak_lr(&self.optimizer)
+        peak_lr(&self.optimizer)
+    }
+
+    /// MuonClip's threshold when the optimizer is Muon with `qk_clip` set.
+    pub fn qk_clip_threshold(&self) -> Option<f64> {
+        match &self.optimizer {
+            OptimizerConfig::Muon(m) => m.qk_clip,
+            _ => None,
+        }
     }
 
     /// Micro-batches for the step that starts with `tokens_seen` tokens behind it.
@@ -656,4 +664,12 @@ pub fn math_fields_differ(
         ));
     }
     diffs
+}
+
+/// The configured (peak) learning rate of an optimizer config.
+pub fn peak_lr(config: &OptimizerConfig) -> f64 {
+    match config {
+        OptimizerConfig::AdamW(adamw) => adamw.lr,
+        OptimizerConfig::Muon(muon) => muon.lr,
+    }
 }

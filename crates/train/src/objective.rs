@@ -14,8 +14,10 @@
 //! and optional z-loss `coef * logsumexp(logits)^2` per token (PaLM), summed like the
 //! cross-entropy so it normalises the same way.
 //!
-//! What this is not: no optimizer, no data reading; preference and RL objectives will implement
-//! the same trait over their own batch types later.
+//! What this is not: no optimizer, no data reading, no micro-batch loop. The trainer runs these
+//! objectives through [`crate::step::accumulate`], the loop generic over the batch type that the
+//! preference objectives (pairs, `preference::train`) and GRPO's loss (groups,
+//! `grpo::update`) run through too.
 
 use candle_core::{D, DType, Device, Tensor};
 use stoke_data::packing::PackedBatch;

@@ -178,7 +178,7 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
             z_loss: config.training.z_loss,
             logit_softcap: config.training.logit_softcap,
             moe_aux_loss_coef: moe_aux_loss_coef(&config, &model),
-            track_max_logits: qk_clip_threshold(&config).is_some(),
+            track_max_logits: config.qk_clip_threshold().is_some(),
             mtp_loss_weight: mtp_loss_weight(&config, &model)?,
         }),
     };
@@ -650,13 +650,5 @@ fn mtp_loss_weight(config: &TrainConfig, model: &Transformer) -> Result<f64, Tra
         Some(w) => Ok(w),
         None if modules > 0 => Ok(0.1),
         None => Ok(0.0),
-    }
-}
-
-/// MuonClip's threshold when the optimizer is Muon with `qk_clip` set.
-pub(crate) fn qk_clip_threshold(config: &TrainConfig) -> Option<f64> {
-    match &config.optimizer {
-        stoke_optim::OptimizerConfig::Muon(m) => m.qk_clip,
-        _ => None,
     }
 }

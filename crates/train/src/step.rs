@@ -14,12 +14,24 @@
 //! engine's counters and the spike state are part of every checkpoint ([`EngineState`]), so a
 //! resumed run decides exactly as an uninterrupted one.
 //!
+//! Before `finish`, every objective runs its micro-batches through the one loop here,
+//! [`accumulate`]: each micro-batch gives its loss (not yet weighted) and its weight in the step
+//! ([`MicroLoss`]); the loop backpropagates `loss * weight`, adds the gradients, sums
+//! `weight * value` as the step's loss, and stops at the first non-finite loss (nothing after it
+//! runs, and the step is then skipped by `finish`). The objectives differ only in their batch
+//! type and their weights: packed rows weigh `1 / loss tokens of the step` (pretraining, SFT,
+//! distillation), preference pairs `pairs in the micro-batch / pairs in the step`, GRPO's groups
+//! by the loss aggregation's share.
+//!
 //! What this is not: no forward pass, no data, no logging.
 
+use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
 use serde::{Deserialize, Serialize};
-use stoke_optim::{LrSchedule, Optimizer, OptimizerConfig, clip_to_norm, global_grad_norm};
+use stoke_optim::{LrSchedule, Optimizer, clip_to_norm, global_grad_norm};
 
+pub use crate::checkpoint::EngineState;
+use crate::config::peak_lr;
 use crate::error::TrainError;
 use crate::spike::{SpikeAction, SpikeDetector, SpikePolicy};
 
@@ -36,7 +48,7 @@ impl GradientSum {
     }
 
     /// Adds the gradients of one backward pass.
-    pub fn add(&mut self, store: &candle_core::backprop::GradStore) -> Result<(), TrainError> {
+    pub fn add(&mut self, store: &GradStore) -> Result<(), TrainError> {
         for (slot, var) in self.sums.iter_mut().zip(&self.params) {
             if let Some(grad) = store.get(var.as_tensor()) {
                 *slot = Some(match slot.take() {
@@ -59,6 +71,74 @@ impl GradientSum {
             })
             .collect()
     }
+}
+
+/// Turns the gradient store of a weighted loss into the stores to add, for scoring split over
+/// several graphs (the preference objectives' sharded log-probabilities).
+pub type SplitBackward = Box<dyn FnOnce(&GradStore) -> Result<Vec<GradStore>, TrainError>>;
+
+/// One micro-batch's share of a step.
+pub struct MicroLoss {
+    /// Differentiable scalar, not yet weighted.
+    pub loss: Tensor,
+    /// The loss's value as the step's loss counts it (checked for being finite).
+    pub value: f64,
+    /// The micro-batch's weight in the step: the loop backpropagates `loss * weight`.
+    pub weight: f64,
+    /// None: the backward pass's store is the gradient itself.
+    pub split: Option<SplitBackward>,
+}
+
+impl MicroLoss {
+    pub fn new(loss: Tensor, value: f64, weight: f64) -> MicroLoss {
+        MicroLoss {
+            loss,
+            value,
+            weight,
+            split: None,
+        }
+    }
+}
+
+/// What a step's micro-batches added up to.
+pub struct Accumulated {
+    /// `sum(weight * value)` over the micro-batches that ran.
+    pub loss: f64,
+    /// The summed gradients; None when a non-finite loss stopped the loop.
+    pub grads: Option<GradientSum>,
+}
+
+/// The micro-batch loop of every objective (see the module doc): `micro_loss` turns one
+/// micro-batch into its [`MicroLoss`], or None when it has nothing to learn from (no backward
+/// pass, nothing added).
+pub fn accumulate<B>(
+    mut grads: GradientSum,
+    micro_batches: impl IntoIterator<Item = B>,
+    mut micro_loss: impl FnMut(B) -> Result<Option<MicroLoss>, TrainError>,
+) -> Result<Accumulated, TrainError> {
+    let mut loss = 0.0;
+    for batch in micro_batches {
+        let Some(micro) = micro_loss(batch)? else {
+            continue;
+        };
+        loss += micro.weight * micro.value;
+        if !micro.value.is_finite() {
+            return Ok(Accumulated { loss, grads: None });
+        }
+        let store = (micro.loss * micro.weight)?.backward()?;
+        match micro.split {
+            None => grads.add(&store)?,
+            Some(split) => {
+                for store in split(&store)? {
+                    grads.add(&store)?;
+                }
+            }
+        }
+    }
+    Ok(Accumulated {
+        loss,
+        grads: Some(grads),
+    })
 }
 
 /// Whether a step's update was applied (also the `outcome` field of the metric logs).
@@ -153,16 +233,6 @@ pub struct StepResult {
     pub consecutive_bad_steps: u64,
     /// `consecutive_bad_steps` reached `max_bad_steps`: the caller records the step and stops.
     pub stop: bool,
-}
-
-/// The engine's checkpointed state.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EngineState {
-    pub steps: u64,
-    pub consecutive_bad_steps: u64,
-    pub skipped_steps: u64,
-    pub spike: serde_json::Value,
 }
 
 /// Owns the optimizer and the state of the step rules.
@@ -348,13 +418,5 @@ impl StepEngine {
         self.consecutive_bad_steps = state.consecutive_bad_steps;
         self.skipped_steps = state.skipped_steps;
         Ok(())
-    }
-}
-
-/// The configured (peak) learning rate of an optimizer config.
-pub fn peak_lr(config: &OptimizerConfig) -> f64 {
-    match config {
-        OptimizerConfig::AdamW(adamw) => adamw.lr,
-        OptimizerConfig::Muon(muon) => muon.lr,
     }
 }

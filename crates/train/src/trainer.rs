@@ -44,7 +44,7 @@ use crate::metrics::{EvalMetrics, MetricRecord, MetricsLog, StepMetrics, mfu};
 use crate::objective::Objective;
 use crate::source::BatchSource;
 pub use crate::step::StepOutcome;
-use crate::step::{EngineState, StepEngine, StepSettings};
+use crate::step::{EngineState, MicroLoss, StepEngine, StepSettings, accumulate};
 use std::collections::BTreeMap;
 
 /// What happened in one trainer step.
@@ -440,15 +440,15 @@ impl Trainer {
         }
 
         let scale = 1.0 / loss_tokens as f64;
-        let mut grads = self.engine.gradients();
-        let (mut nll_sum, mut z_sum, mut finite) = (0.0f64, 0.0f64, true);
+        let (mut nll_sum, mut z_sum) = (0.0f64, 0.0f64);
         let mut expert_counts: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
         let mut aux_sum = 0.0f64;
         let (mut mtp_sum, mut mtp_tokens) = (0.0f64, 0usize);
         let (mut routed_pairs, mut dropped_pairs) = (0u64, 0u64);
         let mut max_logits: Vec<(usize, Vec<f32>)> = Vec::new();
-        for batch in &batches {
-            let output = self.objective.loss(&self.model, batch)?;
+        let (objective, model) = (&self.objective, &self.model);
+        let accumulated = accumulate(self.engine.gradients(), &batches, |batch| {
+            let output = objective.loss(model, batch)?;
             for (layer, counts) in &output.figures.expert_counts {
                 let total = expert_counts
                     .entry(*layer)
@@ -464,16 +464,13 @@ impl Trainer {
             mtp_tokens += output.figures.mtp_tokens;
             max_logits.extend(output.figures.max_logits.iter().cloned());
             if output.loss_tokens == 0 {
-                continue;
+                return Ok(None);
             }
             nll_sum += output.nll_sum;
             z_sum += output.z_loss_sum;
-            if !(output.nll_sum.is_finite() && output.z_loss_sum.is_finite()) {
-                finite = false;
-                break;
-            }
-            grads.add(&(output.loss_sum * scale)?.backward()?)?;
-        }
+            let value = output.nll_sum + output.z_loss_sum;
+            Ok(Some(MicroLoss::new(output.loss_sum, value, scale)))
+        })?;
         report.loss = nll_sum * scale;
         report.z_loss = self.objective.reports_z_loss().then_some(z_sum * scale);
         report.moe_aux_loss = (aux_sum != 0.0).then_some(aux_sum * scale);
@@ -493,12 +490,10 @@ impl Trainer {
         }
         report.expert_counts = expert_counts.into_iter().collect();
         let objective_loss = (nll_sum + z_sum) * scale;
-        let result = self
-            .engine
-            .finish(objective_loss, finite.then_some(grads))?;
+        let result = self.engine.finish(objective_loss, accumulated.grads)?;
         // MuonClip: after the update, the heads whose logits passed the threshold in this
         // step's forward passes get their query/key projections scaled down (Kimi K2).
-        if let Some(threshold) = crate::run::qk_clip_threshold(&self.config)
+        if let Some(threshold) = self.config.qk_clip_threshold()
             && !max_logits.is_empty()
         {
             let clip = self.model.qk_clip(&max_logits, threshold)?;

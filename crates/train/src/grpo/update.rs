@@ -45,7 +45,14 @@ use super::{
 use crate::config::ConfigError;
 use crate::error::TrainError;
 use crate::objective::{NextTokenObjective, Objective};
-use crate::step::{StepEngine, StepResult, StepSettings};
+use crate::step::{MicroLoss, StepEngine, StepResult, StepSettings, accumulate};
+
+/// A micro-batch of one update: a range of the samples, or the pretraining batch mixed in with
+/// its coefficient.
+enum Micro<'b> {
+    Samples(std::ops::Range<usize>),
+    Ptx(&'b PackedBatch, f64),
+}
 
 /// One sampled completion, with what the loss needs about it. Log-prob slices have one entry
 /// per completion token.
@@ -290,62 +297,63 @@ impl PolicyUpdater {
             report.loss = f64::NAN;
             return self.engine.finish(f64::NAN, None);
         }
-        let mut grads = self.engine.gradients();
         let mut figures = BatchFigures::new(self.policy_level(), samples.len(), report.tokens);
         let lengths: Vec<usize> = samples
             .iter()
             .map(|s| s.prompt_ids.len() + s.completion_ids.len())
             .collect();
-        let mut finite = true;
-        for range in token_budget_batches(&lengths, self.settings.micro_batch_tokens) {
-            let chunk = &samples[range];
-            let chunk_tokens: usize = chunk.iter().map(|s| s.completion_ids.len()).sum();
-            if chunk_tokens == 0 {
-                // Contributes 0 to every aggregation and nothing to the gradient.
-                continue;
-            }
-            let weight = match self.settings.loss.aggregation {
-                LossAggregation::TokenMean => chunk_tokens as f64 / report.tokens as f64,
-                LossAggregation::SequenceMeanTokenMean
-                | LossAggregation::SequenceMeanTokenSumNorm { .. } => {
-                    chunk.len() as f64 / samples.len() as f64
+        // The groups' micro-batches, then the pretraining mix-in (PPO-ptx) as one more.
+        let ptx = ptx.zip(self.settings.ptx_coef.filter(|&c| c > 0.0));
+        let micro_batches = token_budget_batches(&lengths, self.settings.micro_batch_tokens)
+            .into_iter()
+            .map(Micro::Samples)
+            .chain(ptx.map(|(batch, coef)| Micro::Ptx(batch, coef)));
+        let mut ptx_mean = None;
+        let accumulated = accumulate(self.engine.gradients(), micro_batches, |micro| {
+            match micro {
+                Micro::Samples(range) => {
+                    let chunk = &samples[range];
+                    let chunk_tokens: usize = chunk.iter().map(|s| s.completion_ids.len()).sum();
+                    if chunk_tokens == 0 {
+                        // Contributes 0 to every aggregation and nothing to the gradient.
+                        return Ok(None);
+                    }
+                    let weight = match self.settings.loss.aggregation {
+                        LossAggregation::TokenMean => chunk_tokens as f64 / report.tokens as f64,
+                        LossAggregation::SequenceMeanTokenMean
+                        | LossAggregation::SequenceMeanTokenSumNorm { .. } => {
+                            chunk.len() as f64 / samples.len() as f64
+                        }
+                    };
+                    let (output, entropy_sum) = self.micro_batch_loss(chunk, temperature)?;
+                    let value = scalar(&output.loss)?;
+                    figures.add(
+                        &output,
+                        value * weight,
+                        entropy_sum,
+                        chunk.len(),
+                        chunk_tokens,
+                    );
+                    Ok(Some(MicroLoss::new(output.loss, value, weight)))
                 }
-            };
-            let (output, entropy_sum) = self.micro_batch_loss(chunk, temperature)?;
-            let value = scalar(&output.loss)?;
-            figures.add(
-                &output,
-                value * weight,
-                entropy_sum,
-                chunk.len(),
-                chunk_tokens,
-            );
-            if !value.is_finite() {
-                finite = false;
-                break;
-            }
-            grads.add(&(output.loss * weight)?.backward()?)?;
-        }
-        report.loss = figures.loss;
-        if finite
-            && let Some(batch) = ptx
-            && let Some(coef) = self.settings.ptx_coef.filter(|&c| c > 0.0)
-        {
-            let output = NextTokenObjective::plain().loss(&self.model, batch)?;
-            if output.loss_tokens > 0 {
-                let mean = output.nll_sum / output.loss_tokens as f64;
-                report.ptx_loss = Some(mean);
-                report.loss += coef * mean;
-                if mean.is_finite() {
+                Micro::Ptx(batch, coef) => {
+                    let output = NextTokenObjective::plain().loss(&self.model, batch)?;
+                    if output.loss_tokens == 0 {
+                        return Ok(None);
+                    }
+                    ptx_mean = Some(output.nll_sum / output.loss_tokens as f64);
                     let scale = coef / output.loss_tokens as f64;
-                    grads.add(&(output.loss_sum * scale)?.backward()?)?;
-                } else {
-                    finite = false;
+                    Ok(Some(MicroLoss::new(output.loss_sum, output.nll_sum, scale)))
                 }
             }
+        })?;
+        report.loss = figures.loss;
+        if let (Some(mean), Some((_, coef))) = (ptx_mean, ptx) {
+            report.ptx_loss = Some(mean);
+            report.loss += coef * mean;
         }
         figures.finish(report, self.settings.use_mismatch_correction);
-        self.engine.finish(report.loss, finite.then_some(grads))
+        self.engine.finish(report.loss, accumulated.grads)
     }
 
     /// The GRPO loss of one micro-batch (whole-micro-batch aggregation, not yet weighted) and

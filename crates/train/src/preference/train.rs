@@ -20,6 +20,7 @@
 
 use std::time::Instant;
 
+use candle_core::backprop::GradStore;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -34,7 +35,7 @@ use super::{
 };
 use crate::error::TrainError;
 use crate::grpo::ScoringLayout;
-use crate::step::{StepEngine, StepOutcome};
+use crate::step::{MicroLoss, SplitBackward, StepEngine, StepOutcome, accumulate};
 
 /// The loss a run trains with. KTO runs on unpaired examples, which the loop holds as pairs
 /// `(completion, mismatched completion)` with a label (see [`PairTrainer::kto`]).
@@ -414,12 +415,9 @@ impl PairTrainer {
         let total = per * self.settings.micro_batches;
         let indices = self.next_indices(total);
         let epoch = self.epoch;
-        let mut grads = self.engine.gradients();
-        let mut loss = 0.0;
-        let mut finite = true;
         let mut sums: Vec<(&'static str, f64)> = Vec::new();
         let mut tokens = 0usize;
-        for chunk in indices.chunks(per) {
+        let accumulated = accumulate(self.engine.gradients(), indices.chunks(per), |chunk| {
             let batch: Vec<&PreferencePair> = chunk.iter().map(|&i| &self.pairs[i]).collect();
             tokens += batch
                 .iter()
@@ -459,28 +457,24 @@ impl PairTrainer {
                 .loss(&policy, reference.as_ref(), labels.as_deref())?;
             let weight = chunk.len() as f64 / total as f64;
             let value = out.loss.to_scalar::<f64>()?;
-            loss += weight * value;
             for (name, metric) in &out.metrics {
                 match sums.iter_mut().find(|(key, _)| key == name) {
                     Some((_, sum)) => *sum += weight * metric,
                     None => sums.push((name, weight * metric)),
                 }
             }
-            if !value.is_finite() {
-                finite = false;
-                break;
-            }
-            let store = (out.loss * weight)?.backward()?;
-            match sharded {
-                None => grads.add(&store)?,
-                Some(sharded) => {
-                    for store in sharded.backward(&store)? {
-                        grads.add(&store)?;
-                    }
-                }
-            }
-        }
-        let result = self.engine.finish(loss, finite.then_some(grads))?;
+            let split: Option<SplitBackward> = sharded.map(|sharded| {
+                Box::new(move |store: &GradStore| sharded.backward(store)) as SplitBackward
+            });
+            Ok(Some(MicroLoss {
+                loss: out.loss,
+                value,
+                weight,
+                split,
+            }))
+        })?;
+        let loss = accumulated.loss;
+        let result = self.engine.finish(loss, accumulated.grads)?;
         if result.outcome == StepOutcome::Applied
             && let Some(sync) = self.settings.sync
             && self.engine.steps().is_multiple_of(sync.every)
