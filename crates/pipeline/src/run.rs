@@ -29,9 +29,10 @@ use std::time::Instant;
 use stoke_data::loader::LoaderConfig;
 use stoke_model::Transformer;
 use stoke_tokenizer::hf::Tokenizer;
-use stoke_train::checkpoint::{CheckpointStore, TrainerState, load_checkpoint};
+use stoke_train::checkpoint::{TrainerState, load_checkpoint};
 use stoke_train::grpo::GrpoLoss;
 use stoke_train::grpo::update::{PolicyUpdater, UpdateSettings};
+use stoke_train::run_folder::RunFolder;
 use stoke_train::source::{BatchSource, ShardSource};
 
 use crate::driver::{DriveShape, Modules, TaskPlan, run_async, run_sync};
@@ -116,19 +117,17 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
     settings
         .validate()
         .map_err(|(field, reason)| PipelineError::config(format!("grpo.{field}"), reason))?;
-    std::fs::create_dir_all(&out_dir).map_err(|e| PipelineError::io(&out_dir, e))?;
-    // Resume point (before config.toml is written: a refused fresh start into another run's
-    // folder must leave that run's config as it was).
-    let store = CheckpointStore::new(&out_dir.join("checkpoints"), settings.keep_checkpoints);
+    // The run folder and the resume rule every training command shares (config.toml is
+    // written after it: a refused fresh start into another run's folder leaves that run's config
+    // as it was).
+    let folder = RunFolder::open(&out_dir, settings.keep_checkpoints, options.resume)?;
     let mut policy = policy;
     let mut start_step = 0;
     let mut engine_state = None;
     let mut optimizer_state = None;
     let mut ptx_cursor = None;
     let mut resumed_from = None;
-    let latest = store
-        .resume_point(options.resume)
-        .map_err(stoke_train::error::TrainError::from)?;
+    let latest = folder.resume_point().map(Path::to_path_buf);
     if options.resume {
         if let Some(path) = latest {
             let loaded = load_checkpoint(&path, policy.device())
@@ -162,13 +161,12 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
         } else {
             eprintln!(
                 "--resume: no checkpoint in {}; starting from step 0",
-                store.dir().display()
+                folder.store().dir().display()
             );
         }
     }
-    let config_path = out_dir.join("config.toml");
-    std::fs::write(&config_path, &config_toml).map_err(|e| PipelineError::io(&config_path, e))?;
-    stoke_train::run_info::write_run_info(&out_dir, "grpo", resumed_from.is_some())?;
+    folder.record_start("grpo", &config_toml)?;
+    let store = folder.into_store();
     let reference = match (reference, settings.reference_reset_every) {
         // After a reference reset the reference is the policy of the reset step, kept on disk.
         (Some(_), Some(every)) if start_step >= every => {

@@ -13,6 +13,7 @@ pub mod objective;
 pub mod preference;
 pub mod report;
 pub mod run;
+pub mod run_folder;
 pub mod run_info;
 pub mod source;
 pub mod spike;

@@ -27,7 +27,7 @@ use stoke_model::{ModelConfig, Transformer};
 use stoke_optim::Optimizer;
 use stoke_tokenizer::hf::Tokenizer;
 
-use crate::checkpoint::{CheckpointStore, load_checkpoint};
+use crate::checkpoint::load_checkpoint;
 use crate::config::{DataSource, ModelSource, TrainConfig, math_fields_differ};
 use crate::error::TrainError;
 use crate::eval::{EvalResult, Evaluator, bytes_per_token};
@@ -37,6 +37,7 @@ use crate::objective::{
     DistillObjective, NextTokenObjective, Objective, OnPolicySampling, Teacher,
 };
 use crate::report::{ReportSection, SectionBody, write_report};
+use crate::run_folder::RunFolder;
 use crate::source::teacher_topk::TeacherTopK;
 use crate::source::{BatchSource, ChatSource, ChatSourceConfig, ShardSource};
 use crate::trainer::{StopReason, Trainer};
@@ -91,7 +92,7 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
     let started = Instant::now();
     config.validate()?;
     let run_dir = config.output_dir.clone();
-    std::fs::create_dir_all(&run_dir).map_err(|e| TrainError::io(&run_dir, e))?;
+    let folder = RunFolder::open(&run_dir, config.training.keep_last, options.resume)?;
     let config_toml = config.to_toml()?;
     let device = Device::Cpu;
     let tokenizer = match &config.model.tokenizer {
@@ -99,8 +100,7 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
         None => None,
     };
 
-    let store = CheckpointStore::new(&run_dir.join("checkpoints"), config.training.keep_last);
-    let resume_path = store.resume_point(options.resume)?;
+    let resume_path = folder.resume_point().map(Path::to_path_buf);
     let (mut model, resumed) = match &resume_path {
         Some(path) => {
             let loaded = load_checkpoint(path, &device)?;
@@ -145,9 +145,7 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
     if model.config().moe.is_some() {
         model.set_expert_capacity(config.training.moe.capacity_factor)?;
     }
-    let config_path = run_dir.join("config.toml");
-    std::fs::write(&config_path, &config_toml).map_err(|e| TrainError::io(&config_path, e))?;
-    crate::run_info::write_run_info(&run_dir, "train", resumed.is_some())?;
+    folder.record_start("train", &config_toml)?;
 
     // Under LoRA only the adapters train (the base is frozen).
     let mut optimizer = Optimizer::new(config.optimizer.clone(), model.trainable_parameters())?;
@@ -187,12 +185,16 @@ pub fn run(config: TrainConfig, options: RunOptions) -> Result<RunSummary, Train
         None => open_train_source(&config, tokenizer.as_ref(), vocab_size)?,
     };
     let evaluator = build_evaluator(&config, tokenizer.as_ref(), vocab_size)?;
-    let metrics_path = run_dir.join("metrics.jsonl");
+    let metrics_path = folder.metrics_path();
     let metrics_log =
         MetricsLog::open(&metrics_path, resumed.as_ref().map(|(state, _)| state.step))?;
 
     let mut trainer = Trainer::new(config.clone(), model, optimizer, objective, source)
-        .with_checkpoints(store, config_toml, config.model.tokenizer.clone())
+        .with_checkpoints(
+            folder.into_store(),
+            config_toml,
+            config.model.tokenizer.clone(),
+        )
         .with_metrics_log(metrics_log);
     if let Some(evaluator) = evaluator {
         trainer = trainer.with_evaluator(evaluator);

@@ -79,6 +79,7 @@ use crate::grpo::ScoringLayout;
 use crate::metrics::RunLog;
 use crate::monitor::Monitor;
 use crate::run::RunOptions;
+use crate::run_folder::RunFolder;
 use crate::step::{StepEngine, StepOutcome, StepSettings};
 
 /// TRL's `DPOConfig.learning_rate`.
@@ -475,12 +476,12 @@ pub fn run_preference_with(
     // The run folder: the one resume rule, then config.toml (after the rule, so a refused
     // fresh start leaves another run's config as it was).
     let out = &file.output_dir;
-    std::fs::create_dir_all(out).map_err(|e| TrainError::io(out, e))?;
-    let store = CheckpointStore::new(
-        &out.join("checkpoints"),
+    let folder = RunFolder::open(
+        out,
         file.checkpoint.keep.unwrap_or(DEFAULT_KEEP),
-    );
-    let resume_path = store.resume_point(options.resume)?;
+        options.resume,
+    )?;
+    let resume_path = folder.resume_point().map(Path::to_path_buf);
     let config_toml = file.to_toml()?;
     // On resume: the starting weights, which the reference cache belongs to.
     let mut starting = None;
@@ -507,9 +508,7 @@ pub fn run_preference_with(
         }
         None => None,
     };
-    let config_path = out.join(crate::checkpoint::CONFIG_FILE);
-    std::fs::write(&config_path, &config_toml).map_err(|e| TrainError::io(&config_path, e))?;
-    crate::run_info::write_run_info(out, "dpo", resumed.is_some())?;
+    folder.record_start("dpo", &config_toml)?;
 
     let extra: PairExtra = match &resumed {
         Some((state, _)) => serde_json::from_value(state.extra.clone())
@@ -607,7 +606,8 @@ pub fn run_preference_with(
     }
     let start_step = trainer.engine().steps();
 
-    let metrics_path = out.join("metrics.jsonl");
+    let metrics_path = folder.metrics_path();
+    let store = folder.into_store();
     let mut log = RunLog::<PairRecord>::open(&metrics_path, resumed.as_ref().map(|_| start_step))?;
     let total = file.training.steps;
     let every = file.checkpoint.every.unwrap_or(0);
