@@ -229,8 +229,6 @@ fn allowed_module_cycles() -> Vec<(&'static str, &'static [&'static str])> {
             "serve",
             &["chat", "completions", "generation", "server", "stream"],
         ),
-        // hf -> chat (the chat template types), chat -> hf (Tokenizer).
-        ("tokenizer", &["chat", "hf"]),
         // checkpoint -> step (EngineState), step -> error, error -> checkpoint (CheckpointError),
         // and config with them.
         ("train", &["checkpoint", "config", "error", "step"]),
