@@ -221,8 +221,6 @@ fn allowed_module_cycles() -> Vec<(&'static str, &'static [&'static str])> {
         // engine -> live (LiveGeneration, LiveWeights), live -> engine (generate_with), and
         // speculative with them.
         ("rollout", &["engine", "live", "speculative"]),
-        // probe -> sandbox (spec_for), sandbox -> probe (probe_outcome).
-        ("sandbox", &["probe", "sandbox"]),
         // chat -> server (App), server -> chat (the route handlers); completions, generation
         // and stream likewise.
         (
