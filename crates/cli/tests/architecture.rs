@@ -194,30 +194,6 @@ fn allowed_module_cycles() -> Vec<(&'static str, &'static [&'static str])> {
         // remote -> rollout (remote/rollout.rs), rollout -> settings, settings -> remote
         // (RemoteRolloutSettings); service sits on the same loop.
         ("pipeline", &["remote", "rollout", "service", "settings"]),
-        // code -> verifier -> instructions -> config -> stdio_tests -> code: config builds every
-        // verifier and the verifiers name the config and verifier modules, so all sixteen sit
-        // on one loop.
-        (
-            "reward",
-            &[
-                "code",
-                "composite",
-                "config",
-                "cosine_length",
-                "exact_match",
-                "format_regex",
-                "group_length",
-                "instructions",
-                "json_schema",
-                "math",
-                "overlong",
-                "repetition",
-                "stdio_tests",
-                "tag_structure",
-                "unit_tests",
-                "verifier",
-            ],
-        ),
         // engine -> live (LiveGeneration, LiveWeights), live -> engine (generate_with), and
         // speculative with them.
         ("rollout", &["engine", "live", "speculative"]),
