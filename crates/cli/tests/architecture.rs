@@ -194,9 +194,6 @@ fn allowed_module_cycles() -> Vec<(&'static str, &'static [&'static str])> {
         // remote -> rollout (remote/rollout.rs), rollout -> settings, settings -> remote
         // (RemoteRolloutSettings); service sits on the same loop.
         ("pipeline", &["remote", "rollout", "service", "settings"]),
-        // engine -> live (LiveGeneration, LiveWeights), live -> engine (generate_with), and
-        // speculative with them.
-        ("rollout", &["engine", "live", "speculative"]),
         // chat -> server (App), server -> chat (the route handlers); completions, generation
         // and stream likewise.
         (
