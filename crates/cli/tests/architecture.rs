@@ -194,12 +194,6 @@ fn allowed_module_cycles() -> Vec<(&'static str, &'static [&'static str])> {
         // remote -> rollout (remote/rollout.rs), rollout -> settings, settings -> remote
         // (RemoteRolloutSettings); service sits on the same loop.
         ("pipeline", &["remote", "rollout", "service", "settings"]),
-        // chat -> server (App), server -> chat (the route handlers); completions, generation
-        // and stream likewise.
-        (
-            "serve",
-            &["chat", "completions", "generation", "server", "stream"],
-        ),
         // checkpoint -> step (EngineState), step -> error, error -> checkpoint (CheckpointError),
         // and config with them.
         ("train", &["checkpoint", "config", "error", "step"]),
