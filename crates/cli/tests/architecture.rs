@@ -189,50 +189,8 @@ use std::path::{Path, PathBuf};
 /// use). The first reference of each edge is named.
 fn allowed_module_cycles() -> Vec<(&'static str, &'static [&'static str])> {
     vec![
-        // optimizer -> state (the state file types), state -> optimizer (OptimizerConfig).
-        ("optim", &["optimizer", "state"]),
         // monitor -> run (reference_dir, trainer_state), run -> monitor (RunMonitor).
         ("pipeline", &["monitor", "run"]),
-        // remote -> rollout (remote/rollout.rs), rollout -> settings, settings -> remote
-        // (RemoteRolloutSettings); service sits on the same loop.
-        ("pipeline", &["remote", "rollout", "service", "settings"]),
-        // code -> verifier -> instructions -> config -> stdio_tests -> code: config builds every
-        // verifier and the verifiers name the config and verifier modules, so all sixteen sit
-        // on one loop.
-        (
-            "reward",
-            &[
-                "code",
-                "composite",
-                "config",
-                "cosine_length",
-                "exact_match",
-                "format_regex",
-                "group_length",
-                "instructions",
-                "json_schema",
-                "math",
-                "overlong",
-                "repetition",
-                "stdio_tests",
-                "tag_structure",
-                "unit_tests",
-                "verifier",
-            ],
-        ),
-        // engine -> live (LiveGeneration, LiveWeights), live -> engine (generate_with), and
-        // speculative with them.
-        ("rollout", &["engine", "live", "speculative"]),
-        // probe -> sandbox (spec_for), sandbox -> probe (probe_outcome).
-        ("sandbox", &["probe", "sandbox"]),
-        // chat -> server (App), server -> chat (the route handlers); completions, generation
-        // and stream likewise.
-        (
-            "serve",
-            &["chat", "completions", "generation", "server", "stream"],
-        ),
-        // hf -> chat (the chat template types), chat -> hf (Tokenizer).
-        ("tokenizer", &["chat", "hf"]),
     ]
 }
 

@@ -1,5 +1,5 @@
 //! `Optimizer`: the one optimizer object the trainer holds, combining AdamW and Muon by
-//! parameter kind.
+//! parameter kind (which one is chosen by `OptimizerConfig`, in `config.rs`).
 //!
 //! What it is: the owner of every parameter's f32 optimizer state and of the step count. Groups
 //! are implicit in `ParamKind` (`param.rs`):
@@ -17,58 +17,15 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use candle_core::{Device, Tensor, Var};
-use serde::{Deserialize, Serialize};
 
-use crate::adamw::{AdamWConfig, AdamWScalars, AdamWState, MomentFormat, adamw_update};
+use crate::adamw::{AdamWScalars, AdamWState, MomentFormat, adamw_update};
+use crate::config::OptimizerConfig;
 use crate::error::OptimError;
 use crate::inplace::{CHUNK, is_writable_f32, update_in_place, with_f32_slice};
-use crate::muon::{
-    MuonConfig, MuonState, match_rms_factor, matrix_dims, momentum_update, newton_schulz5,
-};
+use crate::muon::{MuonState, match_rms_factor, matrix_dims, momentum_update, newton_schulz5};
 use crate::param::{ParamKind, classify};
 use crate::quantized::{Int8Moments, adamw_update_int8};
 use crate::state::{StateData, StateFile, StateHeader, StateTensorRef};
-
-/// Which optimizer a run uses (TOML: `kind = "adamw"` or `kind = "muon"` plus the fields).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum OptimizerConfig {
-    #[serde(rename = "adamw")]
-    AdamW(AdamWConfig),
-    Muon(MuonConfig),
-}
-
-impl Default for OptimizerConfig {
-    /// AdamW with the GPT-3/Llama recipe (see `AdamWConfig::default`).
-    fn default() -> Self {
-        OptimizerConfig::AdamW(AdamWConfig::default())
-    }
-}
-
-impl OptimizerConfig {
-    pub fn validate(&self) -> Result<(), OptimError> {
-        match self {
-            OptimizerConfig::AdamW(adamw) => adamw.validate("adamw"),
-            OptimizerConfig::Muon(muon) => muon.validate(),
-        }
-    }
-
-    /// `"adamw"` or `"muon"`, as in the file format.
-    pub fn kind_name(&self) -> &'static str {
-        match self {
-            OptimizerConfig::AdamW(_) => "adamw",
-            OptimizerConfig::Muon(_) => "muon",
-        }
-    }
-
-    /// The AdamW settings used for parameters Muon does not take (all of them under AdamW).
-    fn adamw(&self) -> &AdamWConfig {
-        match self {
-            OptimizerConfig::AdamW(adamw) => adamw,
-            OptimizerConfig::Muon(muon) => &muon.adamw,
-        }
-    }
-}
 
 /// The rule one parameter follows, with its state.
 #[derive(Clone, Debug)]

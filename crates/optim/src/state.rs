@@ -20,8 +20,8 @@ use safetensors::tensor::{Dtype, SafeTensors, View};
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::Xxh3;
 
+use crate::config::OptimizerConfig;
 use crate::error::OptimError;
-use crate::optimizer::OptimizerConfig;
 
 /// Metadata key under which the header record is stored.
 const HEADER_KEY: &str = "stoke_optim_state";

@@ -4,6 +4,9 @@
 //!
 //! What it is not: the model, tokenizer, tasks and rewards themselves (those are loaded objects,
 //! held by `GrpoRun`), or defaults policy (the file layer derives defaults and documents them).
+//! The settings of remote modules (`PoolSettings`, `RemoteRolloutSettings`,
+//! `RemoteReferenceSettings`) are here too, as plain records; the clients that use them are in
+//! `remote/`, which re-exports them.
 //!
 //! Invariants (checked by [`GrpoSettings::validate`]): counts are at least 1, probabilities and
 //! temperatures in range, `max_off_policy_steps` is 0 in synchronous mode.
@@ -133,9 +136,72 @@ pub struct EvalSettings {
 /// `[reference]`); `None`: in process.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Services {
-    pub rollout: Option<crate::remote::RemoteRolloutSettings>,
-    pub reward: Option<crate::remote::PoolSettings>,
-    pub reference: Option<crate::remote::RemoteReferenceSettings>,
+    pub rollout: Option<RemoteRolloutSettings>,
+    pub reward: Option<PoolSettings>,
+    pub reference: Option<RemoteReferenceSettings>,
+}
+
+/// How a request picks its server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Routing {
+    /// The next server in turn that has room.
+    RoundRobin,
+    /// The server with the fewest of our requests in flight (ties in turn).
+    #[default]
+    LeastLoaded,
+}
+
+/// How a pool talks to its servers (validated by the config layer).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolSettings {
+    pub servers: Vec<String>,
+    pub routing: Routing,
+    /// Requests of ours in flight on one server at most.
+    pub max_in_flight: usize,
+    /// One request's limit, connecting to reading the answer.
+    pub timeout: Duration,
+    /// How long a failed server stays out of rotation before it is probed again.
+    pub revive_after: Duration,
+    /// How long the checks before the first step wait for a server that does not answer yet
+    /// (servers starting next to the trainer, as on Kubernetes); 0: not at all.
+    pub startup_wait: Duration,
+}
+
+/// Which server software answers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Engine {
+    #[default]
+    Stoke,
+    Vllm,
+}
+
+impl Engine {
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Stoke => "stoke",
+            Engine::Vllm => "vllm",
+        }
+    }
+}
+
+/// Remote rollout's own settings (the `[rollout]` table, resolved).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RemoteRolloutSettings {
+    pub pool: PoolSettings,
+    pub engine: Engine,
+    /// The served model name to expect (and send as `model`); the first server's when `None`.
+    pub model: Option<String>,
+    /// Where published weights are written; every server must see this path.
+    pub weights_dir: PathBuf,
+}
+
+/// `[reference]`, resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RemoteReferenceSettings {
+    pub pool: PoolSettings,
+    pub engine: Engine,
+    /// The served model name to expect; the first server's when `None`.
+    pub model: Option<String>,
 }
 
 /// Everything a GRPO run needs besides loaded objects.

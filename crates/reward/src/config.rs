@@ -3,8 +3,11 @@
 //! `stoke verify --reward KIND`) and `Reward` (the validated runtime verifier). This is the one
 //! place that matches on the kind.
 //!
-//! What this is not: a plugin registry. Adding a reward kind means adding a variant here and a
-//! file for it; the compiler then lists every match to update.
+//! What this is not: a plugin registry. Adding a reward kind means adding a variant here, one in
+//! `RewardKind` (`kind.rs`) and a file for it; the compiler then lists every match to update.
+//! `ConfigError` (`error.rs`) and `RewardKind` are re-exported here, where they were first
+//! defined. The composite kind is the child module `composite`: its config and verifier hold
+//! `RewardConfig`s and `Reward`s, so it and this module name each other.
 //!
 //! Invariants: `RewardConfig::build` validates every field (ranges, regexes, schemas that need
 //! no input) and fails with the field's name; a built `Reward` never fails on configuration.
@@ -14,7 +17,12 @@ use std::fmt;
 use std::str::FromStr;
 use stoke_sandbox::Sandbox;
 
-use crate::composite::{CompositeConfig, CompositeVerifier};
+pub mod composite;
+
+pub use crate::error::ConfigError;
+pub use crate::kind::RewardKind;
+use composite::{CompositeConfig, CompositeVerifier};
+
 use crate::cosine_length::{CosineLengthConfig, CosineLengthVerifier};
 use crate::exact_match::{ExactMatchConfig, ExactMatchVerifier};
 use crate::format_regex::{FormatRegexConfig, FormatRegexVerifier};
@@ -28,26 +36,6 @@ use crate::stdio_tests::{StdioTestsConfig, StdioTestsVerifier};
 use crate::tag_structure::{TagStructureConfig, TagStructureVerifier};
 use crate::unit_tests::{UnitTestsConfig, UnitTestsVerifier};
 use crate::verifier::{RewardInput, RewardOutcome, Verifier};
-
-/// A configuration field that failed validation.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ConfigError {
-    #[error("reward config field `{field}`: {message}")]
-    Invalid { field: String, message: String },
-    #[error("reward kind `{0}` runs code and needs a sandbox")]
-    NeedsSandbox(&'static str),
-    #[error("unknown reward kind `{0}` (known: {known})", known = RewardKind::names().join(", "))]
-    UnknownKind(String),
-}
-
-impl ConfigError {
-    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
-        ConfigError::Invalid {
-            field: field.into(),
-            message: message.into(),
-        }
-    }
-}
 
 /// File format of a reward: `kind = "math"` plus that kind's options.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -68,75 +56,8 @@ pub enum RewardConfig {
     Composite(CompositeConfig),
 }
 
-/// The name of a reward kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RewardKind {
-    Math,
-    ExactMatch,
-    UnitTests,
-    StdioTests,
-    FormatRegex,
-    TagStructure,
-    JsonSchema,
-    Overlong,
-    GroupLength,
-    CosineLength,
-    Repetition,
-    Instructions,
-    Composite,
-}
-
-impl RewardKind {
-    pub const ALL: [RewardKind; 13] = [
-        Self::Math,
-        Self::ExactMatch,
-        Self::UnitTests,
-        Self::StdioTests,
-        Self::FormatRegex,
-        Self::TagStructure,
-        Self::JsonSchema,
-        Self::Overlong,
-        Self::GroupLength,
-        Self::CosineLength,
-        Self::Repetition,
-        Self::Instructions,
-        Self::Composite,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Math => "math",
-            Self::ExactMatch => "exact_match",
-            Self::UnitTests => "unit_tests",
-            Self::StdioTests => "stdio_tests",
-            Self::FormatRegex => "format_regex",
-            Self::TagStructure => "tag_structure",
-            Self::JsonSchema => "json_schema",
-            Self::Overlong => "overlong",
-            Self::GroupLength => "group_length",
-            Self::CosineLength => "cosine_length",
-            Self::Repetition => "repetition",
-            Self::Instructions => "instructions",
-            Self::Composite => "composite",
-        }
-    }
-
-    pub fn names() -> Vec<&'static str> {
-        Self::ALL.iter().map(|kind| kind.name()).collect()
-    }
-
-    /// True for kinds that run code in the sandbox.
-    pub fn runs_code(self) -> bool {
-        matches!(self, Self::UnitTests | Self::StdioTests)
-    }
-}
-
-impl fmt::Display for RewardKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
+/// Parsing a kind's name (`stoke verify --reward KIND`) sits here rather than in `kind.rs`
+/// because its error, `ConfigError::UnknownKind`, lists the kinds and so sits above `kind.rs`.
 impl FromStr for RewardKind {
     type Err = ConfigError;
 

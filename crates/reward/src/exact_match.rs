@@ -20,7 +20,7 @@ use num_traits::Num;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::math::extract::{AnswerSource, Extractor, clean_answer};
 use crate::verifier::{Details, Outcome, RewardInput, RewardOutcome, Verifier, clip_detail};
 

@@ -14,7 +14,7 @@
 use regex::{Regex, RegexBuilder};
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::verifier::{Details, Outcome, RewardInput, RewardOutcome, Verifier};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -13,7 +13,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::verifier::{Details, RewardInput, RewardOutcome, Verifier};
 
 /// What a completion's length is measured in.

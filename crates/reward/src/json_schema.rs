@@ -18,7 +18,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::verifier::{Check, Details, Outcome, RewardInput, RewardOutcome, Verifier, clip_detail};
 
 /// Deepest nesting of extracted JSON (serde_json itself stops at 128).

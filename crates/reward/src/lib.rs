@@ -4,7 +4,8 @@
 //! task's `Reference`, token count) and returns a `RewardOutcome` (score, closed-set `Outcome`,
 //! structured `Details`). The set of reward kinds is closed: `RewardConfig` (`config.rs`), a
 //! serde-tagged enum with one options struct per kind, built into `Reward` and matched in one
-//! place. One file (or folder) per reward kind:
+//! place; `RewardKind` (`kind.rs`) names the kinds and `ConfigError` (`error.rs`) is what
+//! building one can fail with. One file (or folder) per reward kind:
 //!
 //! | kind | file | reads |
 //! |---|---|---|
@@ -20,7 +21,7 @@
 //! | `cosine_length` | `cosine_length.rs` | `completion_tokens`, `correct` |
 //! | `repetition` | `repetition.rs` | completion only |
 //! | `instructions` | `instructions.rs` | completion only (constraints in the config) |
-//! | `composite` | `composite.rs` | whatever its components read |
+//! | `composite` | `config/composite.rs` | whatever its components read |
 //!
 //! What this crate is not: a tokenizer (token counts are inputs) or a process jail (code runs
 //! through `stoke-sandbox`). It has no tensor dependency.
@@ -30,14 +31,16 @@
 //! a positive score.
 
 pub mod code;
-pub mod composite;
 pub mod config;
+pub mod constraint;
 pub mod cosine_length;
+pub mod error;
 pub mod exact_match;
 pub mod format_regex;
 pub mod group_length;
 pub mod instructions;
 pub mod json_schema;
+pub mod kind;
 pub mod math;
 pub mod overlong;
 pub mod repetition;
@@ -47,7 +50,10 @@ pub mod tag_structure;
 pub mod unit_tests;
 pub mod verifier;
 
-pub use config::{ConfigError, Reward, RewardConfig, RewardKind};
+pub use config::composite;
+pub use config::{Reward, RewardConfig};
+pub use error::ConfigError;
+pub use kind::RewardKind;
 pub use stats::RewardStats;
 pub use verifier::{
     Check, ComponentScore, Details, IoCase, Outcome, Reference, RewardInput, RewardOutcome,

@@ -17,7 +17,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::verifier::{Details, RewardInput, RewardOutcome, Verifier};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -14,7 +14,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::verifier::{Details, RewardInput, RewardOutcome, Verifier};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

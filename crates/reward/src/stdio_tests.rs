@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use stoke_sandbox::{Program, Sandbox};
 
 use crate::code::{abnormal_outcome, extract_code, run_all};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::verifier::{Check, Details, Outcome, RewardInput, RewardOutcome, Verifier, clip_detail};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

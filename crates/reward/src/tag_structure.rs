@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::verifier::{Check, Details, Outcome, RewardInput, RewardOutcome, Verifier};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -65,7 +65,7 @@ use serde::{Deserialize, Serialize};
 use stoke_sandbox::{Program, Sandbox};
 
 use crate::code::{abnormal_outcome, extract_code, nonce, run_all};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::verifier::{Details, Outcome, RewardInput, RewardOutcome, Verifier, clip_detail};
 
 /// The trusted judge of the two-process harness; argv[1] is the entry point.

@@ -46,7 +46,7 @@ pub struct Reference {
     pub schema: Option<serde_json::Value>,
     /// Instruction constraints for this sample (replace the `instructions` reward's list).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub constraints: Option<Vec<crate::instructions::Constraint>>,
+    pub constraints: Option<Vec<crate::constraint::Constraint>>,
 }
 
 /// Everything a verifier may look at for one completion.

@@ -21,7 +21,7 @@
 //!    the graph's `KvCache` (`STOKE_DECODE=graph` forces that). Both give the same logits up to
 //!    f32 summation order.
 //!
-//! Weights: [`Engine::generate`] uses one borrowed model throughout. [`crate::live::generate_live`]
+//! Weights: [`Engine::generate`] uses one borrowed model throughout. [`generate_live`]
 //! runs the same loop but asks a [`LiveWeights`] for the newest weights before the prefill and
 //! before every decode step (pipeline RL): a sample in progress continues with new weights from
 //! its next token, on the KV cache its earlier tokens built under older weights, and every token
@@ -45,7 +45,9 @@ use stoke_model::{KvCache, ModelConfig, Transformer, causal_bias};
 
 use crate::error::RolloutError;
 use crate::live::{LiveGeneration, LiveWeights};
-use crate::request::{Completion, FinishReason, GenerationOutput, GenerationRequest};
+use crate::request::{
+    Completion, FinishReason, GenerationOutput, GenerationRequest, check_prompts,
+};
 use crate::sampling::{SampleStream, SamplingRule, sample};
 use crate::stop::{Detokenizer, StopCriteria};
 
@@ -210,7 +212,18 @@ impl<'m> Engine<'m> {
     }
 }
 
-/// The generation loop behind [`Engine::generate`] and [`crate::live::generate_live`] (see the
+/// Generates `request` with the newest weights of `weights` at every step (see `live.rs`).
+/// Also sets flush-to-zero / denormals-are-zero on the compute threads, as `Engine::new` does.
+pub fn generate_live(
+    weights: &dyn LiveWeights,
+    request: &GenerationRequest,
+    detokenizer: Option<&dyn Detokenizer>,
+) -> Result<LiveGeneration, RolloutError> {
+    stoke_ops::numerics::init_compute_threads();
+    generate_with(WeightSource::Live(weights), request, detokenizer)
+}
+
+/// The generation loop behind [`Engine::generate`] and [`generate_live`] (see the
 /// module doc). Callers set up the compute threads first.
 pub(crate) fn generate_with(
     source: WeightSource<'_>,
@@ -516,42 +529,4 @@ fn prefill(model: &Transformer, prompts: &[Vec<u32>]) -> Result<Prefill, Rollout
         cache,
         key_valid,
     })
-}
-
-pub(crate) fn check_prompts(model: &Transformer, prompts: &[Vec<u32>]) -> Result<(), RolloutError> {
-    let config = model.config();
-    if prompts.is_empty() {
-        return Err(RolloutError::InvalidParam {
-            field: "prompts",
-            reason: "the request has no prompts".into(),
-        });
-    }
-    for (prompt_index, prompt) in prompts.iter().enumerate() {
-        if prompt.is_empty() {
-            return Err(RolloutError::InvalidPrompt {
-                prompt_index,
-                reason: "is empty (a prompt needs at least one token, e.g. BOS)".into(),
-            });
-        }
-        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= config.vocab_size) {
-            return Err(RolloutError::InvalidPrompt {
-                prompt_index,
-                reason: format!(
-                    "token id {id} is outside the vocabulary (size {})",
-                    config.vocab_size
-                ),
-            });
-        }
-        if prompt.len() >= config.max_position_embeddings {
-            return Err(RolloutError::InvalidPrompt {
-                prompt_index,
-                reason: format!(
-                    "has {} tokens, leaving no room below max_position_embeddings = {}",
-                    prompt.len(),
-                    config.max_position_embeddings
-                ),
-            });
-        }
-    }
-    Ok(())
 }

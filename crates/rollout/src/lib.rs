@@ -21,9 +21,9 @@ pub use batcher::{
     BatchEvent, BatchLimits, BatchLoad, BatchRequest, Batcher, EventSink, LogprobRequest,
     RequestId, StepReport, TokenLogprob,
 };
-pub use engine::Engine;
+pub use engine::{Engine, generate_live};
 pub use error::RolloutError;
-pub use live::{FixedWeights, LiveGeneration, LiveWeights, generate_live};
+pub use live::{FixedWeights, LiveGeneration, LiveWeights};
 pub use request::{Completion, FinishReason, GenerationOutput, GenerationRequest, SamplingParams};
 pub use sampling::{LogprobMode, SampleStream, SampledToken, SamplingRule};
 pub use speculative::{SpeculativeOutput, SpeculativeStats, generate_speculative};

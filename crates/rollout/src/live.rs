@@ -3,9 +3,10 @@
 //! from its next token.
 //!
 //! What it is: the [`LiveWeights`] seam (whoever publishes weights implements it; the pipeline's
-//! weight store does), the [`LiveGeneration`] record (the engine's output plus the version of
-//! every token) and [`generate_live`]. The loop itself is the engine's (`engine.rs`), shared with
-//! [`crate::Engine::generate`], which is the fixed-weights case.
+//! weight store does) and the [`LiveGeneration`] record (the engine's output plus the version of
+//! every token). The entry point, [`crate::generate_live`], and the loop are the engine's
+//! (`engine.rs`), shared with [`crate::Engine::generate`], which is the fixed-weights case; the
+//! semantics below are what that loop promises a `LiveWeights`.
 //! What it is not: a publisher or a store of weights, nor a policy for when to take new weights
 //! (it always takes the newest at each step).
 //!
@@ -18,7 +19,7 @@
 //!   updates. The first token of every sample comes from the prefill's weights.
 //! - Versions never decrease within a generation, and new weights must have the same config,
 //!   device and dtype as the first ones; otherwise the generation fails with
-//!   [`RolloutError::LiveWeights`].
+//!   [`crate::RolloutError::LiveWeights`].
 //! - Random streams are those of [`crate::Engine::generate`], so with weights that never change
 //!   the output is identical to it, bit for bit.
 
@@ -26,10 +27,7 @@ use std::sync::Arc;
 
 use stoke_model::Transformer;
 
-use crate::engine::{WeightSource, generate_with};
-use crate::error::RolloutError;
-use crate::request::{GenerationOutput, GenerationRequest};
-use crate::stop::Detokenizer;
+use crate::request::GenerationOutput;
 
 /// A source of the newest weights. Implementations must be cheap to ask (it is asked every
 /// decode step) and must never answer with a lower version than before.
@@ -60,15 +58,4 @@ pub struct LiveGeneration {
     /// that completion was drawn from; same shape as `output.completions[prompt][sample]
     /// .token_ids`, non-decreasing along `t`.
     pub token_versions: Vec<Vec<Vec<u64>>>,
-}
-
-/// Generates `request` with the newest weights of `weights` at every step (see the module doc).
-/// Also sets flush-to-zero / denormals-are-zero on the compute threads, as `Engine::new` does.
-pub fn generate_live(
-    weights: &dyn LiveWeights,
-    request: &GenerationRequest,
-    detokenizer: Option<&dyn Detokenizer>,
-) -> Result<LiveGeneration, RolloutError> {
-    stoke_ops::numerics::init_compute_threads();
-    generate_with(WeightSource::Live(weights), request, detokenizer)
 }

@@ -1,7 +1,9 @@
 //! The typed request and response of the generation engine.
 //!
 //! What it is: plain records. A request holds prompts as token ids and one [`SamplingParams`]
-//! shared by all of them; a response holds, per prompt, `n` [`Completion`]s. What it is not:
+//! shared by all of them; a response holds, per prompt, `n` [`Completion`]s. Besides
+//! `SamplingParams::validate`, the check of a request's prompts against a model
+//! (`check_prompts`) is here, shared by the plain and the speculative loop. What it is not:
 //! text handling (prompts are already tokenized; text comes back only when the caller supplies a
 //! [`crate::Detokenizer`]).
 //!
@@ -11,6 +13,7 @@
 //! NOT included in `text`, while the tokens that produced it ARE in `token_ids`).
 
 use serde::Serialize;
+use stoke_model::Transformer;
 
 use crate::error::RolloutError;
 use crate::sampling::SamplingRule;
@@ -137,4 +140,44 @@ pub struct GenerationOutput {
     pub generated_tokens: usize,
     /// The largest KV cache the call held (bytes): the prefill's, then the decode cache.
     pub kv_cache_bytes: usize,
+}
+
+/// Fails on a request without prompts, or a prompt that is empty, holds an id outside the
+/// model's vocabulary or leaves no room below `max_position_embeddings`.
+pub(crate) fn check_prompts(model: &Transformer, prompts: &[Vec<u32>]) -> Result<(), RolloutError> {
+    let config = model.config();
+    if prompts.is_empty() {
+        return Err(RolloutError::InvalidParam {
+            field: "prompts",
+            reason: "the request has no prompts".into(),
+        });
+    }
+    for (prompt_index, prompt) in prompts.iter().enumerate() {
+        if prompt.is_empty() {
+            return Err(RolloutError::InvalidPrompt {
+                prompt_index,
+                reason: "is empty (a prompt needs at least one token, e.g. BOS)".into(),
+            });
+        }
+        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= config.vocab_size) {
+            return Err(RolloutError::InvalidPrompt {
+                prompt_index,
+                reason: format!(
+                    "token id {id} is outside the vocabulary (size {})",
+                    config.vocab_size
+                ),
+            });
+        }
+        if prompt.len() >= config.max_position_embeddings {
+            return Err(RolloutError::InvalidPrompt {
+                prompt_index,
+                reason: format!(
+                    "has {} tokens, leaving no room below max_position_embeddings = {}",
+                    prompt.len(),
+                    config.max_position_embeddings
+                ),
+            });
+        }
+    }
+    Ok(())
 }

@@ -33,7 +33,9 @@ use candle_core::{DType, Device, IndexOp, Tensor};
 use stoke_model::{KvCache, Transformer, causal_bias};
 
 use crate::error::RolloutError;
-use crate::request::{Completion, FinishReason, GenerationOutput, GenerationRequest};
+use crate::request::{
+    Completion, FinishReason, GenerationOutput, GenerationRequest, check_prompts,
+};
 use crate::sampling::{SampleStream, SamplingRule, greedy, truncated_distribution};
 use crate::stop::{Detokenizer, StopCriteria};
 
@@ -224,7 +226,7 @@ pub fn generate_speculative(
         params.max_new_tokens,
         detokenizer.is_some(),
     )?;
-    crate::engine::check_prompts(model, &request.prompts)?;
+    check_prompts(model, &request.prompts)?;
     let device = model.device().clone();
     let config = model.config();
     let width = config.hidden_size;

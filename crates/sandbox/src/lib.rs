@@ -40,6 +40,7 @@ mod result;
 mod run_user;
 mod sandbox;
 mod seccomp;
+mod spec;
 mod work_dir;
 
 pub use config::{SandboxConfig, SandboxConfigFile};

@@ -21,16 +21,9 @@ use crate::jail::{self, JailSpec, Limits, PreparedJail, UserMode};
 use crate::language::{Program, TRUSTED_BIN_DIRS};
 use crate::run_user::RunUser;
 use crate::seccomp::SeccompFilters;
+use crate::spec::{ProbeOutcome, spec_for};
 use crate::work_dir::{WorkDir, layout};
 use crate::{SandboxConfig, filesystem_rules};
-
-/// What the probe found, with what a sandbox needs to apply it.
-#[derive(Debug, Clone)]
-pub(crate) struct ProbeOutcome {
-    /// Every layer's availability (`applied` = available, i.e. what a default sandbox applies).
-    pub(crate) report: IsolationReport,
-    pub(crate) landlock_abi: Option<i32>,
-}
 
 static PROBE: OnceLock<ProbeOutcome> = OnceLock::new();
 
@@ -415,8 +408,8 @@ fn run_probe() -> ProbeOutcome {
             report: report.clone(),
             landlock_abi: if landlock_ok { landlock_abi } else { None },
         };
-        let combined = crate::sandbox::spec_for(&outcome, &SandboxConfig::default())
-            .and_then(|(spec, _)| try_spec(&spec));
+        let combined =
+            spec_for(&outcome, &SandboxConfig::default()).and_then(|(spec, _)| try_spec(&spec));
         if let Err(error) = combined {
             for entry in &mut report.layers {
                 if !matches!(
@@ -439,7 +432,7 @@ fn run_probe() -> ProbeOutcome {
     };
     // `applied` in the probe's report means: what a sandbox with the default config applies
     // (e.g. no user namespace for a root caller, who gets a separate uid instead).
-    if let Ok((_, default_view)) = crate::sandbox::spec_for(&outcome, &SandboxConfig::default()) {
+    if let Ok((_, default_view)) = spec_for(&outcome, &SandboxConfig::default()) {
         let layers = outcome
             .report
             .layers

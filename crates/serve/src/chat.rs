@@ -18,12 +18,12 @@ use serde_json::{Value, json};
 use stoke_rollout::TokenLogprob;
 use stoke_tokenizer::hf::Tokenizer;
 
+use crate::app::{App, unix_now};
 use crate::completions::prompt_logprobs_json;
 use crate::error::ApiError;
 use crate::generation::{Generation, Update, token_string};
 use crate::protocol::{ChatRequest, parse_request};
-use crate::server::App;
-use crate::stream::{EventStream, Phase, request_id, unix_now};
+use crate::stream::{EventStream, Phase, request_id};
 use crate::tools;
 
 pub async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Response {

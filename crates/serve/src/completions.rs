@@ -18,11 +18,11 @@ use serde_json::{Map, Value, json};
 use stoke_rollout::TokenLogprob;
 use stoke_tokenizer::hf::Tokenizer;
 
+use crate::app::{App, unix_now};
 use crate::error::ApiError;
 use crate::generation::{Generation, Update, token_string};
 use crate::protocol::{CompletionRequest, parse_request};
-use crate::server::App;
-use crate::stream::{EventStream, Phase, request_id, unix_now};
+use crate::stream::{EventStream, Phase, request_id};
 
 /// The handler.
 pub async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {

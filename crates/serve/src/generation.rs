@@ -24,9 +24,9 @@ use stoke_tokenizer::hf::{DecodeStream, Tokenizer};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tokio::sync::oneshot;
 
+use crate::app::App;
 use crate::error::ApiError;
 use crate::protocol::GenerationSpec;
-use crate::server::App;
 use crate::tools;
 use crate::worker::{ChannelSink, Command};
 

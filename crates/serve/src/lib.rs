@@ -1,7 +1,8 @@
 //! stoke-serve: `stoke serve`, an OpenAI-compatible HTTP server over the rollout engine's
 //! continuous batcher, and the blocking client `stoke chat` uses.
 //!
-//! Modules: [`server`] (configuration, state, router, small routes, start/stop), [`protocol`]
+//! Modules: [`app`] (configuration and the state every route shares), [`server`] (router,
+//! small routes, start/stop), [`protocol`]
 //! (request types and their validation), [`generation`] (one request in flight: submission,
 //! events folded into choices, text rules), [`completions`] and [`chat`] (the two generation
 //! routes' answers, streaming and not), [`stream`] (server-sent events), [`worker`] (the thread
@@ -13,6 +14,7 @@
 //! §3.3), so its clients (openai, lm-eval's `local-completions`, prime-rl, verifiers) work
 //! unchanged; where stoke differs on purpose, `protocol` says so.
 
+pub mod app;
 pub mod chat;
 pub mod client;
 pub mod completions;
@@ -26,7 +28,8 @@ pub mod tools;
 pub mod weights;
 pub mod worker;
 
+pub use app::ServeConfig;
 pub use client::Client;
 pub use error::ApiError;
-pub use server::{HttpServer, RunningServer, ServeConfig, serve};
+pub use server::{HttpServer, RunningServer, serve};
 pub use weights::weights_checksum;

@@ -1,5 +1,5 @@
-//! The server: configuration, shared state, the router, the small routes, and starting and
-//! stopping it.
+//! The server: the router, the small routes, and starting and stopping it. Its configuration
+//! and the state every route shares are in `app.rs`.
 //!
 //! Routes: `/v1/completions`, `/v1/chat/completions` (their own modules), `/v1/models`,
 //! `/health`, `/version`, `/tokenize`, `/detokenize`, `/metrics`, and for RL weight syncs
@@ -13,9 +13,9 @@
 //! stops the worker. [`serve`] runs one until Ctrl-C.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -25,163 +25,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use stoke_rollout::{BatchLimits, Batcher, Detokenizer, LogprobMode};
 use stoke_tokenizer::chat::ChatOptions;
-use stoke_tokenizer::hf::Tokenizer;
-use stoke_types::Precision;
 use tokio::sync::oneshot;
 
+use crate::app::{App, ServeConfig};
 use crate::error::ApiError;
-use crate::metrics::Metrics;
-use crate::protocol::{ModelInfo, parse_body};
-use crate::stream::unix_now;
+use crate::protocol::parse_body;
 use crate::weights::load_for_serving;
-use crate::worker::{Command, Worker};
-use crate::{chat, completions, tools};
-
-/// The name a model is served under when none is given: a folder's name, or a GGUF file's name
-/// without its extension (`smollm2-135m.gguf` is served as `smollm2-135m`, as vLLM and
-/// llama.cpp's server name it).
-pub fn default_served_model_name(model: &Path) -> String {
-    let is_gguf = model
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
-    let name = if is_gguf {
-        model.file_stem()
-    } else {
-        model.file_name()
-    };
-    name.map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| model.display().to_string())
-}
-
-/// How to serve a model.
-#[derive(Debug, Clone)]
-pub struct ServeConfig {
-    /// A Hugging Face model directory with its tokenizer, or a GGUF file.
-    pub model_dir: PathBuf,
-    /// The name clients send as `model`; [`default_served_model_name`] when `None`.
-    pub served_model_name: Option<String>,
-    pub host: String,
-    /// 0 picks a free port.
-    pub port: u16,
-    pub precision: Precision,
-    /// Sequences decoded together.
-    pub max_num_seqs: usize,
-    /// Longest prompt + completion; the model's context when `None`.
-    pub max_model_len: Option<usize>,
-    /// KV cache budget.
-    pub kv_cache_bytes: usize,
-    pub prefill_chunk: usize,
-    pub prefill_budget: usize,
-    /// Requests that may wait for admission before new ones get 429.
-    pub max_queue: usize,
-    pub max_logprobs: usize,
-    pub logprobs_mode: LogprobMode,
-}
-
-impl ServeConfig {
-    /// Defaults for serving `model_dir` on 127.0.0.1:8000.
-    pub fn new(model_dir: impl Into<PathBuf>) -> ServeConfig {
-        ServeConfig {
-            model_dir: model_dir.into(),
-            served_model_name: None,
-            host: "127.0.0.1".into(),
-            port: 8000,
-            precision: Precision::F32,
-            max_num_seqs: 256,
-            max_model_len: None,
-            kv_cache_bytes: 4 << 30,
-            prefill_chunk: 512,
-            prefill_budget: 2048,
-            max_queue: 1024,
-            max_logprobs: 20,
-            logprobs_mode: LogprobMode::Processed,
-        }
-    }
-}
-
-/// What every route shares.
-pub struct App {
-    pub config: ServeConfig,
-    pub info: ModelInfo,
-    pub tokenizer: Arc<Tokenizer>,
-    pub worker: Worker,
-    pub metrics: Arc<Metrics>,
-    /// Prompts submitted and not yet prefilled (the queue `max_queue` bounds).
-    pub queued: AtomicUsize,
-    /// The chat template writes `<tool_call>` blocks.
-    pub template_tool_calls: bool,
-    /// One weight update at a time.
-    weight_update: tokio::sync::Mutex<()>,
-    started: u64,
-}
-
-impl std::fmt::Debug for App {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("App")
-            .field("model", &self.info.name)
-            .finish_non_exhaustive()
-    }
-}
-
-impl App {
-    /// Loads the model and tokenizer and starts the worker.
-    pub fn load(config: ServeConfig) -> Result<App, String> {
-        let dir = &config.model_dir;
-        let (model, checksum) = load_for_serving(dir, config.precision)?;
-        let tokenizer = Tokenizer::from_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let tokenizer = Arc::new(tokenizer);
-        let c = model.config().clone();
-        let max_model_len = config
-            .max_model_len
-            .unwrap_or(c.max_position_embeddings)
-            .min(c.max_position_embeddings);
-        let limits = BatchLimits {
-            max_running: config.max_num_seqs,
-            kv_budget_bytes: config.kv_cache_bytes,
-            prefill_chunk: config.prefill_chunk,
-            prefill_budget: config.prefill_budget,
-            max_model_len,
-        };
-        let detokenizer: Arc<dyn Detokenizer + Send + Sync> = tokenizer.clone();
-        let batcher = Batcher::new(Arc::new(model), 0, Some(detokenizer), limits)
-            .map_err(|e| e.to_string())?;
-        let mut eos_token_ids = c.eos_token_ids.clone();
-        eos_token_ids.extend(tokenizer.eos_token_ids());
-        eos_token_ids.sort_unstable();
-        eos_token_ids.dedup();
-        let name = config
-            .served_model_name
-            .clone()
-            .unwrap_or_else(|| default_served_model_name(dir));
-        let template_tool_calls = tokenizer
-            .chat_template_names()
-            .iter()
-            .filter_map(|name| tokenizer.chat_template_named(name))
-            .any(|template| tools::template_uses_tool_calls(template.source()));
-        let metrics = Arc::new(Metrics::new());
-        let worker = Worker::start(batcher, checksum, Arc::clone(&metrics));
-        Ok(App {
-            info: ModelInfo {
-                name,
-                vocab_size: c.vocab_size,
-                max_model_len,
-                eos_token_ids,
-                max_logprobs: config.max_logprobs,
-                default_logprobs_mode: config.logprobs_mode,
-            },
-            config,
-            tokenizer,
-            worker,
-            metrics,
-            queued: AtomicUsize::new(0),
-            template_tool_calls,
-            weight_update: tokio::sync::Mutex::new(()),
-            started: unix_now(),
-        })
-    }
-}
+use crate::worker::Command;
+use crate::{chat, completions};
 
 /// The router over `app`.
 pub fn router(app: Arc<App>) -> Router {
@@ -586,19 +438,4 @@ pub fn serve(config: ServeConfig) -> Result<(), String> {
     server.wait();
     eprintln!("stoke serve: stopped");
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::default_served_model_name;
-    use std::path::Path;
-
-    #[test]
-    fn a_gguf_file_is_served_under_its_name_without_the_extension() {
-        let name = |p: &str| default_served_model_name(Path::new(p));
-        assert_eq!(name("models/smollm2-135m-q8_0.gguf"), "smollm2-135m-q8_0");
-        assert_eq!(name("models/SmolLM2.GGUF"), "SmolLM2");
-        assert_eq!(name("runs/speedrun/model"), "model");
-        assert_eq!(name("runs/v1.5"), "v1.5");
-    }
 }

@@ -140,10 +140,3 @@ async fn send_chunks(sender: &tokio::sync::mpsc::Sender<Event>, out: &mut Out) -
 pub fn request_id(prefix: &str) -> String {
     format!("{prefix}-{:032x}", rand::random::<u128>())
 }
-
-/// Seconds since the Unix epoch.
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}

@@ -38,6 +38,9 @@
 //! `content` as that list (what transformers does), and joined with "\n" into a string for
 //! templates that do not (they would fail in Python; vLLM joins the same way).
 //!
+//! Tokenizing the rendered text (`ChatTemplate::encode`) is defined beside `Tokenizer` in `hf.rs`:
+//! this module renders text and assistant spans and names no tokenizer type.
+//!
 //! Not here: converting Python functions to tool schemas (pass JSON schemas as the `tools`
 //! variable), images or other non-text parts, `continue_final_message`, transformers'
 //! opt-in `sanitize_control_tokens`, and Python's `%` string formatting (minijinja has no `%` on
@@ -58,7 +61,6 @@ use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};
 use stoke_types::TokenId;
 
 use crate::error::TokenizerError;
-use crate::hf::Tokenizer;
 
 /// Wraps the rendered body of a `{% generation %}` block; noncharacters never occur in text.
 const SPAN_START: char = '\u{FDD0}';
@@ -220,23 +222,6 @@ impl ChatTemplate {
                 })
             }
         }
-    }
-
-    /// Renders and tokenizes `messages`; the mask marks the assistant turns.
-    pub fn encode(
-        &self,
-        tokenizer: &Tokenizer,
-        messages: &[ChatMessage],
-        options: &ChatOptions,
-    ) -> Result<ChatEncoding, TokenizerError> {
-        let rendered = self.render(messages, options)?;
-        let encoding = tokenizer.encode_with_offsets(&rendered.text, false)?;
-        let assistant_mask = spans_to_token_mask(&encoding, &rendered.assistant_spans);
-        Ok(ChatEncoding {
-            text: rendered.text,
-            ids: encoding.get_ids().to_vec(),
-            assistant_mask,
-        })
     }
 
     /// The template output, with span markers if the template has generation tags.
@@ -440,7 +425,10 @@ impl ChatTemplate {
 /// and spans in order, as `apply_chat_template(return_assistant_tokens_mask=True)` does it. So
 /// every byte-level token of a character split across tokens is marked. Byte offsets give the
 /// same result as Python's character offsets because both are monotone in each other.
-fn spans_to_token_mask(encoding: &tokenizers::Encoding, spans: &[Range<usize>]) -> Vec<bool> {
+pub(crate) fn spans_to_token_mask(
+    encoding: &tokenizers::Encoding,
+    spans: &[Range<usize>],
+) -> Vec<bool> {
     let mut mask = vec![false; encoding.get_ids().len()];
     let mut span_index = 0;
     for (token, &(token_start, token_end)) in encoding.get_offsets().iter().enumerate() {

@@ -16,7 +16,9 @@
 //! These are foreign files with dozens of fields, so unknown fields are ignored (unlike stoke's
 //! own configs); every field that is read is checked, and errors name the file and the field.
 //!
-//! Not here: chat-template rendering (`chat`), BPE training (`train`), metrics (`metrics`).
+//! Not here: chat-template rendering (`chat`), BPE training (`train`), metrics (`metrics`). Only
+//! the step that needs this type, tokenizing a rendered conversation (`ChatTemplate::encode`), is
+//! defined here, so that `chat` does not name `Tokenizer`.
 //!
 //! Invariants: every id this type returns (`eos_token_ids`, `pad_token_id`, ...) is in the
 //! vocabulary; `decode` never silently drops an id (an id outside the vocabulary is an error, where
@@ -28,7 +30,9 @@ use std::path::Path;
 use serde_json::Value as Json;
 use stoke_types::TokenId;
 
-use crate::chat::{ChatEncoding, ChatMessage, ChatOptions, ChatTemplate, TemplateTokens};
+use crate::chat::{
+    ChatEncoding, ChatMessage, ChatOptions, ChatTemplate, TemplateTokens, spans_to_token_mask,
+};
 use crate::error::TokenizerError;
 
 /// Name transformers gives the template stored as a plain string or in `chat_template.jinja`.
@@ -390,6 +394,26 @@ impl Tokenizer {
             }),
             None => Ok(()),
         }
+    }
+}
+
+/// Tokenizing a rendered conversation: the half of a chat template that needs the tokenizer.
+impl ChatTemplate {
+    /// Renders and tokenizes `messages`; the mask marks the assistant turns.
+    pub fn encode(
+        &self,
+        tokenizer: &Tokenizer,
+        messages: &[ChatMessage],
+        options: &ChatOptions,
+    ) -> Result<ChatEncoding, TokenizerError> {
+        let rendered = self.render(messages, options)?;
+        let encoding = tokenizer.encode_with_offsets(&rendered.text, false)?;
+        let assistant_mask = spans_to_token_mask(&encoding, &rendered.assistant_spans);
+        Ok(ChatEncoding {
+            text: rendered.text,
+            ids: encoding.get_ids().to_vec(),
+            assistant_mask,
+        })
     }
 }
 

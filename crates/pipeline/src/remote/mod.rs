@@ -4,13 +4,18 @@
 //! of the frozen model ([`reference`]). Both go through one [`servers::ServerPool`]: routing,
 //! per-server in-flight limits, retries on another server, per-server counters. They implement
 //! the boundary traits of [`crate::service`], so the drivers do not know where a module runs.
+//! Their settings (`PoolSettings`, `RemoteRolloutSettings`, ...) are plain records in
+//! `settings.rs`, re-exported here.
 
 pub mod reference;
 pub mod reward;
 pub mod rollout;
 pub mod servers;
 
-pub use reference::{RemoteReference, RemoteReferenceSettings};
+pub use crate::settings::{
+    Engine, PoolSettings, RemoteReferenceSettings, RemoteRolloutSettings, Routing,
+};
+pub use reference::RemoteReference;
 pub use reward::{RemoteRewards, RewardServerConfig, RunningRewardServer};
-pub use rollout::{Engine, RemotePublisher, RemoteRollout, RemoteRolloutSettings};
-pub use servers::{PoolSettings, Routing, ServerPool};
+pub use rollout::{RemotePublisher, RemoteRollout};
+pub use servers::ServerPool;

@@ -27,19 +27,11 @@ use stoke_tokenizer::hf::Tokenizer;
 
 use crate::error::PipelineError;
 use crate::records::ScoredGroup;
-use crate::remote::rollout::{Engine, check_server};
-use crate::remote::servers::{PoolSettings, ServerPool, Work, health};
+use crate::remote::rollout::check_server;
+use crate::remote::servers::{ServerPool, Work, health};
 use crate::scheduler::each_on_a_thread;
 use crate::service::{ReferenceScoring, RemoteStats};
-
-/// `[reference]`, resolved.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RemoteReferenceSettings {
-    pub pool: PoolSettings,
-    pub engine: Engine,
-    /// The served model name to expect; the first server's when `None`.
-    pub model: Option<String>,
-}
+use crate::settings::{Engine, RemoteReferenceSettings};
 
 /// The reference (or teacher) on remote servers.
 pub struct RemoteReference {

@@ -36,9 +36,10 @@ use stoke_serve::client::Client;
 
 use crate::error::PipelineError;
 use crate::records::{RewardFailure, RolloutGroup, SampleReward, ScoredGroup, Task};
-use crate::remote::servers::{PoolSettings, ServerPool, Work, health, wait_until_answering};
+use crate::remote::servers::{ServerPool, Work, health, wait_until_answering};
 use crate::reward::{RewardPool, RewardPoolStats, RewardSpec};
 use crate::service::{RemoteStats, RewardService};
+use crate::settings::PoolSettings;
 
 /// One sample as sent to a reward server.
 #[derive(Clone, Debug, Serialize, Deserialize)]

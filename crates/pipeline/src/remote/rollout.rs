@@ -48,40 +48,13 @@ use stoke_tokenizer::hf::Tokenizer;
 
 use crate::error::PipelineError;
 use crate::records::{GroupTicket, RolloutGroup, Sample};
-use crate::remote::servers::{PoolSettings, ServerPool, Work, health, wait_until_answering};
+use crate::remote::servers::{ServerPool, Work, health, wait_until_answering};
 use crate::rollout::{RolloutSettings, RolloutStats, check_prompt};
 use crate::scheduler::each_on_a_thread;
 use crate::service::{RemoteStats, RolloutService};
+use crate::settings::{Engine, PoolSettings, RemoteRolloutSettings};
 use crate::staleness::PolicyVersion;
 use crate::weights::{PublishHook, WeightStore};
-
-/// Which server software answers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Engine {
-    #[default]
-    Stoke,
-    Vllm,
-}
-
-impl Engine {
-    pub fn name(self) -> &'static str {
-        match self {
-            Engine::Stoke => "stoke",
-            Engine::Vllm => "vllm",
-        }
-    }
-}
-
-/// Remote rollout's own settings (the `[rollout]` table, resolved).
-#[derive(Clone, Debug, PartialEq)]
-pub struct RemoteRolloutSettings {
-    pub pool: PoolSettings,
-    pub engine: Engine,
-    /// The served model name to expect (and send as `model`); the first server's when `None`.
-    pub model: Option<String>,
-    /// Where published weights are written; every server must see this path.
-    pub weights_dir: PathBuf,
-}
 
 /// The weight side shared by the client and the probe of a failed server.
 struct Published {

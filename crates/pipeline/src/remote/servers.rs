@@ -24,32 +24,7 @@ use stoke_serve::client::Client;
 
 use crate::error::PipelineError;
 use crate::service::{RemoteStats, ServerStats};
-
-/// How a request picks its server.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Routing {
-    /// The next server in turn that has room.
-    RoundRobin,
-    /// The server with the fewest of our requests in flight (ties in turn).
-    #[default]
-    LeastLoaded,
-}
-
-/// How a pool talks to its servers (validated by the config layer).
-#[derive(Clone, Debug, PartialEq)]
-pub struct PoolSettings {
-    pub servers: Vec<String>,
-    pub routing: Routing,
-    /// Requests of ours in flight on one server at most.
-    pub max_in_flight: usize,
-    /// One request's limit, connecting to reading the answer.
-    pub timeout: Duration,
-    /// How long a failed server stays out of rotation before it is probed again.
-    pub revive_after: Duration,
-    /// How long the checks before the first step wait for a server that does not answer yet
-    /// (servers starting next to the trainer, as on Kubernetes); 0: not at all.
-    pub startup_wait: Duration,
-}
+use crate::settings::{PoolSettings, Routing};
 
 /// Polls `GET /health` until it answers 200 or `wait` has passed (at least one try).
 pub fn wait_until_answering(client: &Client, wait: Duration) -> Result<(), String> {

@@ -84,7 +84,7 @@ pub mod units;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::verifier::{Details, Outcome, RewardInput, RewardOutcome, Verifier, clip_detail};
 use compare::{Tolerance, decide};
 use expr::Expr;

@@ -25,11 +25,17 @@
 //! negative: penalty terms). A sum that overflows is reported as 0 (`RewardOutcome::new`).
 //! Components are not themselves composite. Every component's value is reported in
 //! `details.components`, with `applied` telling whether gating let it count.
+//!
+//! A child of `config.rs` because the two types are recursive: `RewardConfig::Composite` holds
+//! component `RewardConfig`s and `Reward::Composite` holds component `Reward`s. Re-exported at
+//! the crate root as `stoke_reward::composite`.
 
 use serde::{Deserialize, Serialize};
 use stoke_sandbox::Sandbox;
 
-use crate::config::{ConfigError, Reward, RewardConfig, RewardKind};
+use super::{Reward, RewardConfig};
+use crate::error::ConfigError;
+use crate::kind::RewardKind;
 use crate::verifier::{ComponentScore, Details, Outcome, RewardInput, RewardOutcome, Verifier};
 
 /// When a component counts.
