@@ -191,8 +191,6 @@ fn allowed_module_cycles() -> Vec<(&'static str, &'static [&'static str])> {
     vec![
         // optimizer -> state (the state file types), state -> optimizer (OptimizerConfig).
         ("optim", &["optimizer", "state"]),
-        // monitor -> run (reference_dir, trainer_state), run -> monitor (RunMonitor).
-        ("pipeline", &["monitor", "run"]),
         // remote -> rollout (remote/rollout.rs), rollout -> settings, settings -> remote
         // (RemoteRolloutSettings); service sits on the same loop.
         ("pipeline", &["remote", "rollout", "service", "settings"]),

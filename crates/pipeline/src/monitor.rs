@@ -1,11 +1,14 @@
-//! The run's side effects per update: the metrics record, the progress line, alerts (a skipped
-//! non-finite update, samples whose reward failed: a console warning and an `alert` record),
-//! evaluation and checkpoint cadence, saving the reference after a reset, and the report at the
-//! end.
+//! The run's side effects per update: the metrics record, the step shown on the shared
+//! `stoke_train::monitor::Monitor` (bar or plain lines with ETA, GRPO's figures as the step's
+//! detail), alerts (a skipped non-finite update, samples whose reward failed: a console warning
+//! and an `alert` record), evaluation and checkpoint cadence, saving the reference after a reset
+//! (in [`reference_dir`], where a resume finds it), and the report at the end.
 //!
-//! What it is not: the figures' definitions (`metrics`), the charts (`report`) or the update
-//! itself (`learner`). Evaluation and checkpoint time is measured and excluded from the
-//! throughput figures, so sync and async runs compare on update work alone.
+//! What it is not: the figures' definitions (`metrics`), the charts (`report`), the update
+//! itself (`learner`) or a progress display of its own (quiet runs print only evaluations and
+//! warnings; the shared alert rules are off, GRPO judges its updates here). Evaluation and
+//! checkpoint time is measured and excluded from the throughput figures, so sync and async runs
+//! compare on update work alone.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -13,6 +16,7 @@ use std::time::Instant;
 use stoke_model::Transformer;
 use stoke_train::checkpoint::CheckpointStore;
 use stoke_train::grpo::update::UpdateOutcome;
+use stoke_train::monitor::Monitor;
 
 use crate::driver::{Modules, StepSink, StepTiming};
 use crate::error::PipelineError;
@@ -22,9 +26,7 @@ use crate::metrics::{
     GrpoEvalRecord, GrpoMetricsLog, GrpoRecord, GrpoStepRecord, ModuleSeconds, ModuleUtilization,
     RatioRecord, RemoteRecord, batch_stats,
 };
-use crate::progress::{Progress, ProgressLine};
 use crate::records::{RewardFailure, ScoredGroup};
-use crate::run::{reference_dir, trainer_state};
 use crate::settings::GrpoSettings;
 
 /// The run's held-out evaluation, called with the current policy.
@@ -34,7 +36,7 @@ pub type EvaluateFn<'a> =
 pub struct RunMonitor {
     out_dir: PathBuf,
     log: GrpoMetricsLog,
-    progress: Progress,
+    display: Monitor,
     store: CheckpointStore,
     model_dir: PathBuf,
     config_toml: String,
@@ -68,10 +70,22 @@ impl RunMonitor {
         let path = out_dir.join("metrics.jsonl");
         // A resumed run cuts the log back to its checkpoint; a fresh run starts a new log.
         let log = GrpoMetricsLog::open(&path, Some(resumed_from.unwrap_or(0)))?;
+        let display = if quiet {
+            Monitor::quiet(settings.steps, Box::new(std::io::stderr()))
+        } else {
+            Monitor::new(settings.steps, false)
+        };
+        let mut display = display.without_alert_rules();
+        if resumed_from.is_some() {
+            // Moves the bar to the kept steps, so its ETA counts this process's updates only.
+            display.replay(&crate::report::standard_records(&GrpoMetricsLog::read_all(
+                log.path(),
+            )?));
+        }
         Ok(RunMonitor {
             out_dir: out_dir.to_path_buf(),
             log,
-            progress: Progress::new(resumed_from.unwrap_or(0), settings.steps, quiet),
+            display,
             store,
             model_dir,
             config_toml,
@@ -101,7 +115,7 @@ impl RunMonitor {
     }
 
     pub fn record_eval(&mut self, step: u64, result: &HeldOutResult) -> Result<(), PipelineError> {
-        self.progress.note(&format!(
+        self.display.println(&format!(
             "eval @ step {step}: greedy pass@1 {:.1}% | pass@1 {:.1}% | pass@{} {:.1}% ({} problems, {:.1} s)",
             100.0 * result.greedy_pass_at_1,
             100.0 * result.pass_at_1,
@@ -127,7 +141,7 @@ impl RunMonitor {
         if !due {
             return Ok(());
         }
-        let state = trainer_state(learner, self.tokens_seen);
+        let state = learner.trainer_state(self.tokens_seen);
         let path = self
             .store
             .save(
@@ -142,8 +156,8 @@ impl RunMonitor {
         self.last_checkpoint = Some(step);
         self.log.flush()?;
         if !at_end {
-            self.progress
-                .note(&format!("checkpoint {}", path.display()));
+            self.display
+                .println(&format!("checkpoint {}", path.display()));
         }
         Ok(())
     }
@@ -159,7 +173,7 @@ impl RunMonitor {
 
     /// Writes the report; returns its path.
     pub fn finish(&mut self) -> Result<PathBuf, PipelineError> {
-        self.progress.finish();
+        self.display.finish();
         self.log.flush()?;
         let records = GrpoMetricsLog::read_all(self.log.path())?;
         crate::report::write_grpo_report(&self.out_dir, &records, &self.title)
@@ -201,7 +215,7 @@ impl StepSink for RunSink<'_> {
                 step.report.grad_norm,
                 non_finite_inputs(&step.groups)
             );
-            monitor.progress.note(&format!("warning: {message}"));
+            monitor.display.println(&format!("warning: {message}"));
             monitor.log.append(&GrpoRecord::Alert {
                 step: number,
                 message,
@@ -217,7 +231,7 @@ impl StepSink for RunSink<'_> {
                 .is_some_and(|last| number < last + REWARD_WARNING_EVERY);
             if !quiet_since {
                 monitor.last_reward_warning = Some(number);
-                monitor.progress.note(&format!(
+                monitor.display.println(&format!(
                     "warning: {message} (alerts for every update in metrics.jsonl)"
                 ));
             }
@@ -240,15 +254,14 @@ impl StepSink for RunSink<'_> {
             .rewards
             .remote_stats()
             .map(|stats| RemoteRecord::of(&stats, false));
-        monitor.progress.step(&ProgressLine {
-            step: number,
-            reward_mean: record.reward_mean,
-            correct_fraction: record.correct_fraction,
-            kl: step.report.kl_mean,
-            seconds_per_step: timing.wall,
-            samples_per_second: monitor.samples_per_step as f64 / timing.wall.max(1e-9),
-            skipped,
-        });
+        let detail = step_detail(
+            &record,
+            step.report.kl_mean,
+            timing.wall,
+            monitor.samples_per_step,
+        );
+        let standard = crate::report::standard_step(&record, monitor.tokens_seen);
+        monitor.display.on_step_with(&standard, &detail);
         monitor.log.append(&GrpoRecord::Step(record))?;
 
         let side_started = Instant::now();
@@ -275,6 +288,32 @@ impl StepSink for RunSink<'_> {
         self.excluded += side_started.elapsed().as_secs_f64();
         Ok(())
     }
+}
+
+/// Where the reference after the reset at `step` is kept (saved here, loaded by a resume).
+pub fn reference_dir(out_dir: &Path, step: u64) -> PathBuf {
+    out_dir.join(format!("reference-step-{step:08}"))
+}
+
+/// GRPO's figures of one update, shown after the shared ones (loss, lr, tokens/s).
+fn step_detail(
+    record: &GrpoStepRecord,
+    kl: Option<f64>,
+    seconds_per_step: f64,
+    samples_per_step: usize,
+) -> String {
+    let kl = kl.map(|kl| format!(" | kl {kl:.4}")).unwrap_or_default();
+    let skipped = if record.outcome == UpdateOutcome::SkippedNonFinite {
+        " | SKIPPED (non-finite)"
+    } else {
+        ""
+    };
+    format!(
+        "reward {:.3} | correct {:.1}%{kl} | {seconds_per_step:.2} s/step | {:.1} samples/s{skipped}",
+        record.reward_mean,
+        100.0 * record.correct_fraction,
+        samples_per_step as f64 / seconds_per_step.max(1e-9),
+    )
 }
 
 /// What went wrong scoring one update's samples, for a person: how many failed and how, and the

@@ -45,23 +45,7 @@ pub fn standard_records(records: &[GrpoRecord]) -> Vec<MetricRecord> {
         match record {
             GrpoRecord::Step(s) => {
                 tokens_seen += s.tokens;
-                out.push(MetricRecord::Step(StepMetrics {
-                    step: s.step,
-                    loss: s.loss,
-                    lr: s.lr,
-                    grad_norm: s.grad_norm,
-                    tokens_per_s: s.tokens_per_s,
-                    tokens_seen,
-                    mfu: f64::NAN,
-                    elapsed_s: s.elapsed_s,
-                    skipped: s.outcome != StepOutcome::Applied,
-                    z_loss: None,
-                    memory: None,
-                    moe: None,
-                    max_attn_logit: None,
-                    qk_clipped_heads: None,
-                    mtp_loss: None,
-                }));
+                out.push(MetricRecord::Step(standard_step(s, tokens_seen)));
             }
             GrpoRecord::Alert { step, message } => out.push(MetricRecord::Alert {
                 step: *step,
@@ -71,6 +55,28 @@ pub fn standard_records(records: &[GrpoRecord]) -> Vec<MetricRecord> {
         }
     }
     out
+}
+
+/// One step record's figures as stoke_train's (what the report's curves and the shared monitor
+/// read); `tokens_seen` counts this update's tokens.
+pub fn standard_step(s: &GrpoStepRecord, tokens_seen: u64) -> StepMetrics {
+    StepMetrics {
+        step: s.step,
+        loss: s.loss,
+        lr: s.lr,
+        grad_norm: s.grad_norm,
+        tokens_per_s: s.tokens_per_s,
+        tokens_seen,
+        mfu: f64::NAN,
+        elapsed_s: s.elapsed_s,
+        skipped: s.outcome != StepOutcome::Applied,
+        z_loss: None,
+        memory: None,
+        moe: None,
+        max_attn_logit: None,
+        qk_clipped_heads: None,
+        mtp_loss: None,
+    }
 }
 
 /// GRPO's sections of the report (the speedrun's report can embed them too).

@@ -394,6 +394,39 @@ fn plain_mode_prints_every_n_steps_and_the_alerts() {
 }
 
 #[test]
+fn quiet_mode_prints_only_the_lines_it_is_given() {
+    let out = Captured::default();
+    let mut monitor = Monitor::quiet(10, Box::new(out.clone()));
+    for m in &steady(10) {
+        monitor.on_step_with(m, "reward 0.5");
+    }
+    monitor.println("eval @ step 10: pass@1 50.0%");
+    monitor.finish();
+    assert_eq!(out.text(), "eval @ step 10: pass@1 50.0%\n");
+}
+
+#[test]
+fn without_alert_rules_nothing_is_judged_and_the_summary_counts_no_alerts() {
+    let out = Captured::default();
+    let mut monitor = Monitor::plain(10, 5, Box::new(out.clone())).without_alert_rules();
+    let mut series = steady(10);
+    series[3].loss = f64::NAN;
+    series[4].skipped = true;
+    for m in &series {
+        assert!(monitor.on_step_with(m, "reward 0.5").is_empty());
+    }
+    monitor.finish();
+    let text = out.text();
+    assert!(!text.contains("[alert]"), "{text}");
+    assert!(text.contains("| reward 0.5 | ETA"), "{text}");
+    let summary = text.lines().last().unwrap();
+    assert!(
+        summary.starts_with("done: step 10/10") && !summary.contains("alert"),
+        "{text}"
+    );
+}
+
+#[test]
 fn replay_lets_a_resumed_run_judge_against_the_old_window() {
     let series = steady(150);
     let history: Vec<MetricRecord> = series[..100]
