@@ -144,15 +144,19 @@ impl StepTiming {
     }
 }
 
+/// One finished update as a [`StepSink`] receives it.
+pub struct FinishedUpdate<'a> {
+    /// The learner after the update.
+    pub learner: &'a Learner,
+    pub step: LearnerStep,
+    pub timing: StepTiming,
+    /// The modules, for their statistics (and the evaluation's reward service).
+    pub modules: &'a Modules,
+}
+
 /// Receives every finished update (metrics, progress, evaluation, checkpoints).
 pub trait StepSink {
-    fn on_step(
-        &mut self,
-        learner: &Learner,
-        step: LearnerStep,
-        timing: StepTiming,
-        modules: &Modules,
-    ) -> Result<(), PipelineError>;
+    fn on_step(&mut self, update: FinishedUpdate<'_>) -> Result<(), PipelineError>;
 }
 
 fn busy_of(groups: &[ScoredGroup]) -> (f64, f64, f64) {
@@ -241,7 +245,12 @@ pub fn run_sync(
             .install(ComputeModule::Trainer, || learner.update(scored))??;
         let stop = update.stop.clone();
         let timing = StepTiming::measure(last, 0.0, &scored_busy, &update);
-        sink.on_step(learner, update, timing, modules)?;
+        sink.on_step(FinishedUpdate {
+            learner,
+            step: update,
+            timing,
+            modules,
+        })?;
         stop_if_asked(stop)?;
         last = Instant::now();
     }
@@ -456,7 +465,12 @@ pub fn run_async(
                     .scheduler
                     .rebalance(batch_busy.0, update.report.seconds + batch_busy.2);
                 let timing = StepTiming::measure(last, trainer_waiting, &batch_busy, &update);
-                sink.on_step(learner, update, timing, modules)?;
+                sink.on_step(FinishedUpdate {
+                    learner,
+                    step: update,
+                    timing,
+                    modules,
+                })?;
                 stop_if_asked(stop)?;
                 last = Instant::now();
             }

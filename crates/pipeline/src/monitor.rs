@@ -18,7 +18,7 @@ use stoke_train::checkpoint::CheckpointStore;
 use stoke_train::grpo::update::UpdateOutcome;
 use stoke_train::monitor::Monitor;
 
-use crate::driver::{Modules, StepSink, StepTiming};
+use crate::driver::{FinishedUpdate, Modules, StepSink, StepTiming};
 use crate::error::PipelineError;
 use crate::held_out::HeldOutResult;
 use crate::learner::{Learner, LearnerStep};
@@ -195,13 +195,13 @@ impl RunSink<'_> {
 }
 
 impl StepSink for RunSink<'_> {
-    fn on_step(
-        &mut self,
-        learner: &Learner,
-        step: LearnerStep,
-        timing: StepTiming,
-        modules: &Modules,
-    ) -> Result<(), PipelineError> {
+    fn on_step(&mut self, update: FinishedUpdate<'_>) -> Result<(), PipelineError> {
+        let FinishedUpdate {
+            learner,
+            step,
+            timing,
+            modules,
+        } = update;
         let monitor = &mut *self.monitor;
         let number = learner.step();
         monitor.tokens_seen += step.report.tokens as u64;
