@@ -60,23 +60,12 @@ pub fn standard_records(records: &[GrpoRecord]) -> Vec<MetricRecord> {
 /// One step record's figures as stoke_train's (what the report's curves and the shared monitor
 /// read); `tokens_seen` counts this update's tokens.
 pub fn standard_step(s: &GrpoStepRecord, tokens_seen: u64) -> StepMetrics {
-    StepMetrics {
-        step: s.step,
-        loss: s.loss,
-        lr: s.lr,
-        grad_norm: s.grad_norm,
-        tokens_per_s: s.tokens_per_s,
+    let skipped = s.outcome != StepOutcome::Applied;
+    StepMetrics::basic(s.step, s.loss, s.lr, s.grad_norm, skipped).with_progress(
+        s.tokens_per_s,
         tokens_seen,
-        mfu: f64::NAN,
-        elapsed_s: s.elapsed_s,
-        skipped: s.outcome != StepOutcome::Applied,
-        z_loss: None,
-        memory: None,
-        moe: None,
-        max_attn_logit: None,
-        qk_clipped_heads: None,
-        mtp_loss: None,
-    }
+        s.elapsed_s,
+    )
 }
 
 /// GRPO's sections of the report (the speedrun's report can embed them too).

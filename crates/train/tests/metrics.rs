@@ -12,21 +12,12 @@ use stoke_train::monitor::{AlertConfig, AlertKind, AlertRules, Monitor};
 
 fn step(step: u64, loss: f64, tokens_per_s: f64) -> StepMetrics {
     StepMetrics {
-        step,
-        loss,
-        lr: 3e-4,
-        grad_norm: 0.8,
-        tokens_per_s,
-        tokens_seen: step * 4096,
         mfu: 0.12,
-        elapsed_s: step as f64 * 0.5,
-        skipped: false,
-        z_loss: None,
-        memory: None,
-        moe: None,
-        max_attn_logit: None,
-        qk_clipped_heads: None,
-        mtp_loss: None,
+        ..StepMetrics::basic(step, loss, 3e-4, 0.8, false).with_progress(
+            tokens_per_s,
+            step * 4096,
+            step as f64 * 0.5,
+        )
     }
 }
 
