@@ -23,7 +23,7 @@ use crate::error::PipelineError;
 use crate::held_out::HeldOutResult;
 use crate::learner::{Learner, LearnerStep};
 use crate::metrics::{
-    GrpoEvalRecord, GrpoMetricsLog, GrpoRecord, GrpoStepRecord, ModuleSeconds, ModuleUtilization,
+    GrpoEvalRecord, GrpoMetricsLog, GrpoRecord, GrpoStepRecord, ModuleSeconds, PerModule,
     RatioRecord, RemoteRecord, batch_stats,
 };
 use crate::records::{RewardFailure, ScoredGroup};
@@ -397,6 +397,12 @@ pub fn step_record(
     let stats = batch_stats(&step.groups, step.trained_version);
     let report = &step.report;
     let wall = timing.wall.max(1e-9);
+    let busy = PerModule {
+        rollout: timing.rollout_busy,
+        reward: timing.reward_busy,
+        inference: timing.inference_busy,
+        trainer: timing.trainer_busy,
+    };
     let mut record = GrpoStepRecord {
         step: number,
         policy_version: step.trained_version.0,
@@ -413,20 +419,12 @@ pub fn step_record(
         clip_region_fraction: report.clip.region,
         ratio: report.mismatch.as_ref().map(RatioRecord::from),
         seconds: ModuleSeconds {
-            rollout: timing.rollout_busy,
-            reward: timing.reward_busy,
-            inference: timing.inference_busy,
-            trainer: timing.trainer_busy,
+            busy,
             waiting: timing.trainer_waiting,
             publish: timing.publish,
         },
         // Busy seconds per thread the module had: 1.0 means its threads never idled.
-        utilization: ModuleUtilization {
-            rollout: timing.rollout_busy / wall,
-            reward: timing.reward_busy / wall,
-            inference: timing.inference_busy / wall,
-            trainer: timing.trainer_busy / wall,
-        },
+        utilization: busy.divided_by(wall),
         elapsed_s: elapsed.as_secs_f64(),
         temperature: step
             .groups
