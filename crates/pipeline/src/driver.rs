@@ -243,23 +243,30 @@ pub fn run_sync(
         let update = modules
             .scheduler
             .install(ComputeModule::Trainer, || learner.update(scored))??;
-        let stop = update.stop.clone();
         let timing = StepTiming::measure(last, 0.0, &scored_busy, &update);
-        sink.on_step(FinishedUpdate {
-            learner,
-            step: update,
-            timing,
-            modules,
-        })?;
-        stop_if_asked(stop)?;
+        record_update(sink, learner, update, timing, modules)?;
         last = Instant::now();
     }
     Ok(())
 }
 
-/// The learner's stop request (too many non-finite updates in a row) as the run's error, once
-/// the update that made it has been recorded.
-fn stop_if_asked(stop: Option<String>) -> Result<(), PipelineError> {
+/// Hands a finished update to the sink, then turns the learner's stop request (too many
+/// non-finite updates in a row) into the run's error, once the update that made it has been
+/// recorded.
+fn record_update(
+    sink: &mut dyn StepSink,
+    learner: &Learner,
+    step: LearnerStep,
+    timing: StepTiming,
+    modules: &Modules,
+) -> Result<(), PipelineError> {
+    let stop = step.stop.clone();
+    sink.on_step(FinishedUpdate {
+        learner,
+        step,
+        timing,
+        modules,
+    })?;
     match stop {
         Some(reason) => Err(PipelineError::ModuleStopped {
             module: "trainer",
@@ -460,18 +467,11 @@ pub fn run_async(
                 let update = modules
                     .scheduler
                     .install(ComputeModule::Trainer, || learner.update(batch))??;
-                let stop = update.stop.clone();
                 modules
                     .scheduler
                     .rebalance(batch_busy.0, update.report.seconds + batch_busy.2);
                 let timing = StepTiming::measure(last, trainer_waiting, &batch_busy, &update);
-                sink.on_step(FinishedUpdate {
-                    learner,
-                    step: update,
-                    timing,
-                    modules,
-                })?;
-                stop_if_asked(stop)?;
+                record_update(sink, learner, update, timing, modules)?;
                 last = Instant::now();
             }
             Ok(())
