@@ -5,7 +5,8 @@
 //!
 //! Order of documents, precisely: documents are numbered globally across the shards in file
 //! order (shard 0's documents first). Epoch `e` visits every document once, in a permutation drawn
-//! by `ChaCha8Rng` seeded from `(seed, e)` (or in file order when `shuffle` is off). With
+//! by `ChaCha8Rng` seeded from `(seed, e)` (or in file order when `shuffle` is off): the shared
+//! [`EpochCursor`] with [`Shuffle::Splitmix`]. With
 //! `shuffle_buffer = K > 0`, documents pass through a buffer of `K`: each draw takes a uniformly
 //! random buffered document (so neighbours in a batch come from far apart in the epoch order);
 //! the buffer carries over the epoch boundary. With `shuffle` on, the rows each packing window
@@ -26,6 +27,7 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::epoch::{EpochCursor, EpochPosition, Shuffle, draw};
 use crate::packing::{DocPiece, PackedBatch, PackedRow, Packer, PackingPolicy, build_batch};
 use crate::shard::{ShardError, ShardReader};
 
@@ -130,24 +132,13 @@ pub struct Loader {
     shards: Vec<ShardReader>,
     /// `doc_base[i]` = global id of shard `i`'s first document; last entry = total documents.
     doc_base: Vec<u64>,
-    order: Vec<u64>,
-    order_epoch: Option<u64>,
+    /// The epoch order; its position is mirrored in `cursor.epoch` / `cursor.position`.
+    epochs: EpochCursor,
     cursor: LoaderCursor,
 }
 
 const STREAM_BUFFER: u64 = 0x9e37_79b9_7f4a_7c15;
 const STREAM_ROWS: u64 = 0xbf58_476d_1ce4_e5b9;
-const STREAM_EPOCH: u64 = 0x94d0_49bb_1331_11eb;
-
-/// splitmix64 finalizer over (seed, stream, counter): a counter-based generator whose state is
-/// just the counter.
-fn draw(seed: u64, stream: u64, counter: u64) -> u64 {
-    let mut z = seed ^ stream.wrapping_mul(counter.wrapping_add(1)) ^ counter.rotate_left(17);
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
 
 impl Loader {
     /// A loader at the start of epoch 0.
@@ -210,12 +201,20 @@ impl Loader {
         if let Some(&bad) = cursor.buffer.iter().find(|&&d| d >= total) {
             return Err(LoaderError::BadDocument(bad));
         }
+        let epochs = EpochCursor::new(
+            total,
+            Shuffle::splitmix_if(config.shuffle, config.seed),
+            config.max_epochs,
+        )
+        .at(EpochPosition {
+            epoch: cursor.epoch,
+            position: cursor.position,
+        });
         Ok(Loader {
             config,
             shards,
             doc_base,
-            order: Vec::new(),
-            order_epoch: None,
+            epochs,
             cursor,
         })
     }
@@ -347,39 +346,16 @@ impl Loader {
 
     /// The next position of the epoch order (any rank's) and its document.
     fn next_position(&mut self) -> Option<(u64, u64)> {
-        let total = self.num_docs();
-        if self.cursor.position >= total {
-            let next_epoch = self.cursor.epoch + 1;
-            if self.config.max_epochs.is_some_and(|max| next_epoch >= max) {
-                return None;
-            }
-            self.cursor.epoch = next_epoch;
-            self.cursor.position = 0;
-        }
-        if self.order_epoch != Some(self.cursor.epoch) {
-            self.order = epoch_order(
-                total,
-                self.config.seed,
-                self.cursor.epoch,
-                self.config.shuffle,
-            );
-            self.order_epoch = Some(self.cursor.epoch);
-        }
-        let position = self.cursor.position;
-        let doc = self.order.get(position as usize).copied();
-        self.cursor.position += 1;
-        doc.map(|doc| (position, doc))
+        let next = self.epochs.next_item();
+        let EpochPosition { epoch, position } = self.epochs.position();
+        (self.cursor.epoch, self.cursor.position) = (epoch, position);
+        next
     }
 }
 
-/// The document order of one epoch.
+/// The document order of one epoch (the loader's [`Shuffle::Splitmix`] order).
 pub fn epoch_order(num_docs: u64, seed: u64, epoch: u64, shuffle: bool) -> Vec<u64> {
-    let mut order: Vec<u64> = (0..num_docs).collect();
-    if shuffle {
-        let mut rng = ChaCha8Rng::seed_from_u64(draw(seed, STREAM_EPOCH, epoch));
-        order.shuffle(&mut rng);
-    }
-    order
+    Shuffle::splitmix_if(shuffle, seed).order(num_docs, epoch)
 }
 
 fn fingerprint(shards: &[ShardReader]) -> u64 {

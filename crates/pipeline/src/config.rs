@@ -78,7 +78,8 @@
 //!   module runs, not what it computes: a resume may change them.
 //!
 //! `--set key=value` edits the parsed table before it is deserialised (stoke_train's
-//! `apply_overrides`), so an override is checked like a key in the file. Every error names the
+//! `keys::prepare_table`, the layer every command shares: renamed keys moved, then the
+//! overrides applied), so an override is checked like a key in the file. Every error names the
 //! key it is about (`grpo.group_size: must be at least 1`). [`GrpoConfig::to_toml`] writes the
 //! resolved config with every value explicit and absolute paths; loading it gives an equal
 //! config (the run saves it as `OUT/config.toml`). [`resume_differences`] lists the keys in
@@ -99,7 +100,7 @@ use std::time::Duration;
 use stoke_optim::{AdamWConfig, LrSchedule, OptimizerConfig};
 use stoke_reward::RewardConfig;
 use stoke_reward::exact_match::{ExactMatchConfig, MatchMode};
-use stoke_train::config::{OptimizerFile, apply_overrides, keys};
+use stoke_train::config::{ConfigError, OptimizerFile, keys};
 use stoke_train::grpo::GrpoLossFile;
 
 use crate::error::PipelineError;
@@ -183,28 +184,19 @@ impl GrpoConfig {
     /// resolves relative paths, its stem names the default output folder).
     pub fn parse(text: &str, origin: &Path, sets: &[String]) -> Result<GrpoConfig, PipelineError> {
         let name = origin.display().to_string();
-        let mut table: toml::Table =
-            toml::from_str(text).map_err(|e| PipelineError::config(name.clone(), e.to_string()))?;
-        let renamed = |e: stoke_train::config::ConfigError| match e {
-            stoke_train::config::ConfigError::Key { key, message, .. } => {
-                PipelineError::config(key, message)
-            }
-            other => PipelineError::config(name.clone(), other.to_string()),
-        };
-        keys::migrate_renamed_with_warnings(&mut table, RENAMED, &name).map_err(renamed)?;
-        apply_overrides(&mut table, &keys::rename_sets(sets, RENAMED)).map_err(|e| match e {
-            stoke_train::config::ConfigError::Override { arg, message } => {
-                PipelineError::config(format!("--set {arg}"), message)
-            }
-            other => PipelineError::config("--set", other.to_string()),
-        })?;
+        // The layer every command shares (stoke_train's `keys`), its errors in GRPO's words.
+        let table = keys::parse_table(text, origin)
+            .and_then(|table| keys::prepare_table(table, &name, sets, RENAMED))
+            .map_err(|e| match e {
+                ConfigError::Syntax { message, .. } => PipelineError::config(name.clone(), message),
+                ConfigError::Key { key, message, .. } => PipelineError::config(key, message),
+                ConfigError::Override { arg, message } => {
+                    PipelineError::config(format!("--set {arg}"), message)
+                }
+                other => PipelineError::config(name.clone(), other.to_string()),
+            })?;
         let file = GrpoConfigFile::from_table(table, &name)?;
-        let base = origin.parent().unwrap_or(Path::new("."));
-        let base = if base.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            base
-        };
+        let base = keys::base_dir(origin);
         let stem = origin
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())

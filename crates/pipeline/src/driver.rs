@@ -30,8 +30,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use rand::SeedableRng;
-use rand::seq::SliceRandom;
+use stoke_data::epoch::{EpochCursor, Shuffle};
 
 use crate::buffer::{BufferCapacity, RecordBuffer};
 use crate::error::PipelineError;
@@ -43,12 +42,13 @@ use crate::settings::TemperatureSchedule;
 use crate::staleness::{GenerationPermit, StalenessGate};
 use crate::weights::WeightStore;
 
-/// Which task and temperature each group gets: a seeded shuffle of the tasks per epoch, indexed
-/// by the global group number, so the plan needs no state to resume.
+/// Which task and temperature each group gets: a seeded shuffle of the tasks per epoch (the
+/// shared epoch cursor, `seed ^ epoch * golden ratio` seeding each epoch), indexed by the global
+/// group number, so the plan needs no state to resume.
 #[derive(Clone, Debug)]
 pub struct TaskPlan {
     tasks: Vec<Arc<Task>>,
-    seed: u64,
+    order: EpochCursor,
     /// Global group number of the session's first permit (`start_step * prompts_per_step`).
     first_group: u64,
     /// Trainer step of the session's update slot 0.
@@ -68,8 +68,12 @@ impl TaskPlan {
             return Err(PipelineError::config("tasks", "no training tasks"));
         }
         Ok(TaskPlan {
+            order: EpochCursor::new(
+                tasks.len() as u64,
+                Shuffle::SeedXorScaledEpoch { seed },
+                None,
+            ),
             tasks,
-            seed,
             first_group: first_step * prompts_per_step as u64,
             first_step,
             temperature,
@@ -78,14 +82,7 @@ impl TaskPlan {
 
     /// The task of global group `group_id`.
     pub fn task(&self, group_id: u64) -> Arc<Task> {
-        let n = self.tasks.len() as u64;
-        let (epoch, position) = (group_id / n, group_id % n);
-        let mut order: Vec<usize> = (0..self.tasks.len()).collect();
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(
-            self.seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-        );
-        order.shuffle(&mut rng);
-        Arc::clone(&self.tasks[order[position as usize]])
+        Arc::clone(&self.tasks[self.order.item_at(group_id) as usize])
     }
 
     /// The ticket for a permit of this session.
@@ -147,15 +144,19 @@ impl StepTiming {
     }
 }
 
+/// One finished update as a [`StepSink`] receives it.
+pub struct FinishedUpdate<'a> {
+    /// The learner after the update.
+    pub learner: &'a Learner,
+    pub step: LearnerStep,
+    pub timing: StepTiming,
+    /// The modules, for their statistics (and the evaluation's reward service).
+    pub modules: &'a Modules,
+}
+
 /// Receives every finished update (metrics, progress, evaluation, checkpoints).
 pub trait StepSink {
-    fn on_step(
-        &mut self,
-        learner: &Learner,
-        step: LearnerStep,
-        timing: StepTiming,
-        modules: &Modules,
-    ) -> Result<(), PipelineError>;
+    fn on_step(&mut self, update: FinishedUpdate<'_>) -> Result<(), PipelineError>;
 }
 
 fn busy_of(groups: &[ScoredGroup]) -> (f64, f64, f64) {
@@ -242,18 +243,30 @@ pub fn run_sync(
         let update = modules
             .scheduler
             .install(ComputeModule::Trainer, || learner.update(scored))??;
-        let stop = update.stop.clone();
         let timing = StepTiming::measure(last, 0.0, &scored_busy, &update);
-        sink.on_step(learner, update, timing, modules)?;
-        stop_if_asked(stop)?;
+        record_update(sink, learner, update, timing, modules)?;
         last = Instant::now();
     }
     Ok(())
 }
 
-/// The learner's stop request (too many non-finite updates in a row) as the run's error, once
-/// the update that made it has been recorded.
-fn stop_if_asked(stop: Option<String>) -> Result<(), PipelineError> {
+/// Hands a finished update to the sink, then turns the learner's stop request (too many
+/// non-finite updates in a row) into the run's error, once the update that made it has been
+/// recorded.
+fn record_update(
+    sink: &mut dyn StepSink,
+    learner: &Learner,
+    step: LearnerStep,
+    timing: StepTiming,
+    modules: &Modules,
+) -> Result<(), PipelineError> {
+    let stop = step.stop.clone();
+    sink.on_step(FinishedUpdate {
+        learner,
+        step,
+        timing,
+        modules,
+    })?;
     match stop {
         Some(reason) => Err(PipelineError::ModuleStopped {
             module: "trainer",
@@ -454,13 +467,11 @@ pub fn run_async(
                 let update = modules
                     .scheduler
                     .install(ComputeModule::Trainer, || learner.update(batch))??;
-                let stop = update.stop.clone();
                 modules
                     .scheduler
                     .rebalance(batch_busy.0, update.report.seconds + batch_busy.2);
                 let timing = StepTiming::measure(last, trainer_waiting, &batch_busy, &update);
-                sink.on_step(learner, update, timing, modules)?;
-                stop_if_asked(stop)?;
+                record_update(sink, learner, update, timing, modules)?;
                 last = Instant::now();
             }
             Ok(())

@@ -26,6 +26,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use stoke_data::packing::PackedBatch;
+use stoke_train::checkpoint::TrainerState;
 use stoke_train::grpo::drop_equal_reward_groups;
 use stoke_train::grpo::update::{
     PolicySample, PolicyUpdater, UpdateOutcome, UpdateReport, kl_reward_penalty,
@@ -115,6 +116,17 @@ impl Learner {
 
     pub fn ptx_cursor(&self) -> Option<serde_json::Value> {
         self.ptx.as_ref().map(|source| source.cursor())
+    }
+
+    /// The trainer state a checkpoint of this learner stores (a resume reads it back in `run`).
+    pub fn trainer_state(&self, tokens_seen: u64) -> TrainerState {
+        TrainerState {
+            step: self.step(),
+            tokens_seen,
+            source: self.ptx_cursor().unwrap_or(serde_json::Value::Null),
+            engine: Some(self.updater().engine_state()),
+            extra: serde_json::json!({ "kind": "grpo" }),
+        }
     }
 
     /// One update from `groups` (exactly the groups of the current update slot).

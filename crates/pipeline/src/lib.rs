@@ -18,7 +18,7 @@
 //!   [`scheduler`] (sharing CPU threads between modules by measured busy time).
 //! - [`driver`] (the sync and async ways to run the modules, the task plan), [`run`] (one whole
 //!   run: setup, resume, final model), [`held_out`] (pass@1 / pass@k evaluation), [`monitor`]
-//!   and [`progress`] (per-update side effects and what a person sees), [`metrics`] and
+//!   (per-update side effects; what a person sees is stoke_train's shared `Monitor`), [`metrics`] and
 //!   [`report`] (the records in `metrics.jsonl` and the charts of `report.html`).
 //! - the boundaries: [`service`] (one narrow trait per module boundary: rollout, reward,
 //!   reference scoring; the drivers see only these) and [`remote`] (their implementations over
@@ -35,7 +35,6 @@ pub mod inference;
 pub mod learner;
 pub mod metrics;
 pub mod monitor;
-pub mod progress;
 pub mod records;
 pub mod rejection;
 pub mod remote;

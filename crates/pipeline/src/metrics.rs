@@ -29,9 +29,10 @@ use stoke_train::metrics::{LogRecord, RunLog, json_float, json_float_opt};
 /// never `skipped_spike`).
 pub use stoke_train::step::StepOutcome;
 
-/// Wall seconds spent in each module during one update's span (summed over worker threads).
+/// One figure per compute module: busy seconds ([`ModuleSeconds::busy`]) or the busy share of
+/// the update's wall time per thread ([`GrpoStepRecord::utilization`], 0..=1).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ModuleSeconds {
+pub struct PerModule {
     #[serde(with = "json_float")]
     pub rollout: f64,
     #[serde(with = "json_float")]
@@ -40,25 +41,39 @@ pub struct ModuleSeconds {
     pub inference: f64,
     #[serde(with = "json_float")]
     pub trainer: f64,
+}
+
+impl PerModule {
+    /// The modules' names, in the order of [`PerModule::values`].
+    pub const NAMES: [&'static str; 4] = ["rollout", "reward", "inference", "trainer"];
+
+    pub fn values(&self) -> [f64; 4] {
+        [self.rollout, self.reward, self.inference, self.trainer]
+    }
+
+    /// Each figure divided by `by` (busy seconds over wall seconds: the utilization).
+    pub fn divided_by(self, by: f64) -> PerModule {
+        PerModule {
+            rollout: self.rollout / by,
+            reward: self.reward / by,
+            inference: self.inference / by,
+            trainer: self.trainer / by,
+        }
+    }
+}
+
+/// Wall seconds spent in each module during one update's span (summed over worker threads).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModuleSeconds {
+    /// Busy seconds per module (written as `rollout`, `reward`, ... beside `waiting`).
+    #[serde(flatten)]
+    pub busy: PerModule,
     /// The trainer waiting for groups (the pipeline bubble).
     #[serde(with = "json_float")]
     pub waiting: f64,
     /// Publishing the new weights (remote rollout: writing them and the servers loading them).
     #[serde(default, with = "json_float")]
     pub publish: f64,
-}
-
-/// Busy share (0..=1 per thread) of each module over the update's wall time.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ModuleUtilization {
-    #[serde(with = "json_float")]
-    pub rollout: f64,
-    #[serde(with = "json_float")]
-    pub reward: f64,
-    #[serde(with = "json_float")]
-    pub inference: f64,
-    #[serde(with = "json_float")]
-    pub trainer: f64,
 }
 
 /// The trainer/rollout importance ratio over the update's tokens (`stoke_train::grpo::RatioStats`).
@@ -156,7 +171,8 @@ pub struct GrpoStepRecord {
     #[serde(default)]
     pub staleness_histogram: Vec<u64>,
     pub seconds: ModuleSeconds,
-    pub utilization: ModuleUtilization,
+    /// Busy share (0..=1 per thread) of each module over the update's wall time.
+    pub utilization: PerModule,
     #[serde(with = "json_float")]
     pub tokens_per_s: f64,
     #[serde(with = "json_float")]

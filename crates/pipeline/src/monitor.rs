@@ -1,11 +1,14 @@
-//! The run's side effects per update: the metrics record, the progress line, alerts (a skipped
-//! non-finite update, samples whose reward failed: a console warning and an `alert` record),
-//! evaluation and checkpoint cadence, saving the reference after a reset, and the report at the
-//! end.
+//! The run's side effects per update: the metrics record, the step shown on the shared
+//! `stoke_train::monitor::Monitor` (bar or plain lines with ETA, GRPO's figures as the step's
+//! detail), alerts (a skipped non-finite update, samples whose reward failed: a console warning
+//! and an `alert` record), evaluation and checkpoint cadence, saving the reference after a reset
+//! (in [`reference_dir`], where a resume finds it), and the report at the end.
 //!
-//! What it is not: the figures' definitions (`metrics`), the charts (`report`) or the update
-//! itself (`learner`). Evaluation and checkpoint time is measured and excluded from the
-//! throughput figures, so sync and async runs compare on update work alone.
+//! What it is not: the figures' definitions (`metrics`), the charts (`report`), the update
+//! itself (`learner`) or a progress display of its own (quiet runs print only evaluations and
+//! warnings; the shared alert rules are off, GRPO judges its updates here). Evaluation and
+//! checkpoint time is measured and excluded from the throughput figures, so sync and async runs
+//! compare on update work alone.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -13,18 +16,17 @@ use std::time::Instant;
 use stoke_model::Transformer;
 use stoke_train::checkpoint::CheckpointStore;
 use stoke_train::grpo::update::UpdateOutcome;
+use stoke_train::monitor::Monitor;
 
-use crate::driver::{Modules, StepSink, StepTiming};
+use crate::driver::{FinishedUpdate, Modules, StepSink, StepTiming};
 use crate::error::PipelineError;
 use crate::held_out::HeldOutResult;
 use crate::learner::{Learner, LearnerStep};
 use crate::metrics::{
-    GrpoEvalRecord, GrpoMetricsLog, GrpoRecord, GrpoStepRecord, ModuleSeconds, ModuleUtilization,
+    GrpoEvalRecord, GrpoMetricsLog, GrpoRecord, GrpoStepRecord, ModuleSeconds, PerModule,
     RatioRecord, RemoteRecord, batch_stats,
 };
-use crate::progress::{Progress, ProgressLine};
 use crate::records::{RewardFailure, ScoredGroup};
-use crate::run::{reference_dir, trainer_state};
 use crate::settings::GrpoSettings;
 
 /// The run's held-out evaluation, called with the current policy.
@@ -34,7 +36,7 @@ pub type EvaluateFn<'a> =
 pub struct RunMonitor {
     out_dir: PathBuf,
     log: GrpoMetricsLog,
-    progress: Progress,
+    display: Monitor,
     store: CheckpointStore,
     model_dir: PathBuf,
     config_toml: String,
@@ -68,10 +70,22 @@ impl RunMonitor {
         let path = out_dir.join("metrics.jsonl");
         // A resumed run cuts the log back to its checkpoint; a fresh run starts a new log.
         let log = GrpoMetricsLog::open(&path, Some(resumed_from.unwrap_or(0)))?;
+        let display = if quiet {
+            Monitor::quiet(settings.steps, Box::new(std::io::stderr()))
+        } else {
+            Monitor::new(settings.steps, false)
+        };
+        let mut display = display.without_alert_rules();
+        if resumed_from.is_some() {
+            // Moves the bar to the kept steps, so its ETA counts this process's updates only.
+            display.replay(&crate::report::standard_records(&GrpoMetricsLog::read_all(
+                log.path(),
+            )?));
+        }
         Ok(RunMonitor {
             out_dir: out_dir.to_path_buf(),
             log,
-            progress: Progress::new(resumed_from.unwrap_or(0), settings.steps, quiet),
+            display,
             store,
             model_dir,
             config_toml,
@@ -101,7 +115,7 @@ impl RunMonitor {
     }
 
     pub fn record_eval(&mut self, step: u64, result: &HeldOutResult) -> Result<(), PipelineError> {
-        self.progress.note(&format!(
+        self.display.println(&format!(
             "eval @ step {step}: greedy pass@1 {:.1}% | pass@1 {:.1}% | pass@{} {:.1}% ({} problems, {:.1} s)",
             100.0 * result.greedy_pass_at_1,
             100.0 * result.pass_at_1,
@@ -127,7 +141,7 @@ impl RunMonitor {
         if !due {
             return Ok(());
         }
-        let state = trainer_state(learner, self.tokens_seen);
+        let state = learner.trainer_state(self.tokens_seen);
         let path = self
             .store
             .save(
@@ -142,8 +156,8 @@ impl RunMonitor {
         self.last_checkpoint = Some(step);
         self.log.flush()?;
         if !at_end {
-            self.progress
-                .note(&format!("checkpoint {}", path.display()));
+            self.display
+                .println(&format!("checkpoint {}", path.display()));
         }
         Ok(())
     }
@@ -159,7 +173,7 @@ impl RunMonitor {
 
     /// Writes the report; returns its path.
     pub fn finish(&mut self) -> Result<PathBuf, PipelineError> {
-        self.progress.finish();
+        self.display.finish();
         self.log.flush()?;
         let records = GrpoMetricsLog::read_all(self.log.path())?;
         crate::report::write_grpo_report(&self.out_dir, &records, &self.title)
@@ -181,13 +195,13 @@ impl RunSink<'_> {
 }
 
 impl StepSink for RunSink<'_> {
-    fn on_step(
-        &mut self,
-        learner: &Learner,
-        step: LearnerStep,
-        timing: StepTiming,
-        modules: &Modules,
-    ) -> Result<(), PipelineError> {
+    fn on_step(&mut self, update: FinishedUpdate<'_>) -> Result<(), PipelineError> {
+        let FinishedUpdate {
+            learner,
+            step,
+            timing,
+            modules,
+        } = update;
         let monitor = &mut *self.monitor;
         let number = learner.step();
         monitor.tokens_seen += step.report.tokens as u64;
@@ -201,7 +215,7 @@ impl StepSink for RunSink<'_> {
                 step.report.grad_norm,
                 non_finite_inputs(&step.groups)
             );
-            monitor.progress.note(&format!("warning: {message}"));
+            monitor.display.println(&format!("warning: {message}"));
             monitor.log.append(&GrpoRecord::Alert {
                 step: number,
                 message,
@@ -217,7 +231,7 @@ impl StepSink for RunSink<'_> {
                 .is_some_and(|last| number < last + REWARD_WARNING_EVERY);
             if !quiet_since {
                 monitor.last_reward_warning = Some(number);
-                monitor.progress.note(&format!(
+                monitor.display.println(&format!(
                     "warning: {message} (alerts for every update in metrics.jsonl)"
                 ));
             }
@@ -240,15 +254,14 @@ impl StepSink for RunSink<'_> {
             .rewards
             .remote_stats()
             .map(|stats| RemoteRecord::of(&stats, false));
-        monitor.progress.step(&ProgressLine {
-            step: number,
-            reward_mean: record.reward_mean,
-            correct_fraction: record.correct_fraction,
-            kl: step.report.kl_mean,
-            seconds_per_step: timing.wall,
-            samples_per_second: monitor.samples_per_step as f64 / timing.wall.max(1e-9),
-            skipped,
-        });
+        let detail = step_detail(
+            &record,
+            step.report.kl_mean,
+            timing.wall,
+            monitor.samples_per_step,
+        );
+        let standard = crate::report::standard_step(&record, monitor.tokens_seen);
+        monitor.display.on_step_with(&standard, &detail);
         monitor.log.append(&GrpoRecord::Step(record))?;
 
         let side_started = Instant::now();
@@ -275,6 +288,32 @@ impl StepSink for RunSink<'_> {
         self.excluded += side_started.elapsed().as_secs_f64();
         Ok(())
     }
+}
+
+/// Where the reference after the reset at `step` is kept (saved here, loaded by a resume).
+pub fn reference_dir(out_dir: &Path, step: u64) -> PathBuf {
+    out_dir.join(format!("reference-step-{step:08}"))
+}
+
+/// GRPO's figures of one update, shown after the shared ones (loss, lr, tokens/s).
+fn step_detail(
+    record: &GrpoStepRecord,
+    kl: Option<f64>,
+    seconds_per_step: f64,
+    samples_per_step: usize,
+) -> String {
+    let kl = kl.map(|kl| format!(" | kl {kl:.4}")).unwrap_or_default();
+    let skipped = if record.outcome == UpdateOutcome::SkippedNonFinite {
+        " | SKIPPED (non-finite)"
+    } else {
+        ""
+    };
+    format!(
+        "reward {:.3} | correct {:.1}%{kl} | {seconds_per_step:.2} s/step | {:.1} samples/s{skipped}",
+        record.reward_mean,
+        100.0 * record.correct_fraction,
+        samples_per_step as f64 / seconds_per_step.max(1e-9),
+    )
 }
 
 /// What went wrong scoring one update's samples, for a person: how many failed and how, and the
@@ -358,6 +397,12 @@ pub fn step_record(
     let stats = batch_stats(&step.groups, step.trained_version);
     let report = &step.report;
     let wall = timing.wall.max(1e-9);
+    let busy = PerModule {
+        rollout: timing.rollout_busy,
+        reward: timing.reward_busy,
+        inference: timing.inference_busy,
+        trainer: timing.trainer_busy,
+    };
     let mut record = GrpoStepRecord {
         step: number,
         policy_version: step.trained_version.0,
@@ -374,20 +419,12 @@ pub fn step_record(
         clip_region_fraction: report.clip.region,
         ratio: report.mismatch.as_ref().map(RatioRecord::from),
         seconds: ModuleSeconds {
-            rollout: timing.rollout_busy,
-            reward: timing.reward_busy,
-            inference: timing.inference_busy,
-            trainer: timing.trainer_busy,
+            busy,
             waiting: timing.trainer_waiting,
             publish: timing.publish,
         },
         // Busy seconds per thread the module had: 1.0 means its threads never idled.
-        utilization: ModuleUtilization {
-            rollout: timing.rollout_busy / wall,
-            reward: timing.reward_busy / wall,
-            inference: timing.inference_busy / wall,
-            trainer: timing.trainer_busy / wall,
-        },
+        utilization: busy.divided_by(wall),
         elapsed_s: elapsed.as_secs_f64(),
         temperature: step
             .groups

@@ -21,7 +21,7 @@ use stoke_train::report::{ChartSpec, ReportSection, SectionBody, Series, YScale,
 
 use crate::error::PipelineError;
 use crate::metrics::{
-    GrpoEvalRecord, GrpoRecord, GrpoStepRecord, StepOutcome, histogram_mean, significant,
+    GrpoEvalRecord, GrpoRecord, GrpoStepRecord, PerModule, StepOutcome, histogram_mean, significant,
 };
 
 /// Writes `out_dir/report.html` and returns its path.
@@ -45,23 +45,7 @@ pub fn standard_records(records: &[GrpoRecord]) -> Vec<MetricRecord> {
         match record {
             GrpoRecord::Step(s) => {
                 tokens_seen += s.tokens;
-                out.push(MetricRecord::Step(StepMetrics {
-                    step: s.step,
-                    loss: s.loss,
-                    lr: s.lr,
-                    grad_norm: s.grad_norm,
-                    tokens_per_s: s.tokens_per_s,
-                    tokens_seen,
-                    mfu: f64::NAN,
-                    elapsed_s: s.elapsed_s,
-                    skipped: s.outcome != StepOutcome::Applied,
-                    z_loss: None,
-                    memory: None,
-                    moe: None,
-                    max_attn_logit: None,
-                    qk_clipped_heads: None,
-                    mtp_loss: None,
-                }));
+                out.push(MetricRecord::Step(standard_step(s, tokens_seen)));
             }
             GrpoRecord::Alert { step, message } => out.push(MetricRecord::Alert {
                 step: *step,
@@ -71,6 +55,17 @@ pub fn standard_records(records: &[GrpoRecord]) -> Vec<MetricRecord> {
         }
     }
     out
+}
+
+/// One step record's figures as stoke_train's (what the report's curves and the shared monitor
+/// read); `tokens_seen` counts this update's tokens.
+pub fn standard_step(s: &GrpoStepRecord, tokens_seen: u64) -> StepMetrics {
+    let skipped = s.outcome != StepOutcome::Applied;
+    StepMetrics::basic(s.step, s.loss, s.lr, s.grad_norm, skipped).with_progress(
+        s.tokens_per_s,
+        tokens_seen,
+        s.elapsed_s,
+    )
 }
 
 /// GRPO's sections of the report (the speedrun's report can embed them too).
@@ -284,30 +279,25 @@ pub fn grpo_sections(records: &[GrpoRecord]) -> Vec<ReportSection> {
             charts: vec![chart("Staleness", "versions / share", staleness)],
         });
 
+        // One series per module of a per-module figure.
+        let per_module = |figures: &dyn Fn(&GrpoStepRecord) -> PerModule| -> Vec<Series> {
+            PerModule::NAMES
+                .iter()
+                .enumerate()
+                .map(|(i, name)| step_series(name, &|s| figures(s).values()[i]))
+                .collect()
+        };
+        let mut seconds = per_module(&|s| s.seconds.busy);
+        seconds.push(step_series("trainer waiting", &|s| s.seconds.waiting));
         sections.push(ReportSection {
             title: "Modules".into(),
             body: SectionBody::Empty,
             charts: vec![
-                chart(
-                    "Seconds per module per step",
-                    "seconds",
-                    vec![
-                        step_series("rollout", &|s| s.seconds.rollout),
-                        step_series("reward", &|s| s.seconds.reward),
-                        step_series("inference", &|s| s.seconds.inference),
-                        step_series("trainer", &|s| s.seconds.trainer),
-                        step_series("trainer waiting", &|s| s.seconds.waiting),
-                    ],
-                ),
+                chart("Seconds per module per step", "seconds", seconds),
                 chart(
                     "Utilization per module",
                     "busy share",
-                    vec![
-                        step_series("rollout", &|s| s.utilization.rollout),
-                        step_series("reward", &|s| s.utilization.reward),
-                        step_series("inference", &|s| s.utilization.inference),
-                        step_series("trainer", &|s| s.utilization.trainer),
-                    ],
+                    per_module(&|s| s.utilization),
                 ),
                 chart(
                     "Samples per second",
@@ -488,10 +478,10 @@ fn last_step_rows(s: &GrpoStepRecord) -> Vec<(String, String)> {
             "seconds rollout / reward / inference / trainer / waiting".into(),
             format!(
                 "{:.2} / {:.2} / {:.2} / {:.2} / {:.2}",
-                s.seconds.rollout,
-                s.seconds.reward,
-                s.seconds.inference,
-                s.seconds.trainer,
+                s.seconds.busy.rollout,
+                s.seconds.busy.reward,
+                s.seconds.busy.inference,
+                s.seconds.busy.trainer,
                 s.seconds.waiting
             ),
         ),

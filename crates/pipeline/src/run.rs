@@ -22,14 +22,14 @@
 //! What it is not: config parsing or model loading (the CLI does those and hands over a
 //! [`GrpoRun`]).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use stoke_data::loader::LoaderConfig;
 use stoke_model::Transformer;
 use stoke_tokenizer::hf::Tokenizer;
-use stoke_train::checkpoint::{TrainerState, load_checkpoint};
+use stoke_train::checkpoint::load_checkpoint;
 use stoke_train::grpo::GrpoLoss;
 use stoke_train::grpo::update::{PolicyUpdater, UpdateSettings};
 use stoke_train::run_folder::RunFolder;
@@ -40,7 +40,7 @@ use crate::error::PipelineError;
 use crate::held_out::{EvalSampling, HeldOutResult, evaluate};
 use crate::inference::InferenceModule;
 use crate::learner::Learner;
-use crate::monitor::RunMonitor;
+use crate::monitor::{RunMonitor, reference_dir};
 use crate::records::Task;
 use crate::remote::{RemoteReference, RemoteRewards, RemoteRollout};
 use crate::reward::{RewardPool, RewardSpec};
@@ -433,20 +433,4 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
         metrics: monitor.metrics_path(),
         report,
     })
-}
-
-/// Where the reference after the reset at `step` is kept.
-pub fn reference_dir(out_dir: &Path, step: u64) -> PathBuf {
-    out_dir.join(format!("reference-step-{step:08}"))
-}
-
-/// The trainer state stored in a checkpoint of `learner`.
-pub fn trainer_state(learner: &Learner, tokens_seen: u64) -> TrainerState {
-    TrainerState {
-        step: learner.step(),
-        tokens_seen,
-        source: learner.ptx_cursor().unwrap_or(serde_json::Value::Null),
-        engine: Some(learner.updater().engine_state()),
-        extra: serde_json::json!({ "kind": "grpo" }),
-    }
 }

@@ -13,9 +13,9 @@ use candle_core::Device;
 use rand::{Rng, SeedableRng};
 use stoke_model::Transformer;
 use stoke_pipeline::config::GrpoConfig;
-use stoke_pipeline::driver::{DriveShape, Modules, StepSink, StepTiming, TaskPlan, run_async};
+use stoke_pipeline::driver::{DriveShape, FinishedUpdate, Modules, StepSink, TaskPlan, run_async};
 use stoke_pipeline::inference::InferenceModule;
-use stoke_pipeline::learner::{Learner, LearnerStep};
+use stoke_pipeline::learner::Learner;
 use stoke_pipeline::metrics::{GrpoMetricsLog, GrpoRecord};
 use stoke_pipeline::reward::{RewardPool, RewardSpec};
 use stoke_pipeline::rollout::{RolloutModule, RolloutSettings};
@@ -226,13 +226,8 @@ struct Recorder {
 }
 
 impl StepSink for Recorder {
-    fn on_step(
-        &mut self,
-        _learner: &Learner,
-        step: LearnerStep,
-        _timing: StepTiming,
-        _modules: &Modules,
-    ) -> Result<(), PipelineError> {
+    fn on_step(&mut self, update: FinishedUpdate<'_>) -> Result<(), PipelineError> {
+        let step = update.step;
         let versions = step
             .groups
             .iter()
@@ -669,13 +664,8 @@ fn on_policy_distillation_trains_on_the_teachers_scores_of_the_sampled_tokens() 
         steps: Vec<(u64, usize)>,
     }
     impl StepSink for Check {
-        fn on_step(
-            &mut self,
-            _learner: &Learner,
-            step: LearnerStep,
-            _timing: StepTiming,
-            _modules: &Modules,
-        ) -> Result<(), PipelineError> {
+        fn on_step(&mut self, update: FinishedUpdate<'_>) -> Result<(), PipelineError> {
+            let step = update.step;
             let mut tokens = 0;
             for group in &step.groups {
                 let rows = group.ref_logprobs.as_ref().expect("teacher log-probs");

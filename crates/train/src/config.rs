@@ -427,17 +427,10 @@ impl TrainConfig {
     /// Reads `path`, applies `--set` overrides and resolves it (relative paths against the file's
     /// folder). Returns the config.
     pub fn load(path: &Path, sets: &[String]) -> Result<TrainConfig, ConfigError> {
-        let mut table = keys::read_table(path)?;
         let origin = path.display().to_string();
-        keys::migrate_renamed_with_warnings(&mut table, RENAMED, &origin)?;
-        apply_overrides(&mut table, &keys::rename_sets(sets, RENAMED))?;
+        let table = keys::prepare_table(keys::read_table(path)?, &origin, sets, RENAMED)?;
         let file = ConfigFile::from_table(table, &origin)?;
-        let base = path.parent().unwrap_or(Path::new("."));
-        let base = if base.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            base
-        };
+        let base = keys::base_dir(path);
         TrainConfig::from_file(file, base)
     }
 

@@ -113,6 +113,42 @@ pub struct StepMetrics {
     pub mtp_loss: Option<f64>,
 }
 
+impl StepMetrics {
+    /// The figures every command's step has, for the commands whose own step records feed the
+    /// shared monitor and report (`stoke dpo`, `stoke grpo`): MFU not measured (NaN: left out),
+    /// none of the optional figures, no throughput yet ([`StepMetrics::with_progress`]).
+    pub fn basic(step: u64, loss: f64, lr: f64, grad_norm: f64, skipped: bool) -> StepMetrics {
+        StepMetrics {
+            step,
+            loss,
+            lr,
+            grad_norm,
+            tokens_per_s: f64::NAN,
+            tokens_seen: 0,
+            mfu: f64::NAN,
+            elapsed_s: f64::NAN,
+            skipped,
+            z_loss: None,
+            memory: None,
+            moe: None,
+            max_attn_logit: None,
+            qk_clipped_heads: None,
+            mtp_loss: None,
+        }
+    }
+
+    /// The step with its throughput, the tokens seen so far and the seconds since the run (or
+    /// its resumed part) started.
+    pub fn with_progress(self, tokens_per_s: f64, tokens_seen: u64, elapsed_s: f64) -> StepMetrics {
+        StepMetrics {
+            tokens_per_s,
+            tokens_seen,
+            elapsed_s,
+            ..self
+        }
+    }
+}
+
 /// A step's expert load: MaxVio per MoE layer and its worst, the mean violation, each expert's
 /// share of the slots per layer, and the auxiliary loss when it is on.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -1,13 +1,18 @@
 //! What a person watching a run sees: a progress line with the key figures, and alerts.
 //!
 //! What it is: `Monitor` draws an indicatif progress bar on stderr (`step/total | loss | lr | tok/s |
-//! ETA`), or, when stderr is not a terminal (CI logs, `nohup`) or the run is quiet, prints one plain
-//! line every few steps instead. Each step goes through two alert rules: throughput well below its
+//! ETA`, then the command's own figures), or, when stderr is not a terminal (CI logs, `nohup`) or
+//! the run is quiet, prints one plain line every few steps instead (or, [`Monitor::quiet`], only
+//! the lines given to `println`). Every training command shows its steps here: `stoke train`
+//! through the trainer's observer hook, `stoke dpo` and `stoke grpo` through
+//! [`Monitor::on_step_with`]. Each step goes through two alert rules: throughput well below its
 //! running median (after a warm-up, since the first steps pay for thread start-up and caches), and
 //! a loss spike (loss above what the linear trend of a running window predicts by more than k
 //! standard deviations of the window around that trend), plus an alert for every non-finite loss
 //! and every skipped step. Alerts are printed above the bar and returned, so the trainer appends
 //! them to the metrics log (`Alert::to_record`, or `take_alerts` through the `StepObserver` hook).
+//! A command that judges its own steps turns the rules off ([`Monitor::without_alert_rules`]:
+//! GRPO, whose loss is no falling curve, alerts on skipped updates and failed rewards itself).
 //! What it is not: it does not act on alerts (skipping a batch, tightening the clip is spike.rs and
 //! the trainer's job; the rules here are only for a person reading the log), and it writes no files.
 //!
@@ -293,13 +298,18 @@ enum Display {
         sink: Box<dyn Write + Send>,
         last_line: Option<Instant>,
     },
+    /// No step lines and no summary: only what is given to `println`.
+    Notes {
+        sink: Box<dyn Write + Send>,
+    },
 }
 
 /// Progress display plus alert rules for one run.
 pub struct Monitor {
     total_steps: u64,
     display: Display,
-    rules: AlertRules,
+    /// None when the command judges its own steps.
+    rules: Option<AlertRules>,
     alerts: Vec<Alert>,
     start: Instant,
     /// First step of this process (resumed runs start past 0), for the ETA of plain lines.
@@ -342,11 +352,17 @@ impl Monitor {
         )
     }
 
+    /// No step lines and no summary; lines given to [`Monitor::println`] (evaluations, warnings)
+    /// still go to `sink`.
+    pub fn quiet(total_steps: u64, sink: Box<dyn Write + Send>) -> Monitor {
+        Monitor::with_display(total_steps, Display::Notes { sink })
+    }
+
     fn with_display(total_steps: u64, display: Display) -> Monitor {
         Monitor {
             total_steps,
             display,
-            rules: AlertRules::new(AlertConfig::default()),
+            rules: Some(AlertRules::new(AlertConfig::default())),
             alerts: Vec::new(),
             start: Instant::now(),
             first_step: None,
@@ -360,7 +376,14 @@ impl Monitor {
 
     /// Replaces the alert thresholds (before the first step).
     pub fn with_alert_config(mut self, config: AlertConfig) -> Monitor {
-        self.rules = AlertRules::new(config);
+        self.rules = Some(AlertRules::new(config));
+        self
+    }
+
+    /// Turns the shared alert rules off, for a command that judges its own steps and prints its
+    /// alerts through [`Monitor::println`]; the summary then counts no alerts.
+    pub fn without_alert_rules(mut self) -> Monitor {
+        self.rules = None;
         self
     }
 
@@ -371,7 +394,9 @@ impl Monitor {
         let mut last = None;
         for record in records {
             if let MetricRecord::Step(m) = record {
-                self.rules.observe(m);
+                if let Some(rules) = &mut self.rules {
+                    rules.observe(m);
+                }
                 last = Some(m.step);
             }
         }
@@ -389,7 +414,10 @@ impl Monitor {
     /// [`Monitor::on_step`] with the objective's own figures after the common ones (`stoke
     /// dpo`'s margin and reward accuracy, say); `detail` may be empty.
     pub fn on_step_with(&mut self, m: &StepMetrics, detail: &str) -> Vec<Alert> {
-        let alerts = self.rules.check(m);
+        let alerts = self
+            .rules
+            .as_mut()
+            .map_or_else(Vec::new, |rules| rules.check(m));
         for alert in &alerts {
             self.println(&format!("[alert] step {}: {}", alert.step, alert.message));
         }
@@ -436,6 +464,7 @@ impl Monitor {
                     *last_line = Some(Instant::now());
                 }
             }
+            Display::Notes { .. } => {}
         }
         self.last_step = Some(m.clone());
         alerts
@@ -456,7 +485,7 @@ impl Monitor {
     pub fn println(&mut self, line: &str) {
         match &mut self.display {
             Display::Bar(bar) => bar.println(line),
-            Display::Lines { sink, .. } => {
+            Display::Lines { sink, .. } | Display::Notes { sink } => {
                 let _ = writeln!(sink, "{line}");
             }
         }
@@ -478,13 +507,15 @@ impl Monitor {
         } else {
             0.0
         };
-        let summary = format!(
-            "done: step {steps}/{} in {} | mean {} tok/s | {} alert(s)",
+        let mut summary = format!(
+            "done: step {steps}/{} in {} | mean {} tok/s",
             self.total_steps,
             fmt_duration(self.start.elapsed().as_secs_f64()),
             fmt_rate(mean_rate),
-            self.alerts.len()
         );
+        if self.rules.is_some() {
+            summary = format!("{summary} | {} alert(s)", self.alerts.len());
+        }
         match &mut self.display {
             Display::Bar(bar) => {
                 bar.finish();
@@ -492,6 +523,9 @@ impl Monitor {
             }
             Display::Lines { sink, .. } => {
                 let _ = writeln!(sink, "{summary}");
+                let _ = sink.flush();
+            }
+            Display::Notes { sink } => {
                 let _ = sink.flush();
             }
         }

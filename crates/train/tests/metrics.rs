@@ -12,21 +12,12 @@ use stoke_train::monitor::{AlertConfig, AlertKind, AlertRules, Monitor};
 
 fn step(step: u64, loss: f64, tokens_per_s: f64) -> StepMetrics {
     StepMetrics {
-        step,
-        loss,
-        lr: 3e-4,
-        grad_norm: 0.8,
-        tokens_per_s,
-        tokens_seen: step * 4096,
         mfu: 0.12,
-        elapsed_s: step as f64 * 0.5,
-        skipped: false,
-        z_loss: None,
-        memory: None,
-        moe: None,
-        max_attn_logit: None,
-        qk_clipped_heads: None,
-        mtp_loss: None,
+        ..StepMetrics::basic(step, loss, 3e-4, 0.8, false).with_progress(
+            tokens_per_s,
+            step * 4096,
+            step as f64 * 0.5,
+        )
     }
 }
 
@@ -391,6 +382,39 @@ fn plain_mode_prints_every_n_steps_and_the_alerts() {
         "{text}"
     );
     assert_eq!(monitor.alerts().len(), 1);
+}
+
+#[test]
+fn quiet_mode_prints_only_the_lines_it_is_given() {
+    let out = Captured::default();
+    let mut monitor = Monitor::quiet(10, Box::new(out.clone()));
+    for m in &steady(10) {
+        monitor.on_step_with(m, "reward 0.5");
+    }
+    monitor.println("eval @ step 10: pass@1 50.0%");
+    monitor.finish();
+    assert_eq!(out.text(), "eval @ step 10: pass@1 50.0%\n");
+}
+
+#[test]
+fn without_alert_rules_nothing_is_judged_and_the_summary_counts_no_alerts() {
+    let out = Captured::default();
+    let mut monitor = Monitor::plain(10, 5, Box::new(out.clone())).without_alert_rules();
+    let mut series = steady(10);
+    series[3].loss = f64::NAN;
+    series[4].skipped = true;
+    for m in &series {
+        assert!(monitor.on_step_with(m, "reward 0.5").is_empty());
+    }
+    monitor.finish();
+    let text = out.text();
+    assert!(!text.contains("[alert]"), "{text}");
+    assert!(text.contains("| reward 0.5 | ETA"), "{text}");
+    let summary = text.lines().last().unwrap();
+    assert!(
+        summary.starts_with("done: step 10/10") && !summary.contains("alert"),
+        "{text}"
+    );
 }
 
 #[test]

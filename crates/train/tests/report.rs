@@ -7,22 +7,14 @@ use stoke_train::report::{
 };
 
 fn step(step: u64, loss: f64) -> StepMetrics {
+    let lr = 1e-3 * (step as f64 / 100.0).min(1.0);
     StepMetrics {
-        step,
-        loss,
-        lr: 1e-3 * (step as f64 / 100.0).min(1.0),
-        grad_norm: 10.0 / step as f64,
-        tokens_per_s: 12_000.0,
-        tokens_seen: step * 2048,
         mfu: 0.05,
-        elapsed_s: step as f64 * 0.2,
-        skipped: false,
-        z_loss: None,
-        memory: None,
-        moe: None,
-        max_attn_logit: None,
-        qk_clipped_heads: None,
-        mtp_loss: None,
+        ..StepMetrics::basic(step, loss, lr, 10.0 / step as f64, false).with_progress(
+            12_000.0,
+            step * 2048,
+            step as f64 * 0.2,
+        )
     }
 }
 

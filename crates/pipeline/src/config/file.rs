@@ -1,14 +1,16 @@
 //! The TOML file layer of the GRPO config: what a person writes (optional dials) or what
 //! [`super::GrpoConfig::to_toml`] writes (every value set). Every table rejects unknown keys.
+//! The sections every command shares (`[optimizer]`, `[schedule]`, `[checkpoint]`) are stoke
+//! train's types, and deserialising goes through stoke train's `keys` layer, so key errors are
+//! found the same way (GRPO words them: the key path, then the message and the file).
 //! What it is not: defaults or validation (`resolve` and [`super::GrpoConfig`] do those).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-use stoke_optim::DecayShape;
 use stoke_reward::RewardConfig;
-use stoke_train::config::{OptimizerFile, ScheduleKind};
+use stoke_train::config::{ConfigError, OptimizerFile, keys};
 use stoke_train::grpo::GrpoLossFile;
 use stoke_types::Precision;
 
@@ -250,26 +252,9 @@ pub struct TrainingSection {
     pub max_bad_steps: Option<u64>,
 }
 
-/// `[schedule]`: the learning-rate schedule (keys as in `stoke train`, default constant).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ScheduleSection {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<ScheduleKind>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub warmup_steps: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min_lr_ratio: Option<f64>,
-    /// WSD: the share of the run spent decaying (`stoke train`'s key).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decay_fraction: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decay_start: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decay_steps: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decay_shape: Option<DecayShape>,
-}
+/// `[schedule]`: the learning-rate schedule, stoke train's section (the same keys and defaults;
+/// GRPO refuses `batch_warmup`, it has no token budget per step to ramp).
+pub type ScheduleSection = stoke_train::config::ScheduleFile;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -311,21 +296,17 @@ impl GrpoConfigFile {
     /// Deserialises a parsed table; an unknown, missing or mistyped key is named by its dotted
     /// path (`origin` names the file in the message).
     pub fn from_table(table: toml::Table, origin: &str) -> Result<GrpoConfigFile, PipelineError> {
-        serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
-            let key = e.path().to_string();
-            let key = if key == "." {
-                "<top level>".into()
-            } else {
-                key
-            };
-            // toml appends "in `table`" context lines; the key path already says where.
-            let message = e.inner().to_string();
-            let message: Vec<&str> = message
-                .lines()
-                .map(str::trim)
-                .filter(|line| !line.is_empty() && !line.starts_with("in `"))
-                .collect();
-            PipelineError::config(key, format!("{} (in {origin})", message.join(" ")))
+        keys::from_table(table, origin).map_err(|e| match e {
+            ConfigError::Key { key, message, .. } => {
+                let key = if key == "." {
+                    "<top level>".into()
+                } else {
+                    key
+                };
+                let message = keys::without_context_lines(&message);
+                PipelineError::config(key, format!("{message} (in {origin})"))
+            }
+            other => PipelineError::config(origin, other.to_string()),
         })
     }
 }

@@ -136,18 +136,14 @@ pub(super) fn resolve_schedule(
     s: &ScheduleSection,
     steps: u64,
 ) -> Result<LrSchedule, PipelineError> {
-    let file = ScheduleFile {
-        kind: s.kind.unwrap_or_default(),
-        warmup_steps: s.warmup_steps,
-        min_lr_ratio: s.min_lr_ratio,
-        decay_fraction: s.decay_fraction,
-        decay_start: s.decay_start,
-        decay_steps: s.decay_steps,
-        decay_shape: s.decay_shape,
-        batch_warmup: None,
-    };
+    if s.batch_warmup.is_some() {
+        return Err(PipelineError::config(
+            "schedule.batch_warmup",
+            "stoke grpo has no batch-size warmup (its batch is prompts_per_step x group_size)",
+        ));
+    }
     let defaults = ScheduleDefaults::shared(steps);
-    let schedule = resolve_lr_schedule(&file, steps, defaults).map_err(|e| match e {
+    let schedule = resolve_lr_schedule(s, steps, defaults).map_err(|e| match e {
         ConfigError::Invalid { key, message } => PipelineError::config(key, message),
         other => PipelineError::config("schedule", other.to_string()),
     })?;
@@ -160,20 +156,10 @@ pub(super) fn resolve_schedule(
     Ok(schedule)
 }
 
-/// `[schedule]` with every value explicit: stoke train's file form (GRPO's section has no
-/// `batch_warmup`; the explicit form sets neither it nor `decay_fraction`, which it resolves into
-/// `decay_start` / `decay_steps`).
+/// `[schedule]` with every value explicit: stoke train's file form (it sets neither
+/// `batch_warmup` nor `decay_fraction`, which it resolves into `decay_start` / `decay_steps`).
 pub(super) fn schedule_file(schedule: &LrSchedule) -> ScheduleSection {
-    let f = ScheduleFile::explicit(schedule);
-    ScheduleSection {
-        kind: Some(f.kind),
-        warmup_steps: f.warmup_steps,
-        min_lr_ratio: f.min_lr_ratio,
-        decay_fraction: None,
-        decay_start: f.decay_start,
-        decay_steps: f.decay_steps,
-        decay_shape: f.decay_shape,
-    }
+    ScheduleFile::explicit(schedule)
 }
 
 const DEFAULT_ROLLOUT_IN_FLIGHT: usize = 4;

@@ -1,7 +1,8 @@
 //! The table-level plumbing every command's config goes through (`stoke train`, `stoke grpo`,
 //! `stoke dpo`): TOML text to a table, renamed keys moved to their new names, `--set`
-//! overrides, the typed file struct with key-path errors, and the resume check's comparison of
-//! two resolved configs.
+//! overrides ([`prepare_table`] does both in the one order every command uses), the folder
+//! relative paths resolve against ([`base_dir`]), the typed file struct with key-path errors,
+//! and the resume check's comparison of two resolved configs.
 //!
 //! Renamed keys: the sections every command shares use one vocabulary (`[optimizer]
 //! clip_grad_norm`, `[checkpoint] every / keep`, `[eval] every`). A key under its old name is
@@ -56,6 +57,41 @@ pub fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
         source,
     })?;
     parse_table(&text, path)
+}
+
+/// A parsed config table made ready to deserialise, the same way for every command: renamed
+/// keys moved to their new names (a warning printed for each), then the `--set` overrides
+/// applied, old names in them rewritten first (so an override of an old name replaces the
+/// file's value instead of clashing with it).
+pub fn prepare_table(
+    mut table: toml::Table,
+    origin: &str,
+    sets: &[String],
+    renamed: &[Renamed],
+) -> Result<toml::Table, ConfigError> {
+    migrate_renamed_with_warnings(&mut table, renamed, origin)?;
+    super::file::apply_overrides(&mut table, &rename_sets(sets, renamed))?;
+    Ok(table)
+}
+
+/// The folder a config file's relative paths are resolved against: the file's own (`.` for a
+/// bare file name).
+pub fn base_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    }
+}
+
+/// A key error's message without the "in `table`" context lines toml adds (the key path already
+/// says where), on one line.
+pub fn without_context_lines(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with("in `"))
+        .collect::<Vec<&str>>()
+        .join(" ")
 }
 
 /// Deserialises a table into a file struct, naming the offending key by its dotted path.

@@ -26,23 +26,15 @@ pub fn standard_record(report: &PairStepRecord, tokens_seen: u64, elapsed_s: f64
 
 /// [`standard_record`]'s figures (what the shared monitor reads).
 pub fn standard_step(report: &PairStepRecord, tokens_seen: u64, elapsed_s: f64) -> StepMetrics {
-    StepMetrics {
-        step: report.step,
-        loss: report.loss,
-        lr: report.lr,
-        grad_norm: report.grad_norm,
-        tokens_per_s: report.tokens_per_s,
-        tokens_seen,
-        mfu: f64::NAN,
-        elapsed_s,
-        skipped: report.outcome != StepOutcome::Applied,
-        z_loss: None,
-        memory: None,
-        moe: None,
-        max_attn_logit: None,
-        qk_clipped_heads: None,
-        mtp_loss: None,
-    }
+    let skipped = report.outcome != StepOutcome::Applied;
+    StepMetrics::basic(
+        report.step,
+        report.loss,
+        report.lr,
+        report.grad_norm,
+        skipped,
+    )
+    .with_progress(report.tokens_per_s, tokens_seen, elapsed_s)
 }
 
 /// The charts of the preference figures, in this order; a chart whose figures no step logged

@@ -71,8 +71,8 @@ use super::train::{PairLoopSettings, PairObjective, PairTrainer, Reference, Refe
 use super::{CpoLoss, DpoLoss, KtoLoss, OrpoLoss};
 use crate::checkpoint::{CheckpointStore, TrainerState, load_checkpoint};
 use crate::config::{
-    CheckpointFile, ConfigError, OptimizerFile, ScheduleDefaults, ScheduleFile, apply_overrides,
-    keys, resolve_lr_schedule, resolve_optimizer,
+    CheckpointFile, ConfigError, OptimizerFile, ScheduleDefaults, ScheduleFile, keys,
+    resolve_lr_schedule, resolve_optimizer,
 };
 use crate::error::TrainError;
 use crate::grpo::ScoringLayout;
@@ -297,10 +297,8 @@ impl PreferenceFile {
     /// Reads `path`, applies `--set` overrides, and makes its relative paths absolute against
     /// the file's folder. Errors name the key.
     pub fn load(path: &Path, sets: &[String]) -> Result<PreferenceFile, ConfigError> {
-        let mut table = keys::read_table(path)?;
         let origin = path.display().to_string();
-        keys::migrate_renamed_with_warnings(&mut table, RENAMED, &origin)?;
-        apply_overrides(&mut table, &keys::rename_sets(sets, RENAMED))?;
+        let table = keys::prepare_table(keys::read_table(path)?, &origin, sets, RENAMED)?;
         let mut file: PreferenceFile = keys::from_table(table, &origin)?;
         let base = path.parent().unwrap_or(Path::new("."));
         let absolute = |p: &mut PathBuf| {

@@ -21,9 +21,7 @@
 use std::time::Instant;
 
 use candle_core::backprop::GradStore;
-use rand::SeedableRng;
-use rand::seq::SliceRandom;
-use rand_chacha::ChaCha8Rng;
+use stoke_data::epoch::{EpochCursor, EpochPosition, Shuffle};
 use stoke_model::Transformer;
 
 use super::data::LabelledCompletion;
@@ -187,13 +185,9 @@ impl PairStepReport {
     }
 }
 
-/// Where the loop is in its data: the epoch and the next position in that epoch's order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PairCursor {
-    pub epoch: u64,
-    pub position: usize,
-}
+/// Where the loop is in its data: the epoch and the next position in that epoch's order (the
+/// shared epoch cursor's state).
+pub type PairCursor = EpochPosition;
 
 /// The loop's state.
 pub struct PairTrainer {
@@ -205,8 +199,9 @@ pub struct PairTrainer {
     /// KTO: the label of each example (`pairs[i]` is its completion and a mismatched one).
     labels: Option<Vec<bool>>,
     settings: PairLoopSettings,
-    order: Vec<usize>,
-    cursor: usize,
+    /// The pairs' epoch order: `seed ^ epoch` seeds each epoch's shuffle, no epoch limit.
+    order: EpochCursor,
+    /// The epoch of the pairs taken last (what the step reports).
     epoch: u64,
 }
 
@@ -320,7 +315,14 @@ impl PairTrainer {
                 ));
             }
         }
-        let mut trainer = PairTrainer {
+        let order = EpochCursor::new(
+            pairs.len() as u64,
+            Shuffle::SeedXorEpoch {
+                seed: settings.seed,
+            },
+            None,
+        );
+        Ok(PairTrainer {
             model,
             engine,
             objective,
@@ -328,12 +330,9 @@ impl PairTrainer {
             pairs,
             labels,
             settings,
-            order: Vec::new(),
-            cursor: 0,
+            order,
             epoch: 0,
-        };
-        trainer.shuffle();
-        Ok(trainer)
+        })
     }
 
     pub fn model(&self) -> &Transformer {
@@ -354,10 +353,7 @@ impl PairTrainer {
     /// The data cursor a checkpoint keeps (`TrainerState.source`): the epoch and the position
     /// in its order (the order itself follows from the seed and the epoch).
     pub fn cursor(&self) -> PairCursor {
-        PairCursor {
-            epoch: self.epoch,
-            position: self.cursor,
-        }
+        self.order.position()
     }
 
     /// The step engine (its state goes into checkpoints; its optimizer state is saved beside).
@@ -372,7 +368,7 @@ impl PairTrainer {
         engine: crate::step::EngineState,
         cursor: PairCursor,
     ) -> Result<(), TrainError> {
-        if cursor.position > self.pairs.len() {
+        if cursor.position > self.pairs.len() as u64 {
             return Err(TrainError::Resume(format!(
                 "the checkpoint's data cursor is at pair {} of an epoch, but the data has {} \
                  pairs: not the same data",
@@ -382,29 +378,18 @@ impl PairTrainer {
         }
         self.engine.restore(engine)?;
         self.epoch = cursor.epoch;
-        self.shuffle();
-        self.cursor = cursor.position;
+        self.order.seek(cursor);
         Ok(())
-    }
-
-    fn shuffle(&mut self) {
-        self.order = (0..self.pairs.len()).collect();
-        let mut rng = ChaCha8Rng::seed_from_u64(self.settings.seed ^ self.epoch);
-        self.order.shuffle(&mut rng);
     }
 
     /// The next `n` pair indices, wrapping into a new (reshuffled) epoch.
     fn next_indices(&mut self, n: usize) -> Vec<usize> {
         let mut out = Vec::with_capacity(n);
         while out.len() < n {
-            if self.cursor == self.order.len() {
-                self.epoch += 1;
-                self.cursor = 0;
-                self.shuffle();
-            }
-            out.push(self.order[self.cursor]);
-            self.cursor += 1;
+            let (_, pair) = self.order.next_item().expect("the pair loop has pairs");
+            out.push(pair as usize);
         }
+        self.epoch = self.order.position().epoch;
         out
     }
 

@@ -9,8 +9,9 @@
 //! token of that conversation. So system and user tokens, role headers, padding and the first
 //! token of the next conversation are never targets.
 //!
-//! Order: epoch `e` visits every conversation once, in `stoke_data::loader::epoch_order` for
-//! `(seed, e)` (file order when `shuffle` is off); with `shuffle` on, the rows each packing window
+//! Order: epoch `e` visits every conversation once, in the shared `stoke_data::epoch::EpochCursor`
+//! order for `(seed, e)` (the shard loader's `Shuffle::Splitmix`; file order when `shuffle` is
+//! off); with `shuffle` on, the rows each packing window
 //! produces are also permuted by a seeded permutation (a counter, `draws`, in the cursor), so
 //! best-fit's length-sorted rows are not batched together. The cursor ([`ChatCursor`]) stores the
 //! epoch, the position in its order, the draw counter and the whole packer, so a restored source
@@ -39,7 +40,7 @@ use std::fmt;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use stoke_data::loader::epoch_order;
+use stoke_data::epoch::{EpochCursor, EpochPosition, Shuffle};
 use stoke_data::packing::{
     DocPiece, PackedBatch, PackedRow, Packer, PackingPolicy, PackingStats, build_batch, row_tokens,
 };
@@ -132,8 +133,8 @@ pub struct ChatSource {
     conversations: Vec<Conversation>,
     report: ChatLoadReport,
     pad_token: u32,
-    order: Vec<u64>,
-    order_epoch: Option<u64>,
+    /// The epoch order; its position is mirrored in `cursor.epoch` / `cursor.position`.
+    epochs: EpochCursor,
     cursor: ChatCursor,
 }
 
@@ -191,13 +192,17 @@ impl ChatSource {
             packer: Packer::new(config.policy, config.seq_len),
             exhausted: false,
         };
+        let epochs = EpochCursor::new(
+            conversations.len() as u64,
+            Shuffle::splitmix_if(config.shuffle, config.seed),
+            config.max_epochs,
+        );
         Ok(ChatSource {
             config,
             conversations,
             report,
             pad_token,
-            order: Vec::new(),
-            order_epoch: None,
+            epochs,
             cursor,
         })
     }
@@ -237,27 +242,10 @@ impl ChatSource {
     /// Next conversation of the epoch order, moving to the next epoch when one ends; `None` at
     /// the end of the last epoch.
     fn next_conversation(&mut self) -> Option<u64> {
-        let total = self.conversations.len() as u64;
-        if self.cursor.position >= total {
-            let next_epoch = self.cursor.epoch + 1;
-            if self.config.max_epochs.is_some_and(|max| next_epoch >= max) {
-                return None;
-            }
-            self.cursor.epoch = next_epoch;
-            self.cursor.position = 0;
-        }
-        if self.order_epoch != Some(self.cursor.epoch) {
-            self.order = epoch_order(
-                total,
-                self.config.seed,
-                self.cursor.epoch,
-                self.config.shuffle,
-            );
-            self.order_epoch = Some(self.cursor.epoch);
-        }
-        let doc = self.order.get(self.cursor.position as usize).copied();
-        self.cursor.position += 1;
-        doc
+        let next = self.epochs.next_item();
+        let EpochPosition { epoch, position } = self.epochs.position();
+        (self.cursor.epoch, self.cursor.position) = (epoch, position);
+        next.map(|(_, conversation)| conversation)
     }
 
     /// Permutes the rows added to the ready queue since it held `before` rows.
@@ -267,8 +255,8 @@ impl ChatSource {
         let seed = self.config.seed ^ ROW_STREAM;
         self.cursor.packer.permute_ready(|rows| {
             let fresh = &mut rows[before..];
-            // epoch_order is a seeded permutation of 0..n; the draw counter plays the epoch.
-            let permutation = epoch_order(fresh.len() as u64, seed, draw, true);
+            // An epoch order is a seeded permutation of 0..n; the draw counter plays the epoch.
+            let permutation = Shuffle::Splitmix { seed }.order(fresh.len() as u64, draw);
             let original = fresh.to_vec();
             for (slot, &from) in fresh.iter_mut().zip(&permutation) {
                 *slot = original[from as usize].clone();
@@ -402,6 +390,10 @@ impl BatchSource for ChatSource {
                 self.conversations.len()
             )));
         }
+        self.epochs.seek(EpochPosition {
+            epoch: cursor.epoch,
+            position: cursor.position,
+        });
         self.cursor = cursor;
         Ok(())
     }
