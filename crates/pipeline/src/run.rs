@@ -127,7 +127,7 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
     let mut optimizer_state = None;
     let mut ptx_cursor = None;
     let mut resumed_from = None;
-    let latest = folder.resume_point().map(Path::to_path_buf);
+    let latest = folder.resume_point().map(std::path::Path::to_path_buf);
     if options.resume {
         if let Some(path) = latest {
             let loaded = load_checkpoint(&path, policy.device())
