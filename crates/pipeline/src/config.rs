@@ -609,6 +609,6 @@ fn at_least_one(key: &str, value: usize) -> Result<(), PipelineError> {
 }
 
 /// An f32 as the f64 with the same shortest decimal form (0.7f32 -> 0.7, not 0.699999988).
-fn shortest_f64(value: f32) -> f64 {
+pub fn shortest_f64(value: f32) -> f64 {
     value.to_string().parse().unwrap_or(value as f64)
 }

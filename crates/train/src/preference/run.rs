@@ -221,6 +221,21 @@ pub struct PreferenceTrainingFile {
     pub batch_shards: BatchShards,
 }
 
+impl PreferenceTrainingFile {
+    /// `steps` steps with every other key at its default (what a file with only
+    /// `[training] steps` means).
+    pub fn new(steps: u64) -> PreferenceTrainingFile {
+        PreferenceTrainingFile {
+            steps,
+            seed: 0,
+            max_bad_steps: default_bad_steps(),
+            precision: stoke_types::Precision::default(),
+            activation_checkpointing: false,
+            batch_shards: BatchShards::default(),
+        }
+    }
+}
+
 /// `training.batch_shards`: `"auto"` or a count (1 = unsharded).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "ShardsValue", into = "ShardsValue")]

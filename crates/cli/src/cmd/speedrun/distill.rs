@@ -134,7 +134,7 @@ pub fn distill(
     let clock = Instant::now();
     let origin = out.join("grpo.toml");
     let source = GrpoConfig::parse(
-        &recipe.grpo_config(inputs.teacher, &dir, seed),
+        &recipe.grpo_config(inputs.teacher, &dir, seed)?,
         &origin,
         &[],
     )
@@ -213,7 +213,7 @@ pub fn distill(
             inputs.teacher,
             &dir.join(DISTILLED),
             seed,
-        ),
+        )?,
         &out.join("distill-on-policy.toml"),
     )?;
 

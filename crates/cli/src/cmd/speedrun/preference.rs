@@ -71,7 +71,7 @@ pub fn preference(
     // The model, tasks and rewards through `stoke grpo`'s config: the GRPO stage's text with
     // its own slice of the training split (another task seed).
     let origin = out.join("grpo.toml");
-    let mut source = GrpoConfig::parse(&recipe.grpo_config(sft_model, &dir, seed), &origin, &[])
+    let mut source = GrpoConfig::parse(&recipe.grpo_config(sft_model, &dir, seed)?, &origin, &[])
         .context("resolving the preference stage's sampling config")?;
     if let TaskSource::Arithmetic {
         problems,
@@ -120,7 +120,7 @@ pub fn preference(
     for loss in p.losses {
         let run_dir = dir.join(loss);
         let config = out.join(format!("dpo-{loss}.toml"));
-        let text = recipe.dpo_config(loss, sft_model, &pairs_file, &run_dir, &dir, seed);
+        let text = recipe.dpo_config(loss, sft_model, &pairs_file, &run_dir, &dir, seed)?;
         std::fs::write(&config, &text).with_context(|| format!("writing {}", config.display()))?;
         let file = PreferenceFile::load(&config, &[])
             .with_context(|| format!("config {}", config.display()))?;

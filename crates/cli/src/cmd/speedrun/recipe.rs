@@ -2,9 +2,10 @@
 //! recipes, full (the default, about ten minutes on two CPU cores) and quick (`--quick`, under
 //! two minutes, what the integration test runs), and every other number derived from them.
 //!
-//! What it is: plain data plus the two training configs it implies, written as the same TOML
-//! files `stoke train` reads (`<out>/pretrain.toml`, `<out>/sft.toml`), so a newcomer can rerun
-//! or change one stage by hand. What it is not: the stages themselves (`mod.rs` and its siblings).
+//! What it is: plain data plus the configs it implies, built as the commands' own typed config
+//! files and written as the TOML they read (`<out>/pretrain.toml`, `<out>/sft.toml`,
+//! `<out>/grpo.toml`, `<out>/dpo-<loss>.toml`, ...), so a newcomer can rerun or change one stage
+//! by hand. What it is not: the stages themselves (`mod.rs` and its siblings).
 //!
 //! Why these sizes: the model must learn to add and subtract small numbers from text alone in a
 //! few hundred steps on a CPU, so the task starts at single-digit problems (the full run adds
@@ -16,12 +17,27 @@
 
 use std::path::{Path, PathBuf};
 
+use std::collections::BTreeMap;
 use stoke_data::packing::PackingPolicy;
 use stoke_eval::arithmetic::Level;
+
+use stoke_pipeline::config::{
+    EvalSection, GrpoConfigFile, GrpoSection, LagFile, ModeFile, ModelSection, TaskSourceFile,
+    TrainingSection, shortest_f64,
+};
+use stoke_reward::RewardConfig;
+use stoke_reward::exact_match::{ExactMatchConfig, MatchMode};
 use stoke_train::config::{
     CheckpointFile, ConfigFile, DataFile, DataKind, EvalFile, ModelFile, OptimizerFile,
     OptimizerKind, ScheduleFile, ScheduleKind, TrainConfig, TrainingFile,
 };
+use stoke_train::grpo::GrpoLossFile;
+use stoke_train::grpo::opd::OpdConfig;
+use stoke_train::preference::run::{
+    ObjectiveFile, ObjectiveKind, PairDataFile, PairLayout, PreferenceFile, PreferenceModelFile,
+    PreferenceTrainingFile, ReferenceFile, ReferenceMode,
+};
+use stoke_train::preference::{CpoLoss, DpoLoss, DpoLossType, KtoLoss, OrpoLoss};
 
 /// Every size of one speedrun.
 #[derive(Clone, Debug, PartialEq)]
@@ -390,7 +406,12 @@ fn checkpoints(every: u64) -> CheckpointFile {
 impl Recipe {
     /// The GRPO stage's config (`stoke grpo <out>/grpo.toml` reruns it): the SFT model in
     /// `model_dir`, written to `run_dir`.
-    pub fn grpo_config(&self, model_dir: &Path, run_dir: &Path, seed: u64) -> String {
+    pub fn grpo_config(
+        &self,
+        model_dir: &Path,
+        run_dir: &Path,
+        seed: u64,
+    ) -> anyhow::Result<String> {
         let g = self.grpo;
         self.grpo_text(
             &format!("# speedrun ({}) - GRPO on the SFT model", self.name),
@@ -399,6 +420,7 @@ impl Recipe {
             run_dir,
             seed,
             (g.steps, g.lr),
+            None,
         )
     }
 
@@ -411,9 +433,9 @@ impl Recipe {
         teacher: &Path,
         run_dir: &Path,
         seed: u64,
-    ) -> String {
+    ) -> anyhow::Result<String> {
         let d = self.distill;
-        let mut text = self.grpo_text(
+        self.grpo_text(
             &format!(
                 "# speedrun ({}) - on-policy distillation of the GRPO model into the student",
                 self.name
@@ -423,9 +445,11 @@ impl Recipe {
             run_dir,
             seed,
             (d.on_policy_steps, d.on_policy_lr),
-        );
-        text.push_str("\n[grpo.loss.distill]\nkl_coef = 1.0\nreward_weight = 0.0\n");
-        text
+            Some(OpdConfig {
+                kl_coef: 1.0,
+                reward_weight: 0.0,
+            }),
+        )
     }
 
     /// The layers of the speedrun model a distillation student keeps: the first half.
@@ -441,43 +465,77 @@ impl Recipe {
         run_dir: &Path,
         seed: u64,
         (steps, lr): (u64, f64),
-    ) -> String {
+        distill: Option<OpdConfig>,
+    ) -> anyhow::Result<String> {
         let g = self.grpo;
-        let levels: Vec<String> = self
-            .levels
-            .iter()
-            .map(|level| format!("\"{}\"", level.name()))
-            .collect();
-        let levels = levels.join(", ");
-        let quote = |path: &Path| toml::Value::String(path.display().to_string()).to_string();
-        format!(
-            "{title}\n\
-             output_dir = {run_dir}\n\n\
-             [model]\npath = {model}\n{reference}\n\
-             [tasks]\nkind = \"arithmetic\"\nlevels = [{levels}]\nproblems = {problems}\nseed = {task_seed}\n\n\
-             [held_out]\nkind = \"arithmetic\"\nlevels = [{levels}]\nproblems = {held_out}\nseed = {seed}\n\n\
-             [rewards.default]\nkind = \"exact_match\"\nmode = \"gsm8k\"\nextract_answer = true\n\n\
-             [training]\nsteps = {steps}\nseed = {seed}\n\n\
-             [grpo]\nprompts_per_step = {prompts}\ngroup_size = {group}\n\
-             max_new_tokens = {max_new}\ntemperature = {temperature}\n\
-             mode = \"async\"\nmax_off_policy_steps = 1\nlag = \"fixed\"\n\n\
-             [optimizer]\nkind = \"adamw\"\nlr = {lr:e}\nbeta2 = 0.999\nweight_decay = 0.0\n\n\
-             [schedule]\nkind = \"cosine\"\nwarmup_steps = 0\nmin_lr_ratio = 0.0\n\n\
-             [eval]\nevery = {eval_every}\nsamples = 4\nproblems = {eval_problems}\n\n\
-             [checkpoint]\nevery = 0\nkeep = 1\n",
-            model = quote(model_dir),
-            reference = reference.map_or(String::new(), |r| format!("reference = {}\n", quote(r))),
-            problems = g.problems,
-            task_seed = seed + 1,
-            held_out = self.held_out_problems,
-            prompts = g.prompts_per_step,
-            group = g.group_size,
-            max_new = self.eval_max_new_tokens,
-            temperature = g.temperature,
-            eval_every = g.eval_every,
-            eval_problems = g.eval_problems.min(self.held_out_problems),
-            run_dir = quote(run_dir),
-        )
+        let levels: Vec<String> = self.levels.iter().map(|l| l.name().to_string()).collect();
+        let arithmetic = |problems: usize, seed: u64| TaskSourceFile::Arithmetic {
+            levels: Some(levels.clone()),
+            problems: Some(problems),
+            seed: Some(seed),
+        };
+        let reward = RewardConfig::ExactMatch(ExactMatchConfig {
+            mode: MatchMode::Gsm8k,
+            extract_answer: true,
+        });
+        let file = GrpoConfigFile {
+            output_dir: Some(run_dir.to_path_buf()),
+            model: ModelSection {
+                path: model_dir.to_path_buf(),
+                reference: reference.map(Path::to_path_buf),
+            },
+            tasks: Some(arithmetic(g.problems, seed + 1)),
+            held_out: Some(arithmetic(self.held_out_problems, seed)),
+            rewards: BTreeMap::from([("default".to_string(), reward)]),
+            grpo: GrpoSection {
+                prompts_per_step: Some(g.prompts_per_step),
+                group_size: Some(g.group_size),
+                max_new_tokens: Some(self.eval_max_new_tokens),
+                temperature: Some(shortest_f64(g.temperature)),
+                mode: Some(ModeFile::Async),
+                max_off_policy_steps: Some(1),
+                lag: Some(LagFile::Fixed),
+                loss: GrpoLossFile {
+                    distill,
+                    ..GrpoLossFile::default()
+                },
+                ..GrpoSection::default()
+            },
+            training: TrainingSection {
+                steps: Some(steps),
+                seed: Some(seed),
+                ..TrainingSection::default()
+            },
+            optimizer: OptimizerFile {
+                kind: OptimizerKind::AdamW,
+                lr: Some(lr),
+                beta2: Some(0.999),
+                weight_decay: Some(0.0),
+                ..OptimizerFile::default()
+            },
+            schedule: ScheduleFile {
+                kind: ScheduleKind::Cosine,
+                warmup_steps: Some(0),
+                min_lr_ratio: Some(0.0),
+                ..ScheduleFile::default()
+            },
+            eval: EvalSection {
+                every: Some(g.eval_every),
+                samples: Some(4),
+                problems: Some(g.eval_problems.min(self.held_out_problems)),
+            },
+            checkpoint: CheckpointFile {
+                every: Some(0),
+                keep: Some(1),
+                keep_steps: Vec::new(),
+            },
+            ptx: None,
+            lora: None,
+            rollout: None,
+            reward: None,
+            reference: None,
+        };
+        Ok(format!("{title}\n{}", toml::to_string(&file)?))
     }
 }
 
@@ -493,31 +551,64 @@ impl Recipe {
         run_dir: &Path,
         cache_dir: &Path,
         seed: u64,
-    ) -> String {
+    ) -> anyhow::Result<String> {
         let p = self.preference;
-        let quote = |path: &Path| toml::Value::String(path.display().to_string()).to_string();
-        format!(
-            "# speedrun ({name}) - {loss} on the SFT model's own verified samples\n\
-             output_dir = {run_dir}\n\n\
-             [model]\npath = {model}\n\n\
-             [data]\ntrain = {pairs}\nmax_len = {max_len}\npairs_per_micro_batch = {per_batch}\n\n\
-             [objective]\nkind = \"dpo\"\n\n\
-             [dpo]\nbeta = {beta}\nloss_type = \"{loss}\"\n\n\
-             [reference]\nmode = \"cached\"\ncache_dir = {cache}\n\n\
-             [optimizer]\nkind = \"adamw\"\nlr = {lr:e}\nweight_decay = 0.0\n\n\
-             [schedule]\nkind = \"cosine\"\nwarmup_steps = 0\nmin_lr_ratio = 0.0\n\n\
-             [training]\nsteps = {steps}\nseed = {seed}\n",
-            name = self.name,
-            run_dir = quote(run_dir),
-            model = quote(model_dir),
-            pairs = quote(pairs),
-            max_len = self.seq_len,
-            per_batch = p.pairs_per_micro_batch,
-            beta = p.beta,
-            cache = quote(cache_dir),
-            lr = p.lr,
-            steps = p.steps,
-        )
+        let loss_type: DpoLossType = toml::Value::String(loss.to_string()).try_into()?;
+        let file = PreferenceFile {
+            title: None,
+            output_dir: run_dir.to_path_buf(),
+            model: PreferenceModelFile {
+                path: model_dir.to_path_buf(),
+                tokenizer: None,
+            },
+            data: PairDataFile {
+                train: pairs.to_path_buf(),
+                max_len: Some(self.seq_len),
+                strict: false,
+                pairs_per_micro_batch: p.pairs_per_micro_batch,
+                micro_batches: 1,
+                layout: PairLayout::default(),
+            },
+            objective: ObjectiveFile {
+                kind: ObjectiveKind::Dpo,
+            },
+            dpo: DpoLoss {
+                beta: p.beta,
+                loss_type: vec![loss_type],
+                ..DpoLoss::default()
+            },
+            cpo: CpoLoss::default(),
+            orpo: OrpoLoss::default(),
+            kto: KtoLoss::default(),
+            reference: ReferenceFile {
+                mode: ReferenceMode::Cached,
+                cache_dir: Some(cache_dir.to_path_buf()),
+                sync_steps: None,
+                mixup_alpha: None,
+            },
+            optimizer: OptimizerFile {
+                kind: OptimizerKind::AdamW,
+                lr: Some(p.lr),
+                weight_decay: Some(0.0),
+                ..OptimizerFile::default()
+            },
+            schedule: Some(ScheduleFile {
+                kind: ScheduleKind::Cosine,
+                warmup_steps: Some(0),
+                min_lr_ratio: Some(0.0),
+                ..ScheduleFile::default()
+            }),
+            training: PreferenceTrainingFile {
+                seed,
+                ..PreferenceTrainingFile::new(p.steps)
+            },
+            checkpoint: CheckpointFile::default(),
+        };
+        Ok(format!(
+            "# speedrun ({}) - {loss} on the SFT model's own verified samples\n{}",
+            self.name,
+            file.to_toml()?
+        ))
     }
 }
 

@@ -51,7 +51,7 @@ pub fn grpo(
 ) -> anyhow::Result<GrpoStageSummary> {
     let run_dir = out.join("grpo");
     grpo_run(
-        &recipe.grpo_config(sft_model, &run_dir, seed),
+        &recipe.grpo_config(sft_model, &run_dir, seed)?,
         &out.join("grpo.toml"),
     )
 }
