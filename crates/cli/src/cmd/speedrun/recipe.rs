@@ -31,7 +31,6 @@ use stoke_train::config::{
     CheckpointFile, ConfigFile, DataFile, DataKind, EvalFile, ModelFile, OptimizerFile,
     OptimizerKind, ScheduleFile, ScheduleKind, TrainConfig, TrainingFile,
 };
-use stoke_train::grpo::GrpoLossFile;
 use stoke_train::grpo::opd::OpdConfig;
 use stoke_train::preference::run::{
     ObjectiveFile, ObjectiveKind, PairDataFile, PairLayout, PreferenceFile, PreferenceModelFile,
@@ -413,15 +412,12 @@ impl Recipe {
         seed: u64,
     ) -> anyhow::Result<String> {
         let g = self.grpo;
-        self.grpo_text(
-            &format!("# speedrun ({}) - GRPO on the SFT model", self.name),
-            model_dir,
-            None,
-            run_dir,
-            seed,
-            (g.steps, g.lr),
-            None,
-        )
+        let file = self.grpo_file(model_dir, None, run_dir, seed, (g.steps, g.lr));
+        Ok(format!(
+            "# speedrun ({}) - GRPO on the SFT model\n{}",
+            self.name,
+            toml::to_string(&file)?
+        ))
     }
 
     /// The distillation stage's on-policy phase (`stoke grpo <out>/distill-on-policy.toml`
@@ -435,21 +431,22 @@ impl Recipe {
         seed: u64,
     ) -> anyhow::Result<String> {
         let d = self.distill;
-        self.grpo_text(
-            &format!(
-                "# speedrun ({}) - on-policy distillation of the GRPO model into the student",
-                self.name
-            ),
+        let mut file = self.grpo_file(
             student,
             Some(teacher),
             run_dir,
             seed,
             (d.on_policy_steps, d.on_policy_lr),
-            Some(OpdConfig {
-                kl_coef: 1.0,
-                reward_weight: 0.0,
-            }),
-        )
+        );
+        file.grpo.loss.distill = Some(OpdConfig {
+            kl_coef: 1.0,
+            reward_weight: 0.0,
+        });
+        Ok(format!(
+            "# speedrun ({}) - on-policy distillation of the GRPO model into the student\n{}",
+            self.name,
+            toml::to_string(&file)?
+        ))
     }
 
     /// The layers of the speedrun model a distillation student keeps: the first half.
@@ -457,16 +454,15 @@ impl Recipe {
         (0..(self.model.layers / 2).max(1)).collect()
     }
 
-    fn grpo_text(
+    /// The GRPO stage's file (the on-policy distillation phase adds its `[grpo.loss.distill]`).
+    fn grpo_file(
         &self,
-        title: &str,
         model_dir: &Path,
         reference: Option<&Path>,
         run_dir: &Path,
         seed: u64,
         (steps, lr): (u64, f64),
-        distill: Option<OpdConfig>,
-    ) -> anyhow::Result<String> {
+    ) -> GrpoConfigFile {
         let g = self.grpo;
         let levels: Vec<String> = self.levels.iter().map(|l| l.name().to_string()).collect();
         let arithmetic = |problems: usize, seed: u64| TaskSourceFile::Arithmetic {
@@ -478,7 +474,7 @@ impl Recipe {
             mode: MatchMode::Gsm8k,
             extract_answer: true,
         });
-        let file = GrpoConfigFile {
+        GrpoConfigFile {
             output_dir: Some(run_dir.to_path_buf()),
             model: ModelSection {
                 path: model_dir.to_path_buf(),
@@ -495,10 +491,6 @@ impl Recipe {
                 mode: Some(ModeFile::Async),
                 max_off_policy_steps: Some(1),
                 lag: Some(LagFile::Fixed),
-                loss: GrpoLossFile {
-                    distill,
-                    ..GrpoLossFile::default()
-                },
                 ..GrpoSection::default()
             },
             training: TrainingSection {
@@ -507,7 +499,7 @@ impl Recipe {
                 ..TrainingSection::default()
             },
             optimizer: OptimizerFile {
-                kind: OptimizerKind::AdamW,
+                kind: OptimizerKind::Adamw,
                 lr: Some(lr),
                 beta2: Some(0.999),
                 weight_decay: Some(0.0),
@@ -534,8 +526,7 @@ impl Recipe {
             rollout: None,
             reward: None,
             reference: None,
-        };
-        Ok(format!("{title}\n{}", toml::to_string(&file)?))
+        }
     }
 }
 
@@ -587,7 +578,7 @@ impl Recipe {
                 mixup_alpha: None,
             },
             optimizer: OptimizerFile {
-                kind: OptimizerKind::AdamW,
+                kind: OptimizerKind::Adamw,
                 lr: Some(p.lr),
                 weight_decay: Some(0.0),
                 ..OptimizerFile::default()
@@ -664,4 +655,77 @@ pub fn write_and_resolve(config: &ConfigFile, path: &Path) -> anyhow::Result<Tra
     let base = path.parent().unwrap_or(Path::new("."));
     TrainConfig::from_file(config.clone(), base)
         .with_context(|| format!("resolving {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use stoke_pipeline::config::GrpoConfig;
+    use stoke_pipeline::settings::{Lag, PipelineMode};
+
+    /// The typed stage configs read back through each command's own parser with the recipe's
+    /// values (the GRPO and on-policy distillation files through `stoke grpo`'s, the DPO file
+    /// through `stoke dpo`'s).
+    #[test]
+    fn stage_configs_read_back_with_the_recipes_values() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (model, run) = (dir.path().join("model"), dir.path().join("run"));
+        for recipe in [Recipe::quick(), Recipe::full()] {
+            let g = recipe.grpo;
+            let origin = dir.path().join("grpo.toml");
+            let text = recipe.grpo_config(&model, &run, 7).expect("grpo config");
+            let grpo = GrpoConfig::parse(&text, &origin, &[]).expect("grpo config parses");
+            let s = &grpo.settings;
+            assert_eq!(grpo.model, model);
+            assert_eq!(grpo.out_dir, run);
+            assert_eq!((s.steps, s.seed), (g.steps, 7));
+            assert_eq!(
+                (s.prompts_per_step, s.group_size),
+                (g.prompts_per_step, g.group_size)
+            );
+            assert_eq!(s.temperature.start, g.temperature);
+            assert_eq!((s.mode, s.lag), (PipelineMode::Async, Lag::Fixed));
+            assert_eq!(stoke_train::config::peak_lr(&s.optimizer), g.lr);
+            assert!(s.loss.distill.is_none());
+            assert_eq!(grpo.rewards.len(), 1);
+
+            let text = recipe
+                .on_policy_distill_config(&model, &dir.path().join("teacher"), &run, 7)
+                .expect("on-policy config");
+            let opd = GrpoConfig::parse(&text, &origin, &[]).expect("on-policy config parses");
+            assert_eq!(opd.reference_model, Some(dir.path().join("teacher")));
+            assert_eq!(opd.settings.steps, recipe.distill.on_policy_steps);
+            let distill = opd.settings.loss.distill.expect("the distillation term");
+            assert_eq!((distill.kl_coef, distill.reward_weight), (1.0, 0.0));
+
+            let p = recipe.preference;
+            let path = dir.path().join("dpo-sigmoid.toml");
+            let text = recipe
+                .dpo_config(
+                    "sigmoid",
+                    &model,
+                    &dir.path().join("pairs.jsonl"),
+                    &run,
+                    dir.path(),
+                    7,
+                )
+                .expect("dpo config");
+            std::fs::write(&path, text).expect("write");
+            let dpo = PreferenceFile::load(&path, &[]).expect("dpo config parses");
+            assert_eq!(
+                (dpo.model.path.clone(), dpo.output_dir.clone()),
+                (model.clone(), run.clone())
+            );
+            assert_eq!(dpo.dpo.beta, p.beta);
+            assert_eq!(dpo.dpo.loss_type, vec![DpoLossType::Sigmoid]);
+            assert_eq!(dpo.reference.cache_dir.as_deref(), Some(dir.path()));
+            assert_eq!((dpo.training.steps, dpo.training.seed), (p.steps, 7));
+            assert_eq!(dpo.data.pairs_per_micro_batch, p.pairs_per_micro_batch);
+            assert!(
+                recipe
+                    .dpo_config("no_such_loss", &model, &path, &run, dir.path(), 7)
+                    .is_err()
+            );
+        }
+    }
 }
