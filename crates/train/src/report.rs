@@ -159,10 +159,14 @@ pub fn render_report(
     Ok(html)
 }
 
-const STYLE: &str = "body{font-family:system-ui,sans-serif;max-width:820px;margin:2em auto;padding:0 1em;color:#222}\
-table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;padding:3px 10px;text-align:left}\
+/// The page style of every report (runs, evaluations, the speedrun's report card): `.tok` marks
+/// a token, `.ok` / `.bad` a right / wrong answer.
+const STYLE: &str = "body{font-family:system-ui,sans-serif;max-width:900px;margin:2em auto;padding:0 1em;color:#222}\
+table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;padding:3px 10px;text-align:left;vertical-align:top}\
 td:nth-child(2){font-variant-numeric:tabular-nums}figure{margin:1em 0}svg{max-width:100%;height:auto}\
-ul.alerts li{color:#a33}";
+pre{background:#f6f6f6;padding:0.6em;white-space:pre-wrap}\
+.tok{border:1px solid #9ab;border-radius:3px;padding:0 1px;margin:1px;display:inline-block;white-space:pre;font-family:monospace}\
+ul.alerts li{color:#a33}.ok{color:#262}.bad{color:#a33}";
 
 /// The standard curves, each only when some record carries it.
 fn training_charts(steps: &[&StepMetrics], evals: &[&EvalMetrics]) -> Vec<ChartSpec> {

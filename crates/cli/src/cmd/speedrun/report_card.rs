@@ -3,6 +3,8 @@
 //! tokens), the shards, pretraining and SFT (loss and learning-rate charts from their metrics),
 //! GRPO (training reward and in-run held-out pass@1 charts), and the evaluation (accuracy of each model as bars, sample completions side by side).
 //!
+//! The page is the shared report shell every run report uses (`stoke_train::report::
+//! render_report`: the page, the headings, the style); this module writes each section's body.
 //! Charts are stoke-train's report charts (`ChartSpec`, plotters SVG); the accuracy bars are a
 //! few SVG rectangles written here (a line chart of two points says less). Every text from the
 //! run is HTML-escaped. What it is not: a metrics reader (it takes the summary records).
@@ -10,7 +12,9 @@
 use std::fmt::Write as _;
 
 use anyhow::Context;
-use stoke_train::report::{ChartSpec, Series, YScale, escape};
+use stoke_train::report::{
+    ChartSpec, ReportSection, SectionBody, Series, YScale, escape, render_report,
+};
 
 use super::distill::DistillStageSummary;
 use super::preference::PreferenceStageSummary;
@@ -18,12 +22,6 @@ use super::recipe::Recipe;
 use super::rl::GrpoStageSummary;
 use super::summary::{ModelEvaluation, SpeedrunSummary};
 use super::training::TrainingStageSummary;
-
-const STYLE: &str = "body{font-family:system-ui,sans-serif;max-width:900px;margin:2em auto;padding:0 1em;color:#222}\
-table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;padding:3px 10px;text-align:left;vertical-align:top}\
-pre{background:#f6f6f6;padding:0.6em;white-space:pre-wrap}figure{margin:1em 0}svg{max-width:100%;height:auto}\
-.tok{border:1px solid #9ab;border-radius:3px;padding:0 1px;margin:1px;display:inline-block;white-space:pre;font-family:monospace}\
-.ok{color:#262}.bad{color:#a33}";
 
 /// Writes `summary.report`.
 pub fn write(summary: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<()> {
@@ -33,18 +31,12 @@ pub fn write(summary: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<()> {
 }
 
 fn render(s: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<String> {
-    let mut h = String::with_capacity(128 * 1024);
     let title = format!(
         "stoke speedrun report card ({} recipe, seed {})",
         s.recipe, s.seed
     );
-    let _ = write!(
-        h,
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{t}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n<h1>{t}</h1>\n",
-        t = escape(&title)
-    );
-
-    h.push_str("<h2>Summary</h2>\n");
+    let mut card = Card::default();
+    let h = card.section("Summary");
     let mut rows = vec![
         (
             "total time".to_string(),
@@ -76,18 +68,19 @@ fn render(s: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<String> {
         ));
     }
     rows.push(("final model".into(), s.final_model.display().to_string()));
-    table(&mut h, &rows);
+    table(h, &rows);
     let timing_rows: Vec<(String, String)> = s
         .stages
         .iter()
         .map(|t| (t.stage.to_string(), format!("{:.1} s", t.seconds)))
         .collect();
     h.push_str("<h3>Stage times</h3>\n");
-    table(&mut h, &timing_rows);
+    table(h, &timing_rows);
 
-    h.push_str("<h2>1. Data</h2>\n<p>Arithmetic word problems generated from the seed: stories with names and objects, a worked solution with one equation per step, an exact integer answer. Held-out questions are chosen by a hash of their text and never appear in training data.</p>\n");
+    let h = card.section("1. Data");
+    h.push_str("<p>Arithmetic word problems generated from the seed: stories with names and objects, a worked solution with one equation per step, an exact integer answer. Held-out questions are chosen by a hash of their text and never appear in training data.</p>\n");
     table(
-        &mut h,
+        h,
         &[
             ("levels".into(), s.data.levels.join(", ")),
             (
@@ -115,10 +108,11 @@ fn render(s: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<String> {
         escape(&s.data.example_document)
     );
 
-    h.push_str("<h2>2. Tokenizer</h2>\n<p>Byte-level BPE (GPT-4 pre-split pattern) trained on the generated text, with ChatML special tokens and a chat template whose assistant turns are marked for the SFT loss mask.</p>\n");
+    let h = card.section("2. Tokenizer");
+    h.push_str("<p>Byte-level BPE (GPT-4 pre-split pattern) trained on the generated text, with ChatML special tokens and a chat template whose assistant turns are marked for the SFT loss mask.</p>\n");
     let t = &s.tokenizer;
     table(
-        &mut h,
+        h,
         &[
             (
                 "vocabulary".into(),
@@ -146,9 +140,9 @@ fn render(s: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<String> {
     }
     h.push_str("</p>\n");
 
-    h.push_str("<h2>3. Token shards</h2>\n");
+    let h = card.section("3. Token shards");
     table(
-        &mut h,
+        h,
         &[
             (
                 "training".into(),
@@ -176,20 +170,21 @@ fn render(s: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<String> {
         "Llama-style: hidden {}, {} layers, {} heads ({} KV), MLP {}, sequence length {}",
         m.hidden, m.layers, m.heads, m.kv_heads, m.intermediate, recipe.seq_len
     );
-    training_section(&mut h, "4. Pretraining", &model_line, &s.pretrain)?;
+    training_section(&mut card, "4. Pretraining", &model_line, &s.pretrain)?;
     training_section(
-        &mut h,
+        &mut card,
         "5. Supervised fine-tuning",
         "The pretrained model on chat conversations; loss on the assistant's tokens only.",
         &s.sft,
     )?;
 
-    preference_section(&mut h, &s.preference)?;
-    grpo_section(&mut h, &s.grpo)?;
-    distill_section(&mut h, &s.distill, &s.evaluations)?;
+    preference_section(card.section("6. Preference optimization"), &s.preference)?;
+    grpo_section(card.section("7. GRPO"), &s.grpo)?;
+    distill_section(card.section("8. Distillation"), &s.distill, &s.evaluations)?;
 
-    h.push_str("<h2>9. Held-out accuracy</h2>\n<p>Greedy completions of the same held-out questions, rendered with the chat template. <b>Accuracy</b> counts a completion right when its final <code>#### N</code> line holds the answer (the reward crate's exact-match verifier, gsm8k mode); <b>flexible</b> also accepts the last number of a completion without that line.</p>\n");
-    accuracy_bars(&mut h, &s.evaluations);
+    let h = card.section("9. Held-out accuracy");
+    h.push_str("<p>Greedy completions of the same held-out questions, rendered with the chat template. <b>Accuracy</b> counts a completion right when its final <code>#### N</code> line holds the answer (the reward crate's exact-match verifier, gsm8k mode); <b>flexible</b> also accepts the last number of a completion without that line.</p>\n");
+    accuracy_bars(h, &s.evaluations);
     let eval_rows: Vec<(String, String)> = s
         .evaluations
         .iter()
@@ -207,7 +202,7 @@ fn render(s: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<String> {
             )
         })
         .collect();
-    table(&mut h, &eval_rows);
+    table(h, &eval_rows);
     h.push_str("<h3>Accuracy by level</h3>\n");
     let level_rows: Vec<(String, String)> = s
         .evaluations
@@ -221,27 +216,54 @@ fn render(s: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<String> {
             })
         })
         .collect();
-    table(&mut h, &level_rows);
-    samples_table(&mut h, &s.evaluations, recipe.report_samples);
+    table(h, &level_rows);
+    samples_table(h, &s.evaluations, recipe.report_samples);
 
-    h.push_str("<h2>10. The final model</h2>\n");
+    let h = card.section("10. The final model");
     let _ = writeln!(
         h,
         "<p>Hugging Face layout with tokenizer files in <code>{}</code>. Chat with it:</p>\n<pre>stoke generate --model {} --chat --temperature 0 --max-tokens 64 --format text --prompt \"...\"</pre>",
         escape(&s.final_model.display().to_string()),
         escape(&s.final_model.display().to_string())
     );
-    h.push_str("</body>\n</html>\n");
-    Ok(h)
+    Ok(render_report(&title, &[], &card.into_sections())?)
+}
+
+/// The card's sections in order, each a title and its HTML body (the shared report shell,
+/// `stoke_train::report::render_report`, writes the page, the headings and the style).
+#[derive(Default)]
+struct Card {
+    sections: Vec<(String, String)>,
+}
+
+impl Card {
+    /// Starts the section `title`; what is written to the returned string is its body.
+    fn section(&mut self, title: &str) -> &mut String {
+        self.sections.push((title.to_string(), String::new()));
+        let last = self.sections.len() - 1;
+        &mut self.sections[last].1
+    }
+
+    fn into_sections(self) -> Vec<ReportSection> {
+        self.sections
+            .into_iter()
+            .map(|(title, body)| ReportSection {
+                title,
+                body: SectionBody::Html(body),
+                charts: Vec::new(),
+            })
+            .collect()
+    }
 }
 
 fn training_section(
-    h: &mut String,
+    card: &mut Card,
     title: &str,
     intro: &str,
     stage: &TrainingStageSummary,
 ) -> anyhow::Result<()> {
-    let _ = writeln!(h, "<h2>{}</h2>\n<p>{}</p>", escape(title), escape(intro));
+    let h = card.section(title);
+    let _ = writeln!(h, "<p>{}</p>", escape(intro));
     let mut rows = vec![
         ("parameters".to_string(), stage.parameters.to_string()),
         ("steps".into(), stage.steps.to_string()),
@@ -295,7 +317,7 @@ fn training_section(
 }
 
 fn preference_section(h: &mut String, p: &PreferenceStageSummary) -> anyhow::Result<()> {
-    h.push_str("<h2>6. Preference optimization</h2>\n<p>The SFT model samples answers to training-split questions; the exact-match verifier scores them; each question's correct answers are paired against its wrong ones. Each loss then trains a copy of the SFT model on the pairs against the SFT model as reference (its log-probs computed once and cached, so one model is in memory). <b>logps/chosen</b> falling with <b>logps/rejected</b> is likelihood displacement; section 8 shows what each run did to held-out accuracy.</p>\n");
+    h.push_str("<p>The SFT model samples answers to training-split questions; the exact-match verifier scores them; each question's correct answers are paired against its wrong ones. Each loss then trains a copy of the SFT model on the pairs against the SFT model as reference (its log-probs computed once and cached, so one model is in memory). <b>logps/chosen</b> falling with <b>logps/rejected</b> is likelihood displacement; section 8 shows what each run did to held-out accuracy.</p>\n");
     let metric = |m: &[(String, f64)], name: &str| {
         m.iter()
             .find(|(k, _)| k == name)
@@ -370,7 +392,7 @@ fn preference_section(h: &mut String, p: &PreferenceStageSummary) -> anyhow::Res
 }
 
 fn grpo_section(h: &mut String, g: &GrpoStageSummary) -> anyhow::Result<()> {
-    h.push_str("<h2>7. GRPO</h2>\n<p>Reinforcement learning with verifiable rewards on the SFT model: groups of sampled replies to training-split questions, the exact-match reward, group-relative advantages, the clipped policy loss; rollout, reward and trainer run as separate modules joined by bounded buffers; each update trains on samples generated one policy version earlier (a fixed lag, so the seeded run repeats exactly while generation overlaps training).</p>\n");
+    h.push_str("<p>Reinforcement learning with verifiable rewards on the SFT model: groups of sampled replies to training-split questions, the exact-match reward, group-relative advantages, the clipped policy loss; rollout, reward and trainer run as separate modules joined by bounded buffers; each update trains on samples generated one policy version earlier (a fixed lag, so the seeded run repeats exactly while generation overlaps training).</p>\n");
     let mut rows = vec![
         (
             "updates".to_string(),
@@ -457,7 +479,7 @@ fn distill_section(
 ) -> anyhow::Result<()> {
     let _ = writeln!(
         h,
-        "<h2>8. Distillation</h2>\n<p>A student with layers {:?} of the pretrained model ({} parameters; the teacher, the GRPO model, has {}) learns from the teacher, beside the same student trained by SFT alone on the same number of optimizer steps. The student owns {} labelled conversations (the first of the SFT data), not the teacher's training data: the regime distillation is for. <b>Distilled</b>: {} SFT steps on those labels plus the teacher's replies to the {} GRPO questions (one each at temperature {}, unverified: {} of {} right), then {} updates of on-policy distillation (the student samples, the teacher scores the same tokens, each token's advantage is log p_teacher - log p_student). <b>SFT only</b>: {} SFT steps on the labels.</p>",
+        "<p>A student with layers {:?} of the pretrained model ({} parameters; the teacher, the GRPO model, has {}) learns from the teacher, beside the same student trained by SFT alone on the same number of optimizer steps. The student owns {} labelled conversations (the first of the SFT data), not the teacher's training data: the regime distillation is for. <b>Distilled</b>: {} SFT steps on those labels plus the teacher's replies to the {} GRPO questions (one each at temperature {}, unverified: {} of {} right), then {} updates of on-policy distillation (the student samples, the teacher scores the same tokens, each token's advantage is log p_teacher - log p_student). <b>SFT only</b>: {} SFT steps on the labels.</p>",
         d.student_layers,
         d.student_parameters,
         d.teacher_parameters,
