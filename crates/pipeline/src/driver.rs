@@ -206,14 +206,23 @@ pub struct DriveShape {
     pub buffer_bytes: u64,
 }
 
+/// What a drive loop ([`run_sync`], [`run_async`]) runs on: the modules, the learner, the order
+/// of the prompts and where finished updates go.
+pub struct Drive<'a> {
+    pub modules: &'a Modules,
+    pub learner: &'a mut Learner,
+    pub plan: &'a TaskPlan,
+    pub sink: &'a mut dyn StepSink,
+}
+
 /// Runs `shape.steps` updates, one module after another.
-pub fn run_sync(
-    modules: &Modules,
-    learner: &mut Learner,
-    plan: &TaskPlan,
-    shape: DriveShape,
-    sink: &mut dyn StepSink,
-) -> Result<(), PipelineError> {
+pub fn run_sync(drive: Drive<'_>, shape: DriveShape) -> Result<(), PipelineError> {
+    let Drive {
+        modules,
+        learner,
+        plan,
+        sink,
+    } = drive;
     let DriveShape {
         steps,
         prompts_per_step,
@@ -312,13 +321,13 @@ impl Shutdown<'_> {
 }
 
 /// Runs `shape.steps` updates with every module on its own thread.
-pub fn run_async(
-    modules: &Modules,
-    learner: &mut Learner,
-    plan: &TaskPlan,
-    shape: DriveShape,
-    sink: &mut dyn StepSink,
-) -> Result<(), PipelineError> {
+pub fn run_async(drive: Drive<'_>, shape: DriveShape) -> Result<(), PipelineError> {
+    let Drive {
+        modules,
+        learner,
+        plan,
+        sink,
+    } = drive;
     let DriveShape {
         steps,
         prompts_per_step,

@@ -35,7 +35,7 @@ use stoke_train::grpo::update::{PolicyUpdater, UpdateSettings};
 use stoke_train::run_folder::RunFolder;
 use stoke_train::source::{BatchSource, ShardSource};
 
-use crate::driver::{DriveShape, Modules, TaskPlan, run_async, run_sync};
+use crate::driver::{Drive, DriveShape, Modules, TaskPlan, run_async, run_sync};
 use crate::error::PipelineError;
 use crate::held_out::{EvalSampling, HeldOutResult, evaluate};
 use crate::inference::InferenceModule;
@@ -395,9 +395,15 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
         rollout_batch_groups: settings.rollout_batch_groups,
         buffer_bytes: settings.buffer_bytes,
     };
+    let drive = Drive {
+        modules: &modules,
+        learner: &mut learner,
+        plan: &plan,
+        sink: &mut sink,
+    };
     match settings.mode {
-        PipelineMode::Sync => run_sync(&modules, &mut learner, &plan, shape, &mut sink)?,
-        PipelineMode::Async => run_async(&modules, &mut learner, &plan, shape, &mut sink)?,
+        PipelineMode::Sync => run_sync(drive, shape)?,
+        PipelineMode::Async => run_async(drive, shape)?,
     }
     let train_seconds = train_started.elapsed().as_secs_f64() - sink.excluded_seconds();
 

@@ -13,7 +13,9 @@ use candle_core::Device;
 use rand::{Rng, SeedableRng};
 use stoke_model::Transformer;
 use stoke_pipeline::config::GrpoConfig;
-use stoke_pipeline::driver::{DriveShape, FinishedUpdate, Modules, StepSink, TaskPlan, run_async};
+use stoke_pipeline::driver::{
+    Drive, DriveShape, FinishedUpdate, Modules, StepSink, TaskPlan, run_async,
+};
 use stoke_pipeline::inference::InferenceModule;
 use stoke_pipeline::learner::Learner;
 use stoke_pipeline::metrics::{GrpoMetricsLog, GrpoRecord};
@@ -263,11 +265,13 @@ fn on_policy_async_trains_only_tokens_sampled_by_the_weights_being_updated() {
     let (modules, mut learner, plan) = session(&settings, Arc::new(Scripted::new()), vec![294]);
     let mut recorder = Recorder::default();
     run_async(
-        &modules,
-        &mut learner,
-        &plan,
+        Drive {
+            modules: &modules,
+            learner: &mut learner,
+            plan: &plan,
+            sink: &mut recorder,
+        },
         shape(&settings),
-        &mut recorder,
     )
     .unwrap();
     assert_eq!(recorder.steps.len(), 4);
@@ -305,11 +309,13 @@ fn staleness_never_exceeds_the_bound_under_random_module_delays() {
             ..Recorder::default()
         };
         run_async(
-            &modules,
-            &mut learner,
-            &plan,
+            Drive {
+                modules: &modules,
+                learner: &mut learner,
+                plan: &plan,
+                sink: &mut recorder,
+            },
             shape(&settings),
-            &mut recorder,
         )
         .unwrap();
         let mut max_lag = 0;
@@ -347,11 +353,13 @@ fn a_fixed_lag_samples_update_n_with_version_n_minus_k_and_repeats_exactly() {
                 ..Recorder::default()
             };
             run_async(
-                &modules,
-                &mut learner,
-                &plan,
+                Drive {
+                    modules: &modules,
+                    learner: &mut learner,
+                    plan: &plan,
+                    sink: &mut recorder,
+                },
                 shape(&settings),
-                &mut recorder,
             )
             .unwrap();
             for (trained, samples) in &recorder.steps {
@@ -397,11 +405,13 @@ fn eos_only_rollouts_train_without_error() {
         session(&settings, Arc::new(Scripted::new()), (0..vocab).collect());
     let mut recorder = Recorder::default();
     run_async(
-        &modules,
-        &mut learner,
-        &plan,
+        Drive {
+            modules: &modules,
+            learner: &mut learner,
+            plan: &plan,
+            sink: &mut recorder,
+        },
         shape(&settings),
-        &mut recorder,
     )
     .unwrap();
     assert_eq!(recorder.steps.len(), 4);
@@ -705,7 +715,16 @@ fn on_policy_distillation_trains_on_the_teachers_scores_of_the_sampled_tokens() 
         teacher,
         steps: Vec::new(),
     };
-    run_async(&modules, &mut learner, &plan, shape(&settings), &mut check).unwrap();
+    run_async(
+        Drive {
+            modules: &modules,
+            learner: &mut learner,
+            plan: &plan,
+            sink: &mut check,
+        },
+        shape(&settings),
+    )
+    .unwrap();
     assert_eq!(check.steps.len(), 3);
     assert!(check.steps.iter().all(|&(_, tokens)| tokens > 0));
     assert_eq!(learner.step(), 3);
