@@ -217,12 +217,7 @@ pub struct Drive<'a> {
 
 /// Runs `shape.steps` updates, one module after another.
 pub fn run_sync(drive: Drive<'_>, shape: DriveShape) -> Result<(), PipelineError> {
-    let Drive {
-        modules,
-        learner,
-        plan,
-        sink,
-    } = drive;
+    let modules = drive.modules;
     let DriveShape {
         steps,
         prompts_per_step,
@@ -239,7 +234,7 @@ pub fn run_sync(drive: Drive<'_>, shape: DriveShape) -> Result<(), PipelineError
                     module: "rollout",
                     reason: "the staleness gate closed".into(),
                 })?;
-            tickets.push(plan.ticket(permit));
+            tickets.push(drive.plan.ticket(permit));
         }
         let groups = modules
             .scheduler
@@ -251,9 +246,9 @@ pub fn run_sync(drive: Drive<'_>, shape: DriveShape) -> Result<(), PipelineError
         let scored_busy = busy_of(&scored);
         let update = modules
             .scheduler
-            .install(ComputeModule::Trainer, || learner.update(scored))??;
+            .install(ComputeModule::Trainer, || drive.learner.update(scored))??;
         let timing = StepTiming::measure(last, 0.0, &scored_busy, &update);
-        record_update(sink, learner, update, timing, modules)?;
+        record_update(drive.sink, drive.learner, update, timing, modules)?;
         last = Instant::now();
     }
     Ok(())
