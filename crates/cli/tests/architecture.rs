@@ -16,6 +16,17 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ("stoke-reward", &["stoke-types", "stoke-sandbox"]),
         ("stoke-data", &["stoke-types"]),
         ("stoke-tokenizer", &["stoke-types", "stoke-gguf"]),
+        // Environments speak chat messages (tokenizer), run tools in the sandbox and hold the
+        // tasks' reference data (reward); the episode runner that drives them is the pipeline's.
+        (
+            "stoke-env",
+            &[
+                "stoke-types",
+                "stoke-sandbox",
+                "stoke-reward",
+                "stoke-tokenizer",
+            ],
+        ),
         ("stoke-ops", &["stoke-types"]),
         ("stoke-model", &["stoke-types", "stoke-gguf", "stoke-ops"]),
         ("stoke-optim", &[]),
@@ -79,6 +90,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "stoke-train",
                 "stoke-eval",
                 "stoke-serve",
+                "stoke-env",
             ],
         ),
         (

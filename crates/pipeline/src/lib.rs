@@ -9,7 +9,8 @@
 //! One file per noun:
 //! - [`records`]: the typed records passed between modules; [`settings`]: validated run settings;
 //!   [`config`]: the TOML file layer that produces them; [`task`]: tasks from JSONL.
-//! - the modules: [`rollout`] (generation, weights taken between batches or in flight),
+//! - the modules: [`rollout`] (generation, weights taken between batches or in flight; multi-turn
+//!   episodes with an environment through [`episode`]),
 //!   [`inference`] (reference / recomputed old-policy log-probs, batched by token budget),
 //!   [`reward`] (verifiers behind a pool that survives panics and hangs), and the trainer
 //!   ([`learner`]: rewards -> advantages -> `stoke_train::grpo::update::PolicyUpdater` -> publish).
@@ -29,6 +30,7 @@
 pub mod buffer;
 pub mod config;
 pub mod driver;
+pub mod episode;
 pub mod error;
 pub mod held_out;
 pub mod inference;

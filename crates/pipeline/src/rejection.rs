@@ -315,6 +315,7 @@ pub fn sample_and_filter(
             prompts: chunk.iter().map(|t| t.prompt_ids.clone()).collect(),
             params: params.clone(),
             first_prompt_number: first as u64,
+            streams: None,
         };
         let output = engine.generate(&request, Some(detokenizer))?;
         report.generated_tokens += output.generated_tokens;

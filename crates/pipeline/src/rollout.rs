@@ -279,6 +279,7 @@ impl RolloutModule {
                 .collect(),
             params: self.sampling_params(first.temperature),
             first_prompt_number: first.group_id,
+            streams: None,
         };
         let started = Instant::now();
         let detokenizer: &dyn Detokenizer = &*self.tokenizer;

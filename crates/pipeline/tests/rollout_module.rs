@@ -206,6 +206,7 @@ fn generation_waits_for_the_tickets_version_and_uses_it() {
             ..SamplingParams::default()
         },
         first_prompt_number: 2,
+        streams: None,
     };
     let expected = Engine::new(&trainer).generate(&request, None).unwrap();
     let expected_ids: Vec<Vec<Vec<u32>>> = expected

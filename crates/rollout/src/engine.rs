@@ -242,6 +242,7 @@ pub(crate) fn generate_with(
     // 1. Prefill every prompt once, under the weights current now.
     let (first, first_version) = source.current();
     check_prompts(&first, &request.prompts)?;
+    request.check_streams()?;
     let layout = WeightLayout::of(&first);
     let max_positions = layout.config.max_position_embeddings;
     let device = layout.device.clone();
@@ -297,11 +298,7 @@ pub(crate) fn generate_with(
         .map(|(row, &prompt_index)| Sequence {
             prompt_index,
             sample_index: row % n,
-            stream: SampleStream::new(
-                params.seed,
-                request.first_prompt_number + prompt_index as u64,
-                (row % n) as u64,
-            ),
+            stream: request.stream(prompt_index, row % n),
             next_position: request.prompts[prompt_index].len(),
             token_ids: Vec::new(),
             logprobs: Vec::new(),

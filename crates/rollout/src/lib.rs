@@ -24,7 +24,9 @@ pub use batcher::{
 pub use engine::{Engine, generate_live};
 pub use error::RolloutError;
 pub use live::{FixedWeights, LiveGeneration, LiveWeights};
-pub use request::{Completion, FinishReason, GenerationOutput, GenerationRequest, SamplingParams};
+pub use request::{
+    Completion, FinishReason, GenerationOutput, GenerationRequest, SamplingParams, StreamKey,
+};
 pub use sampling::{LogprobMode, SampleStream, SampledToken, SamplingRule};
 pub use speculative::{SpeculativeOutput, SpeculativeStats, generate_speculative};
 pub use stop::{Detokenizer, StopCriteria};

@@ -16,7 +16,7 @@ use serde::Serialize;
 use stoke_model::Transformer;
 
 use crate::error::RolloutError;
-use crate::sampling::SamplingRule;
+use crate::sampling::{SampleStream, SamplingRule};
 
 /// How to sample continuations. `temperature` 0 is greedy decoding.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,6 +89,19 @@ pub struct GenerationRequest {
     /// selects the random streams, so splitting a batch into several requests (or running prompts
     /// one at a time) with matching numbers gives identical samples.
     pub first_prompt_number: u64,
+    /// Per prompt, the random streams to draw from instead of the numbering above (multi-turn
+    /// episodes: each continuation names its episode's group, sample and turn, whatever other
+    /// continuations share the call). None: prompt i is number `first_prompt_number + i`.
+    pub streams: Option<Vec<StreamKey>>,
+}
+
+/// Which random streams a prompt's samples draw from: sample s of the prompt draws from
+/// `SampleStream::for_turn(seed, prompt_number, first_sample + s, turn)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamKey {
+    pub prompt_number: u64,
+    pub first_sample: u64,
+    pub turn: u64,
 }
 
 impl GenerationRequest {
@@ -97,6 +110,43 @@ impl GenerationRequest {
             prompts,
             params,
             first_prompt_number: 0,
+            streams: None,
+        }
+    }
+
+    /// The random stream of sample `sample` of prompt `prompt_index`.
+    pub fn stream(&self, prompt_index: usize, sample: usize) -> SampleStream {
+        match self
+            .streams
+            .as_ref()
+            .and_then(|keys| keys.get(prompt_index))
+        {
+            Some(key) => SampleStream::for_turn(
+                self.params.seed,
+                key.prompt_number,
+                key.first_sample + sample as u64,
+                key.turn,
+            ),
+            None => SampleStream::new(
+                self.params.seed,
+                self.first_prompt_number + prompt_index as u64,
+                sample as u64,
+            ),
+        }
+    }
+
+    /// Fails when `streams` is given with a length other than the prompts'.
+    pub(crate) fn check_streams(&self) -> Result<(), RolloutError> {
+        match &self.streams {
+            Some(keys) if keys.len() != self.prompts.len() => Err(RolloutError::InvalidParam {
+                field: "streams",
+                reason: format!(
+                    "{} stream keys for {} prompts",
+                    keys.len(),
+                    self.prompts.len()
+                ),
+            }),
+            _ => Ok(()),
         }
     }
 }

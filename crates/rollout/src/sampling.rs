@@ -99,10 +99,18 @@ pub struct SampleStream {
 
 impl SampleStream {
     pub fn new(seed: u64, prompt_number: u64, sample_number: u64) -> Self {
+        SampleStream::for_turn(seed, prompt_number, sample_number, 0)
+    }
+
+    /// The stream of turn `turn` of a multi-turn episode (sample `sample_number` of prompt
+    /// `prompt_number`). Turn 0 is [`SampleStream::new`]'s stream, so an episode's first turn
+    /// draws exactly what a single-turn sample of the same prompt would.
+    pub fn for_turn(seed: u64, prompt_number: u64, sample_number: u64, turn: u64) -> Self {
         let mut key = [0u8; 32];
         key[0..8].copy_from_slice(&seed.to_le_bytes());
         key[8..16].copy_from_slice(&prompt_number.to_le_bytes());
         key[16..24].copy_from_slice(&sample_number.to_le_bytes());
+        key[24..32].copy_from_slice(&turn.to_le_bytes());
         SampleStream {
             rng: ChaCha8Rng::from_seed(key),
         }

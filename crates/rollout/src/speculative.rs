@@ -227,6 +227,7 @@ pub fn generate_speculative(
         detokenizer.is_some(),
     )?;
     check_prompts(model, &request.prompts)?;
+    request.check_streams()?;
     let device = model.device().clone();
     let config = model.config();
     let width = config.hidden_size;
@@ -266,11 +267,7 @@ pub fn generate_speculative(
     let hidden = hidden.index_select(&index, 0)?;
     let mut rows: Vec<Row> = Vec::with_capacity(fan_out.len());
     for (r, &prompt_index) in fan_out.iter().enumerate() {
-        let mut stream = SampleStream::new(
-            params.seed,
-            request.first_prompt_number + prompt_index as u64,
-            (r % n) as u64,
-        );
+        let mut stream = request.stream(prompt_index, r % n);
         let p = Distribution::of(&last_logits[prompt_index], &rule)?;
         let first = p.draw(&mut stream);
         let mut row = Row {

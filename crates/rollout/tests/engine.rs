@@ -217,6 +217,7 @@ fn batched_left_padded_generation_equals_one_by_one() {
             prompts: vec![prompt.clone()],
             params: params.clone(),
             first_prompt_number: i as u64,
+            streams: None,
         };
         let single = engine.generate(&alone, None).unwrap();
         let reference = generate_without_cache(&model, &prompt, &params, i as u64, 0);

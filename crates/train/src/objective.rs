@@ -454,6 +454,7 @@ impl OnPolicySampling {
                 stop_strings: Vec::new(),
             },
             first_prompt_number: 0,
+            streams: None,
         };
         let output = stoke_rollout::Engine::new(model)
             .generate(&request, None)

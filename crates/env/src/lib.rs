@@ -1,0 +1,33 @@
+//! stoke-env: the environment boundary of agentic RL, and the environments and tools stoke
+//! ships.
+//!
+//! An agentic episode is a conversation between the policy and an environment: the environment
+//! opens it (system and user messages, the tools it offers), the model takes a turn (text, maybe
+//! tool calls), the environment answers (tool results, a follow-up, or the end), and so on until
+//! the environment says done or a limit stops it. This crate holds:
+//! - [`environment`]: the narrow [`Environment`] / [`Episode`] traits and their records;
+//! - [`tool`]: the [`Tool`] trait, tool schemas and the episode's [`Workspace`];
+//! - [`tool_env`]: [`ToolEnvironment`], an environment made of a task, tools and a final answer;
+//! - [`calculator`]: an exact-arithmetic tool; [`arithmetic`]: the calculator task generator;
+//! - [`transcript`]: the token-exact record of an episode and the template rendering of the
+//!   environment's messages as ids (never re-encoding the model's text);
+//! - [`guard`]: running environment calls on worker threads with a timeout, so an environment
+//!   that panics or hangs ends its episode, never the run.
+//!
+//! What it is not: the generation loop (the pipeline's episode runner drives the engine and this
+//! crate's traits), the tokenizer, or the sandbox itself (`stoke_sandbox`).
+
+pub mod arithmetic;
+pub mod calculator;
+pub mod environment;
+pub mod error;
+pub mod guard;
+pub mod tool;
+pub mod tool_env;
+pub mod transcript;
+
+pub use environment::{EnvStep, EnvTask, Environment, Episode, ModelTurn, Opening, StopReason};
+pub use error::EnvError;
+pub use tool::{Tool, ToolOutput, ToolSpec, Workspace};
+pub use tool_env::{ToolEnvironment, ToolLimits};
+pub use transcript::{Segment, Transcript, TurnRenderer};
