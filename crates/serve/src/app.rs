@@ -15,7 +15,7 @@ use stoke_types::Precision;
 
 use crate::metrics::Metrics;
 use crate::protocol::ModelInfo;
-use crate::tools;
+use crate::tools::{ToolCallSetting, ToolSupport};
 use crate::weights::load_for_serving;
 use crate::worker::Worker;
 
@@ -58,6 +58,8 @@ pub struct ServeConfig {
     pub max_queue: usize,
     pub max_logprobs: usize,
     pub logprobs_mode: LogprobMode,
+    /// Which parser reads tool calls out of chat answers (`tools.rs`).
+    pub tool_call_parser: ToolCallSetting,
 }
 
 impl ServeConfig {
@@ -77,6 +79,7 @@ impl ServeConfig {
             max_queue: 1024,
             max_logprobs: 20,
             logprobs_mode: LogprobMode::Processed,
+            tool_call_parser: ToolCallSetting::Auto,
         }
     }
 }
@@ -90,8 +93,8 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     /// Prompts submitted and not yet prefilled (the queue `max_queue` bounds).
     pub queued: AtomicUsize,
-    /// The chat template writes `<tool_call>` blocks.
-    pub template_tool_calls: bool,
+    /// The tool-call parser and whether the template renders `tools`.
+    pub tools: ToolSupport,
     /// One weight update at a time.
     pub(crate) weight_update: tokio::sync::Mutex<()>,
     /// When the server started (seconds since the Unix epoch), the `created` of `/v1/models`.
@@ -136,11 +139,7 @@ impl App {
             .served_model_name
             .clone()
             .unwrap_or_else(|| default_served_model_name(dir));
-        let template_tool_calls = tokenizer
-            .chat_template_names()
-            .iter()
-            .filter_map(|name| tokenizer.chat_template_named(name))
-            .any(|template| tools::template_uses_tool_calls(template.source()));
+        let tools = ToolSupport::new(config.tool_call_parser, &tokenizer);
         let metrics = Arc::new(Metrics::new());
         let worker = Worker::start(batcher, checksum, Arc::clone(&metrics));
         Ok(App {
@@ -157,7 +156,7 @@ impl App {
             worker,
             metrics,
             queued: AtomicUsize::new(0),
-            template_tool_calls,
+            tools,
             weight_update: tokio::sync::Mutex::new(()),
             started: unix_now(),
         })

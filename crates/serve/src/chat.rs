@@ -6,8 +6,12 @@
 //! `weight_versions` per choice.
 //!
 //! Tool calls are parsed when the request has `tools` (and `tool_choice` is not `"none"`) and the
-//! template writes Hermes-style `<tool_call>` blocks (`tools.rs`). Streaming sends the role first,
-//! content deltas (held back from `<tool_call>` on), then the tool calls and the finish reason.
+//! server has a tool-call parser, named or detected from the template (`tools.rs`); `tools` the
+//! template cannot render add a top-level `warnings` array. Streaming sends the role first
+//! (with the warnings), content deltas (held back from where a call may start), then the tool
+//! calls and the finish reason. The Mistral parser's `[TOOL_CALLS]` is a special token, so with
+//! it special tokens are kept in the text unless the request sets `skip_special_tokens` (as vLLM
+//! does).
 
 use std::sync::Arc;
 
@@ -17,6 +21,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use stoke_rollout::TokenLogprob;
 use stoke_tokenizer::hf::Tokenizer;
+use stoke_tokenizer::tool_calls::ToolCallParser;
 
 use crate::app::{App, unix_now};
 use crate::completions::prompt_logprobs_json;
@@ -35,13 +40,20 @@ pub async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Respo
 
 async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
     let request: ChatRequest = parse_request(&body)?;
-    let tool_parsing = request.wants_tool_calls() && app.template_tool_calls;
-    let spec = request.into_spec(&app.tokenizer, &app.info)?;
-    let generation = Generation::start(Arc::clone(&app), spec, tool_parsing).await?;
+    let passes_tools = request.wants_tool_calls();
+    let tool_parser = app.tools.parser.filter(|_| passes_tools);
+    let keep_special_tokens = tool_parser == Some(ToolCallParser::Mistral)
+        && request.common.skip_special_tokens.is_none();
+    let mut spec = request.into_spec(&app.tokenizer, &app.info)?;
+    if keep_special_tokens {
+        spec.skip_special_tokens = false;
+    }
+    let warnings = app.tools.warnings(passes_tools);
+    let generation = Generation::start(Arc::clone(&app), spec, tool_parser).await?;
     let id = request_id("chatcmpl");
     let created = unix_now();
     if generation.spec.stream {
-        return Ok(stream(generation, id, created));
+        return Ok(stream(generation, id, created, warnings));
     }
     let mut generation = generation;
     generation.finish().await?;
@@ -54,7 +66,7 @@ async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
     }
     let spec = &generation.spec;
     let tokenizer = &app.tokenizer;
-    Ok(axum::Json(json!({
+    let mut answer = json!({
         "id": id,
         "object": "chat.completion",
         "created": created,
@@ -67,8 +79,11 @@ async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
         },
         "prompt_token_ids": spec.return_token_ids.then(|| spec.prompts[0].ids.clone()),
         "system_fingerprint": null,
-    }))
-    .into_response())
+    });
+    if !warnings.is_empty() {
+        answer["warnings"] = json!(warnings);
+    }
+    Ok(axum::Json(answer).into_response())
 }
 
 /// One `logprobs.content` entry.
@@ -97,17 +112,15 @@ fn message(
 ) -> Result<(Value, &'static str), ApiError> {
     let text = generation.final_text(index)?;
     let (finish_reason, _) = generation.finish_fields(index);
-    if generation.tool_parsing
-        && let Some((content, calls)) = tools::parse(&text, &format!("{id}-tool-{index}"))
-    {
-        return Ok((
-            json!({"role": "assistant", "content": content, "tool_calls": calls, "reasoning_content": null}),
-            "tool_calls",
-        ));
-    }
+    let (message, has_calls) =
+        tools::assistant_message(generation.tool_parser, &text, &format!("{id}-tool-{index}"));
     Ok((
-        json!({"role": "assistant", "content": text, "tool_calls": [], "reasoning_content": null}),
-        finish_reason,
+        message,
+        if has_calls {
+            "tool_calls"
+        } else {
+            finish_reason
+        },
     ))
 }
 
@@ -137,7 +150,7 @@ fn choice(generation: &Generation, index: usize, id: &str) -> Result<Value, ApiE
     }))
 }
 
-fn stream(generation: Generation, id: String, created: u64) -> Response {
+fn stream(generation: Generation, id: String, created: u64, warnings: Vec<String>) -> Response {
     let model = generation.app().info.name.clone();
     EventStream::spawn(generation, move |generation, phase, out| {
         let chunk = |choices: Vec<Value>| {
@@ -165,6 +178,9 @@ fn stream(generation: Generation, id: String, created: u64) -> Response {
                 let mut first = chunk(choices);
                 if generation.spec.return_token_ids {
                     first["prompt_token_ids"] = json!(generation.spec.prompts[0].ids);
+                }
+                if !warnings.is_empty() {
+                    first["warnings"] = json!(warnings);
                 }
                 out.push(first);
             }

@@ -35,7 +35,7 @@ pub async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
 async fn run(app: Arc<App>, body: Bytes) -> Result<Response, ApiError> {
     let request: CompletionRequest = parse_request(&body)?;
     let spec = request.into_spec(&app.tokenizer, &app.info)?;
-    let generation = Generation::start(Arc::clone(&app), spec, false).await?;
+    let generation = Generation::start(Arc::clone(&app), spec, None).await?;
     let id = request_id("cmpl");
     let created = unix_now();
     if generation.spec.stream {

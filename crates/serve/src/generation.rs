@@ -11,7 +11,9 @@
 //!   request says otherwise), the end-of-sequence token left out, cut before a stop string;
 //! - streamed text is always a prefix of the final text: while a sample runs, the last
 //!   `longest stop string - 1` characters are held back (they might start a stop string), and
-//!   with tool parsing everything from `<tool_call>` on (and a partial `<tool_call>` at the end).
+//!   with a tool-call parser everything from where a call may start on
+//!   (`ToolCallParser::call_start`: its marker, or a partial marker at the end); once the sample
+//!   ends, the text before the parsed calls is released (all of it when none parse).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -21,13 +23,13 @@ use stoke_rollout::{
     BatchEvent, BatchRequest, Detokenizer, FinishReason, StopCriteria, TokenLogprob,
 };
 use stoke_tokenizer::hf::{DecodeStream, Tokenizer};
+use stoke_tokenizer::tool_calls::ToolCallParser;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tokio::sync::oneshot;
 
 use crate::app::App;
 use crate::error::ApiError;
 use crate::protocol::GenerationSpec;
-use crate::tools;
 use crate::worker::{ChannelSink, Command};
 
 /// One sample of one prompt.
@@ -68,8 +70,8 @@ pub struct Generation {
     pub prompt_logprobs: Vec<Option<Vec<Option<TokenLogprob>>>>,
     pub arrived: Instant,
     pub first_token_at: Option<Instant>,
-    /// Parse tool calls out of the text (chat with tools): hold back from `<tool_call>` on.
-    pub tool_parsing: bool,
+    /// Parse tool calls out of the text (chat with tools): hold back from a possible call on.
+    pub tool_parser: Option<ToolCallParser>,
     app: Arc<App>,
     events: UnboundedReceiver<(usize, BatchEvent)>,
     stop: StopCriteria,
@@ -119,7 +121,7 @@ impl Generation {
     pub async fn start(
         app: Arc<App>,
         spec: GenerationSpec,
-        tool_parsing: bool,
+        tool_parser: Option<ToolCallParser>,
     ) -> Result<Generation, ApiError> {
         let arrived = Instant::now();
         let prompts = spec.prompts.len();
@@ -188,7 +190,7 @@ impl Generation {
             choices,
             arrived,
             first_token_at: None,
-            tool_parsing,
+            tool_parser,
             app: Arc::clone(&app),
             events,
             stop,
@@ -311,11 +313,10 @@ impl Generation {
             // Everything up to the final text's end.
             let text = self.final_text(index)?;
             let choice = &mut self.choices[index];
-            let cut = if self.tool_parsing {
-                text.find(tools::OPEN).unwrap_or(text.len())
-            } else {
-                text.len()
-            };
+            let cut = self
+                .tool_parser
+                .and_then(|parser| parser.parse(&text, "").calls_at)
+                .unwrap_or(text.len());
             let released = text[..cut]
                 .get(choice.sent..)
                 .unwrap_or_default()
@@ -333,17 +334,8 @@ impl Generation {
                     .nth(self.holdback_chars - 1)
                     .map_or(0, |(at, _)| at);
             }
-            if self.tool_parsing {
-                if let Some(at) = text.find(tools::OPEN) {
-                    end = end.min(at);
-                }
-                // A partial "<tool_call>" at the end may still become one.
-                for cut in (1..tools::OPEN.len()).rev() {
-                    if text.ends_with(&tools::OPEN[..cut]) {
-                        end = end.min(text.len() - cut);
-                        break;
-                    }
-                }
+            if let Some(at) = self.tool_parser.and_then(|parser| parser.call_start(text)) {
+                end = end.min(at);
             }
             end
         };

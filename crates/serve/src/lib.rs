@@ -7,7 +7,7 @@
 //! events folded into choices, text rules), [`completions`] and [`chat`] (the two generation
 //! routes' answers, streaming and not), [`stream`] (server-sent events), [`worker`] (the thread
 //! that steps the batcher), [`weights`] (loading and checksums for live weight updates),
-//! [`metrics`] (Prometheus), [`tools`] (tool calls parsed from text), [`client`] (an HTTP client
+//! [`metrics`] (Prometheus), [`tools`] (the tool-call parser setting and tool warnings), [`client`] (an HTTP client
 //! of this API), [`error`] (OpenAI-style error answers).
 //!
 //! Response shapes follow vLLM's OpenAI server field for field (`../shared/design/anchors.md`
@@ -32,4 +32,5 @@ pub use app::ServeConfig;
 pub use client::Client;
 pub use error::ApiError;
 pub use server::{HttpServer, RunningServer, serve};
+pub use tools::ToolCallSetting;
 pub use weights::weights_checksum;

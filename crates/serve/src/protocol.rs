@@ -25,6 +25,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use stoke_rollout::{LogprobMode, LogprobRequest, SamplingParams};
 use stoke_tokenizer::chat::{ChatMessage, ChatOptions, TemplateValue};
+use stoke_tokenizer::error::TokenizerError;
 use stoke_tokenizer::hf::Tokenizer;
 
 use crate::error::ApiError;
@@ -608,6 +609,50 @@ fn prepare_message(index: usize, mut message: Value) -> Result<ChatMessage, ApiE
         .map_err(|e| ApiError::invalid(field.clone(), format!("{field}: {e}")))
 }
 
+/// A 400 for a conversation the chat template cannot render. When the template itself fails
+/// (it raises, or errors on a message it does not expect), the answer names the first message
+/// at which rendering `messages[..=i]` fails, `messages[i] (role R): ...`, rather than a line of
+/// the template; otherwise (or when every prefix renders) it names `messages` as a whole.
+fn render_error(
+    tokenizer: &Tokenizer,
+    messages: &[ChatMessage],
+    options: &ChatOptions,
+    error: TokenizerError,
+) -> ApiError {
+    if let TokenizerError::Template { .. } = error
+        && let Ok(template) = tokenizer.chat_template_for(options)
+    {
+        let prefix_options = ChatOptions {
+            add_generation_prompt: false,
+            variables: options.variables.clone(),
+        };
+        let failing = (0..messages.len()).find_map(|i| {
+            match template.render_text(&messages[..=i], &prefix_options) {
+                Err(TokenizerError::Template { mut message, .. }) => {
+                    // Where in the template is no help to a client; which message is.
+                    if let Some(at) = message.rfind(" (template line ") {
+                        message.truncate(at);
+                    }
+                    Some((i, message))
+                }
+                _ => None,
+            }
+        });
+        if let Some((index, message)) = failing {
+            let field = format!("messages[{index}]");
+            let role = messages[index].role.as_str();
+            return ApiError::invalid(
+                field.clone(),
+                format!(
+                    "{field} (role {role}): the chat template `{}` cannot render it: {message}",
+                    template.name()
+                ),
+            );
+        }
+    }
+    ApiError::invalid("messages", format!("rendering the chat template: {error}"))
+}
+
 fn template_value(field: &str, value: &Value) -> Result<TemplateValue, ApiError> {
     serde_json::from_value(value.clone())
         .map_err(|e| ApiError::invalid(field, format!("`{field}`: {e}")))
@@ -675,9 +720,7 @@ impl ChatRequest {
         };
         let encoding = tokenizer
             .apply_chat_template(&messages, &options)
-            .map_err(|e| {
-                ApiError::invalid("messages", format!("rendering the chat template: {e}"))
-            })?;
+            .map_err(|e| render_error(tokenizer, &messages, &options, e))?;
         if encoding.ids.is_empty() {
             return Err(ApiError::invalid(
                 "messages",

@@ -374,16 +374,26 @@ impl Tokenizer {
         messages: &[ChatMessage],
         options: &ChatOptions,
     ) -> Result<ChatEncoding, TokenizerError> {
+        self.chat_template_for(options)?
+            .encode(self, messages, options)
+    }
+
+    /// The template [`Tokenizer::apply_chat_template`] renders with these options: "tool_use"
+    /// when they carry a `tools` variable that is not none and the directory has such a
+    /// template, else the default.
+    pub fn chat_template_for(
+        &self,
+        options: &ChatOptions,
+    ) -> Result<&ChatTemplate, TokenizerError> {
         let has_tools = options
             .variables
             .get("tools")
             .is_some_and(|tools| !tools.is_none());
-        let template = if has_tools && self.chat_templates.contains_key(TOOL_USE_TEMPLATE_NAME) {
-            self.chat_template_checked(TOOL_USE_TEMPLATE_NAME)?
+        if has_tools && self.chat_templates.contains_key(TOOL_USE_TEMPLATE_NAME) {
+            self.chat_template_checked(TOOL_USE_TEMPLATE_NAME)
         } else {
-            self.default_chat_template()?
-        };
-        template.encode(self, messages, options)
+            self.default_chat_template()
+        }
     }
 
     fn check_ids(&self, ids: &[TokenId]) -> Result<(), TokenizerError> {

@@ -12,7 +12,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use serde_json::{Value, json};
 use stoke_rollout::LogprobMode;
-use stoke_serve::{Client, RunningServer, ServeConfig};
+use stoke_serve::{Client, RunningServer, ServeConfig, ToolCallSetting};
 
 /// How the server is sized; shared by `serve` and `chat --model`.
 #[derive(Args, Clone)]
@@ -61,6 +61,12 @@ pub struct ServeArgs {
     /// temperature/top-k/top-p) or `raw_logprobs` (the model's).
     #[arg(long, default_value = "processed_logprobs")]
     logprobs_mode: String,
+    /// How tool calls are read out of chat answers to requests with `tools`: `auto` (the format
+    /// the chat template writes, if it names one), `none` (answers stay text), or a parser
+    /// applied whatever the template says: hermes (alias qwen), llama3_json (llama4_json),
+    /// mistral, deepseek_v3 (deepseekv3), as vLLM's --tool-call-parser.
+    #[arg(long, default_value = "auto")]
+    tool_call_parser: String,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -115,6 +121,10 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         "raw_logprobs" | "raw" => LogprobMode::Raw,
         other => bail!("--logprobs-mode: {other:?} is neither processed_logprobs nor raw_logprobs"),
     };
+    config.tool_call_parser = args
+        .tool_call_parser
+        .parse::<ToolCallSetting>()
+        .map_err(|e| anyhow::anyhow!("--tool-call-parser: {e}"))?;
     stoke_serve::serve(config).map_err(anyhow::Error::msg)
 }
 

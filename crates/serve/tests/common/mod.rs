@@ -148,3 +148,16 @@ pub fn eventually(mut check: impl FnMut() -> bool, what: &str) {
     }
     panic!("timed out waiting for {what}");
 }
+
+/// A copy of the fixture in `dir` whose chat template is `template`.
+pub fn fixture_with_template(dir: &Path, template: &str) -> PathBuf {
+    for entry in std::fs::read_dir(fixture_dir()).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+    }
+    let path = dir.join("tokenizer_config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config["chat_template"] = json!(template);
+    std::fs::write(&path, config.to_string()).unwrap();
+    dir.to_path_buf()
+}
