@@ -110,6 +110,7 @@ fn allowed() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
                 "stoke-pipeline",
                 "stoke-eval",
                 "stoke-serve",
+                "stoke-env",
             ],
         ),
     ];

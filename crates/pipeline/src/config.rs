@@ -31,6 +31,8 @@
 //! every = 10
 //! [checkpoint]
 //! every = 10
+//! [environment]                   # optional: multi-turn episodes with tools (see
+//! kind = "calculator"             # `config/environment.rs` for its keys and defaults)
 //! [rollout]                       # optional; default kind = "local" (in process)
 //! kind = "remote"
 //! servers = ["http://gen-0:8000"] # OpenAI-compatible servers (stoke serve, vLLM)
@@ -133,6 +135,7 @@ const DEFAULT_PTX_COEF: f64 = 0.1;
 const DEFAULT_PTX_BATCH_SIZE: usize = 4;
 const DEFAULT_PTX_SEQ_LEN: usize = 256;
 
+pub mod environment;
 mod file;
 mod resolve;
 
@@ -153,6 +156,13 @@ pub enum TaskSource {
     /// [`ARITHMETIC_LEVELS`] names. As `[held_out]`, problems come from the held-out split.
     Arithmetic {
         levels: Vec<String>,
+        problems: usize,
+        seed: u64,
+    },
+    /// Arithmetic on `digits`-digit numbers for the calculator environment
+    /// (`stoke_env::arithmetic`); as `[held_out]`, drawn with the seed + 1 stream.
+    Calculator {
+        digits: u32,
         problems: usize,
         seed: u64,
     },
@@ -240,6 +250,11 @@ impl GrpoConfig {
                 levels: levels.clone(),
                 problems: eval.problems,
                 seed: *seed,
+            }),
+            (None, TaskSource::Calculator { digits, seed, .. }) => Some(TaskSource::Calculator {
+                digits: *digits,
+                problems: eval.problems,
+                seed: seed.wrapping_add(1),
             }),
             (None, TaskSource::Jsonl { .. }) => None,
         };
@@ -375,6 +390,11 @@ impl GrpoConfig {
                 reward: resolve_reward_service(file.reward.as_ref())?,
                 reference: resolve_reference_service(file.reference.as_ref())?,
             },
+            environment: file
+                .environment
+                .as_ref()
+                .map(|section| section.resolve(g.max_new_tokens.unwrap_or(DEFAULT_MAX_NEW_TOKENS)))
+                .transpose()?,
         };
         if let Some(lora) = &settings.lora {
             lora.validate().map_err(|e| match e {
@@ -508,6 +528,7 @@ impl GrpoConfig {
             rollout: s.services.rollout.as_ref().map(rollout_service_file),
             reward: s.services.reward.as_ref().map(pool_file),
             reference: s.services.reference.as_ref().map(reference_service_file),
+            environment: s.environment.as_ref().map(|e| e.to_file()),
         }
     }
 
@@ -575,6 +596,9 @@ const RESUME_FREE_KEYS: &[&str] = &[
     "reference.",
     "checkpoint.",
     "output_dir",
+    // Timeouts bound waiting, not what an episode computes when it finishes in time.
+    "environment.env_timeout_s",
+    "environment.tool_timeout_s",
 ];
 
 /// `(key, saved value, current value)` for every key of the resolved configs that differs,

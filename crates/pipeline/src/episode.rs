@@ -54,6 +54,7 @@ use stoke_tokenizer::chat::ChatTemplate;
 use stoke_tokenizer::hf::Tokenizer;
 use stoke_tokenizer::tool_calls::ToolCallParser;
 
+use crate::config::environment::{EnvironmentKind, EnvironmentSettings, ToolsIn};
 use crate::error::PipelineError;
 
 /// Limits of one episode.
@@ -687,5 +688,93 @@ impl VersionedCompletion {
             versions,
             finish: completion.finish_reason,
         }
+    }
+}
+
+/// What a run needs to play episodes: the environment, and how its tools meet the model.
+#[derive(Clone)]
+pub struct EpisodeSetup {
+    pub env: Arc<dyn Environment>,
+    pub parser: ToolCallParser,
+    pub limits: EpisodeLimits,
+    pub tools_in_template: bool,
+}
+
+impl std::fmt::Debug for EpisodeSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EpisodeSetup")
+            .field("env", &self.env.name())
+            .field("parser", &self.parser)
+            .field("limits", &self.limits)
+            .field("tools_in_template", &self.tools_in_template)
+            .finish()
+    }
+}
+
+impl EpisodeSetup {
+    /// Builds the configured environment for `template`: the parser (`auto`: the template's
+    /// format, else Hermes) and where tools are shown (`auto`: the template's `tools` variable
+    /// when it renders one, else the environment's system prompt). A template asked to show
+    /// tools it cannot render is an error naming `environment.tools_in`.
+    pub fn new(
+        settings: &EnvironmentSettings,
+        template: &ChatTemplate,
+    ) -> Result<EpisodeSetup, PipelineError> {
+        let renders = stoke_env::transcript::template_renders_tools(template);
+        let tools_in_template = match settings.tools_in {
+            ToolsIn::Auto => renders,
+            ToolsIn::System => false,
+            ToolsIn::Template if renders => true,
+            ToolsIn::Template => {
+                return Err(PipelineError::config(
+                    "environment.tools_in",
+                    format!(
+                        "the chat template `{}` never reads a `tools` variable; use \"system\" or \"auto\"",
+                        template.name()
+                    ),
+                ));
+            }
+        };
+        let env: Arc<dyn Environment> = match settings.kind {
+            EnvironmentKind::Calculator => Arc::new(
+                stoke_env::arithmetic::calculator_environment(
+                    !tools_in_template,
+                    settings.tools.clone(),
+                )
+                .map_err(|e| PipelineError::config("environment", e.to_string()))?,
+            ),
+        };
+        Ok(EpisodeSetup {
+            env,
+            parser: settings.parser.resolve(template.source()),
+            limits: settings.limits.clone(),
+            tools_in_template,
+        })
+    }
+
+    /// The runner of this setup with `tokenizer` and `template`.
+    pub fn runner<'a>(
+        &self,
+        tokenizer: &'a Tokenizer,
+        template: &'a ChatTemplate,
+    ) -> EpisodeRunner<'a> {
+        EpisodeRunner {
+            env: Arc::clone(&self.env),
+            tokenizer,
+            template,
+            parser: self.parser,
+            limits: self.limits.clone(),
+            tools_in_template: self.tools_in_template,
+        }
+    }
+}
+
+/// The environment's view of a pipeline task.
+pub fn env_task(task: &crate::records::Task) -> EnvTask {
+    EnvTask {
+        id: task.id.clone(),
+        prompt: task.prompt.clone(),
+        reference: task.reference.clone(),
+        data: Default::default(),
     }
 }

@@ -269,6 +269,8 @@ pub struct GrpoSettings {
     pub lora: Option<stoke_model::lora::LoraConfig>,
     /// Rollout and rewards in process or on remote servers.
     pub services: Services,
+    /// Multi-turn episodes in an environment (`[environment]`); None: single-turn samples.
+    pub environment: Option<crate::config::environment::EnvironmentSettings>,
 }
 
 impl GrpoSettings {

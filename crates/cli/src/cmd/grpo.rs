@@ -261,6 +261,28 @@ fn resolve_tasks(
             }
             Ok(load.tasks)
         }
+        TaskSource::Calculator {
+            digits,
+            problems,
+            seed,
+        } => {
+            let spec = stoke_env::arithmetic::ArithmeticSpec {
+                digits: *digits,
+                seed: *seed,
+            };
+            let drawn = stoke_env::arithmetic::arithmetic_tasks(&spec, *problems)
+                .with_context(|| format!("[{section}] calculator tasks"))?;
+            // The prompt ids here are the plain chat rendering; a run with an [environment]
+            // renders each task's opening (system prompt, tools) instead.
+            drawn
+                .into_iter()
+                .map(|task| {
+                    chat_task(task.id.clone(), &task.prompt, task.reference, tokenizer)
+                        .map(Arc::new)
+                        .with_context(|| format!("[{section}] rendering task {}", task.id))
+                })
+                .collect()
+        }
         TaskSource::Arithmetic {
             levels,
             problems,

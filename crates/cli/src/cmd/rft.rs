@@ -239,6 +239,7 @@ pub fn sampling_source(
         rollout: None,
         reward: None,
         reference: None,
+        environment: None,
     };
     let mut source =
         GrpoConfig::from_file(source, &stage.base, stem).with_context(|| stage.origin.clone())?;

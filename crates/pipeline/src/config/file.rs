@@ -61,6 +61,9 @@ pub struct GrpoConfigFile {
     /// servers of that model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference: Option<ServiceSection>,
+    /// Multi-turn episodes in an environment with tools (agentic RL); absent: single-turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<super::environment::EnvironmentSection>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -133,6 +136,15 @@ pub enum TaskSourceFile {
     Arithmetic {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         levels: Option<Vec<String>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        problems: Option<usize>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seed: Option<u64>,
+    },
+    /// Arithmetic on large numbers for the calculator environment (`stoke_env::arithmetic`).
+    Calculator {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        digits: Option<u32>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         problems: Option<usize>,
         #[serde(default, skip_serializing_if = "Option::is_none")]

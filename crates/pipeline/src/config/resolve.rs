@@ -50,6 +50,26 @@ pub(super) fn resolve_tasks(
                 seed: seed.unwrap_or(default_seed),
             }
         }
+        TaskSourceFile::Calculator {
+            digits,
+            problems,
+            seed,
+        } => {
+            let digits = digits.unwrap_or(stoke_env::arithmetic::ArithmeticSpec::default().digits);
+            if !(1..=18).contains(&digits) {
+                return Err(PipelineError::config(
+                    format!("{section}.digits"),
+                    format!("must be in 1..=18, got {digits}"),
+                ));
+            }
+            let problems = problems.unwrap_or(default_problems);
+            at_least_one(&format!("{section}.problems"), problems)?;
+            TaskSource::Calculator {
+                digits,
+                problems,
+                seed: seed.unwrap_or(default_seed),
+            }
+        }
     })
 }
 
@@ -62,6 +82,15 @@ pub(super) fn task_file(source: &TaskSource) -> TaskSourceFile {
             seed,
         } => TaskSourceFile::Arithmetic {
             levels: Some(levels.clone()),
+            problems: Some(*problems),
+            seed: Some(*seed),
+        },
+        TaskSource::Calculator {
+            digits,
+            problems,
+            seed,
+        } => TaskSourceFile::Calculator {
+            digits: Some(*digits),
             problems: Some(*problems),
             seed: Some(*seed),
         },

@@ -526,6 +526,7 @@ impl Recipe {
             rollout: None,
             reward: None,
             reference: None,
+            environment: None,
         }
     }
 }
