@@ -67,6 +67,9 @@ enum Command {
     /// Distillation data: a teacher's completions with their token ids, for a student's SFT.
     #[command(subcommand)]
     Distill(cmd::distill::DistillCommand),
+    /// Play episodes of an agentic environment with a model and print each transcript with its
+    /// loss mask (what GRPO with `[environment]` would train on).
+    Env(cmd::env::EnvArgs),
     /// Rejection-sampling fine-tuning: sample k per task, keep the verified-correct, SFT on them.
     Rft(cmd::rft::RftArgs),
     /// The R1 order from one config: cold-start SFT, reasoning RL, rejection-sampling SFT, final RL.
@@ -132,6 +135,7 @@ fn main() -> ExitCode {
         Command::Grpo(args) => cmd::grpo::run_command(args),
         Command::Dpo(args) => cmd::dpo::run_command(args),
         Command::Rft(args) => cmd::rft::run_command(args),
+        Command::Env(args) => cmd::env::run(args),
         Command::Distill(command) => cmd::distill::run(command),
         Command::R1(args) => cmd::r1::run_command(args),
         Command::Speedrun(args) => cmd::speedrun::run(args),

@@ -4,6 +4,7 @@
 pub mod convert;
 pub mod data;
 pub mod distill;
+pub mod env;
 pub mod dpo;
 pub mod eval;
 pub mod eval_report;

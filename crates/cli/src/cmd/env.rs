@@ -1,0 +1,303 @@
+//! `stoke env`: play episodes of an environment with a local model and print each transcript
+//! with its loss mask, for debugging an environment (its prompt, its tool messages, where its
+//! episodes stop) before training on it.
+//!
+//! What it is: flag parsing around the pipeline's episode runner, the same code a GRPO run with
+//! `[environment]` uses, with the same keys (`--max-turns` is `environment.max_turns`, ...). The
+//! output shows every segment of the sequence the trainer would see: the prompt, the model's
+//! turns (trained) and the environment's template-rendered turns (masked), then the stop
+//! reason, the tool calls, the final answer's exact-match verdict when the task has a gold
+//! answer, and whether re-rendering the transcript reproduces every id. What it is not: an
+//! OpenAI-endpoint client yet (episodes on a served model arrive with remote multi-turn
+//! rollout), or a trainer.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use candle_core::Device;
+use clap::{Args, ValueEnum};
+use serde_json::json;
+use stoke_env::arithmetic::{ArithmeticSpec, arithmetic_tasks};
+use stoke_env::{EnvTask, Segment, TurnRenderer};
+use stoke_model::Transformer;
+use stoke_pipeline::config::environment::{EnvironmentKind, EnvironmentSection, ToolsIn};
+use stoke_pipeline::episode::{EpisodeGroup, EpisodeSetup, EpisodeStats};
+use stoke_reward::exact_match::{ExactMatchConfig, ExactMatchVerifier, MatchMode};
+use stoke_reward::{RewardInput, Verifier};
+use stoke_rollout::{FixedWeights, SamplingParams};
+use stoke_tokenizer::hf::Tokenizer;
+
+#[derive(Args)]
+pub struct EnvArgs {
+    /// Model directory (config.json, safetensors, tokenizer files with a chat template).
+    #[arg(long)]
+    model: PathBuf,
+    /// The environment (`environment.kind`).
+    #[arg(long, value_enum, default_value_t = EnvKindArg::Calculator)]
+    environment: EnvKindArg,
+    /// The task's prompt; default: a task drawn like `[tasks] kind = "calculator"`.
+    #[arg(long)]
+    prompt: Option<String>,
+    /// The gold answer of --prompt (for the exact-match verdict).
+    #[arg(long, requires = "prompt")]
+    answer: Option<String>,
+    /// Drawn tasks: operand digits, seed, and how many.
+    #[arg(long, default_value_t = 5)]
+    digits: u32,
+    #[arg(long, default_value_t = 0)]
+    task_seed: u64,
+    #[arg(long, default_value_t = 1)]
+    tasks: usize,
+    /// Episodes per task (a GRPO group).
+    #[arg(long, default_value_t = 1)]
+    samples: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[arg(long, default_value_t = 4)]
+    max_turns: usize,
+    #[arg(long, default_value_t = 256)]
+    max_turn_tokens: usize,
+    /// Default: max_turns * max_turn_tokens.
+    #[arg(long)]
+    max_total_tokens: Option<usize>,
+    /// Tool-call format: auto (from the chat template, else hermes) or a parser name.
+    #[arg(long, default_value = "auto")]
+    tool_call_parser: String,
+    /// Where tools are shown: auto, template or system.
+    #[arg(long, value_enum, default_value_t = ToolsInArg::Auto)]
+    tools_in: ToolsInArg,
+    /// Matmul precision.
+    #[arg(long, default_value = "f32")]
+    precision: stoke_types::Precision,
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum EnvKindArg {
+    Calculator,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ToolsInArg {
+    Auto,
+    Template,
+    System,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+}
+
+pub fn run(args: EnvArgs) -> anyhow::Result<()> {
+    let tokenizer = Tokenizer::from_dir(&args.model)
+        .with_context(|| format!("loading the tokenizer of {}", args.model.display()))?;
+    let template = tokenizer
+        .default_chat_template()
+        .with_context(|| format!("{} has no chat template", args.model.display()))?;
+    let mut model = Transformer::load(&args.model, &Device::Cpu)
+        .with_context(|| format!("loading {}", args.model.display()))?
+        .with_precision(args.precision);
+    if args.precision == stoke_types::Precision::Bf16 {
+        model.pack_weights()?;
+    }
+    let section = EnvironmentSection {
+        kind: match args.environment {
+            EnvKindArg::Calculator => EnvironmentKind::Calculator,
+        },
+        tool_call_parser: Some(args.tool_call_parser.clone()),
+        tools_in: Some(match args.tools_in {
+            ToolsInArg::Auto => ToolsIn::Auto,
+            ToolsInArg::Template => ToolsIn::Template,
+            ToolsInArg::System => ToolsIn::System,
+        }),
+        max_turns: Some(args.max_turns),
+        max_turn_tokens: Some(args.max_turn_tokens),
+        max_total_tokens: args.max_total_tokens,
+        env_timeout_s: None,
+        tool_timeout_s: None,
+        max_tool_calls_per_turn: None,
+        max_tool_output_bytes: None,
+    };
+    let settings = section.resolve(args.max_turn_tokens)?;
+    let setup = EpisodeSetup::new(&settings, template)?;
+    let runner = setup.runner(&tokenizer, template);
+    let tasks: Vec<EnvTask> = match &args.prompt {
+        Some(prompt) => vec![EnvTask {
+            id: "prompt".into(),
+            prompt: prompt.clone(),
+            reference: stoke_reward::Reference {
+                answer: args.answer.clone(),
+                ..Default::default()
+            },
+            data: Default::default(),
+        }],
+        None => arithmetic_tasks(
+            &ArithmeticSpec {
+                digits: args.digits,
+                seed: args.task_seed,
+            },
+            args.tasks,
+        )?,
+    };
+    if tasks.is_empty() || args.samples == 0 {
+        bail!("nothing to play: --tasks and --samples must be at least 1");
+    }
+    let groups: Vec<EpisodeGroup> = tasks
+        .iter()
+        .enumerate()
+        .map(|(index, task)| {
+            let (opening, prompt_ids) = runner
+                .open(task)
+                .with_context(|| format!("opening task {}", task.id))?;
+            Ok(EpisodeGroup {
+                group_id: index as u64,
+                task: Arc::new(task.clone()),
+                opening,
+                prompt_ids,
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let mut stop_token_ids = tokenizer.eos_token_ids();
+    stop_token_ids.extend(model.config().eos_token_ids.iter().copied());
+    stop_token_ids.sort_unstable();
+    stop_token_ids.dedup();
+    let params = SamplingParams {
+        max_new_tokens: args.max_turn_tokens,
+        temperature: args.temperature,
+        top_k: None,
+        top_p: 1.0,
+        seed: args.seed,
+        n: args.samples,
+        stop_token_ids,
+        stop_strings: Vec::new(),
+    };
+    let weights = FixedWeights {
+        model: Arc::new(model),
+        version: 0,
+    };
+    let mut stats = EpisodeStats::default();
+    let started = std::time::Instant::now();
+    let records = runner
+        .run(&weights, &params, &groups, &mut stats)
+        .context("playing the episodes")?;
+    let seconds = started.elapsed().as_secs_f64();
+    let verifier = ExactMatchVerifier::new(&ExactMatchConfig {
+        mode: MatchMode::Gsm8k,
+        extract_answer: true,
+    })?;
+    let tools = if setup.tools_in_template {
+        groups[0].opening.tools.clone()
+    } else {
+        Vec::new()
+    };
+    let renderer = TurnRenderer::new(&tokenizer, template, &tools)?;
+    let mut correct = 0usize;
+    for (group, episodes) in groups.iter().zip(&records) {
+        for (sample, record) in episodes.iter().enumerate() {
+            let transcript = &record.transcript;
+            let verdict = group.task.reference.answer.as_ref().map(|_| {
+                let input = RewardInput::new(&group.task.prompt, transcript.final_text(), &group.task.reference);
+                verifier.score(&input).score
+            });
+            if verdict.is_some_and(|score| score > 0.0) {
+                correct += 1;
+            }
+            let exact = renderer.verify(transcript);
+            match args.format {
+                Format::Json => {
+                    let segments: Vec<_> = transcript
+                        .segments
+                        .iter()
+                        .map(|segment| match segment {
+                            Segment::Model { ids, logprobs, text, .. } => json!({
+                                "source": "model", "trained": true, "ids": ids,
+                                "logprobs": logprobs, "text": text,
+                            }),
+                            Segment::Env { ids, messages } => json!({
+                                "source": "environment", "trained": false, "ids": ids,
+                                "text": tokenizer.decode(ids, false).unwrap_or_default(),
+                                "messages": messages,
+                            }),
+                        })
+                        .collect();
+                    println!(
+                        "{}",
+                        json!({
+                            "task": group.task.id, "sample": sample,
+                            "prompt_ids": transcript.prompt_ids,
+                            "prompt": tokenizer.decode(&transcript.prompt_ids, false).unwrap_or_default(),
+                            "segments": segments,
+                            "stop": record.stop,
+                            "turn_rewards": record.turn_rewards,
+                            "outcome_reward": record.outcome_reward,
+                            "tool_calls": record.tool_calls,
+                            "final_text": transcript.final_text(),
+                            "exact_match": verdict,
+                            "rerender_exact": exact.is_ok(),
+                            "rerender_error": exact.err(),
+                        })
+                    );
+                }
+                Format::Text => {
+                    println!(
+                        "=== task {} sample {sample}: stop {}, {} model turn(s), {} tool call(s) ===",
+                        group.task.id,
+                        record.stop.name(),
+                        transcript.model_turns(),
+                        record.tool_calls.len()
+                    );
+                    println!(
+                        "--- prompt ({} ids, not trained) ---\n{}",
+                        transcript.prompt_ids.len(),
+                        tokenizer.decode(&transcript.prompt_ids, false).unwrap_or_default()
+                    );
+                    for segment in &transcript.segments {
+                        match segment {
+                            Segment::Model { ids, .. } => println!(
+                                "--- model ({} ids, trained) ---\n{}",
+                                ids.len(),
+                                tokenizer.decode(ids, false).unwrap_or_default()
+                            ),
+                            Segment::Env { ids, .. } => println!(
+                                "--- environment ({} ids, masked) ---\n{}",
+                                ids.len(),
+                                tokenizer.decode(ids, false).unwrap_or_default()
+                            ),
+                        }
+                    }
+                    println!("--- end: {:?}", record.stop);
+                    if let Some(score) = verdict {
+                        println!(
+                            "final answer {:?}: exact match {} (gold {})",
+                            transcript.final_text(),
+                            score,
+                            group.task.reference.answer.as_deref().unwrap_or_default()
+                        );
+                    }
+                    match &exact {
+                        Ok(()) => println!("re-render: every id reproduced"),
+                        Err(error) => println!("re-render: DIFFERS: {error}"),
+                    }
+                }
+            }
+        }
+    }
+    let episodes = stats.episodes.max(1) as f64;
+    eprintln!(
+        "{} episode(s) in {seconds:.2}s: {:.2} model turns and {:.2} tool calls per episode, {} \
+         exact; tools {:.1}% of the time",
+        stats.episodes,
+        stats.model_turns as f64 / episodes,
+        stats.tool_calls as f64 / episodes,
+        correct,
+        100.0 * stats.tool_seconds / seconds.max(1e-9)
+    );
+    Ok(())
+}
