@@ -2,17 +2,19 @@
 //! interleaved with the environment's). A masked update equals, in loss and in every parameter's
 //! gradient, a reference built by hand from `completion_logprobs` with the environment's
 //! positions dropped from every sum (token-mean, sequence-mean, with the KL term, split into
-//! micro-batches or not); the environment's entries are never read; an all-false mask
-//! contributes nothing; a mask of the wrong length is refused; `None` and an all-true mask give
-//! the same update bit for bit.
+//! micro-batches or not); figures count only the model's tokens; the environment's entries are
+//! never read (KL, mismatch correction, sequence-level ratio, on-policy distillation); an
+//! all-false mask contributes nothing; a mask of the wrong length is refused; `None` and an
+//! all-true mask give the same update bit for bit.
 
 mod common;
 
 use candle_core::{Device, Tensor};
 use stoke_optim::{AdamWConfig, LrSchedule, OptimizerConfig};
+use stoke_train::grpo::opd::OpdConfig;
 use stoke_train::grpo::{
-    GrpoLoss, KlEstimator, KlPenalty, LossAggregation, MismatchCorrection, PolicySample,
-    PolicyUpdater, SequenceRow, UpdateOutcome, UpdateSettings, completion_logprobs,
+    GrpoLoss, KlEstimator, KlPenalty, LossAggregation, MismatchCorrection, PolicyLoss,
+    PolicySample, PolicyUpdater, SequenceRow, UpdateOutcome, UpdateSettings, completion_logprobs,
 };
 
 use common::{Rng, VOCAB, gradient_values, nano_model, parameter_values};
@@ -354,7 +356,7 @@ fn episodes_with_inputs(seed: u64) -> Vec<Owned> {
 }
 
 #[test]
-fn figures_count_only_the_models_tokens_and_the_environments_entries_are_never_read() {
+fn figures_count_only_the_models_tokens() {
     const SEED: u64 = 42;
     let owned = episodes_with_inputs(SEED);
     let loss_tokens: usize = owned
@@ -364,8 +366,10 @@ fn figures_count_only_the_models_tokens_and_the_environments_entries_are_never_r
     let all_tokens: usize = owned.iter().map(|o| o.completion.len()).sum();
     assert!(loss_tokens < all_tokens);
 
-    let mut clean = updater(SEED, reading_everything());
-    let report = clean.update(&borrowed(&owned), 1.0, None).expect("update");
+    let mut updater = updater(SEED, reading_everything());
+    let report = updater
+        .update(&borrowed(&owned), 1.0, None)
+        .expect("update");
     assert_eq!(report.outcome, UpdateOutcome::Applied);
     assert_eq!(report.tokens, loss_tokens);
     // On the model's tokens the KL estimate is k3 at log(ref/current) = 0.2 and the
@@ -379,8 +383,13 @@ fn figures_count_only_the_models_tokens_and_the_environments_entries_are_never_r
     assert!((stats.min - 0.1f64.exp()).abs() < 1e-5, "{stats:?}");
     assert!((stats.max - 0.1f64.exp()).abs() < 1e-5, "{stats:?}");
     assert_eq!(stats.fraction_corrected, 0.0);
+}
 
-    // Garbage at the environment's positions changes nothing, not even a bit.
+#[test]
+fn the_environments_entries_are_never_read() {
+    const SEED: u64 = 46;
+    let owned = episodes_with_inputs(SEED);
+    // Garbage at the environment's positions of every per-token input.
     let mut poisoned = owned.clone();
     for sample in &mut poisoned {
         let masked: Vec<usize> = (0..sample.completion.len())
@@ -391,13 +400,37 @@ fn figures_count_only_the_models_tokens_and_the_environments_entries_are_never_r
             sample.reference.as_mut().expect("reference")[t] = f32::INFINITY;
         }
     }
-    let mut dirty = updater(SEED, reading_everything());
-    let poisoned_report = dirty
-        .update(&borrowed(&poisoned), 1.0, None)
-        .expect("update");
-    assert_eq!(poisoned_report.outcome, UpdateOutcome::Applied);
-    assert_eq!(poisoned_report.loss.to_bits(), report.loss.to_bits());
-    assert_eq!(weights(&dirty), weights(&clean));
+    let mut sequence_level = reading_everything();
+    sequence_level.loss.policy = PolicyLoss::gspo(3e-4, 4e-4);
+    sequence_level.loss.correction = MismatchCorrection::IcePop {
+        alpha: 0.5,
+        beta: 5.0,
+    };
+    let mut distillation = settings(GrpoLoss::default(), 10_000);
+    distillation.loss.distill = Some(OpdConfig {
+        kl_coef: 1.0,
+        reward_weight: 0.5,
+    });
+    for (name, update_settings) in [
+        ("KL + TIS", reading_everything()),
+        ("GSPO + IcePop", sequence_level),
+        ("on-policy distillation", distillation),
+    ] {
+        let mut clean = updater(SEED, update_settings.clone());
+        let mut dirty = updater(SEED, update_settings);
+        let report = clean.update(&borrowed(&owned), 1.0, None).expect("clean");
+        let poisoned_report = dirty
+            .update(&borrowed(&poisoned), 1.0, None)
+            .expect("poisoned");
+        assert_eq!(report.outcome, UpdateOutcome::Applied, "{name}");
+        assert_eq!(poisoned_report.outcome, UpdateOutcome::Applied, "{name}");
+        assert_eq!(
+            poisoned_report.loss.to_bits(),
+            report.loss.to_bits(),
+            "{name}"
+        );
+        assert_eq!(weights(&dirty), weights(&clean), "{name}");
+    }
 }
 
 #[test]
