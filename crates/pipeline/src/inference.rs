@@ -21,7 +21,9 @@
 //! ever loaded and `add_reference_logprobs` does nothing.
 //!
 //! Invariants: every filled vector has exactly one entry per completion token of its sample
-//! (empty completions get empty vectors without a forward pass); a call either fills every
+//! (empty completions get empty vectors without a forward pass), the environment's tokens of a
+//! multi-turn sample included (`Sample::loss_mask`: the trainer's loss and the KL-in-reward
+//! penalty leave them out, so this module need not know the mask); a call either fills every
 //! group or returns an error and changes none.
 
 use std::collections::BTreeMap;

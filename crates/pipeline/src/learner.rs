@@ -2,9 +2,10 @@
 //! the new weights.
 //!
 //! Per update (the update from version `c` to `c + 1`, trainer step `step`):
-//! 1. rewards: each sample's reward score, minus `beta * sum_t (rollout_lp - ref_lp)` when the KL
-//!    penalty is placed in the reward (then the loss has no KL term; a non-finite penalised
-//!    reward skips the update as non-finite rather than training on a made-up 0);
+//! 1. rewards: each sample's reward score, minus `beta * sum_t (rollout_lp - ref_lp)` over its
+//!    loss tokens (the model's, see `Sample::loss_mask`) when the KL penalty is placed in the
+//!    reward (then the loss has no KL term; a non-finite penalised reward skips the update as
+//!    non-finite rather than training on a made-up 0);
 //! 2. advantages over the whole batch with the configured estimator (`GrpoLoss::advantages`,
 //!    groups of `group_size`), then optional dynamic sampling (drop groups of equal rewards);
 //! 3. one `PolicyUpdater::update` over the kept samples. The PPO ratio's "old" log-probs: a sample
@@ -199,6 +200,7 @@ impl Learner {
                     old_logprobs,
                     ref_logprobs,
                     advantage: advantages[k * group_size + s],
+                    loss_mask: sample.loss_mask.as_deref(),
                 });
             }
         }
@@ -281,9 +283,11 @@ impl Learner {
                 if self.settings.kl_placement == KlPlacement::Reward
                     && let (Some(kl), Some(rows)) = (self.settings.loss.kl, &group.ref_logprobs)
                 {
+                    let sample = &group.rollout.samples[s];
                     score -= kl_reward_penalty(
-                        &group.rollout.samples[s].rollout_logprobs,
+                        &sample.rollout_logprobs,
                         &rows[s],
+                        sample.loss_mask.as_deref(),
                         kl.beta,
                     );
                 }

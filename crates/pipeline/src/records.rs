@@ -15,6 +15,12 @@
 //!   per generated token (the final stop token included, as the engine reports it).
 //! - `token_versions` is non-decreasing; its first entry is the version the sample started with,
 //!   which is at least the ticket's `permit.policy_version`.
+//! - `loss_mask` is `None` when the model sampled every completion token (single turn), else it
+//!   has one entry per completion token, `true` where the model sampled it. An environment token
+//!   (`false`: a tool result or a rendered turn appended as ids in a multi-turn episode) has
+//!   `rollout_logprobs[t] == 0.0` and repeats the version of the previous model token in
+//!   `token_versions` (the sample's starting version before the first model token), so the
+//!   versions stay non-decreasing. The trainer trains only on the model's tokens.
 //! - In a [`ScoredGroup`], `rewards` has one entry per sample, in sample order; `ref_logprobs`
 //!   and `old_logprobs`, when present, have one vector per sample of the sample's length.
 
@@ -64,15 +70,40 @@ pub struct Sample {
     /// The policy version whose weights produced each token (pipeline RL: weights may change
     /// between tokens when they are published in flight).
     pub token_versions: Vec<PolicyVersion>,
+    /// Which completion tokens the model sampled (`true`) rather than the environment appended
+    /// (`false`); `None`: all of them (single turn). When given, one entry per completion token;
+    /// an environment token's `rollout_logprobs` entry is 0.0 and its `token_versions` entry
+    /// repeats the previous model token's. Only the model's tokens are trained on.
+    pub loss_mask: Option<Vec<bool>>,
     /// Decoded completion (stop string excluded), what the reward reads.
     pub text: String,
     pub finish: FinishReason,
 }
 
 impl Sample {
-    /// The oldest weights that contributed a token; `fallback` for an empty sample.
+    /// The oldest weights that sampled a token: the version of the first model token (the
+    /// first entry without a loss mask); the first entry when no token is the model's;
+    /// `fallback` for an empty sample.
     pub fn oldest_version(&self, fallback: PolicyVersion) -> PolicyVersion {
-        self.token_versions.first().copied().unwrap_or(fallback)
+        let first_model_token = self.loss_mask.as_ref().and_then(|mask| {
+            self.token_versions
+                .iter()
+                .zip(mask)
+                .find(|(_, sampled)| **sampled)
+                .map(|(version, _)| *version)
+        });
+        first_model_token
+            .or_else(|| self.token_versions.first().copied())
+            .unwrap_or(fallback)
+    }
+
+    /// Completion tokens the model sampled: the tokens the trainer trains on.
+    pub fn model_tokens(&self) -> usize {
+        self.loss_mask
+            .as_ref()
+            .map_or(self.completion_ids.len(), |mask| {
+                mask.iter().filter(|&&sampled| sampled).count()
+            })
     }
 
     /// Whether the sample hit `max_new_tokens` (or the context end) instead of stopping.
@@ -105,6 +136,7 @@ impl RolloutGroup {
             .into_iter()
             .map(|c| Sample {
                 token_versions: Vec::new(),
+                loss_mask: None,
                 text: c.text.unwrap_or_default(),
                 completion_ids: c.token_ids,
                 rollout_logprobs: c.logprobs,
@@ -206,6 +238,7 @@ fn sample_bytes(sample: &Sample) -> u64 {
     (sample.completion_ids.len() * 4
         + sample.rollout_logprobs.len() * 4
         + sample.token_versions.len() * 8
+        + sample.loss_mask.as_ref().map_or(0, Vec::len)
         + sample.text.len()
         + std::mem::size_of::<Sample>()) as u64
 }
@@ -300,6 +333,7 @@ mod tests {
             completion_ids: vec![7; len],
             rollout_logprobs: vec![-0.5; len],
             token_versions: vec![PolicyVersion(0); len],
+            loss_mask: None,
             text: "x".repeat(len),
             finish: FinishReason::Length,
         }
@@ -319,6 +353,55 @@ mod tests {
         };
         // 4 (id) + 4 (log-prob) + 8 (version) + 1 (text byte) per token.
         assert_eq!(long.size_in_bytes(), short.size_in_bytes() + 198 * 17);
+    }
+
+    #[test]
+    fn a_loss_mask_counts_one_byte_per_token() {
+        let group = |loss_mask: Option<Vec<bool>>| RolloutGroup {
+            ticket: ticket(0),
+            samples: vec![Sample {
+                loss_mask,
+                ..sample(10)
+            }],
+            generate_seconds: 0.0,
+        };
+        let masked = group(Some(vec![true; 10])).size_in_bytes();
+        assert_eq!(masked, group(None).size_in_bytes() + 10);
+    }
+
+    #[test]
+    fn oldest_version_and_model_tokens_read_only_the_models_tokens() {
+        // An environment token before the first model token carries the starting version 1;
+        // the model's tokens were sampled by versions 2 and 3.
+        let versions = [1, 2, 2, 2, 3].map(PolicyVersion).to_vec();
+        let multi_turn = Sample {
+            token_versions: versions,
+            loss_mask: Some(vec![false, true, false, false, true]),
+            ..sample(5)
+        };
+        assert_eq!(
+            multi_turn.oldest_version(PolicyVersion(0)),
+            PolicyVersion(2)
+        );
+        assert_eq!(multi_turn.model_tokens(), 2);
+        let environment_only = Sample {
+            loss_mask: Some(vec![false; 5]),
+            ..multi_turn.clone()
+        };
+        assert_eq!(
+            environment_only.oldest_version(PolicyVersion(0)),
+            PolicyVersion(1)
+        );
+        assert_eq!(environment_only.model_tokens(), 0);
+        let single_turn = Sample {
+            loss_mask: None,
+            ..multi_turn
+        };
+        assert_eq!(
+            single_turn.oldest_version(PolicyVersion(0)),
+            PolicyVersion(1)
+        );
+        assert_eq!(single_turn.model_tokens(), 5);
     }
 
     #[test]

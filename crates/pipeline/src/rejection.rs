@@ -502,6 +502,7 @@ mod tests {
                 completion_ids: vec![1],
                 rollout_logprobs: vec![-1.0],
                 token_versions: Vec::new(),
+                loss_mask: None,
                 text: text.to_string(),
                 finish: if *truncated {
                     FinishReason::Length

@@ -438,6 +438,7 @@ fn to_sample(completion: Completion, versions: Vec<u64>) -> Sample {
         completion_ids: completion.token_ids,
         rollout_logprobs: completion.logprobs,
         token_versions: versions.into_iter().map(PolicyVersion).collect(),
+        loss_mask: None,
         text: completion.text.unwrap_or_default(),
         finish: completion.finish_reason,
     }

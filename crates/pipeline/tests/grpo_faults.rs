@@ -225,6 +225,7 @@ fn code_group(completions: &[&str]) -> RolloutGroup {
             completion_ids: vec![5; 4],
             rollout_logprobs: vec![-1.0; 4],
             token_versions: vec![Default::default(); 4],
+            loss_mask: None,
             text: text.to_string(),
             finish: FinishReason::Eos { token_id: 294 },
         })

@@ -61,6 +61,7 @@ fn group(
             completion_ids: ids(group_id * 100 + i as u64 + 1, len),
             rollout_logprobs: vec![-1.0; len],
             token_versions: vec![PolicyVersion(0); len],
+            loss_mask: None,
             text: String::new(),
             finish: FinishReason::Length,
         })

@@ -39,6 +39,7 @@ fn sample(len: usize, first_version: u64, finish: FinishReason) -> Sample {
         completion_ids: vec![5; len],
         rollout_logprobs: vec![-1.0; len],
         token_versions: vec![PolicyVersion(first_version); len],
+        loss_mask: None,
         text: "x".repeat(len),
         finish,
     }

@@ -54,6 +54,7 @@ fn group(group_id: u64, prompt_len: usize, lens: &[usize], vocab: usize, t: f32)
             completion_ids: ids(group_id * 100 + i as u64 + 1, len, vocab),
             rollout_logprobs: vec![-1.0; len],
             token_versions: vec![PolicyVersion(0); len],
+            loss_mask: None,
             text: String::new(),
             finish: FinishReason::Length,
         })

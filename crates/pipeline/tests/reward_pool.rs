@@ -116,6 +116,7 @@ fn group(answer: &str, completions: &[&str], reward: usize) -> RolloutGroup {
                 completion_ids: vec![5; len],
                 rollout_logprobs: vec![-1.0; len],
                 token_versions: vec![Default::default(); len],
+                loss_mask: None,
                 text: text.to_string(),
                 finish: FinishReason::Length,
             }

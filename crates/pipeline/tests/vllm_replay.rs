@@ -330,6 +330,7 @@ fn a_reference_on_vllm_reads_prompt_logprobs_at_the_completion() {
                     rollout_logprobs: vec![-1.0; completion.len()],
                     token_versions: vec![PolicyVersion(0); completion.len()],
                     completion_ids: completion,
+                    loss_mask: None,
                     text: String::new(),
                     finish: FinishReason::Length,
                 }

@@ -142,7 +142,9 @@ pub struct PolicyBatch<'a> {
     pub rollout_logprobs: Option<&'a Tensor>,
     /// `[B]`, or `[B, T]` per-token advantages (on-policy distillation).
     pub advantages: &'a Tensor,
-    /// `[B, T]` 0/1, same dtype as the log-probs.
+    /// `[B, T]` 0/1, same dtype as the log-probs: 1 on the tokens the loss trains on (0 on
+    /// padding and on a multi-turn episode's environment tokens). Every term reads positions
+    /// only through it.
     pub mask: &'a Tensor,
 }
 

@@ -35,6 +35,7 @@ impl Owned {
             old_logprobs: self.old.as_deref(),
             ref_logprobs: self.reference.as_deref(),
             advantage: self.advantage,
+            loss_mask: None,
         }
     }
 }
@@ -545,9 +546,17 @@ fn kl_reward_penalty_is_beta_times_the_summed_k1() {
     let rollout = [-1.0f32, -2.0, -0.5];
     let reference = [-1.5f32, -1.0, -0.5];
     // 0.1 * ((-1 + 1.5) + (-2 + 1) + 0) = 0.1 * -0.5
-    assert!((kl_reward_penalty(&rollout, &reference, 0.1) + 0.05).abs() < 1e-12);
-    assert_eq!(kl_reward_penalty(&rollout, &reference, 0.0), 0.0);
-    assert_eq!(kl_reward_penalty(&[], &[], 1.0), 0.0);
+    assert!((kl_reward_penalty(&rollout, &reference, None, 0.1) + 0.05).abs() < 1e-12);
+    assert_eq!(kl_reward_penalty(&rollout, &reference, None, 0.0), 0.0);
+    assert_eq!(kl_reward_penalty(&[], &[], None, 1.0), 0.0);
+    // Multi-turn: the environment's token (the second) is left out of the sum.
+    let mask = [true, false, true];
+    assert!((kl_reward_penalty(&rollout, &reference, Some(&mask), 0.1) - 0.05).abs() < 1e-12);
+    let all = [true; 3];
+    assert_eq!(
+        kl_reward_penalty(&rollout, &reference, Some(&all), 0.1),
+        kl_reward_penalty(&rollout, &reference, None, 0.1)
+    );
 }
 
 #[test]

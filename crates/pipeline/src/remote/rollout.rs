@@ -609,6 +609,7 @@ fn parse_choice(
             .into_iter()
             .map(|v| PolicyVersion(v - base))
             .collect(),
+        loss_mask: None,
         text,
         finish,
     })

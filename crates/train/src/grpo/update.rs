@@ -17,9 +17,22 @@
 //! 5. clip the global norm, `lr = peak lr * schedule(steps)`, step the optimizer.
 //!
 //! Micro-batch weights make the accumulated gradient equal the gradient of the loss over the
-//! whole batch: token-mean divides by the batch's token count, so micro-batch `m` weighs
+//! whole batch: token-mean divides by the batch's loss-token count, so micro-batch `m` weighs
 //! `tokens_m / tokens`; the per-sequence aggregations average over sequences, so it weighs
 //! `rows_m / rows` (Dr. GRPO's constant `max_len` does not depend on the split).
+//!
+//! Loss mask (multi-turn episodes): a sample's [`PolicySample::loss_mask`] marks the completion
+//! tokens the model sampled; the others (environment and tool tokens) are read like padding.
+//! The loss's `[B, T]` mask is the completion mask times the loss mask, and every input at a
+//! masked position (current, old, rollout and reference log-probs) is set to exactly 0, as
+//! padding is. Every consumer reads positions only through that mask, so a masked token counts
+//! in nothing: the policy loss and its aggregation (token-mean over loss tokens, sequence-mean
+//! over a sequence's loss tokens, Dr. GRPO's constant divisor unchanged), the sequence-level
+//! ratio, the KL term and its mean, the entropy, clip fractions, the mismatch weights and their
+//! figures, on-policy distillation's per-token advantages. "Tokens" below and in the report are
+//! loss tokens. A sample with no loss token weighs like an empty completion: nothing at token
+//! level, one (zero) row of the mean at sequence level. Invariant: a `None` mask takes the
+//! single-turn path unchanged, and an all-true mask gives the same update bit for bit.
 //!
 //! Steps count update calls that returned a report (applied or skipped, as the trainer loop
 //! counts them), so a skipped update keeps the learning rate on its planned curve; the
@@ -67,6 +80,24 @@ pub struct PolicySample<'a> {
     /// Required when the loss has a KL term.
     pub ref_logprobs: Option<&'a [f32]>,
     pub advantage: f64,
+    /// One entry per completion token, `true` where the model sampled it (multi-turn: the
+    /// environment's tokens are `false` and are not trained on); `None`: every token is the
+    /// model's.
+    pub loss_mask: Option<&'a [bool]>,
+}
+
+impl PolicySample<'_> {
+    /// The completion tokens the loss trains on (the model's).
+    pub fn loss_tokens(&self) -> usize {
+        self.loss_mask.map_or(self.completion_ids.len(), |mask| {
+            mask.iter().filter(|&&sampled| sampled).count()
+        })
+    }
+
+    /// Whether completion token `t` is one the loss trains on.
+    fn counts(&self, t: usize) -> bool {
+        self.loss_mask.is_none_or(|mask| mask[t])
+    }
 }
 
 /// How updates are computed.
@@ -151,7 +182,8 @@ pub struct UpdateReport {
     pub entropy_mean: f64,
     /// Trainer/rollout ratio figures, when mismatch correction is on.
     pub mismatch: Option<RatioStats>,
-    /// Completion tokens in the batch.
+    /// Loss tokens in the batch: completion tokens the model sampled (all of them without a
+    /// loss mask).
     pub tokens: usize,
     pub seconds: f64,
 }
@@ -259,7 +291,7 @@ impl PolicyUpdater {
     ) -> Result<UpdateReport, TrainError> {
         let started = Instant::now();
         self.check_samples(samples)?;
-        let tokens: usize = samples.iter().map(|s| s.completion_ids.len()).sum();
+        let tokens: usize = samples.iter().map(PolicySample::loss_tokens).sum();
         let mut report = UpdateReport {
             outcome: UpdateOutcome::SkippedEmpty,
             loss: 0.0,
@@ -285,7 +317,7 @@ impl PolicyUpdater {
         Ok(report)
     }
 
-    /// Steps 1-5 of the module doc for a batch with at least one completion token.
+    /// Steps 1-5 of the module doc for a batch with at least one loss token.
     fn step(
         &mut self,
         samples: &[PolicySample<'_>],
@@ -313,7 +345,7 @@ impl PolicyUpdater {
             match micro {
                 Micro::Samples(range) => {
                     let chunk = &samples[range];
-                    let chunk_tokens: usize = chunk.iter().map(|s| s.completion_ids.len()).sum();
+                    let chunk_tokens: usize = chunk.iter().map(PolicySample::loss_tokens).sum();
                     if chunk_tokens == 0 {
                         // Contributes 0 to every aggregation and nothing to the gradient.
                         return Ok(None);
@@ -373,7 +405,18 @@ impl PolicyUpdater {
         let scores = completion_logprobs(&self.model, &rows, temperature, true)?;
         let device = self.model.device();
         let (_, width) = scores.logprobs.dims2()?;
-        let current = &scores.logprobs;
+        let loss_masks: Vec<Option<&[bool]>> = chunk.iter().map(|s| s.loss_mask).collect();
+        let pad = |rows: &[&[f32]]| padded(rows, &loss_masks, width, device);
+        // With a loss mask the environment's tokens become padding: out of the mask, and 0 in
+        // every log-prob tensor (the single-turn path keeps its tensors untouched).
+        let (mask, current) = if loss_masks.iter().any(Option::is_some) {
+            let mask = loss_mask_tensor(chunk, width, device)?;
+            let current = (&scores.logprobs * &mask)?;
+            (mask, current)
+        } else {
+            (scores.mask.clone(), scores.logprobs.clone())
+        };
+        let current = &current;
         let old = if chunk.iter().all(|s| s.old_logprobs.is_none()) {
             current.detach()
         } else {
@@ -383,11 +426,11 @@ impl PolicyUpdater {
                 .zip(&detached)
                 .map(|(s, own)| s.old_logprobs.unwrap_or(&own[..s.completion_ids.len()]))
                 .collect();
-            padded(&rows, width, device)?
+            pad(&rows)?
         };
         let rollout = if self.settings.use_mismatch_correction {
             let rows: Vec<&[f32]> = chunk.iter().map(|s| s.rollout_logprobs).collect();
-            Some(padded(&rows, width, device)?)
+            Some(pad(&rows)?)
         } else {
             None
         };
@@ -397,7 +440,7 @@ impl PolicyUpdater {
                 .iter()
                 .map(|s| s.ref_logprobs.unwrap_or_default())
                 .collect();
-            Some(padded(&rows, width, device)?)
+            Some(pad(&rows)?)
         } else {
             None
         };
@@ -407,11 +450,11 @@ impl PolicyUpdater {
             // On-policy distillation: per-token advantages from the teacher's log-probs of the
             // sampled tokens against the sampler's own.
             let rows: Vec<&[f32]> = chunk.iter().map(|s| s.rollout_logprobs).collect();
-            let behaviour = padded(&rows, width, device)?;
+            let behaviour = pad(&rows)?;
             advantages = super::opd::token_advantages(
                 &behaviour,
                 teacher,
-                &scores.mask,
+                &mask,
                 distill.kl_coef,
                 Some((&advantages, distill.reward_weight)),
             )
@@ -428,11 +471,11 @@ impl PolicyUpdater {
             ref_logprobs: reference.as_ref(),
             rollout_logprobs: rollout.as_ref(),
             advantages: &advantages,
-            mask: &scores.mask,
+            mask: &mask,
         };
         let output = self.settings.loss.compute(&batch).map_err(grpo_error)?;
         let entropy_sum = match &scores.entropy {
-            Some(entropy) => scalar(&(entropy * &scores.mask)?.sum_all()?)?,
+            Some(entropy) => scalar(&(entropy * &mask)?.sum_all()?)?,
             None => 0.0,
         };
         Ok((output, entropy_sum))
@@ -447,6 +490,14 @@ impl PolicyUpdater {
             let bad = |what: String| TrainError::Other(format!("policy sample {i}: {what}"));
             if sample.prompt_ids.is_empty() {
                 return Err(bad("the prompt is empty".into()));
+            }
+            if let Some(mask) = sample.loss_mask
+                && mask.len() != tokens
+            {
+                return Err(bad(format!(
+                    "loss_mask has {} entries for {tokens} completion tokens",
+                    mask.len()
+                )));
             }
             let mut named = vec![("old_logprobs", sample.old_logprobs)];
             if self.settings.use_mismatch_correction || distill {
@@ -477,11 +528,17 @@ impl PolicyUpdater {
         Ok(())
     }
 
-    /// Whether every advantage and every log-prob the loss reads is finite.
+    /// Whether every advantage and every log-prob the loss reads is finite (at loss tokens:
+    /// the others are zeroed before the loss sees them).
     fn inputs_finite(&self, samples: &[PolicySample<'_>]) -> bool {
-        let finite =
-            |values: Option<&[f32]>| values.is_none_or(|v| v.iter().all(|x| x.is_finite()));
         samples.iter().all(|s| {
+            let finite = |values: Option<&[f32]>| {
+                values.is_none_or(|v| {
+                    v.iter()
+                        .enumerate()
+                        .all(|(t, x)| x.is_finite() || !s.counts(t))
+                })
+            };
             s.advantage.is_finite()
                 && finite(s.old_logprobs)
                 && (!(self.settings.use_mismatch_correction
@@ -499,13 +556,22 @@ impl PolicyUpdater {
     }
 }
 
-/// KL-in-reward: `beta * sum_t (rollout_lp - ref_lp)` over a sample's tokens (k1), to subtract
-/// from the reward. Slices of unequal length are summed over their common prefix.
-pub fn kl_reward_penalty(rollout_logprobs: &[f32], ref_logprobs: &[f32], beta: f64) -> f64 {
+/// KL-in-reward: `beta * sum_t (rollout_lp - ref_lp)` over a sample's loss tokens (k1), to
+/// subtract from the reward; `loss_mask` as in [`PolicySample::loss_mask`] (`None`: every token,
+/// `Some`: the tokens marked `true`, the environment's tokens having no policy log-prob). Slices
+/// of unequal length are summed over their common prefix.
+pub fn kl_reward_penalty(
+    rollout_logprobs: &[f32],
+    ref_logprobs: &[f32],
+    loss_mask: Option<&[bool]>,
+    beta: f64,
+) -> f64 {
     let sum: f64 = rollout_logprobs
         .iter()
         .zip(ref_logprobs)
-        .map(|(&rollout, &reference)| f64::from(rollout) - f64::from(reference))
+        .enumerate()
+        .filter(|(t, _)| loss_mask.is_none_or(|mask| mask.get(*t).copied().unwrap_or(false)))
+        .map(|(_, (&rollout, &reference))| f64::from(rollout) - f64::from(reference))
         .sum();
     beta * sum
 }
@@ -600,7 +666,8 @@ impl BatchFigures {
     }
 
     /// Fills the report's figures. Sequence-level clip fractions are over all completions, as
-    /// on the whole batch: a skipped micro-batch (no tokens) has ratio 1 and no clipped row.
+    /// on the whole batch: a skipped micro-batch (no loss tokens) has ratio 1 and no clipped
+    /// row, and so does a completion without loss tokens.
     fn finish(&self, report: &mut UpdateReport, use_mismatch_correction: bool) {
         let tokens = self.tokens.max(1) as f64;
         report.entropy_mean = self.entropy_sum / tokens;
@@ -640,13 +707,41 @@ impl BatchFigures {
     }
 }
 
-/// `[B, width]` f32 from rows of at most `width` values, zero-padded on the right.
-fn padded(rows: &[&[f32]], width: usize, device: &Device) -> Result<Tensor, TrainError> {
+/// `[B, width]` f32 from rows of at most `width` values, zero-padded on the right; an entry
+/// its row's loss mask marks `false` is 0 too (an environment token reads like padding).
+fn padded(
+    rows: &[&[f32]],
+    loss_masks: &[Option<&[bool]>],
+    width: usize,
+    device: &Device,
+) -> Result<Tensor, TrainError> {
     let mut data = vec![0.0f32; rows.len() * width];
-    for (b, row) in rows.iter().enumerate() {
-        data[b * width..b * width + row.len()].copy_from_slice(row);
+    for (b, (row, loss_mask)) in rows.iter().zip(loss_masks).enumerate() {
+        let slot = &mut data[b * width..b * width + row.len()];
+        slot.copy_from_slice(row);
+        if let Some(mask) = loss_mask {
+            for (value, _) in slot.iter_mut().zip(*mask).filter(|(_, sampled)| !**sampled) {
+                *value = 0.0;
+            }
+        }
     }
     Ok(Tensor::from_vec(data, (rows.len(), width), device)?)
+}
+
+/// `[B, width]` 0/1 f32: 1 on the loss tokens of each sample (its completion tokens that the
+/// loss mask keeps), 0 on the environment's tokens and on padding.
+fn loss_mask_tensor(
+    chunk: &[PolicySample<'_>],
+    width: usize,
+    device: &Device,
+) -> Result<Tensor, TrainError> {
+    let mut data = vec![0.0f32; chunk.len() * width];
+    for (b, sample) in chunk.iter().enumerate() {
+        for t in 0..sample.completion_ids.len() {
+            data[b * width + t] = f32::from(u8::from(sample.counts(t)));
+        }
+    }
+    Ok(Tensor::from_vec(data, (chunk.len(), width), device)?)
 }
 
 fn scalar(t: &Tensor) -> Result<f64, TrainError> {
