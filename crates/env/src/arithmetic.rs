@@ -93,12 +93,13 @@ pub fn calculator_environment(
     limits: ToolLimits,
 ) -> Result<ToolEnvironment, EnvError> {
     let tools: Vec<Arc<dyn Tool>> = vec![Arc::new(Calculator)];
-    ToolEnvironment::new(
+    Ok(ToolEnvironment::new(
         "calculator",
         describe_tools.then(|| CALCULATOR_SYSTEM_PROMPT.to_string()),
         tools,
         limits,
-    )
+    )?
+    .requiring_tool())
 }
 
 /// The ideal conversation after the opening: a Hermes tool call, the tool's result, the answer.

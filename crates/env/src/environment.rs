@@ -148,6 +148,12 @@ pub trait Environment: Send + Sync {
 
     /// A fresh episode on `task`.
     fn start(&self, task: &EnvTask) -> Result<Box<dyn Episode>, EnvError>;
+
+    /// Whether solving a task takes a tool call (the calculator's products do): an episode that
+    /// scores without one is reported by the reward-hacking monitor.
+    fn requires_tool(&self) -> bool {
+        false
+    }
 }
 
 /// One episode's state.

@@ -11,6 +11,7 @@
 //! - [`calculator`]: an exact-arithmetic tool; [`arithmetic`]: the calculator task generator;
 //! - [`transcript`]: the token-exact record of an episode and the template rendering of the
 //!   environment's messages as ids (never re-encoding the model's text);
+//! - [`monitor`]: reward-hacking signals (grader paths, sudden shifts);
 //! - [`guard`]: running environment calls on worker threads with a timeout, so an environment
 //!   that panics or hangs ends its episode, never the run.
 //!
@@ -22,6 +23,7 @@ pub mod calculator;
 pub mod environment;
 pub mod error;
 pub mod guard;
+pub mod monitor;
 pub mod tool;
 pub mod tool_env;
 pub mod transcript;

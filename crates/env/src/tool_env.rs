@@ -58,6 +58,7 @@ pub struct ToolEnvironment {
     system_prompt: Option<String>,
     tools: Vec<Arc<dyn Tool>>,
     limits: ToolLimits,
+    requires_tool: bool,
 }
 
 impl std::fmt::Debug for ToolEnvironment {
@@ -100,7 +101,14 @@ impl ToolEnvironment {
             system_prompt,
             tools,
             limits,
+            requires_tool: false,
         })
+    }
+
+    /// The same environment, declaring that its tasks need a tool call.
+    pub fn requiring_tool(mut self) -> ToolEnvironment {
+        self.requires_tool = true;
+        self
     }
 
     pub fn tools(&self) -> &[Arc<dyn Tool>] {
@@ -123,6 +131,10 @@ impl Environment for ToolEnvironment {
             messages,
             tools: self.tools.iter().map(|tool| tool.spec()).collect(),
         })
+    }
+
+    fn requires_tool(&self) -> bool {
+        self.requires_tool
     }
 
     fn start(&self, _task: &EnvTask) -> Result<Box<dyn Episode>, EnvError> {

@@ -128,7 +128,7 @@ impl EpisodeRecord {
     }
 }
 
-/// Counters of one [`EpisodeRunner::run`].
+/// Counters of episodes played.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct EpisodeStats {
     pub episodes: u64,
@@ -140,6 +140,31 @@ pub struct EpisodeStats {
     pub generate_seconds: f64,
     pub env_seconds: f64,
     pub tool_seconds: f64,
+    /// Episodes per stop reason (`StopReason::name`).
+    pub stops: std::collections::BTreeMap<&'static str, u64>,
+}
+
+impl EpisodeStats {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &EpisodeStats) {
+        self.episodes += other.episodes;
+        self.model_turns += other.model_turns;
+        self.engine_calls += other.engine_calls;
+        self.generated_tokens += other.generated_tokens;
+        self.env_tokens += other.env_tokens;
+        self.tool_calls += other.tool_calls;
+        self.generate_seconds += other.generate_seconds;
+        self.env_seconds += other.env_seconds;
+        self.tool_seconds += other.tool_seconds;
+        for (name, count) in &other.stops {
+            *self.stops.entry(name).or_default() += count;
+        }
+    }
+
+    /// Episodes whose environment failed.
+    pub fn env_failures(&self) -> u64 {
+        self.stops.get("env_failed").copied().unwrap_or(0)
+    }
 }
 
 /// Plays episodes of one environment with one tokenizer, template and tool-call parser.
@@ -340,8 +365,10 @@ impl EpisodeRunner<'_> {
             stats.tool_calls += episode.tool_calls.len() as u64;
             stats.tool_seconds += episode.tool_calls.iter().map(|c| c.seconds).sum::<f64>();
             stats.env_seconds += episode.env_seconds;
+            let stop = episode.stop.unwrap_or(StopReason::Done);
+            *stats.stops.entry(stop.name()).or_default() += 1;
             records[episode.group].push(EpisodeRecord {
-                stop: episode.stop.unwrap_or(StopReason::Done),
+                stop,
                 transcript: episode.transcript,
                 turn_rewards: episode.turn_rewards,
                 outcome_reward: episode.outcome_reward,
@@ -777,4 +804,30 @@ pub fn env_task(task: &crate::records::Task) -> EnvTask {
         reference: task.reference.clone(),
         data: Default::default(),
     }
+}
+
+/// `tasks` with their prompt ids rendered from the environment's opening of each (its system
+/// prompt, the tools when the template shows them), what the episodes and the trainer use.
+/// Errors name the task.
+pub fn episode_prompts(
+    tasks: Vec<Arc<crate::records::Task>>,
+    setup: &EpisodeSetup,
+    tokenizer: &Tokenizer,
+) -> Result<Vec<Arc<crate::records::Task>>, PipelineError> {
+    let template = tokenizer
+        .default_chat_template()
+        .map_err(|e| PipelineError::config("environment", e.to_string()))?;
+    let runner = setup.runner(tokenizer, template);
+    tasks
+        .into_iter()
+        .map(|task| {
+            let (_, prompt_ids) = runner.open(&env_task(&task)).map_err(|e| {
+                PipelineError::config("environment", format!("task {}: {e}", task.id))
+            })?;
+            Ok(Arc::new(crate::records::Task {
+                prompt_ids,
+                ..(*task).clone()
+            }))
+        })
+        .collect()
 }

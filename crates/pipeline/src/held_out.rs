@@ -8,6 +8,9 @@
 //! `Correct` outcome. Sampling streams come from a seed separate from training's, so evaluation
 //! never changes which samples training draws.
 //!
+//! Runs with an environment evaluate whole episodes ([`evaluate_episodes`]): the final
+//! answer is scored, and the greedy episodes' turns and tool calls are reported.
+//!
 //! On the arithmetic task greedy pass@1 is the speedrun's flexible accuracy (the same harness and
 //! verifier; the speedrun also reports the strict, formatted-answer figure).
 
@@ -22,8 +25,12 @@ use stoke_reward::Outcome;
 use stoke_rollout::{Completion, FinishReason};
 use stoke_tokenizer::hf::Tokenizer;
 
+use stoke_rollout::{FixedWeights, SamplingParams};
+
+use crate::episode::{EpisodeGroup, EpisodeSetup, EpisodeStats, env_task};
 use crate::error::PipelineError;
-use crate::records::{RolloutGroup, Task};
+use crate::records::{EpisodeSummary, RolloutGroup, ScoredGroup, Task};
+use crate::rollout::episode_sample;
 use crate::service::RewardService;
 
 /// Prompts per target call.
@@ -56,6 +63,17 @@ pub struct HeldOutResult {
     pub seconds: f64,
     /// (task id, greedy completion, correct) of the first few problems, for the report.
     pub examples: Vec<(String, String, bool)>,
+    /// Multi-turn runs: what the greedy episodes did.
+    pub episodes: Option<EpisodeFigures>,
+}
+
+/// Per greedy held-out episode: model turns and tool calls (mean), and the share of episodes
+/// with at least one tool call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EpisodeFigures {
+    pub mean_turns: f64,
+    pub mean_tool_calls: f64,
+    pub tool_use_rate: f64,
 }
 
 /// Evaluates `model` on `tasks` (all of them; the caller picks the subset).
@@ -119,6 +137,172 @@ pub fn evaluate(
         mean_length,
         seconds: started.elapsed().as_secs_f64(),
         examples,
+        episodes: None,
+    })
+}
+
+/// [`evaluate`] for a run with an environment: every sample is an episode, scored by `rewards`
+/// (the run's service wrapped in `EpisodeRewards`) on its final answer. `model` is copied once
+/// into the engine's shared weights.
+pub fn evaluate_episodes(
+    model: &Transformer,
+    tokenizer: &Tokenizer,
+    setup: &EpisodeSetup,
+    tasks: &[Arc<Task>],
+    rewards: &dyn RewardService,
+    sampling: &EvalSampling,
+) -> Result<HeldOutResult, PipelineError> {
+    let started = Instant::now();
+    if tasks.is_empty() {
+        return Err(PipelineError::config(
+            "held_out",
+            "no held-out tasks to evaluate",
+        ));
+    }
+    let weights = FixedWeights {
+        model: Arc::new(model.snapshot()?),
+        version: 0,
+    };
+    let template = tokenizer
+        .default_chat_template()
+        .map_err(|e| PipelineError::config("environment", e.to_string()))?;
+    let runner = setup.runner(tokenizer, template);
+    let play = |n: usize, temperature: f32| -> Result<Vec<ScoredGroup>, PipelineError> {
+        let mut stop_token_ids = tokenizer.eos_token_ids();
+        stop_token_ids.extend(model.config().eos_token_ids.iter().copied());
+        stop_token_ids.sort_unstable();
+        stop_token_ids.dedup();
+        let params = SamplingParams {
+            max_new_tokens: setup.limits.max_turn_tokens,
+            temperature,
+            top_k: if temperature == 0.0 {
+                None
+            } else {
+                sampling.top_k
+            },
+            top_p: if temperature == 0.0 {
+                1.0
+            } else {
+                sampling.top_p
+            },
+            seed: sampling.seed.wrapping_add(EVAL_SEED_OFFSET),
+            n,
+            stop_token_ids,
+            stop_strings: Vec::new(),
+        };
+        let mut scored = Vec::with_capacity(tasks.len());
+        for (chunk_index, chunk) in tasks.chunks(EVAL_BATCH).enumerate() {
+            let groups = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, task)| {
+                    let env_task = env_task(task);
+                    let opening = setup.env.opening(&env_task).map_err(|e| {
+                        PipelineError::config("environment", format!("task {}: {e}", task.id))
+                    })?;
+                    Ok(EpisodeGroup {
+                        group_id: (chunk_index * EVAL_BATCH + i) as u64,
+                        task: Arc::new(env_task),
+                        opening,
+                        prompt_ids: task.prompt_ids.clone(),
+                    })
+                })
+                .collect::<Result<Vec<_>, PipelineError>>()?;
+            let mut stats = EpisodeStats::default();
+            let records = runner.run(&weights, &params, &groups, &mut stats)?;
+            for ((task, group), episodes) in chunk.iter().zip(&groups).zip(records) {
+                let mut rollout = RolloutGroup::offline(
+                    group.group_id,
+                    Arc::clone(task),
+                    temperature,
+                    Vec::new(),
+                );
+                rollout.samples = episodes
+                    .into_iter()
+                    .map(|record| episode_sample(record, setup.env.requires_tool()))
+                    .collect();
+                scored.push(rewards.score(rollout)?);
+            }
+        }
+        Ok(scored)
+    };
+    let records = |groups: &[ScoredGroup]| -> Vec<Vec<SampleRecord>> {
+        groups
+            .iter()
+            .map(|group| {
+                group
+                    .rollout
+                    .samples
+                    .iter()
+                    .zip(&group.rewards)
+                    .map(|(sample, reward)| SampleRecord {
+                        completion: sample.text.clone(),
+                        tokens: sample.model_tokens(),
+                        truncated: sample.truncated(),
+                        score: reward.score,
+                        outcome: reward.outcome,
+                        extracted: None,
+                        reason: None,
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let greedy_groups = play(1, 0.0)?;
+    let k = sampling.samples.max(1);
+    let greedy = records(&greedy_groups);
+    let sampled = if k > 1 {
+        records(&play(k, sampling.temperature)?)
+    } else {
+        greedy.clone()
+    };
+    let metric = |groups: &[Vec<SampleRecord>], k: usize| {
+        let refs: Vec<&[SampleRecord]> = groups.iter().map(Vec::as_slice).collect();
+        let n = groups.first().map_or(1, Vec::len);
+        generative_metrics(&refs, n, &[k])
+            .get(&format!("pass@{k}"))
+            .map_or(0.0, |m| m.value)
+    };
+    let n = tasks.len() as f64;
+    let summaries: Vec<&EpisodeSummary> = greedy_groups
+        .iter()
+        .filter_map(|g| g.rollout.samples.first())
+        .filter_map(|s| s.episode.as_deref())
+        .collect();
+    let episodes = EpisodeFigures {
+        mean_turns: summaries.iter().map(|e| e.model_turns as f64).sum::<f64>() / n,
+        mean_tool_calls: summaries
+            .iter()
+            .map(|e| e.tool_calls.len() as f64)
+            .sum::<f64>()
+            / n,
+        tool_use_rate: summaries
+            .iter()
+            .filter(|e| !e.tool_calls.is_empty())
+            .count() as f64
+            / n,
+    };
+    Ok(HeldOutResult {
+        problems: tasks.len(),
+        greedy_pass_at_1: metric(&greedy, 1),
+        pass_at_1: metric(&sampled, 1),
+        pass_at_k: metric(&sampled, k),
+        k,
+        mean_length: greedy.iter().map(|g| g[0].tokens as f64).sum::<f64>() / n,
+        seconds: started.elapsed().as_secs_f64(),
+        examples: greedy
+            .iter()
+            .zip(tasks)
+            .take(4)
+            .map(|(g, t)| {
+                (
+                    t.id.clone(),
+                    g[0].completion.clone(),
+                    g[0].outcome == Outcome::Correct,
+                )
+            })
+            .collect(),
+        episodes: Some(episodes),
     })
 }
 

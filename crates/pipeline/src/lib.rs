@@ -10,7 +10,7 @@
 //! - [`records`]: the typed records passed between modules; [`settings`]: validated run settings;
 //!   [`config`]: the TOML file layer that produces them; [`task`]: tasks from JSONL.
 //! - the modules: [`rollout`] (generation, weights taken between batches or in flight; multi-turn
-//!   episodes with an environment through [`episode`]),
+//!   episodes with an environment through [`episode`], scored through [`episode_reward`]),
 //!   [`inference`] (reference / recomputed old-policy log-probs, batched by token budget),
 //!   [`reward`] (verifiers behind a pool that survives panics and hangs), and the trainer
 //!   ([`learner`]: rewards -> advantages -> `stoke_train::grpo::update::PolicyUpdater` -> publish).
@@ -31,6 +31,7 @@ pub mod buffer;
 pub mod config;
 pub mod driver;
 pub mod episode;
+pub mod episode_reward;
 pub mod error;
 pub mod held_out;
 pub mod inference;

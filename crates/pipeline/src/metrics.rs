@@ -192,6 +192,34 @@ pub struct GrpoStepRecord {
     /// Remote rewards: likewise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reward_servers: Option<RemoteRecord>,
+    /// Multi-turn runs: what the batch's episodes did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub episodes: Option<EpisodeBatchRecord>,
+}
+
+/// The episodes of one update (runs with an `[environment]`), with the reward-hacking monitors.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EpisodeBatchRecord {
+    #[serde(with = "json_float")]
+    pub turns_mean: f64,
+    #[serde(with = "json_float")]
+    pub tool_calls_mean: f64,
+    /// Tool calls that failed (unknown tool, bad arguments, an error, a timeout).
+    pub tool_failures: u64,
+    /// Episodes per stop reason (`done`, `max_turns`, `env_failed`, ...).
+    pub stops: BTreeMap<String, u64>,
+    /// Model tokens (trained) and environment tokens (masked) in the batch.
+    pub model_tokens: u64,
+    pub env_tokens: u64,
+    /// Seconds inside environments and inside tool calls, summed over episodes.
+    #[serde(with = "json_float")]
+    pub env_seconds: f64,
+    #[serde(with = "json_float")]
+    pub tool_seconds: f64,
+    /// Monitor: tool calls that touched the grader's files (tests, graders).
+    pub touched_grader: u64,
+    /// Monitor: correct episodes without a tool call, where the environment requires one.
+    pub correct_without_tool: u64,
 }
 
 /// One server of a remote module, cumulative since the run started.
@@ -264,6 +292,26 @@ pub struct GrpoEvalRecord {
     pub mean_length: f64,
     #[serde(with = "json_float")]
     pub seconds: f64,
+    /// Multi-turn runs: greedy episodes' mean model turns and tool calls, and the share with a
+    /// tool call.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "json_float_opt"
+    )]
+    pub turns_mean: Option<f64>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "json_float_opt"
+    )]
+    pub tool_calls_mean: Option<f64>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "json_float_opt"
+    )]
+    pub tool_use_rate: Option<f64>,
 }
 
 /// One line of `metrics.jsonl`, tagged by `"kind"`.
@@ -329,6 +377,7 @@ pub struct BatchStats {
     pub rollout_seconds: f64,
     pub reward_seconds: f64,
     pub inference_seconds: f64,
+    pub episodes: Option<EpisodeBatchRecord>,
 }
 
 impl BatchStats {
@@ -347,6 +396,7 @@ impl BatchStats {
         record.truncated_fraction = self.truncated_fraction;
         record.tokens = self.tokens;
         record.staleness_histogram = self.staleness_histogram.clone();
+        record.episodes = self.episodes.clone();
     }
 
     /// Mean staleness in versions (0 without samples).
@@ -360,6 +410,7 @@ pub fn failure_kind(failure: &RewardFailure) -> &'static str {
     match failure {
         RewardFailure::Panicked(_) => "panicked",
         RewardFailure::TimedOut => "timed_out",
+        RewardFailure::Environment(_) => "environment",
     }
 }
 
@@ -402,6 +453,36 @@ pub fn batch_stats(groups: &[ScoredGroup], trainer_version: PolicyVersion) -> Ba
                 entry.0 += value;
                 entry.1 += 1;
             }
+            if let Some(episode) = &sample.episode {
+                let figures = stats
+                    .episodes
+                    .get_or_insert_with(EpisodeBatchRecord::default);
+                figures.turns_mean += episode.model_turns as f64;
+                figures.tool_calls_mean += episode.tool_calls.len() as f64;
+                figures.tool_failures +=
+                    episode.tool_calls.iter().filter(|call| call.failed).count() as u64;
+                *figures
+                    .stops
+                    .entry(episode.stop.name().to_string())
+                    .or_default() += 1;
+                let model = sample.model_tokens() as u64;
+                figures.model_tokens += model;
+                figures.env_tokens += sample.completion_ids.len() as u64 - model;
+                figures.env_seconds += episode.env_seconds;
+                figures.tool_seconds += episode.tool_seconds;
+                figures.touched_grader += episode
+                    .tool_calls
+                    .iter()
+                    .filter(|call| {
+                        call.touched
+                            .iter()
+                            .any(|path| stoke_env::monitor::is_protected_path(path))
+                    })
+                    .count() as u64;
+                if episode.requires_tool && episode.tool_calls.is_empty() && reward.correct() {
+                    figures.correct_without_tool += 1;
+                }
+            }
             let length = sample.completion_ids.len();
             stats.tokens += length as u64;
             stats.length_max = stats.length_max.max(length);
@@ -435,6 +516,10 @@ pub fn batch_stats(groups: &[ScoredGroup], trainer_version: PolicyVersion) -> Ba
         stats.correct_fraction = correct as f64 / n;
         stats.truncated_fraction = truncated as f64 / n;
         stats.length_mean = stats.tokens as f64 / n;
+        if let Some(figures) = &mut stats.episodes {
+            figures.turns_mean /= n;
+            figures.tool_calls_mean /= n;
+        }
     }
     stats.reward_components = component_sums
         .into_iter()

@@ -23,8 +23,8 @@ use crate::error::PipelineError;
 use crate::held_out::HeldOutResult;
 use crate::learner::{Learner, LearnerStep};
 use crate::metrics::{
-    GrpoEvalRecord, GrpoMetricsLog, GrpoRecord, GrpoStepRecord, ModuleSeconds, PerModule,
-    RatioRecord, RemoteRecord, batch_stats,
+    EpisodeBatchRecord, GrpoEvalRecord, GrpoMetricsLog, GrpoRecord, GrpoStepRecord, ModuleSeconds,
+    PerModule, RatioRecord, RemoteRecord, batch_stats,
 };
 use crate::records::{RewardFailure, ScoredGroup};
 use crate::settings::GrpoSettings;
@@ -50,6 +50,10 @@ pub struct RunMonitor {
     last_checkpoint: Option<u64>,
     /// The update whose reward failures were last shown on the console.
     last_reward_warning: Option<u64>,
+    /// Multi-turn runs: running means of earlier updates' turns and lengths, and the last
+    /// update whose hacking signals were shown on the console.
+    episode_baseline: EpisodeBaseline,
+    last_hacking_warning: Option<u64>,
     started: Instant,
     title: String,
 }
@@ -98,6 +102,8 @@ impl RunMonitor {
             tokens_seen: 0,
             last_checkpoint: resumed_from,
             last_reward_warning: None,
+            episode_baseline: EpisodeBaseline::default(),
+            last_hacking_warning: None,
             started: Instant::now(),
             title: format!(
                 "GRPO: {} updates x {} prompts x {} samples ({:?})",
@@ -260,6 +266,27 @@ impl StepSink for RunSink<'_> {
             timing.wall,
             monitor.samples_per_step,
         );
+        // Reward-hacking monitors of multi-turn runs: alerts in the log every time, on the
+        // console at most every `REWARD_WARNING_EVERY` updates.
+        if let Some(episodes) = &record.episodes {
+            let signals = monitor
+                .episode_baseline
+                .signals(episodes, record.length_mean);
+            if !signals.is_empty() {
+                let message = format!("update {number}: {}", signals.join("; "));
+                let quiet_since = monitor
+                    .last_hacking_warning
+                    .is_some_and(|last| number < last + REWARD_WARNING_EVERY);
+                if !quiet_since {
+                    monitor.last_hacking_warning = Some(number);
+                    monitor.display.println(&format!("warning: {message}"));
+                }
+                monitor.log.append(&GrpoRecord::Alert {
+                    step: number,
+                    message,
+                })?;
+            }
+        }
         let standard = crate::report::standard_step(&record, monitor.tokens_seen);
         monitor.display.on_step_with(&standard, &detail);
         monitor.log.append(&GrpoRecord::Step(record))?;
@@ -287,6 +314,58 @@ impl StepSink for RunSink<'_> {
         monitor.checkpoint(learner, false)?;
         self.excluded += side_started.elapsed().as_secs_f64();
         Ok(())
+    }
+}
+
+/// Running means of episode turns and lengths over earlier updates, for the shift monitor.
+#[derive(Clone, Debug, Default)]
+struct EpisodeBaseline {
+    updates: u64,
+    turns: f64,
+    length: f64,
+}
+
+/// Updates averaged before the shift monitor speaks, and the ratio it flags.
+const SHIFT_WARMUP_UPDATES: u64 = 3;
+const SHIFT_FACTOR: f64 = 2.0;
+
+impl EpisodeBaseline {
+    /// The hacking signals of one update (empty when none), then folds it into the means.
+    fn signals(&mut self, episodes: &EpisodeBatchRecord, length_mean: f64) -> Vec<String> {
+        let mut signals = Vec::new();
+        if episodes.touched_grader > 0 {
+            signals.push(format!(
+                "{} tool call(s) touched the grader's files (tests, graders)",
+                episodes.touched_grader
+            ));
+        }
+        if episodes.correct_without_tool > 0 {
+            signals.push(format!(
+                "{} episode(s) scored correct without the tool call the environment requires",
+                episodes.correct_without_tool
+            ));
+        }
+        if self.updates >= SHIFT_WARMUP_UPDATES {
+            let (turns, length) = (
+                self.turns / self.updates as f64,
+                self.length / self.updates as f64,
+            );
+            if stoke_env::monitor::sudden_shift(turns, episodes.turns_mean, SHIFT_FACTOR) {
+                signals.push(format!(
+                    "turns per episode shifted to {:.2} from a mean of {turns:.2}",
+                    episodes.turns_mean
+                ));
+            }
+            if stoke_env::monitor::sudden_shift(length, length_mean, SHIFT_FACTOR) {
+                signals.push(format!(
+                    "episode length shifted to {length_mean:.1} tokens from a mean of {length:.1}"
+                ));
+            }
+        }
+        self.updates += 1;
+        self.turns += episodes.turns_mean;
+        self.length += length_mean;
+        signals
     }
 }
 
@@ -323,7 +402,8 @@ pub fn reward_failure_message(
     step: &LearnerStep,
     modules: &Modules,
 ) -> Option<String> {
-    let (mut panicked, mut timed_out, mut samples) = (0usize, 0usize, 0usize);
+    let (mut panicked, mut timed_out, mut environment, mut samples) =
+        (0usize, 0usize, 0usize, 0usize);
     let mut first = None;
     for group in &step.groups {
         samples += group.rewards.len();
@@ -334,6 +414,7 @@ pub fn reward_failure_message(
             match failure {
                 RewardFailure::Panicked(_) => panicked += 1,
                 RewardFailure::TimedOut => timed_out += 1,
+                RewardFailure::Environment(_) => environment += 1,
             }
             first.get_or_insert((group, failure));
         }
@@ -347,11 +428,13 @@ pub fn reward_failure_message(
     let why = match failure {
         RewardFailure::Panicked(message) => format!("panicked: {message}"),
         RewardFailure::TimedOut => "did not answer within grpo.reward_timeout_s".to_string(),
+        RewardFailure::Environment(message) => format!("(its environment failed: {message})"),
     };
     Some(format!(
         "update {number}: {} of {samples} rewards failed and were scored 0 ({panicked} panicked, \
-         {timed_out} timed out); first: reward `{reward}` on task `{}` {why}",
-        panicked + timed_out,
+         {timed_out} timed out, {environment} environments failed); first: reward `{reward}` on \
+         task `{}` {why}",
+        panicked + timed_out + environment,
         task.id
     ))
 }
@@ -451,5 +534,8 @@ pub fn eval_record(step: u64, result: &HeldOutResult) -> GrpoEvalRecord {
         problems: result.problems,
         mean_length: result.mean_length,
         seconds: result.seconds,
+        turns_mean: result.episodes.as_ref().map(|e| e.mean_turns),
+        tool_calls_mean: result.episodes.as_ref().map(|e| e.mean_tool_calls),
+        tool_use_rate: result.episodes.as_ref().map(|e| e.tool_use_rate),
     }
 }

@@ -75,9 +75,30 @@ pub struct Sample {
     /// an environment token's `rollout_logprobs` entry is 0.0 and its `token_versions` entry
     /// repeats the previous model token's. Only the model's tokens are trained on.
     pub loss_mask: Option<Vec<bool>>,
-    /// Decoded completion (stop string excluded), what the reward reads.
+    /// Decoded completion (stop string excluded), what the reward reads. For a multi-turn
+    /// episode: the model's last turn (its final answer).
     pub text: String,
     pub finish: FinishReason,
+    /// What the sample's episode did, for a multi-turn sample (`None`: single turn).
+    pub episode: Option<Box<EpisodeSummary>>,
+}
+
+/// What a multi-turn sample's episode did: read by the reward step (the environment's own
+/// reward, its failure), the reward-hacking monitors and the metrics.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EpisodeSummary {
+    pub model_turns: usize,
+    pub tool_calls: Vec<stoke_env::environment::ToolCallRecord>,
+    pub stop: stoke_env::StopReason,
+    /// The environment's reward: its per-turn rewards plus its outcome on the final state.
+    /// Added to the configured reward's score of the final answer.
+    pub env_reward: f64,
+    /// Whether the environment requires a tool call to solve the task (for the monitor of
+    /// episodes that score without one).
+    pub requires_tool: bool,
+    /// Seconds inside the environment (tools included) and inside tool calls.
+    pub env_seconds: f64,
+    pub tool_seconds: f64,
 }
 
 impl Sample {
@@ -137,6 +158,7 @@ impl RolloutGroup {
             .map(|c| Sample {
                 token_versions: Vec::new(),
                 loss_mask: None,
+                episode: None,
                 text: c.text.unwrap_or_default(),
                 completion_ids: c.token_ids,
                 rollout_logprobs: c.logprobs,
@@ -167,6 +189,9 @@ pub enum RewardFailure {
     Panicked(String),
     /// The verifier did not answer within the pool's timeout.
     TimedOut,
+    /// The sample's environment failed (an error, a panic, a hang); the message says which.
+    /// The episode ended there; the run continues.
+    Environment(String),
 }
 
 /// The reward module's verdict on one sample.
@@ -185,7 +210,7 @@ impl SampleReward {
     pub fn failed(failure: RewardFailure) -> SampleReward {
         let outcome = match failure {
             RewardFailure::TimedOut => Outcome::Timeout,
-            RewardFailure::Panicked(_) => Outcome::SandboxError,
+            RewardFailure::Panicked(_) | RewardFailure::Environment(_) => Outcome::SandboxError,
         };
         SampleReward {
             score: 0.0,
@@ -334,6 +359,7 @@ mod tests {
             rollout_logprobs: vec![-0.5; len],
             token_versions: vec![PolicyVersion(0); len],
             loss_mask: None,
+            episode: None,
             text: "x".repeat(len),
             finish: FinishReason::Length,
         }
@@ -395,6 +421,7 @@ mod tests {
         assert_eq!(environment_only.model_tokens(), 0);
         let single_turn = Sample {
             loss_mask: None,
+            episode: None,
             ..multi_turn
         };
         assert_eq!(

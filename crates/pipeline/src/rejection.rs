@@ -503,6 +503,7 @@ mod tests {
                 rollout_logprobs: vec![-1.0],
                 token_versions: Vec::new(),
                 loss_mask: None,
+                episode: None,
                 text: text.to_string(),
                 finish: if *truncated {
                     FinishReason::Length

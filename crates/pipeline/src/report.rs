@@ -250,6 +250,63 @@ pub fn grpo_sections(records: &[GrpoRecord]) -> Vec<ReportSection> {
             ],
         });
 
+        // Multi-turn runs: what the episodes did, and the reward-hacking monitors.
+        if steps.iter().any(|s| s.episodes.is_some()) {
+            let episode =
+                |s: &GrpoStepRecord, f: fn(&crate::metrics::EpisodeBatchRecord) -> f64| {
+                    s.episodes.as_ref().map_or(0.0, f)
+                };
+            sections.push(ReportSection {
+                title: "Episodes".into(),
+                body: SectionBody::Empty,
+                charts: vec![
+                    chart(
+                        "Turns and tool calls per episode",
+                        "count",
+                        vec![
+                            step_series("model turns", &|s| episode(s, |e| e.turns_mean)),
+                            step_series("tool calls", &|s| episode(s, |e| e.tool_calls_mean)),
+                        ],
+                    ),
+                    chart(
+                        "Tokens per update",
+                        "tokens",
+                        vec![
+                            step_series("model (trained)", &|s| {
+                                episode(s, |e| e.model_tokens as f64)
+                            }),
+                            step_series("environment (masked)", &|s| {
+                                episode(s, |e| e.env_tokens as f64)
+                            }),
+                        ],
+                    ),
+                    chart(
+                        "Reward-hacking monitors",
+                        "count",
+                        vec![
+                            step_series("calls touching the grader", &|s| {
+                                episode(s, |e| e.touched_grader as f64)
+                            }),
+                            step_series("correct without the required tool", &|s| {
+                                episode(s, |e| e.correct_without_tool as f64)
+                            }),
+                            step_series("failed tool calls", &|s| {
+                                episode(s, |e| e.tool_failures as f64)
+                            }),
+                        ],
+                    ),
+                    chart(
+                        "Time in the environment",
+                        "seconds",
+                        vec![
+                            step_series("environment", &|s| episode(s, |e| e.env_seconds)),
+                            step_series("tools", &|s| episode(s, |e| e.tool_seconds)),
+                        ],
+                    ),
+                ],
+            });
+        }
+
         let deepest = steps
             .iter()
             .map(|s| s.staleness_histogram.len())

@@ -260,7 +260,10 @@ impl RewardPool {
                 Some(Err(failure)) => {
                     match failure {
                         RewardFailure::TimedOut => counts.timeouts += samples.len() as u64,
-                        RewardFailure::Panicked(_) => counts.panics += samples.len() as u64,
+                        // Environment failures are applied after scoring, never by a verifier.
+                        RewardFailure::Panicked(_) | RewardFailure::Environment(_) => {
+                            counts.panics += samples.len() as u64
+                        }
                     }
                     rewards.extend(std::iter::repeat_n(
                         SampleReward::failed(failure),
@@ -469,7 +472,7 @@ fn run_job(job: &Job) -> Result<Vec<RewardOutcome>, String> {
         .iter()
         .map(|sample| {
             RewardInput::new(&task.prompt, &sample.text, &task.reference)
-                .with_tokens(sample.completion_ids.len())
+                .with_tokens(sample.model_tokens())
         })
         .collect();
     let outcomes = if job.group_level {

@@ -42,8 +42,9 @@ use stoke_rollout::{
 };
 use stoke_tokenizer::hf::Tokenizer;
 
+use crate::episode::{EpisodeGroup, EpisodeRecord, EpisodeSetup, EpisodeStats, env_task};
 use crate::error::PipelineError;
-use crate::records::{GroupTicket, RolloutGroup, Sample};
+use crate::records::{EpisodeSummary, GroupTicket, RolloutGroup, Sample};
 use crate::settings::{GrpoSettings, Lag, WeightSync};
 use crate::staleness::PolicyVersion;
 use crate::weights::WeightStore;
@@ -129,6 +130,8 @@ pub struct RolloutStats {
     pub kv_cache_peak_bytes: u64,
     /// Why the latest rejected ticket was rejected, naming its task.
     pub last_rejection: Option<String>,
+    /// Multi-turn episodes (runs with an `[environment]`).
+    pub episodes: EpisodeStats,
 }
 
 /// The rollout module. `Send + Sync`: several threads may call `generate` at once.
@@ -139,6 +142,8 @@ pub struct RolloutModule {
     /// The model config every published version shares (see `weights.rs`).
     model_config: ModelConfig,
     stats: Mutex<RolloutStats>,
+    /// Multi-turn episodes in an environment instead of single completions.
+    episodes: Option<EpisodeSetup>,
 }
 
 impl std::fmt::Debug for RolloutModule {
@@ -191,7 +196,19 @@ impl RolloutModule {
             settings,
             model_config,
             stats: Mutex::new(RolloutStats::default()),
+            episodes: None,
         })
+    }
+
+    /// The same module playing multi-turn episodes of `setup`'s environment: each sample is an
+    /// episode (`episode::EpisodeRunner`), its tasks' prompts rendered from the environment's
+    /// opening (`episode::episode_prompts`). Errors: the tokenizer has no chat template.
+    pub fn with_episodes(mut self, setup: EpisodeSetup) -> Result<RolloutModule, PipelineError> {
+        self.tokenizer
+            .default_chat_template()
+            .map_err(|e| PipelineError::config("environment", e.to_string()))?;
+        self.episodes = Some(setup);
+        Ok(self)
     }
 
     pub fn settings(&self) -> &RolloutSettings {
@@ -272,6 +289,9 @@ impl RolloutModule {
         call_stats: &mut RolloutStats,
     ) -> Result<(), PipelineError> {
         let first = &tickets[call[0]];
+        if let Some(setup) = &self.episodes {
+            return self.play_call(setup, weights, tickets, call, results, call_stats);
+        }
         let request = GenerationRequest {
             prompts: call
                 .iter()
@@ -303,6 +323,68 @@ impl RolloutModule {
                 .into_iter()
                 .zip(versions)
                 .map(|(completion, versions)| to_sample(completion, versions))
+                .collect();
+            call_stats.groups += 1;
+            call_stats.samples += samples.len() as u64;
+            call_stats.samples_spanning_versions += samples
+                .iter()
+                .filter(|sample| sample.token_versions.first() != sample.token_versions.last())
+                .count() as u64;
+            results[index] = (samples, per_group);
+        }
+        Ok(())
+    }
+
+    /// [`RolloutModule::generate_call`] for a run with an environment: one episode per sample.
+    fn play_call(
+        &self,
+        setup: &EpisodeSetup,
+        weights: &dyn LiveWeights,
+        tickets: &[GroupTicket],
+        call: &[usize],
+        results: &mut [(Vec<Sample>, f64)],
+        call_stats: &mut RolloutStats,
+    ) -> Result<(), PipelineError> {
+        let template = self
+            .tokenizer
+            .default_chat_template()
+            .map_err(|e| PipelineError::config("environment", e.to_string()))?;
+        let runner = setup.runner(&self.tokenizer, template);
+        let groups = call
+            .iter()
+            .map(|&index| {
+                let ticket = &tickets[index];
+                let task = env_task(&ticket.task);
+                let opening = setup.env.opening(&task).map_err(|e| {
+                    PipelineError::config("environment", format!("task {}: {e}", task.id))
+                })?;
+                Ok(EpisodeGroup {
+                    group_id: ticket.group_id,
+                    task: Arc::new(task),
+                    opening,
+                    prompt_ids: ticket.task.prompt_ids.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>, PipelineError>>()?;
+        let params = self.sampling_params(tickets[call[0]].temperature);
+        let started = Instant::now();
+        let mut stats = EpisodeStats::default();
+        let records = runner.run(weights, &params, &groups, &mut stats)?;
+        let seconds = started.elapsed().as_secs_f64();
+        call_stats.engine_calls += stats.engine_calls;
+        call_stats.generate_seconds += stats.generate_seconds;
+        call_stats.generated_tokens += stats.generated_tokens;
+        call_stats.prefill_tokens += groups
+            .iter()
+            .map(|g| g.prompt_ids.len() as u64)
+            .sum::<u64>();
+        call_stats.episodes.add(&stats);
+        let per_group = seconds / call.len() as f64;
+        let requires_tool = setup.env.requires_tool();
+        for (&index, episodes) in call.iter().zip(records) {
+            let samples: Vec<Sample> = episodes
+                .into_iter()
+                .map(|record| episode_sample(record, requires_tool))
                 .collect();
             call_stats.groups += 1;
             call_stats.samples += samples.len() as u64;
@@ -394,6 +476,7 @@ impl RolloutModule {
         stats.samples_spanning_versions += call.samples_spanning_versions;
         stats.kv_cache_peak_bytes = stats.kv_cache_peak_bytes.max(call.kv_cache_peak_bytes);
         stats.wait_seconds += wait_seconds;
+        stats.episodes.add(&call.episodes);
         stats.rejected_tickets += rejections.len() as u64;
         if let Some(last) = rejections.into_iter().last() {
             stats.last_rejection = Some(last);
@@ -433,12 +516,41 @@ fn engine_calls(tickets: &[GroupTicket], accepted: &[usize]) -> Vec<Vec<usize>> 
     calls
 }
 
+/// A played episode as the pipeline's sample: the transcript's ids after the prompt, its loss
+/// mask, log-probs and versions, the final answer as the text the reward reads.
+pub(crate) fn episode_sample(record: EpisodeRecord, requires_tool: bool) -> Sample {
+    let transcript = &record.transcript;
+    let env_reward = record.env_reward();
+    Sample {
+        completion_ids: transcript.completion_ids(),
+        rollout_logprobs: transcript.logprobs(),
+        token_versions: transcript
+            .versions()
+            .into_iter()
+            .map(PolicyVersion)
+            .collect(),
+        loss_mask: Some(transcript.loss_mask()),
+        text: transcript.final_text().to_string(),
+        finish: record.finish.clone(),
+        episode: Some(Box::new(EpisodeSummary {
+            model_turns: transcript.model_turns(),
+            tool_seconds: record.tool_calls.iter().map(|call| call.seconds).sum(),
+            tool_calls: record.tool_calls,
+            stop: record.stop,
+            env_reward,
+            requires_tool,
+            env_seconds: record.env_seconds,
+        })),
+    }
+}
+
 fn to_sample(completion: Completion, versions: Vec<u64>) -> Sample {
     Sample {
         completion_ids: completion.token_ids,
         rollout_logprobs: completion.logprobs,
         token_versions: versions.into_iter().map(PolicyVersion).collect(),
         loss_mask: None,
+        episode: None,
         text: completion.text.unwrap_or_default(),
         finish: completion.finish_reason,
     }

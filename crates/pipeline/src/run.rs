@@ -36,8 +36,10 @@ use stoke_train::run_folder::RunFolder;
 use stoke_train::source::{BatchSource, ShardSource};
 
 use crate::driver::{Drive, DriveShape, Modules, TaskPlan, run_async, run_sync};
+use crate::episode::{EpisodeSetup, episode_prompts};
+use crate::episode_reward::EpisodeRewards;
 use crate::error::PipelineError;
-use crate::held_out::{EvalSampling, HeldOutResult, evaluate};
+use crate::held_out::{EvalSampling, HeldOutResult, evaluate, evaluate_episodes};
 use crate::inference::InferenceModule;
 use crate::learner::Learner;
 use crate::monitor::{RunMonitor, reference_dir};
@@ -200,12 +202,55 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
     };
     let weights = Arc::new(WeightStore::with_history(&policy, kept_versions)?);
     let rollout_settings = RolloutSettings::from_grpo(&settings, stop_token_ids.clone());
+    // Multi-turn runs: the environment, and every task's prompt rendered from its opening.
+    let episodes = match &settings.environment {
+        Some(environment) => {
+            let template = tokenizer
+                .default_chat_template()
+                .map_err(|e| PipelineError::config("environment", e.to_string()))?;
+            let setup = EpisodeSetup::new(environment, template)?;
+            eprintln!(
+                "environment `{}`: tool calls parsed as {}, tools shown in the {}, at most {} \
+                 turns",
+                setup.env.name(),
+                setup.parser.name(),
+                if setup.tools_in_template {
+                    "chat template"
+                } else {
+                    "system prompt"
+                },
+                setup.limits.max_turns
+            );
+            Some(setup)
+        }
+        None => None,
+    };
+    let (tasks, held_out) = match &episodes {
+        Some(setup) => (
+            episode_prompts(tasks, setup, &tokenizer)?,
+            episode_prompts(held_out, setup, &tokenizer)?,
+        ),
+        None => (tasks, held_out),
+    };
     let rollout: Box<dyn RolloutService> = match &settings.services.rollout {
-        None => Box::new(RolloutModule::new(
-            Arc::clone(&weights),
-            Arc::clone(&tokenizer),
-            rollout_settings,
-        )?),
+        None => {
+            let module = RolloutModule::new(
+                Arc::clone(&weights),
+                Arc::clone(&tokenizer),
+                rollout_settings,
+            )?;
+            Box::new(match &episodes {
+                Some(setup) => module.with_episodes(setup.clone())?,
+                None => module,
+            })
+        }
+        Some(_) if episodes.is_some() => {
+            return Err(PipelineError::config(
+                "rollout.kind",
+                "multi-turn episodes ([environment]) run with in-process rollout for now; \
+                 remote servers take single-turn prompts",
+            ));
+        }
         Some(remote) => {
             let rollout = RemoteRollout::connect(
                 remote,
@@ -234,6 +279,11 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
             pool.clone(),
             rewards.iter().map(|spec| spec.name.clone()).collect(),
         )?),
+    };
+    // An episode's reward adds its environment's, and a failed environment is a failed reward.
+    let rewards: Box<dyn RewardService> = match &episodes {
+        Some(_) => Box::new(EpisodeRewards::new(rewards)),
+        None => rewards,
     };
     let inference: Arc<Mutex<dyn ReferenceScoring>> = match &settings.services.reference {
         // Beta 0 and no distillation: no reference at all, wherever it would run.
@@ -368,13 +418,23 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
             if held_out.is_empty() {
                 return Ok(None);
             }
-            evaluate(
-                model,
-                &tokenizer,
-                &held_out,
-                &*modules.rewards,
-                &eval_sampling,
-            )
+            match &episodes {
+                Some(setup) => evaluate_episodes(
+                    model,
+                    &tokenizer,
+                    setup,
+                    &held_out,
+                    &*modules.rewards,
+                    &eval_sampling,
+                ),
+                None => evaluate(
+                    model,
+                    &tokenizer,
+                    &held_out,
+                    &*modules.rewards,
+                    &eval_sampling,
+                ),
+            }
             .map(Some)
         };
     let initial_eval = if start_step == 0 {

@@ -226,6 +226,7 @@ fn code_group(completions: &[&str]) -> RolloutGroup {
             rollout_logprobs: vec![-1.0; 4],
             token_versions: vec![Default::default(); 4],
             loss_mask: None,
+            episode: None,
             text: text.to_string(),
             finish: FinishReason::Eos { token_id: 294 },
         })

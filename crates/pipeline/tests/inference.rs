@@ -62,6 +62,7 @@ fn group(
             rollout_logprobs: vec![-1.0; len],
             token_versions: vec![PolicyVersion(0); len],
             loss_mask: None,
+            episode: None,
             text: String::new(),
             finish: FinishReason::Length,
         })

@@ -40,6 +40,7 @@ fn sample(len: usize, first_version: u64, finish: FinishReason) -> Sample {
         rollout_logprobs: vec![-1.0; len],
         token_versions: vec![PolicyVersion(first_version); len],
         loss_mask: None,
+        episode: None,
         text: "x".repeat(len),
         finish,
     }
@@ -148,6 +149,9 @@ fn eval(step: u64) -> GrpoRecord {
         problems: 8,
         mean_length: 12.0,
         seconds: 1.5,
+        turns_mean: (step > 0).then_some(2.5),
+        tool_calls_mean: (step > 0).then_some(1.25),
+        tool_use_rate: (step > 0).then_some(0.75),
     })
 }
 

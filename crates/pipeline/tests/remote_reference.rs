@@ -55,6 +55,7 @@ fn group(group_id: u64, prompt_len: usize, lens: &[usize], vocab: usize, t: f32)
             rollout_logprobs: vec![-1.0; len],
             token_versions: vec![PolicyVersion(0); len],
             loss_mask: None,
+            episode: None,
             text: String::new(),
             finish: FinishReason::Length,
         })

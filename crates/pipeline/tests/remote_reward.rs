@@ -114,6 +114,7 @@ fn group(answer: &str, completions: &[&str], reward: usize) -> RolloutGroup {
                 rollout_logprobs: vec![-1.0; text.len().max(1)],
                 token_versions: vec![Default::default(); text.len().max(1)],
                 loss_mask: None,
+                episode: None,
                 text: text.to_string(),
                 finish: FinishReason::Length,
             })

@@ -117,6 +117,7 @@ fn group(answer: &str, completions: &[&str], reward: usize) -> RolloutGroup {
                 rollout_logprobs: vec![-1.0; len],
                 token_versions: vec![Default::default(); len],
                 loss_mask: None,
+                episode: None,
                 text: text.to_string(),
                 finish: FinishReason::Length,
             }

@@ -331,6 +331,7 @@ fn a_reference_on_vllm_reads_prompt_logprobs_at_the_completion() {
                     token_versions: vec![PolicyVersion(0); completion.len()],
                     completion_ids: completion,
                     loss_mask: None,
+                    episode: None,
                     text: String::new(),
                     finish: FinishReason::Length,
                 }

@@ -203,7 +203,11 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
         for (sample, record) in episodes.iter().enumerate() {
             let transcript = &record.transcript;
             let verdict = group.task.reference.answer.as_ref().map(|_| {
-                let input = RewardInput::new(&group.task.prompt, transcript.final_text(), &group.task.reference);
+                let input = RewardInput::new(
+                    &group.task.prompt,
+                    transcript.final_text(),
+                    &group.task.reference,
+                );
                 verifier.score(&input).score
             });
             if verdict.is_some_and(|score| score > 0.0) {
@@ -216,7 +220,12 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
                         .segments
                         .iter()
                         .map(|segment| match segment {
-                            Segment::Model { ids, logprobs, text, .. } => json!({
+                            Segment::Model {
+                                ids,
+                                logprobs,
+                                text,
+                                ..
+                            } => json!({
                                 "source": "model", "trained": true, "ids": ids,
                                 "logprobs": logprobs, "text": text,
                             }),
@@ -256,7 +265,9 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
                     println!(
                         "--- prompt ({} ids, not trained) ---\n{}",
                         transcript.prompt_ids.len(),
-                        tokenizer.decode(&transcript.prompt_ids, false).unwrap_or_default()
+                        tokenizer
+                            .decode(&transcript.prompt_ids, false)
+                            .unwrap_or_default()
                     );
                     for segment in &transcript.segments {
                         match segment {

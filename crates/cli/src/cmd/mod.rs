@@ -4,8 +4,8 @@
 pub mod convert;
 pub mod data;
 pub mod distill;
-pub mod env;
 pub mod dpo;
+pub mod env;
 pub mod eval;
 pub mod eval_report;
 pub mod export;

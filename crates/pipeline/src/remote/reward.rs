@@ -101,6 +101,11 @@ impl From<&SampleReward> for WireReward {
             failure: reward.failure.as_ref().map(|f| match f {
                 RewardFailure::TimedOut => WireFailure::TimedOut,
                 RewardFailure::Panicked(m) => WireFailure::Panicked(m.clone()),
+                // Applied on the trainer's side after scoring (`episode::EpisodeRewards`); a
+                // reward server never sees one, but the wire keeps the message if it did.
+                RewardFailure::Environment(m) => {
+                    WireFailure::Panicked(format!("environment failed: {m}"))
+                }
             }),
         }
     }
@@ -429,7 +434,9 @@ impl RewardService for RemoteRewards {
                 match reward.failure {
                     None => stats.scored += 1,
                     Some(RewardFailure::TimedOut) => stats.timeouts += 1,
-                    Some(RewardFailure::Panicked(_)) => stats.panics += 1,
+                    Some(RewardFailure::Panicked(_) | RewardFailure::Environment(_)) => {
+                        stats.panics += 1
+                    }
                 }
             }
             stats.busy_seconds += busy;

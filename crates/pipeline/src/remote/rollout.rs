@@ -610,6 +610,7 @@ fn parse_choice(
             .map(|v| PolicyVersion(v - base))
             .collect(),
         loss_mask: None,
+        episode: None,
         text,
         finish,
     })
