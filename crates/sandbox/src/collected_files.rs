@@ -357,8 +357,8 @@ mod tests {
         let locked = dir.path().join("locked");
         fs::create_dir(&locked).unwrap();
         fs::write(locked.join("f"), b"secret").unwrap();
-        fs::set_permissions(locked.join("f"), fs::Permissions::from_mode(0)).unwrap();
-        fs::set_permissions(&locked, fs::Permissions::from_mode(0)).unwrap();
+        fs::set_permissions(locked.join("f"), fs::Permissions::from_mode(0o000)).unwrap();
+        fs::set_permissions(&locked, fs::Permissions::from_mode(0o000)).unwrap();
         let collected = collect_dir(dir.path(), FileCollection::default());
         assert_eq!(collected.incomplete, None);
         assert_eq!(collected.files["locked/f"], b"secret");

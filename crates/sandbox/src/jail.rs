@@ -484,7 +484,7 @@ fn receive(socket: &OwnedFd, buffer: &mut [u8]) -> io::Result<(usize, Option<Own
 
 fn decode_report(bytes: &[u8]) -> Option<SupervisorRecord> {
     let mut program_status = None;
-    let mut rest = &bytes[..];
+    let mut rest = bytes;
     if rest.len() >= PROGRAM_STATUS_BYTES && rest[0..4] == PROGRAM_STATUS_MAGIC.to_ne_bytes() {
         program_status = Some(i32::from_ne_bytes([rest[4], rest[5], rest[6], rest[7]]));
         rest = &rest[PROGRAM_STATUS_BYTES..];
