@@ -9,6 +9,8 @@
 //! - [`tool`]: the [`Tool`] trait, tool schemas and the episode's [`Workspace`];
 //! - [`tool_env`]: [`ToolEnvironment`], an environment made of a task, tools and a final answer;
 //! - [`calculator`]: an exact-arithmetic tool; [`arithmetic`]: the calculator task generator;
+//! - [`sandboxed`]: the `python` and `bash` tools, running code in `stoke_sandbox` over the
+//!   episode's workspace;
 //! - [`transcript`]: the token-exact record of an episode and the template rendering of the
 //!   environment's messages as ids (never re-encoding the model's text);
 //! - [`monitor`]: reward-hacking signals (grader paths, sudden shifts);
@@ -24,12 +26,14 @@ pub mod environment;
 pub mod error;
 pub mod guard;
 pub mod monitor;
+pub mod sandboxed;
 pub mod tool;
 pub mod tool_env;
 pub mod transcript;
 
 pub use environment::{EnvStep, EnvTask, Environment, Episode, ModelTurn, Opening, StopReason};
 pub use error::EnvError;
+pub use sandboxed::SandboxedTool;
 pub use tool::{Tool, ToolOutput, ToolSpec, Workspace};
 pub use tool_env::{ToolEnvironment, ToolLimits};
 pub use transcript::{Segment, Transcript, TurnRenderer};

@@ -98,6 +98,7 @@ fn failed_run(sandbox: &Sandbox) -> ExecResult {
         cpu_time: None,
         max_rss_kib: None,
         isolation: sandbox.isolation().clone(),
+        files: None,
     }
 }
 

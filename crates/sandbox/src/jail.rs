@@ -15,7 +15,8 @@
 //! then forks with a raw `clone` system call: the parent half becomes the supervisor, which closes
 //! every descriptor but a status pipe, waits for init with `wait4` (for CPU time), relays a stop
 //! request (SIGTERM from the caller) as SIGKILL, writes a [`SupervisorRecord`] to the status pipe
-//! and exits. The child half is PID 1 of the new namespace: it makes the mounts private, mounts a
+//! (a Unix socket; with the work dir's tmpfs it passes a descriptor of the tmpfs root along, so
+//! the caller can read back what the program left) and exits. The child half is PID 1 of the new namespace: it makes the mounts private, mounts a
 //! fresh `/proc`, and forks the program. It stays a minimal init because PID 1 ignores signals it
 //! has no handler for when they come from inside its namespace (a program that is PID 1 could not
 //! even kill itself). When the program ends, init writes its wait status to the status pipe and
@@ -352,9 +353,12 @@ impl PreparedJail {
     }
 }
 
-/// A pipe for the supervisor's record: (read end, non-blocking; write end). Both close on exec.
+/// The channel for the supervisor's record: (read end, non-blocking; write end). Both close on
+/// exec. A Unix stream socket pair rather than a pipe, so that the supervisor can hand over a
+/// descriptor of the work dir's tmpfs with its record (`SCM_RIGHTS`), which the caller cannot
+/// reach otherwise (the tmpfs lives in the run's mount namespace).
 pub(crate) fn status_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let (reader, writer) = io::pipe()?;
+    let (reader, writer) = std::os::unix::net::UnixStream::pair()?;
     let reader: OwnedFd = reader.into();
     set_nonblocking(&reader)?;
     Ok((reader, writer.into()))
@@ -400,25 +404,87 @@ pub(crate) fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
 }
 
 /// Reads the supervisor's record after it exited (`None` when it died before writing one).
-///
-/// With a PID namespace the pipe holds first the namespace init's report of the program's wait
-/// status, then the supervisor's record (whose own wait status is the init's); the program's
-/// status wins.
 pub(crate) fn read_record(status_reader: OwnedFd) -> Option<SupervisorRecord> {
-    use std::io::Read;
-    let mut file = std::fs::File::from(status_reader);
+    read_report(status_reader).0
+}
+
+/// Reads the supervisor's record after it exited (`None` when it died before writing one) and
+/// the descriptor of the work dir's tmpfs root it handed over (`None` without a tmpfs).
+///
+/// With a PID namespace the channel holds first the namespace init's report of the program's
+/// wait status, then the supervisor's record (whose own wait status is the init's); the
+/// program's status wins.
+pub(crate) fn read_report(status_reader: OwnedFd) -> (Option<SupervisorRecord>, Option<OwnedFd>) {
     let mut bytes = Vec::with_capacity(PROGRAM_STATUS_BYTES + RECORD_BYTES);
     let mut chunk = [0u8; PROGRAM_STATUS_BYTES + RECORD_BYTES];
+    let mut work_dir = None;
     loop {
-        match file.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(read) => bytes.extend_from_slice(&chunk[..read]),
+        match receive(&status_reader, &mut chunk) {
+            Ok((0, _)) => break,
+            Ok((read, fd)) => {
+                bytes.extend_from_slice(&chunk[..read]);
+                if fd.is_some() {
+                    work_dir = fd;
+                }
+            }
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
             Err(_) => break,
         }
     }
+    (decode_report(&bytes), work_dir)
+}
+
+/// One `recvmsg` on the non-blocking status channel: bytes read, and a descriptor that came
+/// with them.
+fn receive(socket: &OwnedFd, buffer: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    use std::os::fd::FromRawFd;
+    // Room for one control message carrying one descriptor, aligned for `cmsghdr`.
+    let mut control = [0u64; 8];
+    let mut vector = libc::iovec {
+        iov_base: buffer.as_mut_ptr().cast(),
+        iov_len: buffer.len(),
+    };
+    // SAFETY: msghdr is plain data; every pointer set below outlives the recvmsg call, and the
+    // control buffer's length is its size in bytes.
+    let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
+    header.msg_iov = &mut vector;
+    header.msg_iovlen = 1;
+    header.msg_control = control.as_mut_ptr().cast();
+    header.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: recvmsg writes at most iov_len bytes into `buffer` and msg_controllen into
+    // `control`; MSG_CMSG_CLOEXEC keeps a received descriptor from leaking into later children.
+    let read = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut header, libc::MSG_CMSG_CLOEXEC) };
+    if read < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut received = None;
+    // SAFETY: the CMSG_* macros walk the control buffer recvmsg filled, within msg_controllen;
+    // an SCM_RIGHTS message's data holds descriptors now owned by this process.
+    unsafe {
+        let mut message = libc::CMSG_FIRSTHDR(&header);
+        while !message.is_null() {
+            if (*message).cmsg_level == libc::SOL_SOCKET && (*message).cmsg_type == libc::SCM_RIGHTS
+            {
+                let data = libc::CMSG_DATA(message).cast::<libc::c_int>();
+                let count = ((*message).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
+                    / std::mem::size_of::<libc::c_int>();
+                for index in 0..count {
+                    let fd = OwnedFd::from_raw_fd(data.add(index).read_unaligned());
+                    // Keep the first; the others close on drop.
+                    if received.is_none() {
+                        received = Some(fd);
+                    }
+                }
+            }
+            message = libc::CMSG_NXTHDR(&header, message);
+        }
+    }
+    Ok((read as usize, received))
+}
+
+fn decode_report(bytes: &[u8]) -> Option<SupervisorRecord> {
     let mut program_status = None;
-    let mut rest = &bytes[..];
+    let mut rest = bytes;
     if rest.len() >= PROGRAM_STATUS_BYTES && rest[0..4] == PROGRAM_STATUS_MAGIC.to_ne_bytes() {
         program_status = Some(i32::from_ne_bytes([rest[4], rest[5], rest[6], rest[7]]));
         rest = &rest[PROGRAM_STATUS_BYTES..];
@@ -826,8 +892,54 @@ unsafe fn supervise(program: libc::pid_t, jail: &PreparedJail, waited: &libc::si
         record[8..16].copy_from_slice(&(micros(usage.ru_utime) as i64).to_ne_bytes());
         record[16..24].copy_from_slice(&(micros(usage.ru_stime) as i64).to_ne_bytes());
         record[24..32].copy_from_slice(&(usage.ru_maxrss as i64).to_ne_bytes());
-        libc::write(status_fd, record.as_ptr().cast(), RECORD_BYTES);
+        match &jail.tmpfs {
+            Some(tmpfs) => send_with_work_dir(status_fd, &record, tmpfs),
+            None => {
+                libc::write(status_fd, record.as_ptr().cast(), RECORD_BYTES);
+            }
+        }
         libc::_exit(0)
+    }
+}
+
+/// Writes `record` to the status channel with a descriptor of the work dir's tmpfs root (the
+/// supervisor shares the run's mount namespace, so the path resolves to the tmpfs), so that the
+/// caller can read back the files the program left; the tmpfs then lives until the caller drops
+/// the descriptor. When the directory cannot be opened the record goes alone. Async-signal-safe.
+fn send_with_work_dir(status_fd: RawFd, record: &[u8; RECORD_BYTES], tmpfs: &TmpfsWorkDir) {
+    // SAFETY: system calls on a NUL-terminated path prepared before the fork, on stack buffers
+    // whose lengths are passed with them, and on a descriptor opened and closed here.
+    unsafe {
+        let dir = libc::open(
+            tmpfs.path.as_ptr(),
+            // O_PATH: no read permission needed (the program may have chmod-ed the dir).
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        );
+        if dir < 0 {
+            libc::write(status_fd, record.as_ptr().cast(), RECORD_BYTES);
+            return;
+        }
+        let mut vector = libc::iovec {
+            iov_base: record.as_ptr() as *mut libc::c_void,
+            iov_len: RECORD_BYTES,
+        };
+        let mut control = [0u64; 8];
+        let mut header: libc::msghdr = std::mem::zeroed();
+        header.msg_iov = &mut vector;
+        header.msg_iovlen = 1;
+        header.msg_control = control.as_mut_ptr().cast();
+        header.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as _;
+        let message = libc::CMSG_FIRSTHDR(&header);
+        (*message).cmsg_level = libc::SOL_SOCKET;
+        (*message).cmsg_type = libc::SCM_RIGHTS;
+        (*message).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
+        libc::CMSG_DATA(message)
+            .cast::<libc::c_int>()
+            .write_unaligned(dir);
+        if libc::sendmsg(status_fd, &header, libc::MSG_NOSIGNAL) < 0 {
+            libc::write(status_fd, record.as_ptr().cast(), RECORD_BYTES);
+        }
+        libc::close(dir);
     }
 }
 

@@ -10,6 +10,8 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::collected_files::FileCollection;
+
 /// A language the sandbox can run. Each needs its interpreter or compiler on the machine; see
 /// [`Toolchains::available`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -76,6 +78,9 @@ pub struct Program {
     /// untrusted code in one work dir (the unit-test judge); ordinary programs keep the work dir
     /// on `sys.path` so they can import their extra files.
     pub isolated: bool,
+    /// Read the work dir's regular files back after the run, within these bounds, into
+    /// [`crate::ExecResult::files`] (the source file excluded). `None`: nothing is read back.
+    pub collect_files: Option<FileCollection>,
 }
 
 impl Program {
@@ -95,6 +100,12 @@ impl Program {
             source: source.into(),
             ..Program::default()
         }
+    }
+
+    /// The same program, with the work dir's files read back after the run within `bounds`.
+    pub fn collecting_files(mut self, bounds: FileCollection) -> Program {
+        self.collect_files = Some(bounds);
+        self
     }
 
     /// The same program with `stdin`.

@@ -16,7 +16,9 @@
 //! available a PID namespace (nothing it starts outlives it), a network namespace (no network),
 //! a private mount namespace with a fresh `/proc` and the work dir on a size-limited tmpfs, a
 //! per-run uid (as root) or a user namespace (otherwise), no-new-privileges, Landlock (read-only
-//! system dirs, read-write work dir only) and a seccomp deny-list. [`Sandbox::new`] probes once and refuses to run below
+//! system dirs, read-write work dir only) and a seccomp deny-list. On request
+//! ([`Program::collect_files`]) the work dir's regular files come back, bounded, in
+//! [`ExecResult::files`]. [`Sandbox::new`] probes once and refuses to run below
 //! [`SandboxConfig::min_isolation`]; every [`ExecResult`] carries the layers applied.
 //!
 //! What it is not: a VM. Kernel bugs reachable through allowed system calls are not covered, and
@@ -28,6 +30,7 @@
 //! `README.md` for the layer table, the adversarial results and the benchmark.
 
 mod cgroup;
+mod collected_files;
 mod config;
 mod error;
 mod filesystem_rules;
@@ -43,6 +46,10 @@ mod seccomp;
 mod spec;
 mod work_dir;
 
+pub use collected_files::{
+    CollectedFiles, FileCollection, Incomplete, MAX_COLLECTION_DEPTH, MAX_COLLECTION_ENTRIES,
+    SkippedEntry,
+};
 pub use config::{SandboxConfig, SandboxConfigFile};
 pub use error::SandboxError;
 pub use isolation::{IsolationLevel, IsolationReport, Layer, LayerReport};

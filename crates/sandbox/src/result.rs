@@ -2,12 +2,14 @@
 //!
 //! Invariant: the status is reported exactly as observed (an `Exited(0)` from a program that
 //! called `sys.exit(0)` before its asserts is still `Exited(0)`; judging it is the verifier's job),
-//! and `stdout`/`stderr` never hold more than `max_output_bytes` each.
+//! and `stdout`/`stderr` never hold more than `max_output_bytes` each; `files` is complete or
+//! flagged incomplete (see [`CollectedFiles`]).
 
 use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::collected_files::CollectedFiles;
 use crate::isolation::IsolationReport;
 
 /// How a run ended.
@@ -57,6 +59,9 @@ pub struct ExecResult {
     pub max_rss_kib: Option<u64>,
     /// The layers this run was confined by.
     pub isolation: IsolationReport,
+    /// The work dir's files after the run, when [`crate::Program::collect_files`] asked for
+    /// them and the run started; read after every process of the run was gone.
+    pub files: Option<CollectedFiles>,
 }
 
 impl ExecResult {
@@ -72,6 +77,7 @@ impl ExecResult {
             cpu_time: None,
             max_rss_kib: None,
             isolation,
+            files: None,
         }
     }
 

@@ -9,7 +9,8 @@
 //! A run: acquire a worker, create the work dir, build the per-run Landlock ruleset, spawn the
 //! jail (see `jail.rs`), feed stdin, read stdout and stderr concurrently up to the cap, wait for
 //! exit or the wall-clock limit or the output cap, kill everything on the last two, collect the
-//! supervisor's record, remove the work dir.
+//! supervisor's record, read the work dir's files back when the program asked
+//! (`collected_files.rs`), remove the work dir.
 //!
 //! Not here: what the layers do (`jail.rs`), deciding availability (`probe.rs`), choosing the
 //! layers a config gets on this machine (`spec.rs`).
@@ -27,6 +28,7 @@ use tokio::runtime::Runtime;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::cgroup::{CgroupParents, RunCgroups};
+use crate::collected_files::{self, CollectedFiles, Incomplete};
 use crate::config::SandboxConfig;
 use crate::error::SandboxError;
 use crate::filesystem_rules;
@@ -402,6 +404,8 @@ impl SandboxInner {
         let run_user = (self.spec.user == UserMode::SeparateUser)
             .then(|| RunUser::acquire(self.config.uid_base));
         let owner = run_user.as_ref().map(|user| (user.uid(), user.uid()));
+        let collect_files = program.collect_files;
+        let source_file = program.language.source_file();
         let layout = match layout(&program) {
             Ok(layout) => layout,
             Err(message) => return error(message),
@@ -517,7 +521,22 @@ impl SandboxInner {
             writer.abort();
         }
 
-        let record = jail::read_record(status_reader);
+        let (record, tmpfs_root) = jail::read_report(status_reader);
+        // Every process of the run is gone (the supervisor exited), so the tree holds still.
+        let files = collect_files.map(|bounds| {
+            let root = match tmpfs_root {
+                Some(fd) => Ok(std::fs::File::from(fd)),
+                None if self.spec.work_dir_tmpfs_bytes.is_some() => {
+                    Err("the jail did not hand over the work dir's tmpfs".to_string())
+                }
+                None => collected_files::open_root(work_dir.path())
+                    .map_err(|io_error| format!("{}: {io_error}", work_dir.path().display())),
+            };
+            match root {
+                Ok(root) => collected_files::collect(root, source_file, bounds),
+                Err(message) => CollectedFiles::incomplete(Incomplete::Unreadable(message)),
+            }
+        });
         let status = match (stopped_by, record) {
             (Some(kind), _) => kind,
             (None, Some(record)) => {
@@ -562,6 +581,7 @@ impl SandboxInner {
             cpu_time: record.map(|record| record.cpu_time),
             max_rss_kib: record.map(|record| record.max_rss_kib),
             isolation: self.isolation.clone(),
+            files,
         }
     }
 }

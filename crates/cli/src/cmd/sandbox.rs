@@ -145,6 +145,7 @@ fn run_file(args: RunArgs) -> anyhow::Result<()> {
         files: Vec::new(),
         args: args.args,
         isolated: false,
+        collect_files: None,
     });
     let summary = serde_json::json!({
         "status": result.status,
