@@ -46,7 +46,9 @@ impl Default for ToolLimits {
         ToolLimits {
             max_calls_per_turn: 4,
             max_output_bytes: 2_048,
-            timeout: Duration::from_secs(10),
+            // Above the sandbox's default wall time (10 s), so a sandboxed tool reports its own
+            // timeout (with what the program printed) before this last line fires.
+            timeout: Duration::from_secs(30),
         }
     }
 }

@@ -5,8 +5,10 @@
 //! remote servers), so every path that scores samples (training, held-out evaluation) scores
 //! episodes the same way. For each sample with an episode:
 //! - the environment failed (`StopReason::EnvFailed`): the reward is
-//!   `SampleReward::failed(RewardFailure::Environment(message))`, score 0, and the failure is
-//!   counted and reported like a verifier's;
+//!   `SampleReward::failed(RewardFailure::Environment(message))`, score 0, the failure is
+//!   counted and reported like a verifier's, and the sample's loss mask is cleared: the model is
+//!   not pushed away from turns that an environment's crash cut short (its 0 still enters the
+//!   group's reward statistics);
 //! - otherwise the environment's reward (per-turn rewards plus its outcome on the final state) is
 //!   added to the score, and listed as the `environment` component when it is not 0.
 //!
@@ -34,12 +36,13 @@ impl EpisodeRewards {
 impl RewardService for EpisodeRewards {
     fn score(&self, group: RolloutGroup) -> Result<ScoredGroup, PipelineError> {
         let mut scored = self.inner.score(group)?;
-        for (sample, reward) in scored.rollout.samples.iter().zip(&mut scored.rewards) {
+        for (sample, reward) in scored.rollout.samples.iter_mut().zip(&mut scored.rewards) {
             let Some(episode) = &sample.episode else {
                 continue;
             };
             if let StopReason::EnvFailed { message } = &episode.stop {
                 *reward = SampleReward::failed(RewardFailure::Environment(message.clone()));
+                sample.loss_mask = Some(vec![false; sample.completion_ids.len()]);
                 continue;
             }
             if reward.failure.is_none()

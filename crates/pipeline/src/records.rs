@@ -99,6 +99,9 @@ pub struct EpisodeSummary {
     /// Seconds inside the environment (tools included) and inside tool calls.
     pub env_seconds: f64,
     pub tool_seconds: f64,
+    /// The whole episode: prompt, the model's and the environment's segments and messages (for
+    /// traces, the report's examples and the re-render check).
+    pub transcript: stoke_env::Transcript,
 }
 
 impl Sample {
@@ -264,6 +267,11 @@ fn sample_bytes(sample: &Sample) -> u64 {
         + sample.rollout_logprobs.len() * 4
         + sample.token_versions.len() * 8
         + sample.loss_mask.as_ref().map_or(0, Vec::len)
+        + sample.episode.as_ref().map_or(0, |episode| {
+            // The transcript repeats the ids (4 bytes), log-probs (4) and versions (8), plus
+            // the prompt ids and about as much message text as ids.
+            episode.transcript.prompt_ids.len() * 4 + sample.completion_ids.len() * 20
+        })
         + sample.text.len()
         + std::mem::size_of::<Sample>()) as u64
 }

@@ -519,8 +519,8 @@ fn engine_calls(tickets: &[GroupTicket], accepted: &[usize]) -> Vec<Vec<usize>> 
 /// A played episode as the pipeline's sample: the transcript's ids after the prompt, its loss
 /// mask, log-probs and versions, the final answer as the text the reward reads.
 pub(crate) fn episode_sample(record: EpisodeRecord, requires_tool: bool) -> Sample {
-    let transcript = &record.transcript;
     let env_reward = record.env_reward();
+    let transcript = record.transcript;
     Sample {
         completion_ids: transcript.completion_ids(),
         rollout_logprobs: transcript.logprobs(),
@@ -531,7 +531,7 @@ pub(crate) fn episode_sample(record: EpisodeRecord, requires_tool: bool) -> Samp
             .collect(),
         loss_mask: Some(transcript.loss_mask()),
         text: transcript.final_text().to_string(),
-        finish: record.finish.clone(),
+        finish: record.finish,
         episode: Some(Box::new(EpisodeSummary {
             model_turns: transcript.model_turns(),
             tool_seconds: record.tool_calls.iter().map(|call| call.seconds).sum(),
@@ -540,6 +540,7 @@ pub(crate) fn episode_sample(record: EpisodeRecord, requires_tool: bool) -> Samp
             env_reward,
             requires_tool,
             env_seconds: record.env_seconds,
+            transcript,
         })),
     }
 }

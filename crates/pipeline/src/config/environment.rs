@@ -13,7 +13,7 @@
 //! max_total_tokens = 1024        # ids after the prompt, model and environment; default:
 //!                                # max_turns * max_turn_tokens
 //! env_timeout_s = 60             # one environment call (start, step, finish)
-//! tool_timeout_s = 10            # one tool call
+//! tool_timeout_s = 30            # one tool call (above the sandbox's own wall time)
 //! max_tool_calls_per_turn = 4
 //! max_tool_output_bytes = 2048   # longer tool output is cut in the middle
 //! ```
