@@ -534,3 +534,67 @@ fn a_remote_reference_is_resolved_and_its_misuses_named() {
     ));
     assert_eq!(field, "reference.weights_dir");
 }
+
+#[test]
+fn an_environment_section_resolves_with_defaults_and_round_trips() {
+    let text = format!(
+        "{MINIMAL}[tasks]\nkind = \"calculator\"\ndigits = 6\nproblems = 50\n[grpo]\nmax_new_tokens = 96\n\
+         [environment]\nkind = \"calculator\"\nmax_turns = 3\ntool_call_parser = \"hermes\"\n"
+    );
+    let config = load(&text, &[]).unwrap();
+    let environment = config
+        .settings
+        .environment
+        .as_ref()
+        .expect("an environment");
+    assert_eq!(environment.limits.max_turns, 3);
+    // The per-turn budget defaults to grpo.max_new_tokens, the total to turns times that.
+    assert_eq!(environment.limits.max_turn_tokens, 96);
+    assert_eq!(environment.limits.max_total_tokens, 3 * 96);
+    assert_eq!(environment.tools.timeout.as_secs(), 30);
+    assert!(matches!(
+        config.tasks,
+        stoke_pipeline::config::TaskSource::Calculator {
+            digits: 6,
+            problems: 50,
+            ..
+        }
+    ));
+    // The held-out set defaults to the calculator task on another seed.
+    assert!(matches!(
+        config.held_out,
+        Some(stoke_pipeline::config::TaskSource::Calculator { digits: 6, .. })
+    ));
+    let saved_text = config.to_toml().unwrap();
+    assert!(saved_text.contains("[environment]"), "{saved_text}");
+    let other = tempfile::tempdir().unwrap();
+    let saved = write(other.path(), "config.toml", &saved_text);
+    assert_eq!(GrpoConfig::load(&saved, &[]).unwrap(), config);
+}
+
+#[test]
+fn bad_environment_values_name_their_key() {
+    let base = format!("{MINIMAL}[environment]\nkind = \"calculator\"\n");
+    for (line, key) in [
+        ("max_turns = 0", "environment.max_turns"),
+        ("tool_call_parser = \"xml\"", "environment.tool_call_parser"),
+        ("tool_timeout_s = -1", "environment.tool_timeout_s"),
+        (
+            "max_tool_output_bytes = 0",
+            "environment.max_tool_output_bytes",
+        ),
+    ] {
+        let (field, reason) = field_of(load(&format!("{base}{line}\n"), &[]));
+        assert_eq!(field, key, "{line}: {reason}");
+    }
+    let (field, _) = field_of(load(&format!("{base}turns = 3\n"), &[]));
+    assert!(field.contains("environment"), "{field}");
+    let (field, reason) = field_of(load(
+        &format!("{MINIMAL}[environment]\nkind = \"browser\"\n"),
+        &[],
+    ));
+    assert!(
+        field.contains("environment") && reason.contains("calculator"),
+        "{field}: {reason}"
+    );
+}
