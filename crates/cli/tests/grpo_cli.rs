@@ -243,3 +243,59 @@ fn an_unknown_grpo_config_key_fails_naming_the_key() {
         "a bad config started a run"
     );
 }
+
+#[test]
+fn a_killed_multi_turn_async_run_resumes_and_trains_every_episode_once() {
+    // Guess-the-number episodes are multi-turn for any model (a wrong or missing guess gets a
+    // reply), so the killed run is mid-way through multi-turn updates.
+    let config = CONFIG.replace(
+        "[optimizer]",
+        "[environment]\nkind = \"guess_number\"\nmax_turns = 3\nmax_turn_tokens = 6\nmax_total_tokens = 120\ntruncated_turns = \"close\"\n[optimizer]",
+    );
+    let dir = setup(&config);
+    let sets = ["grpo.mode=\"async\"", "grpo.max_off_policy_steps=1"];
+    let (_, done_before_kill) = start_and_kill(dir.path(), "run-episodes", &sets);
+    let mut args = vec!["--set", "out.dir=\"run-episodes\"", "--resume"];
+    args.extend(sets.iter().flat_map(|set| ["--set", *set]));
+    let resumed = grpo(dir.path(), &args);
+    assert_success(&resumed);
+    let stdout = String::from_utf8_lossy(&resumed.stdout);
+    assert!(
+        stdout.contains("resumed from step"),
+        "killed after update {done_before_kill}: {stdout}"
+    );
+    let steps: Vec<serde_json::Value> =
+        std::fs::read_to_string(dir.path().join("run-episodes/metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("\"kind\":\"step\""))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+    let logged: Vec<u64> = steps.iter().map(|s| s["step"].as_u64().unwrap()).collect();
+    assert_eq!(
+        logged,
+        (1..=STEPS as u64).collect::<Vec<_>>(),
+        "each update once"
+    );
+    let mut turns = 0.0;
+    for step in &steps {
+        // Every update trained its whole batch of episodes: none was lost to the kill.
+        assert_eq!(step["samples"].as_u64(), Some(8), "{step}");
+        let episodes = &step["episodes"];
+        assert!(episodes.is_object(), "no episode figures: {step}");
+        let stops: u64 = episodes["stops"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_u64().unwrap())
+            .sum();
+        assert_eq!(stops, 8, "{step}");
+        turns += episodes["turns_mean"].as_f64().unwrap();
+    }
+    assert!(
+        turns / steps.len() as f64 > 1.5,
+        "the episodes were not multi-turn: {} turns on average; first update: {}",
+        turns / steps.len() as f64,
+        steps[0]["episodes"]
+    );
+}

@@ -9,6 +9,7 @@
 //! - [`tool`]: the [`Tool`] trait, tool schemas and the episode's [`Workspace`];
 //! - [`tool_env`]: [`ToolEnvironment`], an environment made of a task, tools and a final answer;
 //! - [`calculator`]: an exact-arithmetic tool; [`arithmetic`]: the calculator task generator;
+//! - [`guess`]: guess the number, a multi-turn environment without tools;
 //! - [`sandboxed`]: the `python` and `bash` tools, running code in `stoke_sandbox` over the
 //!   episode's workspace;
 //! - [`transcript`]: the token-exact record of an episode and the template rendering of the
@@ -25,6 +26,7 @@ pub mod calculator;
 pub mod environment;
 pub mod error;
 pub mod guard;
+pub mod guess;
 pub mod monitor;
 pub mod sandboxed;
 pub mod tool;

@@ -61,12 +61,16 @@ pub enum Segment {
         ids: Vec<u32>,
         messages: Vec<ChatMessage>,
     },
+    /// The end-of-turn token that closes a model turn cut at its token limit, appended by the
+    /// runner (not sampled, not trained) so the conversation can go on
+    /// (`truncated_turns = "close"`). Always one id: the template's turn closer.
+    Close { ids: Vec<u32> },
 }
 
 impl Segment {
     pub fn ids(&self) -> &[u32] {
         match self {
-            Segment::Model { ids, .. } | Segment::Env { ids, .. } => ids,
+            Segment::Model { ids, .. } | Segment::Env { ids, .. } | Segment::Close { ids } => ids,
         }
     }
 
@@ -106,7 +110,9 @@ impl Transcript {
         for segment in &self.segments {
             match segment {
                 Segment::Model { logprobs, .. } => out.extend_from_slice(logprobs),
-                Segment::Env { ids, .. } => out.extend(std::iter::repeat_n(0.0, ids.len())),
+                Segment::Env { ids, .. } | Segment::Close { ids } => {
+                    out.extend(std::iter::repeat_n(0.0, ids.len()))
+                }
             }
         }
         out
@@ -119,7 +125,7 @@ impl Transcript {
         for segment in &self.segments {
             match segment {
                 Segment::Model { versions, .. } => out.extend_from_slice(versions),
-                Segment::Env { ids, .. } => {
+                Segment::Env { ids, .. } | Segment::Close { ids } => {
                     let last = out.last().copied().unwrap_or(0);
                     out.extend(std::iter::repeat_n(last, ids.len()));
                 }
@@ -136,6 +142,7 @@ impl Transcript {
             match segment {
                 Segment::Model { text, .. } => messages.push(ChatMessage::assistant(text.clone())),
                 Segment::Env { messages: env, .. } => messages.extend(env.iter().cloned()),
+                Segment::Close { .. } => {}
             }
         }
         messages
@@ -153,7 +160,7 @@ impl Transcript {
             .rev()
             .find_map(|s| match s {
                 Segment::Model { text, .. } => Some(text.as_str()),
-                Segment::Env { .. } => None,
+                Segment::Env { .. } | Segment::Close { .. } => None,
             })
             .unwrap_or("")
     }
@@ -298,6 +305,16 @@ impl<'a> TurnRenderer<'a> {
         for (index, segment) in transcript.segments.iter().enumerate() {
             match segment {
                 Segment::Model { text, .. } => history.push(ChatMessage::assistant(text.clone())),
+                Segment::Close { ids } => {
+                    let closer = self
+                        .turn_closer()
+                        .and_then(|t| self.tokenizer.token_to_id(t));
+                    if closer.is_none() || ids[..] != [closer.unwrap_or_default()] {
+                        return Err(format!(
+                            "segment {index}: a closing segment that is not the template's turn closer"
+                        ));
+                    }
+                }
                 Segment::Env { ids, messages } => {
                     let expected = self
                         .continuation_ids(&history, messages)

@@ -66,6 +66,9 @@ pub struct EpisodeLimits {
     pub max_total_tokens: usize,
     /// Ids one model turn may sample.
     pub max_turn_tokens: usize,
+    /// A turn cut at `max_turn_tokens` is closed with the template's end-of-turn token
+    /// (`Segment::Close`, masked) and the episode goes on; otherwise it ends the episode.
+    pub close_truncated_turns: bool,
     /// Wall time of one environment call (start, step, finish).
     pub env_timeout: Duration,
 }
@@ -206,6 +209,9 @@ struct Live {
     used: usize,
     /// The environment's messages of the step just taken, not yet appended.
     pending: Vec<stoke_tokenizer::chat::ChatMessage>,
+    /// The last model turn was cut at its limit and is to be closed before the environment's
+    /// messages.
+    open_turn: bool,
 }
 
 impl EpisodeRunner<'_> {
@@ -296,6 +302,7 @@ impl EpisodeRunner<'_> {
                     env_seconds: started.elapsed().as_secs_f64(),
                     used: 0,
                     pending: Vec::new(),
+                    open_turn: false,
                 });
             }
         }
@@ -324,7 +331,14 @@ impl EpisodeRunner<'_> {
             }
             self.step_all(&mut live, &stepping, turn);
             for &index in &stepping {
-                self.append_env_turn(&mut live[index], &renderers, turn, max_positions, stats);
+                self.append_env_turn(
+                    &mut live[index],
+                    &renderers,
+                    turn,
+                    max_positions,
+                    closer_id,
+                    stats,
+                );
             }
         }
 
@@ -559,11 +573,16 @@ impl EpisodeRunner<'_> {
         }
         if !ended_turn {
             let total = episode.transcript.prompt_ids.len() + episode.used;
-            episode.stop = Some(if total + 1 >= max_positions {
-                StopReason::ContextFull { tokens: total }
-            } else {
-                StopReason::TurnTruncated { turn }
-            });
+            if total + 1 >= max_positions {
+                episode.stop = Some(StopReason::ContextFull { tokens: total });
+                return Ok(false);
+            }
+            if self.limits.close_truncated_turns && closer_id.is_some() {
+                // The environment answers; the turn is closed when its messages are appended.
+                episode.open_turn = true;
+                return Ok(true);
+            }
+            episode.stop = Some(StopReason::TurnTruncated { turn });
             return Ok(false);
         }
         Ok(true)
@@ -645,9 +664,14 @@ impl EpisodeRunner<'_> {
         renderers: &[TurnRenderer<'_>],
         turn: usize,
         max_positions: usize,
+        closer_id: Option<u32>,
         stats: &mut EpisodeStats,
     ) {
         let pending = std::mem::take(&mut episode.pending);
+        let close: Vec<u32> = match (std::mem::take(&mut episode.open_turn), closer_id) {
+            (true, Some(id)) => vec![id],
+            _ => Vec::new(),
+        };
         if episode.stop.is_some() {
             return;
         }
@@ -674,19 +698,26 @@ impl EpisodeRunner<'_> {
                 return;
             }
         };
-        if episode.used + ids.len() >= self.limits.max_total_tokens {
+        let appended = close.len() + ids.len();
+        if episode.used + appended >= self.limits.max_total_tokens {
             episode.stop = Some(StopReason::MaxTotalTokens {
-                tokens: episode.used + ids.len(),
+                tokens: episode.used + appended,
             });
             return;
         }
-        let total = episode.transcript.prompt_ids.len() + episode.used + ids.len();
+        let total = episode.transcript.prompt_ids.len() + episode.used + appended;
         if total + 1 >= max_positions {
             episode.stop = Some(StopReason::ContextFull { tokens: total });
             return;
         }
-        stats.env_tokens += ids.len() as u64;
-        episode.used += ids.len();
+        stats.env_tokens += appended as u64;
+        episode.used += appended;
+        if !close.is_empty() {
+            episode
+                .transcript
+                .segments
+                .push(Segment::Close { ids: close });
+        }
         episode.history.extend(pending.iter().cloned());
         episode.transcript.segments.push(Segment::Env {
             ids,
@@ -770,6 +801,7 @@ impl EpisodeSetup {
                 )
                 .map_err(|e| PipelineError::config("environment", e.to_string()))?,
             ),
+            EnvironmentKind::GuessNumber => Arc::new(stoke_env::guess::GuessNumber::default()),
         };
         Ok(EpisodeSetup {
             env,

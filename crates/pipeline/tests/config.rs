@@ -548,9 +548,9 @@ fn an_environment_section_resolves_with_defaults_and_round_trips() {
         .as_ref()
         .expect("an environment");
     assert_eq!(environment.limits.max_turns, 3);
-    // The per-turn budget defaults to grpo.max_new_tokens, the total to turns times that.
+    // The per-turn budget defaults to grpo.max_new_tokens, the total to twice turns times that.
     assert_eq!(environment.limits.max_turn_tokens, 96);
-    assert_eq!(environment.limits.max_total_tokens, 3 * 96);
+    assert_eq!(environment.limits.max_total_tokens, 2 * 3 * 96);
     assert_eq!(environment.tools.timeout.as_secs(), 30);
     assert!(matches!(
         config.tasks,

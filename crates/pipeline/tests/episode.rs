@@ -132,6 +132,7 @@ fn limits() -> EpisodeLimits {
         max_turns: 4,
         max_total_tokens: 400,
         max_turn_tokens: 24,
+        close_truncated_turns: false,
         env_timeout: Duration::from_secs(2),
     }
 }
@@ -350,4 +351,44 @@ fn limits_stop_episodes_with_their_reason() {
             assert_eq!(record.outcome_reward, 1.0);
         }
     }
+}
+
+#[test]
+fn closed_truncated_turns_continue_the_episode_and_still_re_render_exactly() {
+    let fixture = fixture();
+    let closing = EpisodeLimits {
+        max_turn_tokens: 6,
+        close_truncated_turns: true,
+        ..limits()
+    };
+    let records = play(&fixture, Script::Talk, &[0, 1], 4, closing);
+    let template = fixture.tokenizer.default_chat_template().unwrap();
+    let renderer = TurnRenderer::new(&fixture.tokenizer, template, &[]).unwrap();
+    let end = fixture.tokenizer.token_to_id("<|im_end|>").unwrap();
+    let mut closed = 0;
+    for record in records.iter().flatten() {
+        let transcript = &record.transcript;
+        assert!(!matches!(record.stop, StopReason::TurnTruncated { .. }));
+        for (i, segment) in transcript.segments.iter().enumerate() {
+            if let Segment::Close { ids } = segment {
+                // One closer, right after a model turn that did not end on its own, masked.
+                assert_eq!(ids, &vec![end]);
+                assert!(transcript.segments[i - 1].is_model());
+                assert_ne!(transcript.segments[i - 1].ids().last(), Some(&end));
+                closed += 1;
+            }
+        }
+        let mask = transcript.loss_mask();
+        let sampled: usize = transcript
+            .segments
+            .iter()
+            .filter(|s| s.is_model())
+            .map(|s| s.ids().len())
+            .sum();
+        assert_eq!(mask.iter().filter(|m| **m).count(), sampled);
+        if !matches!(record.stop, StopReason::Undecodable { .. }) {
+            renderer.verify(transcript).unwrap();
+        }
+    }
+    assert!(closed > 0, "no turn was closed");
 }

@@ -204,6 +204,7 @@ fn train(fail_task: Option<&str>) -> Recorder {
             max_turns: 3,
             max_total_tokens: 60,
             max_turn_tokens: 12,
+            close_truncated_turns: false,
             env_timeout: Duration::from_secs(5),
         },
         tools_in_template: false,

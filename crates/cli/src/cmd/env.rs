@@ -61,6 +61,9 @@ pub struct EnvArgs {
     max_turns: usize,
     #[arg(long, default_value_t = 256)]
     max_turn_tokens: usize,
+    /// A turn cut at --max-turn-tokens: end the episode, or close the turn and go on.
+    #[arg(long, default_value = "end")]
+    truncated_turns: String,
     /// Default: max_turns * max_turn_tokens.
     #[arg(long)]
     max_total_tokens: Option<usize>,
@@ -80,6 +83,7 @@ pub struct EnvArgs {
 #[derive(Clone, Copy, ValueEnum)]
 enum EnvKindArg {
     Calculator,
+    GuessNumber,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -110,6 +114,7 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
     let section = EnvironmentSection {
         kind: match args.environment {
             EnvKindArg::Calculator => EnvironmentKind::Calculator,
+            EnvKindArg::GuessNumber => EnvironmentKind::GuessNumber,
         },
         tool_call_parser: Some(args.tool_call_parser.clone()),
         tools_in: Some(match args.tools_in {
@@ -120,6 +125,7 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
         max_turns: Some(args.max_turns),
         max_turn_tokens: Some(args.max_turn_tokens),
         max_total_tokens: args.max_total_tokens,
+        truncated_turns: Some(args.truncated_turns.clone()),
         env_timeout_s: None,
         tool_timeout_s: None,
         max_tool_calls_per_turn: None,
@@ -229,6 +235,10 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
                                 "source": "model", "trained": true, "ids": ids,
                                 "logprobs": logprobs, "text": text,
                             }),
+                            Segment::Close { ids } => json!({
+                                "source": "close", "trained": false, "ids": ids,
+                                "text": tokenizer.decode(ids, false).unwrap_or_default(),
+                            }),
                             Segment::Env { ids, messages } => json!({
                                 "source": "environment", "trained": false, "ids": ids,
                                 "text": tokenizer.decode(ids, false).unwrap_or_default(),
@@ -273,6 +283,11 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
                         match segment {
                             Segment::Model { ids, .. } => println!(
                                 "--- model ({} ids, trained) ---\n{}",
+                                ids.len(),
+                                tokenizer.decode(ids, false).unwrap_or_default()
+                            ),
+                            Segment::Close { ids } => println!(
+                                "--- turn closed at its token limit ({} id, masked) ---\n{}",
                                 ids.len(),
                                 tokenizer.decode(ids, false).unwrap_or_default()
                             ),

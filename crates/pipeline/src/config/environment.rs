@@ -3,15 +3,19 @@
 //!
 //! ```toml
 //! [environment]
-//! kind = "calculator"            # built-in environments: "calculator"
+//! kind = "calculator"            # built-in environments: "calculator", "guess_number"
 //! tool_call_parser = "auto"      # "auto" (from the chat template, else hermes) or a parser name
 //! tools_in = "auto"              # "template" (the template's `tools` variable), "system"
 //!                                # (described in the system prompt), "auto": template when it
 //!                                # renders tools
 //! max_turns = 4                  # model turns per episode
 //! max_turn_tokens = 256          # default: grpo.max_new_tokens
-//! max_total_tokens = 1024        # ids after the prompt, model and environment; default:
-//!                                # max_turns * max_turn_tokens
+//! max_total_tokens = 2048        # ids after the prompt, model and environment; default:
+//!                                # 2 * max_turns * max_turn_tokens (as much room for the
+//!                                # environment's ids as for the model's)
+//! truncated_turns = "end"        # a turn cut at max_turn_tokens ends the episode ("end"), or
+//!                                # is closed with the template's end-of-turn token, masked,
+//!                                # and the conversation goes on ("close")
 //! env_timeout_s = 60             # one environment call (start, step, finish)
 //! tool_timeout_s = 30            # one tool call (above the sandbox's own wall time)
 //! max_tool_calls_per_turn = 4
@@ -36,12 +40,15 @@ use crate::error::PipelineError;
 pub enum EnvironmentKind {
     /// Arithmetic with an exact calculator tool (`stoke_env::arithmetic`).
     Calculator,
+    /// Guess a number from 1 to 100 with higher/lower feedback (`stoke_env::guess`).
+    GuessNumber,
 }
 
 impl EnvironmentKind {
     pub fn name(self) -> &'static str {
         match self {
             EnvironmentKind::Calculator => "calculator",
+            EnvironmentKind::GuessNumber => "guess_number",
         }
     }
 }
@@ -72,6 +79,8 @@ pub struct EnvironmentSection {
     pub max_turn_tokens: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_total_tokens: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated_turns: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env_timeout_s: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -137,7 +146,7 @@ impl EnvironmentSection {
         let max_turn_tokens = self.max_turn_tokens.unwrap_or(max_new_tokens);
         let max_total_tokens = self
             .max_total_tokens
-            .unwrap_or(max_turns.saturating_mul(max_turn_tokens));
+            .unwrap_or(max_turns.saturating_mul(max_turn_tokens).saturating_mul(2));
         let seconds = |name: &str, value: Option<f64>, default: f64| {
             let value = value.unwrap_or(default);
             if value.is_finite() && value > 0.0 {
@@ -149,6 +158,16 @@ impl EnvironmentSection {
                 ))
             }
         };
+        let close_truncated_turns = match self.truncated_turns.as_deref() {
+            None | Some("end") => false,
+            Some("close") => true,
+            Some(other) => {
+                return Err(PipelineError::config(
+                    key("truncated_turns"),
+                    format!("must be \"end\" or \"close\", got {other:?}"),
+                ));
+            }
+        };
         let defaults = ToolLimits::default();
         let settings = EnvironmentSettings {
             kind: self.kind,
@@ -158,6 +177,7 @@ impl EnvironmentSection {
                 max_turns,
                 max_total_tokens,
                 max_turn_tokens,
+                close_truncated_turns,
                 env_timeout: seconds("env_timeout_s", self.env_timeout_s, DEFAULT_ENV_TIMEOUT_S)?,
             },
             tools: ToolLimits {
@@ -200,6 +220,14 @@ impl EnvironmentSettings {
             max_turns: Some(self.limits.max_turns),
             max_turn_tokens: Some(self.limits.max_turn_tokens),
             max_total_tokens: Some(self.limits.max_total_tokens),
+            truncated_turns: Some(
+                if self.limits.close_truncated_turns {
+                    "close"
+                } else {
+                    "end"
+                }
+                .to_string(),
+            ),
             env_timeout_s: Some(self.limits.env_timeout.as_secs_f64()),
             tool_timeout_s: Some(self.tools.timeout.as_secs_f64()),
             max_tool_calls_per_turn: Some(self.tools.max_calls_per_turn),
