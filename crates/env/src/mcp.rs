@@ -10,7 +10,10 @@
 //! What it is not: an MCP server, a sandbox (a server runs with the rights it was started with;
 //! confine it yourself), or a client of resources, prompts, sampling or elicitation (only
 //! `tools/list` and `tools/call` are used; a server that asks the client for input during a call
-//! gets that call failed). Streamable HTTP is plain `http://`: no TLS backend is built in.
+//! gets that call failed). Streamable HTTP is plain `http://`: no TLS backend is built in. The
+//! episode's [`crate::Workspace`] is not sent to the server: an MCP tool neither sees nor changes
+//! the episode's files (its outputs' `touched` is empty). The session opens with the classic
+//! `initialize` handshake, which every protocol revision's servers answer.
 //!
 //! Invariants:
 //! - The tool list is read once, at [`McpToolSource::connect`] (every page of `tools/list`); a

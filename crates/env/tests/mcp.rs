@@ -1,5 +1,5 @@
 //! MCP tool sources against the Python `mcp` package's own server (`MCPServer`), on loopback, over
-//! both transports: `tests/fixtures/mcp_server.py` offers `add`, `echo` and `fail`.
+//! both transports: `tests/fixtures/mcp_server.py` offers `add`, `echo`, `fail` and `sleep`.
 //!
 //! Set-up is the test's own and idempotent: a venv under the cargo target dir with a pinned
 //! `mcp` (installed once, reused across runs; nothing global is needed). Where python3, venv or
@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use stoke_env::{
@@ -25,15 +25,19 @@ fn fixture() -> String {
     concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_server.py").to_string()
 }
 
-/// The venv's python with `mcp` installed, or why there is none. One install per target dir;
-/// the tests of this binary wait for each other's install.
+/// The venv's python with `mcp` installed, or why there is none. Installed once per target dir:
+/// built under a temporary name and renamed into place, so a run that was cut off or a second
+/// `cargo test` running at the same time never sees half a venv (a venv does not record its own
+/// path, so it survives the rename). The tests of this binary share one attempt.
 fn venv_python() -> Result<PathBuf, String> {
-    static INSTALL: Mutex<()> = Mutex::new(());
-    let _one_at_a_time = INSTALL.lock().unwrap_or_else(|p| p.into_inner());
+    static VENV: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    VENV.get_or_init(install_venv).clone()
+}
+
+fn install_venv() -> Result<PathBuf, String> {
     let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("mcp-venv-{MCP_VERSION}"));
     let python = venv.join("bin").join("python");
-    let installed = venv.join("stoke-installed");
-    if installed.exists() {
+    if python.exists() {
         return Ok(python);
     }
     let started = Instant::now();
@@ -47,23 +51,40 @@ fn venv_python() -> Result<PathBuf, String> {
             String::from_utf8_lossy(&system.stderr).trim()
         ));
     }
-    let _ = std::fs::remove_dir_all(&venv);
-    run(
+    let partial = venv.with_extension(format!("partial-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&partial);
+    let installed = run(
         "python3 -m venv",
-        Command::new("python3").arg("-m").arg("venv").arg(&venv),
-    )?;
-    run(
-        "pip install",
-        Command::new(&python).args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            &format!("mcp=={MCP_VERSION}"),
-        ]),
-    )?;
-    std::fs::write(&installed, MCP_VERSION).map_err(|error| format!("{error}"))?;
+        Command::new("python3").arg("-m").arg("venv").arg(&partial),
+    )
+    .and_then(|()| {
+        run(
+            "pip install",
+            Command::new(partial.join("bin").join("python")).args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--retries",
+                "1",
+                "--timeout",
+                "30",
+                &format!("mcp=={MCP_VERSION}"),
+            ]),
+        )
+    });
+    if let Err(reason) = installed {
+        let _ = std::fs::remove_dir_all(&partial);
+        return Err(reason);
+    }
+    if std::fs::rename(&partial, &venv).is_err() {
+        // Another run put its venv in place first; use that one.
+        let _ = std::fs::remove_dir_all(&partial);
+    }
+    if !python.exists() {
+        return Err(format!("{} has no bin/python after set-up", venv.display()));
+    }
     eprintln!(
         "set up {} with mcp=={MCP_VERSION} in {:.1} s",
         venv.display(),
@@ -182,7 +203,7 @@ fn drive_episode(source: &McpToolSource) {
     };
     let opening = env.opening(&task).unwrap();
     let names: Vec<&str> = opening.tools.iter().map(|t| t.name.as_str()).collect();
-    assert_eq!(names, ["add", "echo", "fail"]);
+    assert_eq!(names, ["add", "echo", "fail", "sleep"]);
     let add = &opening.tools[0];
     assert_eq!(add.description, "Add two integers.");
     assert_eq!(add.parameters["properties"]["a"]["type"], "integer");
@@ -318,4 +339,82 @@ fn the_server_process_is_reaped_when_the_source_and_its_tools_are_dropped() {
         "server shut down in {:.2} s",
         started.elapsed().as_secs_f64()
     );
+}
+
+#[test]
+fn a_call_past_the_timeout_fails_and_the_connection_lives_on() {
+    let Some(python) = python_or_skip("a_call_past_the_timeout_fails_and_the_connection_lives_on")
+    else {
+        return;
+    };
+    let timeout = Duration::from_secs(10);
+    let source = McpToolSource::connect(&stdio_server(&python), timeout).unwrap();
+    let tools = source.tools();
+    let tool = |name: &str| tools.iter().find(|tool| tool.spec().name == name).unwrap();
+    let started = Instant::now();
+    let output = tool("sleep").call(
+        &serde_json::json!({"seconds": 120}),
+        &mut Default::default(),
+    );
+    assert!(output.failed);
+    assert!(
+        output.content.contains("tool sleep: no answer within 10 s"),
+        "{}",
+        output.content
+    );
+    assert!(started.elapsed() < Duration::from_secs(60));
+    let output = tool("add").call(
+        &serde_json::json!({"a": 40, "b": 2}),
+        &mut Default::default(),
+    );
+    assert_eq!(output.content, "42");
+}
+
+#[test]
+fn a_paginated_tool_list_is_read_to_the_last_page() {
+    // Standard-library python only: no venv needed.
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("skipped: a_paginated_tool_list_is_read_to_the_last_page: no python3");
+        return;
+    }
+    let server = McpServer::Stdio {
+        command: "python3".into(),
+        args: vec![
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/fixtures/paged_mcp_server.py"
+            )
+            .into(),
+        ],
+        env: BTreeMap::new(),
+    };
+    let source = McpToolSource::connect(&server, CONNECT_TIMEOUT).unwrap();
+    let tools = source.tools();
+    let names: Vec<String> = tools.iter().map(|tool| tool.spec().name).collect();
+    assert_eq!(names, ["t0", "t1", "t2", "t3", "t4"]);
+    let output = tools[4].call(&serde_json::json!({}), &mut Default::default());
+    assert_eq!(output.content, "4");
+}
+
+#[test]
+fn calls_and_the_last_drop_inside_a_tokio_runtime_do_not_panic() {
+    let Some(python) =
+        python_or_skip("calls_and_the_last_drop_inside_a_tokio_runtime_do_not_panic")
+    else {
+        return;
+    };
+    let caller = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    caller.block_on(async {
+        let source = McpToolSource::connect(&stdio_server(&python), CONNECT_TIMEOUT).unwrap();
+        let add = &source.tools()[0];
+        let output = add.call(
+            &serde_json::json!({"a": 1, "b": 2}),
+            &mut Default::default(),
+        );
+        assert_eq!(output.content, "3");
+        drop(source);
+    });
 }
