@@ -1,5 +1,6 @@
 //! Errors of environments, tools and the transcript renderer. Each names what failed: the
-//! environment, the message index and role, or the template behaviour that is not supported.
+//! environment, the message index and role, the template behaviour that is not supported, or the
+//! MCP server.
 
 use thiserror::Error;
 
@@ -33,6 +34,10 @@ pub enum EnvError {
     /// Tokenizing or detokenizing failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// An MCP server could not be started, reached, initialized or listed; names the server (its
+    /// command line or URL).
+    #[error("MCP server {server}: {message}")]
+    Mcp { server: String, message: String },
     /// A configuration value is invalid; names the key.
     #[error("{key}: {message}")]
     Config { key: String, message: String },

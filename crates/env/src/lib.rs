@@ -8,6 +8,7 @@
 //! - [`environment`]: the narrow [`Environment`] / [`Episode`] traits and their records;
 //! - [`tool`]: the [`Tool`] trait, tool schemas and the episode's [`Workspace`];
 //! - [`tool_env`]: [`ToolEnvironment`], an environment made of a task, tools and a final answer;
+//! - [`mcp`]: Model Context Protocol servers (stdio or streamable HTTP) as tool sources;
 //! - [`calculator`]: an exact-arithmetic tool; [`arithmetic`]: the calculator task generator;
 //! - [`guess`]: guess the number, a multi-turn environment without tools;
 //! - [`sandboxed`]: the `python` and `bash` tools, running code in `stoke_sandbox` over the
@@ -27,6 +28,7 @@ pub mod environment;
 pub mod error;
 pub mod guard;
 pub mod guess;
+pub mod mcp;
 pub mod monitor;
 pub mod sandboxed;
 pub mod tool;
@@ -35,6 +37,7 @@ pub mod transcript;
 
 pub use environment::{EnvStep, EnvTask, Environment, Episode, ModelTurn, Opening, StopReason};
 pub use error::EnvError;
+pub use mcp::{McpServer, McpTool, McpToolSource};
 pub use sandboxed::SandboxedTool;
 pub use tool::{Tool, ToolOutput, ToolSpec, Workspace};
 pub use tool_env::{ToolEnvironment, ToolLimits};
