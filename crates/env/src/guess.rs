@@ -87,8 +87,7 @@ struct GuessEpisode {
 /// The last run of ASCII digits in `text`, as a number.
 fn last_number(text: &str) -> Option<u64> {
     text.split(|c: char| !c.is_ascii_digit())
-        .filter(|part| !part.is_empty())
-        .last()
+        .rfind(|part| !part.is_empty())
         .and_then(|digits| digits.parse().ok())
 }
 

@@ -8,6 +8,7 @@
 //! - [`environment`]: the narrow [`Environment`] / [`Episode`] traits and their records;
 //! - [`tool`]: the [`Tool`] trait, tool schemas and the episode's [`Workspace`];
 //! - [`tool_env`]: [`ToolEnvironment`], an environment made of a task, tools and a final answer;
+//!   [`toolbox`]: one assembled from configuration (built-in tools by name, MCP servers);
 //! - [`mcp`]: Model Context Protocol servers (stdio or streamable HTTP) as tool sources;
 //! - [`calculator`]: an exact-arithmetic tool; [`arithmetic`]: the calculator task generator;
 //! - [`guess`]: guess the number, a multi-turn environment without tools;
@@ -33,6 +34,7 @@ pub mod monitor;
 pub mod sandboxed;
 pub mod tool;
 pub mod tool_env;
+pub mod toolbox;
 pub mod transcript;
 
 pub use environment::{EnvStep, EnvTask, Environment, Episode, ModelTurn, Opening, StopReason};

@@ -38,7 +38,7 @@
 //! versions never decrease; `turn_rewards` has one entry per environment step taken.
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use stoke_env::environment::ToolCallRecord;
 use stoke_env::guard::guarded;
@@ -54,43 +54,10 @@ use stoke_tokenizer::chat::ChatTemplate;
 use stoke_tokenizer::hf::Tokenizer;
 use stoke_tokenizer::tool_calls::ToolCallParser;
 
-use crate::config::environment::{EnvironmentKind, EnvironmentSettings, ToolsIn};
+use crate::env_settings::{EnvironmentKind, EnvironmentSettings, ToolsIn};
 use crate::error::PipelineError;
 
-/// Limits of one episode.
-#[derive(Clone, Debug, PartialEq)]
-pub struct EpisodeLimits {
-    /// Model turns at most.
-    pub max_turns: usize,
-    /// Ids after the prompt at most (model and environment).
-    pub max_total_tokens: usize,
-    /// Ids one model turn may sample.
-    pub max_turn_tokens: usize,
-    /// A turn cut at `max_turn_tokens` is closed with the template's end-of-turn token
-    /// (`Segment::Close`, masked) and the episode goes on; otherwise it ends the episode.
-    pub close_truncated_turns: bool,
-    /// Wall time of one environment call (start, step, finish).
-    pub env_timeout: Duration,
-}
-
-impl EpisodeLimits {
-    /// Checks every field; the error names it.
-    pub fn validate(&self) -> Result<(), PipelineError> {
-        for (key, value) in [
-            ("max_turns", self.max_turns),
-            ("max_total_tokens", self.max_total_tokens),
-            ("max_turn_tokens", self.max_turn_tokens),
-        ] {
-            if value == 0 {
-                return Err(PipelineError::config(key, "must be at least 1"));
-            }
-        }
-        if self.env_timeout.is_zero() {
-            return Err(PipelineError::config("env_timeout", "must be above 0 s"));
-        }
-        Ok(())
-    }
-}
+pub use crate::env_settings::EpisodeLimits;
 
 /// One group of episodes to play: a task, its opening (the same for every sample) and the
 /// opening's prompt ids.
@@ -802,6 +769,19 @@ impl EpisodeSetup {
                 .map_err(|e| PipelineError::config("environment", e.to_string()))?,
             ),
             EnvironmentKind::GuessNumber => Arc::new(stoke_env::guess::GuessNumber::default()),
+            EnvironmentKind::Tools => Arc::new(
+                stoke_env::toolbox::build_toolbox(
+                    &stoke_env::toolbox::ToolboxSpec {
+                        system_prompt: settings.system_prompt.clone(),
+                        builtins: settings.builtins.clone(),
+                        mcp: settings.mcp.clone(),
+                        limits: settings.tools.clone(),
+                        requires_tool: settings.requires_tool,
+                    },
+                    !tools_in_template,
+                )
+                .map_err(|e| PipelineError::config("environment", e.to_string()))?,
+            ),
         };
         Ok(EpisodeSetup {
             env,

@@ -30,6 +30,7 @@
 pub mod buffer;
 pub mod config;
 pub mod driver;
+pub mod env_settings;
 pub mod episode;
 pub mod episode_reward;
 pub mod error;

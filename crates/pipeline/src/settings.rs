@@ -270,7 +270,7 @@ pub struct GrpoSettings {
     /// Rollout and rewards in process or on remote servers.
     pub services: Services,
     /// Multi-turn episodes in an environment (`[environment]`); None: single-turn samples.
-    pub environment: Option<crate::config::environment::EnvironmentSettings>,
+    pub environment: Option<crate::env_settings::EnvironmentSettings>,
 }
 
 impl GrpoSettings {

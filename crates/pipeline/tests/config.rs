@@ -598,3 +598,42 @@ fn bad_environment_values_name_their_key() {
         "{field}: {reason}"
     );
 }
+
+#[test]
+fn a_tools_environment_takes_builtins_and_mcp_servers_and_only_it_does() {
+    let text = format!(
+        "{MINIMAL}[environment]\nkind = \"tools\"\ntools = [\"python\", \"calculator\"]\nrequires_tool = true\n\
+         [[environment.mcp]]\ntransport = \"stdio\"\ncommand = \"python3\"\nargs = [\"server.py\"]\n"
+    );
+    let config = load(&text, &[]).unwrap();
+    let environment = config.settings.environment.as_ref().unwrap();
+    assert_eq!(environment.builtins.len(), 2);
+    assert_eq!(environment.mcp.len(), 1);
+    assert!(environment.requires_tool);
+    let saved_text = config.to_toml().unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let saved = write(other.path(), "config.toml", &saved_text);
+    assert_eq!(
+        GrpoConfig::load(&saved, &[]).unwrap(),
+        config,
+        "{saved_text}"
+    );
+    // Tool keys belong to kind "tools"; a tools kind needs something to offer; servers are checked.
+    let (field, _) = field_of(load(
+        &format!("{MINIMAL}[environment]\nkind = \"calculator\"\ntools = [\"bash\"]\n"),
+        &[],
+    ));
+    assert_eq!(field, "environment.tools");
+    let (field, _) = field_of(load(
+        &format!("{MINIMAL}[environment]\nkind = \"tools\"\n"),
+        &[],
+    ));
+    assert_eq!(field, "environment.tools");
+    let (field, reason) = field_of(load(
+        &format!(
+            "{MINIMAL}[environment]\nkind = \"tools\"\n[[environment.mcp]]\ntransport = \"http\"\nurl = \"ftp://x\"\n"
+        ),
+        &[],
+    ));
+    assert_eq!(field, "environment.mcp[0]", "{reason}");
+}

@@ -166,10 +166,13 @@ fn tasks(tokenizer: &Tokenizer, setup: &EpisodeSetup) -> Vec<Arc<Task>> {
     episode_prompts(tasks, setup, tokenizer).expect("prompts render")
 }
 
-/// Every update's samples.
+/// A trained sample with its reward's failure and score.
+type Trained = (Sample, Option<RewardFailure>, f64);
+
+/// Every update's trained version and samples.
 #[derive(Default)]
 struct Recorder {
-    steps: Vec<(u64, Vec<(Sample, Option<RewardFailure>, f64)>)>,
+    steps: Vec<(u64, Vec<Trained>)>,
 }
 
 impl StepSink for Recorder {

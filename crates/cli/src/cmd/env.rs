@@ -21,7 +21,8 @@ use serde_json::json;
 use stoke_env::arithmetic::{ArithmeticSpec, arithmetic_tasks};
 use stoke_env::{EnvTask, Segment, TurnRenderer};
 use stoke_model::Transformer;
-use stoke_pipeline::config::environment::{EnvironmentKind, EnvironmentSection, ToolsIn};
+use stoke_pipeline::config::environment::EnvironmentSection;
+use stoke_pipeline::env_settings::{EnvironmentKind, ToolsIn};
 use stoke_pipeline::episode::{EpisodeGroup, EpisodeSetup, EpisodeStats};
 use stoke_reward::exact_match::{ExactMatchConfig, ExactMatchVerifier, MatchMode};
 use stoke_reward::{RewardInput, Verifier};
@@ -130,6 +131,10 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
         tool_timeout_s: None,
         max_tool_calls_per_turn: None,
         max_tool_output_bytes: None,
+        tools: None,
+        system_prompt: None,
+        requires_tool: None,
+        mcp: Vec::new(),
     };
     let settings = section.resolve(args.max_turn_tokens)?;
     let setup = EpisodeSetup::new(&settings, template)?;

@@ -40,7 +40,7 @@ const STDERR_LINES: usize = 20;
 const STDERR_LINE_BYTES: usize = 500;
 
 /// How to reach an MCP server.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, serde::Serialize)]
 #[serde(tag = "transport", rename_all = "snake_case", deny_unknown_fields)]
 pub enum McpServer {
     /// A child process speaking JSON-RPC on stdin/stdout. It inherits this process's

@@ -3,7 +3,16 @@
 //!
 //! ```toml
 //! [environment]
-//! kind = "calculator"            # built-in environments: "calculator", "guess_number"
+//! kind = "calculator"            # built-in environments: "calculator", "guess_number", or
+//!                                # "tools": the [tasks] with these tools:
+//! tools = ["python", "calculator"] # kind "tools": built-in tools (calculator, python, bash)
+//! system_prompt = "..."          # kind "tools": optional
+//! requires_tool = false          # kind "tools": tasks need a tool call (hacking monitor)
+//! [[environment.mcp]]            # kind "tools": MCP servers whose tools are offered
+//! transport = "stdio"            # or transport = "http", url = "http://127.0.0.1:8000/mcp"
+//! command = "python3"
+//! args = ["server.py"]
+//! [environment]                  # (the keys below apply to every kind)
 //! tool_call_parser = "auto"      # "auto" (from the chat template, else hermes) or a parser name
 //! tools_in = "auto"              # "template" (the template's `tools` variable), "system"
 //!                                # (described in the system prompt), "auto": template when it
@@ -29,40 +38,14 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use stoke_env::ToolLimits;
+use stoke_env::mcp::McpServer;
+use stoke_env::toolbox::BuiltinTool;
 use stoke_tokenizer::tool_calls::ToolCallParser;
 
-use crate::episode::EpisodeLimits;
+use crate::env_settings::{
+    EnvironmentKind, EnvironmentSettings, EpisodeLimits, ParserChoice, ToolsIn,
+};
 use crate::error::PipelineError;
-
-/// The built-in environments.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EnvironmentKind {
-    /// Arithmetic with an exact calculator tool (`stoke_env::arithmetic`).
-    Calculator,
-    /// Guess a number from 1 to 100 with higher/lower feedback (`stoke_env::guess`).
-    GuessNumber,
-}
-
-impl EnvironmentKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            EnvironmentKind::Calculator => "calculator",
-            EnvironmentKind::GuessNumber => "guess_number",
-        }
-    }
-}
-
-/// Where the offered tools are shown to the model.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ToolsIn {
-    /// The template's `tools` variable when the template renders it, else the system prompt.
-    #[default]
-    Auto,
-    Template,
-    System,
-}
 
 /// `[environment]` as written.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -89,43 +72,14 @@ pub struct EnvironmentSection {
     pub max_tool_calls_per_turn: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tool_output_bytes: Option<usize>,
-}
-
-/// The tool-call parser choice.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ParserChoice {
-    /// Detected from the chat template; Hermes when the template names no format.
-    Auto,
-    Named(ToolCallParser),
-}
-
-impl ParserChoice {
-    /// The parser for a template with source `template_source`.
-    pub fn resolve(self, template_source: &str) -> ToolCallParser {
-        match self {
-            ParserChoice::Named(parser) => parser,
-            ParserChoice::Auto => {
-                ToolCallParser::detect(template_source).unwrap_or(ToolCallParser::Hermes)
-            }
-        }
-    }
-
-    fn name(self) -> String {
-        match self {
-            ParserChoice::Auto => "auto".into(),
-            ParserChoice::Named(parser) => parser.name().into(),
-        }
-    }
-}
-
-/// The resolved `[environment]`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct EnvironmentSettings {
-    pub kind: EnvironmentKind,
-    pub parser: ParserChoice,
-    pub tools_in: ToolsIn,
-    pub limits: EpisodeLimits,
-    pub tools: ToolLimits,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<BuiltinTool>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requires_tool: Option<bool>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp: Vec<McpServer>,
 }
 
 pub const DEFAULT_MAX_TURNS: usize = 4;
@@ -168,6 +122,34 @@ impl EnvironmentSection {
                 ));
             }
         };
+        let tools_kind = self.kind == EnvironmentKind::Tools;
+        for (name, given) in [
+            ("tools", self.tools.is_some()),
+            ("system_prompt", self.system_prompt.is_some()),
+            ("requires_tool", self.requires_tool.is_some()),
+            ("mcp", !self.mcp.is_empty()),
+        ] {
+            if given && !tools_kind {
+                return Err(PipelineError::config(
+                    key(name),
+                    format!(
+                        "only kind = \"tools\" takes it (kind is {:?})",
+                        self.kind.name()
+                    ),
+                ));
+            }
+        }
+        if tools_kind && self.tools.as_ref().is_none_or(Vec::is_empty) && self.mcp.is_empty() {
+            return Err(PipelineError::config(
+                key("tools"),
+                "kind = \"tools\" needs built-in tools (calculator, python, bash) or [[environment.mcp]] servers",
+            ));
+        }
+        for (index, server) in self.mcp.iter().enumerate() {
+            server.check().map_err(|e| {
+                PipelineError::config(format!("environment.mcp[{index}]"), e.to_string())
+            })?;
+        }
         let defaults = ToolLimits::default();
         let settings = EnvironmentSettings {
             kind: self.kind,
@@ -193,6 +175,10 @@ impl EnvironmentSection {
                     defaults.timeout.as_secs_f64(),
                 )?,
             },
+            builtins: self.tools.clone().unwrap_or_default(),
+            mcp: self.mcp.clone(),
+            system_prompt: self.system_prompt.clone(),
+            requires_tool: self.requires_tool.unwrap_or(false),
         };
         settings.limits.validate().map_err(|e| match e {
             PipelineError::Config { field, reason } => PipelineError::config(key(&field), reason),
@@ -232,6 +218,10 @@ impl EnvironmentSettings {
             tool_timeout_s: Some(self.tools.timeout.as_secs_f64()),
             max_tool_calls_per_turn: Some(self.tools.max_calls_per_turn),
             max_tool_output_bytes: Some(self.tools.max_output_bytes),
+            tools: (self.kind == EnvironmentKind::Tools).then(|| self.builtins.clone()),
+            system_prompt: self.system_prompt.clone(),
+            requires_tool: (self.kind == EnvironmentKind::Tools).then_some(self.requires_tool),
+            mcp: self.mcp.clone(),
         }
     }
 }
