@@ -309,35 +309,42 @@ impl EpisodeRunner<'_> {
             }
         }
 
-        // 5. Finish.
-        for episode in &mut live {
-            let stop = episode.stop.clone().unwrap_or(StopReason::MaxTurns {
-                turns: self.limits.max_turns,
-            });
-            if let Some(mut handle) = episode.episode.take() {
-                let started = Instant::now();
-                let stop_for_call = stop.clone();
-                match guarded(self.env.name(), self.limits.env_timeout, move || {
-                    handle.finish(&stop_for_call)
-                }) {
-                    Ok(reward) if reward.is_finite() => episode.outcome_reward = reward,
-                    Ok(reward) => {
-                        episode.stop = Some(StopReason::EnvFailed {
-                            message: format!("finish gave a non-finite reward {reward}"),
-                        })
+        // 5. Finish every episode still in hand, in parallel (an outcome may run tests).
+        let name = self.env.name().to_string();
+        let timeout = self.limits.env_timeout;
+        let max_turns = self.limits.max_turns;
+        std::thread::scope(|scope| {
+            for episode in live.iter_mut() {
+                let name = name.clone();
+                scope.spawn(move || {
+                    let stop = episode
+                        .stop
+                        .clone()
+                        .unwrap_or(StopReason::MaxTurns { turns: max_turns });
+                    if let Some(mut handle) = episode.episode.take() {
+                        let started = Instant::now();
+                        let stop_for_call = stop.clone();
+                        match guarded(&name, timeout, move || handle.finish(&stop_for_call)) {
+                            Ok(reward) if reward.is_finite() => episode.outcome_reward = reward,
+                            Ok(reward) => {
+                                episode.stop = Some(StopReason::EnvFailed {
+                                    message: format!("finish gave a non-finite reward {reward}"),
+                                })
+                            }
+                            Err(error) => {
+                                episode.stop = Some(StopReason::EnvFailed {
+                                    message: error.to_string(),
+                                })
+                            }
+                        }
+                        episode.env_seconds += started.elapsed().as_secs_f64();
                     }
-                    Err(error) => {
-                        episode.stop = Some(StopReason::EnvFailed {
-                            message: error.to_string(),
-                        })
+                    if episode.stop.is_none() {
+                        episode.stop = Some(stop);
                     }
-                }
-                episode.env_seconds += started.elapsed().as_secs_f64();
+                });
             }
-            if episode.stop.is_none() {
-                episode.stop = Some(stop);
-            }
-        }
+        });
 
         let mut records: Vec<Vec<EpisodeRecord>> = (0..groups.len()).map(|_| Vec::new()).collect();
         for episode in live {
