@@ -11,6 +11,8 @@
 //!   [`toolbox`]: one assembled from configuration (built-in tools by name, MCP servers);
 //! - [`mcp`]: Model Context Protocol servers (stdio or streamable HTTP) as tool sources;
 //! - [`calculator`]: an exact-arithmetic tool; [`arithmetic`]: the calculator task generator;
+//! - [`code_repair`]: fix a bug in a small Python repository with file and test tools, scored
+//!   by hidden tests on the final files; its task generator;
 //! - [`guess`]: guess the number, a multi-turn environment without tools;
 //! - [`sandboxed`]: the `python` and `bash` tools, running code in `stoke_sandbox` over the
 //!   episode's workspace;
@@ -25,6 +27,7 @@
 
 pub mod arithmetic;
 pub mod calculator;
+pub mod code_repair;
 pub mod environment;
 pub mod error;
 pub mod guard;
@@ -37,6 +40,7 @@ pub mod tool_env;
 pub mod toolbox;
 pub mod transcript;
 
+pub use code_repair::{CodeRepair, CodeRepairSpec, code_repair_tasks};
 pub use environment::{EnvStep, EnvTask, Environment, Episode, ModelTurn, Opening, StopReason};
 pub use error::EnvError;
 pub use mcp::{McpServer, McpTool, McpToolSource};

@@ -116,6 +116,16 @@ impl ToolEnvironment {
     pub fn tools(&self) -> &[Arc<dyn Tool>] {
         &self.tools
     }
+
+    /// An episode whose workspace starts as `workspace` (an environment that wraps this one
+    /// loads its task's files this way, and reads the final files back with
+    /// [`ToolEpisode::workspace`]).
+    pub fn episode(&self, workspace: Workspace) -> ToolEpisode {
+        ToolEpisode {
+            env: self.clone(),
+            workspace,
+        }
+    }
 }
 
 impl Environment for ToolEnvironment {
@@ -140,14 +150,12 @@ impl Environment for ToolEnvironment {
     }
 
     fn start(&self, _task: &EnvTask) -> Result<Box<dyn Episode>, EnvError> {
-        Ok(Box::new(ToolEpisode {
-            env: self.clone(),
-            workspace: Workspace::default(),
-        }))
+        Ok(Box::new(self.episode(Workspace::default())))
     }
 }
 
-struct ToolEpisode {
+/// One episode of a [`ToolEnvironment`]: its tools' calls over its workspace.
+pub struct ToolEpisode {
     env: ToolEnvironment,
     workspace: Workspace,
 }
@@ -189,6 +197,11 @@ impl Episode for ToolEpisode {
 }
 
 impl ToolEpisode {
+    /// The episode's files as the tool calls so far left them.
+    pub fn workspace(&self) -> &Workspace {
+        &self.workspace
+    }
+
     fn run(&mut self, call: &ToolCall) -> ToolOutput {
         let Some(tool) = self
             .env
