@@ -430,10 +430,15 @@ pub fn reward_failure_message(
         RewardFailure::TimedOut => "did not answer within grpo.reward_timeout_s".to_string(),
         RewardFailure::Environment(message) => format!("(its environment failed: {message})"),
     };
+    // Environment failures are named only in multi-turn runs that have them.
+    let environments = if environment > 0 {
+        format!(", {environment} environments failed")
+    } else {
+        String::new()
+    };
     Some(format!(
         "update {number}: {} of {samples} rewards failed and were scored 0 ({panicked} panicked, \
-         {timed_out} timed out, {environment} environments failed); first: reward `{reward}` on \
-         task `{}` {why}",
+         {timed_out} timed out{environments}); first: reward `{reward}` on task `{}` {why}",
         panicked + timed_out + environment,
         task.id
     ))
