@@ -81,9 +81,11 @@ pub struct EnvArgs {
     format: Format,
 }
 
+/// The names are the config's (`environment.kind`), so `--environment guess_number` works.
 #[derive(Clone, Copy, ValueEnum)]
 enum EnvKindArg {
     Calculator,
+    #[value(name = "guess_number")]
     GuessNumber,
 }
 
