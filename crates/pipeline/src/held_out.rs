@@ -106,14 +106,7 @@ pub fn evaluate(
     } else {
         greedy.clone()
     };
-    let metric = |groups: &[Vec<SampleRecord>], k: usize| {
-        let refs: Vec<&[SampleRecord]> = groups.iter().map(Vec::as_slice).collect();
-        let n = groups.first().map_or(1, Vec::len);
-        generative_metrics(&refs, n, &[k])
-            .get(&format!("pass@{k}"))
-            .map_or(0.0, |m| m.value)
-    };
-    let greedy_pass_at_1 = metric(&greedy, 1);
+    let greedy_pass_at_1 = pass_at(&greedy, 1);
     let n = tasks.len() as f64;
     let mean_length = greedy.iter().map(|g| g[0].tokens as f64).sum::<f64>() / n;
     let examples = greedy
@@ -131,8 +124,8 @@ pub fn evaluate(
     Ok(HeldOutResult {
         problems: tasks.len(),
         greedy_pass_at_1,
-        pass_at_1: metric(&sampled, 1),
-        pass_at_k: metric(&sampled, k),
+        pass_at_1: pass_at(&sampled, 1),
+        pass_at_k: pass_at(&sampled, k),
         k,
         mean_length,
         seconds: started.elapsed().as_secs_f64(),
@@ -256,13 +249,6 @@ pub fn evaluate_episodes(
     } else {
         greedy.clone()
     };
-    let metric = |groups: &[Vec<SampleRecord>], k: usize| {
-        let refs: Vec<&[SampleRecord]> = groups.iter().map(Vec::as_slice).collect();
-        let n = groups.first().map_or(1, Vec::len);
-        generative_metrics(&refs, n, &[k])
-            .get(&format!("pass@{k}"))
-            .map_or(0.0, |m| m.value)
-    };
     let n = tasks.len() as f64;
     let summaries: Vec<&EpisodeSummary> = greedy_groups
         .iter()
@@ -284,9 +270,9 @@ pub fn evaluate_episodes(
     };
     Ok(HeldOutResult {
         problems: tasks.len(),
-        greedy_pass_at_1: metric(&greedy, 1),
-        pass_at_1: metric(&sampled, 1),
-        pass_at_k: metric(&sampled, k),
+        greedy_pass_at_1: pass_at(&greedy, 1),
+        pass_at_1: pass_at(&sampled, 1),
+        pass_at_k: pass_at(&sampled, k),
         k,
         mean_length: greedy.iter().map(|g| g[0].tokens as f64).sum::<f64>() / n,
         seconds: started.elapsed().as_secs_f64(),
@@ -304,6 +290,15 @@ pub fn evaluate_episodes(
             .collect(),
         episodes: Some(episodes),
     })
+}
+
+/// The harness's unbiased pass@k over each task's samples.
+fn pass_at(groups: &[Vec<SampleRecord>], k: usize) -> f64 {
+    let refs: Vec<&[SampleRecord]> = groups.iter().map(Vec::as_slice).collect();
+    let n = groups.first().map_or(1, Vec::len);
+    generative_metrics(&refs, n, &[k])
+        .get(&format!("pass@{k}"))
+        .map_or(0.0, |m| m.value)
 }
 
 /// Each task's samples, graded by the run's reward pool (harness records).

@@ -134,6 +134,18 @@ pub struct RolloutStats {
     pub episodes: EpisodeStats,
 }
 
+impl RolloutStats {
+    /// Counts one generated group: its samples, and those whose tokens span weight versions.
+    fn count_group(&mut self, samples: &[Sample]) {
+        self.groups += 1;
+        self.samples += samples.len() as u64;
+        self.samples_spanning_versions += samples
+            .iter()
+            .filter(|sample| sample.token_versions.first() != sample.token_versions.last())
+            .count() as u64;
+    }
+}
+
 /// The rollout module. `Send + Sync`: several threads may call `generate` at once.
 pub struct RolloutModule {
     weights: Arc<WeightStore>,
@@ -324,12 +336,7 @@ impl RolloutModule {
                 .zip(versions)
                 .map(|(completion, versions)| to_sample(completion, versions))
                 .collect();
-            call_stats.groups += 1;
-            call_stats.samples += samples.len() as u64;
-            call_stats.samples_spanning_versions += samples
-                .iter()
-                .filter(|sample| sample.token_versions.first() != sample.token_versions.last())
-                .count() as u64;
+            call_stats.count_group(&samples);
             results[index] = (samples, per_group);
         }
         Ok(())
@@ -386,12 +393,7 @@ impl RolloutModule {
                 .into_iter()
                 .map(|record| episode_sample(record, requires_tool))
                 .collect();
-            call_stats.groups += 1;
-            call_stats.samples += samples.len() as u64;
-            call_stats.samples_spanning_versions += samples
-                .iter()
-                .filter(|sample| sample.token_versions.first() != sample.token_versions.last())
-                .count() as u64;
+            call_stats.count_group(&samples);
             results[index] = (samples, per_group);
         }
         Ok(())
