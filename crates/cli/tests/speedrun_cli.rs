@@ -35,6 +35,12 @@ const MIN_DISTILL_GAIN: f64 = 0.05;
 /// ... and closes at least this share of the SFT-only student's distance to the teacher
 /// (measured: 98% with seed 0, 74% with seed 1).
 const MIN_DISTILL_GAP_CLOSED: f64 = 0.5;
+/// Agent stage, on the same 1,000 held-out calculator problems: multi-turn GRPO with the tool
+/// beats the agent-SFT model with the tool by at least this many standard errors of the
+/// difference (sqrt(se1^2 + se2^2), unpaired, so conservative), and by at least
+/// `MIN_AGENT_GAIN` (absolute). Measured with seed 0: see `bench/notes/speedrun.md`.
+const MIN_AGENT_GAIN_SE: f64 = 2.0;
+const MIN_AGENT_GAIN: f64 = 0.02;
 
 fn stoke(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_stoke"))
@@ -72,7 +78,7 @@ fn quick_speedrun_pretrains_fine_tunes_evaluates_and_leaves_a_chat_model() {
         run.status.success(),
         "speedrun failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
     );
-    for stage in 1..=8 {
+    for stage in 1..=11 {
         assert!(
             stdout.contains(&format!("== stage {stage}:")),
             "no header of stage {stage}:\n{stdout}"
@@ -167,6 +173,55 @@ fn quick_speedrun_pretrains_fine_tunes_evaluates_and_leaves_a_chat_model() {
     );
     assert!(number(&summary, "/grpo/steps") >= 1.0);
 
+    // The agent stage learns to use its tool: multi-turn GRPO raises held-out accuracy with the
+    // tool above the agent-SFT model's by more than the noise on 1,000 problems, and the same
+    // model without the tool (one turn, a tool call gets no result) and the SFT model answering
+    // directly are far below.
+    let agent = &summary["agent"];
+    let evaluation = |label: &str| -> (f64, f64, f64, u64) {
+        let e = agent["evaluations"]
+            .as_array()
+            .expect("agent evaluations")
+            .iter()
+            .find(|e| e["label"] == label)
+            .unwrap_or_else(|| panic!("no agent evaluation {label}"));
+        (
+            e["accuracy"].as_f64().expect("accuracy"),
+            e["standard_error"].as_f64().expect("standard error"),
+            e["mean_turns"].as_f64().expect("mean turns"),
+            e["problems"].as_u64().expect("problems"),
+        )
+    };
+    let sft_tools = evaluation("agent-sft, tools");
+    let grpo_tools = evaluation("agent-grpo, tools");
+    let grpo_no_tools = evaluation("agent-grpo, no tools");
+    let sft_direct = evaluation("sft, no tools");
+    for e in [sft_tools, grpo_tools, grpo_no_tools, sft_direct] {
+        assert_eq!(
+            e.3, 1000,
+            "every agent evaluation plays the 1,000 held-out problems"
+        );
+    }
+    let noise = |a: (f64, f64, f64, u64), b: (f64, f64, f64, u64)| a.1.hypot(b.1);
+    let agent_figures = format!("agent held-out accuracy: {}", agent["evaluations"]);
+    assert!(
+        grpo_tools.0 - sft_tools.0 >= MIN_AGENT_GAIN
+            && grpo_tools.0 - sft_tools.0 >= MIN_AGENT_GAIN_SE * noise(grpo_tools, sft_tools),
+        "GRPO with the tool against agent SFT with the tool; {agent_figures}"
+    );
+    for without in [grpo_no_tools, sft_direct] {
+        assert!(
+            grpo_tools.0 - without.0 >= MIN_AGENT_GAIN_SE * noise(grpo_tools, without)
+                && grpo_tools.0 - without.0 >= 0.25,
+            "with the tool against without; {agent_figures}"
+        );
+    }
+    assert!(
+        grpo_tools.2 >= 1.9,
+        "episodes with the tool take a call turn and an answer turn: {agent_figures}"
+    );
+    assert!(number(&summary, "/agent/grpo/steps") >= 1.0);
+
     // Distillation learns: the student distilled from the GRPO model (offline, then on-policy)
     // beats the same student trained by SFT alone on the same labels and the same number of
     // optimizer steps, and closes most of its distance to the teacher.
@@ -213,8 +268,9 @@ fn quick_speedrun_pretrains_fine_tunes_evaluates_and_leaves_a_chat_model() {
         "5. Supervised fine-tuning",
         "6. Preference optimization",
         "7. GRPO",
-        "8. Distillation",
-        "9. Held-out accuracy",
+        "8. Agent: tool use",
+        "9. Distillation",
+        "10. Held-out accuracy",
     ] {
         assert!(report.contains(heading), "report section {heading}");
     }

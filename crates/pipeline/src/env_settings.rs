@@ -80,6 +80,9 @@ pub enum ToolsIn {
     Auto,
     Template,
     System,
+    /// Described nowhere: for a model fine-tuned on its tools and their call format (the
+    /// speedrun's agent stage), whose context is too short to spend on a description.
+    None,
 }
 
 /// The tool-call parser choice.

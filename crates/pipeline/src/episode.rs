@@ -730,6 +730,9 @@ pub struct EpisodeSetup {
     pub parser: ToolCallParser,
     pub limits: EpisodeLimits,
     pub tools_in_template: bool,
+    /// Whether the model is shown its tools at all (in the template or the system prompt);
+    /// false with `tools_in = "none"`.
+    pub tools_described: bool,
 }
 
 impl std::fmt::Debug for EpisodeSetup {
@@ -755,7 +758,7 @@ impl EpisodeSetup {
         let renders = stoke_env::transcript::template_renders_tools(template);
         let tools_in_template = match settings.tools_in {
             ToolsIn::Auto => renders,
-            ToolsIn::System => false,
+            ToolsIn::System | ToolsIn::None => false,
             ToolsIn::Template if renders => true,
             ToolsIn::Template => {
                 return Err(PipelineError::config(
@@ -767,10 +770,13 @@ impl EpisodeSetup {
                 ));
             }
         };
+        // Tools the template does not show are described in the system prompt, unless the
+        // config says the model knows them (`tools_in = "none"`).
+        let describe_tools = !tools_in_template && settings.tools_in != ToolsIn::None;
         let env: Arc<dyn Environment> = match settings.kind {
             EnvironmentKind::Calculator => Arc::new(
                 stoke_env::arithmetic::calculator_environment(
-                    !tools_in_template,
+                    describe_tools,
                     settings.tools.clone(),
                 )
                 .map_err(|e| PipelineError::config("environment", e.to_string()))?,
@@ -785,7 +791,7 @@ impl EpisodeSetup {
                         limits: settings.tools.clone(),
                         requires_tool: settings.requires_tool,
                     },
-                    !tools_in_template,
+                    describe_tools,
                 )
                 .map_err(|e| PipelineError::config("environment", e.to_string()))?,
             ),
@@ -795,6 +801,7 @@ impl EpisodeSetup {
             parser: settings.parser.resolve(template.source()),
             limits: settings.limits.clone(),
             tools_in_template,
+            tools_described: tools_in_template || describe_tools,
         })
     }
 

@@ -69,7 +69,7 @@ pub struct HeldOutResult {
 
 /// Per greedy held-out episode: model turns and tool calls (mean), and the share of episodes
 /// with at least one tool call.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct EpisodeFigures {
     pub mean_turns: f64,
     pub mean_tool_calls: f64,

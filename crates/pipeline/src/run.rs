@@ -210,14 +210,15 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
                 .map_err(|e| PipelineError::config("environment", e.to_string()))?;
             let setup = EpisodeSetup::new(environment, template)?;
             eprintln!(
-                "environment `{}`: tool calls parsed as {}, tools shown in the {}, at most {} \
-                 turns",
+                "environment `{}`: tool calls parsed as {}, tools shown {}, at most {} turns",
                 setup.env.name(),
                 setup.parser.name(),
                 if setup.tools_in_template {
-                    "chat template"
+                    "in the chat template"
+                } else if setup.tools_described {
+                    "in the system prompt"
                 } else {
-                    "system prompt"
+                    "nowhere (tools_in = \"none\": the model was fine-tuned on them)"
                 },
                 setup.limits.max_turns
             );

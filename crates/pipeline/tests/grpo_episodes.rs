@@ -211,6 +211,7 @@ fn train(fail_task: Option<&str>) -> Recorder {
             env_timeout: Duration::from_secs(5),
         },
         tools_in_template: false,
+        tools_described: false,
     };
     let _ = template;
     let policy = model(&tokenizer);

@@ -71,7 +71,7 @@ pub struct EnvArgs {
     /// Tool-call format: auto (from the chat template, else hermes) or a parser name.
     #[arg(long, default_value = "auto")]
     tool_call_parser: String,
-    /// Where tools are shown: auto, template or system.
+    /// Where tools are shown: auto, template, system, or none (a model fine-tuned on them).
     #[arg(long, value_enum, default_value_t = ToolsInArg::Auto)]
     tools_in: ToolsInArg,
     /// Matmul precision.
@@ -94,6 +94,7 @@ enum ToolsInArg {
     Auto,
     Template,
     System,
+    None,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -124,6 +125,7 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
             ToolsInArg::Auto => ToolsIn::Auto,
             ToolsInArg::Template => ToolsIn::Template,
             ToolsInArg::System => ToolsIn::System,
+            ToolsInArg::None => ToolsIn::None,
         }),
         max_turns: Some(args.max_turns),
         max_turn_tokens: Some(args.max_turn_tokens),

@@ -16,7 +16,8 @@
 //! tool_call_parser = "auto"      # "auto" (from the chat template, else hermes) or a parser name
 //! tools_in = "auto"              # "template" (the template's `tools` variable), "system"
 //!                                # (described in the system prompt), "auto": template when it
-//!                                # renders tools
+//!                                # renders tools, "none": described nowhere (a model
+//!                                # fine-tuned on its tools)
 //! max_turns = 4                  # model turns per episode
 //! max_turn_tokens = 256          # default: grpo.max_new_tokens
 //! max_total_tokens = 2048        # ids after the prompt, model and environment; default:

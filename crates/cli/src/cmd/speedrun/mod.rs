@@ -1,8 +1,9 @@
 //! `stoke speedrun`: the main job. The whole training pipeline in miniature, on CPU, on data it
 //! generates: arithmetic word problems -> tokenizer -> token shards -> pretraining from scratch ->
 //! SFT on chat conversations -> preference optimization (DPO, APO-zero) on the SFT model's own
-//! verified samples -> GRPO with the exact-match reward on the four-module pipeline ->
-//! distillation of the GRPO model into a student of half its depth (offline, then on-policy),
+//! verified samples -> GRPO with the exact-match reward on the four-module pipeline -> an agent
+//! stage (SFT on calculator tool-use traces, then multi-turn GRPO with the tool, evaluated with
+//! and without it) -> distillation of the GRPO model into a student of half its depth (offline, then on-policy),
 //! beside the same student trained by SFT alone -> held-out exact-match accuracy of every model ->
 //! report card and a final model folder that `stoke generate --chat` can talk to.
 //!
@@ -13,9 +14,10 @@
 //! Outputs under `--out` (default `runs/speedrun`, or `runs/speedrun-quick`): `data/`,
 //! `tokenizer/`, `shards/`, `pretrain/` and `sft/` (trainer run folders with config.toml,
 //! metrics.jsonl, report.html, model/), `preference/` (the sampled pairs and one run folder per
-//! loss), `grpo/` (the GRPO run folder), `distill/` (the students, their data and run folders),
+//! loss), `grpo/` (the GRPO run folder), `agent/` (the tool-use traces), `agent-sft/` and
+//! `agent-grpo/` (the agent stage's run folders), `distill/` (the students, their data and run folders),
 //! `model_config.json` (the architecture), `pretrain.toml`, `sft.toml`, `dpo-<loss>.toml`,
-//! `grpo.toml` and `distill-*.toml` (the stage configs, for `stoke train`, `stoke dpo` and
+//! `grpo.toml`, `agent-sft.toml`, `agent-grpo.toml` and `distill-*.toml` (the stage configs, for `stoke train`, `stoke dpo` and
 //! `stoke grpo`), `eval/*.jsonl` (every evaluated
 //! completion), `model/` (the final model, Hugging Face layout with tokenizer files),
 //! `report.html` (the report card) and `speedrun.json` (the summary the integration test
@@ -24,6 +26,7 @@
 //! Adding a stage: train from the previous stage's `model_dir`, append its accuracy to
 //! `evaluations` and its summary to the report card; nothing else changes.
 
+mod agent;
 mod data;
 mod distill;
 mod preference;
@@ -67,7 +70,7 @@ pub struct SpeedrunArgs {
 }
 
 /// Folders and files a previous run into the same `--out` left; removed before a new run.
-const OUTPUTS: [&str; 19] = [
+const OUTPUTS: [&str; 24] = [
     "data",
     "tokenizer",
     "shards",
@@ -75,6 +78,11 @@ const OUTPUTS: [&str; 19] = [
     "sft",
     "grpo",
     "grpo.toml",
+    "agent",
+    "agent-sft",
+    "agent-sft.toml",
+    "agent-grpo",
+    "agent-grpo.toml",
     "distill",
     "distill-student-sft.toml",
     "distill-offline.toml",
@@ -234,10 +242,19 @@ pub fn run(args: SpeedrunArgs) -> anyhow::Result<()> {
     );
     timings.push(StageTiming::done("grpo", clock));
 
-    // 8. Distillation: a student of half the depth, distilled from the GRPO model, beside the
-    // same student trained by SFT alone on the same budget.
+    // 8. Agent: the SFT model learns to use a calculator tool (SFT on tool-use traces, then
+    // multi-turn GRPO in the calculator environment), evaluated with and without the tool.
     let clock = stage_header(
         8,
+        "agent: SFT on calculator tool-use traces, then multi-turn GRPO with the tool",
+    );
+    let agent = agent::agent(&recipe, &out, &sft.model_dir, &tokenizer_stats.dir, seed)?;
+    timings.push(StageTiming::done("agent", clock));
+
+    // 9. Distillation: a student of half the depth, distilled from the GRPO model, beside the
+    // same student trained by SFT alone on the same budget.
+    let clock = stage_header(
+        9,
         "distillation: the GRPO model into a student of half its depth, offline then on-policy",
     );
     let distill = distill::distill(
@@ -255,8 +272,8 @@ pub fn run(args: SpeedrunArgs) -> anyhow::Result<()> {
     )?;
     timings.push(StageTiming::done("distill", clock));
 
-    // 9. Evaluation: held-out exact-match accuracy of each model on the same prompts.
-    let clock = stage_header(9, "evaluation: held-out exact-match accuracy");
+    // 10. Evaluation: held-out exact-match accuracy of each model on the same prompts.
+    let clock = stage_header(10, "evaluation: held-out exact-match accuracy");
     let accuracy_config = AccuracyConfig {
         batch_size: recipe.eval_batch_size,
         max_new_tokens: recipe.eval_max_new_tokens,
@@ -287,8 +304,8 @@ pub fn run(args: SpeedrunArgs) -> anyhow::Result<()> {
     }
     timings.push(StageTiming::done("evaluation", clock));
 
-    // 10. Outputs: the final model folder, the report card and the summary.
-    let clock = stage_header(10, "report card and final model");
+    // 11. Outputs: the final model folder, the report card and the summary.
+    let clock = stage_header(11, "report card and final model");
     let final_model = out.join("model");
     copy_dir(&grpo.model_dir, &final_model)?;
     Transformer::load(&final_model, &Device::Cpu)
@@ -305,6 +322,7 @@ pub fn run(args: SpeedrunArgs) -> anyhow::Result<()> {
         sft,
         preference,
         grpo,
+        agent,
         distill,
         evaluations,
         final_model: final_model.clone(),

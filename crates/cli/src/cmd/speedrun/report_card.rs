@@ -16,6 +16,7 @@ use stoke_train::report::{
     ChartSpec, ReportSection, SectionBody, Series, YScale, escape, render_report,
 };
 
+use super::agent::AgentStageSummary;
 use super::distill::DistillStageSummary;
 use super::preference::PreferenceStageSummary;
 use super::recipe::Recipe;
@@ -61,6 +62,18 @@ fn render(s: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<String> {
             ),
         ),
     ];
+    for e in &s.agent.evaluations {
+        rows.push((
+            format!("agent held-out accuracy, {}", e.label),
+            format!(
+                "{:.1}% +/- {:.1} ({} calculator problems, {:.2} turns per episode)",
+                100.0 * e.accuracy,
+                100.0 * e.standard_error,
+                e.problems,
+                e.mean_turns
+            ),
+        ));
+    }
     for e in &s.evaluations {
         rows.push((
             format!("held-out accuracy, {} model", e.label),
@@ -180,9 +193,14 @@ fn render(s: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<String> {
 
     preference_section(card.section("6. Preference optimization"), &s.preference)?;
     grpo_section(card.section("7. GRPO"), &s.grpo)?;
-    distill_section(card.section("8. Distillation"), &s.distill, &s.evaluations)?;
+    agent_section(
+        card.section("8. Agent: tool use"),
+        &s.agent,
+        recipe.agent.max_turns,
+    )?;
+    distill_section(card.section("9. Distillation"), &s.distill, &s.evaluations)?;
 
-    let h = card.section("9. Held-out accuracy");
+    let h = card.section("10. Held-out accuracy");
     h.push_str("<p>Greedy completions of the same held-out questions, rendered with the chat template. <b>Accuracy</b> counts a completion right when its final <code>#### N</code> line holds the answer (the reward crate's exact-match verifier, gsm8k mode); <b>flexible</b> also accepts the last number of a completion without that line.</p>\n");
     accuracy_bars(h, &s.evaluations);
     let eval_rows: Vec<(String, String)> = s
@@ -219,7 +237,7 @@ fn render(s: &SpeedrunSummary, recipe: &Recipe) -> anyhow::Result<String> {
     table(h, &level_rows);
     samples_table(h, &s.evaluations, recipe.report_samples);
 
-    let h = card.section("10. The final model");
+    let h = card.section("11. The final model");
     let _ = writeln!(
         h,
         "<p>Hugging Face layout with tokenizer files in <code>{}</code>. Chat with it:</p>\n<pre>stoke generate --model {} --chat --temperature 0 --max-tokens 64 --format text --prompt \"...\"</pre>",
@@ -469,6 +487,98 @@ fn grpo_section(h: &mut String, g: &GrpoStageSummary) -> anyhow::Result<()> {
         h.push_str(&chart.render().context("drawing a chart")?);
         h.push_str("\n</figure>\n");
     }
+    Ok(())
+}
+
+fn agent_section(h: &mut String, a: &AgentStageSummary, max_turns: usize) -> anyhow::Result<()> {
+    let _ = writeln!(
+        h,
+        "<p>The SFT model learns to use a calculator tool on problems it cannot work out in its head ({}-digit operands): SFT on {} ideal tool-use conversations (call the tool in a Hermes <code>&lt;tool_call&gt;</code> block, read its result, answer), then multi-turn GRPO in the calculator environment (at most {} model turns; the tool's result is rendered through the chat template and appended as ids, the loss covers only the model's tokens). The same {} held-out problems are then played with the tool and without it (one turn: a tool call gets no result). +/- is the standard error over the problems.</p>",
+        a.digits, a.traces, max_turns, a.held_out_problems
+    );
+    let mut rows = vec![
+        (
+            "agent SFT".to_string(),
+            format!(
+                "{} steps, loss {:.3} -> {:.3}",
+                a.sft.steps, a.sft.initial_loss, a.sft.final_loss
+            ),
+        ),
+        (
+            "agent GRPO".into(),
+            format!(
+                "{} updates x {} prompts x {} episodes, reward {:.3} -> {:.3}, {:.2} s per update",
+                a.grpo.steps,
+                a.grpo.prompts_per_step,
+                a.grpo.group_size,
+                a.grpo.initial_reward,
+                a.grpo.final_reward,
+                a.grpo.seconds_per_step
+            ),
+        ),
+        (
+            "agent GRPO run report".into(),
+            a.grpo.report.display().to_string(),
+        ),
+    ];
+    for e in &a.evaluations {
+        rows.push((
+            e.label.clone(),
+            format!(
+                "{:.1}% +/- {:.1}; {:.2} turns and {:.2} tool calls per episode; {:.1} s",
+                100.0 * e.accuracy,
+                100.0 * e.standard_error,
+                e.mean_turns,
+                e.mean_tool_calls,
+                e.seconds
+            ),
+        ));
+    }
+    table(h, &rows);
+    let points = |v: &[(u64, f64)]| v.iter().map(|&(s, y)| (s as f64, y)).collect::<Vec<_>>();
+    let greedy: Vec<(u64, f64)> = a
+        .grpo
+        .held_out
+        .iter()
+        .map(|&(s, greedy, _)| (s, greedy))
+        .collect();
+    for chart in [
+        ChartSpec::new(
+            "agent GRPO: mean training reward",
+            "update",
+            "reward",
+            vec![Series::new("reward", points(&a.grpo.rewards))],
+            YScale::Linear,
+        ),
+        ChartSpec::new(
+            "agent GRPO: in-run held-out greedy pass@1 (with the tool)",
+            "update",
+            "pass@1",
+            vec![Series::new("greedy", points(&greedy))],
+            YScale::Linear,
+        ),
+    ] {
+        h.push_str("<figure>\n");
+        h.push_str(&chart.render().context("drawing a chart")?);
+        h.push_str("\n</figure>\n");
+    }
+    h.push_str("<h3>Sample episodes</h3>\n<table>\n<tr><th>model</th><th>episode</th></tr>\n");
+    for e in &a.evaluations {
+        if let Some((_, transcript, correct)) = e.examples.first() {
+            let (class, mark) = if *correct {
+                ("ok", "right")
+            } else {
+                ("bad", "wrong")
+            };
+            let _ = writeln!(
+                h,
+                "<tr><td>{}</td><td><pre>{}</pre><span class=\"{class}\">{mark}</span></td></tr>",
+                escape(&e.label),
+                escape(transcript)
+            );
+        }
+    }
+    h.push_str("</table>\n");
     Ok(())
 }
 

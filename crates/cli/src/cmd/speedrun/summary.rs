@@ -10,6 +10,7 @@ use anyhow::Context;
 use serde::Serialize;
 use stoke_eval::accuracy::{AccuracyReport, LevelAccuracy, SampleRecord};
 
+use super::agent::AgentStageSummary;
 use super::data::DataStats;
 use super::distill::DistillStageSummary;
 use super::preference::PreferenceStageSummary;
@@ -102,6 +103,8 @@ pub struct SpeedrunSummary {
     pub sft: TrainingStageSummary,
     pub preference: PreferenceStageSummary,
     pub grpo: GrpoStageSummary,
+    /// The agent stage, with its own held-out evaluations (calculator problems, episodes).
+    pub agent: AgentStageSummary,
     pub distill: DistillStageSummary,
     /// In pipeline order: the pretrained model, the SFT model, the preference-optimized models
     /// (one per loss, labelled by TRL's loss name), the GRPO model, then the distillation
