@@ -33,6 +33,10 @@
 //! Limits are checked where they bind: a model turn longer than the tokens left under
 //! `max_total_tokens` is cut there (the kept ids and log-probs are exactly the sampled ones).
 //!
+//! Where turns are sampled is a [`TurnEngine`]: [`InProcess`] (the rollout engine on live
+//! weights) or remote servers (`remote::rollout`, token-id prompts in, ids, log-probs and
+//! per-token versions out, the same stream keys).
+//!
 //! Invariants of a record: `transcript.completion_ids()`, `loss_mask()`, `logprobs()` and
 //! `versions()` have equal lengths; mask-true ids are exactly the sampled ids in order;
 //! versions never decrease; `turn_rewards` has one entry per environment step taken.
@@ -47,8 +51,8 @@ use stoke_env::{
     Transcript, TurnRenderer,
 };
 use stoke_rollout::{
-    Completion, FinishReason, GenerationRequest, LiveWeights, SamplingParams, StreamKey,
-    generate_live,
+    Completion, FinishReason, GenerationRequest, LiveGeneration, LiveWeights, SamplingParams,
+    StreamKey, generate_live,
 };
 use stoke_tokenizer::chat::ChatTemplate;
 use stoke_tokenizer::hf::Tokenizer;
@@ -58,6 +62,29 @@ use crate::env_settings::{EnvironmentKind, EnvironmentSettings, ToolsIn};
 use crate::error::PipelineError;
 
 pub use crate::env_settings::EpisodeLimits;
+
+/// Where an episode's turns are sampled.
+pub trait TurnEngine: Sync {
+    /// The longest sequence (prompt and completion) the engine continues.
+    fn max_positions(&self) -> Result<usize, PipelineError>;
+
+    /// `request`'s prompts (token ids), `params.n` samples each from the keyed streams: the
+    /// completions and per-token weight versions in request order (`LiveGeneration`'s shape).
+    fn generate(&self, request: &GenerationRequest) -> Result<LiveGeneration, PipelineError>;
+}
+
+/// The rollout engine in this process, on live weights.
+pub struct InProcess<'a>(pub &'a dyn LiveWeights);
+
+impl TurnEngine for InProcess<'_> {
+    fn max_positions(&self) -> Result<usize, PipelineError> {
+        Ok(self.0.current().0.config().max_position_embeddings)
+    }
+
+    fn generate(&self, request: &GenerationRequest) -> Result<LiveGeneration, PipelineError> {
+        Ok(generate_live(self.0, request, None)?)
+    }
+}
 
 /// One group of episodes to play: a task, its opening (the same for every sample) and the
 /// opening's prompt ids.
@@ -208,6 +235,17 @@ impl EpisodeRunner<'_> {
         groups: &[EpisodeGroup],
         stats: &mut EpisodeStats,
     ) -> Result<Vec<Vec<EpisodeRecord>>, PipelineError> {
+        self.run_on(&InProcess(weights), params, groups, stats)
+    }
+
+    /// [`EpisodeRunner::run`] with its turns sampled by `engine`.
+    pub fn run_on(
+        &self,
+        engine: &dyn TurnEngine,
+        params: &SamplingParams,
+        groups: &[EpisodeGroup],
+        stats: &mut EpisodeStats,
+    ) -> Result<Vec<Vec<EpisodeRecord>>, PipelineError> {
         self.limits.validate()?;
         let samples = params.n.max(1);
         let renderers: Vec<TurnRenderer<'_>> = groups
@@ -221,7 +259,7 @@ impl EpisodeRunner<'_> {
         let closer_id = closer
             .as_deref()
             .and_then(|text| self.tokenizer.token_to_id(text));
-        let max_positions = weights.current().0.config().max_position_embeddings;
+        let max_positions = engine.max_positions()?;
 
         // 1. Start every episode.
         let mut live: Vec<Live> = Vec::with_capacity(groups.len() * samples);
@@ -282,8 +320,7 @@ impl EpisodeRunner<'_> {
             if active.is_empty() {
                 break;
             }
-            let completions =
-                self.generate(weights, params, groups, &live, &active, turn, stats)?;
+            let completions = self.generate(engine, params, groups, &live, &active, turn, stats)?;
             let mut stepping: Vec<usize> = Vec::new();
             for (&index, completion) in active.iter().zip(completions) {
                 if self.take_model_turn(
@@ -373,7 +410,7 @@ impl EpisodeRunner<'_> {
     #[allow(clippy::too_many_arguments)]
     fn generate(
         &self,
-        weights: &dyn LiveWeights,
+        engine: &dyn TurnEngine,
         params: &SamplingParams,
         groups: &[EpisodeGroup],
         live: &[Live],
@@ -409,7 +446,7 @@ impl EpisodeRunner<'_> {
                         .collect(),
                 ),
             };
-            let generation = generate_live(weights, &request, None)?;
+            let generation = engine.generate(&request)?;
             stats.generated_tokens += generation.output.generated_tokens as u64;
             let mut by_sample: Vec<Vec<Option<VersionedCompletion>>> =
                 (0..groups.len()).map(|_| Vec::new()).collect();
@@ -460,7 +497,7 @@ impl EpisodeRunner<'_> {
                         .collect(),
                 ),
             };
-            let generation = generate_live(weights, &request, None)?;
+            let generation = engine.generate(&request)?;
             stats.generated_tokens += generation.output.generated_tokens as u64;
             generation
                 .output

@@ -136,7 +136,7 @@ pub struct RolloutStats {
 
 impl RolloutStats {
     /// Counts one generated group: its samples, and those whose tokens span weight versions.
-    fn count_group(&mut self, samples: &[Sample]) {
+    pub(crate) fn count_group(&mut self, samples: &[Sample]) {
         self.groups += 1;
         self.samples += samples.len() as u64;
         self.samples_spanning_versions += samples

@@ -245,13 +245,6 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
                 None => module,
             })
         }
-        Some(_) if episodes.is_some() => {
-            return Err(PipelineError::config(
-                "rollout.kind",
-                "multi-turn episodes ([environment]) run with in-process rollout for now; \
-                 remote servers take single-turn prompts",
-            ));
-        }
         Some(remote) => {
             let rollout = RemoteRollout::connect(
                 remote,
@@ -267,7 +260,10 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
                 remote.engine.name(),
                 remote.pool.servers.join(", ")
             );
-            Box::new(rollout)
+            Box::new(match &episodes {
+                Some(setup) => rollout.with_episodes(setup.clone(), Arc::clone(&tokenizer))?,
+                None => rollout,
+            })
         }
     };
     let rewards: Box<dyn RewardService> = match &settings.services.reward {

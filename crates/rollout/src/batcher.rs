@@ -92,9 +92,13 @@ pub struct LogprobRequest {
 pub struct BatchRequest {
     pub prompt_ids: Vec<u32>,
     pub params: SamplingParams,
-    /// Selects the random streams: sample j draws from `SampleStream(params.seed,
-    /// prompt_number, j)`, as prompt `prompt_number` of an engine request would.
+    /// Selects the random streams: sample j draws from `SampleStream::for_turn(params.seed,
+    /// prompt_number, first_sample + j, turn)`, as prompt `prompt_number` of an engine request
+    /// would (with `first_sample` and `turn` 0: `SampleStream(seed, prompt_number, j)`), or turn
+    /// `turn` of episode `first_sample` of a multi-turn group (`StreamKey`).
     pub prompt_number: u64,
+    pub first_sample: u64,
+    pub turn: u64,
     pub logprobs: LogprobRequest,
 }
 
@@ -172,6 +176,8 @@ struct RequestState {
     n: usize,
     seed: u64,
     prompt_number: u64,
+    first_sample: u64,
+    turn: u64,
     logprobs: LogprobRequest,
     reserved_bytes: usize,
     /// Whether `reserved_bytes` are counted in the batcher's reservation (admitted).
@@ -302,6 +308,8 @@ impl Batcher {
             prompt_ids,
             params,
             prompt_number,
+            first_sample,
+            turn,
             logprobs,
         } = request;
         let rule = params.validate()?;
@@ -369,6 +377,8 @@ impl Batcher {
                 n: params.n,
                 seed: params.seed,
                 prompt_number,
+                first_sample,
+                turn,
                 logprobs,
                 reserved_bytes,
                 admitted: false,
@@ -581,8 +591,12 @@ impl Batcher {
         }) {
             let prompt_len = state.prompt_ids.len();
             for sample_index in 0..state.n {
-                let mut stream =
-                    SampleStream::new(state.seed, state.prompt_number, sample_index as u64);
+                let mut stream = SampleStream::for_turn(
+                    state.seed,
+                    state.prompt_number,
+                    state.first_sample + sample_index as u64,
+                    state.turn,
+                );
                 let mut token_ids = Vec::new();
                 let (token, reason) = advance(
                     state,

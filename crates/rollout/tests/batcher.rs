@@ -3,7 +3,8 @@
 //! shares its steps (bit for bit, joining and leaving at different times); chunked prefill gives
 //! the same tokens and prompt log-probs as the cache-free scorer; admission respects the KV
 //! budget and the sequence limit; a closed sink frees its sequences; weights swapped mid-run
-//! are reported per token.
+//! are reported per token; a request keyed to an episode's turn (`first_sample`, `turn`) draws
+//! the engine's keyed streams (`StreamKey`).
 
 use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, Sender, channel};
@@ -15,7 +16,7 @@ use stoke_rollout::engine::Engine;
 use stoke_rollout::score::next_token_logprobs;
 use stoke_rollout::{
     BatchEvent, BatchLimits, BatchRequest, Batcher, EventSink, FinishReason, GenerationRequest,
-    LogprobMode, LogprobRequest, SamplingParams,
+    LogprobMode, LogprobRequest, SamplingParams, StreamKey,
 };
 
 fn fixture(name: &str) -> Transformer {
@@ -133,6 +134,8 @@ fn request(prompt: Vec<u32>, params: SamplingParams, prompt_number: u64) -> Batc
         prompt_ids: prompt,
         params,
         prompt_number,
+        first_sample: 0,
+        turn: 0,
         logprobs: LogprobRequest::default(),
     }
 }
@@ -189,6 +192,51 @@ fn a_request_alone_equals_the_engine_token_for_token() {
             assert_eq!(batcher.load().running, 0);
         }
     }
+}
+
+/// Multi-turn rollout on a server: turn `t` of episode `j` of group `g` is one request with
+/// `prompt_number = g`, `first_sample = j`, `turn = t`, and must draw exactly what the in-process
+/// engine draws for `StreamKey { g, j, t }`.
+#[test]
+fn a_keyed_request_draws_the_engines_keyed_streams() {
+    let model = fixture("llama_gqa_rope_llama3");
+    let vocab = model.config().vocab_size as u32;
+    let prompt_ids = prompt(5, 11, vocab);
+    let params = params(10, 1.0, 23, 2);
+    let key = StreamKey {
+        prompt_number: 4,
+        first_sample: 3,
+        turn: 2,
+    };
+    let mut keyed = GenerationRequest::new(vec![prompt_ids.clone()], params.clone());
+    keyed.streams = Some(vec![key]);
+    let engine = Engine::new(&model).generate(&keyed, None).unwrap();
+    let plain = Engine::new(&model)
+        .generate(
+            &GenerationRequest::new(vec![prompt_ids.clone()], params.clone()),
+            None,
+        )
+        .unwrap();
+    let mut batcher = Batcher::new(Arc::new(model.clone()), 0, None, limits(&model)).unwrap();
+    let (sink, events) = new_sink();
+    let mut request = request(prompt_ids, params, key.prompt_number);
+    request.first_sample = key.first_sample;
+    request.turn = key.turn;
+    batcher.submit(request, sink).unwrap();
+    run_to_end(&mut batcher);
+    let got = collect(&events, 2);
+    for (sample, completion) in engine.completions[0].iter().enumerate() {
+        assert_eq!(got.tokens[sample], completion.token_ids, "sample {sample}");
+        assert_eq!(got.logprobs[sample], completion.logprobs, "sample {sample}");
+    }
+    assert_ne!(
+        got.tokens,
+        [
+            plain.completions[0][0].token_ids.clone(),
+            plain.completions[0][1].token_ids.clone()
+        ],
+        "the key selects other streams than the plain request's"
+    );
 }
 
 #[test]

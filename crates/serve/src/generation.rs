@@ -151,6 +151,8 @@ impl Generation {
                         prompt_ids: prompt.ids.clone(),
                         params: spec.params.clone(),
                         prompt_number: spec.first_prompt_number + index as u64,
+                        first_sample: spec.first_sample,
+                        turn: spec.turn,
                         logprobs: spec.logprobs,
                     },
                     ChannelSink {

@@ -4,7 +4,8 @@
 //! fields plus vLLM's extras: `top_k`, `stop_token_ids`, `ignore_eos`, `prompt_logprobs`,
 //! `return_token_ids`, `return_tokens_as_token_ids`, `skip_special_tokens`,
 //! `add_generation_prompt`, `chat_template_kwargs`; and stoke's `prompt_number`, the random
-//! stream number of the first prompt, which remote rollout uses), and [`GenerationSpec`], the validated
+//! stream number of the first prompt, which remote rollout uses, with `first_sample` and `turn`
+//! for a turn of a multi-turn episode), and [`GenerationSpec`], the validated
 //! request the routes hand to the batcher: prompts as token ids, sampling parameters, what to
 //! report. What it is not: response shapes (`response.rs`) or HTTP.
 //!
@@ -100,6 +101,11 @@ pub struct CommonFields {
     /// request samples from stream (seed, prompt_number + i, j)), so a remote rollout that sends
     /// its group id draws the very samples the in-process engine would. Default 0.
     pub prompt_number: Option<u64>,
+    /// stoke's extension for multi-turn rollout: sample j draws from stream (seed, prompt_number,
+    /// first_sample + j, turn), the in-process engine's stream of turn `turn` of episode
+    /// `first_sample + j` of group `prompt_number`. Default 0 (the single-turn streams).
+    pub first_sample: Option<u64>,
+    pub turn: Option<u64>,
     // Known and not implemented: refused when set to anything but their neutral value.
     pub logit_bias: Option<Value>,
     pub presence_penalty: Option<f64>,
@@ -231,6 +237,9 @@ pub struct GenerationSpec {
     pub seeded: bool,
     /// The stream number of `prompts[0]` (`CommonFields::prompt_number`).
     pub first_prompt_number: u64,
+    /// `CommonFields::first_sample` and `turn`.
+    pub first_sample: u64,
+    pub turn: u64,
 }
 
 fn positive(
@@ -584,6 +593,8 @@ impl CompletionRequest {
             skip_special_tokens: common.skip_special_tokens.unwrap_or(true),
             seeded,
             first_prompt_number: common.prompt_number.unwrap_or(0),
+            first_sample: common.first_sample.unwrap_or(0),
+            turn: common.turn.unwrap_or(0),
         })
     }
 }
@@ -773,6 +784,8 @@ impl ChatRequest {
             skip_special_tokens: common.skip_special_tokens.unwrap_or(true),
             seeded,
             first_prompt_number: common.prompt_number.unwrap_or(0),
+            first_sample: common.first_sample.unwrap_or(0),
+            turn: common.turn.unwrap_or(0),
         })
     }
 }

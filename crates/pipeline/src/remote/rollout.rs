@@ -21,6 +21,14 @@
 //! token (`weight_versions`); vLLM reports none, so its tokens carry the version the client last
 //! published to that server (its reload pauses with `mode=wait`, so no request straddles one).
 //!
+//! Multi-turn episodes ([`RemoteRollout::with_episodes`]): the episode runner
+//! (`crate::episode`) plays the environment here and samples every turn on the servers through
+//! [`RemoteTurns`]: one request per prompt of a turn (turn 0: a group's prompt with `n = group
+//! size`; later turns: one episode's whole id sequence so far, `n = 1`), token ids in, ids,
+//! log-probs and versions out, checked as above. `stoke serve` takes the turn's stream key
+//! (`prompt_number` = group id, `first_sample` = episode, `turn`), so remote episodes draw the
+//! in-process engine's streams; vLLM gets a seed mixed from the key.
+//!
 //! Weight sync: a server may load a new version while it decodes (the trainer publishes when an
 //! update ends, whatever is in flight), so remote rollout behaves as `weight_sync = "in_flight"`
 //! whichever is configured; every token still carries its version, and the learner's staleness
@@ -46,15 +54,18 @@ use stoke_rollout::FinishReason;
 use stoke_serve::client::Client;
 use stoke_tokenizer::hf::Tokenizer;
 
+use crate::episode::{EpisodeGroup, EpisodeSetup, EpisodeStats, TurnEngine, env_task};
 use crate::error::PipelineError;
 use crate::records::{GroupTicket, RolloutGroup, Sample};
 use crate::remote::servers::{ServerPool, Work, health, wait_until_answering};
+use crate::rollout::episode_sample;
 use crate::rollout::{RolloutSettings, RolloutStats, check_prompt};
 use crate::scheduler::each_on_a_thread;
 use crate::service::{RemoteStats, RolloutService};
 use crate::settings::{Engine, PoolSettings, RemoteRolloutSettings};
 use crate::staleness::PolicyVersion;
 use crate::weights::{PublishHook, WeightStore};
+use stoke_rollout::{Completion, GenerationRequest, LiveGeneration, SamplingParams, StreamKey};
 
 /// The weight side shared by the client and the probe of a failed server.
 struct Published {
@@ -320,6 +331,8 @@ pub struct RemoteRollout {
     vocab_size: usize,
     max_model_len: usize,
     stats: Mutex<RolloutStats>,
+    /// Multi-turn runs: the environment, and the tokenizer its messages are rendered with.
+    episodes: Option<(EpisodeSetup, Arc<Tokenizer>)>,
 }
 
 impl std::fmt::Debug for RemoteRollout {
@@ -428,7 +441,116 @@ impl RemoteRollout {
             vocab_size: config.vocab_size,
             max_model_len,
             stats: Mutex::new(RolloutStats::default()),
+            episodes: None,
         })
+    }
+
+    /// The same rollout playing multi-turn episodes of `setup`'s environment (see the module
+    /// doc); `tokenizer` renders the environment's messages. Errors: the tokenizer has no chat
+    /// template.
+    pub fn with_episodes(
+        mut self,
+        setup: EpisodeSetup,
+        tokenizer: Arc<Tokenizer>,
+    ) -> Result<RemoteRollout, PipelineError> {
+        tokenizer
+            .default_chat_template()
+            .map_err(|e| PipelineError::config("environment", e.to_string()))?;
+        self.episodes = Some((setup, tokenizer));
+        Ok(self)
+    }
+
+    /// The run's sampling parameters at `temperature` (the episode runner sets each turn's).
+    fn sampling_params(&self, temperature: f32) -> SamplingParams {
+        let s = &self.settings;
+        SamplingParams {
+            max_new_tokens: s.max_new_tokens,
+            temperature,
+            top_k: s.top_k,
+            top_p: s.top_p,
+            seed: s.seed,
+            n: s.group_size,
+            stop_token_ids: s.stop_token_ids.clone(),
+            stop_strings: Vec::new(),
+        }
+    }
+
+    /// Episodes for `tickets` (one runner call per temperature), each group's samples in
+    /// ticket order.
+    fn play(
+        &self,
+        setup: &EpisodeSetup,
+        tokenizer: &Tokenizer,
+        tickets: &[GroupTicket],
+        base: u64,
+        stats: &mut RolloutStats,
+    ) -> Result<Vec<Vec<Sample>>, PipelineError> {
+        let template = tokenizer
+            .default_chat_template()
+            .map_err(|e| PipelineError::config("environment", e.to_string()))?;
+        let runner = setup.runner(tokenizer, template);
+        let mut results: Vec<Vec<Sample>> = vec![Vec::new(); tickets.len()];
+        let mut temperatures: Vec<f32> = Vec::new();
+        for ticket in tickets {
+            if !temperatures
+                .iter()
+                .any(|t| t.to_bits() == ticket.temperature.to_bits())
+            {
+                temperatures.push(ticket.temperature);
+            }
+        }
+        for temperature in temperatures {
+            let call: Vec<usize> = (0..tickets.len())
+                .filter(|&i| tickets[i].temperature.to_bits() == temperature.to_bits())
+                .collect();
+            let groups = call
+                .iter()
+                .map(|&i| {
+                    let ticket = &tickets[i];
+                    let task = env_task(&ticket.task);
+                    let opening = setup.env.opening(&task).map_err(|e| {
+                        PipelineError::config("environment", format!("task {}: {e}", task.id))
+                    })?;
+                    Ok(EpisodeGroup {
+                        group_id: ticket.group_id,
+                        task: Arc::new(task),
+                        opening,
+                        prompt_ids: ticket.task.prompt_ids.clone(),
+                    })
+                })
+                .collect::<Result<Vec<_>, PipelineError>>()?;
+            let turns = RemoteTurns {
+                rollout: self,
+                base,
+                permits: call
+                    .iter()
+                    .map(|&i| {
+                        (
+                            tickets[i].group_id,
+                            base + tickets[i].permit.policy_version.0,
+                        )
+                    })
+                    .collect(),
+            };
+            let mut episode_stats = EpisodeStats::default();
+            let records = runner.run_on(
+                &turns,
+                &self.sampling_params(temperature),
+                &groups,
+                &mut episode_stats,
+            )?;
+            stats.engine_calls += episode_stats.engine_calls;
+            stats.generated_tokens += episode_stats.generated_tokens;
+            stats.episodes.add(&episode_stats);
+            let requires_tool = setup.env.requires_tool();
+            for (&index, episodes) in call.iter().zip(records) {
+                results[index] = episodes
+                    .into_iter()
+                    .map(|record| episode_sample(record, requires_tool))
+                    .collect();
+            }
+        }
+        Ok(results)
     }
 
     fn check_prompt(&self, prompt_ids: &[u32]) -> Result<(), String> {
@@ -514,6 +636,186 @@ impl RemoteRollout {
             },
         ))
     }
+}
+
+/// The remote servers as the episode runner's engine: one request per prompt of a turn, sent in
+/// parallel through the pool (a failed server's request is retried elsewhere).
+struct RemoteTurns<'a> {
+    rollout: &'a RemoteRollout,
+    /// The publisher's version offset (see the module doc).
+    base: u64,
+    /// (group id, the server version its ticket was granted): no token may be older.
+    permits: Vec<(u64, u64)>,
+}
+
+impl TurnEngine for RemoteTurns<'_> {
+    fn max_positions(&self) -> Result<usize, PipelineError> {
+        Ok(self.rollout.max_model_len)
+    }
+
+    fn generate(&self, request: &GenerationRequest) -> Result<LiveGeneration, PipelineError> {
+        let keys: Vec<StreamKey> = match &request.streams {
+            Some(keys) if keys.len() == request.prompts.len() => keys.clone(),
+            _ => (0..request.prompts.len())
+                .map(|i| StreamKey {
+                    prompt_number: request.first_prompt_number + i as u64,
+                    first_sample: 0,
+                    turn: 0,
+                })
+                .collect(),
+        };
+        let work: Vec<(usize, &Vec<u32>, StreamKey)> = request
+            .prompts
+            .iter()
+            .zip(&keys)
+            .enumerate()
+            .map(|(i, (prompt, &key))| (i, prompt, key))
+            .collect();
+        let answers = each_on_a_thread(&work, |&(_, prompt, key)| {
+            let permit = self
+                .permits
+                .iter()
+                .find(|(group, _)| *group == key.prompt_number)
+                .map_or(self.base, |&(_, permit)| permit);
+            let what = format!(
+                "group {} episode {} turn {}",
+                key.prompt_number, key.first_sample, key.turn
+            );
+            self.rollout.pool.call(&what, |index, client| {
+                self.rollout.request_turn(
+                    index,
+                    client,
+                    prompt,
+                    key,
+                    &request.params,
+                    permit,
+                    self.base,
+                )
+            })
+        });
+        let mut completions = Vec::with_capacity(work.len());
+        let mut token_versions = Vec::with_capacity(work.len());
+        let mut generated = 0usize;
+        for ((prompt_index, _, _), answer) in work.iter().zip(answers) {
+            let samples = answer?;
+            let mut prompt_completions = Vec::with_capacity(samples.len());
+            let mut prompt_versions = Vec::with_capacity(samples.len());
+            for (sample_index, sample) in samples.into_iter().enumerate() {
+                generated += sample.completion_ids.len();
+                prompt_versions.push(sample.token_versions.iter().map(|v| v.0).collect());
+                prompt_completions.push(Completion {
+                    prompt_index: *prompt_index,
+                    sample_index,
+                    token_ids: sample.completion_ids,
+                    logprobs: sample.rollout_logprobs,
+                    text: Some(sample.text),
+                    finish_reason: sample.finish,
+                });
+            }
+            completions.push(prompt_completions);
+            token_versions.push(prompt_versions);
+        }
+        Ok(LiveGeneration {
+            output: stoke_rollout::GenerationOutput {
+                completions,
+                prefill_tokens: request.prompts.iter().map(Vec::len).sum(),
+                generated_tokens: generated,
+                kv_cache_bytes: 0,
+            },
+            token_versions,
+        })
+    }
+}
+
+impl RemoteRollout {
+    /// One prompt of an episode turn on one server: `params.n` samples from the key's streams,
+    /// checked like a group's answer (no token older than `permit`).
+    #[allow(clippy::too_many_arguments)]
+    fn request_turn(
+        &self,
+        index: usize,
+        client: &Client,
+        prompt: &[u32],
+        key: StreamKey,
+        params: &SamplingParams,
+        permit: u64,
+        base: u64,
+    ) -> Result<(Vec<Sample>, Work), String> {
+        self.check_prompt(prompt)?;
+        let n = params.n.max(1);
+        let max_tokens = params
+            .max_new_tokens
+            .min(self.max_model_len.saturating_sub(prompt.len()))
+            .max(1);
+        let mut body = json!({
+            "model": self.model_name,
+            "prompt": prompt,
+            "n": n,
+            "max_tokens": max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "seed": match self.publisher.engine {
+                Engine::Stoke => params.seed as i64,
+                Engine::Vllm => turn_seed(params.seed, key),
+            },
+            "stop_token_ids": params.stop_token_ids,
+            "logprobs": 0,
+            "return_token_ids": true,
+        });
+        if let Some(k) = params.top_k {
+            body["top_k"] = json!(k);
+        }
+        let held_version = self.publisher.lock().held[index];
+        if self.publisher.engine == Engine::Stoke {
+            body["logprobs_mode"] = json!("processed_logprobs");
+            body["prompt_number"] = json!(key.prompt_number);
+            body["first_sample"] = json!(key.first_sample);
+            body["turn"] = json!(key.turn);
+        }
+        let (status, answer) = client
+            .post("/v1/completions", &body)
+            .map_err(|e| e.to_string())?;
+        if status != 200 {
+            return Err(format!(
+                "/v1/completions answered {status}: {}",
+                answer.to_string().chars().take(300).collect::<String>()
+            ));
+        }
+        let choices = answer["choices"]
+            .as_array()
+            .ok_or("the answer has no `choices`")?;
+        if choices.len() != n {
+            return Err(format!("{} choices for n = {n}", choices.len()));
+        }
+        let mut ordered: Vec<&Value> = choices.iter().collect();
+        ordered.sort_by_key(|c| c["index"].as_u64().unwrap_or(u64::MAX));
+        let mut samples = Vec::with_capacity(n);
+        let mut tokens = 0u64;
+        for (i, choice) in ordered.into_iter().enumerate() {
+            let sample = parse_choice(choice, permit, base, held_version, self.vocab_size)
+                .map_err(|e| format!("choice {i}: {e}"))?;
+            tokens += sample.completion_ids.len() as u64;
+            samples.push(sample);
+        }
+        Ok((
+            samples,
+            Work {
+                samples: n as u64,
+                tokens,
+            },
+        ))
+    }
+}
+
+/// The seed of an episode turn's request to a vLLM server: turn 0 of the group's samples is
+/// [`group_seed`] (the single-turn seed); later turns mix in the episode and the turn.
+pub fn turn_seed(seed: u64, key: StreamKey) -> i64 {
+    if key.first_sample == 0 && key.turn == 0 {
+        return group_seed(seed, key.prompt_number);
+    }
+    let episode = (key.first_sample.wrapping_mul(0xD6E8_FEB8_6659_FD93))
+        ^ key.turn.wrapping_mul(0x94D0_49BB_1331_11EB);
+    group_seed(seed ^ episode, key.prompt_number)
 }
 
 /// The seed of group `group_id`'s request to a vLLM server (which has no stream numbers): a
@@ -639,6 +941,29 @@ impl RolloutService for RemoteRollout {
         let wait_seconds = wait_started.elapsed().as_secs_f64();
         let base = self.publisher.base();
         let started = Instant::now();
+        if let Some((setup, tokenizer)) = &self.episodes {
+            let mut call_stats = RolloutStats::default();
+            let played = self.play(setup, tokenizer, &tickets, base, &mut call_stats)?;
+            let seconds = started.elapsed().as_secs_f64();
+            let share = seconds / tickets.len() as f64;
+            let mut stats = self.stats.lock().unwrap_or_else(PoisonError::into_inner);
+            stats.wait_seconds += wait_seconds;
+            stats.generate_seconds += seconds;
+            stats.engine_calls += call_stats.engine_calls;
+            stats.generated_tokens += call_stats.generated_tokens;
+            stats.episodes.add(&call_stats.episodes);
+            let mut groups = Vec::with_capacity(tickets.len());
+            for (ticket, samples) in tickets.into_iter().zip(played) {
+                stats.prefill_tokens += ticket.task.prompt_ids.len() as u64;
+                stats.count_group(&samples);
+                groups.push(RolloutGroup {
+                    ticket,
+                    samples,
+                    generate_seconds: share,
+                });
+            }
+            return Ok(groups);
+        }
         let results: Vec<Result<Result<Vec<Sample>, String>, PipelineError>> =
             each_on_a_thread(&tickets, |ticket| {
                 match self.check_prompt(&ticket.task.prompt_ids) {

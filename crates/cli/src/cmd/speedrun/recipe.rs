@@ -841,6 +841,32 @@ mod tests {
             let distill = opd.settings.loss.distill.expect("the distillation term");
             assert_eq!((distill.kl_coef, distill.reward_weight), (1.0, 0.0));
 
+            let a = recipe.agent;
+            let text = recipe
+                .agent_grpo_config(&model, &run, 7)
+                .expect("agent grpo config");
+            let agent = GrpoConfig::parse(&text, &origin, &[]).expect("agent config parses");
+            let environment = agent.settings.environment.expect("an [environment]");
+            assert_eq!(environment.kind, EnvironmentKind::Calculator);
+            assert_eq!(environment.tools_in, ToolsIn::None);
+            assert_eq!(
+                (
+                    environment.limits.max_turns,
+                    environment.limits.max_turn_tokens
+                ),
+                (a.max_turns, a.max_turn_tokens)
+            );
+            assert_eq!(agent.settings.steps, a.grpo.steps);
+            assert_eq!(
+                agent.held_out,
+                Some(stoke_pipeline::config::TaskSource::Calculator {
+                    digits: a.digits,
+                    problems: a.held_out_problems,
+                    seed: agent_held_out_seed(7),
+                })
+            );
+            assert_ne!(agent_held_out_seed(7), agent_task_seed(7));
+
             let p = recipe.preference;
             let path = dir.path().join("dpo-sigmoid.toml");
             let text = recipe
