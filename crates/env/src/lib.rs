@@ -14,6 +14,7 @@
 //! - [`code_repair`]: fix a bug in a small Python repository with file and test tools, scored
 //!   by hidden tests on the final files; its task generator;
 //! - [`guess`]: guess the number, a multi-turn environment without tools;
+//! - [`openenv`]: a remote environment served by an OpenEnv server (its WebSocket sessions);
 //! - [`sandboxed`]: the `python` and `bash` tools, running code in `stoke_sandbox` over the
 //!   episode's workspace;
 //! - [`transcript`]: the token-exact record of an episode and the template rendering of the
@@ -34,6 +35,7 @@ pub mod guard;
 pub mod guess;
 pub mod mcp;
 pub mod monitor;
+pub mod openenv;
 pub mod sandboxed;
 pub mod tool;
 pub mod tool_env;
@@ -44,6 +46,7 @@ pub use code_repair::{CodeRepair, CodeRepairSpec, code_repair_tasks};
 pub use environment::{EnvStep, EnvTask, Environment, Episode, ModelTurn, Opening, StopReason};
 pub use error::EnvError;
 pub use mcp::{McpServer, McpTool, McpToolSource};
+pub use openenv::{OpenEnvEnvironment, OpenEnvSpec};
 pub use sandboxed::SandboxedTool;
 pub use tool::{Tool, ToolOutput, ToolSpec, Workspace};
 pub use tool_env::{ToolEnvironment, ToolLimits};

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use stoke_env::ToolLimits;
 use stoke_env::mcp::McpServer;
+use stoke_env::openenv::OpenEnvSpec;
 use stoke_env::toolbox::BuiltinTool;
 use stoke_tokenizer::tool_calls::ToolCallParser;
 
@@ -59,6 +60,10 @@ pub enum EnvironmentKind {
     /// The `[tasks]` prompts with the listed `tools` and `[[environment.mcp]]` servers
     /// (`stoke_env::toolbox`); the run's reward scores the final answer.
     Tools,
+    /// An OpenEnv server's environment over its session protocol (`[environment.openenv]`,
+    /// `stoke_env::openenv`).
+    #[serde(rename = "openenv")]
+    OpenEnv,
 }
 
 impl EnvironmentKind {
@@ -67,6 +72,7 @@ impl EnvironmentKind {
             EnvironmentKind::Calculator => "calculator",
             EnvironmentKind::GuessNumber => "guess_number",
             EnvironmentKind::Tools => "tools",
+            EnvironmentKind::OpenEnv => "openenv",
         }
     }
 }
@@ -125,4 +131,6 @@ pub struct EnvironmentSettings {
     pub mcp: Vec<McpServer>,
     pub system_prompt: Option<String>,
     pub requires_tool: bool,
+    /// Kind "openenv": the server and the action/observation mapping (`None` otherwise).
+    pub openenv: Option<OpenEnvSpec>,
 }

@@ -832,6 +832,15 @@ impl EpisodeSetup {
                 )
                 .map_err(|e| PipelineError::config("environment", e.to_string()))?,
             ),
+            EnvironmentKind::OpenEnv => {
+                let spec = settings.openenv.clone().ok_or_else(|| {
+                    PipelineError::config("environment.openenv", "missing for kind = \"openenv\"")
+                })?;
+                Arc::new(
+                    stoke_env::OpenEnvEnvironment::connect(spec, settings.limits.env_timeout)
+                        .map_err(|e| PipelineError::config("environment.openenv", e.to_string()))?,
+                )
+            }
         };
         Ok(EpisodeSetup {
             env,

@@ -637,3 +637,73 @@ fn a_tools_environment_takes_builtins_and_mcp_servers_and_only_it_does() {
     ));
     assert_eq!(field, "environment.mcp[0]", "{reason}");
 }
+
+#[test]
+fn an_openenv_environment_takes_its_server_table_and_only_it_does() {
+    let text = format!(
+        "{MINIMAL}[environment]\nkind = \"openenv\"\nmax_turns = 6\n\
+         [environment.openenv]\nurl = \"http://127.0.0.1:8000\"\nobservation_field = \"prompt\"\n"
+    );
+    let config = load(&text, &[]).unwrap();
+    let environment = config.settings.environment.as_ref().unwrap();
+    assert_eq!(environment.kind.name(), "openenv");
+    let spec = environment.openenv.as_ref().expect("the server table");
+    assert_eq!(spec.url, "http://127.0.0.1:8000");
+    // Defaults: the model's text goes in `message`; the opening is the task's prompt.
+    assert_eq!(spec.action_field, "message");
+    assert_eq!(spec.observation_field.as_deref(), Some("prompt"));
+    assert_eq!(spec.opening, stoke_env::openenv::OpenEnvOpening::Task);
+    let saved_text = config.to_toml().unwrap();
+    assert!(
+        saved_text.contains("[environment.openenv]") && saved_text.contains("action_field"),
+        "{saved_text}"
+    );
+    let other = tempfile::tempdir().unwrap();
+    let saved = write(other.path(), "config.toml", &saved_text);
+    assert_eq!(
+        GrpoConfig::load(&saved, &[]).unwrap(),
+        config,
+        "{saved_text}"
+    );
+    // Every key of the table, and one it does not have.
+    let full = format!(
+        "{MINIMAL}[environment]\nkind = \"openenv\"\n[environment.openenv]\nurl = \"ws://h:1/ws\"\n\
+         action_field = \"command\"\nopening = \"reset\"\n"
+    );
+    let config = load(&full, &[]).unwrap();
+    let spec = config.settings.environment.unwrap().openenv.unwrap();
+    assert_eq!(spec.action_field, "command");
+    assert_eq!(spec.opening, stoke_env::openenv::OpenEnvOpening::Reset);
+    let (field, reason) = field_of(load(&format!("{full}timeout = 3\n"), &[]));
+    assert!(
+        field.contains("environment") && reason.contains("timeout"),
+        "{field}: {reason}"
+    );
+    // The table belongs to kind "openenv", which needs it; its values are checked.
+    let (field, _) = field_of(load(
+        &format!(
+            "{MINIMAL}[environment]\nkind = \"guess_number\"\n[environment.openenv]\nurl = \"http://h:1\"\n"
+        ),
+        &[],
+    ));
+    assert_eq!(field, "environment.openenv");
+    let (field, _) = field_of(load(
+        &format!("{MINIMAL}[environment]\nkind = \"openenv\"\n"),
+        &[],
+    ));
+    assert_eq!(field, "environment.openenv");
+    for (line, key) in [
+        ("url = \"https://x.hf.space\"", "environment.openenv.url"),
+        ("url = \"h:1\"", "environment.openenv.url"),
+        (
+            "url = \"http://h:1\"\naction_field = \"\"",
+            "environment.openenv.action_field",
+        ),
+    ] {
+        let (field, reason) = field_of(load(
+            &format!("{MINIMAL}[environment]\nkind = \"openenv\"\n[environment.openenv]\n{line}\n"),
+            &[],
+        ));
+        assert_eq!(field, key, "{line}: {reason}");
+    }
+}

@@ -139,6 +139,7 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
         system_prompt: None,
         requires_tool: None,
         mcp: Vec::new(),
+        openenv: None,
     };
     let settings = section.resolve(args.max_turn_tokens)?;
     let setup = EpisodeSetup::new(&settings, template)?;

@@ -3,7 +3,8 @@
 //!
 //! ```toml
 //! [environment]
-//! kind = "calculator"            # built-in environments: "calculator", "guess_number", or
+//! kind = "calculator"            # built-in environments: "calculator", "guess_number",
+//!                                # "openenv" (a remote OpenEnv server, below), or
 //!                                # "tools": the [tasks] with these tools:
 //! tools = ["python", "calculator"] # kind "tools": built-in tools (calculator, python, bash)
 //! system_prompt = "..."          # kind "tools": optional
@@ -12,6 +13,12 @@
 //! transport = "stdio"            # or transport = "http", url = "http://127.0.0.1:8000/mcp"
 //! command = "python3"
 //! args = ["server.py"]
+//! [environment.openenv]          # kind = "openenv": an OpenEnv server's environment
+//! url = "http://127.0.0.1:8000"  # its base URL (required); episodes are sessions on /ws
+//! action_field = "message"       # the action field that carries the model's turn text
+//! observation_field = "prompt"   # the observation field shown (default: all of it, as JSON)
+//! opening = "task"               # the opening message: the task's prompt, or "reset": the
+//!                                # reset observation
 //! [environment]                  # (the keys below apply to every kind)
 //! tool_call_parser = "auto"      # "auto" (from the chat template, else hermes) or a parser name
 //! tools_in = "auto"              # "template" (the template's `tools` variable), "system"
@@ -40,6 +47,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use stoke_env::ToolLimits;
 use stoke_env::mcp::McpServer;
+use stoke_env::openenv::OpenEnvSpec;
 use stoke_env::toolbox::BuiltinTool;
 use stoke_tokenizer::tool_calls::ToolCallParser;
 
@@ -81,6 +89,8 @@ pub struct EnvironmentSection {
     pub requires_tool: Option<bool>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mcp: Vec<McpServer>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub openenv: Option<OpenEnvSpec>,
 }
 
 pub const DEFAULT_MAX_TURNS: usize = 4;
@@ -146,6 +156,32 @@ impl EnvironmentSection {
                 "kind = \"tools\" needs built-in tools (calculator, python, bash) or [[environment.mcp]] servers",
             ));
         }
+        let openenv_kind = self.kind == EnvironmentKind::OpenEnv;
+        match &self.openenv {
+            Some(_) if !openenv_kind => {
+                return Err(PipelineError::config(
+                    key("openenv"),
+                    format!(
+                        "only kind = \"openenv\" takes it (kind is {:?})",
+                        self.kind.name()
+                    ),
+                ));
+            }
+            Some(spec) => spec.check().map_err(|e| match e {
+                stoke_env::EnvError::Config {
+                    key: field,
+                    message,
+                } => PipelineError::config(key(&format!("openenv.{field}")), message),
+                other => PipelineError::config(key("openenv"), other.to_string()),
+            })?,
+            None if openenv_kind => {
+                return Err(PipelineError::config(
+                    key("openenv"),
+                    "kind = \"openenv\" needs an [environment.openenv] table with the server's url",
+                ));
+            }
+            None => {}
+        }
         for (index, server) in self.mcp.iter().enumerate() {
             server.check().map_err(|e| {
                 PipelineError::config(format!("environment.mcp[{index}]"), e.to_string())
@@ -180,6 +216,7 @@ impl EnvironmentSection {
             mcp: self.mcp.clone(),
             system_prompt: self.system_prompt.clone(),
             requires_tool: self.requires_tool.unwrap_or(false),
+            openenv: self.openenv.clone(),
         };
         settings.limits.validate().map_err(|e| match e {
             PipelineError::Config { field, reason } => PipelineError::config(key(&field), reason),
@@ -223,6 +260,7 @@ impl EnvironmentSettings {
             system_prompt: self.system_prompt.clone(),
             requires_tool: (self.kind == EnvironmentKind::Tools).then_some(self.requires_tool),
             mcp: self.mcp.clone(),
+            openenv: self.openenv.clone(),
         }
     }
 }

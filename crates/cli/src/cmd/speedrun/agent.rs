@@ -227,6 +227,7 @@ fn evaluate_agent(
         system_prompt: None,
         requires_tool: None,
         mcp: Vec::new(),
+        openenv: None,
     }
     .resolve(a.max_turn_tokens)?;
     let template = tokenizer.default_chat_template()?;

@@ -571,6 +571,7 @@ impl Recipe {
             system_prompt: None,
             requires_tool: None,
             mcp: Vec::new(),
+            openenv: None,
         });
         Ok(format!(
             "# speedrun ({}) - agent: multi-turn GRPO with the calculator tool\n{}",
