@@ -59,6 +59,9 @@ pub enum EnvironmentKind {
     /// The `[tasks]` prompts with the listed `tools` and `[[environment.mcp]]` servers
     /// (`stoke_env::toolbox`); the run's reward scores the final answer.
     Tools,
+    /// Fix a planted bug in a small Python repository with file and test tools, graded by
+    /// hidden tests (`stoke_env::code_repair`); takes `[tasks] kind = "code_repair"`.
+    CodeRepair,
 }
 
 impl EnvironmentKind {
@@ -67,6 +70,7 @@ impl EnvironmentKind {
             EnvironmentKind::Calculator => "calculator",
             EnvironmentKind::GuessNumber => "guess_number",
             EnvironmentKind::Tools => "tools",
+            EnvironmentKind::CodeRepair => "code_repair",
         }
     }
 }
