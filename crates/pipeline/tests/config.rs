@@ -322,6 +322,28 @@ fn shipped_grpo_tiny_config_loads() {
 }
 
 #[test]
+fn shipped_grpo_code_repair_config_loads() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/grpo-code-repair.toml");
+    let config = GrpoConfig::load(&path, &[]).unwrap();
+    assert!(matches!(
+        &config.tasks,
+        TaskSource::CodeRepair { max_bugs: 1, templates, .. } if templates.len() == 2
+    ));
+    assert!(matches!(
+        config.held_out,
+        Some(TaskSource::CodeRepair {
+            problems: 24,
+            seed: 1,
+            ..
+        })
+    ));
+    assert_eq!(
+        config.settings.environment.as_ref().unwrap().kind.name(),
+        "code_repair"
+    );
+}
+
+#[test]
 fn resume_differences_ignore_length_and_cadence_but_not_the_math() {
     use stoke_pipeline::config::resume_differences;
     let dir = tempfile::tempdir().unwrap();
