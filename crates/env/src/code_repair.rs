@@ -38,7 +38,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use stoke_reward::unit_tests::{TestScoring, UnitTestsConfig, UnitTestsVerifier};
 use stoke_reward::verifier::{Outcome, Reference, RewardInput, Verifier};
-use stoke_sandbox::Sandbox;
+use stoke_sandbox::{Sandbox, SandboxConfigFile};
 
 use crate::environment::{EnvStep, EnvTask, Environment, Episode, ModelTurn, Opening, StopReason};
 use crate::error::EnvError;
@@ -103,6 +103,24 @@ impl CodeRepair {
                 .requiring_tool(),
             judge: Arc::new(judge),
         })
+    }
+
+    /// [`CodeRepair::new`] on a sandbox with the default settings (`SandboxConfigFile`'s, what
+    /// the `python` and `bash` tools of a toolbox run in).
+    pub fn with_default_sandbox(
+        describe_tools: bool,
+        limits: ToolLimits,
+    ) -> Result<CodeRepair, EnvError> {
+        let config = SandboxConfigFile::default()
+            .into_config()
+            .map_err(|e| EnvError::config("environment", format!("sandbox: {e}")))?;
+        let sandbox = Sandbox::new(config).map_err(|e| {
+            EnvError::config(
+                "environment",
+                format!("starting the sandbox for the tests: {e}"),
+            )
+        })?;
+        CodeRepair::new(Arc::new(sandbox), describe_tools, limits)
     }
 
     /// The fraction of `task`'s hidden tests (assertion sites) that `workspace`'s module
@@ -233,6 +251,10 @@ impl Environment for CodeRepair {
     }
 
     fn requires_tool(&self) -> bool {
+        true
+    }
+
+    fn grades_outcome(&self) -> bool {
         true
     }
 }

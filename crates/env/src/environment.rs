@@ -154,6 +154,13 @@ pub trait Environment: Send + Sync {
     fn requires_tool(&self) -> bool {
         false
     }
+
+    /// Whether the outcome reward (`Episode::finish`) is the task's grade, 1 meaning solved
+    /// (code repair's hidden tests): the run then takes a sample's verdict from it rather than
+    /// from the configured reward's check of the final answer.
+    fn grades_outcome(&self) -> bool {
+        false
+    }
 }
 
 /// One episode's state.

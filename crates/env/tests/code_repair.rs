@@ -90,11 +90,19 @@ fn tasks_are_deterministic_and_keep_the_grader_out_of_the_repository() {
     let spec = CodeRepairSpec {
         seed: 11,
         max_bugs: 2,
+        ..CodeRepairSpec::default()
     };
     let first = code_repair_tasks(&spec, 30).unwrap();
     assert_eq!(first, code_repair_tasks(&spec, 30).unwrap());
     assert_eq!(first[..5], code_repair_tasks(&spec, 5).unwrap()[..]);
-    let other = code_repair_tasks(&CodeRepairSpec { seed: 12, ..spec }, 30).unwrap();
+    let other = code_repair_tasks(
+        &CodeRepairSpec {
+            seed: 12,
+            ..spec.clone()
+        },
+        30,
+    )
+    .unwrap();
     assert_ne!(first, other);
     let mut templates = std::collections::BTreeSet::new();
     for task in &first {
@@ -117,6 +125,46 @@ fn tasks_are_deterministic_and_keep_the_grader_out_of_the_repository() {
         templates.insert(text(task, "entry_point"));
     }
     assert!(templates.len() >= 5, "{templates:?}");
+}
+
+#[test]
+fn a_template_filter_draws_only_those_templates_and_unknown_names_are_refused() {
+    let spec = CodeRepairSpec {
+        seed: 3,
+        max_bugs: 1,
+        templates: vec!["sum_to".into(), "clamp".into()],
+    };
+    let drawn = code_repair_tasks(&spec, 20).unwrap();
+    let modules: std::collections::BTreeSet<String> =
+        drawn.iter().map(|task| text(task, "module")).collect();
+    assert_eq!(
+        modules,
+        ["clamp.py".to_string(), "sum_to.py".to_string()].into()
+    );
+    assert!(
+        drawn
+            .iter()
+            .all(|task| task.data["bugs"].as_array().unwrap().len() == 1)
+    );
+    let unknown = CodeRepairSpec {
+        templates: vec!["sum_to".into(), "nope".into()],
+        ..CodeRepairSpec::default()
+    };
+    let error = code_repair_tasks(&unknown, 1).unwrap_err().to_string();
+    assert!(
+        error.contains("templates") && error.contains("nope"),
+        "{error}"
+    );
+    let error = code_repair_tasks(
+        &CodeRepairSpec {
+            max_bugs: 3,
+            ..CodeRepairSpec::default()
+        },
+        1,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("max_bugs"), "{error}");
 }
 
 #[test]

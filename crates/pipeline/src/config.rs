@@ -9,7 +9,9 @@
 //! path = "../runs/sft/model"     # HF model folder with tokenizer files; relative to this file
 //! reference = "../runs/sft/model" # optional; default: the policy's own starting weights
 //! [tasks]
-//! kind = "arithmetic"             # or: kind = "jsonl", path = "tasks.jsonl"
+//! kind = "arithmetic"             # or: kind = "jsonl", path = "tasks.jsonl"; "calculator",
+//!                                 # "code_repair" (seed, problems, max_bugs, templates) go with
+//!                                 # the [environment] of that name
 //! levels = ["single_digit"]       # names of stoke_eval::Level
 //! problems = 1000
 //! [held_out]                      # optional; arithmetic: drawn from the held-out split
@@ -45,7 +47,10 @@
 //! otherwise):
 //! - `[tasks]`: arithmetic, levels `["single_digit"]`, 1000 problems, seed = `training.seed`.
 //!   `[held_out]`: for arithmetic tasks, the held-out split at the same levels with
-//!   `eval.problems` problems; for JSONL tasks, none (no held-out evaluation).
+//!   `eval.problems` problems; for calculator and code_repair tasks, `eval.problems` drawn with
+//!   the seed + 1 (code_repair: the same `max_bugs` and `templates`); for JSONL tasks, none (no
+//!   held-out evaluation). `code_repair`: `max_bugs` 2, every template; its tasks and
+//!   `[environment] kind = "code_repair"` go together (each without the other is an error).
 //! - `[rewards]`: one reward `default` = exact match in `gsm8k` mode with `extract_answer`.
 //!   Reward order: `default` is index 0 (what tasks without a `reward` name use), the others
 //!   follow sorted by name; without a `default`, the first name in that order is index 0.
@@ -166,6 +171,15 @@ pub enum TaskSource {
         problems: usize,
         seed: u64,
     },
+    /// Python repositories with planted bugs for the code-repair environment
+    /// (`stoke_env::code_repair`): 1..=`max_bugs` bugs each, drawn from `templates` (empty:
+    /// all); as `[held_out]`, drawn with the seed + 1 stream.
+    CodeRepair {
+        problems: usize,
+        seed: u64,
+        max_bugs: usize,
+        templates: Vec<String>,
+    },
 }
 
 /// A resolved GRPO run configuration.
@@ -255,6 +269,20 @@ impl GrpoConfig {
                 digits: *digits,
                 problems: eval.problems,
                 seed: seed.wrapping_add(1),
+            }),
+            (
+                None,
+                TaskSource::CodeRepair {
+                    seed,
+                    max_bugs,
+                    templates,
+                    ..
+                },
+            ) => Some(TaskSource::CodeRepair {
+                problems: eval.problems,
+                seed: seed.wrapping_add(1),
+                max_bugs: *max_bugs,
+                templates: templates.clone(),
             }),
             (None, TaskSource::Jsonl { .. }) => None,
         };
@@ -396,6 +424,7 @@ impl GrpoConfig {
                 .map(|section| section.resolve(g.max_new_tokens.unwrap_or(DEFAULT_MAX_NEW_TOKENS)))
                 .transpose()?,
         };
+        check_code_repair(&tasks, held_out.as_ref(), settings.environment.as_ref())?;
         if let Some(lora) = &settings.lora {
             lora.validate().map_err(|e| match e {
                 stoke_model::ModelError::InvalidArgument(m) => match m.split_once(": ") {

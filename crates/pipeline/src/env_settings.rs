@@ -64,6 +64,9 @@ pub enum EnvironmentKind {
     /// `stoke_env::openenv`).
     #[serde(rename = "openenv")]
     OpenEnv,
+    /// Fix a planted bug in a small Python repository with file and test tools, graded by
+    /// hidden tests (`stoke_env::code_repair`); takes `[tasks] kind = "code_repair"`.
+    CodeRepair,
 }
 
 impl EnvironmentKind {
@@ -73,6 +76,7 @@ impl EnvironmentKind {
             EnvironmentKind::GuessNumber => "guess_number",
             EnvironmentKind::Tools => "tools",
             EnvironmentKind::OpenEnv => "openenv",
+            EnvironmentKind::CodeRepair => "code_repair",
         }
     }
 }

@@ -841,6 +841,13 @@ impl EpisodeSetup {
                         .map_err(|e| PipelineError::config("environment.openenv", e.to_string()))?,
                 )
             }
+            EnvironmentKind::CodeRepair => Arc::new(
+                stoke_env::CodeRepair::with_default_sandbox(
+                    describe_tools,
+                    settings.tools.clone(),
+                )
+                .map_err(|e| PipelineError::config("environment", e.to_string()))?,
+            ),
         };
         Ok(EpisodeSetup {
             env,
@@ -874,7 +881,7 @@ pub fn env_task(task: &crate::records::Task) -> EnvTask {
         id: task.id.clone(),
         prompt: task.prompt.clone(),
         reference: task.reference.clone(),
-        data: Default::default(),
+        data: task.data.clone(),
     }
 }
 

@@ -10,12 +10,16 @@
 //!   not pushed away from turns that an environment's crash cut short (its 0 still enters the
 //!   group's reward statistics);
 //! - otherwise the environment's reward (per-turn rewards plus its outcome on the final state) is
-//!   added to the score, and listed as the `environment` component when it is not 0.
+//!   added to the score, and listed as the `environment` component when it is not 0;
+//! - when the environment grades its outcome (`Environment::grades_outcome`, code repair), the
+//!   sample's verdict is the environment's: `Correct` when the outcome reward is 1 (the task
+//!   solved), else `Wrong`, whatever the configured reward made of the final answer.
 //!
 //! Samples without an episode pass through unchanged. What it is not: the verifiers (the inner
 //! service) or the environment (whose rewards the episode runner recorded).
 
 use stoke_env::StopReason;
+use stoke_reward::Outcome;
 
 use crate::error::PipelineError;
 use crate::records::{RewardFailure, RolloutGroup, SampleReward, ScoredGroup};
@@ -53,6 +57,13 @@ impl RewardService for EpisodeRewards {
                 reward
                     .components
                     .push(("environment".to_string(), episode.env_reward));
+            }
+            if reward.failure.is_none() && episode.grades_outcome {
+                reward.outcome = if episode.outcome_reward >= 1.0 {
+                    Outcome::Correct
+                } else {
+                    Outcome::Wrong
+                };
             }
         }
         Ok(scored)

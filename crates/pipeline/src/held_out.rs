@@ -9,7 +9,9 @@
 //! never changes which samples training draws.
 //!
 //! Runs with an environment evaluate whole episodes ([`evaluate_episodes`]): the final
-//! answer is scored, and the greedy episodes' turns and tool calls are reported.
+//! answer is scored (or, for an environment that grades its outcome, the final state: code
+//! repair's pass@1 is the share of tasks solved), and the greedy episodes' turns, tool calls
+//! and mean outcome reward are reported.
 //!
 //! On the arithmetic task greedy pass@1 is the speedrun's flexible accuracy (the same harness and
 //! verifier; the speedrun also reports the strict, formatted-answer figure).
@@ -67,13 +69,15 @@ pub struct HeldOutResult {
     pub episodes: Option<EpisodeFigures>,
 }
 
-/// Per greedy held-out episode: model turns and tool calls (mean), and the share of episodes
-/// with at least one tool call.
+/// Per greedy held-out episode: model turns and tool calls (mean), the share of episodes
+/// with at least one tool call, and the environment's mean outcome reward (code repair: the
+/// mean share of the hidden-test gap closed).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct EpisodeFigures {
     pub mean_turns: f64,
     pub mean_tool_calls: f64,
     pub tool_use_rate: f64,
+    pub mean_outcome: f64,
 }
 
 /// Evaluates `model` on `tasks` (all of them; the caller picks the subset).
@@ -212,7 +216,7 @@ pub fn evaluate_episodes(
                 );
                 rollout.samples = episodes
                     .into_iter()
-                    .map(|record| episode_sample(record, setup.env.requires_tool()))
+                    .map(|record| episode_sample(record, setup.env.as_ref()))
                     .collect();
                 scored.push(rewards.score(rollout)?);
             }
@@ -267,6 +271,7 @@ pub fn evaluate_episodes(
             .filter(|e| !e.tool_calls.is_empty())
             .count() as f64
             / n,
+        mean_outcome: summaries.iter().map(|e| e.outcome_reward).sum::<f64>() / n,
     };
     Ok(HeldOutResult {
         problems: tasks.len(),

@@ -312,6 +312,14 @@ pub struct GrpoEvalRecord {
         with = "json_float_opt"
     )]
     pub tool_use_rate: Option<f64>,
+    /// Multi-turn runs: greedy episodes' mean outcome reward from the environment (code
+    /// repair: the share of the hidden-test gap closed).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "json_float_opt"
+    )]
+    pub env_outcome_mean: Option<f64>,
 }
 
 /// One line of `metrics.jsonl`, tagged by `"kind"`.

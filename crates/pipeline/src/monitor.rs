@@ -121,8 +121,14 @@ impl RunMonitor {
     }
 
     pub fn record_eval(&mut self, step: u64, result: &HeldOutResult) -> Result<(), PipelineError> {
+        let episodes = result.episodes.as_ref().map_or(String::new(), |e| {
+            format!(
+                " | episodes: {:.2} turns, {:.2} tool calls, outcome {:.3}",
+                e.mean_turns, e.mean_tool_calls, e.mean_outcome
+            )
+        });
         self.display.println(&format!(
-            "eval @ step {step}: greedy pass@1 {:.1}% | pass@1 {:.1}% | pass@{} {:.1}% ({} problems, {:.1} s)",
+            "eval @ step {step}: greedy pass@1 {:.1}% | pass@1 {:.1}% | pass@{} {:.1}% ({} problems, {:.1} s){episodes}",
             100.0 * result.greedy_pass_at_1,
             100.0 * result.pass_at_1,
             result.k,
@@ -542,5 +548,6 @@ pub fn eval_record(step: u64, result: &HeldOutResult) -> GrpoEvalRecord {
         turns_mean: result.episodes.as_ref().map(|e| e.mean_turns),
         tool_calls_mean: result.episodes.as_ref().map(|e| e.mean_tool_calls),
         tool_use_rate: result.episodes.as_ref().map(|e| e.tool_use_rate),
+        env_outcome_mean: result.episodes.as_ref().map(|e| e.mean_outcome),
     }
 }

@@ -24,6 +24,7 @@
 //! - In a [`ScoredGroup`], `rewards` has one entry per sample, in sample order; `ref_logprobs`
 //!   and `old_logprobs`, when present, have one vector per sample of the sample's length.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use stoke_reward::{Outcome, Reference};
@@ -45,6 +46,9 @@ pub struct Task {
     pub reference: Reference,
     /// Index into the run's reward list (`GrpoRun::rewards`); 0 is the default reward.
     pub reward: usize,
+    /// What a multi-turn run's environment reads besides the prompt and the reference
+    /// (`EnvTask::data`: a code-repair task's repository and hidden tests); empty otherwise.
+    pub data: BTreeMap<String, serde_json::Value>,
 }
 
 /// A granted generation: which task, under which sampling seed stream, for which update slot.
@@ -93,9 +97,14 @@ pub struct EpisodeSummary {
     /// The environment's reward: its per-turn rewards plus its outcome on the final state.
     /// Added to the configured reward's score of the final answer.
     pub env_reward: f64,
+    /// The environment's outcome reward on the final state (part of `env_reward`).
+    pub outcome_reward: f64,
     /// Whether the environment requires a tool call to solve the task (for the monitor of
     /// episodes that score without one).
     pub requires_tool: bool,
+    /// Whether the outcome reward is the task's grade (`Environment::grades_outcome`): the
+    /// sample is correct when it is 1.
+    pub grades_outcome: bool,
     /// Seconds inside the environment (tools included) and inside tool calls.
     pub env_seconds: f64,
     pub tool_seconds: f64,
@@ -351,6 +360,7 @@ mod tests {
                 prompt_ids: vec![1, 2, 3],
                 reference: Reference::default(),
                 reward: 0,
+                data: Default::default(),
             }),
             permit: GenerationPermit {
                 policy_version: PolicyVersion(0),

@@ -518,6 +518,7 @@ mod tests {
             prompt_ids: vec![1],
             reference: Reference::default(),
             reward: 0,
+            data: Default::default(),
         });
         ScoredGroup::new(
             RolloutGroup {

@@ -387,11 +387,10 @@ impl RolloutModule {
             .sum::<u64>();
         call_stats.episodes.add(&stats);
         let per_group = seconds / call.len() as f64;
-        let requires_tool = setup.env.requires_tool();
         for (&index, episodes) in call.iter().zip(records) {
             let samples: Vec<Sample> = episodes
                 .into_iter()
-                .map(|record| episode_sample(record, requires_tool))
+                .map(|record| episode_sample(record, setup.env.as_ref()))
                 .collect();
             call_stats.count_group(&samples);
             results[index] = (samples, per_group);
@@ -520,7 +519,7 @@ fn engine_calls(tickets: &[GroupTicket], accepted: &[usize]) -> Vec<Vec<usize>> 
 
 /// A played episode as the pipeline's sample: the transcript's ids after the prompt, its loss
 /// mask, log-probs and versions, the final answer as the text the reward reads.
-pub(crate) fn episode_sample(record: EpisodeRecord, requires_tool: bool) -> Sample {
+pub(crate) fn episode_sample(record: EpisodeRecord, env: &dyn stoke_env::Environment) -> Sample {
     let env_reward = record.env_reward();
     let transcript = record.transcript;
     Sample {
@@ -540,7 +539,9 @@ pub(crate) fn episode_sample(record: EpisodeRecord, requires_tool: bool) -> Samp
             tool_calls: record.tool_calls,
             stop: record.stop,
             env_reward,
-            requires_tool,
+            outcome_reward: record.outcome_reward,
+            requires_tool: env.requires_tool(),
+            grades_outcome: env.grades_outcome(),
             env_seconds: record.env_seconds,
             transcript,
         })),
@@ -575,6 +576,7 @@ mod tests {
                 prompt_ids: vec![1],
                 reference: Reference::default(),
                 reward: 0,
+                data: Default::default(),
             }),
             permit: GenerationPermit {
                 policy_version: PolicyVersion(0),

@@ -159,6 +159,7 @@ pub fn chat_task(
         prompt_ids,
         reference,
         reward: 0,
+        data: Default::default(),
     })
 }
 
@@ -237,6 +238,7 @@ fn parse_line(
         prompt_ids,
         reference,
         reward,
+        data: Default::default(),
     })
 }
 

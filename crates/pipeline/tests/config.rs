@@ -322,6 +322,28 @@ fn shipped_grpo_tiny_config_loads() {
 }
 
 #[test]
+fn shipped_grpo_code_repair_config_loads() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/grpo-code-repair.toml");
+    let config = GrpoConfig::load(&path, &[]).unwrap();
+    assert!(matches!(
+        &config.tasks,
+        TaskSource::CodeRepair { max_bugs: 1, templates, .. } if templates.len() == 2
+    ));
+    assert!(matches!(
+        config.held_out,
+        Some(TaskSource::CodeRepair {
+            problems: 24,
+            seed: 1,
+            ..
+        })
+    ));
+    assert_eq!(
+        config.settings.environment.as_ref().unwrap().kind.name(),
+        "code_repair"
+    );
+}
+
+#[test]
 fn resume_differences_ignore_length_and_cadence_but_not_the_math() {
     use stoke_pipeline::config::resume_differences;
     let dir = tempfile::tempdir().unwrap();
@@ -706,4 +728,132 @@ fn an_openenv_environment_takes_its_server_table_and_only_it_does() {
         ));
         assert_eq!(field, key, "{line}: {reason}");
     }
+}
+
+#[test]
+fn code_repair_tasks_and_environment_resolve_and_round_trip() {
+    let text = format!(
+        "{MINIMAL}[training]\nseed = 7\n[tasks]\nkind = \"code_repair\"\nproblems = 40\nmax_bugs = 1\n\
+         templates = [\"sum_to\", \"clamp\"]\n[eval]\nproblems = 12\n\
+         [environment]\nkind = \"code_repair\"\nmax_turns = 3\n"
+    );
+    let config = load(&text, &[]).unwrap();
+    assert_eq!(
+        config.tasks,
+        TaskSource::CodeRepair {
+            problems: 40,
+            seed: 7,
+            max_bugs: 1,
+            templates: vec!["sum_to".into(), "clamp".into()],
+        }
+    );
+    // The held-out set defaults to the same kind of task on the seed + 1 stream.
+    assert_eq!(
+        config.held_out,
+        Some(TaskSource::CodeRepair {
+            problems: 12,
+            seed: 8,
+            max_bugs: 1,
+            templates: vec!["sum_to".into(), "clamp".into()],
+        })
+    );
+    let environment = config.settings.environment.as_ref().unwrap();
+    assert_eq!(environment.kind.name(), "code_repair");
+    assert_eq!(environment.limits.max_turns, 3);
+    let saved_text = config.to_toml().unwrap();
+    assert!(saved_text.contains("code_repair"), "{saved_text}");
+    let other = tempfile::tempdir().unwrap();
+    let saved = write(other.path(), "config.toml", &saved_text);
+    assert_eq!(
+        GrpoConfig::load(&saved, &[]).unwrap(),
+        config,
+        "{saved_text}"
+    );
+
+    // Defaults: two bugs at most, every template; an explicit held-out set keeps its own keys.
+    let text = format!(
+        "{MINIMAL}[tasks]\nkind = \"code_repair\"\n[held_out]\nkind = \"code_repair\"\nseed = 99\n\
+         problems = 5\n[environment]\nkind = \"code_repair\"\n"
+    );
+    let config = load(&text, &[]).unwrap();
+    assert!(matches!(
+        &config.tasks,
+        TaskSource::CodeRepair { max_bugs: 2, templates, .. } if templates.is_empty()
+    ));
+    assert!(matches!(
+        config.held_out,
+        Some(TaskSource::CodeRepair {
+            seed: 99,
+            problems: 5,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn bad_code_repair_values_name_their_key() {
+    let environment = "[environment]\nkind = \"code_repair\"\n";
+    for (tasks, key) in [
+        ("max_bugs = 3", "tasks.max_bugs"),
+        ("max_bugs = 0", "tasks.max_bugs"),
+        ("templates = [\"sum_to\", \"quicksort\"]", "tasks.templates"),
+        ("templates = []", "tasks.templates"),
+        ("problems = 0", "tasks.problems"),
+    ] {
+        let text = format!("{MINIMAL}[tasks]\nkind = \"code_repair\"\n{tasks}\n{environment}");
+        let (field, reason) = field_of(load(&text, &[]));
+        assert_eq!(field, key, "{tasks}: {reason}");
+    }
+    let (field, reason) = field_of(load(
+        &format!(
+            "{MINIMAL}[tasks]\nkind = \"code_repair\"\n{environment}[held_out]\nkind = \"code_repair\"\nmax_bugs = 5\n"
+        ),
+        &[],
+    ));
+    assert_eq!(field, "held_out.max_bugs", "{reason}");
+    let (field, _) = field_of(load(
+        &format!("{MINIMAL}[tasks]\nkind = \"code_repair\"\ncount = 3\n{environment}"),
+        &[],
+    ));
+    assert!(field.contains("tasks"), "{field}");
+    // The environment's tool keys are kind "tools"'s.
+    let (field, _) = field_of(load(
+        &format!("{MINIMAL}[tasks]\nkind = \"code_repair\"\n{environment}tools = [\"python\"]\n"),
+        &[],
+    ));
+    assert_eq!(field, "environment.tools");
+}
+
+#[test]
+fn code_repair_tasks_and_environment_go_together() {
+    // The environment without its tasks (the default arithmetic, a JSONL file, calculator).
+    for tasks in [
+        "",
+        "[tasks]\nkind = \"jsonl\"\npath = \"tasks.jsonl\"\n",
+        "[tasks]\nkind = \"calculator\"\n",
+    ] {
+        let (field, reason) = field_of(load(
+            &format!("{MINIMAL}{tasks}[environment]\nkind = \"code_repair\"\n"),
+            &[],
+        ));
+        assert_eq!(field, "tasks.kind", "{tasks}: {reason}");
+        assert!(reason.contains("code_repair"), "{reason}");
+    }
+    // The tasks without the environment, or in another one.
+    for environment in ["", "[environment]\nkind = \"calculator\"\n"] {
+        let (field, reason) = field_of(load(
+            &format!("{MINIMAL}[tasks]\nkind = \"code_repair\"\n{environment}"),
+            &[],
+        ));
+        assert_eq!(field, "tasks.kind", "{environment}: {reason}");
+    }
+    // A held-out set of another kind.
+    let (field, reason) = field_of(load(
+        &format!(
+            "{MINIMAL}[tasks]\nkind = \"code_repair\"\n[held_out]\nkind = \"calculator\"\n\
+             [environment]\nkind = \"code_repair\"\n"
+        ),
+        &[],
+    ));
+    assert_eq!(field, "held_out.kind", "{reason}");
 }

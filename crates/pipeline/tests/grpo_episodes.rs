@@ -8,16 +8,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use candle_core::Device;
+use stoke_env::{CodeRepairSpec, code_repair_tasks};
 use stoke_env::{
     EnvError, EnvStep, EnvTask, Environment, Episode, ModelTurn, Opening, StopReason, TurnRenderer,
 };
 use stoke_model::Transformer;
-use stoke_pipeline::config::GrpoConfig;
+use stoke_pipeline::config::{GrpoConfig, TaskSource};
 use stoke_pipeline::driver::{
     Drive, DriveShape, FinishedUpdate, Modules, StepSink, TaskPlan, run_async,
 };
 use stoke_pipeline::episode::{EpisodeLimits, EpisodeSetup, episode_prompts};
 use stoke_pipeline::episode_reward::EpisodeRewards;
+use stoke_pipeline::held_out::{EvalSampling, evaluate_episodes};
 use stoke_pipeline::inference::InferenceModule;
 use stoke_pipeline::learner::Learner;
 use stoke_pipeline::records::{RewardFailure, Sample};
@@ -160,6 +162,7 @@ fn tasks(tokenizer: &Tokenizer, setup: &EpisodeSetup) -> Vec<Arc<Task>> {
                 prompt_ids: vec![1],
                 reference: Reference::default(),
                 reward: 0,
+                data: Default::default(),
             })
         })
         .collect();
@@ -195,9 +198,7 @@ impl StepSink for Recorder {
 }
 
 fn train(fail_task: Option<&str>) -> Recorder {
-    let settings = settings();
     let tokenizer = tokenizer();
-    let template = tokenizer.default_chat_template().unwrap();
     let setup = EpisodeSetup {
         env: Arc::new(Talk {
             fail_task: fail_task.map(str::to_string),
@@ -213,8 +214,27 @@ fn train(fail_task: Option<&str>) -> Recorder {
         tools_in_template: false,
         tools_described: false,
     };
-    let _ = template;
+    let tasks = tasks(&tokenizer, &setup);
     let policy = model(&tokenizer);
+    train_on(
+        settings(),
+        tokenizer,
+        policy,
+        setup,
+        tasks,
+        Arc::new(Letters),
+    )
+}
+
+/// A GRPO run of `settings` on `tasks` in `setup`, scored by `verifier` plus the environment.
+fn train_on(
+    settings: GrpoSettings,
+    tokenizer: Arc<Tokenizer>,
+    policy: Transformer,
+    setup: EpisodeSetup,
+    tasks: Vec<Arc<Task>>,
+    verifier: Arc<dyn Verifier>,
+) -> Recorder {
     let weights = Arc::new(WeightStore::with_history(&policy, 1).unwrap());
     let rollout = RolloutModule::new(
         Arc::clone(&weights),
@@ -225,8 +245,8 @@ fn train(fail_task: Option<&str>) -> Recorder {
     .with_episodes(setup.clone())
     .unwrap();
     let spec = RewardSpec {
-        name: "letters".into(),
-        verifier: Arc::new(Letters),
+        name: "default".into(),
+        verifier,
         group_level: false,
     };
     let rewards = EpisodeRewards::new(Box::new(
@@ -268,7 +288,7 @@ fn train(fail_task: Option<&str>) -> Recorder {
         scheduler: ThreadScheduler::shared(2),
     };
     let plan = TaskPlan::new(
-        tasks(&tokenizer, &setup),
+        tasks,
         settings.seed,
         0,
         settings.prompts_per_step,
@@ -376,4 +396,202 @@ fn an_environment_that_dies_mid_episode_fails_only_its_samples() {
     }
     assert_eq!(recorder.steps.len(), 3, "the run went on");
     assert!(failed > 0 && fine > 0, "failed {failed}, fine {fine}");
+}
+
+/// The configured reward of the code-repair run: nothing for the final answer (the
+/// environment's hidden tests are the grade).
+struct Nothing;
+
+impl Verifier for Nothing {
+    fn score(&self, _input: &RewardInput<'_>) -> RewardOutcome {
+        RewardOutcome::shaped(0.0, Details::default())
+    }
+}
+
+/// The fixture in `dir` with room for the code-repair opening (its system prompt, tools and
+/// task run to a few thousand ids of its small vocabulary).
+fn long_context_fixture(dir: &Path) -> PathBuf {
+    for entry in std::fs::read_dir(fixture_dir()).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).unwrap();
+    }
+    let config = dir.join("config.json");
+    let text = std::fs::read_to_string(&config).unwrap().replace(
+        "\"max_position_embeddings\": 128",
+        "\"max_position_embeddings\": 8192",
+    );
+    assert!(text.contains("8192"));
+    std::fs::write(&config, text).unwrap();
+    dir.to_path_buf()
+}
+
+#[test]
+fn a_code_repair_run_from_config_trains_graded_episodes_and_evaluates_held_out_tasks() {
+    // The environment and the tasks as `stoke grpo` resolves them from the config.
+    let text = format!(
+        r#"
+[model]
+path = "{}"
+[tasks]
+kind = "code_repair"
+problems = 4
+seed = 5
+max_bugs = 1
+templates = ["sum_to", "clamp"]
+[eval]
+problems = 2
+[training]
+steps = 2
+[grpo]
+prompts_per_step = 2
+group_size = 4
+max_new_tokens = 8
+threads = 2
+reward_workers = 2
+mode = "async"
+max_off_policy_steps = 0
+weight_sync = "in_flight"
+rollout_batch_groups = 1
+[environment]
+kind = "code_repair"
+max_turns = 2
+tool_call_parser = "hermes"
+truncated_turns = "close"
+[optimizer]
+kind = "adamw"
+lr = 1e-3
+"#,
+        fixture_dir().display()
+    );
+    let config = GrpoConfig::parse(&text, Path::new("/tmp/grpo-code-repair.toml"), &[])
+        .expect("the code-repair config parses");
+    let dir = tempfile::tempdir().unwrap();
+    let model_dir = long_context_fixture(dir.path());
+    let tokenizer = Arc::new(Tokenizer::from_dir(&model_dir).unwrap());
+    let template = tokenizer.default_chat_template().unwrap();
+    let environment = config.settings.environment.as_ref().unwrap();
+    let setup = match EpisodeSetup::new(environment, template) {
+        Ok(setup) => setup,
+        Err(error) => {
+            eprintln!("skipped: the code-repair environment has no sandbox here: {error}");
+            return;
+        }
+    };
+    assert_eq!(setup.env.name(), "code_repair");
+    assert!(setup.env.grades_outcome() && setup.env.requires_tool());
+    // The tasks carry their repositories into the episodes (as the CLI draws them).
+    let draw = |source: &TaskSource| -> Vec<Arc<Task>> {
+        let TaskSource::CodeRepair {
+            problems,
+            seed,
+            max_bugs,
+            templates,
+        } = source
+        else {
+            panic!("code_repair tasks expected, got {source:?}");
+        };
+        let spec = CodeRepairSpec {
+            seed: *seed,
+            max_bugs: *max_bugs,
+            templates: templates.clone(),
+        };
+        let tasks = code_repair_tasks(&spec, *problems)
+            .unwrap()
+            .into_iter()
+            .map(|task| {
+                Arc::new(Task {
+                    id: task.id,
+                    prompt: task.prompt,
+                    prompt_ids: vec![1],
+                    reference: task.reference,
+                    reward: 0,
+                    data: task.data,
+                })
+            })
+            .collect();
+        episode_prompts(tasks, &setup, &tokenizer).expect("code-repair openings render")
+    };
+    let tasks = draw(&config.tasks);
+    let held_out = draw(config.held_out.as_ref().expect("a default held-out set"));
+    assert_eq!((tasks.len(), held_out.len()), (4, 2));
+    assert!(held_out.iter().all(|t| tasks.iter().all(|u| u.id != t.id)));
+    assert!(tasks.iter().all(|t| t.data.contains_key("files")));
+
+    let policy = Transformer::load(&model_dir, &Device::Cpu).unwrap();
+    let settings = config.settings.clone();
+    let recorder = train_on(
+        settings.clone(),
+        Arc::clone(&tokenizer),
+        policy,
+        setup.clone(),
+        tasks,
+        Arc::new(Nothing),
+    );
+    assert_eq!(recorder.steps.len(), 2, "every update ran");
+    for (index, (trained, samples)) in recorder.steps.iter().enumerate() {
+        assert_eq!(*trained, index as u64);
+        // No sample lost: prompts_per_step groups of group_size episodes.
+        assert_eq!(samples.len(), 8, "update {index}");
+        for (sample, failure, score) in samples {
+            let episode = sample.episode.as_ref().expect("a multi-turn sample");
+            assert!(failure.is_none(), "{failure:?}");
+            assert!(
+                !matches!(episode.stop, StopReason::EnvFailed { .. }),
+                "{:?}",
+                episode.stop
+            );
+            assert!(episode.grades_outcome && episode.requires_tool);
+            assert!((1..=2).contains(&episode.model_turns), "{episode:?}");
+            // The score is the share of the hidden-test gap closed.
+            assert!((0.0..=1.0).contains(score), "score {score}");
+            assert!((0.0..=1.0).contains(&episode.outcome_reward));
+            assert_eq!(*score, episode.env_reward);
+            for call in &episode.tool_calls {
+                assert!(
+                    ["list_files", "read_file", "write_file", "run_tests"]
+                        .contains(&call.name.as_str())
+                        || call.failed,
+                    "{call:?}"
+                );
+            }
+            assert_eq!(sample.completion_ids, episode.transcript.completion_ids());
+        }
+    }
+
+    // Held-out evaluation of whole episodes: the verdict is the environment's.
+    let pool = RewardPool::new(
+        vec![RewardSpec {
+            name: "default".into(),
+            verifier: Arc::new(Nothing),
+            group_level: false,
+        }],
+        2,
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    let rewards = EpisodeRewards::new(Box::new(pool));
+    let policy = Transformer::load(&model_dir, &Device::Cpu).unwrap();
+    let result = evaluate_episodes(
+        &policy,
+        &tokenizer,
+        &setup,
+        &held_out,
+        &rewards,
+        &EvalSampling {
+            samples: 2,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: None,
+            max_new_tokens: 8,
+            seed: 0,
+        },
+    )
+    .expect("held-out episodes evaluate");
+    assert_eq!(result.problems, 2);
+    let figures = result.episodes.expect("episode figures");
+    assert!((0.0..=1.0).contains(&figures.mean_outcome));
+    assert!((1.0..=2.0).contains(&figures.mean_turns), "{figures:?}");
+    // A random model repairs nothing: pass@1 is the share solved, 0 here.
+    assert_eq!(result.greedy_pass_at_1, 0.0);
+    assert_eq!(figures.mean_outcome, 0.0);
 }

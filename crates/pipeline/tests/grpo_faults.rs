@@ -101,6 +101,7 @@ fn tasks(n: usize) -> Vec<Arc<Task>> {
                 prompt_ids,
                 reference: square_reference(),
                 reward: 0,
+                data: Default::default(),
             })
         })
         .collect()

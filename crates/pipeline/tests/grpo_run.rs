@@ -55,6 +55,7 @@ fn tasks(n: usize) -> Vec<Arc<Task>> {
                 prompt_ids,
                 reference: Reference::default(),
                 reward: 0,
+                data: Default::default(),
             })
         })
         .collect()

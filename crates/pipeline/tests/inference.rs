@@ -53,6 +53,7 @@ fn group(
         prompt_ids: ids(group_id * 100, prompt_len),
         reference: Reference::default(),
         reward: 0,
+        data: Default::default(),
     };
     let samples = completion_lens
         .iter()

@@ -23,6 +23,7 @@ fn ticket(version: u64) -> GroupTicket {
             prompt_ids: vec![1, 2],
             reference: Reference::default(),
             reward: 0,
+            data: Default::default(),
         }),
         permit: GenerationPermit {
             policy_version: PolicyVersion(version),
@@ -152,6 +153,7 @@ fn eval(step: u64) -> GrpoRecord {
         turns_mean: (step > 0).then_some(2.5),
         tool_calls_mean: (step > 0).then_some(1.25),
         tool_use_rate: (step > 0).then_some(0.75),
+        env_outcome_mean: (step > 0).then_some(0.5),
     })
 }
 

@@ -46,6 +46,7 @@ fn group(group_id: u64, prompt_len: usize, lens: &[usize], vocab: usize, t: f32)
         prompt_ids: ids(group_id * 100, prompt_len, vocab),
         reference: Reference::default(),
         reward: 0,
+        data: Default::default(),
     };
     let samples = lens
         .iter()

@@ -95,6 +95,7 @@ fn group(answer: &str, completions: &[&str], reward: usize) -> RolloutGroup {
             ..Reference::default()
         },
         reward,
+        data: Default::default(),
     });
     RolloutGroup {
         ticket: GroupTicket {

@@ -106,6 +106,7 @@ fn group(answer: &str, completions: &[&str], reward: usize) -> RolloutGroup {
             ..Reference::default()
         },
         reward,
+        data: Default::default(),
     };
     let samples = completions
         .iter()

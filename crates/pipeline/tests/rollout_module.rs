@@ -64,6 +64,7 @@ fn ticket(group_id: u64, temperature: f32, version: u64) -> GroupTicket {
             prompt_ids,
             reference: Reference::default(),
             reward: 0,
+            data: Default::default(),
         }),
         permit: GenerationPermit {
             policy_version: PolicyVersion(version),

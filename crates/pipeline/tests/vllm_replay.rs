@@ -148,6 +148,7 @@ fn task(id: u64, prompt_ids: Vec<u32>) -> Arc<Task> {
         prompt_ids,
         reference: Reference::default(),
         reward: 0,
+        data: Default::default(),
     })
 }
 

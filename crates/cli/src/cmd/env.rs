@@ -6,7 +6,8 @@
 //! `[environment]` uses, with the same keys (`--max-turns` is `environment.max_turns`, ...). The
 //! output shows every segment of the sequence the trainer would see: the prompt, the model's
 //! turns (trained) and the environment's template-rendered turns (masked), then the stop
-//! reason, the tool calls, the final answer's exact-match verdict when the task has a gold
+//! reason, the tool calls, the environment's outcome reward (code repair: the share of the
+//! hidden-test gap closed), the final answer's exact-match verdict when the task has a gold
 //! answer, and whether re-rendering the transcript reproduces every id. What it is not: an
 //! OpenAI-endpoint client yet (episodes on a served model arrive with remote multi-turn
 //! rollout), or a trainer.
@@ -19,7 +20,7 @@ use candle_core::Device;
 use clap::{Args, ValueEnum};
 use serde_json::json;
 use stoke_env::arithmetic::{ArithmeticSpec, arithmetic_tasks};
-use stoke_env::{EnvTask, Segment, TurnRenderer};
+use stoke_env::{CodeRepairSpec, EnvTask, Segment, TurnRenderer, code_repair_tasks};
 use stoke_model::Transformer;
 use stoke_pipeline::config::environment::EnvironmentSection;
 use stoke_pipeline::env_settings::{EnvironmentKind, ToolsIn};
@@ -37,15 +38,21 @@ pub struct EnvArgs {
     /// The environment (`environment.kind`).
     #[arg(long, value_enum, default_value_t = EnvKindArg::Calculator)]
     environment: EnvKindArg,
-    /// The task's prompt; default: a task drawn like `[tasks] kind = "calculator"`.
+    /// The task's prompt; default: tasks drawn like `[tasks] kind = "calculator"` (or
+    /// `"code_repair"` for that environment).
     #[arg(long)]
     prompt: Option<String>,
     /// The gold answer of --prompt (for the exact-match verdict).
     #[arg(long, requires = "prompt")]
     answer: Option<String>,
-    /// Drawn tasks: operand digits, seed, and how many.
+    /// Drawn tasks: operand digits (calculator), bugs per repository and the functions to draw
+    /// from (code_repair; default all), seed, and how many.
     #[arg(long, default_value_t = 5)]
     digits: u32,
+    #[arg(long, default_value_t = 2)]
+    max_bugs: usize,
+    #[arg(long, value_delimiter = ',')]
+    templates: Vec<String>,
     #[arg(long, default_value_t = 0)]
     task_seed: u64,
     #[arg(long, default_value_t = 1)]
@@ -87,6 +94,8 @@ enum EnvKindArg {
     Calculator,
     #[value(name = "guess_number")]
     GuessNumber,
+    #[value(name = "code_repair")]
+    CodeRepair,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -119,6 +128,7 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
         kind: match args.environment {
             EnvKindArg::Calculator => EnvironmentKind::Calculator,
             EnvKindArg::GuessNumber => EnvironmentKind::GuessNumber,
+            EnvKindArg::CodeRepair => EnvironmentKind::CodeRepair,
         },
         tool_call_parser: Some(args.tool_call_parser.clone()),
         tools_in: Some(match args.tools_in {
@@ -144,6 +154,9 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
     let settings = section.resolve(args.max_turn_tokens)?;
     let setup = EpisodeSetup::new(&settings, template)?;
     let runner = setup.runner(&tokenizer, template);
+    if matches!(args.environment, EnvKindArg::CodeRepair) && args.prompt.is_some() {
+        bail!("--environment code_repair plays drawn repositories: leave --prompt out");
+    }
     let tasks: Vec<EnvTask> = match &args.prompt {
         Some(prompt) => vec![EnvTask {
             id: "prompt".into(),
@@ -154,6 +167,14 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
             },
             data: Default::default(),
         }],
+        None if matches!(args.environment, EnvKindArg::CodeRepair) => code_repair_tasks(
+            &CodeRepairSpec {
+                seed: args.task_seed,
+                max_bugs: args.max_bugs,
+                templates: args.templates.clone(),
+            },
+            args.tasks,
+        )?,
         None => arithmetic_tasks(
             &ArithmeticSpec {
                 digits: args.digits,
@@ -308,7 +329,10 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
                             ),
                         }
                     }
-                    println!("--- end: {:?}", record.stop);
+                    println!(
+                        "--- end: {:?}, environment outcome {}",
+                        record.stop, record.outcome_reward
+                    );
                     if let Some(score) = verdict {
                         println!(
                             "final answer {:?}: exact match {} (gold {})",

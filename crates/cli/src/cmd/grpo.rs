@@ -283,6 +283,32 @@ fn resolve_tasks(
                 })
                 .collect()
         }
+        TaskSource::CodeRepair {
+            problems,
+            seed,
+            max_bugs,
+            templates,
+        } => {
+            let spec = stoke_env::CodeRepairSpec {
+                seed: *seed,
+                max_bugs: *max_bugs,
+                templates: templates.clone(),
+            };
+            let drawn = stoke_env::code_repair_tasks(&spec, *problems)
+                .with_context(|| format!("[{section}] code_repair tasks"))?;
+            // The repository and the hidden tests travel in the task's data; the prompt ids are
+            // re-rendered from the environment's opening.
+            drawn
+                .into_iter()
+                .map(|task| {
+                    let mut rendered =
+                        chat_task(task.id.clone(), &task.prompt, task.reference, tokenizer)
+                            .with_context(|| format!("[{section}] rendering task {}", task.id))?;
+                    rendered.data = task.data;
+                    Ok(Arc::new(rendered))
+                })
+                .collect()
+        }
         TaskSource::Arithmetic {
             levels,
             problems,

@@ -18,7 +18,7 @@
 //! What it is not: the tools or the environment (`tools.rs`, `code_repair.rs`), or a judge of
 //! the repair (the environment's `finish` runs the hidden tests).
 //!
-//! Invariants: tasks are deterministic in (seed, index); the visible tests include an input
+//! Invariants: tasks are deterministic in (spec, index); the visible tests include an input
 //! revealing each planted bug, and the hidden tests every revealing input of the template (plus
 //! random inputs), so both fail on the generated module and pass on the solution (the sandbox
 //! suite `tests/code_repair.rs` checks it). Expected values come from the Rust reference, never
@@ -86,6 +86,8 @@ pub struct CodeRepairSpec {
     pub seed: u64,
     /// Bugs planted per task: each task draws 1..=`max_bugs` (1 or 2).
     pub max_bugs: usize,
+    /// The [`Template`] names tasks are drawn from; empty: all of them.
+    pub templates: Vec<String>,
 }
 
 impl Default for CodeRepairSpec {
@@ -93,18 +95,38 @@ impl Default for CodeRepairSpec {
         CodeRepairSpec {
             seed: 0,
             max_bugs: 2,
+            templates: Vec::new(),
         }
     }
 }
 
-/// `count` tasks from `spec`; task `i` depends only on (seed, max_bugs, i).
-pub fn code_repair_tasks(spec: &CodeRepairSpec, count: usize) -> Result<Vec<EnvTask>, EnvError> {
-    if !(1..=2).contains(&spec.max_bugs) {
-        return Err(EnvError::config(
-            "max_bugs",
-            format!("must be 1 or 2, got {}", spec.max_bugs),
-        ));
+impl CodeRepairSpec {
+    /// Checks `max_bugs` and the template names; the error names the field.
+    pub fn check(&self) -> Result<(), EnvError> {
+        if !(1..=2).contains(&self.max_bugs) {
+            return Err(EnvError::config(
+                "max_bugs",
+                format!("must be 1 or 2, got {}", self.max_bugs),
+            ));
+        }
+        if let Some(unknown) = self
+            .templates
+            .iter()
+            .find(|name| !TEMPLATES.iter().any(|t| t.name == name.as_str()))
+        {
+            let known: Vec<&str> = TEMPLATES.iter().map(|t| t.name).collect();
+            return Err(EnvError::config(
+                "templates",
+                format!("unknown template `{unknown}` (known: {})", known.join(", ")),
+            ));
+        }
+        Ok(())
     }
+}
+
+/// `count` tasks from `spec`; task `i` depends only on (seed, max_bugs, templates, i).
+pub fn code_repair_tasks(spec: &CodeRepairSpec, count: usize) -> Result<Vec<EnvTask>, EnvError> {
+    spec.check()?;
     Ok((0..count).map(|index| task(spec, index as u64)).collect())
 }
 
@@ -139,7 +161,16 @@ pub fn templates() -> &'static [Template] {
 fn task(spec: &CodeRepairSpec, index: u64) -> EnvTask {
     let mut rng =
         ChaCha8Rng::seed_from_u64(spec.seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xC0DE);
-    let template = &TEMPLATES[rng.random_range(0..TEMPLATES.len())];
+    // Without a filter the draw is over every template (the stream of unfiltered specs).
+    let template = if spec.templates.is_empty() {
+        &TEMPLATES[rng.random_range(0..TEMPLATES.len())]
+    } else {
+        let name = &spec.templates[rng.random_range(0..spec.templates.len())];
+        TEMPLATES
+            .iter()
+            .find(|t| t.name == name.as_str())
+            .expect("checked by CodeRepairSpec::check")
+    };
     let first = rng.random_range(0..template.bugs.len());
     let mut planted = vec![first];
     if spec.max_bugs >= 2 && rng.random_bool(0.5) {
@@ -561,6 +592,7 @@ mod tests {
         let spec = CodeRepairSpec {
             seed: 0,
             max_bugs: 3,
+            templates: Vec::new(),
         };
         let error = code_repair_tasks(&spec, 1).unwrap_err();
         assert!(error.to_string().starts_with("max_bugs:"), "{error}");

@@ -150,6 +150,18 @@ pub enum TaskSourceFile {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         seed: Option<u64>,
     },
+    /// Python repositories with planted bugs for the code-repair environment
+    /// (`stoke_env::code_repair`).
+    CodeRepair {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        problems: Option<usize>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seed: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_bugs: Option<usize>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        templates: Option<Vec<String>>,
+    },
 }
 
 /// `PipelineMode` as written in the file.

@@ -3,6 +3,7 @@
 //! resolution or the whole-config checks ([`super::GrpoConfig::from_file`] does those).
 
 use super::*;
+use crate::env_settings::{EnvironmentKind, EnvironmentSettings};
 use stoke_train::config::{
     ConfigError, ScheduleDefaults, ScheduleFile, resolve_lr_schedule, resolve_optimizer_with,
 };
@@ -70,7 +71,73 @@ pub(super) fn resolve_tasks(
                 seed: seed.unwrap_or(default_seed),
             }
         }
+        TaskSourceFile::CodeRepair {
+            problems,
+            seed,
+            max_bugs,
+            templates,
+        } => {
+            let spec = stoke_env::CodeRepairSpec {
+                seed: seed.unwrap_or(default_seed),
+                max_bugs: max_bugs.unwrap_or(stoke_env::CodeRepairSpec::default().max_bugs),
+                templates: templates.clone().unwrap_or_default(),
+            };
+            spec.check().map_err(|e| match e {
+                stoke_env::EnvError::Config { key, message } => {
+                    PipelineError::config(format!("{section}.{key}"), message)
+                }
+                other => PipelineError::config(section, other.to_string()),
+            })?;
+            if templates.as_ref().is_some_and(Vec::is_empty) {
+                return Err(PipelineError::config(
+                    format!("{section}.templates"),
+                    "name at least one template, or leave the key out for all of them",
+                ));
+            }
+            let problems = problems.unwrap_or(default_problems);
+            at_least_one(&format!("{section}.problems"), problems)?;
+            TaskSource::CodeRepair {
+                problems,
+                seed: spec.seed,
+                max_bugs: spec.max_bugs,
+                templates: spec.templates,
+            }
+        }
     })
+}
+
+/// `[tasks]` / `[held_out]` of kind `code_repair` and `[environment] kind = "code_repair"` go
+/// together: the environment reads each task's repository, which only those tasks carry, and
+/// the tasks have no answer any reward could check without the environment's hidden tests.
+pub(super) fn check_code_repair(
+    tasks: &TaskSource,
+    held_out: Option<&TaskSource>,
+    environment: Option<&EnvironmentSettings>,
+) -> Result<(), PipelineError> {
+    let environment_kind = environment.map(|e| e.kind);
+    let code_repair_env = environment_kind == Some(EnvironmentKind::CodeRepair);
+    for (section, source) in [("tasks", Some(tasks)), ("held_out", held_out)] {
+        let Some(source) = source else { continue };
+        let code_repair_tasks = matches!(source, TaskSource::CodeRepair { .. });
+        if code_repair_env && !code_repair_tasks {
+            return Err(PipelineError::config(
+                format!("{section}.kind"),
+                "[environment] kind = \"code_repair\" plays tasks of kind = \"code_repair\" \
+                 (they carry the repositories)",
+            ));
+        }
+        if code_repair_tasks && !code_repair_env {
+            return Err(PipelineError::config(
+                format!("{section}.kind"),
+                format!(
+                    "code_repair tasks are played in [environment] kind = \"code_repair\" \
+                     (the environment is {})",
+                    environment_kind.map_or("missing".to_string(), |k| format!("{:?}", k.name()))
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 pub(super) fn task_file(source: &TaskSource) -> TaskSourceFile {
@@ -93,6 +160,17 @@ pub(super) fn task_file(source: &TaskSource) -> TaskSourceFile {
             digits: Some(*digits),
             problems: Some(*problems),
             seed: Some(*seed),
+        },
+        TaskSource::CodeRepair {
+            problems,
+            seed,
+            max_bugs,
+            templates,
+        } => TaskSourceFile::CodeRepair {
+            problems: Some(*problems),
+            seed: Some(*seed),
+            max_bugs: Some(*max_bugs),
+            templates: (!templates.is_empty()).then(|| templates.clone()),
         },
     }
 }

@@ -137,6 +137,7 @@ fn group_of(request: ScoreRequest, reward: usize) -> RolloutGroup {
         prompt_ids: Vec::new(),
         reference: request.reference,
         reward,
+        data: Default::default(),
     });
     let completions = request
         .samples

@@ -542,11 +542,10 @@ impl RemoteRollout {
             stats.engine_calls += episode_stats.engine_calls;
             stats.generated_tokens += episode_stats.generated_tokens;
             stats.episodes.add(&episode_stats);
-            let requires_tool = setup.env.requires_tool();
             for (&index, episodes) in call.iter().zip(records) {
                 results[index] = episodes
                     .into_iter()
-                    .map(|record| episode_sample(record, requires_tool))
+                    .map(|record| episode_sample(record, &*setup.env))
                     .collect();
             }
         }
