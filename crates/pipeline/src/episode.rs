@@ -842,11 +842,8 @@ impl EpisodeSetup {
                 )
             }
             EnvironmentKind::CodeRepair => Arc::new(
-                stoke_env::CodeRepair::with_default_sandbox(
-                    describe_tools,
-                    settings.tools.clone(),
-                )
-                .map_err(|e| PipelineError::config("environment", e.to_string()))?,
+                stoke_env::CodeRepair::with_default_sandbox(describe_tools, settings.tools.clone())
+                    .map_err(|e| PipelineError::config("environment", e.to_string()))?,
             ),
         };
         Ok(EpisodeSetup {

@@ -78,6 +78,9 @@ pub struct EpisodeFigures {
     pub mean_tool_calls: f64,
     pub tool_use_rate: f64,
     pub mean_outcome: f64,
+    /// Whether the environment grades its final state (`Environment::grades_outcome`): only
+    /// then is `mean_outcome` shown and logged.
+    pub graded_outcome: bool,
 }
 
 /// Evaluates `model` on `tasks` (all of them; the caller picks the subset).
@@ -272,6 +275,7 @@ pub fn evaluate_episodes(
             .count() as f64
             / n,
         mean_outcome: summaries.iter().map(|e| e.outcome_reward).sum::<f64>() / n,
+        graded_outcome: summaries.iter().any(|e| e.grades_outcome),
     };
     Ok(HeldOutResult {
         problems: tasks.len(),

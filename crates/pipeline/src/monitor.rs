@@ -122,9 +122,14 @@ impl RunMonitor {
 
     pub fn record_eval(&mut self, step: u64, result: &HeldOutResult) -> Result<(), PipelineError> {
         let episodes = result.episodes.as_ref().map_or(String::new(), |e| {
+            let outcome = if e.graded_outcome {
+                format!(", outcome {:.3}", e.mean_outcome)
+            } else {
+                String::new()
+            };
             format!(
-                " | episodes: {:.2} turns, {:.2} tool calls, outcome {:.3}",
-                e.mean_turns, e.mean_tool_calls, e.mean_outcome
+                " | episodes: {:.2} turns, {:.2} tool calls{outcome}",
+                e.mean_turns, e.mean_tool_calls
             )
         });
         self.display.println(&format!(
@@ -548,6 +553,10 @@ pub fn eval_record(step: u64, result: &HeldOutResult) -> GrpoEvalRecord {
         turns_mean: result.episodes.as_ref().map(|e| e.mean_turns),
         tool_calls_mean: result.episodes.as_ref().map(|e| e.mean_tool_calls),
         tool_use_rate: result.episodes.as_ref().map(|e| e.tool_use_rate),
-        env_outcome_mean: result.episodes.as_ref().map(|e| e.mean_outcome),
+        env_outcome_mean: result
+            .episodes
+            .as_ref()
+            .filter(|e| e.graded_outcome)
+            .map(|e| e.mean_outcome),
     }
 }

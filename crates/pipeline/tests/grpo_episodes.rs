@@ -594,4 +594,5 @@ lr = 1e-3
     // A random model repairs nothing: pass@1 is the share solved, 0 here.
     assert_eq!(result.greedy_pass_at_1, 0.0);
     assert_eq!(figures.mean_outcome, 0.0);
+    assert!(figures.graded_outcome, "code repair grades its final state");
 }

@@ -561,7 +561,8 @@ impl RemoteRollout {
         )
     }
 
-    /// One group on one server: the request, and the answer checked and turned into samples.
+    /// One group on one server: the request, and the answer checked and turned into samples
+    /// (turn 0 of the group's streams, the single-turn request).
     fn request_group(
         &self,
         index: usize,
@@ -569,71 +570,19 @@ impl RemoteRollout {
         ticket: &GroupTicket,
         base: u64,
     ) -> Result<(Vec<Sample>, Work), String> {
-        let s = &self.settings;
-        let prompt = &ticket.task.prompt_ids;
-        let max_tokens = s.max_new_tokens.min(self.max_model_len - prompt.len());
-        let mut body = json!({
-            "model": self.model_name,
-            "prompt": prompt,
-            "n": s.group_size,
-            "max_tokens": max_tokens,
-            "temperature": ticket.temperature,
-            "top_p": s.top_p,
-            "seed": match self.publisher.engine {
-                // stoke serve draws sample j from stream (seed, group id, j), as the in-process
-                // engine does, so remote samples are the local ones.
-                Engine::Stoke => s.seed as i64,
-                Engine::Vllm => group_seed(s.seed, ticket.group_id),
+        self.request_turn(
+            index,
+            client,
+            &ticket.task.prompt_ids,
+            StreamKey {
+                prompt_number: ticket.group_id,
+                first_sample: 0,
+                turn: 0,
             },
-            "stop_token_ids": s.stop_token_ids,
-            "logprobs": 0,
-            "return_token_ids": true,
-        });
-        if let Some(k) = s.top_k {
-            body["top_k"] = json!(k);
-        }
-        let held_version = self.publisher.lock().held[index];
-        if self.publisher.engine == Engine::Stoke {
-            body["logprobs_mode"] = json!("processed_logprobs");
-            body["prompt_number"] = json!(ticket.group_id);
-        }
-        let (status, answer) = client
-            .post("/v1/completions", &body)
-            .map_err(|e| e.to_string())?;
-        if status != 200 {
-            return Err(format!(
-                "/v1/completions answered {status}: {}",
-                answer.to_string().chars().take(300).collect::<String>()
-            ));
-        }
-        let choices = answer["choices"]
-            .as_array()
-            .ok_or("the answer has no `choices`")?;
-        if choices.len() != s.group_size {
-            return Err(format!(
-                "{} choices for n = {}",
-                choices.len(),
-                s.group_size
-            ));
-        }
-        let mut ordered: Vec<&Value> = choices.iter().collect();
-        ordered.sort_by_key(|c| c["index"].as_u64().unwrap_or(u64::MAX));
-        let permit = base + ticket.permit.policy_version.0;
-        let mut samples = Vec::with_capacity(ordered.len());
-        let mut tokens = 0u64;
-        for (i, choice) in ordered.into_iter().enumerate() {
-            let sample = parse_choice(choice, permit, base, held_version, self.vocab_size)
-                .map_err(|e| format!("choice {i}: {e}"))?;
-            tokens += sample.completion_ids.len() as u64;
-            samples.push(sample);
-        }
-        Ok((
-            samples,
-            Work {
-                samples: s.group_size as u64,
-                tokens,
-            },
-        ))
+            &self.sampling_params(ticket.temperature),
+            base + ticket.permit.policy_version.0,
+            base,
+        )
     }
 }
 
