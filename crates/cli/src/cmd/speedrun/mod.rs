@@ -9,7 +9,7 @@
 //!
 //! `run` below reads as the algorithm, one stage per block; each stage lives in its own module
 //! and hands typed records (and folders) to the next. Sizes come from [`recipe::Recipe`] (`full`
-//! by default, about ten minutes on two cores; `--quick`, under two minutes).
+//! by default, about twelve minutes on two cores; `--quick`, about five).
 //!
 //! Outputs under `--out` (default `runs/speedrun`, or `runs/speedrun-quick`): `data/`,
 //! `tokenizer/`, `shards/`, `pretrain/` and `sft/` (trainer run folders with config.toml,

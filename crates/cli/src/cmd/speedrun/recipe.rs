@@ -1,6 +1,6 @@
 //! The speedrun's sizes: how much data, how big a tokenizer and model, how many steps. Two
-//! recipes, full (the default, about ten minutes on two CPU cores) and quick (`--quick`, under
-//! two minutes, what the integration test runs), and every other number derived from them.
+//! recipes, full (the default, about twelve minutes on two CPU cores) and quick (`--quick`, about
+//! five minutes, what the integration test runs), and every other number derived from them.
 //!
 //! What it is: plain data plus the configs it implies, built as the commands' own typed config
 //! files and written as the TOML they read (`<out>/pretrain.toml`, `<out>/sft.toml`,
@@ -230,7 +230,7 @@ pub struct StageSizes {
 }
 
 impl Recipe {
-    /// The default run (about ten minutes on a 2-core CPU).
+    /// The default run (about twelve minutes on a 2-core CPU).
     pub fn full() -> Recipe {
         Recipe {
             name: "full",
@@ -290,7 +290,7 @@ impl Recipe {
         }
     }
 
-    /// `--quick`: the same pipeline in under two minutes (the integration test).
+    /// `--quick`: the same pipeline in about five minutes (the integration test).
     pub fn quick() -> Recipe {
         Recipe {
             name: "quick",
