@@ -629,6 +629,14 @@ impl TurnEngine for RemoteTurns<'_> {
                 "group {} episode {} turn {}",
                 key.prompt_number, key.first_sample, key.turn
             );
+            // Checked here, not in the request: a prompt the servers cannot take is this
+            // episode's fault, and must not take a server out of rotation.
+            if let Err(reason) = self.rollout.check_prompt(prompt) {
+                return Err(PipelineError::Remote {
+                    service: "rollout",
+                    reason: format!("{what}: {reason}"),
+                });
+            }
             self.rollout.pool.call(&what, |index, client| {
                 self.rollout.request_turn(
                     index,
@@ -676,8 +684,8 @@ impl TurnEngine for RemoteTurns<'_> {
 }
 
 impl RemoteRollout {
-    /// One prompt of an episode turn on one server: `params.n` samples from the key's streams,
-    /// checked like a group's answer (no token older than `permit`).
+    /// One prompt (checked by the caller) on one server: `params.n` samples from the key's
+    /// streams, the answer checked (no token older than `permit`).
     #[allow(clippy::too_many_arguments)]
     fn request_turn(
         &self,
@@ -689,7 +697,6 @@ impl RemoteRollout {
         permit: u64,
         base: u64,
     ) -> Result<(Vec<Sample>, Work), String> {
-        self.check_prompt(prompt)?;
         let n = params.n.max(1);
         let max_tokens = params
             .max_new_tokens
