@@ -173,7 +173,7 @@ def load_tasks(path: Path) -> list[dict]:
 def import_reward(bench_dir: Path | None):
     """exact_match_reward (gsm8k mode, stoke's rule) from stoke's bench/grpo_trl.py."""
     here = Path(__file__).resolve().parent
-    for folder in [bench_dir, here.parent, here, Path("/work/main/bench")]:
+    for folder in [bench_dir, here.parent, here]:
         if folder is not None and (folder / "grpo_trl.py").exists():
             sys.path.insert(0, str(folder))
             from grpo_trl import exact_match_reward  # noqa: E402
