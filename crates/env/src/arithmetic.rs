@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 use stoke_reward::Reference;
-use stoke_tokenizer::chat::{ChatMessage, TemplateValue};
+use stoke_tokenizer::chat::{ChatMessage, Role, TemplateValue};
 use stoke_tokenizer::tool_calls::ToolCall;
 
 use crate::calculator::Calculator;
@@ -129,6 +129,21 @@ pub fn tool_use_trace(task: &EnvTask) -> Vec<ChatMessage> {
         tool_message(&call, answer.clone()),
         ChatMessage::assistant(format!("The answer is {answer}.")),
     ]
+}
+
+/// The ideal model turns of [`tool_use_trace`] as raw texts (the call, then the answer), for
+/// playing through the environment (`stoke env --demonstrations`).
+pub fn expert_turns(task: &EnvTask) -> Vec<String> {
+    tool_use_trace(task)
+        .into_iter()
+        .filter(|message| message.role == Role::Assistant)
+        .map(|message| {
+            message
+                .content
+                .map(|content| content.joined_text())
+                .unwrap_or_default()
+        })
+        .collect()
 }
 
 #[cfg(test)]

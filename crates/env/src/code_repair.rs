@@ -56,6 +56,49 @@ replaces the whole file) and run the tests with run_tests. Do not change the tes
 checked against further tests you cannot see. When the tests pass, reply without a tool call \
 to finish.";
 
+/// The turns of a scripted expert on `task`, as Hermes-format model texts: read the module,
+/// write it back fixed (the task's `solution`), run the tests, then finish without a tool call
+/// naming what was fixed. Played through the environment (`stoke env --demonstrations`), they
+/// give SFT conversations whose tool messages are the tools' real outputs, for a warm start on
+/// tool use before GRPO. Errors name the missing task field.
+pub fn expert_turns(task: &EnvTask) -> Result<Vec<String>, EnvError> {
+    let hidden = HiddenTests::of(task)?;
+    let solution = task
+        .data
+        .get("solution")
+        .and_then(Value::as_str)
+        .ok_or_else(|| {
+            EnvError::config(
+                "solution",
+                format!("task {}: missing string field", task.id),
+            )
+        })?;
+    let bugs: Vec<&str> = task
+        .data
+        .get("bugs")
+        .and_then(Value::as_array)
+        .map(|bugs| bugs.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    // Name first, as the tool prompt's example writes it (`json!` would sort the keys).
+    let call = |name: &str, arguments: Value| {
+        format!("<tool_call>{{\"name\": \"{name}\", \"arguments\": {arguments}}}</tool_call>")
+    };
+    let what = if bugs.is_empty() {
+        "the bug".to_string()
+    } else {
+        format!("the {}", bugs.join(" and the "))
+    };
+    Ok(vec![
+        call("read_file", serde_json::json!({"path": hidden.module})),
+        call(
+            "write_file",
+            serde_json::json!({"path": hidden.module, "content": solution}),
+        ),
+        call("run_tests", serde_json::json!({})),
+        format!("I fixed {what} in {}; the tests pass now.", hidden.module),
+    ])
+}
+
 /// The code-repair environment. Shared by every episode of a run.
 pub struct CodeRepair {
     tools: ToolEnvironment,

@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use stoke_env::code_repair::tasks::{templates, variant};
-use stoke_env::code_repair::{RunTests, gap_closed, repository};
+use stoke_env::code_repair::{RunTests, expert_turns, gap_closed, repository};
 use stoke_env::monitor::is_protected_path;
 use stoke_env::{
     CodeRepair, CodeRepairSpec, EnvTask, Environment, ModelTurn, StopReason, Tool, ToolLimits,
     Workspace, code_repair_tasks,
 };
 use stoke_sandbox::{Program, Sandbox, SandboxConfig};
-use stoke_tokenizer::tool_calls::ToolCall;
+use stoke_tokenizer::tool_calls::{ToolCall, ToolCallParser};
 
 fn sandbox() -> Option<Arc<Sandbox>> {
     let sandbox = match Sandbox::new(SandboxConfig {
@@ -294,6 +294,65 @@ fn a_scripted_repair_scores_1() {
     let done = episode.step(&turn(2, &[])).unwrap();
     assert!(done.done);
     assert_eq!(episode.finish(&StopReason::Done).unwrap(), 1.0);
+}
+
+#[test]
+fn the_scripted_expert_repairs_every_variant_through_its_own_tool_calls() {
+    let Some(sandbox) = sandbox() else { return };
+    let env = CodeRepair::new(sandbox, true, ToolLimits::default()).unwrap();
+    let mut variants = 0;
+    for template in templates() {
+        for bug in 0..template.bugs.len() {
+            let task = variant(template, &[bug], 9);
+            let turns = expert_turns(&task).unwrap();
+            assert_eq!(turns.len(), 4, "{}", task.id);
+            let mut episode = env.start(&task).unwrap();
+            for (index, text) in turns.iter().enumerate() {
+                // The texts go through the parser a run uses, as a sampled turn would.
+                let parsed = ToolCallParser::Hermes.parse(text, &format!("call-{index}"));
+                let last = index + 1 == turns.len();
+                assert_eq!(
+                    parsed.calls.len(),
+                    usize::from(!last),
+                    "{}: {text}",
+                    task.id
+                );
+                let step = episode
+                    .step(&ModelTurn {
+                        index,
+                        text,
+                        content: parsed.content.as_deref(),
+                        tool_calls: &parsed.calls,
+                    })
+                    .unwrap();
+                assert!(step.tool_calls.iter().all(|c| !c.failed), "{step:?}");
+                assert_eq!(step.done, last, "{}: turn {index}", task.id);
+                if index == 2 {
+                    assert!(
+                        message_text(&step, 0).contains(" passed, 0 failed"),
+                        "{step:?}"
+                    );
+                }
+            }
+            assert_eq!(
+                episode.finish(&StopReason::Done).unwrap(),
+                1.0,
+                "{}",
+                task.id
+            );
+            variants += 1;
+        }
+    }
+    assert!(variants >= 20, "{variants}");
+    // A task without its solution has no expert, and the error names the field.
+    let mut task = tasks(1).remove(0);
+    task.data.remove("solution");
+    assert!(
+        expert_turns(&task)
+            .unwrap_err()
+            .to_string()
+            .contains("solution")
+    );
 }
 
 #[test]

@@ -238,6 +238,72 @@ impl EpisodeRunner<'_> {
         self.run_on(&InProcess(weights), params, groups, stats)
     }
 
+    /// Plays scripted model `turns` (texts in the run's tool-call format) through a fresh
+    /// episode of `task`, as a model's turns would be played: parsed with the run's parser,
+    /// stepped, the environment's messages appended, then `finish`ed. The conversation is the
+    /// opening, each turn as an assistant message holding its raw text (as
+    /// [`Transcript::messages`] writes a sampled turn) and the environment's real messages, so
+    /// SFT on it renders what a GRPO episode of the same turns renders. Errors: the environment
+    /// failed, ended the episode before the last turn, or the script is longer than
+    /// `max_turns`.
+    pub fn demonstrate(&self, task: &EnvTask, turns: &[String]) -> Result<Demonstration, EnvError> {
+        if turns.len() > self.limits.max_turns {
+            return Err(EnvError::config(
+                "environment.max_turns",
+                format!(
+                    "task {}: the demonstration takes {} turns, max_turns is {}",
+                    task.id,
+                    turns.len(),
+                    self.limits.max_turns
+                ),
+            ));
+        }
+        let opening = self.env.opening(task)?;
+        let renderer = self.renderer(&opening)?;
+        let mut episode = self.env.start(task)?;
+        let mut messages = opening.messages.clone();
+        let mut demonstration = Demonstration::default();
+        for (index, text) in turns.iter().enumerate() {
+            let parsed = self.parser.parse(text, &format!("call-{index}"));
+            let step = episode.step(&ModelTurn {
+                index,
+                text,
+                content: parsed.content.as_deref(),
+                tool_calls: &parsed.calls,
+            })?;
+            messages.push(stoke_tokenizer::chat::ChatMessage::assistant(text.clone()));
+            let turn_tokens = self
+                .tokenizer
+                .encode(text, false)
+                .map_err(|e| EnvError::failed(self.env.name(), e.to_string()))?
+                .len();
+            demonstration.max_turn_tokens = demonstration.max_turn_tokens.max(turn_tokens);
+            demonstration.reward += step.reward;
+            demonstration.tool_calls += step.tool_calls.len();
+            demonstration.failed_tool_calls += step.tool_calls.iter().filter(|c| c.failed).count();
+            if step.done {
+                if index + 1 < turns.len() {
+                    return Err(EnvError::failed(
+                        self.env.name(),
+                        format!(
+                            "task {}: the episode ended after turn {} of the {}-turn demonstration",
+                            task.id,
+                            index + 1,
+                            turns.len()
+                        ),
+                    ));
+                }
+                break;
+            }
+            messages.extend(step.messages);
+        }
+        demonstration.outcome = episode.finish(&StopReason::Done)?;
+        demonstration.reward += demonstration.outcome;
+        demonstration.total_tokens = renderer.prompt_ids(&messages)?.len();
+        demonstration.messages = messages;
+        Ok(demonstration)
+    }
+
     /// [`EpisodeRunner::run`] with its turns sampled by `engine`.
     pub fn run_on(
         &self,
@@ -758,6 +824,23 @@ impl VersionedCompletion {
             finish: completion.finish_reason,
         }
     }
+}
+
+/// A scripted episode ([`EpisodeRunner::demonstrate`]): its conversation and what the
+/// environment made of it.
+#[derive(Clone, Debug, Default)]
+pub struct Demonstration {
+    pub messages: Vec<stoke_tokenizer::chat::ChatMessage>,
+    /// The environment's outcome reward (`finish`).
+    pub outcome: f64,
+    /// The per-turn rewards plus the outcome.
+    pub reward: f64,
+    pub tool_calls: usize,
+    pub failed_tool_calls: usize,
+    /// The longest scripted turn in tokens (without the turn's end token).
+    pub max_turn_tokens: usize,
+    /// The whole conversation rendered by the template, in tokens.
+    pub total_tokens: usize,
 }
 
 /// What a run needs to play episodes: the environment, and how its tools meet the model.

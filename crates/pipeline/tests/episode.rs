@@ -195,6 +195,78 @@ fn play(
         .expect("runs")
 }
 
+/// A runner of `script` on the fixture's tokenizer and template.
+fn runner<'a>(fixture: &'a Fixture, script: Script, limits: EpisodeLimits) -> EpisodeRunner<'a> {
+    EpisodeRunner {
+        env: Arc::new(Scripted(script)),
+        tokenizer: &fixture.tokenizer,
+        template: fixture.tokenizer.default_chat_template().expect("template"),
+        parser: ToolCallParser::Hermes,
+        limits,
+        tools_in_template: false,
+    }
+}
+
+#[test]
+fn a_demonstration_plays_its_turns_through_the_environment() {
+    let fixture = fixture();
+    let task = EnvTask {
+        id: "d".into(),
+        prompt: "d".into(),
+        ..EnvTask::default()
+    };
+    let turns = [
+        r#"<tool_call>{"name": "echo", "arguments": {}}</tool_call>"#.to_string(),
+        "done".to_string(),
+    ];
+    let demonstration = runner(&fixture, Script::Talk, limits())
+        .demonstrate(&task, &turns)
+        .expect("plays");
+    // The opening, then each turn as an assistant message with its raw text, then the
+    // environment's own message for it ("ok<turn>", from the scripted step).
+    let roles: Vec<Role> = demonstration.messages.iter().map(|m| m.role).collect();
+    assert_eq!(
+        roles,
+        [
+            Role::System,
+            Role::User,
+            Role::Assistant,
+            Role::Tool,
+            Role::Assistant,
+            Role::Tool
+        ]
+    );
+    let text = |i: usize| {
+        demonstration.messages[i]
+            .content
+            .as_ref()
+            .unwrap()
+            .joined_text()
+    };
+    assert_eq!(text(2), turns[0]);
+    assert_eq!((text(3).as_str(), text(5).as_str()), ("ok0", "ok1"));
+    assert_eq!(demonstration.outcome, 1.0);
+    assert_eq!(demonstration.reward, 1.0 + 2.0 * 0.25);
+    assert!(demonstration.max_turn_tokens >= 5, "{demonstration:?}");
+    assert!(demonstration.total_tokens > demonstration.max_turn_tokens);
+
+    // A script longer than max_turns, and an environment that fails, are errors, not lines.
+    let short = EpisodeLimits {
+        max_turns: 1,
+        ..limits()
+    };
+    let error = runner(&fixture, Script::Talk, short)
+        .demonstrate(&task, &turns)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("max_turns"), "{error}");
+    assert!(
+        runner(&fixture, Script::NoStart, limits())
+            .demonstrate(&task, &turns)
+            .is_err()
+    );
+}
+
 #[test]
 fn trained_ids_are_the_sampled_ids_plus_the_rendered_environment_ids() {
     let fixture = fixture();

@@ -24,7 +24,7 @@ use stoke_env::{CodeRepairSpec, EnvTask, Segment, TurnRenderer, code_repair_task
 use stoke_model::Transformer;
 use stoke_pipeline::config::environment::EnvironmentSection;
 use stoke_pipeline::env_settings::{EnvironmentKind, ToolsIn};
-use stoke_pipeline::episode::{EpisodeGroup, EpisodeSetup, EpisodeStats};
+use stoke_pipeline::episode::{EpisodeGroup, EpisodeRunner, EpisodeSetup, EpisodeStats};
 use stoke_reward::exact_match::{ExactMatchConfig, ExactMatchVerifier, MatchMode};
 use stoke_reward::{RewardInput, Verifier};
 use stoke_rollout::{FixedWeights, SamplingParams};
@@ -86,6 +86,12 @@ pub struct EnvArgs {
     precision: stoke_types::Precision,
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
+    /// Instead of playing the model: play the environment's scripted expert (calculator,
+    /// code_repair) on the drawn tasks and write each conversation that earns the full outcome
+    /// as an SFT line (`{"id", "messages", "outcome"}`) to this file. The model's weights are
+    /// not loaded (its tokenizer and template decide how the tools are shown).
+    #[arg(long, value_name = "FILE")]
+    demonstrations: Option<PathBuf>,
 }
 
 /// The names are the config's (`environment.kind`), so `--environment guess_number` works.
@@ -118,12 +124,6 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
     let template = tokenizer
         .default_chat_template()
         .with_context(|| format!("{} has no chat template", args.model.display()))?;
-    let mut model = Transformer::load(&args.model, &Device::Cpu)
-        .with_context(|| format!("loading {}", args.model.display()))?
-        .with_precision(args.precision);
-    if args.precision == stoke_types::Precision::Bf16 {
-        model.pack_weights()?;
-    }
     let section = EnvironmentSection {
         kind: match args.environment {
             EnvKindArg::Calculator => EnvironmentKind::Calculator,
@@ -185,6 +185,15 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
     };
     if tasks.is_empty() || args.samples == 0 {
         bail!("nothing to play: --tasks and --samples must be at least 1");
+    }
+    if let Some(path) = &args.demonstrations {
+        return write_demonstrations(path, &args, &runner, &tasks);
+    }
+    let mut model = Transformer::load(&args.model, &Device::Cpu)
+        .with_context(|| format!("loading {}", args.model.display()))?
+        .with_precision(args.precision);
+    if args.precision == stoke_types::Precision::Bf16 {
+        model.pack_weights()?;
     }
     let groups: Vec<EpisodeGroup> = tasks
         .iter()
@@ -359,5 +368,78 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
         correct,
         100.0 * stats.tool_seconds / seconds.max(1e-9)
     );
+    Ok(())
+}
+
+/// `--demonstrations`: the scripted expert's episodes on `tasks`, played through the
+/// environment; the ones with the full outcome and no failed tool call are written, the others
+/// counted (a script that fails its environment is reported, not trained on).
+fn write_demonstrations(
+    path: &std::path::Path,
+    args: &EnvArgs,
+    runner: &EpisodeRunner<'_>,
+    tasks: &[EnvTask],
+) -> anyhow::Result<()> {
+    use std::io::Write;
+    let expert = |task: &EnvTask| -> anyhow::Result<Vec<String>> {
+        Ok(match args.environment {
+            EnvKindArg::CodeRepair => stoke_env::code_repair::expert_turns(task)?,
+            EnvKindArg::Calculator => stoke_env::arithmetic::expert_turns(task),
+            EnvKindArg::GuessNumber => {
+                bail!("--demonstrations: guess_number has no scripted expert")
+            }
+        })
+    };
+    let mut out = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+    );
+    let (mut kept, mut dropped, mut longest_turn, mut tokens) = (0usize, 0usize, 0usize, 0usize);
+    let progress = indicatif::ProgressBar::new(tasks.len() as u64).with_style(
+        indicatif::ProgressStyle::with_template("demonstrations {bar:30} {pos}/{len} {eta}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    for task in tasks {
+        let turns = expert(task)?;
+        let demonstration = runner
+            .demonstrate(task, &turns)
+            .with_context(|| format!("playing the expert on task {}", task.id))?;
+        progress.inc(1);
+        if demonstration.outcome < 1.0 || demonstration.failed_tool_calls > 0 {
+            dropped += 1;
+            eprintln!(
+                "task {}: the expert's episode scored {} with {} failed tool call(s); not written",
+                task.id, demonstration.outcome, demonstration.failed_tool_calls
+            );
+            continue;
+        }
+        kept += 1;
+        longest_turn = longest_turn.max(demonstration.max_turn_tokens);
+        tokens += demonstration.total_tokens;
+        let line = json!({
+            "id": task.id,
+            "messages": demonstration.messages,
+            "outcome": demonstration.outcome,
+        });
+        writeln!(out, "{line}").with_context(|| format!("writing {}", path.display()))?;
+    }
+    progress.finish_and_clear();
+    out.flush()
+        .with_context(|| format!("writing {}", path.display()))?;
+    eprintln!(
+        "{kept} demonstration(s) written to {} ({dropped} dropped); longest turn {longest_turn} \
+         tokens (--max-turn-tokens {}), {:.0} tokens per conversation",
+        path.display(),
+        args.max_turn_tokens,
+        tokens as f64 / kept.max(1) as f64
+    );
+    if longest_turn > args.max_turn_tokens {
+        eprintln!(
+            "warning: a scripted turn is longer than --max-turn-tokens: raise \
+             environment.max_turn_tokens to at least {longest_turn} for GRPO after this warm start"
+        );
+    }
+    if kept == 0 {
+        bail!("no demonstration earned the full outcome");
+    }
     Ok(())
 }
