@@ -87,8 +87,9 @@ pub struct EnvArgs {
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
     /// Instead of playing the model: play the environment's scripted expert (calculator,
-    /// code_repair) on the drawn tasks and write each conversation that earns the full outcome
-    /// as an SFT line (`{"id", "messages", "outcome"}`) to this file. The model's weights are
+    /// code_repair) on the drawn tasks and write each conversation that scores 1 (the
+    /// environment's outcome, or the final answer's exact match where the environment grades
+    /// none) as an SFT line (`{"id", "messages", "score"}`) to this file. The model's weights are
     /// not loaded (its tokenizer and template decide how the tools are shown).
     #[arg(long, value_name = "FILE")]
     demonstrations: Option<PathBuf>,
@@ -372,7 +373,7 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
 }
 
 /// `--demonstrations`: the scripted expert's episodes on `tasks`, played through the
-/// environment; the ones with the full outcome and no failed tool call are written, the others
+/// environment; the ones scoring 1 with no failed tool call are written, the others
 /// counted (a script that fails its environment is reported, not trained on).
 fn write_demonstrations(
     path: &std::path::Path,
@@ -390,6 +391,10 @@ fn write_demonstrations(
             }
         })
     };
+    let verifier = ExactMatchVerifier::new(&ExactMatchConfig {
+        mode: MatchMode::Gsm8k,
+        extract_answer: true,
+    })?;
     let mut out = std::io::BufWriter::new(
         std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
     );
@@ -404,11 +409,22 @@ fn write_demonstrations(
             .demonstrate(task, &turns)
             .with_context(|| format!("playing the expert on task {}", task.id))?;
         progress.inc(1);
-        if demonstration.outcome < 1.0 || demonstration.failed_tool_calls > 0 {
+        // The environment's outcome where it grades one (code repair), else the final answer
+        // against the task's gold answer (the calculator's tasks).
+        let score = if runner.env.grades_outcome() {
+            demonstration.outcome
+        } else {
+            let last = turns.last().map(String::as_str).unwrap_or_default();
+            verifier
+                .score(&RewardInput::new(&task.prompt, last, &task.reference))
+                .score
+        };
+        if score < 1.0 || demonstration.failed_tool_calls > 0 {
             dropped += 1;
             eprintln!(
-                "task {}: the expert's episode scored {} with {} failed tool call(s); not written",
-                task.id, demonstration.outcome, demonstration.failed_tool_calls
+                "task {}: the expert's episode scored {score} with {} failed tool call(s); not \
+                 written",
+                task.id, demonstration.failed_tool_calls
             );
             continue;
         }
@@ -418,7 +434,7 @@ fn write_demonstrations(
         let line = json!({
             "id": task.id,
             "messages": demonstration.messages,
-            "outcome": demonstration.outcome,
+            "score": score,
         });
         writeln!(out, "{line}").with_context(|| format!("writing {}", path.display()))?;
     }
