@@ -2,7 +2,8 @@
 //! random update after its first checkpoint and continued with `--resume` ends with exactly the
 //! weights of an uninterrupted run, its metrics log holding each update once; an asynchronous
 //! run killed the same way resumes and completes every update once; a config with an unknown key
-//! fails with an error naming the key.
+//! fails with an error naming the key. `stoke env --demonstrations` writes the scripted
+//! expert's conversations, played through the environment, as SFT lines.
 //!
 //! The model is a tiny random Llama with a small BPE tokenizer (ChatML template) made in a temp
 //! dir, trained on the built-in arithmetic task with the default `exact_match` reward.
@@ -298,4 +299,85 @@ fn a_killed_multi_turn_async_run_resumes_and_trains_every_episode_once() {
         turns / steps.len() as f64,
         steps[0]["episodes"]
     );
+}
+
+#[test]
+fn stoke_env_demonstrations_are_the_experts_episodes_played_through_the_environment() {
+    let dir = setup(CONFIG);
+    let demos = dir.path().join("demos.jsonl");
+    let output = stoke()
+        .current_dir(dir.path())
+        .args([
+            "env",
+            "--model",
+            "model",
+            "--environment",
+            "calculator",
+            "--digits",
+            "4",
+            "--tasks",
+            "6",
+            "--task-seed",
+            "2",
+            "--max-turns",
+            "3",
+            "--demonstrations",
+        ])
+        .arg(&demos)
+        .output()
+        .unwrap();
+    assert_success(&output);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("6 demonstration(s) written"), "{stderr}");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&demos)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 6);
+    for line in &lines {
+        assert_eq!(line["score"], 1.0, "{line}");
+        let messages = line["messages"].as_array().unwrap();
+        let roles: Vec<&str> = messages
+            .iter()
+            .map(|m| m["role"].as_str().unwrap())
+            .collect();
+        // The opening (a system prompt describing the tool where the template shows no tools),
+        // the call, the tool's message, the answer.
+        let turns = &roles[roles.len() - 4..];
+        assert_eq!(turns, ["user", "assistant", "tool", "assistant"], "{line}");
+        assert!(roles.len() == 4 || roles[0] == "system", "{line}");
+        let at = roles.len() - 4;
+        // The tool message is the calculator's own result, and the answer repeats it.
+        let result = messages[at + 2]["content"].as_str().unwrap();
+        assert!(result.parse::<i64>().is_ok(), "{line}");
+        let answer = messages[at + 3]["content"].as_str().unwrap();
+        assert_eq!(answer, format!("The answer is {result}."));
+        assert!(
+            messages[at + 1]["content"]
+                .as_str()
+                .unwrap()
+                .starts_with("<tool_call>")
+        );
+    }
+
+    // An environment without an expert is refused before anything is written.
+    let none = dir.path().join("none.jsonl");
+    let output = stoke()
+        .current_dir(dir.path())
+        .args([
+            "env",
+            "--model",
+            "model",
+            "--environment",
+            "guess_number",
+            "--demonstrations",
+        ])
+        .arg(&none)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("no scripted expert"), "{stderr}");
+    assert!(!none.exists());
 }

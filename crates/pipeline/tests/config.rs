@@ -327,12 +327,13 @@ fn shipped_grpo_code_repair_config_loads() {
     let config = GrpoConfig::load(&path, &[]).unwrap();
     assert!(matches!(
         &config.tasks,
-        TaskSource::CodeRepair { max_bugs: 1, templates, .. } if templates.len() == 2
+        TaskSource::CodeRepair { max_bugs: 2, templates, .. } if templates.is_empty()
     ));
+    assert!(config.model.ends_with("runs/sft-code-repair/model"));
     assert!(matches!(
         config.held_out,
         Some(TaskSource::CodeRepair {
-            problems: 24,
+            problems: 48,
             seed: 1,
             ..
         })

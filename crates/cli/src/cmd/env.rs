@@ -382,13 +382,15 @@ fn write_demonstrations(
     tasks: &[EnvTask],
 ) -> anyhow::Result<()> {
     use std::io::Write;
+    if matches!(args.environment, EnvKindArg::GuessNumber) {
+        bail!(
+            "--demonstrations: guess_number has no scripted expert (calculator and code_repair do)"
+        );
+    }
     let expert = |task: &EnvTask| -> anyhow::Result<Vec<String>> {
         Ok(match args.environment {
             EnvKindArg::CodeRepair => stoke_env::code_repair::expert_turns(task)?,
-            EnvKindArg::Calculator => stoke_env::arithmetic::expert_turns(task),
-            EnvKindArg::GuessNumber => {
-                bail!("--demonstrations: guess_number has no scripted expert")
-            }
+            _ => stoke_env::arithmetic::expert_turns(task),
         })
     };
     let verifier = ExactMatchVerifier::new(&ExactMatchConfig {
