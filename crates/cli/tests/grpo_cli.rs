@@ -301,16 +301,25 @@ fn a_killed_multi_turn_async_run_resumes_and_trains_every_episode_once() {
     );
 }
 
+/// `stoke env --model model ARGS --demonstrations OUT` in `dir`.
+fn env_demonstrations(dir: &Path, args: &[&str], out: &Path) -> Output {
+    stoke()
+        .current_dir(dir)
+        .args(["env", "--model", "model"])
+        .args(args)
+        .arg("--demonstrations")
+        .arg(out)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn stoke_env_demonstrations_are_the_experts_episodes_played_through_the_environment() {
     let dir = setup(CONFIG);
     let demos = dir.path().join("demos.jsonl");
-    let output = stoke()
-        .current_dir(dir.path())
-        .args([
-            "env",
-            "--model",
-            "model",
+    let output = env_demonstrations(
+        dir.path(),
+        &[
             "--environment",
             "calculator",
             "--digits",
@@ -321,11 +330,9 @@ fn stoke_env_demonstrations_are_the_experts_episodes_played_through_the_environm
             "2",
             "--max-turns",
             "3",
-            "--demonstrations",
-        ])
-        .arg(&demos)
-        .output()
-        .unwrap();
+        ],
+        &demos,
+    );
     assert_success(&output);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("6 demonstration(s) written"), "{stderr}");
@@ -363,19 +370,7 @@ fn stoke_env_demonstrations_are_the_experts_episodes_played_through_the_environm
 
     // An environment without an expert is refused before anything is written.
     let none = dir.path().join("none.jsonl");
-    let output = stoke()
-        .current_dir(dir.path())
-        .args([
-            "env",
-            "--model",
-            "model",
-            "--environment",
-            "guess_number",
-            "--demonstrations",
-        ])
-        .arg(&none)
-        .output()
-        .unwrap();
+    let output = env_demonstrations(dir.path(), &["--environment", "guess_number"], &none);
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("no scripted expert"), "{stderr}");

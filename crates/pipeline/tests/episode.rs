@@ -157,17 +157,7 @@ fn play(
     n: usize,
     limits: EpisodeLimits,
 ) -> Vec<Vec<EpisodeRecord>> {
-    let env: Arc<dyn Environment> = Arc::new(Scripted(script));
-    let template = fixture.tokenizer.default_chat_template().expect("template");
-    let runner = EpisodeRunner {
-        env,
-        tokenizer: &fixture.tokenizer,
-        template,
-        parser: ToolCallParser::Hermes,
-        limits,
-        // The tiny fixture has 128 positions: the Qwen tools preamble alone takes 512 ids.
-        tools_in_template: false,
-    };
+    let runner = runner(fixture, script, limits);
     let groups: Vec<EpisodeGroup> = group_ids
         .iter()
         .map(|&group_id| {
@@ -203,6 +193,7 @@ fn runner<'a>(fixture: &'a Fixture, script: Script, limits: EpisodeLimits) -> Ep
         template: fixture.tokenizer.default_chat_template().expect("template"),
         parser: ToolCallParser::Hermes,
         limits,
+        // The tiny fixture has 128 positions: the Qwen tools preamble alone takes 512 ids.
         tools_in_template: false,
     }
 }
