@@ -13,6 +13,8 @@
 //! - Multi-turn episodes (`[environment]`) on the same servers: the environment plays here,
 //!   every turn is sampled remotely (token ids in, ids, log-probs and versions out, each turn's
 //!   own stream), and the run matches the in-process one as above.
+//! - `stoke env --endpoint` on a `stoke serve`: the same episodes, token for token, as `stoke env`
+//!   on the local weights; a model the server lacks and a server that is down are refused, named.
 //!
 //! The model is the tiny random Llama of the other CLI tests on the built-in arithmetic task, with
 //! an `instructions` reward the random policy scores unevenly (so updates move the weights).
@@ -75,6 +77,11 @@ fn server(args: &[&str], dir: &Path) -> Server {
     Server::spawn(command)
 }
 
+/// `stoke serve` over `dir/model`, served as `tiny`.
+fn rollout_server(dir: &Path) -> Server {
+    Server::serve(Path::new("model"), "tiny", Some(dir))
+}
+
 /// Two rollout servers over `dir/model` and one reward server with `dir/grpo.toml`'s rewards.
 struct Cluster {
     rollout: Vec<Server>,
@@ -83,23 +90,7 @@ struct Cluster {
 
 impl Cluster {
     fn start(dir: &Path) -> Cluster {
-        let serve = |_| {
-            server(
-                &[
-                    "serve",
-                    "--model",
-                    "model",
-                    "--port",
-                    "0",
-                    "--served-model-name",
-                    "tiny",
-                    "--kv-cache-gib",
-                    "0.25",
-                ],
-                dir,
-            )
-        };
-        let rollout = (0..2).map(serve).collect();
+        let rollout = (0..2).map(|_| rollout_server(dir)).collect();
         let reward = server(&["reward-server", "grpo.toml", "--port", "0"], dir);
         Cluster { rollout, reward }
     }
@@ -553,20 +544,7 @@ fn a_remote_reference_scores_the_sampled_tokens() {
     let dir = setup();
     let cluster = Cluster::start(dir.path());
     // The reference: the starting weights on a server of their own, never updated.
-    let reference = server(
-        &[
-            "serve",
-            "--model",
-            "model",
-            "--port",
-            "0",
-            "--served-model-name",
-            "reference",
-            "--kv-cache-gib",
-            "0.25",
-        ],
-        dir.path(),
-    );
+    let reference = Server::serve(Path::new("model"), "reference", Some(dir.path()));
     let kl = ["grpo.loss.beta=0.2".to_string()];
     let local = grpo_command(dir.path(), "run-kl-local", &kl)
         .output()
@@ -607,5 +585,135 @@ fn a_remote_reference_scores_the_sampled_tokens() {
     assert!(
         kl_seen,
         "the policy never left the reference: equal KLs would prove nothing"
+    );
+}
+
+/// `stoke env` on `dir/model` with `args`, JSON transcripts, one per line.
+fn env_transcripts(dir: &Path, args: &[&str]) -> Vec<Value> {
+    let output = stoke()
+        .current_dir(dir)
+        .args([
+            "env",
+            "--model",
+            "model",
+            "--environment",
+            "guess_number",
+            "--tasks",
+            "3",
+            "--samples",
+            "2",
+            "--temperature",
+            "1",
+            "--seed",
+            "7",
+            "--max-turns",
+            "3",
+            "--max-turn-tokens",
+            "6",
+            "--max-total-tokens",
+            "200",
+            "--truncated-turns",
+            "close",
+            "--format",
+            "json",
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    assert_success(&output);
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON transcript per line"))
+        .collect()
+}
+
+#[test]
+fn stoke_env_on_an_endpoint_plays_the_episodes_the_local_model_plays() {
+    let dir = setup();
+    let serve = rollout_server(dir.path());
+    let local = env_transcripts(dir.path(), &[]);
+    let remote = env_transcripts(dir.path(), &["--endpoint", &serve.url]);
+    assert_eq!(local.len(), 6, "3 tasks x 2 samples");
+    assert_eq!(remote.len(), local.len());
+    let mut model_turns = 0;
+    for (l, r) in local.iter().zip(&remote) {
+        // Token-exact: every segment's ids (the sampled ones, the closes and the environment's
+        // rendered turns), the stop, the tool calls and the rewards are the local episode's, and
+        // the transcript re-renders to the same ids.
+        assert_eq!(r["rerender_exact"], Value::Bool(true), "{r}");
+        for key in [
+            "task",
+            "sample",
+            "prompt_ids",
+            "stop",
+            "turn_rewards",
+            "final_text",
+        ] {
+            assert_eq!(l[key], r[key], "{key}");
+        }
+        let (ls, rs) = (
+            l["segments"].as_array().unwrap(),
+            r["segments"].as_array().unwrap(),
+        );
+        assert_eq!(ls.len(), rs.len(), "{l}\n{r}");
+        for (a, b) in ls.iter().zip(rs) {
+            assert_eq!(a["source"], b["source"]);
+            assert_eq!(a["ids"], b["ids"], "{l}\n{r}");
+            assert_eq!(a["trained"], b["trained"]);
+            if a["source"] == "model" {
+                model_turns += 1;
+                let (la, lb) = (
+                    a["logprobs"].as_array().unwrap(),
+                    b["logprobs"].as_array().unwrap(),
+                );
+                assert_eq!(la.len(), lb.len());
+                for (x, y) in la.iter().zip(lb) {
+                    let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+                    assert!((x - y).abs() < 1e-3, "log-prob {x} here, {y} served");
+                }
+            }
+        }
+    }
+    assert!(
+        model_turns > remote.len(),
+        "the episodes were not multi-turn: {model_turns} model turns in {} episodes, stops {:?}",
+        remote.len(),
+        remote
+            .iter()
+            .map(|r| r["stop"].to_string())
+            .collect::<Vec<_>>()
+    );
+
+    // A model the server does not serve, and a server that does not answer: refused, named.
+    let wrong = stoke()
+        .current_dir(dir.path())
+        .args(["env", "--model", "model", "--endpoint", &serve.url])
+        .args(["--served-model", "other"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    assert!(!wrong.status.success());
+    assert!(
+        stderr.contains("does not serve model `other`") && stderr.contains("tiny"),
+        "{stderr}"
+    );
+    serve.stop();
+    let gone = stoke()
+        .current_dir(dir.path())
+        .args([
+            "env",
+            "--model",
+            "model",
+            "--endpoint",
+            "http://127.0.0.1:9",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&gone.stderr);
+    assert!(!gone.status.success());
+    assert!(
+        stderr.contains("http://127.0.0.1:9") && stderr.contains("does not answer"),
+        "{stderr}"
     );
 }

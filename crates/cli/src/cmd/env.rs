@@ -21,10 +21,11 @@ use clap::{Args, ValueEnum};
 use serde_json::json;
 use stoke_env::arithmetic::{ArithmeticSpec, arithmetic_tasks};
 use stoke_env::{CodeRepairSpec, EnvTask, Segment, TurnRenderer, code_repair_tasks};
-use stoke_model::Transformer;
+use stoke_model::{ModelConfig, Transformer};
 use stoke_pipeline::config::environment::EnvironmentSection;
 use stoke_pipeline::env_settings::{EnvironmentKind, ToolsIn};
 use stoke_pipeline::episode::{EpisodeGroup, EpisodeRunner, EpisodeSetup, EpisodeStats};
+use stoke_pipeline::remote::{Endpoint, Engine};
 use stoke_reward::exact_match::{ExactMatchConfig, ExactMatchVerifier, MatchMode};
 use stoke_reward::{RewardInput, Verifier};
 use stoke_rollout::{FixedWeights, SamplingParams};
@@ -91,8 +92,30 @@ pub struct EnvArgs {
     /// environment's outcome, or the final answer's exact match where the environment grades
     /// none) as an SFT line (`{"id", "messages", "score"}`) to this file. The model's weights are
     /// not loaded (its tokenizer and template decide how the tools are shown).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "endpoint")]
     demonstrations: Option<PathBuf>,
+    /// Sample every turn on this OpenAI-compatible server (`stoke serve` or vLLM, e.g.
+    /// http://127.0.0.1:8000) instead of loading the weights of --model, which then gives only
+    /// the tokenizer, chat template and config.json. The server must tokenize as --model does.
+    #[arg(long, value_name = "URL")]
+    endpoint: Option<String>,
+    /// The served model's name (default: the first one the endpoint lists).
+    #[arg(long, requires = "endpoint")]
+    served_model: Option<String>,
+    /// The endpoint's software: auto (`stoke serve` if it answers /weights/checksum, else vLLM),
+    /// stoke, or vllm.
+    #[arg(long, value_enum, default_value_t = EngineArg::Auto, requires = "endpoint")]
+    engine: EngineArg,
+    /// Seconds one endpoint request may take.
+    #[arg(long, default_value_t = 600, requires = "endpoint")]
+    request_timeout_s: u64,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum EngineArg {
+    Auto,
+    Stoke,
+    Vllm,
 }
 
 /// The names are the config's (`environment.kind`), so `--environment guess_number` works.
@@ -190,12 +213,6 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.demonstrations {
         return write_demonstrations(path, &args, &runner, &tasks);
     }
-    let mut model = Transformer::load(&args.model, &Device::Cpu)
-        .with_context(|| format!("loading {}", args.model.display()))?
-        .with_precision(args.precision);
-    if args.precision == stoke_types::Precision::Bf16 {
-        model.pack_weights()?;
-    }
     let groups: Vec<EpisodeGroup> = tasks
         .iter()
         .enumerate()
@@ -211,8 +228,10 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
             })
         })
         .collect::<anyhow::Result<_>>()?;
+    let config = ModelConfig::from_file(&args.model.join("config.json"))
+        .with_context(|| format!("reading {}", args.model.join("config.json").display()))?;
     let mut stop_token_ids = tokenizer.eos_token_ids();
-    stop_token_ids.extend(model.config().eos_token_ids.iter().copied());
+    stop_token_ids.extend(config.eos_token_ids.iter().copied());
     stop_token_ids.sort_unstable();
     stop_token_ids.dedup();
     let params = SamplingParams {
@@ -225,15 +244,52 @@ pub fn run(args: EnvArgs) -> anyhow::Result<()> {
         stop_token_ids,
         stop_strings: Vec::new(),
     };
-    let weights = FixedWeights {
-        model: Arc::new(model),
-        version: 0,
-    };
     let mut stats = EpisodeStats::default();
-    let started = std::time::Instant::now();
-    let records = runner
-        .run(&weights, &params, &groups, &mut stats)
-        .context("playing the episodes")?;
+    let (records, started) = match &args.endpoint {
+        Some(url) => {
+            let endpoint = Endpoint::connect(
+                url,
+                args.served_model.clone(),
+                match args.engine {
+                    EngineArg::Auto => None,
+                    EngineArg::Stoke => Some(Engine::Stoke),
+                    EngineArg::Vllm => Some(Engine::Vllm),
+                },
+                &tokenizer,
+                config.vocab_size,
+                config.max_position_embeddings,
+                std::time::Duration::from_secs(args.request_timeout_s),
+            )?;
+            eprintln!(
+                "endpoint {url}: model `{}` on {}, {} positions",
+                endpoint.model_name(),
+                endpoint.engine().name(),
+                endpoint.max_model_len()
+            );
+            let started = std::time::Instant::now();
+            let records = runner
+                .run_on(&endpoint, &params, &groups, &mut stats)
+                .with_context(|| format!("playing the episodes on {url}"))?;
+            (records, started)
+        }
+        None => {
+            let mut model = Transformer::load(&args.model, &Device::Cpu)
+                .with_context(|| format!("loading {}", args.model.display()))?
+                .with_precision(args.precision);
+            if args.precision == stoke_types::Precision::Bf16 {
+                model.pack_weights()?;
+            }
+            let weights = FixedWeights {
+                model: Arc::new(model),
+                version: 0,
+            };
+            let started = std::time::Instant::now();
+            let records = runner
+                .run(&weights, &params, &groups, &mut stats)
+                .context("playing the episodes")?;
+            (records, started)
+        }
+    };
     let seconds = started.elapsed().as_secs_f64();
     let verifier = ExactMatchVerifier::new(&ExactMatchConfig {
         mode: MatchMode::Gsm8k,

@@ -20,15 +20,24 @@ pub struct Server {
 
 impl Server {
     pub fn start() -> Server {
+        Server::serve(&fixture_dir(), "tiny", None)
+    }
+
+    /// `stoke serve` of `model` (relative to `dir` when given) as `name`, on a small KV cache.
+    pub fn serve(model: &std::path::Path, name: &str, dir: Option<&std::path::Path>) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_stoke"));
-        command.args(["serve", "--model"]).arg(fixture_dir()).args([
+        command.args(["serve", "--model"]).arg(model);
+        command.args([
             "--port",
             "0",
             "--served-model-name",
-            "tiny",
+            name,
             "--kv-cache-gib",
             "0.25",
         ]);
+        if let Some(dir) = dir {
+            command.current_dir(dir).stdout(Stdio::null());
+        }
         Server::spawn(command)
     }
 

@@ -27,7 +27,7 @@ use stoke_tokenizer::hf::Tokenizer;
 
 use crate::error::PipelineError;
 use crate::records::ScoredGroup;
-use crate::remote::rollout::check_server;
+use crate::remote::rollout::{check_server, completion_choices};
 use crate::remote::servers::{ServerPool, Work, health};
 use crate::scheduler::each_on_a_thread;
 use crate::service::{ReferenceScoring, RemoteStats};
@@ -97,27 +97,7 @@ impl RemoteReference {
             }
             Engine::Vllm => body["max_tokens"] = json!(1),
         }
-        let (status, answer) = client
-            .post("/v1/completions", &body)
-            .map_err(|e| e.to_string())?;
-        if status != 200 {
-            return Err(format!(
-                "/v1/completions answered {status}: {}",
-                answer.to_string().chars().take(300).collect::<String>()
-            ));
-        }
-        let choices = answer["choices"]
-            .as_array()
-            .ok_or("the answer has no `choices`")?;
-        if choices.len() != samples.len() {
-            return Err(format!(
-                "{} choices for {} sequences",
-                choices.len(),
-                samples.len()
-            ));
-        }
-        let mut ordered: Vec<&Value> = choices.iter().collect();
-        ordered.sort_by_key(|c| c["index"].as_u64().unwrap_or(u64::MAX));
+        let ordered = completion_choices(client, &body, samples.len())?;
         ordered
             .iter()
             .zip(samples)

@@ -602,24 +602,9 @@ impl TurnEngine for RemoteTurns<'_> {
     }
 
     fn generate(&self, request: &GenerationRequest) -> Result<LiveGeneration, PipelineError> {
-        let keys: Vec<StreamKey> = match &request.streams {
-            Some(keys) if keys.len() == request.prompts.len() => keys.clone(),
-            _ => (0..request.prompts.len())
-                .map(|i| StreamKey {
-                    prompt_number: request.first_prompt_number + i as u64,
-                    first_sample: 0,
-                    turn: 0,
-                })
-                .collect(),
-        };
-        let work: Vec<(usize, &Vec<u32>, StreamKey)> = request
-            .prompts
-            .iter()
-            .zip(&keys)
-            .enumerate()
-            .map(|(i, (prompt, &key))| (i, prompt, key))
-            .collect();
-        let answers = each_on_a_thread(&work, |&(_, prompt, key)| {
+        let keys = request_keys(request);
+        let work: Vec<(&Vec<u32>, StreamKey)> = request.prompts.iter().zip(keys).collect();
+        let answers = each_on_a_thread(&work, |&(prompt, key)| {
             let permit = self
                 .permits
                 .iter()
@@ -649,37 +634,7 @@ impl TurnEngine for RemoteTurns<'_> {
                 )
             })
         });
-        let mut completions = Vec::with_capacity(work.len());
-        let mut token_versions = Vec::with_capacity(work.len());
-        let mut generated = 0usize;
-        for ((prompt_index, _, _), answer) in work.iter().zip(answers) {
-            let samples = answer?;
-            let mut prompt_completions = Vec::with_capacity(samples.len());
-            let mut prompt_versions = Vec::with_capacity(samples.len());
-            for (sample_index, sample) in samples.into_iter().enumerate() {
-                generated += sample.completion_ids.len();
-                prompt_versions.push(sample.token_versions.iter().map(|v| v.0).collect());
-                prompt_completions.push(Completion {
-                    prompt_index: *prompt_index,
-                    sample_index,
-                    token_ids: sample.completion_ids,
-                    logprobs: sample.rollout_logprobs,
-                    text: Some(sample.text),
-                    finish_reason: sample.finish,
-                });
-            }
-            completions.push(prompt_completions);
-            token_versions.push(prompt_versions);
-        }
-        Ok(LiveGeneration {
-            output: stoke_rollout::GenerationOutput {
-                completions,
-                prefill_tokens: request.prompts.iter().map(Vec::len).sum(),
-                generated_tokens: generated,
-                kv_cache_bytes: 0,
-            },
-            token_versions,
-        })
+        live_generation(request, answers)
     }
 }
 
@@ -697,68 +652,173 @@ impl RemoteRollout {
         permit: u64,
         base: u64,
     ) -> Result<(Vec<Sample>, Work), String> {
-        let n = params.n.max(1);
-        let max_tokens = params
-            .max_new_tokens
-            .min(self.max_model_len.saturating_sub(prompt.len()))
-            .max(1);
-        let mut body = json!({
-            "model": self.model_name,
-            "prompt": prompt,
-            "n": n,
-            "max_tokens": max_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "seed": match self.publisher.engine {
-                Engine::Stoke => params.seed as i64,
-                Engine::Vllm => turn_seed(params.seed, key),
-            },
-            "stop_token_ids": params.stop_token_ids,
-            "logprobs": 0,
-            "return_token_ids": true,
-        });
-        if let Some(k) = params.top_k {
-            body["top_k"] = json!(k);
-        }
         let held_version = self.publisher.lock().held[index];
-        if self.publisher.engine == Engine::Stoke {
-            body["logprobs_mode"] = json!("processed_logprobs");
-            body["prompt_number"] = json!(key.prompt_number);
-            body["first_sample"] = json!(key.first_sample);
-            body["turn"] = json!(key.turn);
+        let body = completion_body(
+            &self.model_name,
+            self.publisher.engine,
+            prompt,
+            key,
+            params,
+            self.max_model_len,
+        );
+        let samples = post_completion(
+            client,
+            &body,
+            params.n.max(1),
+            permit,
+            base,
+            held_version,
+            self.vocab_size,
+        )?;
+        let work = Work {
+            samples: samples.len() as u64,
+            tokens: samples.iter().map(|s| s.completion_ids.len() as u64).sum(),
+        };
+        Ok((samples, work))
+    }
+}
+
+/// The `/v1/completions` body of one prompt (token ids): `params.n` samples from `key`'s
+/// streams (`stoke serve`) or a seed mixed from it (vLLM), each token's id and processed
+/// log-prob returned, at most the tokens left under `max_model_len`.
+pub(crate) fn completion_body(
+    model_name: &str,
+    engine: Engine,
+    prompt: &[u32],
+    key: StreamKey,
+    params: &SamplingParams,
+    max_model_len: usize,
+) -> Value {
+    let max_tokens = params
+        .max_new_tokens
+        .min(max_model_len.saturating_sub(prompt.len()))
+        .max(1);
+    let mut body = json!({
+        "model": model_name,
+        "prompt": prompt,
+        "n": params.n.max(1),
+        "max_tokens": max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "seed": match engine {
+            Engine::Stoke => params.seed as i64,
+            Engine::Vllm => turn_seed(params.seed, key),
+        },
+        "stop_token_ids": params.stop_token_ids,
+        "logprobs": 0,
+        "return_token_ids": true,
+    });
+    if let Some(k) = params.top_k {
+        body["top_k"] = json!(k);
+    }
+    if engine == Engine::Stoke {
+        body["logprobs_mode"] = json!("processed_logprobs");
+        body["prompt_number"] = json!(key.prompt_number);
+        body["first_sample"] = json!(key.first_sample);
+        body["turn"] = json!(key.turn);
+    }
+    body
+}
+
+/// Posts a `/v1/completions` body and returns the answer's `n` choices in index order (an
+/// answer other than 200, or another count, is an error quoting the server).
+pub(crate) fn completion_choices(
+    client: &Client,
+    body: &Value,
+    n: usize,
+) -> Result<Vec<Value>, String> {
+    let (status, mut answer) = client
+        .post("/v1/completions", body)
+        .map_err(|e| e.to_string())?;
+    if status != 200 {
+        return Err(format!(
+            "/v1/completions answered {status}: {}",
+            answer.to_string().chars().take(300).collect::<String>()
+        ));
+    }
+    let Some(Value::Array(mut choices)) = answer.get_mut("choices").map(Value::take) else {
+        return Err("the answer has no `choices`".into());
+    };
+    if choices.len() != n {
+        return Err(format!("{} choices for {n} requested", choices.len()));
+    }
+    choices.sort_by_key(|c| c["index"].as_u64().unwrap_or(u64::MAX));
+    Ok(choices)
+}
+
+/// Posts `body` and checks the answer (see the module doc): `n` choices in index order, each
+/// a sample whose tokens are no older than server version `permit` (`held_version`: the version
+/// of a server that reports none).
+pub(crate) fn post_completion(
+    client: &Client,
+    body: &Value,
+    n: usize,
+    permit: u64,
+    base: u64,
+    held_version: Option<u64>,
+    vocab_size: usize,
+) -> Result<Vec<Sample>, String> {
+    let choices = completion_choices(client, body, n)?;
+    let ordered = choices.iter();
+    ordered
+        .enumerate()
+        .map(|(i, choice)| {
+            parse_choice(choice, permit, base, held_version, vocab_size)
+                .map_err(|e| format!("choice {i}: {e}"))
+        })
+        .collect()
+}
+
+/// Per-prompt answers of a [`TurnEngine`] request as the engine's output: completions in
+/// request order, each with its per-token versions.
+pub(crate) fn live_generation(
+    request: &GenerationRequest,
+    answers: Vec<Result<Vec<Sample>, PipelineError>>,
+) -> Result<LiveGeneration, PipelineError> {
+    let mut completions = Vec::with_capacity(answers.len());
+    let mut token_versions = Vec::with_capacity(answers.len());
+    let mut generated = 0usize;
+    for (prompt_index, answer) in answers.into_iter().enumerate() {
+        let samples = answer?;
+        let mut prompt_completions = Vec::with_capacity(samples.len());
+        let mut prompt_versions = Vec::with_capacity(samples.len());
+        for (sample_index, sample) in samples.into_iter().enumerate() {
+            generated += sample.completion_ids.len();
+            prompt_versions.push(sample.token_versions.iter().map(|v| v.0).collect());
+            prompt_completions.push(Completion {
+                prompt_index,
+                sample_index,
+                token_ids: sample.completion_ids,
+                logprobs: sample.rollout_logprobs,
+                text: Some(sample.text),
+                finish_reason: sample.finish,
+            });
         }
-        let (status, answer) = client
-            .post("/v1/completions", &body)
-            .map_err(|e| e.to_string())?;
-        if status != 200 {
-            return Err(format!(
-                "/v1/completions answered {status}: {}",
-                answer.to_string().chars().take(300).collect::<String>()
-            ));
-        }
-        let choices = answer["choices"]
-            .as_array()
-            .ok_or("the answer has no `choices`")?;
-        if choices.len() != n {
-            return Err(format!("{} choices for n = {n}", choices.len()));
-        }
-        let mut ordered: Vec<&Value> = choices.iter().collect();
-        ordered.sort_by_key(|c| c["index"].as_u64().unwrap_or(u64::MAX));
-        let mut samples = Vec::with_capacity(n);
-        let mut tokens = 0u64;
-        for (i, choice) in ordered.into_iter().enumerate() {
-            let sample = parse_choice(choice, permit, base, held_version, self.vocab_size)
-                .map_err(|e| format!("choice {i}: {e}"))?;
-            tokens += sample.completion_ids.len() as u64;
-            samples.push(sample);
-        }
-        Ok((
-            samples,
-            Work {
-                samples: n as u64,
-                tokens,
-            },
-        ))
+        completions.push(prompt_completions);
+        token_versions.push(prompt_versions);
+    }
+    Ok(LiveGeneration {
+        output: stoke_rollout::GenerationOutput {
+            completions,
+            prefill_tokens: request.prompts.iter().map(Vec::len).sum(),
+            generated_tokens: generated,
+            kv_cache_bytes: 0,
+        },
+        token_versions,
+    })
+}
+
+/// The stream key of each prompt of `request`: its own, or turn 0 of consecutive prompt numbers.
+pub(crate) fn request_keys(request: &GenerationRequest) -> Vec<StreamKey> {
+    match &request.streams {
+        Some(keys) if keys.len() == request.prompts.len() => keys.clone(),
+        _ => (0..request.prompts.len())
+            .map(|i| StreamKey {
+                prompt_number: request.first_prompt_number + i as u64,
+                first_sample: 0,
+                turn: 0,
+            })
+            .collect(),
     }
 }
 
