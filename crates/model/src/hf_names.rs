@@ -17,6 +17,8 @@ use crate::config::{Architecture, ExpertNaming, MlaConfig, ModelConfig};
 pub const EMBED_TOKENS: &str = "model.embed_tokens.weight";
 pub const FINAL_NORM: &str = "model.norm.weight";
 pub const LM_HEAD: &str = "lm_head.weight";
+/// A sequence classifier's head (transformers' `*ForSequenceClassification.score`).
+pub const SCORE_HEAD: &str = "score.weight";
 
 /// The MLP's sandwich norms, `(pre, post)`: Gemma's `pre_feedforward_layernorm` /
 /// `post_feedforward_layernorm`, AFMoE's `pre_mlp_layernorm` / `post_mlp_layernorm`.
@@ -41,8 +43,12 @@ pub fn parameter_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         (EMBED_TOKENS.to_string(), vec![config.vocab_size, h]),
         (FINAL_NORM.to_string(), vec![h]),
     ];
-    if !config.tie_word_embeddings {
-        shapes.push((LM_HEAD.to_string(), vec![config.vocab_size, h]));
+    match config.score_labels {
+        Some(labels) => shapes.push((SCORE_HEAD.to_string(), vec![labels, h])),
+        None if !config.tie_word_embeddings => {
+            shapes.push((LM_HEAD.to_string(), vec![config.vocab_size, h]));
+        }
+        None => {}
     }
     for layer in 0..config.num_hidden_layers + config.num_mtp_layers {
         let p = |suffix: &str| format!("model.layers.{layer}.{suffix}");

@@ -17,7 +17,8 @@
 //! and per-loss extras).
 //!
 //! One noun per submodule: [`dpo`] (every `loss_type` of TRL's `DPOTrainer`, weighted
-//! combinations, f-divergences, LD-DPO), [`cpo`] (CPO, SimPO, AlphaPO), [`orpo`], [`kto`].
+//! combinations, f-divergences, LD-DPO), [`cpo`] (CPO, SimPO, AlphaPO), [`orpo`], [`kto`], and
+//! [`reward_model`] (Bradley-Terry reward models on scores instead of log-probs).
 //!
 //! What this is not: no model forward, no data reading, no optimizer step.
 
@@ -28,6 +29,7 @@ pub mod kto;
 pub mod orpo;
 pub mod record;
 pub mod report;
+pub mod reward_model;
 pub mod run;
 pub mod scoring;
 pub mod shards;
@@ -39,6 +41,7 @@ pub use cpo::{CpoLoss, CpoLossType};
 pub use dpo::{DpoLoss, DpoLossType, FDivergence};
 pub use kto::{KtoInputs, KtoLoss, KtoLossType};
 pub use orpo::OrpoLoss;
+pub use reward_model::RewardModelLoss;
 
 use crate::config::ConfigError;
 use crate::error::TrainError;

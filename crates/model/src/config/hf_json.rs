@@ -12,8 +12,9 @@
 use super::architecture::Architecture;
 use super::model_config::{AttentionKind, ExpertNaming, ModelConfig, RouterScore};
 use super::rope::rope_scaling_json;
+use super::validate::CLASSIFIER_SUFFIX;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 
 /// transformers' config.json, the fields that matter to the computation.
@@ -125,10 +126,41 @@ impl ModelConfig {
         let mut set = |key: &str, value: Value| {
             out.insert(key.to_string(), value);
         };
-        set(
-            "architectures",
-            Value::from(vec![self.architecture.hf_class_name()]),
-        );
+        match self.score_labels {
+            None => set(
+                "architectures",
+                Value::from(vec![self.architecture.hf_class_name()]),
+            ),
+            Some(labels) => {
+                let class = self.architecture.hf_class_name();
+                let body = class.strip_suffix("ForCausalLM").unwrap_or(class);
+                set(
+                    "architectures",
+                    Value::from(vec![format!("{body}{CLASSIFIER_SUFFIX}")]),
+                );
+                // transformers keeps the labels as `id2label` / `label2id` (`num_labels` is
+                // derived from them).
+                let names: Vec<String> = (0..labels).map(|i| format!("LABEL_{i}")).collect();
+                set(
+                    "id2label",
+                    names
+                        .iter()
+                        .enumerate()
+                        .map(|(i, n)| (i.to_string(), Value::from(n.as_str())))
+                        .collect::<Map<String, Value>>()
+                        .into(),
+                );
+                set(
+                    "label2id",
+                    names
+                        .iter()
+                        .enumerate()
+                        .map(|(i, n)| (n.clone(), Value::from(i)))
+                        .collect::<Map<String, Value>>()
+                        .into(),
+                );
+            }
+        }
         set("model_type", self.architecture.model_type().into());
         set("vocab_size", self.vocab_size.into());
         set("hidden_size", self.hidden_size.into());
@@ -305,6 +337,9 @@ impl ModelConfig {
         set("rope_theta", self.rope.theta.into());
         set("rope_scaling", rope_scaling_json(&self.rope.scaling));
         out.remove("rope_parameters");
+        if self.score_labels.is_some() {
+            out.remove("num_labels");
+        }
         // One spelling of the MTP layer count (num_nextn_predict_layers, written above).
         out.remove("num_mtp_layers");
         Value::Object(out)

@@ -216,6 +216,11 @@ pub struct ModelConfig {
     /// Multi-token prediction layers after the last layer (DeepSeek-V3's
     /// `num_nextn_predict_layers`): `model.layers.{num_hidden_layers + k}`.
     pub num_mtp_layers: usize,
+    /// A sequence classifier (`*ForSequenceClassification`, a reward model): `Some(labels)`,
+    /// the `score.weight` head's outputs `[labels, hidden]` in place of the LM head, applied at
+    /// each sequence's last token that is not `pad_token_id` (transformers' rule). `None`: a
+    /// causal LM.
+    pub score_labels: Option<usize>,
     /// The source config.json's fields, kept so `save` preserves what we do not model
     /// (token ids of pad, `use_cache`, ...). Empty for configs built in code.
     pub source_fields: Map<String, Value>,

@@ -33,6 +33,18 @@ pub(super) struct Validator<'a> {
     pub(super) path: &'a Path,
 }
 
+/// The class-name suffix of a sequence classifier (a reward model's head).
+pub(super) const CLASSIFIER_SUFFIX: &str = "ForSequenceClassification";
+
+/// The causal-LM class of a class name: `LlamaForSequenceClassification` ->
+/// `LlamaForCausalLM` (the same body); any other name as it is.
+pub(super) fn causal_class(name: &str) -> String {
+    match name.strip_suffix(CLASSIFIER_SUFFIX) {
+        Some(body) => format!("{body}ForCausalLM"),
+        None => name.to_string(),
+    }
+}
+
 impl Validator<'_> {
     fn invalid(&self, field: &str, message: impl Into<String>) -> ModelError {
         ModelError::InvalidConfig {
@@ -67,9 +79,9 @@ impl Validator<'_> {
             None => None,
         };
         let from_class = match file.architectures.as_deref() {
-            Some([one]) => Some(Architecture::from_hf_class(one).ok_or_else(|| {
-                self.unsupported("architectures", format!("{one:?}"), SUPPORTED_ARCHITECTURES)
-            })?),
+            Some([one]) => Some(Architecture::from_hf_class(&causal_class(one)).ok_or_else(
+                || self.unsupported("architectures", format!("{one:?}"), SUPPORTED_ARCHITECTURES),
+            )?),
             Some(other) if !other.is_empty() => {
                 return Err(self.unsupported(
                     "architectures",
@@ -92,6 +104,38 @@ impl Validator<'_> {
             (None, None) => Err(self.invalid(
                 "architectures",
                 "neither `architectures` nor `model_type` is given",
+            )),
+        }
+    }
+
+    /// `Some(labels)` for a `*ForSequenceClassification` class: `num_labels`, else the size of
+    /// `id2label`, else transformers' default of 2.
+    fn score_labels(
+        &self,
+        file: &HfConfigFile,
+        source_fields: &Map<String, Value>,
+    ) -> Result<Option<usize>, ModelError> {
+        let classifier = file
+            .architectures
+            .as_deref()
+            .is_some_and(|classes| classes.iter().any(|c| c.ends_with(CLASSIFIER_SUFFIX)));
+        if !classifier {
+            return Ok(None);
+        }
+        let labels = match (
+            source_fields.get("num_labels"),
+            source_fields.get("id2label"),
+        ) {
+            (Some(n), _) => n.as_u64().map(|n| n as usize),
+            (None, Some(Value::Object(labels))) => Some(labels.len()),
+            (None, Some(_)) => None,
+            (None, None) => Some(2),
+        };
+        match labels {
+            Some(n) if n > 0 => Ok(Some(n)),
+            _ => Err(self.invalid(
+                "num_labels",
+                "a sequence classifier needs at least one label (`num_labels` or `id2label`)",
             )),
         }
     }
@@ -193,6 +237,7 @@ impl Validator<'_> {
         let num_mtp_layers = self.mtp_layers(&file, architecture)?;
         let mlp_bias = matches!(architecture, Architecture::Llama | Architecture::SmolLm3)
             && file.mlp_bias.unwrap_or(false);
+        let score_labels = self.score_labels(&file, &source_fields)?;
         let eos_token_ids = match file.eos_token_id {
             None => Vec::new(),
             Some(OneOrMany::One(id)) => vec![id],
@@ -235,6 +280,7 @@ impl Validator<'_> {
             attn_output_gate: architecture == Architecture::Afmoe,
             mla,
             num_mtp_layers,
+            score_labels,
             clip_qkv,
             moe,
             source_fields,

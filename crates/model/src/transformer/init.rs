@@ -13,7 +13,7 @@
 use super::model::Transformer;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::hf_names::{parameter_shapes, sandwich_names};
+use crate::hf_names::{LM_HEAD, SCORE_HEAD, parameter_shapes, sandwich_names};
 use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
@@ -123,6 +123,55 @@ impl Transformer {
             tensors.insert(name, Tensor::from_vec(values, shape, device)?);
         }
         Transformer::from_tensors(config, tensors)
+    }
+}
+
+impl Transformer {
+    /// This model's body as a sequence classifier with `labels` outputs, the start of a reward
+    /// model (what `AutoModelForSequenceClassification.from_pretrained(path, num_labels=labels)`
+    /// makes of a causal LM): the LM head dropped, a new `score.weight` `[labels, hidden]` drawn
+    /// from N(0, `initializer_range`) (the config's, else transformers' 0.02), deterministic in
+    /// `seed`. The copy owns new storage; LoRA adapters are refused (merge them first).
+    pub fn to_sequence_classifier(
+        &self,
+        labels: usize,
+        seed: u64,
+    ) -> Result<Transformer, ModelError> {
+        self.refuse_inference_only("to_sequence_classifier")?;
+        if self.lora.is_some() || labels == 0 {
+            return Err(ModelError::InvalidArgument(format!(
+                "to_sequence_classifier: needs a model without adapters and at least one label \
+                 ({labels} asked)"
+            )));
+        }
+        let mut config = self.config.clone();
+        config.score_labels = Some(labels);
+        let std = config
+            .source_fields
+            .get("initializer_range")
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or(INIT_STD);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let hidden = config.hidden_size;
+        let score: Vec<f32> = (0..labels * hidden)
+            .map(|_| (standard_normal(&mut rng) * std) as f32)
+            .collect();
+        let mut tensors: BTreeMap<String, Tensor> = self
+            .parameters
+            .iter()
+            .filter(|(name, _)| name.as_str() != LM_HEAD && name.as_str() != SCORE_HEAD)
+            .map(|(name, var)| (name.clone(), var.as_tensor().detach()))
+            .collect();
+        tensors.insert(
+            SCORE_HEAD.to_string(),
+            Tensor::from_vec(score, (labels, hidden), self.device())?.to_dtype(self.dtype())?,
+        );
+        Ok(Transformer::from_tensors(config, tensors)?.with_precision(self.precision))
+    }
+
+    /// Whether this is a sequence classifier (a reward model): a `score` head, no LM head.
+    pub fn is_sequence_classifier(&self) -> bool {
+        self.score.is_some()
     }
 }
 

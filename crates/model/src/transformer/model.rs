@@ -20,7 +20,7 @@ use super::moe_block::{Expert, MoeBlock};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::hf_names::{
-    EMBED_TOKENS, ExpertNames, FINAL_NORM, LM_HEAD, parameter_shapes, sandwich_names,
+    EMBED_TOKENS, ExpertNames, FINAL_NORM, LM_HEAD, SCORE_HEAD, parameter_shapes, sandwich_names,
 };
 use crate::rotary::RotaryTable;
 use candle_core::{DType, Device, Tensor, Var};
@@ -41,6 +41,9 @@ pub struct Transformer {
     pub(crate) mtp: Vec<MtpModule>,
     pub(crate) norm: Tensor,
     pub(crate) lm_head: Option<Tensor>,
+    /// A sequence classifier's head `[labels, hidden]` (`config.score_labels`), in place of the
+    /// LM head.
+    pub(crate) score: Option<Tensor>,
     /// LoRA adapters by PEFT name (`base_model.model.<module>.lora_A.weight`), with their config.
     pub(crate) lora: Option<(crate::lora::LoraConfig, BTreeMap<String, Var>)>,
     /// The LM head's weight packed in bf16 for inference (`pack_weights`).
@@ -220,7 +223,9 @@ impl Transformer {
             local_rotary,
             embed_tokens: get(EMBED_TOKENS),
             norm: get(FINAL_NORM),
-            lm_head: (!config.tie_word_embeddings).then(|| get(LM_HEAD)),
+            lm_head: (config.score_labels.is_none() && !config.tie_word_embeddings)
+                .then(|| get(LM_HEAD)),
+            score: config.score_labels.map(|_| get(SCORE_HEAD)),
             packed_head: None,
             layers,
             mtp,
@@ -274,6 +279,7 @@ impl Transformer {
         self.embed_tokens = self.embed_tokens.detach();
         self.norm = self.norm.detach();
         self.lm_head = self.lm_head.as_ref().map(Tensor::detach);
+        self.score = self.score.as_ref().map(Tensor::detach);
         for layer in &mut self.layers {
             layer.freeze();
         }

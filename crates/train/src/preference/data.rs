@@ -31,11 +31,14 @@ use stoke_tokenizer::hf::Tokenizer;
 use crate::error::TrainError;
 
 /// A tokenized preference pair.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct PreferencePair {
     pub prompt_ids: Vec<u32>,
     pub chosen_ids: Vec<u32>,
     pub rejected_ids: Vec<u32>,
+    /// The line's optional `margin` (how much better chosen is; reward-model training
+    /// subtracts it, as TRL's `RewardTrainer` does).
+    pub margin: Option<f64>,
     /// 1-based line in its file.
     pub line: usize,
 }
@@ -97,10 +100,19 @@ pub fn read_pairs(
         let room = options.max_len - prompt_ids.len();
         fit(&mut chosen_ids, room, report);
         fit(&mut rejected_ids, room, report);
+        let margin = match value.get("margin") {
+            None | Some(Value::Null) => None,
+            Some(m) => Some(
+                m.as_f64()
+                    .filter(|m| m.is_finite())
+                    .ok_or_else(|| format!("`margin` must be a finite number, got {m}"))?,
+            ),
+        };
         Ok(PreferencePair {
             prompt_ids,
             chosen_ids,
             rejected_ids,
+            margin,
             line,
         })
     })

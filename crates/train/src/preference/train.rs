@@ -29,7 +29,8 @@ use super::data::PreferencePair;
 use super::scoring::{PairReference, pair_logps, reference_logps, score_reference};
 use super::shards::ShardedLogps;
 use super::{
-    CpoLoss, DpoLoss, KtoInputs, KtoLoss, OrpoLoss, PreferenceOutput, SequenceLogps, invalid,
+    CpoLoss, DpoLoss, KtoInputs, KtoLoss, OrpoLoss, PreferenceOutput, RewardModelLoss,
+    SequenceLogps, invalid,
 };
 use crate::error::TrainError;
 use crate::grpo::ScoringLayout;
@@ -43,6 +44,9 @@ pub enum PairObjective {
     Cpo(CpoLoss),
     Orpo(OrpoLoss),
     Kto(KtoLoss),
+    /// A Bradley-Terry reward model: the model is a sequence classifier and each response
+    /// (after its prompt) is scored on its own row; no reference.
+    RewardModel(RewardModelLoss),
 }
 
 impl PairObjective {
@@ -52,6 +56,7 @@ impl PairObjective {
             PairObjective::Cpo(loss) => loss.validate(),
             PairObjective::Orpo(loss) => loss.validate(),
             PairObjective::Kto(loss) => loss.validate(),
+            PairObjective::RewardModel(loss) => loss.validate(),
         }
     }
 
@@ -60,7 +65,7 @@ impl PairObjective {
         match self {
             PairObjective::Dpo(loss) => loss.needs_reference(),
             PairObjective::Kto(_) => true,
-            PairObjective::Cpo(_) | PairObjective::Orpo(_) => false,
+            PairObjective::Cpo(_) | PairObjective::Orpo(_) | PairObjective::RewardModel(_) => false,
         }
     }
 
@@ -70,6 +75,7 @@ impl PairObjective {
             PairObjective::Cpo(_) => "cpo",
             PairObjective::Orpo(_) => "orpo",
             PairObjective::Kto(_) => "kto",
+            PairObjective::RewardModel(_) => "reward_model",
         }
     }
 
@@ -126,6 +132,12 @@ impl PairObjective {
             }
             PairObjective::Cpo(loss) => loss.loss(policy),
             PairObjective::Orpo(loss) => loss.loss(policy),
+            PairObjective::RewardModel(_) => Err(invalid(
+                "objective.kind",
+                "a reward model trains on sequence scores, not log-probs (PairTrainer::step \
+                 scores its pairs)"
+                    .into(),
+            )),
         }
     }
 }
@@ -276,6 +288,19 @@ impl PairTrainer {
                 "micro-batches need at least one pair, steps at least one micro-batch".into(),
             ));
         }
+        if matches!(objective, PairObjective::RewardModel(_)) != model.is_sequence_classifier() {
+            return Err(invalid(
+                "objective.kind",
+                if model.is_sequence_classifier() {
+                    "a sequence classifier trains only as a reward model (objective.kind = \
+                     \"reward_model\")"
+                        .into()
+                } else {
+                    "a reward model needs a sequence classifier (Transformer::to_sequence_classifier)"
+                        .into()
+                },
+            ));
+        }
         match (&reference, objective.needs_reference()) {
             (Reference::None, true) => {
                 return Err(invalid(
@@ -408,6 +433,13 @@ impl PairTrainer {
                 .iter()
                 .map(|p| 2 * p.prompt_ids.len() + p.chosen_ids.len() + p.rejected_ids.len())
                 .sum::<usize>();
+            if let PairObjective::RewardModel(loss) = &self.objective {
+                let out = score_pairs(&self.model, loss, &batch)?;
+                let weight = chunk.len() as f64 / total as f64;
+                add_metrics(&mut sums, &out.metrics, weight);
+                let value = out.loss.to_scalar::<f64>()?;
+                return Ok(Some(MicroLoss::new(out.loss, value, weight)));
+            }
             let sharded = (self.settings.shards > 1 && batch.len() > 1)
                 .then(|| {
                     ShardedLogps::score(
@@ -442,12 +474,7 @@ impl PairTrainer {
                 .loss(&policy, reference.as_ref(), labels.as_deref())?;
             let weight = chunk.len() as f64 / total as f64;
             let value = out.loss.to_scalar::<f64>()?;
-            for (name, metric) in &out.metrics {
-                match sums.iter_mut().find(|(key, _)| key == name) {
-                    Some((_, sum)) => *sum += weight * metric,
-                    None => sums.push((name, weight * metric)),
-                }
-            }
+            add_metrics(&mut sums, &out.metrics, weight);
             let split: Option<SplitBackward> = sharded.map(|sharded| {
                 Box::new(move |store: &GradStore| sharded.backward(store)) as SplitBackward
             });
@@ -490,6 +517,42 @@ impl PairTrainer {
     }
 }
 
+/// Adds `weight` times each of a micro-batch's metrics into the step's sums.
+fn add_metrics(sums: &mut Vec<(&'static str, f64)>, metrics: &[(&'static str, f64)], weight: f64) {
+    for (name, metric) in metrics {
+        match sums.iter_mut().find(|(key, _)| key == name) {
+            Some((_, sum)) => *sum += weight * metric,
+            None => sums.push((name, weight * metric)),
+        }
+    }
+}
+
+/// A reward model's loss on `pairs`: every response after its prompt on its own row
+/// (`[chosen; rejected]`), scored by the classifier; the pairs' margins when any has one (0 for
+/// the others).
+pub fn score_pairs(
+    model: &Transformer,
+    loss: &RewardModelLoss,
+    pairs: &[&PreferencePair],
+) -> Result<PreferenceOutput, TrainError> {
+    let rows: Vec<Vec<u32>> = pairs
+        .iter()
+        .map(|p| [p.prompt_ids.as_slice(), &p.chosen_ids].concat())
+        .chain(
+            pairs
+                .iter()
+                .map(|p| [p.prompt_ids.as_slice(), &p.rejected_ids].concat()),
+        )
+        .collect();
+    let refs: Vec<&[u32]> = rows.iter().map(Vec::as_slice).collect();
+    let scores = model.score_sequences(&refs)?;
+    let margins: Option<Vec<f64>> = pairs
+        .iter()
+        .any(|p| p.margin.is_some())
+        .then(|| pairs.iter().map(|p| p.margin.unwrap_or(0.0)).collect());
+    loss.loss(&scores, margins.as_deref())
+}
+
 /// KTO examples as the loop's rows: example `i`'s prompt with its completion ("chosen") and
 /// with example `i + 1`'s completion ("rejected", the mismatched sample), cyclically.
 pub fn kto_rows(examples: &[LabelledCompletion]) -> Vec<PreferencePair> {
@@ -499,6 +562,7 @@ pub fn kto_rows(examples: &[LabelledCompletion]) -> Vec<PreferencePair> {
             prompt_ids: examples[i].prompt_ids.clone(),
             chosen_ids: examples[i].completion_ids.clone(),
             rejected_ids: examples[(i + 1) % n].completion_ids.clone(),
+            margin: None,
             line: examples[i].line,
         })
         .collect()
