@@ -64,6 +64,9 @@ enum Command {
     Grpo(cmd::grpo::GrpoArgs),
     /// Preference optimization on pairs (DPO family, CPO/SimPO, ORPO) from a TOML config.
     Dpo(cmd::dpo::DpoArgs),
+    /// Train a reward model (Bradley-Terry, a sequence-classifier head) on preference pairs;
+    /// the `stoke dpo` config with `objective.kind = "reward_model"`.
+    Rm(cmd::dpo::DpoArgs),
     /// Distillation data: a teacher's completions with their token ids, for a student's SFT.
     #[command(subcommand)]
     Distill(cmd::distill::DistillCommand),
@@ -134,6 +137,7 @@ fn main() -> ExitCode {
         Command::Train(args) => cmd::train::run_command(args),
         Command::Grpo(args) => cmd::grpo::run_command(args),
         Command::Dpo(args) => cmd::dpo::run_command(args),
+        Command::Rm(args) => cmd::dpo::run_reward_model(args),
         Command::Rft(args) => cmd::rft::run_command(args),
         Command::Env(args) => cmd::env::run(args),
         Command::Distill(command) => cmd::distill::run(command),

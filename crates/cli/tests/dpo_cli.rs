@@ -304,3 +304,118 @@ fn export_lineage_over_a_pipeline_folder_lists_its_dpo_stage() {
 fn toml_string(path: &Path) -> String {
     toml::Value::String(path.display().to_string()).to_string()
 }
+
+#[test]
+fn killed_and_resumed_reward_model_run_ends_with_the_uninterrupted_weights() {
+    kill_resume_matches_uninterrupted(CONFIG, &["objective.kind=\"reward_model\""]);
+}
+
+/// Pairs whose chosen answer ends in `good` and rejected in `bad`, after prompts `add a b` with
+/// `a` in `range`: the preference is lexical, so a reward model can learn it from a few pairs.
+fn reward_lines(range: std::ops::Range<usize>, good: &str, bad: &str) -> Vec<String> {
+    range
+        .flat_map(|a| (0..4).map(move |b| (a, b)))
+        .map(|(a, b)| {
+            serde_json::json!({
+                "prompt": [{"role": "user", "content": format!("add {a} {b}")}],
+                "chosen": [{"role": "assistant", "content": format!("sum {} {good}", a + b)}],
+                "rejected": [{"role": "assistant", "content": format!("sum {} {bad}", a + b)}],
+            })
+            .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn stoke_rm_trains_a_reward_model_that_ranks_held_out_pairs() {
+    let config = r#"
+output_dir = "rm"
+[model]
+path = "model"
+[data]
+train = "train.jsonl"
+eval = "eval.jsonl"
+max_len = 64
+pairs_per_micro_batch = 4
+[reward_model]
+center_rewards_coefficient = 0.01
+[optimizer]
+lr = 3e-3
+[training]
+steps = 24
+seed = 3
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let texts: Vec<String> = (0..40)
+        .map(|i| format!("add {} {} sum {} ok no", i % 7, i % 4, i % 7 + i % 4))
+        .collect();
+    common::tiny_chat_model(dir.path(), &texts);
+    std::fs::write(dir.path().join("rm.toml"), config).unwrap();
+    // The same start learns either preference: held-out accuracy well above chance both ways
+    // (an untrained score head ranks "ok" against "no" the same way in every pair, so it cannot
+    // pass both).
+    for (good, bad) in [("ok", "no"), ("no", "ok")] {
+        let lines = |range| reward_lines(range, good, bad).join("\n");
+        std::fs::write(dir.path().join("train.jsonl"), lines(0..5)).unwrap();
+        std::fs::write(dir.path().join("eval.jsonl"), lines(5..8)).unwrap();
+        let _ = std::fs::remove_dir_all(dir.path().join("rm"));
+        let output = stoke()
+            .arg("rm")
+            .arg(dir.path().join("rm.toml"))
+            .arg("--quiet")
+            .output()
+            .unwrap();
+        assert_success(&output);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(stdout.contains("held-out (12 pairs)"), "{stdout}");
+        let eval: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join("rm/eval.json")).unwrap(),
+        )
+        .unwrap();
+        let accuracy = eval["metrics"]["accuracy"].as_f64().unwrap();
+        assert!(
+            accuracy >= 0.9,
+            "{good} over {bad}: held-out accuracy {accuracy}: {eval}"
+        );
+        assert!(eval["metrics"]["margin"].as_f64().unwrap() > 0.0, "{eval}");
+    }
+    // Every step logged TRL's figures; the saved model is a sequence classifier.
+    let metrics = std::fs::read_to_string(dir.path().join("rm/metrics.jsonl")).unwrap();
+    let steps: Vec<serde_json::Value> = metrics
+        .lines()
+        .filter(|l| l.contains("\"kind\":\"step\""))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(steps.len(), 24);
+    for key in ["accuracy", "margin", "mean_reward", "std_reward"] {
+        assert!(
+            steps[23].to_string().contains(key),
+            "no {key} in {}",
+            steps[23]
+        );
+    }
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("rm/model/config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        config["architectures"],
+        serde_json::json!(["LlamaForSequenceClassification"])
+    );
+
+    // stoke rm refuses a config that names another objective.
+    std::fs::write(
+        dir.path().join("dpo.toml"),
+        "output_dir = \"rm2\"\n[objective]\nkind = \"dpo\"\n[model]\npath = \"model\"\n\
+         [data]\ntrain = \"train.jsonl\"\n[training]\nsteps = 1\n",
+    )
+    .unwrap();
+    let refused = stoke()
+        .arg("rm")
+        .arg(dir.path().join("dpo.toml"))
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("objective.kind = \"dpo\""), "{stderr}");
+}

@@ -1,5 +1,6 @@
 //! `stoke dpo CONFIG.toml [--set key=value]...`: preference optimization on pairs (the DPO
-//! family, CPO/SimPO, ORPO); see `stoke_train::preference::run` for the config format.
+//! family, CPO/SimPO, ORPO), and `stoke rm CONFIG.toml`, a Bradley-Terry reward model on the
+//! same pairs and config; see `stoke_train::preference::run` for the config format.
 
 use std::path::PathBuf;
 
@@ -26,8 +27,35 @@ pub struct DpoArgs {
 pub fn run_command(args: DpoArgs) -> anyhow::Result<()> {
     let file = PreferenceFile::load(&args.config, &args.sets)
         .with_context(|| format!("config {}", args.config.display()))?;
+    run_file(&file, &args)
+}
+
+/// `stoke rm CONFIG.toml`: a Bradley-Terry reward model on the pairs, the `stoke dpo` run with
+/// `objective.kind = "reward_model"` (the default here; another kind in the file is refused).
+pub fn run_reward_model(args: DpoArgs) -> anyhow::Result<()> {
+    let table = stoke_train::config::keys::read_table(&args.config)
+        .with_context(|| format!("config {}", args.config.display()))?;
+    let kind = table
+        .get("objective")
+        .and_then(|o| o.get("kind"))
+        .and_then(|k| k.as_str());
+    if let Some(kind) = kind.filter(|k| *k != "reward_model") {
+        anyhow::bail!(
+            "config {}: objective.kind = \"{kind}\": stoke rm trains reward models (leave \
+             objective.kind out, or run stoke dpo)",
+            args.config.display()
+        );
+    }
+    let mut sets = vec!["objective.kind=\"reward_model\"".to_string()];
+    sets.extend(args.sets.iter().cloned());
+    let file = PreferenceFile::load(&args.config, &sets)
+        .with_context(|| format!("config {}", args.config.display()))?;
+    run_file(&file, &args)
+}
+
+fn run_file(file: &PreferenceFile, args: &DpoArgs) -> anyhow::Result<()> {
     let summary = run_preference_with(
-        &file,
+        file,
         &RunOptions {
             resume: args.resume,
             quiet: args.quiet,
@@ -65,6 +93,9 @@ pub fn run_command(args: DpoArgs) -> anyhow::Result<()> {
     show("last step", &summary.last);
     if let Some(loss) = summary.last_loss {
         println!("final loss {loss:.4}");
+    }
+    if let Some((pairs, figures)) = &summary.eval {
+        show(&format!("held-out ({pairs} pairs)"), &Some(figures.clone()));
     }
     if summary.skipped_steps > 0 {
         println!("skipped steps: {}", summary.skipped_steps);

@@ -61,6 +61,7 @@ use stoke_model::Transformer;
 use stoke_optim::{LrSchedule, Optimizer};
 use stoke_tokenizer::hf::Tokenizer;
 
+use super::data::PreferencePair;
 use super::data::read_labelled;
 use super::data::{ReadOptions, ReadReport, read_pairs};
 use super::record::{PairRecord, PairStepRecord};
@@ -68,7 +69,7 @@ use super::scoring::{PairReference, cache_key, load_cache, save_cache, score_ref
 use super::train::PairCursor;
 use super::train::kto_rows;
 use super::train::{PairLoopSettings, PairObjective, PairTrainer, Reference, ReferenceSync};
-use super::{CpoLoss, DpoLoss, KtoLoss, OrpoLoss};
+use super::{CpoLoss, DpoLoss, KtoLoss, OrpoLoss, RewardModelLoss};
 use crate::checkpoint::{CheckpointStore, TrainerState, load_checkpoint};
 use crate::config::{
     CheckpointFile, ConfigError, OptimizerFile, ScheduleDefaults, ScheduleFile, keys,
@@ -104,6 +105,9 @@ pub struct PreferenceFile {
     pub orpo: OrpoLoss,
     #[serde(default)]
     pub kto: KtoLoss,
+    /// `[reward_model] center_rewards_coefficient` (`objective.kind = "reward_model"`).
+    #[serde(default)]
+    pub reward_model: RewardModelLoss,
     #[serde(default)]
     pub reference: ReferenceFile,
     #[serde(default)]
@@ -129,6 +133,9 @@ pub struct PreferenceModelFile {
 #[serde(deny_unknown_fields)]
 pub struct PairDataFile {
     pub train: PathBuf,
+    /// Held-out pairs scored after training (reward models: pair accuracy and margin).
+    #[serde(default)]
+    pub eval: Option<PathBuf>,
     #[serde(default)]
     pub max_len: Option<usize>,
     #[serde(default)]
@@ -175,6 +182,9 @@ pub enum ObjectiveKind {
     Orpo,
     /// Unpaired `prompt`/`completion`/`label` lines.
     Kto,
+    /// A Bradley-Terry reward model on the pairs (`stoke rm`): the model becomes a sequence
+    /// classifier with one label unless it is one already.
+    RewardModel,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -327,6 +337,9 @@ impl PreferenceFile {
             absolute(t);
         }
         absolute(&mut file.data.train);
+        if let Some(e) = file.data.eval.as_mut() {
+            absolute(e);
+        }
         if let Some(c) = file.reference.cache_dir.as_mut() {
             absolute(c);
         }
@@ -381,6 +394,7 @@ impl PreferenceFile {
             ObjectiveKind::Cpo => PairObjective::Cpo(self.cpo.clone()),
             ObjectiveKind::Orpo => PairObjective::Orpo(self.orpo.clone()),
             ObjectiveKind::Kto => PairObjective::Kto(self.kto.clone()),
+            ObjectiveKind::RewardModel => PairObjective::RewardModel(self.reward_model.clone()),
         }
     }
 }
@@ -402,6 +416,9 @@ pub struct PreferenceSummary {
     pub shards: usize,
     /// Where the reference came from: the cache file (and whether this run wrote it), or live.
     pub reference: String,
+    /// Reward models with `data.eval`: the held-out pairs and the figures on them (TRL's
+    /// names: `accuracy`, `margin`, ...), also written to `eval.json`.
+    pub eval: Option<(usize, Vec<(&'static str, f64)>)>,
     /// The checkpoint this run continued from (`--resume`).
     pub resumed_from: Option<PathBuf>,
     /// The run's newest checkpoint (every run ends with one).
@@ -442,6 +459,18 @@ pub fn run_preference_with(
     let tokenizer = Tokenizer::from_dir(&tokenizer_dir)
         .map_err(|e| TrainError::Other(format!("{}: {e}", tokenizer_dir.display())))?;
     let mut policy = Transformer::load(&file.model.path, &device)?;
+    let reward_model = file.objective.kind == ObjectiveKind::RewardModel;
+    if reward_model && !policy.is_sequence_classifier() {
+        // TRL's `AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)`.
+        policy = policy.to_sequence_classifier(1, file.training.seed)?;
+    }
+    if file.data.eval.is_some() && !reward_model {
+        return Err(invalid_key(
+            "data.eval",
+            "held-out pairs are scored by reward-model runs (objective.kind = \"reward_model\")"
+                .into(),
+        ));
+    }
     policy.set_precision(file.training.precision);
     policy.set_activation_checkpointing(file.training.activation_checkpointing);
     let limit = policy.config().max_position_embeddings;
@@ -521,7 +550,7 @@ pub fn run_preference_with(
         }
         None => None,
     };
-    folder.record_start("dpo", &config_toml)?;
+    folder.record_start(if reward_model { "rm" } else { "dpo" }, &config_toml)?;
 
     let extra: PairExtra = match &resumed {
         Some((state, _)) => serde_json::from_value(state.extra.clone())
@@ -574,11 +603,14 @@ pub fn run_preference_with(
     }
     let engine = StepEngine::new(optimizer, step_settings);
     // The loop never makes more shards than a micro-batch has pairs; the summary says what ran.
-    let shards = file
-        .training
-        .batch_shards
-        .resolve(&policy)
-        .min(file.data.pairs_per_micro_batch.max(1));
+    let shards = if reward_model {
+        1
+    } else {
+        file.training
+            .batch_shards
+            .resolve(&policy)
+            .min(file.data.pairs_per_micro_batch.max(1))
+    };
     let loop_settings = PairLoopSettings {
         pairs_per_micro_batch: file.data.pairs_per_micro_batch,
         micro_batches: file.data.micro_batches,
@@ -689,13 +721,24 @@ pub fn run_preference_with(
             crate::checkpoint::save_model(reference, &reference_model_dir(out, report.step), None)?;
             reference_synced_at = Some(report.step);
         }
-        let margin = report.metric("rewards/margins").unwrap_or(f64::NAN);
-        let accuracy = report.metric("rewards/accuracies").unwrap_or(f64::NAN);
-        let detail = format!(
-            "margin {margin:.3} | acc {accuracy:.2} | chosen {:.2} | rejected {:.2}",
-            report.metric("logps/chosen").unwrap_or(f64::NAN),
-            report.metric("logps/rejected").unwrap_or(f64::NAN),
-        );
+        let metric = |name: &str| report.metric(name).unwrap_or(f64::NAN);
+        let detail = if reward_model {
+            format!(
+                "margin {:.3} | acc {:.2} | reward {:.2} ± {:.2}",
+                metric("margin"),
+                metric("accuracy"),
+                metric("mean_reward"),
+                metric("std_reward")
+            )
+        } else {
+            format!(
+                "margin {:.3} | acc {:.2} | chosen {:.2} | rejected {:.2}",
+                metric("rewards/margins"),
+                metric("rewards/accuracies"),
+                metric("logps/chosen"),
+                metric("logps/rejected"),
+            )
+        };
         let standard =
             super::report::standard_step(&record, tokens_seen, started.elapsed().as_secs_f64());
         for alert in monitor.on_step_with(&standard, &detail) {
@@ -733,10 +776,34 @@ pub fn run_preference_with(
     };
     let model_dir = out.join("model");
     crate::checkpoint::save_model(trainer.model(), &model_dir, Some(&tokenizer_dir))?;
-    let title = file
-        .title
-        .clone()
-        .unwrap_or_else(|| format!("stoke dpo: {}", file.objective().name()));
+    let eval = match (&file.data.eval, &file.objective()) {
+        (Some(path), PairObjective::RewardModel(loss)) => {
+            let (pairs, read) = read_pairs(path, &tokenizer, options_read)?;
+            for skipped in &read.skipped {
+                eprintln!("eval: skipped {skipped}");
+            }
+            let figures = evaluate_reward_model(trainer.model(), loss, &pairs)?;
+            std::fs::write(
+                out.join("eval.json"),
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "pairs": pairs.len(),
+                    "step": final_step,
+                    "metrics": figures.iter().map(|(k, v)| (k.to_string(), serde_json::Value::from(*v))).collect::<serde_json::Map<String, serde_json::Value>>(),
+                }))
+                .map_err(|e| TrainError::Other(e.to_string()))?,
+            )
+            .map_err(|e| TrainError::Other(format!("{}: {e}", out.join("eval.json").display())))?;
+            Some((pairs.len(), figures))
+        }
+        _ => None,
+    };
+    let title = file.title.clone().unwrap_or_else(|| {
+        if reward_model {
+            "stoke rm: reward model".to_string()
+        } else {
+            format!("stoke dpo: {}", file.objective().name())
+        }
+    });
     // The report covers the whole run, resumed parts included: it reads the log.
     let history = step_records(&metrics_path)?;
     let report_path = super::report::write_preference_report(out, &title, &history)?;
@@ -752,12 +819,59 @@ pub fn run_preference_with(
         tokens_per_s: tokens as f64 / seconds.max(1e-9),
         shards,
         reference: reference_note,
+        eval,
         resumed_from: resume_path,
         last_checkpoint,
         model_dir,
         metrics_path,
         report_path,
     })
+}
+
+/// A reward model's figures on held-out `pairs` (16 pairs per forward pass): the loss's metrics
+/// over all of them at once (`accuracy`, `margin`, min/mean/max/std of the rewards) and the
+/// `loss` itself.
+pub fn evaluate_reward_model(
+    model: &Transformer,
+    loss: &RewardModelLoss,
+    pairs: &[PreferencePair],
+) -> Result<Vec<(&'static str, f64)>, TrainError> {
+    if pairs.is_empty() {
+        return Err(invalid_key("data.eval", "no held-out pair to score".into()));
+    }
+    let frozen = model.snapshot()?.into_frozen();
+    let mut scores: Vec<f64> = Vec::with_capacity(2 * pairs.len());
+    let (mut chosen, mut rejected) = (Vec::new(), Vec::new());
+    for chunk in pairs.chunks(16) {
+        let refs: Vec<&PreferencePair> = chunk.iter().collect();
+        let rows: Vec<Vec<u32>> = refs
+            .iter()
+            .map(|p| [p.prompt_ids.as_slice(), &p.chosen_ids].concat())
+            .chain(
+                refs.iter()
+                    .map(|p| [p.prompt_ids.as_slice(), &p.rejected_ids].concat()),
+            )
+            .collect();
+        let row_refs: Vec<&[u32]> = rows.iter().map(Vec::as_slice).collect();
+        let values: Vec<f32> = frozen
+            .score_sequences(&row_refs)?
+            .flatten_all()?
+            .to_vec1()?;
+        let (c, r) = values.split_at(chunk.len());
+        chosen.extend(c.iter().map(|v| f64::from(*v)));
+        rejected.extend(r.iter().map(|v| f64::from(*v)));
+    }
+    scores.extend(&chosen);
+    scores.extend(&rejected);
+    let margins: Option<Vec<f64>> = pairs
+        .iter()
+        .any(|p| p.margin.is_some())
+        .then(|| pairs.iter().map(|p| p.margin.unwrap_or(0.0)).collect());
+    let tensor = candle_core::Tensor::from_vec(scores, 2 * pairs.len(), &Device::Cpu)?;
+    let out = loss.loss(&tensor, margins.as_deref())?;
+    let mut figures = out.metrics;
+    figures.push(("loss", out.loss.to_scalar::<f64>()?));
+    Ok(figures)
 }
 
 /// Checkpoints kept by default (`[checkpoint] keep`), as in `stoke train`.

@@ -698,6 +698,7 @@ impl Recipe {
             },
             data: PairDataFile {
                 train: pairs.to_path_buf(),
+                eval: None,
                 max_len: Some(self.seq_len),
                 strict: false,
                 pairs_per_micro_batch: p.pairs_per_micro_batch,
@@ -715,6 +716,7 @@ impl Recipe {
             cpo: CpoLoss::default(),
             orpo: OrpoLoss::default(),
             kto: KtoLoss::default(),
+            reward_model: Default::default(),
             reference: ReferenceFile {
                 mode: ReferenceMode::Cached,
                 cache_dir: Some(cache_dir.to_path_buf()),
