@@ -444,6 +444,181 @@ const COMPLETIONS: &[(&str, &str, Expect)] = &[
     ("1", "\\boxed{\\frac{0}{0}}", Reject),
     ("1", "\\boxed{1^{\\infty}}", Reject),
     ("10", "\\boxed{10^{10^{10^{10}}}}", Reject),
+    // Revisions after the marked answer (issue 52)
+    (
+        "42",
+        "She collects 6 eggs a day for 7 days: 6 * 7 = 42.\n#### 42\nWait, I forgot the 2 eggs from Sunday; the correct total is 44",
+        Reject,
+    ),
+    (
+        "44",
+        "She collects 6 eggs a day for 7 days: 6 * 7 = 42.\n#### 42\nWait, I forgot the 2 eggs from Sunday; the correct total is 44",
+        Accept,
+    ),
+    (
+        "12",
+        "Each side has 4 points, so a common first guess is $4 \\times 3 = \\boxed{12}$. But each corner is shared by two sides, so we subtract 3: there are 9.",
+        Reject,
+    ),
+    (
+        "9",
+        "Each side has 4 points, so a common first guess is $4 \\times 3 = \\boxed{12}$. But each corner is shared by two sides, so we subtract 3: there are 9.",
+        Accept,
+    ),
+    (
+        "9",
+        "The answer is \\boxed{12}. Hmm, that double counts the corners. In total, there are 9 distinct points.",
+        Accept,
+    ),
+    (
+        "12",
+        "The answer is \\boxed{12}. Hmm, that double counts the corners. In total, there are 9 distinct points.",
+        Reject,
+    ),
+    ("44", "The answer is 42, wait, no, 44.", Accept),
+    ("42", "The answer is 42, wait, no, 44.", Reject),
+    (
+        "44",
+        "#### 42\nHmm, no. She also has 2 more, so the total is 44.",
+        Accept,
+    ),
+    (
+        "42",
+        "#### 42\nHmm, no. She also has 2 more, so the total is 44.",
+        Reject,
+    ),
+    (
+        "20",
+        "#### 18\nOn second thought, she sells 10 eggs at $2, so she makes 20 dollars.",
+        Accept,
+    ),
+    (
+        "18",
+        "#### 18\nOn second thought, she sells 10 eggs at $2, so she makes 20 dollars.",
+        Reject,
+    ),
+    (
+        "14",
+        "#### 18\nWait, I made a mistake: she sells only 7 eggs. \\boxed{14}",
+        Accept,
+    ),
+    (
+        "42",
+        "#### 42\nActually, I forgot the eggs she gave away.",
+        Ambiguous,
+    ),
+    (
+        "6",
+        "The answer is \\boxed{6}. Wait, that's wrong.",
+        Ambiguous,
+    ),
+    // ... and what must not revise it
+    ("42", "\\boxed{42}\nCheck: 6*7 = 42 ✓", Accept),
+    (
+        "6",
+        "Each row has 6 seats, so the answer is \\boxed{6}.\nCheck: 6 \\times 7 = 42 ✓",
+        Accept,
+    ),
+    (
+        "42",
+        "Each row has 6 seats, so the answer is \\boxed{6}.\nCheck: 6 \\times 7 = 42 ✓",
+        Reject,
+    ),
+    (
+        "6",
+        "The answer is \\boxed{6}.\nWait, let me verify: 6 \\times 7 = 42.",
+        Accept,
+    ),
+    (
+        "6",
+        "The answer is \\boxed{6}. Wait, is that right? Yes.",
+        Accept,
+    ),
+    (
+        "5",
+        "\\boxed{5}. This is because 2 + 3 = 5 and 3 + 4 = 7.",
+        Accept,
+    ),
+    (
+        "7",
+        "\\boxed{5}. This is because 2 + 3 = 5 and 3 + 4 = 7.",
+        Reject,
+    ),
+    ("5", "\\boxed{5}\nNote that the discriminant is 16.", Accept),
+    (
+        "12",
+        "\\boxed{12}. There are 3 cases to consider in the proof.",
+        Accept,
+    ),
+    (
+        "12",
+        "\\boxed{12}\nSo the total is 12, and each of the 3 friends gets 4.",
+        Accept,
+    ),
+    ("18", "#### 18\nI hope it is correct.", Accept),
+    (
+        "18",
+        "9 * 2 = 18.\n#### 18\nWait, let me double-check: 9 * 2 = 18. Yes.",
+        Accept,
+    ),
+    (
+        "42",
+        "\\boxed{42}\n\nActually, wait: 6 × 7 = 42, so yes, 42 is correct.",
+        Accept,
+    ),
+    ("18", "\\boxed{18}\nThere are 9 eggs sold.", Accept),
+    (
+        "18",
+        "\\boxed{18}\nThus the number of eggs sold is 9.",
+        Accept,
+    ),
+    ("5", "\\boxed{5}. But note that there are 3 cases.", Accept),
+    (
+        "44",
+        "So the total is \\boxed{42}. Actually, I made a mistake: she also bought 2 more, giving 44.",
+        Accept,
+    ),
+    (
+        "42",
+        "So the total is \\boxed{42}. Actually, I made a mistake: she also bought 2 more, giving 44.",
+        Reject,
+    ),
+    (
+        "9",
+        "I initially got \\boxed{12}, but after removing duplicates there are 9.",
+        Accept,
+    ),
+    (
+        "12",
+        "I initially got \\boxed{12}, but after removing duplicates there are 9.",
+        Reject,
+    ),
+    ("9", "The answer is 12? No — there are 9.", Accept),
+    ("12", "The answer is 12? No — there are 9.", Reject),
+    ("44", "**Final answer: 42**\n\nCorrection: 44", Accept),
+    ("42", "**Final answer: 42**\n\nCorrection: 44", Reject),
+    ("44", "The answer is 42 (wait, I mean 44).", Accept),
+    (
+        "9",
+        "The final answer is 12.\nHold on — the corners are shared, so the count is 9.",
+        Accept,
+    ),
+    ("\\text{no}", "\\boxed{No}", Accept),
+    (
+        "\\emptyset",
+        "So the set is $\\boxed{\\emptyset}$. There are no solutions.",
+        Accept,
+    ),
+    // Closed forms and words in whole completions
+    ("3", "So $\\log_2 8 = \\boxed{\\log_2 8}$.", Accept),
+    (
+        "10",
+        "The number of pairs is $\\boxed{\\binom{5}{2}}$.",
+        Accept,
+    ),
+    ("42", "The answer is forty-two.", Accept),
+    ("42", "**Answer:** \\textbf{42}", Accept),
+    ("105", "one hundred and five", Accept),
 ];
 
 fn verifier() -> MathVerifier {
@@ -519,6 +694,177 @@ fn huge_outputs_are_bounded_and_never_score() {
             started.elapsed().as_secs_f64() < 2.0,
             "{junk:?}: {:?}",
             started.elapsed()
+        );
+    }
+}
+
+/// Issue 52: the answer a model took back was still accepted (a second suite agreed on 94.3%
+/// with two false accepts of this form); the taken-back value now scores 0, the correction 1.
+#[test]
+fn an_answer_taken_back_scores_zero_and_its_correction_scores_one() {
+    let verifier = verifier();
+    let score = |gold: &str, completion: &str| {
+        let reference = Reference {
+            answer: Some(gold.into()),
+            ..Reference::default()
+        };
+        verifier
+            .score(&RewardInput::new("", completion, &reference))
+            .score
+    };
+    let eggs = "#### 42\nWait, I forgot the 2 eggs; the correct total is 44";
+    assert_eq!(score("42", eggs), 0.0);
+    assert_eq!(score("44", eggs), 1.0);
+    let guess = "A common first guess is \\boxed{12}... but the corners are shared, so there are 9";
+    assert_eq!(score("12", guess), 0.0);
+    assert_eq!(score("9", guess), 1.0);
+}
+
+#[test]
+fn a_reference_solution_is_read_as_written_without_revisions() {
+    let verifier = verifier();
+    // The reference's own words after its box are trusted, not read as a retraction.
+    let reference = Reference {
+        answer: Some(
+            "So there are $\\boxed{12}$ ways. Actually, we could also count the 3 corners first."
+                .into(),
+        ),
+        ..Reference::default()
+    };
+    let outcome = verifier.score(&RewardInput::new("", "\\boxed{12}", &reference));
+    assert_eq!(outcome.outcome, Outcome::Correct);
+}
+
+#[test]
+fn closed_forms_and_revisions_are_bounded() {
+    let verifier = verifier();
+    let bounded = |gold: &str, completion: &str| {
+        let started = std::time::Instant::now();
+        let got = outcome(&verifier, gold, completion);
+        assert!(
+            started.elapsed().as_secs_f64() < 2.0,
+            "{completion:.80}: {:?}",
+            started.elapsed()
+        );
+        got
+    };
+    for huge in [
+        "\\boxed{1000000!}",
+        "\\boxed{\\binom{10^{9}}{10^{8}}}",
+        "\\boxed{(10^{400})!}",
+        "\\boxed{((((5!)!)!)!)}",
+        "\\boxed{\\frac{(10^{9})!}{(10^{9}-500)!}}",
+        "\\boxed{\\log_2 2^{100000}}",
+        "\\boxed{\\log_{10^{-400}} 10^{400}}",
+        "\\boxed{\\sin(10^{4000}\\pi + \\frac{\\pi}{7})}",
+    ] {
+        assert_ne!(bounded("1", huge), Outcome::Correct, "{huge}");
+    }
+    assert_eq!(
+        bounded("-1", "\\boxed{\\log_{10^{-400}} 10^{400}}"),
+        Outcome::Correct
+    );
+    let cues = format!(
+        "\\boxed{{5}}{}",
+        " Wait, no. Actually, hold on.".repeat(20_000)
+    );
+    assert_ne!(bounded("5", &cues), Outcome::Correct);
+    let statements = format!(
+        "\\boxed{{5}}{}",
+        " So there are 9 ways. The correct total is 4.".repeat(20_000)
+    );
+    assert_eq!(bounded("4", &statements), Outcome::Correct);
+    let checks = format!("\\boxed{{5}}{}", "\nCheck: 5 = 5 ✓".repeat(20_000));
+    assert_eq!(bounded("5", &checks), Outcome::Correct);
+    let words = format!("\\boxed{{{}}}", "forty-two ".repeat(300));
+    assert_ne!(bounded("42", &words), Outcome::Correct);
+    // Factorial quotients nested in factorial quotients (9 levels, the most the parser's depth
+    // limit takes): each factor is evaluated once.
+    let mut nested = String::from("n");
+    for _ in 0..9 {
+        nested = format!("\\frac{{({nested})! 1! 2! 3! 4! 5! 6! 7!}}{{1! 2! 3! 4! 5! 6! 7! n!}}");
+    }
+    let started = std::time::Instant::now();
+    let _ = verifier.judge("", "n", &nested);
+    assert!(
+        started.elapsed().as_secs_f64() < 2.0,
+        "{:?}",
+        started.elapsed()
+    );
+    // Font wrappers inside one another are read to a fixed depth, not recursed without bound.
+    let wrapped = format!("{}10{}", "\\bm{".repeat(50_000), "}".repeat(50_000));
+    let started = std::time::Instant::now();
+    assert_ne!(verifier.judge("", "10", &wrapped).outcome, Outcome::Correct);
+    assert!(started.elapsed().as_secs_f64() < 2.0);
+    assert_eq!(
+        verifier.judge("", "10", "\\bm{\\bm{10}}").outcome,
+        Outcome::Correct
+    );
+    let pairs = format!("\\boxed{{{}5, 2{}}}", "C(".repeat(400), ")".repeat(400));
+    assert_ne!(bounded("10", &pairs), Outcome::Correct);
+}
+
+#[test]
+fn closed_forms_and_revision_fragments_never_panic() {
+    let verifier = verifier();
+    let fragments = [
+        "\\boxed{",
+        "}",
+        "$",
+        "\\binom{",
+        "\\choose",
+        "C(",
+        ",",
+        ")",
+        "!",
+        "\\log_",
+        "\\ln",
+        "\\sin",
+        "\\pi",
+        "^\\circ",
+        "°",
+        "\\mathbb{R}",
+        "\\mathbb",
+        "ℝ",
+        "forty",
+        "-",
+        "two",
+        " and a half",
+        "minus ",
+        "\\textbf{",
+        "10^{9}",
+        "0",
+        "Wait, ",
+        "No, ",
+        "the correct total is ",
+        "there are ",
+        "so the sum is ",
+        "Check: ",
+        "✓",
+        "#### ",
+        "\n",
+        ". ",
+    ];
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..3000 {
+        let mut text = String::new();
+        for _ in 0..14 {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            text.push_str(fragments[(state >> 33) as usize % fragments.len()]);
+        }
+        let got = outcome(&verifier, "2", &text);
+        let _ = outcome(&verifier, &text, "\\boxed{2}");
+        assert!(
+            matches!(
+                got,
+                Outcome::Correct
+                    | Outcome::Wrong
+                    | Outcome::UnparseablePrediction
+                    | Outcome::FormatError
+            ),
+            "{text:?}: {got:?}"
         );
     }
 }

@@ -5,13 +5,19 @@
 //! What this is not: a computer-algebra system. Symbolic equivalence is decided by evaluation at
 //! points (see `compare.rs`), not by rewriting.
 //!
+//! Functions of numbers (logs, trig, inverse trig, `e^x`) and products or quotients of
+//! factorials get their exact value from `closed_form.rs` when it is rational (`\log_2 8` is 3,
+//! `\frac{(n+1)!}{n!}` is n+1 at every point), else their f64 value.
+//!
 //! Invariants: every evaluation is bounded. Exact powers are refused (the caller falls back to
-//! f64) when the result would exceed `MAX_EXACT_BITS`; factorials stop at `MAX_FACTORIAL`; the
-//! tree depth is bounded by the parser.
+//! f64) when the result would exceed `MAX_EXACT_BITS`; factorials stop at `MAX_FACTORIAL` unless
+//! they cancel in a quotient (`closed_form.rs`); the tree depth is bounded by the parser.
 
 use num_bigint::BigInt;
 use num_rational::BigRational;
 use num_traits::{One, Signed, ToPrimitive, Zero};
+
+use super::closed_form;
 
 /// Largest exact intermediate, in bits; beyond it evaluation is refused (`10^10^10` must not
 /// allocate gigabytes).
@@ -76,6 +82,14 @@ impl Func {
             "exp" => Func::Exp,
             _ => return None,
         })
+    }
+
+    /// Whether the argument is an angle (`\\sin 30^\\circ` is sin(pi/6)).
+    pub fn takes_angle(self) -> bool {
+        matches!(
+            self,
+            Func::Sin | Func::Cos | Func::Tan | Func::Sec | Func::Csc | Func::Cot
+        )
     }
 
     /// The inverse read from `\\sin^{-1}`.
@@ -184,7 +198,7 @@ fn exact_root(value: &BigRational, index: u32) -> Option<BigRational> {
     (pow_exact(&candidate, index as i64)? == *value).then_some(candidate)
 }
 
-fn pow_exact(base: &BigRational, exponent: i64) -> Option<BigRational> {
+pub(super) fn pow_exact(base: &BigRational, exponent: i64) -> Option<BigRational> {
     if exponent == 0 {
         return Some(BigRational::one());
     }
@@ -210,7 +224,7 @@ fn finite_op(a: f64, b: f64, op: fn(f64, f64) -> f64) -> f64 {
     }
 }
 
-fn checked_result(value: BigRational) -> Option<BigRational> {
+pub(super) fn checked_result(value: BigRational) -> Option<BigRational> {
     (bits(&value) <= MAX_EXACT_BITS).then_some(value)
 }
 
@@ -290,6 +304,9 @@ impl Expr {
             Expr::Neg(a) => Some(-a.eval_exact(vars)?),
             Expr::Add(a, b) => checked_result(a.eval_exact(vars)? + b.eval_exact(vars)?),
             Expr::Sub(a, b) => checked_result(a.eval_exact(vars)? - b.eval_exact(vars)?),
+            Expr::Mul(..) | Expr::Div(..) if closed_form::pairs_factorials(self) => {
+                closed_form::factorial_quotient(self, vars)
+            }
             Expr::Mul(a, b) => checked_result(a.eval_exact(vars)? * b.eval_exact(vars)?),
             Expr::Div(a, b) => {
                 let denominator = b.eval_exact(vars)?;
@@ -298,6 +315,7 @@ impl Expr {
                 }
                 checked_result(a.eval_exact(vars)? / denominator)
             }
+            Expr::Pow(a, b) if **a == Expr::E => closed_form::exp_exact(b, vars),
             Expr::Pow(a, b) => {
                 let exponent = b.eval_exact(vars)?;
                 let base = a.eval_exact(vars)?;
@@ -327,16 +345,9 @@ impl Expr {
                 exact_root(&a.eval_exact(vars)?, index)
             }
             Expr::Apply(Func::Abs, a) => Some(a.eval_exact(vars)?.abs()),
-            Expr::Apply(..) | Expr::LogBase(..) => None,
-            Expr::Factorial(a) => {
-                let n = a.eval_exact(vars)?;
-                if !n.is_integer() || n.is_negative() {
-                    return None;
-                }
-                let n = n.to_integer().to_u64().filter(|n| *n <= MAX_FACTORIAL)?;
-                let product = (2..=n).fold(BigInt::one(), |acc, k| acc * BigInt::from(k));
-                Some(BigRational::from_integer(product))
-            }
+            Expr::Apply(func, a) => closed_form::apply_exact(*func, a, vars),
+            Expr::LogBase(base, a) => closed_form::log_base_exact(base, a, vars),
+            Expr::Factorial(a) => closed_form::factorial_value(&a.eval_exact(vars)?),
             Expr::Percent(a) => Some(a.eval_exact(vars)? / BigRational::from_integer(100.into())),
             _ => None,
         }
@@ -355,6 +366,11 @@ impl Expr {
             // value: undefined, so it never equals a number.
             Expr::Add(a, b) => finite_op(a.eval_f64(vars), b.eval_f64(vars), |x, y| x + y),
             Expr::Sub(a, b) => finite_op(a.eval_f64(vars), b.eval_f64(vars), |x, y| x - y),
+            // A quotient of factorials (`\\frac{(n+1)!}{n!}`) has a value only in pairs.
+            Expr::Mul(..) | Expr::Div(..) if closed_form::pairs_factorials(self) => self
+                .eval_exact(vars)
+                .and_then(|value| value.to_f64())
+                .unwrap_or(f64::NAN),
             Expr::Mul(a, b) => finite_op(a.eval_f64(vars), b.eval_f64(vars), |x, y| x * y),
             Expr::Div(a, b) => finite_op(a.eval_f64(vars), b.eval_f64(vars), |x, y| x / y),
             Expr::Pow(a, b) => finite_op(a.eval_f64(vars), b.eval_f64(vars), f64::powf),
@@ -372,8 +388,13 @@ impl Expr {
                     }
                 }
             }
-            Expr::Apply(func, a) => func.apply(a.eval_f64(vars)),
-            Expr::LogBase(base, a) => a.eval_f64(vars).ln() / base.eval_f64(vars).ln(),
+            // Exact where the value is rational (`\\sin\\pi` is 0, not 1.2e-16).
+            Expr::Apply(func, a) => closed_form::apply_exact(*func, a, vars)
+                .and_then(|value| value.to_f64())
+                .unwrap_or_else(|| func.apply(a.eval_f64(vars))),
+            Expr::LogBase(base, a) => closed_form::log_base_exact(base, a, vars)
+                .and_then(|value| value.to_f64())
+                .unwrap_or_else(|| a.eval_f64(vars).ln() / base.eval_f64(vars).ln()),
             Expr::Factorial(a) => {
                 let n = a.eval_f64(vars);
                 if n < 0.0 || n.fract() != 0.0 || n > 170.0 {

@@ -14,10 +14,60 @@
 //!    between two boxes separate them and only the last counts.
 //! 5. Otherwise the last inline or display math span (`$...$`, `$$...$$`, `\(...\)`, `\[...\]`)
 //!    unless a plain number comes after it; a `$...$` holding prose is currency, not math.
-//! 6. Otherwise plain text: the whole text when it is a short answer that parses, else its last
+//! 6. Otherwise plain text: the whole text when it is a short answer that parses (a value, a
+//!    word or two, or a number in words: "one hundred and five"), else its last digit-written
 //!    number, and only a standalone one: never part of a word or identifier (`AZYUK2A`), an
 //!    exponent, subscript, denominator or operand (`x^2`, `a_2`, `1/2`, `2 + 3`), and never one
 //!    qualified or hedged ("at least 12", "not 12", "2 or 3"): then there is no answer.
+//!
+//! The answer of step 3 or 4 is the *marked answer*. In a completion (never in a reference
+//! solution, which is trusted as written) the text after it may revise it, by these rules
+//! (`revision.rs` holds the phrase lists):
+//!
+//! - **Verification and asides are ignored.** Sentences after the marked answer that open
+//!   (after one "But", "And", "So" or "Also") with "Check", "Verify", "Verification", "Let me
+//!   verify/check", "Let's check", "Double-check", "Sanity check", "Confirm", "Indeed",
+//!   "Plugging back", "Note", "Notice", "Recall", "Remark", "By the way" or "For reference", or
+//!   that hold ✓, ✔, ✅ or "checks out", take no part in the two rules below: `\boxed{6}`
+//!   followed by "Check: 6*7 = 42 ✓" is 6.
+//! - **Retraction.** The last retraction cue after the marked answer (after a statement's first
+//!   word, so "Answer: No, because ..." is none; outside boxes and math) withdraws it. Cues:
+//!   "wait", "actually", "hold on" and "no" (followed by punctuation or "wait") where they open a
+//!   clause (at the start, after a line break or one of `. ! ? ; : , ( ) -`, with markdown and
+//!   one interjection such as "Hmm," or "But" allowed between); anywhere: "oops",
+//!   "correction", "on second thought", "on reflection", "on closer inspection", "looking
+//!   again", "scratch that", "never mind", "my mistake", "I made a (...) mistake/error",
+//!   "that's/this is wrong/incorrect/not right", "that can't be right", "I was wrong", "I forgot/miscounted/miscalculated/misread/overlooked/double-counted", "let
+//!   me recompute/recalculate/redo/recount/reconsider/re-evaluate/rethink/fix that/correct
+//!   myself", "recomputing", "recalculating". The answer is then read from the text after the
+//!   cue alone, by steps 3-6 and the next rule (where a later answer statement counts even
+//!   with no marked answer before it). When that text holds no answer the completion has none
+//!   (`Retracted`, never the withdrawn value), unless it only confirms the answer ("Wait, is
+//!   that right? Yes.", "Wait, let me verify: ..."): it holds a verification sentence or
+//!   yes/correct/right/confirmed/checks out, and no word of error (wrong, mistake, error,
+//!   forgot, missed, instead, should be, ...); then the marked answer stands.
+//! - **Later answer statement.** Otherwise the last answer statement after the marked answer
+//!   replaces it, when the value it states (up to the end of its clause: the sentence's end or
+//!   a `, `/`; ` outside math and brackets) parses, is not a word, and no digit follows it in
+//!   the rest of the text (verification sentences aside). The statements: a *correction*,
+//!   "the correct/actual/right/true/revised/updated/new/final [total] NOUN [of ...]
+//!   is/are/equals/= X"; a *conclusion*, "so/thus/therefore/hence/altogether/overall/in
+//!   total/finally/which gives [the] NOUN [of ...] is/are/equals/= X"; a *result*,
+//!   "giving/which gives/that makes/making/for a total of/we get/I get/comes to X"; and a
+//!   *count*, "[so ...] there are/is/were [only/exactly] X" with at most two words after X
+//!   besides "in total"/"of them" ("there are 9 distinct triangles"). NOUN is one of answer,
+//!   total, sum, result, value, count, number, amount, cost, price, difference, product,
+//!   quotient, area, perimeter, volume, length, distance, probability, solution. A correction
+//!   always revises; a conclusion, a result or a count only when the text marks a revision: a
+//!   contrast between the marked answer and it ("but", "however", "instead", "in fact",
+//!   "rather", "carefully", "again", "twice", "recount", "double counts", "overcounts") or a
+//!   marked answer presented as tentative in its own sentence ("a common first guess is
+//!   `\boxed{12}`", "initially", "at first", "naively", "assuming"). So "`\boxed{18}` There are
+//!   9 eggs sold." stays 18, and any other trailing text ("This is because 2 + 3 = 5", "Note
+//!   that the discriminant is 16") never overrides.
+//!
+//! Revisions apply only to a marked answer: a plain-text last number (steps 5-6) is already
+//! the latest value written.
 //!
 //! What this is not: a judge. It locates text; `compare.rs` decides. It may parse a candidate
 //! (to choose between a whole statement and its last number) but never compares it to the gold.
@@ -28,8 +78,11 @@
 
 use regex::Regex;
 
+use super::expr::Expr;
+use super::number_words::phrase_value;
 use super::parser::parse_answer;
 use super::plain::{last_number, last_numbers};
+use super::revision::{Revisions, mask_verifications};
 use super::spans::{Span, boxes, math_spans, sentence_end, strip_delimiters};
 
 /// Longest extracted answer accepted.
@@ -74,6 +127,8 @@ pub enum ExtractError {
     NoAnswer,
     /// The answer is longer than `MAX_ANSWER_BYTES`.
     TooLong,
+    /// The marked answer is taken back ("Wait, I forgot ...") and no new answer follows.
+    Retracted,
     /// The only candidate is qualified, hedged or part of a larger expression.
     Ambiguous(&'static str),
 }
@@ -84,6 +139,7 @@ impl std::fmt::Display for ExtractError {
             Self::UnclosedReasoning => write!(f, "<think> is never closed"),
             Self::NoAnswer => write!(f, "no final answer found"),
             Self::TooLong => write!(f, "answer longer than {MAX_ANSWER_BYTES} bytes"),
+            Self::Retracted => write!(f, "the answer is retracted and no new answer follows"),
             Self::Ambiguous(why) => write!(f, "ambiguous answer: {why}"),
         }
     }
@@ -94,6 +150,32 @@ impl std::fmt::Display for ExtractError {
 pub struct Extractor {
     statement: Regex,
     number: Regex,
+    revisions: Revisions,
+}
+
+/// How a text is read: which of the revision rules (step 4b) apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    /// A reference solution, trusted as written: no revisions, and its words around a box are
+    /// not a hedge.
+    Reference,
+    /// A completion: a retraction or a later answer statement revises the marked answer.
+    Completion,
+    /// The text after a retraction cue: a later answer statement may stand without a marked
+    /// answer before it.
+    AfterRetraction,
+}
+
+/// A marked answer (a final-answer statement or the last box group) and where revisions of it
+/// are looked for.
+struct Marked {
+    found: Result<Extraction, ExtractError>,
+    /// Where the statement or the first box of the group begins.
+    start: usize,
+    /// Retraction cues count from here (after the statement's first word, or the box).
+    cues_from: usize,
+    /// Later statements and verification sentences count from here.
+    end: usize,
 }
 
 impl Default for Extractor {
@@ -273,26 +355,29 @@ impl Extractor {
             )
             .expect("static statement regex compiles"),
             number: Regex::new(r"[0-9](?:[0-9,]|\{,\})*(?:\.[0-9]+)?(?:/[0-9]+(?:\.[0-9]+)?)?|\.[0-9]+").expect("static number regex compiles"),
+            revisions: Revisions::new(),
         }
     }
 
     /// Finds the final answer of `completion`, already cleaned (`clean_answer`).
     pub fn extract(&self, completion: &str) -> Result<Extraction, ExtractError> {
-        self.extract_with(completion, true)
+        self.extract_with(completion, Reading::Completion)
     }
 
     /// Finds the answer of a reference solution: as `extract`, but the reference's own words
     /// around its box ("between $\boxed{12 \text{ and } 13}$") are trusted, not read as a hedge.
     pub fn extract_reference(&self, reference: &str) -> Result<Extraction, ExtractError> {
-        self.extract_with(reference, false)
+        self.extract_with(reference, Reading::Reference)
     }
 
-    fn extract_with(&self, completion: &str, strict: bool) -> Result<Extraction, ExtractError> {
+    fn extract_with(&self, completion: &str, reading: Reading) -> Result<Extraction, ExtractError> {
         let text = after_reasoning(completion)?;
         let found = match answer_tag(text) {
-            Some(inner) => self.locate(inner, strict).or_else(|error| {
+            Some(inner) => self.locate(inner, reading).or_else(|error| {
                 let whole = clean_answer(inner);
-                if whole.is_empty() || matches!(error, ExtractError::Ambiguous(_)) {
+                if whole.is_empty()
+                    || matches!(error, ExtractError::Ambiguous(_) | ExtractError::Retracted)
+                {
                     Err(error)
                 } else {
                     Ok(Extraction {
@@ -301,7 +386,7 @@ impl Extractor {
                     })
                 }
             })?,
-            None => self.locate(text, strict)?,
+            None => self.locate(text, reading)?,
         };
         let answer = clean_answer(&found.answer);
         if answer.is_empty() {
@@ -316,23 +401,87 @@ impl Extractor {
         })
     }
 
-    fn locate(&self, text: &str, strict: bool) -> Result<Extraction, ExtractError> {
-        let found_boxes = boxes(text);
+    /// The marked answer (step 3 or 4): the last final-answer statement unless a box follows
+    /// its sentence, else the last box group.
+    fn marked(&self, text: &str, found_boxes: &[Span], strict: bool) -> Option<Marked> {
         let last_box_start = found_boxes.last().map(|span| span.start);
         if let Some(statement) = self.statement.find_iter(text).last() {
             let body = statement_body(text, statement.end());
             // A box after the statement's sentence is a revision: the box wins.
             if last_box_start.is_none_or(|start| start < body.end)
-                && let Some(found) = self.resolve_statement(&text[body], strict)
+                && let Some(found) = self.resolve_statement(&text[body.clone()], strict)
             {
-                return found;
+                // A cue may follow the statement's first word ("42, wait, no, 44"), not be it
+                // ("Answer: No, because ...").
+                let first_word_end = text[body.clone()]
+                    .find(char::is_whitespace)
+                    .map_or(body.end, |at| body.start + at);
+                return Some(Marked {
+                    found,
+                    start: statement.start(),
+                    cues_from: first_word_end,
+                    end: body.end,
+                });
             }
         }
-        if let Some(answer) = box_group(text, &found_boxes, strict) {
-            return answer.map(|answer| Extraction {
+        let group = box_group(text, found_boxes, strict)?;
+        let end = found_boxes.last().map_or(text.len(), |span| span.end);
+        let start = found_boxes.last().map_or(0, |span| span.start);
+        Some(Marked {
+            start,
+            found: group.map(|answer| Extraction {
                 answer,
                 source: AnswerSource::Boxed,
-            });
+            }),
+            cues_from: end,
+            end,
+        })
+    }
+
+    /// Step 4b: a retraction or a later answer statement after the marked answer.
+    fn revise(&self, text: &str, marked: Marked) -> Result<Extraction, ExtractError> {
+        let masked = mask_verifications(text, marked.end);
+        if let Some(cue_end) = self.revisions.last_retraction(&masked, marked.cues_from) {
+            let tail = &text[cue_end..];
+            let masked_tail = mask_verifications(tail, 0);
+            return match self.locate(&masked_tail, Reading::AfterRetraction) {
+                Err(ExtractError::NoAnswer) if self.revisions.affirms(tail, &masked_tail) => {
+                    marked.found
+                }
+                Err(ExtractError::NoAnswer) => Err(ExtractError::Retracted),
+                other => other,
+            };
+        }
+        let tentative = self.revisions.tentative(text, marked.start);
+        match self
+            .revisions
+            .later_statement(&masked, marked.end, tentative)
+        {
+            Some(found) => Ok(found),
+            None => marked.found,
+        }
+    }
+
+    fn locate(&self, text: &str, reading: Reading) -> Result<Extraction, ExtractError> {
+        let strict = reading != Reading::Reference;
+        let found_boxes = boxes(text);
+        if let Some(marked) = self.marked(text, &found_boxes, strict) {
+            return match reading {
+                Reading::Reference => marked.found,
+                Reading::Completion => self.revise(text, marked),
+                Reading::AfterRetraction => {
+                    let masked = mask_verifications(text, marked.end);
+                    match self.revisions.later_statement(&masked, marked.end, true) {
+                        Some(found) => Ok(found),
+                        None => marked.found,
+                    }
+                }
+            };
+        }
+        if reading == Reading::AfterRetraction
+            && let Some(found) = self.revisions.later_statement(text, 0, true)
+        {
+            return Ok(found);
         }
         let spans = math_spans(text);
         let numbers = last_numbers(&self.number, text, &spans);
@@ -349,11 +498,19 @@ impl Extractor {
         // A short answer in itself: a value (`1 000`, `28 percent`) or a word or two (`odd`);
         // a sentence of prose ("I do not know") is no answer.
         let answer_like = whole.bytes().any(|b| b.is_ascii_digit() || b == b'\\')
-            || whole.split_whitespace().count() <= 2;
+            || whole.split_whitespace().count() <= 2
+            || phrase_value(whole).is_some();
+        // After a retraction a lone word ("Yes.") affirms and a list of words and values
+        // ("6 × 7 = 42, so yes, 42 is correct") is prose: neither answers.
+        let parses = |whole: &str| match parse_answer(whole) {
+            Ok(Expr::Text(_) | Expr::List(_)) => reading != Reading::AfterRetraction,
+            Ok(_) => true,
+            Err(_) => false,
+        };
         if !whole.is_empty()
             && whole.len() <= MAX_PLAIN_ANSWER_BYTES
             && answer_like
-            && parse_answer(whole).is_ok()
+            && parses(whole)
         {
             return Ok(Extraction {
                 answer: whole.to_string(),

@@ -1,10 +1,13 @@
 //! Tokenizer for LaTeX and plain-text math answers: turns `\dfrac{1}{2}\text{ cm}`, `1,000`,
 //! `3{,}5`, `x \le 2` into tokens for the parser in `parser.rs`.
 //!
-//! What this is not: a LaTeX engine. Layout commands (`\left`, `\displaystyle`, spacing, `^\circ`,
-//! currency signs) are dropped; unit words and `\text{...}` become `Text` tokens the parser skips
-//! after a number or keeps as a word answer; unknown commands are an error (the answer is then
-//! unparseable, never silently wrong).
+//! What this is not: a LaTeX engine. Layout commands (`\left`, `\displaystyle`, spacing,
+//! currency signs) are dropped; `^\circ` is a `Degree` token; unit words and `\text{...}` become
+//! `Text` tokens the parser skips after a number or keeps as a word answer, except that a wrapper
+//! around a number is unwrapped (`\text{13}`, `\textbf{42}`, `\text{forty-two}`) and the font
+//! commands `\textbf`/`\mathbf`/`\textit`/`\boldsymbol` wrap math unless they wrap prose; number
+//! words are numbers (`number_words.rs`); `\mathbb{R}` and `ℝ` are the real line; unknown
+//! commands are an error (the answer is then unparseable, never silently wrong).
 //!
 //! Invariants: one pass over the input, `O(n)`; numbers are limited to `MAX_DIGITS` digits;
 //! thousands separators (`1,000`, `1{,}000`, `1\,000`) need groups of exactly three digits after a
@@ -16,6 +19,7 @@ use num_traits::One;
 
 use super::expr::{Func, RelOp};
 use super::number::{Literal, read_number};
+use super::number_words;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Token {
@@ -37,6 +41,12 @@ pub enum Token {
     Sqrt,
     Frac,
     Binom,
+    /// `{n \choose k}`: the binomial written between its arguments.
+    Choose,
+    /// `\mathbb{R}`, `ℝ`: the whole real line.
+    Reals,
+    /// `^\circ`, `°`: degrees, an angle unit (inside a trig argument, a multiple of pi/180).
+    Degree,
     EmptySet,
     Plus,
     Minus,
@@ -123,7 +133,6 @@ fn is_layout_command(name: &str) -> bool {
             | "qquad"
             | "circ"
             | "degree"
-            | "mathbb"
             | "limits"
             | "nolimits"
             | "phantom"
@@ -140,6 +149,22 @@ fn is_layout_command(name: &str) -> bool {
             | "lbrace"
             | "rbrace"
     )
+}
+
+/// Commands that only change the font of what they wrap (`\textbf{42}` is 42, `\mathbf{v}` is
+/// v); unlike `\text{...}`, their content is math unless it is prose.
+fn is_emphasis(name: &str) -> bool {
+    matches!(
+        name,
+        "textbf" | "mathbf" | "textit" | "mathit" | "boldsymbol" | "bm" | "emph"
+    )
+}
+
+/// Whether `text` holds a word of three or more letters (`Monday`, `meters`), not only symbols,
+/// digits and single letters (`x+1`, `(C)`).
+fn has_prose_word(text: &str) -> bool {
+    text.split(|c: char| !c.is_ascii_alphabetic())
+        .any(|word| word.len() >= 3)
 }
 
 fn greek(name: &str) -> bool {
@@ -189,16 +214,31 @@ struct Lexer<'a> {
     tokens: Vec<Token>,
     /// Open `\begin{...matrix}` environments: inside them `&` and `\\` separate entries.
     matrix_depth: usize,
+    /// How many wrappers (`\textbf{...}`, `\text{...}`) this text is read inside.
+    wrappers: usize,
 }
+
+/// Most wrappers read inside one another (`\bm{\bm{...}}` must not recurse without bound).
+const MAX_WRAPPERS: usize = 8;
 
 /// Tokenizes one answer.
 pub fn tokenize(text: &str) -> Result<Vec<Token>, LexError> {
+    tokenize_wrapped(text, 0)
+}
+
+fn tokenize_wrapped(text: &str, wrappers: usize) -> Result<Vec<Token>, LexError> {
+    if wrappers > MAX_WRAPPERS {
+        return Err(LexError(format!(
+            "more than {MAX_WRAPPERS} nested text commands"
+        )));
+    }
     let mut lexer = Lexer {
         text,
         bytes: text.as_bytes(),
         pos: 0,
         tokens: Vec::new(),
         matrix_depth: 0,
+        wrappers,
     };
     lexer.run()?;
     Ok(lexer.tokens)
@@ -296,7 +336,9 @@ impl<'a> Lexer<'a> {
                 Token::Num(BigRational::from_integer(BigInt::from(power)))
             }
             '≈' => Token::Rel(RelOp::Approx),
-            '°' | '€' | '£' | '¥' | '\u{a0}' | '\u{2009}' | '\u{202f}' => return Ok(()),
+            '°' => Token::Degree,
+            'ℝ' => Token::Reals,
+            '€' | '£' | '¥' | '\u{a0}' | '\u{2009}' | '\u{202f}' => return Ok(()),
             _ => return Err(LexError(format!("unexpected character {ch:?}"))),
         };
         self.tokens.push(token);
@@ -339,6 +381,14 @@ impl<'a> Lexer<'a> {
 
     fn word(&mut self) {
         let start = self.pos;
+        if number_words::starts_number_phrase(self.text, start)
+            && let Some((value, end)) = number_words::read_number_words(self.text, start)
+        {
+            // "forty-two", "three quarters": the number the words name.
+            self.pos = end;
+            self.tokens.push(Token::Num(value));
+            return;
+        }
         while let Some(b'a'..=b'z' | b'A'..=b'Z') = self.peek() {
             self.pos += 1;
         }
@@ -438,15 +488,41 @@ impl<'a> Lexer<'a> {
         }
         let name = &self.text[start..self.pos];
         if matches!(name, "circ" | "degree") {
-            // `^\circ`, `^{\circ}`: degrees, dropped like a unit.
-            if self.tokens.last() == Some(&Token::Caret) {
+            // `^\circ`, `^{\circ}`: degrees, a unit the parser drops (or, inside a trig
+            // argument, reads as pi/180); a lone `\circ` (`f \circ g`) is dropped.
+            let degree = if self.tokens.last() == Some(&Token::Caret) {
                 self.tokens.pop();
+                true
             } else if self.tokens.ends_with(&[Token::Caret, Token::LBrace])
                 && self.peek() == Some(b'}')
             {
                 self.tokens.truncate(self.tokens.len() - 2);
                 self.pos += 1;
+                true
+            } else {
+                name == "degree"
+            };
+            if degree {
+                self.tokens.push(Token::Degree);
             }
+            return Ok(());
+        }
+        if name == "mathbb" {
+            // `\mathbb{R}` (or `\mathbb R`) is the real line; other sets keep their letter.
+            let rest = &self.text[self.pos..];
+            let trimmed = rest.trim_start_matches(' ');
+            let skip = rest.len() - trimmed.len();
+            let len = if trimmed.starts_with("{R}") {
+                3
+            } else if trimmed.starts_with('R')
+                && !trimmed[1..].starts_with(|c: char| c.is_ascii_alphabetic())
+            {
+                1
+            } else {
+                return Ok(());
+            };
+            self.pos += skip + len;
+            self.tokens.push(Token::Reals);
             return Ok(());
         }
         if matches!(name, "frac" | "dfrac" | "tfrac") {
@@ -469,7 +545,9 @@ impl<'a> Lexer<'a> {
         }
         let token = match name {
             "frac" | "dfrac" | "tfrac" | "cfrac" => Token::Frac,
-            "binom" | "dbinom" | "tbinom" | "choose" => Token::Binom,
+            "binom" | "dbinom" | "tbinom" => Token::Binom,
+            "choose" => Token::Choose,
+            "R" | "RR" | "Reals" | "reals" => Token::Reals,
             "emptyset" | "varnothing" => Token::EmptySet,
             "begin" | "end" => {
                 let environment = self.raw_group()?;
@@ -507,21 +585,20 @@ impl<'a> Lexer<'a> {
             "langle" => Token::LParen,
             "rangle" => Token::RParen,
             "text" | "textrm" | "mbox" | "mathrm" | "textbf" | "mathbf" | "textit" | "mathit"
-            | "operatorname" | "textnormal" => {
+            | "operatorname" | "textnormal" | "boldsymbol" | "bm" | "emph" => {
                 let content = self.raw_group()?;
                 let trimmed = content.trim();
                 if name.starts_with("math") && trimmed == "e" {
                     Token::E
-                } else if name.starts_with("text")
-                    && !trimmed.is_empty()
-                    && trimmed.bytes().all(|b| b.is_ascii_digit())
-                {
-                    // `\text{13}` is the string "13", not the number (Math-Verify's reading).
-                    Token::Text(trimmed.to_string())
+                } else if let Some(value) = number_words::phrase_value(trimmed) {
+                    // `\text{forty-two}` is 42.
+                    Token::Num(value)
                 } else if let Some(power) = magnitude(&trimmed.to_ascii_lowercase()) {
                     self.tokens.push(Token::Times);
                     Token::Num(power)
-                } else if content.bytes().any(|b| b.is_ascii_alphabetic()) {
+                } else if content.bytes().any(|b| b.is_ascii_alphabetic())
+                    && (!is_emphasis(name) || has_prose_word(trimmed))
+                {
                     let words: Vec<&str> = content.split_whitespace().collect();
                     let joined = words.join(" ").to_ascii_lowercase();
                     if joined == "and" || joined == "or" {
@@ -530,7 +607,7 @@ impl<'a> Lexer<'a> {
                         Token::Text(joined)
                     }
                 } else {
-                    let inner = tokenize(content)?;
+                    let inner = tokenize_wrapped(content, self.wrappers + 1)?;
                     self.tokens.extend(inner);
                     return Ok(());
                 }

@@ -2,21 +2,30 @@
 //! possible, whether it equals the gold answer.
 //!
 //! Pipeline: `extract.rs` locates the answer (with `spans.rs` finding boxes, math spans and
-//! sentence ends, and `plain.rs` judging a plain-text last number); `lexer.rs` (numbers in `number.rs`, units in `units.rs`) and `parser.rs`
-//! turn LaTeX or plain text into an `Expr` (`expr.rs`); `relation.rs` reduces labels, chains
-//! and inequalities to canonical values, `matrix.rs` reduces matrix arithmetic, and
-//! `compare.rs` decides equivalence and names the rule (`display.rs` prints both sides for
-//! `stoke verify --explain`). The LaTeX parser is hand-written: no Rust crate parses LaTeX math
-//! into exact values, and the limits below must hold for any input.
+//! sentence ends, `plain.rs` judging a plain-text last number and `revision.rs` finding what
+//! takes a marked answer back); `lexer.rs` (numbers in `number.rs` and `number_words.rs`, units
+//! in `units.rs`) and `parser.rs` turn LaTeX or plain text into an `Expr` (`expr.rs`, with the
+//! exact values of logs, trig at multiples of pi and factorial quotients in `closed_form.rs`);
+//! `relation.rs` reduces labels, chains and inequalities to canonical values, `matrix.rs`
+//! reduces matrix arithmetic, and `compare.rs` decides equivalence and names the rule
+//! (`display.rs` prints both sides for `stoke verify --explain`). The LaTeX parser is
+//! hand-written: no Rust crate parses LaTeX math into exact values, and the limits below must
+//! hold for any input.
 //!
 //! Extraction, in priority order (details in `extract.rs`): reasoning before the last
 //! `</think>` is skipped (an unclosed `<think>` has no answer); the last `<answer>` tag is the
 //! only text read; the last final-answer statement ("final answer is", "Final Answer:",
 //! `**Answer:**`, "the answer is", `####`) beats every box before it, a box after it is a
 //! revision and wins; then the last `\boxed{}`/`\fbox{}`, boxes written together forming one
-//! list; then the last math span; then plain text, whose last number counts only when it stands
-//! alone (not in `AZYUK2A`, `x^2`, `a_2`, `1/2`, `2 + 3`) and is not qualified ("at least 12",
-//! "not 12", "2 or 3"). Ambiguity is `UnparseablePrediction`, never a guess.
+//! list. In a completion, what follows that marked answer may revise it: a retraction ("Wait,
+//! I forgot the 2 eggs; the correct total is 44") withdraws it and the text after the cue is
+//! read instead (no answer there: no answer at all, never the withdrawn one), and a later
+//! answer statement ("so the total is 44", "there are 9") holding the last value replaces it;
+//! verification sentences ("Check: 6*7 = 42 ✓") and other trailing text never do (the exact
+//! rule is in `extract.rs`). Then the last math span; then plain text, whose last number counts
+//! only when it stands alone (not in `AZYUK2A`, `x^2`, `a_2`, `1/2`, `2 + 3`) and is not
+//! qualified ("at least 12", "not 12", "2 or 3"). Ambiguity is `UnparseablePrediction`, never a
+//! guess.
 //!
 //! Gold answers: the whole reference when it parses (`$[0,1)$`, `1,22`), else its answer
 //! extracted as from a completion (a MATH solution's last box, GSM8K's `#### 18`).
@@ -29,7 +38,16 @@
 //! percentages (`P\%` matches `P` at face value, as Math-Verify, and `P/100`; a bare number never
 //! matches a gold 100 times it), currency and units (`\$`, `\text{cm}`, "dollars", `^\circ`),
 //! `\sqrt`, `\sqrt[n]`, `\pi`, `e`, trig and inverse trig functions with powers (`\sin^2 x`,
-//! `\sec`, `\sin^{-1}`), logs, factorials, implicit multiplication, tuples and intervals
+//! `\sec`, `\sin^{-1}`; degrees inside a trig argument: `\sin 30^\circ`), logs, factorials,
+//! evaluated exactly where the value is rational (`\log_2 8` is 3, `\log_4 8` is 3/2, `\ln e`
+//! is 1, `\log 100` is 2 since `\log` without a base is base 10; `\sin\frac{\pi}{6}` is 1/2,
+//! `\cos\pi` is -1, `\tan\frac{\pi}{4}` is 1; irrational values such as `\sin\frac{\pi}{4}`
+//! compare with surds like `\frac{\sqrt{2}}{2}` within the relative tolerance), binomials
+//! (`\binom{5}{2}`, `{5 \choose 2}`, `C(5,2)`; `\binom{n}{0}` is 1 for any n), factorial
+//! quotients (`\frac{(n+1)!}{n!}` is n+1; `(n+1)!` is `(n+1) n!`), implicit multiplication,
+//! the real line (`\mathbb{R}`, `ℝ`, "all real numbers" as `(-\infty,\infty)`), numbers in
+//! words ("forty-two", "one hundred and five", "three quarters": `number_words.rs` gives the
+//! scope), font wrappers (`\textbf{42}`, `\mathbf{42}`, `\text{42}` are 42), tuples and intervals
 //! (brackets must match: `[1,2)` is not `(1,2)`), sets (unordered; `\emptyset`, `\{\}`), lists
 //! of solutions (unordered, repeats ignored), unions, relations (`\geq` is `>=`, sides flipped,
 //! linear inequalities solved: `-x > -1` is `x < 1`; an inequality in one variable equals its
@@ -47,12 +65,15 @@
 //! hedge for a scalar (`2, 3`, `\boxed{2} or \boxed{3}`), qualified values ("at least 12",
 //! `\boxed{12} or more`), arithmetic on infinity (`1^\infty`), units that differ from the gold's
 //! (`5 cm` for `5 m`; a side without a unit compares by number), a matrix of another shape,
-//! Unicode look-alike digits, `\dots`, `\sum` and other unknown commands (unparseable).
+//! Unicode look-alike digits, `\dots`, `\sum` and other unknown commands (unparseable), a
+//! factorial past `MAX_FACTORIAL` (200) that does not cancel in a quotient (`1000000!` is
+//! refused, never computed), and an answer taken back with nothing after it.
 //!
 //! Config (`[reward]` table with `kind = "math"`; every field optional):
 //! - `relative_tolerance` (f64, default 1e-6): relative tolerance where a side is irrational
-//!   (roots, `\pi`, `e`, trig); rational values always compare exactly, so `0.333` never
-//!   matches `1/3`.
+//!   (roots, `\pi`, `e`, trig and logs without a rational value); rational values always
+//!   compare exactly, so `0.333` never matches `1/3`, and a closed form with a rational value
+//!   (`\log_2 8`, `\sin\frac{\pi}{6}`, `\binom{5}{2}`) is that rational.
 //! - `sample_points` (usize, default 6, 2..=32): points at which symbolic answers are compared.
 //! - `reject_restated_question` (bool, default true): a prediction that is an expression (not a
 //!   bare number) copied verbatim from the prompt and not written as the gold is written scores
@@ -69,6 +90,7 @@
 //! `MAX_ANSWER_BYTES`, `MAX_TOKENS`, `MAX_DEPTH`, `MAX_EXACT_BITS`, matrix sides, list sizes),
 //! with no timers or signals; every extraction step is a linear scan.
 
+pub mod closed_form;
 pub mod compare;
 pub mod display;
 pub mod expr;
@@ -76,9 +98,11 @@ pub mod extract;
 pub mod lexer;
 pub mod matrix;
 pub mod number;
+pub mod number_words;
 pub mod parser;
 pub mod plain;
 pub mod relation;
+pub mod revision;
 pub mod spans;
 pub mod units;
 

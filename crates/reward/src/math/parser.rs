@@ -5,15 +5,16 @@
 //!
 //! Grammar (lowest precedence first):
 //! ```text
-//! answer   := item (',' item)*                 top-level commas make an unordered List
+//! answer   := item [\choose sum] (',' item)*    top-level commas make an unordered List
 //! item     := relation ('\cup' relation)*
 //! relation := sum (relop sum)*                 = < > \le \ge \ne \in
 //! sum      := term (('+' | '-' | '\pm') term)*
 //! term     := unary (('*' | '/' | \cdot | \times | \div) unary | implicit-product unary | unit)*
 //! unary    := ('-' | '+') unary | power
 //! power    := postfix ('^' exponent)?          right-associative
-//! postfix  := primary ('!' | '%')*
-//! primary  := number | variable | \pi | \infty | \frac{a}{b} | \sqrt[n]{a} | function arg
+//! postfix  := primary ('!' | '%' | '^\circ')*     degrees are pi/180 inside a trig argument
+//! primary  := number | variable | \pi | \infty | \mathbb{R} | \frac{a}{b} | \binom{n}{k}
+//!           | C(n, k) | \sqrt[n]{a} | function arg
 //!           | (list) | [list] | (list] | [list) | {list} | \{list\} | |sum|
 //! ```
 //! Invariants: at most `MAX_TOKENS` tokens and `MAX_DEPTH` nested constructs, so parse time is
@@ -81,8 +82,14 @@ pub fn parse_with_units(text: &str) -> Result<Parsed, ParseError> {
                 }
             })
             .collect();
+        let phrase = words.join(" ");
+        let expr = if REAL_LINE_WORDS.contains(&phrase.as_str()) {
+            real_line()
+        } else {
+            Expr::Text(phrase)
+        };
         return Ok(Parsed {
-            expr: Expr::Text(words.join(" ")),
+            expr,
             units: Vec::new(),
         });
     }
@@ -91,6 +98,7 @@ pub fn parse_with_units(text: &str) -> Result<Parsed, ParseError> {
         pos: 0,
         depth: 0,
         abs_depth: 0,
+        angle_argument: false,
         units: Vec::new(),
     };
     let mut items = parser.items()?;
@@ -116,6 +124,8 @@ struct Parser {
     pos: usize,
     depth: usize,
     abs_depth: usize,
+    /// Inside the argument of `\sin` and the other trig functions: `30^\circ` is pi/6 there.
+    angle_argument: bool,
     units: Vec<&'static str>,
 }
 
@@ -168,7 +178,13 @@ impl Parser {
 
     /// Comma-separated items up to a closing token or the end (the closer is not consumed).
     fn items(&mut self) -> Result<Vec<Expr>, ParseError> {
-        let mut items = vec![self.item()?];
+        let mut first = self.item()?;
+        if self.eat(&Token::Choose) {
+            // `{n \choose k}`: TeX's infix binomial, over the whole group.
+            let k = self.sum()?;
+            first = binomial(first, k);
+        }
+        let mut items = vec![first];
         while self.eat(&Token::Comma) {
             // `19, 46, and 82`: the "and" after a comma adds no item.
             while self.eat(&Token::Comma) {}
@@ -289,6 +305,7 @@ impl Parser {
                 | Token::Infinity
                 | Token::Frac
                 | Token::Binom
+                | Token::Reals
                 | Token::EmptySet
                 | Token::Sqrt
                 | Token::Func(_)
@@ -432,6 +449,15 @@ impl Parser {
                 value = Expr::Factorial(Box::new(value));
             } else if self.eat(&Token::Percent) {
                 value = Expr::Percent(Box::new(value));
+            } else if self.eat(&Token::Degree) {
+                // `30^\circ` in `\sin 30^\circ` is pi/6; elsewhere degrees are a dropped unit
+                // (`90^\circ` is 90).
+                if self.angle_argument {
+                    value = Expr::Mul(
+                        Box::new(value),
+                        Box::new(Expr::Div(Box::new(Expr::Pi), Box::new(Expr::int(180)))),
+                    );
+                }
             } else {
                 return Ok(value);
             }
@@ -461,7 +487,21 @@ impl Parser {
         self.pos += 1;
         match token {
             Token::Num(value) => Ok(Expr::Num(value)),
+            Token::Ident(name) if name == "C" && self.pair_in_parens() => {
+                // `C(5, 2)`: the binomial coefficient (otherwise `C` times a group).
+                self.pos += 1;
+                let n = self.sum()?;
+                if !self.eat(&Token::Comma) {
+                    return err("C(n, k) without a comma");
+                }
+                let k = self.sum()?;
+                if !self.eat(&Token::RParen) {
+                    return err("unclosed C(n, k)");
+                }
+                Ok(binomial(n, k))
+            }
             Token::Ident(name) => Ok(Expr::Var(name)),
+            Token::Reals => Ok(real_line()),
             Token::E => Ok(Expr::E),
             Token::Time(minutes) => Ok(Expr::Time(minutes)),
             Token::MatrixBegin => self.matrix(),
@@ -475,15 +515,7 @@ impl Parser {
             Token::Binom => {
                 let n = self.argument()?;
                 let k = self.argument()?;
-                let n_minus_k = Expr::Sub(Box::new(n.clone()), Box::new(k.clone()));
-                let denominator = Expr::Mul(
-                    Box::new(Expr::Factorial(Box::new(k))),
-                    Box::new(Expr::Factorial(Box::new(n_minus_k))),
-                );
-                Ok(Expr::Div(
-                    Box::new(Expr::Factorial(Box::new(n))),
-                    Box::new(denominator),
-                ))
+                Ok(binomial(n, k))
             }
             Token::EmptySet => Ok(Expr::Set(Vec::new())),
             Token::Sqrt => {
@@ -502,7 +534,7 @@ impl Parser {
                 // `\sin^2 x` is (sin x)^2; `\sin^{-1} x` is arcsin x.
                 if self.eat(&Token::Caret) {
                     let power = self.argument()?;
-                    let argument = self.function_argument()?;
+                    let argument = self.function_argument_of(func)?;
                     if power == Expr::int(-1)
                         && let Some(inverse) = func.inverse()
                     {
@@ -513,7 +545,10 @@ impl Parser {
                         Box::new(power),
                     ));
                 }
-                Ok(Expr::Apply(func, Box::new(self.function_argument()?)))
+                Ok(Expr::Apply(
+                    func,
+                    Box::new(self.function_argument_of(func)?),
+                ))
             }
             Token::Log => {
                 if self.eat(&Token::Underscore) {
@@ -623,12 +658,78 @@ impl Parser {
         Ok(Expr::Matrix(rows))
     }
 
+    /// Whether the tokens ahead are `( a , b )`: a round group with exactly one top-level comma
+    /// (a look-ahead, so the parse never backtracks).
+    fn pair_in_parens(&self) -> bool {
+        if self.peek() != Some(&Token::LParen) {
+            return false;
+        }
+        let mut depth = 0usize;
+        let mut commas = 0;
+        for token in &self.tokens[self.pos..] {
+            match token {
+                Token::LParen | Token::LBracket | Token::LBrace | Token::LSetBrace => depth += 1,
+                Token::RParen | Token::RBracket | Token::RBrace | Token::RSetBrace => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return *token == Token::RParen && commas == 1;
+                    }
+                }
+                Token::Comma if depth == 1 => commas += 1,
+                _ => {}
+            }
+        }
+        false
+    }
+
+    /// The argument of `func`; degrees inside it are an angle when `func` takes one.
+    fn function_argument_of(&mut self, func: Func) -> Result<Expr, ParseError> {
+        let outer = self.angle_argument;
+        self.angle_argument = func.takes_angle();
+        let argument = self.function_argument();
+        self.angle_argument = outer;
+        argument
+    }
+
     fn function_argument(&mut self) -> Result<Expr, ParseError> {
         match self.peek() {
             Some(Token::LParen | Token::LBrace) => self.primary(),
             _ => self.power(),
         }
     }
+}
+
+/// Word answers that name the whole real line.
+const REAL_LINE_WORDS: &[&str] = &[
+    "all real numbers",
+    "all reals",
+    "all real values",
+    "real numbers",
+    "the real numbers",
+    "every real number",
+];
+
+/// The whole real line, `(-\infty, \infty)`: what `\mathbb{R}` and "all real numbers" name.
+fn real_line() -> Expr {
+    Expr::Tuple(
+        vec![Expr::Neg(Box::new(Expr::Infinity)), Expr::Infinity],
+        Bracket::Round,
+        Bracket::Round,
+    )
+}
+
+/// `\binom{n}{k}` as `n! / (k! (n-k)!)`; `closed_form.rs` evaluates the factorials in pairs,
+/// so `\binom{n}{2}` is `n(n-1)/2` for any `n` and `\binom{10^9}{5}` stays cheap.
+fn binomial(n: Expr, k: Expr) -> Expr {
+    let n_minus_k = Expr::Sub(Box::new(n.clone()), Box::new(k.clone()));
+    let denominator = Expr::Mul(
+        Box::new(Expr::Factorial(Box::new(k))),
+        Box::new(Expr::Factorial(Box::new(n_minus_k))),
+    );
+    Expr::Div(
+        Box::new(Expr::Factorial(Box::new(n))),
+        Box::new(denominator),
+    )
 }
 
 /// `-x` for a parsed value, folding literal numbers (used when normalizing relations).
