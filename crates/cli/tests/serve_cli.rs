@@ -150,3 +150,20 @@ fn serve_help_says_the_model_may_be_a_folder_or_a_gguf_file() {
         "--model's help: {model:?}"
     );
 }
+
+#[test]
+fn serving_a_reward_model_is_refused_at_start_up() {
+    let rm = fixture_dir().join("../llama_reward_model");
+    let output = Command::new(env!("CARGO_BIN_EXE_stoke"))
+        .args(["serve", "--model"])
+        .arg(&rm)
+        .args(["--port", "0"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("llama_reward_model") && stderr.contains("sequence classifier"),
+        "{stderr}"
+    );
+}

@@ -48,6 +48,14 @@ pub fn load_for_serving(dir: &Path, precision: Precision) -> Result<(Transformer
     }
     let mut model =
         Transformer::load(dir, &Device::Cpu).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if model.is_sequence_classifier() {
+        // Refused here, at start-up and at a weight update, not at the first request.
+        return Err(format!(
+            "{} is a sequence classifier (a reward model): it scores sequences and has no LM \
+             head, so it cannot generate; serve a causal LM",
+            dir.display()
+        ));
+    }
     if precision == Precision::Bf16 {
         model
             .pack_weights()
