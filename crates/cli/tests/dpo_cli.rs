@@ -394,6 +394,11 @@ seed = 3
             steps[23]
         );
     }
+    let report = std::fs::read_to_string(dir.path().join("rm/report.html")).unwrap();
+    assert!(
+        report.contains("reward-model scores"),
+        "no score chart in the report"
+    );
     let config: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(dir.path().join("rm/model/config.json")).unwrap(),
     )

@@ -2,7 +2,8 @@
 //! `stoke train`'s and `stoke grpo`'s (the same summary table and loss / lr / gradient norm /
 //! tokens/s curves), plus one section for the preference figures under TRL's names: the chosen
 //! and rejected log-probs (likelihood displacement shows as `logps/chosen` falling), the implicit
-//! rewards and their margin, and the reward accuracy.
+//! rewards and their margin, and the reward accuracy; for a reward model (`stoke rm`), its scores
+//! (mean, min, max, std) and its pair accuracy and margin.
 //!
 //! What it is not: it reads no files (the run passes its step records, read from the log so a
 //! resumed run's report covers the whole run) and computes nothing but first / last values of
@@ -51,6 +52,17 @@ const CHARTS: &[(&str, &str, &[&str])] = &[
         &["rewards/chosen", "rewards/rejected", "rewards/margins"],
     ),
     ("reward accuracy", "share", &["rewards/accuracies"]),
+    // `stoke rm`: the reward model's scores and how it ranks the pairs.
+    (
+        "reward-model scores",
+        "reward",
+        &["mean_reward", "min_reward", "max_reward", "std_reward"],
+    ),
+    (
+        "reward-model pairs: share ranked right, mean margin",
+        "share / reward",
+        &["accuracy", "margin"],
+    ),
 ];
 
 /// The preference section: a table of each figure's first and last value, then the charts.
