@@ -839,7 +839,6 @@ pub fn evaluate_reward_model(
     if pairs.is_empty() {
         return Err(invalid_key("data.eval", "no held-out pair to score".into()));
     }
-    let frozen = model.snapshot()?.into_frozen();
     let mut scores: Vec<f64> = Vec::with_capacity(2 * pairs.len());
     let (mut chosen, mut rejected) = (Vec::new(), Vec::new());
     for chunk in pairs.chunks(16) {
@@ -853,8 +852,10 @@ pub fn evaluate_reward_model(
             )
             .collect();
         let row_refs: Vec<&[u32]> = rows.iter().map(Vec::as_slice).collect();
-        let values: Vec<f32> = frozen
+        // Each batch's graph is dropped with its scores; no copy of the model is made.
+        let values: Vec<f32> = model
             .score_sequences(&row_refs)?
+            .detach()
             .flatten_all()?
             .to_vec1()?;
         let (c, r) = values.split_at(chunk.len());
