@@ -376,3 +376,79 @@ fn stoke_env_demonstrations_are_the_experts_episodes_played_through_the_environm
     assert!(stderr.contains("no scripted expert"), "{stderr}");
     assert!(!none.exists());
 }
+
+#[test]
+fn a_reward_model_trained_by_stoke_rm_scores_grpo_samples() {
+    let dir = setup(CONFIG);
+    // A reward model from the same tiny model: 4 steps of `stoke rm` on pairs that prefer
+    // answers ending in "is".
+    let pairs: Vec<String> = (0..8)
+        .map(|i| {
+            serde_json::json!({
+                "prompt": format!("What is {i} + 2?"),
+                "chosen": format!("{} is", i + 2),
+                "rejected": format!("{}", i + 3),
+            })
+            .to_string()
+        })
+        .collect();
+    std::fs::write(dir.path().join("pairs.jsonl"), pairs.join("\n")).unwrap();
+    std::fs::write(
+        dir.path().join("rm.toml"),
+        "output_dir = \"rm\"\n[model]\npath = \"model\"\n[data]\ntrain = \"pairs.jsonl\"\n\
+         max_len = 64\n[optimizer]\nlr = 1e-3\n[training]\nsteps = 4\n",
+    )
+    .unwrap();
+    let rm = stoke()
+        .arg("rm")
+        .arg(dir.path().join("rm.toml"))
+        .arg("--quiet")
+        .output()
+        .unwrap();
+    assert_success(&rm);
+
+    let reward = "[rewards.default]\nkind = \"reward_model\"\nmodel = \"rm/model\"\n\
+                  normalize = \"group\"\nclip = 3.0\n[optimizer]";
+    let start = CONFIG.find("[rewards.default]").unwrap();
+    let end = CONFIG.find("[optimizer]").unwrap();
+    let config = format!(
+        "{}{reward}{}",
+        &CONFIG[..start],
+        &CONFIG[end + "[optimizer]".len()..]
+    )
+    .replace("steps = 16", "steps = 4")
+    .replace("dir = \"run-a\"", "dir = \"run-rm\"");
+    std::fs::write(dir.path().join("grpo.toml"), &config).unwrap();
+    // Run from another folder: the reward model's path is relative to the config's.
+    let output = grpo(dir.path(), &[]);
+    assert_success(&output);
+    let metrics = std::fs::read_to_string(dir.path().join("run-rm/metrics.jsonl")).unwrap();
+    let steps: Vec<serde_json::Value> = metrics
+        .lines()
+        .filter(|l| l.contains("\"kind\":\"step\""))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(steps.len(), 4);
+    for step in &steps {
+        // Normalized per group: every group's scores have mean 0 and (population) std 1, so the
+        // batch's too, unless a group's samples all scored the same (then 0).
+        let mean = step["reward_mean"].as_f64().unwrap();
+        let std = step["reward_std"].as_f64().unwrap();
+        assert!(mean.abs() < 1e-4, "reward_mean {mean}: {step}");
+        assert!(std > 0.5 && std < 1.0001, "reward_std {std}: {step}");
+    }
+
+    // A causal LM named as the reward model is refused before the first step, named.
+    std::fs::write(
+        dir.path().join("grpo.toml"),
+        config.replace("model = \"rm/model\"", "model = \"model\""),
+    )
+    .unwrap();
+    let refused = grpo(dir.path(), &[]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("rewards.default") && stderr.contains("not a reward model"),
+        "{stderr}"
+    );
+}

@@ -287,7 +287,7 @@ impl GrpoConfig {
             (None, TaskSource::Jsonl { .. }) => None,
         };
 
-        let rewards = resolve_rewards(&file.rewards)?;
+        let rewards = resolve_rewards(&file.rewards, &base)?;
 
         let mode = match g.mode.unwrap_or(ModeFile::Async) {
             ModeFile::Sync => PipelineMode::Sync,

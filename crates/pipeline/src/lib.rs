@@ -36,6 +36,7 @@ pub mod episode_reward;
 pub mod error;
 pub mod held_out;
 pub mod inference;
+pub mod learned_reward;
 pub mod learner;
 pub mod metrics;
 pub mod monitor;

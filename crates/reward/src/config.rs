@@ -32,6 +32,7 @@ use crate::json_schema::{JsonSchemaConfig, JsonSchemaVerifier};
 use crate::math::{MathConfig, MathVerifier};
 use crate::overlong::{OverlongConfig, OverlongVerifier};
 use crate::repetition::{RepetitionConfig, RepetitionVerifier};
+use crate::reward_model::{RewardModelConfig, RewardModelVerifier, ScorerSource};
 use crate::stdio_tests::{StdioTestsConfig, StdioTestsVerifier};
 use crate::tag_structure::{TagStructureConfig, TagStructureVerifier};
 use crate::unit_tests::{UnitTestsConfig, UnitTestsVerifier};
@@ -54,6 +55,7 @@ pub enum RewardConfig {
     Repetition(RepetitionConfig),
     Instructions(InstructionsConfig),
     Composite(CompositeConfig),
+    RewardModel(RewardModelConfig),
 }
 
 /// Parsing a kind's name (`stoke verify --reward KIND`) sits here rather than in `kind.rs`
@@ -86,6 +88,7 @@ impl RewardConfig {
             Self::Repetition(_) => RewardKind::Repetition,
             Self::Instructions(_) => RewardKind::Instructions,
             Self::Composite(_) => RewardKind::Composite,
+            Self::RewardModel(_) => RewardKind::RewardModel,
         }
     }
 
@@ -97,8 +100,19 @@ impl RewardConfig {
         }
     }
 
-    /// Validates the options and builds the verifier. Code rewards need `sandbox`.
+    /// Validates the options and builds the verifier. Code rewards need `sandbox`; a
+    /// `reward_model` reward needs a scorer ([`RewardConfig::build_with`]).
     pub fn build(&self, sandbox: Option<Sandbox>) -> Result<Reward, ConfigError> {
+        self.build_with(sandbox, None)
+    }
+
+    /// [`RewardConfig::build`] with a source of learned scorers, for `reward_model` rewards
+    /// (and composites containing them).
+    pub fn build_with(
+        &self,
+        sandbox: Option<Sandbox>,
+        scorers: Option<&dyn ScorerSource>,
+    ) -> Result<Reward, ConfigError> {
         let need_sandbox =
             |name: &'static str| sandbox.clone().ok_or(ConfigError::NeedsSandbox(name));
         Ok(match self {
@@ -118,7 +132,10 @@ impl RewardConfig {
             Self::CosineLength(c) => Reward::CosineLength(CosineLengthVerifier::new(c)?),
             Self::Repetition(c) => Reward::Repetition(RepetitionVerifier::new(c)?),
             Self::Instructions(c) => Reward::Instructions(InstructionsVerifier::new(c)?),
-            Self::Composite(c) => Reward::Composite(CompositeVerifier::new(c, sandbox)?),
+            Self::Composite(c) => {
+                Reward::Composite(CompositeVerifier::new_with(c, sandbox, scorers)?)
+            }
+            Self::RewardModel(c) => Reward::RewardModel(RewardModelVerifier::new(c, scorers)?),
         })
     }
 
@@ -145,6 +162,7 @@ impl RewardConfig {
             RewardKind::Repetition => Self::Repetition(RepetitionConfig::default()),
             RewardKind::Instructions => return needs_file("constraints"),
             RewardKind::Composite => return needs_file("components"),
+            RewardKind::RewardModel => return needs_file("model"),
         })
     }
 }
@@ -164,6 +182,7 @@ pub enum Reward {
     Repetition(RepetitionVerifier),
     Instructions(InstructionsVerifier),
     Composite(CompositeVerifier),
+    RewardModel(RewardModelVerifier),
 }
 
 impl fmt::Debug for Reward {
@@ -188,6 +207,7 @@ impl Reward {
             Self::Repetition(_) => RewardKind::Repetition,
             Self::Instructions(_) => RewardKind::Instructions,
             Self::Composite(_) => RewardKind::Composite,
+            Self::RewardModel(_) => RewardKind::RewardModel,
         }
     }
 
@@ -206,6 +226,7 @@ impl Reward {
             Self::Repetition(v) => v,
             Self::Instructions(v) => v,
             Self::Composite(v) => v,
+            Self::RewardModel(v) => v,
         }
     }
 
@@ -222,7 +243,8 @@ impl Reward {
     /// scoring each alone).
     pub fn is_group_level(&self) -> bool {
         match self {
-            Self::GroupLength(_) => true,
+            // A group is one batch for the model, and `normalize = "group"` reads the group.
+            Self::GroupLength(_) | Self::RewardModel(_) => true,
             Self::Composite(composite) => composite.is_group_level(),
             _ => false,
         }

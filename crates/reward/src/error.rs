@@ -13,6 +13,11 @@ pub enum ConfigError {
     Invalid { field: String, message: String },
     #[error("reward kind `{0}` runs code and needs a sandbox")]
     NeedsSandbox(&'static str),
+    #[error(
+        "reward kind `{0}` runs a learned model: it is built by `stoke grpo` (which loads the \
+         model), not here"
+    )]
+    NeedsScorer(&'static str),
     #[error("unknown reward kind `{0}` (known: {known})", known = RewardKind::names().join(", "))]
     UnknownKind(String),
 }

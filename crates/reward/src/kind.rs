@@ -24,10 +24,11 @@ pub enum RewardKind {
     Repetition,
     Instructions,
     Composite,
+    RewardModel,
 }
 
 impl RewardKind {
-    pub const ALL: [RewardKind; 13] = [
+    pub const ALL: [RewardKind; 14] = [
         Self::Math,
         Self::ExactMatch,
         Self::UnitTests,
@@ -41,6 +42,7 @@ impl RewardKind {
         Self::Repetition,
         Self::Instructions,
         Self::Composite,
+        Self::RewardModel,
     ];
 
     pub fn name(self) -> &'static str {
@@ -58,6 +60,7 @@ impl RewardKind {
             Self::Repetition => "repetition",
             Self::Instructions => "instructions",
             Self::Composite => "composite",
+            Self::RewardModel => "reward_model",
         }
     }
 

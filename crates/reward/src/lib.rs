@@ -22,6 +22,7 @@
 //! | `repetition` | `repetition.rs` | completion only |
 //! | `instructions` | `instructions.rs` | completion only (constraints in the config) |
 //! | `composite` | `config/composite.rs` | whatever its components read |
+//! | `reward_model` | `reward_model.rs` | prompt and completion (a learned model the caller runs) |
 //!
 //! What this crate is not: a tokenizer (token counts are inputs) or a process jail (code runs
 //! through `stoke-sandbox`). It has no tensor dependency.
@@ -44,6 +45,7 @@ pub mod kind;
 pub mod math;
 pub mod overlong;
 pub mod repetition;
+pub mod reward_model;
 pub mod stats;
 pub mod stdio_tests;
 pub mod tag_structure;

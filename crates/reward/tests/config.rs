@@ -32,6 +32,7 @@ fn toml_tables_parse_into_each_kind() {
         "kind = \"repetition\"\nngram_size = 4\nmax_penalty = -0.5",
         "kind = \"instructions\"\nscoring = \"all\"\nconstraints = [{ type = \"lowercase\" }, { type = \"word_count\", relation = \"at_most\", value = 100 }]",
         "kind = \"composite\"\n[[components]]\ncorrectness = true\nreward = { kind = \"math\" }",
+        "kind = \"reward_model\"\nmodel = \"runs/rm/model\"\nnormalize = \"group\"\nclip = 5.0",
     ];
     let kinds: Vec<RewardKind> = examples
         .iter()

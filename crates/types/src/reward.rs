@@ -33,11 +33,14 @@ pub enum RewardOutcomeKind {
     SandboxError,
     /// A shaping term (length, repetition) that carries no verdict of its own.
     Shaped,
+    /// A learned scorer (a reward model) failed to score the sample: no verdict on the
+    /// completion, and not a zero the policy earned.
+    ScorerError,
 }
 
 impl RewardOutcomeKind {
     /// Every variant, in declaration order (for metrics tables).
-    pub const ALL: [RewardOutcomeKind; 10] = [
+    pub const ALL: [RewardOutcomeKind; 11] = [
         Self::Correct,
         Self::Wrong,
         Self::Partial,
@@ -48,6 +51,7 @@ impl RewardOutcomeKind {
         Self::Timeout,
         Self::SandboxError,
         Self::Shaped,
+        Self::ScorerError,
     ];
 
     /// The snake_case name used in JSONL output and metrics.
@@ -63,12 +67,17 @@ impl RewardOutcomeKind {
             Self::Timeout => "timeout",
             Self::SandboxError => "sandbox_error",
             Self::Shaped => "shaped",
+            Self::ScorerError => "scorer_error",
         }
     }
 
     /// True when the record itself is broken (not the model's fault): the sample must be excluded
     /// from training rather than given a zero reward.
+    /// A scorer that failed (`ScorerError`) says nothing about the completion either.
     pub fn is_dataset_problem(self) -> bool {
-        matches!(self, Self::UnparseableGold | Self::MissingField)
+        matches!(
+            self,
+            Self::UnparseableGold | Self::MissingField | Self::ScorerError
+        )
     }
 }

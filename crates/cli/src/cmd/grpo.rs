@@ -356,8 +356,10 @@ fn parse_levels(names: &[String], section: &str) -> anyhow::Result<Vec<Level>> {
 }
 
 /// One `RewardSpec` per configured reward, in index order; one sandbox (default limits) shared
-/// by the rewards that run code.
+/// by the rewards that run code, and each reward model folder loaded once (in this process:
+/// the trainer's, or a reward server's).
 pub fn build_rewards(config: &GrpoConfig) -> anyhow::Result<Vec<RewardSpec>> {
+    let scorers = stoke_pipeline::learned_reward::LocalScorers::default();
     let sandbox = if config.rewards.iter().any(|(_, r)| r.runs_code()) {
         let sandbox_config = SandboxConfigFile::default().into_config()?;
         Some(Sandbox::new(sandbox_config).context("starting the sandbox for code rewards")?)
@@ -369,7 +371,7 @@ pub fn build_rewards(config: &GrpoConfig) -> anyhow::Result<Vec<RewardSpec>> {
         .iter()
         .map(|(name, reward)| {
             let built = reward
-                .build(sandbox.clone())
+                .build_with(sandbox.clone(), Some(&scorers))
                 .with_context(|| format!("rewards.{name}"))?;
             Ok(RewardSpec::from_reward(name.clone(), built))
         })

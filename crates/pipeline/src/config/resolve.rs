@@ -178,6 +178,7 @@ pub(super) fn task_file(source: &TaskSource) -> TaskSourceFile {
 /// The reward list in index order; each reward that needs no sandbox is built once to check it.
 pub(super) fn resolve_rewards(
     rewards: &BTreeMap<String, RewardConfig>,
+    base: &Path,
 ) -> Result<Vec<(String, RewardConfig)>, PipelineError> {
     if rewards.is_empty() {
         let exact_gsm8k = RewardConfig::ExactMatch(ExactMatchConfig {
@@ -196,12 +197,17 @@ pub(super) fn resolve_rewards(
             ordered.push((name.clone(), reward.clone()));
         }
     }
-    for (name, reward) in &ordered {
+    for (name, reward) in &mut ordered {
         if name.trim().is_empty() {
             return Err(PipelineError::config("rewards", "a reward name is empty"));
         }
+        absolute_model_paths(reward, base);
+        // Code rewards get their sandbox and reward models their weights when the run builds
+        // them; every other option is checked here.
         match reward.build(None) {
-            Ok(_) | Err(stoke_reward::ConfigError::NeedsSandbox(_)) => {}
+            Ok(_)
+            | Err(stoke_reward::ConfigError::NeedsSandbox(_))
+            | Err(stoke_reward::ConfigError::NeedsScorer(_)) => {}
             Err(e) => {
                 return Err(PipelineError::config(
                     format!("rewards.{name}"),
@@ -211,6 +217,20 @@ pub(super) fn resolve_rewards(
         }
     }
     Ok(ordered)
+}
+
+/// A `reward_model` reward's `model` folder (in a composite too) made absolute against the
+/// config's folder, as every other path of the file.
+fn absolute_model_paths(reward: &mut RewardConfig, base: &Path) {
+    match reward {
+        RewardConfig::RewardModel(c) if c.model.is_relative() => c.model = base.join(&c.model),
+        RewardConfig::Composite(c) => {
+            for component in &mut c.components {
+                absolute_model_paths(&mut component.reward, base);
+            }
+        }
+        _ => {}
+    }
 }
 
 pub(super) fn resolve_optimizer(o: &OptimizerFile) -> Result<OptimizerConfig, PipelineError> {

@@ -36,6 +36,7 @@ use stoke_sandbox::Sandbox;
 use super::{Reward, RewardConfig};
 use crate::error::ConfigError;
 use crate::kind::RewardKind;
+use crate::reward_model::ScorerSource;
 use crate::verifier::{ComponentScore, Details, Outcome, RewardInput, RewardOutcome, Verifier};
 
 /// When a component counts.
@@ -103,6 +104,16 @@ pub struct CompositeVerifier {
 
 impl CompositeVerifier {
     pub fn new(config: &CompositeConfig, sandbox: Option<Sandbox>) -> Result<Self, ConfigError> {
+        Self::new_with(config, sandbox, None)
+    }
+
+    /// [`CompositeVerifier::new`] with a source of learned scorers for `reward_model`
+    /// components.
+    pub fn new_with(
+        config: &CompositeConfig,
+        sandbox: Option<Sandbox>,
+        scorers: Option<&dyn ScorerSource>,
+    ) -> Result<Self, ConfigError> {
         if config.components.is_empty() {
             return Err(ConfigError::invalid(
                 "components",
@@ -145,7 +156,7 @@ impl CompositeVerifier {
             }
             let reward = component
                 .reward
-                .build(sandbox.clone())
+                .build_with(sandbox.clone(), scorers)
                 .map_err(|error| match error {
                     ConfigError::Invalid {
                         field: inner,

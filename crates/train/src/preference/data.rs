@@ -210,6 +210,32 @@ enum Turns {
     Messages(Vec<ChatMessage>),
 }
 
+/// The ids a reward model scores for a task's `prompt` (one user turn) and a `completion` (the
+/// assistant's turn): the row `stoke rm` trains on for a pair with that prompt and response
+/// (the prompt through the chat template with the generation prompt, then the response as the
+/// template closes it; plain text and an end-of-sequence token without a template).
+pub fn scored_conversation(
+    tokenizer: &Tokenizer,
+    prompt: &str,
+    completion: &str,
+) -> Result<Vec<u32>, String> {
+    let templated = tokenizer.chat_template().is_some();
+    let (prompt, response) = if templated {
+        (
+            Turns::Messages(vec![ChatMessage::user(prompt)]),
+            Turns::Messages(vec![ChatMessage::assistant(completion)]),
+        )
+    } else {
+        (
+            Turns::Text(prompt.to_string()),
+            Turns::Text(completion.to_string()),
+        )
+    };
+    let rendered = encode_prompt(tokenizer, &prompt)?;
+    let response = encode_response(tokenizer, &prompt, &rendered, &response, "completion")?;
+    Ok([rendered.ids, response].concat())
+}
+
 fn prompt_field(value: &Value) -> Result<Turns, String> {
     let turns = turns(value, "prompt")?;
     if let Turns::Messages(messages) = &turns
