@@ -15,6 +15,8 @@
 //!   own stream), and the run matches the in-process one as above.
 //! - `stoke env --endpoint` on a `stoke serve`: the same episodes, token for token, as `stoke env`
 //!   on the local weights; a model the server lacks and a server that is down are refused, named.
+//! - A reward model (`kind = "reward_model"`) on a `stoke reward-server` scores as it does in
+//!   the trainer's process: the same update figures.
 //!
 //! The model is the tiny random Llama of the other CLI tests on the built-in arithmetic task, with
 //! an `instructions` reward the random policy scores unevenly (so updates move the weights).
@@ -715,5 +717,87 @@ fn stoke_env_on_an_endpoint_plays_the_episodes_the_local_model_plays() {
     assert!(
         stderr.contains("http://127.0.0.1:9") && stderr.contains("does not answer"),
         "{stderr}"
+    );
+}
+
+#[test]
+fn a_reward_model_on_a_reward_server_scores_as_it_does_in_process() {
+    let dir = setup();
+    // A reward model from the same tiny model: 3 steps of `stoke rm` on pairs that prefer a
+    // question mark.
+    let pairs: Vec<String> = (0..8)
+        .map(|i| {
+            serde_json::json!({
+                "prompt": format!("What is {i} + 2?"),
+                "chosen": format!("It is {}?", i + 2),
+                "rejected": format!("It is {}", i + 2),
+            })
+            .to_string()
+        })
+        .collect();
+    std::fs::write(dir.path().join("pairs.jsonl"), pairs.join("\n")).unwrap();
+    std::fs::write(
+        dir.path().join("rm.toml"),
+        "output_dir = \"rm\"\n[model]\npath = \"model\"\n[data]\ntrain = \"pairs.jsonl\"\n\
+         max_len = 64\n[optimizer]\nlr = 1e-3\n[training]\nsteps = 3\n",
+    )
+    .unwrap();
+    let rm = stoke()
+        .arg("rm")
+        .arg(dir.path().join("rm.toml"))
+        .arg("--quiet")
+        .output()
+        .unwrap();
+    assert_success(&rm);
+    let start = CONFIG.find("[rewards.default]").unwrap();
+    let end = CONFIG.find("[optimizer]").unwrap();
+    let config = format!(
+        "{}[rewards.default]\nkind = \"reward_model\"\nmodel = \"rm/model\"\nnormalize = \
+         \"group\"\n{}",
+        &CONFIG[..start],
+        &CONFIG[end..]
+    );
+    std::fs::write(dir.path().join("grpo.toml"), config).unwrap();
+    // The reward server loads the reward model in its own process.
+    let reward = server(&["reward-server", "grpo.toml", "--port", "0"], dir.path());
+    let short = ["grpo.steps=3".to_string()];
+    let local = grpo_command(dir.path(), "run-local", &short)
+        .output()
+        .unwrap();
+    assert_success(&local);
+    let remote_sets = [
+        short[0].clone(),
+        "reward.kind=\"remote\"".into(),
+        format!("reward.servers=[\"{}\"]", reward.url),
+    ];
+    let remote = grpo_command(dir.path(), "run-remote", &remote_sets)
+        .output()
+        .unwrap();
+    assert_success(&remote);
+    let (l, r) = (
+        steps(dir.path(), "run-local"),
+        steps(dir.path(), "run-remote"),
+    );
+    assert_eq!((l.len(), r.len()), (3, 3));
+    for (l, r) in l.iter().zip(&r) {
+        for key in ["reward_mean", "reward_std", "loss", "grad_norm"] {
+            let (a, b) = (l[key].as_f64().unwrap(), r[key].as_f64().unwrap());
+            assert!(
+                close(a, b),
+                "update {}: {key} local {a}, remote {b}",
+                l["step"]
+            );
+        }
+        // Group-normalized scores: mean 0, and not all equal.
+        assert!(r["reward_mean"].as_f64().unwrap().abs() < 1e-4, "{r}");
+        assert!(r["reward_std"].as_f64().unwrap() > 0.5, "{r}");
+    }
+    let served: u64 = r.last().unwrap()["reward_servers"]["servers"][0]["requests"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        served > 0,
+        "the reward server scored nothing: {}",
+        r.last().unwrap()
     );
 }
