@@ -2,11 +2,13 @@
 //! unbalanced LaTeX, megabyte strings, power towers) through every verifier that does not run
 //! code. Asserts a generous wall-clock bound for the whole run and for the slowest single call.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
+use stoke_reward::reward_model::{RewardModelConfig, ScoreItem, ScorerSource, SequenceScorer};
 use stoke_reward::{Reference, Reward, RewardConfig, RewardInput, RewardKind, Verifier};
 
 fn adversarial() -> Vec<String> {
@@ -83,6 +85,26 @@ fn adversarial() -> Vec<String> {
     texts
 }
 
+/// Scores a completion by its length in chars: a stand-in for a reward model.
+struct LengthScorer;
+
+impl SequenceScorer for LengthScorer {
+    fn score(&self, items: &[ScoreItem<'_>]) -> Result<Vec<f64>, String> {
+        Ok(items
+            .iter()
+            .map(|i| i.completion.chars().count() as f64)
+            .collect())
+    }
+}
+
+struct LengthScorers;
+
+impl ScorerSource for LengthScorers {
+    fn scorer(&self, _config: &RewardModelConfig) -> Result<Arc<dyn SequenceScorer>, String> {
+        Ok(Arc::new(LengthScorer))
+    }
+}
+
 fn rewards() -> Vec<Reward> {
     let configs = [
         r#"{"kind": "math"}"#,
@@ -103,13 +125,16 @@ fn rewards() -> Vec<Reward> {
             {"correctness": true, "reward": {"kind": "math"}},
             {"gate": "when_correct", "weight": 0.5, "reward": {"kind": "cosine_length", "max_tokens": 1000}},
             {"reward": {"kind": "repetition"}}]}"#,
+        // The verifier's own work (inputs to the scorer, normalization, clipping); the model's
+        // cost is the scorer's, so a stand-in scorer reads each completion's length.
+        r#"{"kind": "reward_model", "model": "unused", "normalize": "group", "clip": 3.0}"#,
     ];
     let rewards: Vec<Reward> = configs
         .iter()
         .map(|text| {
             serde_json::from_str::<RewardConfig>(text)
                 .unwrap()
-                .build(None)
+                .build_with(None, Some(&LengthScorers))
                 .unwrap()
         })
         .collect();
