@@ -725,30 +725,16 @@ fn a_reward_model_on_a_reward_server_scores_as_it_does_in_process() {
     let dir = setup();
     // A reward model from the same tiny model: 3 steps of `stoke rm` on pairs that prefer a
     // question mark.
-    let pairs: Vec<String> = (0..8)
+    let pairs: Vec<(String, String, String)> = (0..8)
         .map(|i| {
-            serde_json::json!({
-                "prompt": format!("What is {i} + 2?"),
-                "chosen": format!("It is {}?", i + 2),
-                "rejected": format!("It is {}", i + 2),
-            })
-            .to_string()
+            (
+                format!("What is {i} + 2?"),
+                format!("It is {}?", i + 2),
+                format!("It is {}", i + 2),
+            )
         })
         .collect();
-    std::fs::write(dir.path().join("pairs.jsonl"), pairs.join("\n")).unwrap();
-    std::fs::write(
-        dir.path().join("rm.toml"),
-        "output_dir = \"rm\"\n[model]\npath = \"model\"\n[data]\ntrain = \"pairs.jsonl\"\n\
-         max_len = 64\n[optimizer]\nlr = 1e-3\n[training]\nsteps = 3\n",
-    )
-    .unwrap();
-    let rm = stoke()
-        .arg("rm")
-        .arg(dir.path().join("rm.toml"))
-        .arg("--quiet")
-        .output()
-        .unwrap();
-    assert_success(&rm);
+    common::train_reward_model(dir.path(), &pairs, 3);
     let start = CONFIG.find("[rewards.default]").unwrap();
     let end = CONFIG.find("[optimizer]").unwrap();
     let config = format!(

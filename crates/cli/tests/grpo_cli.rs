@@ -382,30 +382,16 @@ fn a_reward_model_trained_by_stoke_rm_scores_grpo_samples() {
     let dir = setup(CONFIG);
     // A reward model from the same tiny model: 4 steps of `stoke rm` on pairs that prefer
     // answers ending in "is".
-    let pairs: Vec<String> = (0..8)
+    let pairs: Vec<(String, String, String)> = (0..8)
         .map(|i| {
-            serde_json::json!({
-                "prompt": format!("What is {i} + 2?"),
-                "chosen": format!("{} is", i + 2),
-                "rejected": format!("{}", i + 3),
-            })
-            .to_string()
+            (
+                format!("What is {i} + 2?"),
+                format!("{} is", i + 2),
+                format!("{}", i + 3),
+            )
         })
         .collect();
-    std::fs::write(dir.path().join("pairs.jsonl"), pairs.join("\n")).unwrap();
-    std::fs::write(
-        dir.path().join("rm.toml"),
-        "output_dir = \"rm\"\n[model]\npath = \"model\"\n[data]\ntrain = \"pairs.jsonl\"\n\
-         max_len = 64\n[optimizer]\nlr = 1e-3\n[training]\nsteps = 4\n",
-    )
-    .unwrap();
-    let rm = stoke()
-        .arg("rm")
-        .arg(dir.path().join("rm.toml"))
-        .arg("--quiet")
-        .output()
-        .unwrap();
-    assert_success(&rm);
+    common::train_reward_model(dir.path(), &pairs, 4);
 
     let reward = "[rewards.default]\nkind = \"reward_model\"\nmodel = \"rm/model\"\n\
                   normalize = \"group\"\nclip = 3.0\n[optimizer]";

@@ -44,3 +44,36 @@ pub fn tiny_chat_model(dir: &Path, texts: &[String]) {
         .save_with_tokenizer(&dir.join("model"), Some(&tokenizer_dir))
         .unwrap();
 }
+
+/// `dir/rm/model`: a reward model trained by `stoke rm` for `steps` steps from `dir/model` on
+/// pairs `(prompt, chosen, rejected)` (written to `dir/pairs.jsonl`).
+#[allow(dead_code)] // used by the GRPO tests only; each test binary compiles this module
+pub fn train_reward_model(dir: &Path, pairs: &[(String, String, String)], steps: usize) {
+    let lines: Vec<String> = pairs
+        .iter()
+        .map(|(prompt, chosen, rejected)| {
+            serde_json::json!({"prompt": prompt, "chosen": chosen, "rejected": rejected})
+                .to_string()
+        })
+        .collect();
+    std::fs::write(dir.join("pairs.jsonl"), lines.join("\n")).unwrap();
+    std::fs::write(
+        dir.join("rm.toml"),
+        format!(
+            "output_dir = \"rm\"\n[model]\npath = \"model\"\n[data]\ntrain = \"pairs.jsonl\"\n\
+             max_len = 64\n[optimizer]\nlr = 1e-3\n[training]\nsteps = {steps}\n"
+        ),
+    )
+    .unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_stoke"))
+        .arg("rm")
+        .arg(dir.join("rm.toml"))
+        .arg("--quiet")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "stoke rm: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

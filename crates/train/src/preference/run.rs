@@ -68,7 +68,9 @@ use super::record::{PairRecord, PairStepRecord};
 use super::scoring::{PairReference, cache_key, load_cache, save_cache, score_reference};
 use super::train::PairCursor;
 use super::train::kto_rows;
-use super::train::{PairLoopSettings, PairObjective, PairTrainer, Reference, ReferenceSync};
+use super::train::{
+    PairLoopSettings, PairObjective, PairTrainer, Reference, ReferenceSync, pair_margins, pair_rows,
+};
 use super::{CpoLoss, DpoLoss, KtoLoss, OrpoLoss, RewardModelLoss};
 use crate::checkpoint::{CheckpointStore, TrainerState, load_checkpoint};
 use crate::config::{
@@ -843,14 +845,7 @@ pub fn evaluate_reward_model(
     let (mut chosen, mut rejected) = (Vec::new(), Vec::new());
     for chunk in pairs.chunks(16) {
         let refs: Vec<&PreferencePair> = chunk.iter().collect();
-        let rows: Vec<Vec<u32>> = refs
-            .iter()
-            .map(|p| [p.prompt_ids.as_slice(), &p.chosen_ids].concat())
-            .chain(
-                refs.iter()
-                    .map(|p| [p.prompt_ids.as_slice(), &p.rejected_ids].concat()),
-            )
-            .collect();
+        let rows = pair_rows(&refs);
         let row_refs: Vec<&[u32]> = rows.iter().map(Vec::as_slice).collect();
         // Each batch's graph is dropped with its scores; no copy of the model is made.
         let values: Vec<f32> = model
@@ -864,10 +859,8 @@ pub fn evaluate_reward_model(
     }
     scores.extend(&chosen);
     scores.extend(&rejected);
-    let margins: Option<Vec<f64>> = pairs
-        .iter()
-        .any(|p| p.margin.is_some())
-        .then(|| pairs.iter().map(|p| p.margin.unwrap_or(0.0)).collect());
+    let all: Vec<&PreferencePair> = pairs.iter().collect();
+    let margins = pair_margins(&all);
     let tensor = candle_core::Tensor::from_vec(scores, 2 * pairs.len(), &Device::Cpu)?;
     let out = loss.loss(&tensor, margins.as_deref())?;
     let mut figures = out.metrics;

@@ -535,22 +535,28 @@ pub fn score_pairs(
     loss: &RewardModelLoss,
     pairs: &[&PreferencePair],
 ) -> Result<PreferenceOutput, TrainError> {
-    let rows: Vec<Vec<u32>> = pairs
-        .iter()
-        .map(|p| [p.prompt_ids.as_slice(), &p.chosen_ids].concat())
-        .chain(
-            pairs
-                .iter()
-                .map(|p| [p.prompt_ids.as_slice(), &p.rejected_ids].concat()),
-        )
-        .collect();
+    let rows = pair_rows(pairs);
     let refs: Vec<&[u32]> = rows.iter().map(Vec::as_slice).collect();
     let scores = model.score_sequences(&refs)?;
-    let margins: Option<Vec<f64>> = pairs
+    loss.loss(&scores, pair_margins(pairs).as_deref())
+}
+
+/// A reward model's rows of `pairs`: `[prompt + chosen ...; prompt + rejected ...]`.
+pub fn pair_rows(pairs: &[&PreferencePair]) -> Vec<Vec<u32>> {
+    let row = |p: &PreferencePair, response: &[u32]| [p.prompt_ids.as_slice(), response].concat();
+    pairs
+        .iter()
+        .map(|p| row(p, &p.chosen_ids))
+        .chain(pairs.iter().map(|p| row(p, &p.rejected_ids)))
+        .collect()
+}
+
+/// The pairs' margins when any has one (0 for the others), else `None`.
+pub fn pair_margins(pairs: &[&PreferencePair]) -> Option<Vec<f64>> {
+    pairs
         .iter()
         .any(|p| p.margin.is_some())
-        .then(|| pairs.iter().map(|p| p.margin.unwrap_or(0.0)).collect());
-    loss.loss(&scores, margins.as_deref())
+        .then(|| pairs.iter().map(|p| p.margin.unwrap_or(0.0)).collect())
 }
 
 /// KTO examples as the loop's rows: example `i`'s prompt with its completion ("chosen") and
