@@ -786,4 +786,74 @@ fn a_reward_model_on_a_reward_server_scores_as_it_does_in_process() {
         "the reward server scored nothing: {}",
         r.last().unwrap()
     );
+
+    // The reward model served by `stoke serve` (`--task auto` sees a sequence classifier and
+    // serves /classify): the reward process sends ids, the server scores them.
+    let rm = server(
+        &[
+            "serve",
+            "--model",
+            "rm/model",
+            "--served-model-name",
+            "rm",
+            "--port",
+            "0",
+        ],
+        dir.path(),
+    );
+    // Raw scores (no group normalization, which would hide a constant offset).
+    let raw = [
+        short[0].clone(),
+        "rewards.default.normalize=\"none\"".into(),
+    ];
+    let in_process = grpo_command(dir.path(), "run-raw", &raw).output().unwrap();
+    assert_success(&in_process);
+    let served_sets = [
+        raw[0].clone(),
+        raw[1].clone(),
+        format!("rewards.default.url=\"{}\"", rm.url),
+        "rewards.default.served_model=\"rm\"".into(),
+    ];
+    let served = grpo_command(dir.path(), "run-served", &served_sets)
+        .output()
+        .unwrap();
+    assert_success(&served);
+    let (l, s) = (
+        steps(dir.path(), "run-raw"),
+        steps(dir.path(), "run-served"),
+    );
+    assert_eq!((l.len(), s.len()), (3, 3));
+    for (l, s) in l.iter().zip(&s) {
+        for key in ["reward_mean", "reward_std", "loss", "grad_norm"] {
+            let (a, b) = (l[key].as_f64().unwrap(), s[key].as_f64().unwrap());
+            assert!(
+                close(a, b),
+                "update {}: {key} in process {a}, served {b}",
+                l["step"]
+            );
+        }
+    }
+    // A wrong served name and a dead server are refused before the first update, named.
+    for (url, name, expect) in [
+        (rm.url.clone(), "nope", "does not serve `nope`".to_string()),
+        (
+            "http://127.0.0.1:9".to_string(),
+            "rm",
+            "http://127.0.0.1:9".to_string(),
+        ),
+    ] {
+        let sets = [
+            short[0].clone(),
+            format!("rewards.default.url=\"{url}\""),
+            format!("rewards.default.served_model=\"{name}\""),
+        ];
+        let out = grpo_command(dir.path(), "run-refused", &sets)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(&expect),
+            "{stderr}"
+        );
+    }
 }

@@ -10,16 +10,25 @@
 //! the last `max_position_embeddings` ids of a longer one (the scored token is the last), and
 //! scores them in batches of [`BATCH`] rows with `Transformer::score_sequences`.
 //!
-//! What it is not: a server client (a reward model on other machines is a later piece) or the
-//! post-processing (normalization, clipping: the verifier's).
+//! A reward with `url` is scored by a server instead ([`RemoteScorer`]: `stoke serve --task
+//! reward`, or vLLM serving the model): the ids are made here by the same rule and sent as token
+//! ids to `/classify` with `use_activation: false` (raw logits), so the scores are the ones the
+//! model gives in process. Connecting checks that the server answers, serves the named model
+//! (or picks its first), and scores one label; each failure names the URL.
+//!
+//! What it is not: the post-processing (normalization, clipping: the verifier's).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use std::time::Duration;
+
 use candle_core::Device;
+use serde_json::{Value, json};
 use stoke_model::Transformer;
 use stoke_reward::reward_model::{RewardModelConfig, ScoreItem, ScorerSource, SequenceScorer};
+use stoke_serve::client::Client;
 use stoke_tokenizer::hf::Tokenizer;
 use stoke_train::preference::data::scored_conversation;
 
@@ -96,6 +105,9 @@ pub struct LocalScorers {
 
 impl ScorerSource for LocalScorers {
     fn scorer(&self, config: &RewardModelConfig) -> Result<Arc<dyn SequenceScorer>, String> {
+        if let Some(url) = &config.url {
+            return Ok(Arc::new(RemoteScorer::connect(url, config)?));
+        }
         let mut loaded = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(scorer) = loaded.get(&config.model) {
             return Ok(Arc::clone(scorer) as Arc<dyn SequenceScorer>);
@@ -103,5 +115,129 @@ impl ScorerSource for LocalScorers {
         let scorer = Arc::new(LocalScorer::load(&config.model)?);
         loaded.insert(config.model.clone(), Arc::clone(&scorer));
         Ok(scorer)
+    }
+}
+
+/// A reward model on a server (see the module doc).
+pub struct RemoteScorer {
+    client: Client,
+    served_model: String,
+    tokenizer: Tokenizer,
+    /// The server's context: longer rows keep their last ids.
+    max_len: usize,
+}
+
+impl RemoteScorer {
+    /// Reads the tokenizer of `config.model` and checks the server at `url`.
+    pub fn connect(url: &str, config: &RewardModelConfig) -> Result<RemoteScorer, String> {
+        let dir = &config.model;
+        let tokenizer = Tokenizer::from_dir(dir).map_err(|e| {
+            format!(
+                "{} (the reward model's tokenizer, needed with `url`): {e}",
+                dir.display()
+            )
+        })?;
+        let client = Client::with_timeout(url, Some(Duration::from_secs_f64(config.timeout_s)));
+        let (status, models) = client
+            .get("/v1/models")
+            .map_err(|e| format!("reward model server {url}: {e}"))?;
+        if status != 200 {
+            return Err(format!(
+                "reward model server {url}: GET /v1/models answered {status}"
+            ));
+        }
+        let served = models["data"].as_array().cloned().unwrap_or_default();
+        let entry = match &config.served_model {
+            Some(name) => served
+                .iter()
+                .find(|m| m["id"].as_str() == Some(name.as_str()))
+                .ok_or_else(|| {
+                    let names: Vec<&str> = served.iter().filter_map(|m| m["id"].as_str()).collect();
+                    format!(
+                        "reward model server {url} does not serve `{name}` (it serves {names:?})"
+                    )
+                })?,
+            None => served
+                .first()
+                .ok_or_else(|| format!("reward model server {url} serves no model"))?,
+        };
+        let served_model = entry["id"].as_str().unwrap_or_default().to_string();
+        let max_len = entry["max_model_len"]
+            .as_u64()
+            .map_or(usize::MAX, |n| n as usize);
+        let scorer = RemoteScorer {
+            client,
+            served_model,
+            tokenizer,
+            max_len,
+        };
+        // One probe row: the server must score, with one label.
+        let probe = scorer
+            .tokenizer
+            .encode("probe", true)
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        let answer = scorer.classify(&[probe])?;
+        let labels = answer[0]["num_classes"].as_u64().unwrap_or(0);
+        if labels != 1 {
+            return Err(format!(
+                "reward model server {url}: `{}` scores {labels} labels; a reward model has one",
+                scorer.served_model
+            ));
+        }
+        Ok(scorer)
+    }
+
+    /// `/classify` on `rows` (raw logits): the answer's `data`, in row order.
+    fn classify(&self, rows: &[Vec<u32>]) -> Result<Vec<Value>, String> {
+        let url = self.client.url("/classify");
+        let body = json!({
+            "model": self.served_model,
+            "input": rows,
+            "use_activation": false,
+        });
+        let (status, answer) = self
+            .client
+            .post("/classify", &body)
+            .map_err(|e| e.to_string())?;
+        if status != 200 {
+            let message = answer["error"]["message"]
+                .as_str()
+                .map_or_else(|| answer.to_string(), str::to_string);
+            return Err(format!("{url} answered {status}: {message}"));
+        }
+        let mut data = answer["data"].as_array().cloned().unwrap_or_default();
+        data.sort_by_key(|d| d["index"].as_u64().unwrap_or(u64::MAX));
+        if data.len() != rows.len() {
+            return Err(format!(
+                "{url} answered {} scores for {} rows",
+                data.len(),
+                rows.len()
+            ));
+        }
+        Ok(data)
+    }
+}
+
+impl SequenceScorer for RemoteScorer {
+    fn score(&self, items: &[ScoreItem<'_>]) -> Result<Vec<f64>, String> {
+        let rows = items
+            .iter()
+            .map(|item| {
+                let ids = scored_conversation(&self.tokenizer, item.prompt, item.completion)?;
+                Ok(ids[ids.len().saturating_sub(self.max_len)..].to_vec())
+            })
+            .collect::<Result<Vec<Vec<u32>>, String>>()?;
+        let data = self.classify(&rows)?;
+        data.iter()
+            .enumerate()
+            .map(|(i, d)| {
+                d["probs"][0].as_f64().ok_or_else(|| {
+                    format!(
+                        "{}: score {i} has no `probs[0]`: {d}",
+                        self.client.url("/classify")
+                    )
+                })
+            })
+            .collect()
     }
 }

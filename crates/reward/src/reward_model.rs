@@ -24,7 +24,14 @@
 //! model = "runs/rm/model"     # a *ForSequenceClassification folder with tokenizer files
 //! normalize = "group"         # or "none" (default)
 //! clip = 5.0                  # optional
+//! # url = "http://rm-host:8001"   # optional: scored by `stoke serve --task reward` (or vLLM)
+//! # served_model = "rm"           # the name it serves under (default: its first model)
+//! # timeout_s = 120
 //! ```
+//!
+//! With `url`, the ids are still made here (the model folder's tokenizer and chat template, the
+//! rule `stoke rm` trains with) and sent as token ids, so a served model scores exactly what the
+//! same model scores in process.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -40,13 +47,28 @@ use crate::verifier::{Details, Outcome, RewardInput, RewardOutcome, Verifier};
 pub struct RewardModelConfig {
     /// The reward model's folder: a sequence classifier with one label and its tokenizer (with
     /// a chat template: each sample is scored as the conversation `[user: prompt, assistant:
-    /// completion]`).
+    /// completion]`). With `url`, only its tokenizer files are read (the ids are made here, as
+    /// for a local model, and sent to the server).
     pub model: PathBuf,
+    /// A server that scores for this process: `stoke serve --task reward`, or vLLM serving the
+    /// same model (`/classify` with `use_activation: false`, which returns raw logits).
+    #[serde(default)]
+    pub url: Option<String>,
+    /// The name the server serves the model under (default: its first model).
+    #[serde(default)]
+    pub served_model: Option<String>,
+    /// Seconds one scoring request may take before the group fails with `scorer_error`.
+    #[serde(default = "default_timeout_s")]
+    pub timeout_s: f64,
     #[serde(default)]
     pub normalize: Normalize,
     /// Clamp every score to `[-clip, clip]` after normalization.
     #[serde(default)]
     pub clip: Option<f64>,
+}
+
+fn default_timeout_s() -> f64 {
+    120.0
 }
 
 /// How a group's scores are rescaled.
@@ -106,6 +128,20 @@ impl RewardModelVerifier {
             return Err(ConfigError::invalid(
                 "clip",
                 format!("must be a finite number > 0, got {clip}"),
+            ));
+        }
+        if !(config.timeout_s.is_finite() && config.timeout_s > 0.0) {
+            return Err(ConfigError::invalid(
+                "timeout_s",
+                format!("must be a number of seconds > 0, got {}", config.timeout_s),
+            ));
+        }
+        if let Some(url) = &config.url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Err(ConfigError::invalid(
+                "url",
+                format!("{url:?} is not an http:// or https:// address"),
             ));
         }
         let source = source.ok_or(ConfigError::NeedsScorer("reward_model"))?;
@@ -280,6 +316,9 @@ mod tests {
     fn options_are_checked_and_a_scorer_is_required() {
         let config = RewardModelConfig {
             model: "rm".into(),
+            url: None,
+            served_model: None,
+            timeout_s: default_timeout_s(),
             normalize: Normalize::None,
             clip: Some(0.0),
         };
@@ -296,5 +335,21 @@ mod tests {
             matches!(err, ConfigError::NeedsScorer("reward_model")),
             "{err}"
         );
+        let bad_url = RewardModelConfig {
+            url: Some("rm-host:8001".into()),
+            ..config.clone()
+        };
+        let err = RewardModelVerifier::new(&bad_url, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("url"), "{err}");
+        let bad_timeout = RewardModelConfig {
+            timeout_s: 0.0,
+            ..config
+        };
+        let err = RewardModelVerifier::new(&bad_timeout, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("timeout_s"), "{err}");
     }
 }

@@ -60,6 +60,63 @@ pub struct ServeConfig {
     pub logprobs_mode: LogprobMode,
     /// Which parser reads tool calls out of chat answers (`tools.rs`).
     pub tool_call_parser: ToolCallSetting,
+    /// Generate text, or score sequences with a reward model (`scoring.rs`).
+    pub task: ServeTask,
+}
+
+/// What a server does with its model (`stoke serve --task`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ServeTask {
+    /// `reward` for a sequence classifier (config.json's `architectures` names a
+    /// `*ForSequenceClassification` class), `generate` for anything else.
+    #[default]
+    Auto,
+    /// The OpenAI-compatible generation routes.
+    Generate,
+    /// vLLM's scoring routes over a sequence classifier: `/classify` and `/pooling`.
+    Reward,
+}
+
+impl std::str::FromStr for ServeTask {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<ServeTask, String> {
+        match name {
+            "auto" => Ok(ServeTask::Auto),
+            "generate" => Ok(ServeTask::Generate),
+            "reward" | "classify" => Ok(ServeTask::Reward),
+            other => Err(format!(
+                "{other:?} is not a task: auto, generate or reward (alias classify)"
+            )),
+        }
+    }
+}
+
+impl ServeTask {
+    /// The task for `model`: `Auto` resolved by reading the folder's config.json (a GGUF file,
+    /// or a folder without a config, is a generator; loading reports what is missing).
+    pub fn resolve(self, model: &Path) -> ServeTask {
+        if self != ServeTask::Auto {
+            return self;
+        }
+        let classifier = std::fs::read(model.join("config.json"))
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+            .and_then(|config| {
+                config["architectures"].as_array().map(|classes| {
+                    classes.iter().any(|c| {
+                        c.as_str()
+                            .is_some_and(|c| c.ends_with("ForSequenceClassification"))
+                    })
+                })
+            })
+            .unwrap_or(false);
+        if classifier {
+            ServeTask::Reward
+        } else {
+            ServeTask::Generate
+        }
+    }
 }
 
 impl ServeConfig {
@@ -80,6 +137,7 @@ impl ServeConfig {
             max_logprobs: 20,
             logprobs_mode: LogprobMode::Processed,
             tool_call_parser: ToolCallSetting::Auto,
+            task: ServeTask::Auto,
         }
     }
 }

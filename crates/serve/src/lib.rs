@@ -7,7 +7,7 @@
 //! events folded into choices, text rules), [`completions`] and [`chat`] (the two generation
 //! routes' answers, streaming and not), [`stream`] (server-sent events), [`worker`] (the thread
 //! that steps the batcher), [`weights`] (loading and checksums for live weight updates),
-//! [`metrics`] (Prometheus), [`tools`] (the tool-call parser setting and tool warnings), [`client`] (an HTTP client
+//! [`metrics`] (Prometheus), [`scoring`] (`--task reward`: a reward model over `/classify`), [`tools`] (the tool-call parser setting and tool warnings), [`client`] (an HTTP client
 //! of this API), [`error`] (OpenAI-style error answers).
 //!
 //! Response shapes follow vLLM's OpenAI server field for field (`../shared/design/anchors.md`
@@ -22,13 +22,14 @@ pub mod error;
 pub mod generation;
 pub mod metrics;
 pub mod protocol;
+pub mod scoring;
 pub mod server;
 pub mod stream;
 pub mod tools;
 pub mod weights;
 pub mod worker;
 
-pub use app::ServeConfig;
+pub use app::{ServeConfig, ServeTask};
 pub use client::Client;
 pub use error::ApiError;
 pub use server::{HttpServer, RunningServer, serve};

@@ -7,6 +7,9 @@
 //! steps), `/pause`, `/resume`, `/is_paused` and `/weights/checksum`. Unknown paths get a 404 in
 //! the OpenAI error shape; a wrong method a 405.
 //!
+//! A sequence classifier (`--task reward`, or `auto` on a `*ForSequenceClassification` folder)
+//! is served by `scoring.rs`'s router instead: `/classify` and `/pooling`.
+//!
 //! Lifecycle: [`RunningServer::start`] loads the model, starts the worker thread and a tokio
 //! runtime on their own threads and returns once the port is bound (port 0 picks a free one,
 //! for tests); [`RunningServer::stop`] (or dropping it) shuts the HTTP side down gracefully and
@@ -28,9 +31,10 @@ use serde_json::{Value, json};
 use stoke_tokenizer::chat::ChatOptions;
 use tokio::sync::oneshot;
 
-use crate::app::{App, ServeConfig};
+use crate::app::{App, ServeConfig, ServeTask};
 use crate::error::ApiError;
 use crate::protocol::parse_body;
+use crate::scoring::{self, ScoreApp};
 use crate::weights::load_for_serving;
 use crate::worker::Command;
 use crate::{chat, completions};
@@ -402,8 +406,11 @@ impl RunningServer {
     /// `App`, when the HTTP side has shut down.
     fn start_with(config: ServeConfig, ctrl_c: bool) -> Result<RunningServer, String> {
         let address = format!("{}:{}", config.host, config.port);
-        let app = Arc::new(App::load(config)?);
-        let http = HttpServer::start(&address, router(app), "stoke-serve", ctrl_c)?;
+        let routes = match config.task.resolve(&config.model_dir) {
+            ServeTask::Reward => scoring::router(Arc::new(ScoreApp::load(&config)?)),
+            ServeTask::Generate | ServeTask::Auto => router(Arc::new(App::load(config)?)),
+        };
+        let http = HttpServer::start(&address, routes, "stoke-serve", ctrl_c)?;
         Ok(RunningServer {
             addr: http.addr,
             http,
@@ -429,9 +436,13 @@ impl RunningServer {
 /// Serves until Ctrl-C, printing where.
 pub fn serve(config: ServeConfig) -> Result<(), String> {
     let model = config.model_dir.clone();
+    let routes = match config.task.resolve(&model) {
+        ServeTask::Reward => "a reward model: /classify, /pooling",
+        _ => "OpenAI-compatible: /v1/completions, /v1/chat/completions",
+    };
     let server = RunningServer::start_with(config, true)?;
     eprintln!(
-        "stoke serve: {} at {} (OpenAI-compatible: /v1/completions, /v1/chat/completions); Ctrl-C stops",
+        "stoke serve: {} at {} ({routes}); Ctrl-C stops",
         model.display(),
         server.url()
     );

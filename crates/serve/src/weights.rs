@@ -52,7 +52,7 @@ pub fn load_for_serving(dir: &Path, precision: Precision) -> Result<(Transformer
         // Refused here, at start-up and at a weight update, not at the first request.
         return Err(format!(
             "{} is a sequence classifier (a reward model): it scores sequences and has no LM \
-             head, so it cannot generate; serve a causal LM",
+             head, so it cannot generate; serve it with `--task reward` (the /classify route)",
             dir.display()
         ));
     }

@@ -67,6 +67,11 @@ pub struct ServeArgs {
     /// mistral, deepseek_v3 (deepseekv3), as vLLM's --tool-call-parser.
     #[arg(long, default_value = "auto")]
     tool_call_parser: String,
+    /// What to serve: `generate` (the OpenAI-compatible text routes), `reward` (a sequence
+    /// classifier such as a `stoke rm` reward model, over vLLM's /classify and /pooling
+    /// routes), or `auto`: reward for a *ForSequenceClassification folder, generate otherwise.
+    #[arg(long, default_value = "auto")]
+    task: String,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -116,6 +121,10 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.served_model_name = args.served_model_name;
     config.max_queue = args.max_queue;
     config.max_logprobs = args.max_logprobs;
+    config.task = args
+        .task
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--task: {e}"))?;
     config.logprobs_mode = match args.logprobs_mode.as_str() {
         "processed_logprobs" | "processed" => LogprobMode::Processed,
         "raw_logprobs" | "raw" => LogprobMode::Raw,
