@@ -75,6 +75,9 @@ enum Command {
     Env(cmd::env::EnvArgs),
     /// Rejection-sampling fine-tuning: sample k per task, keep the verified-correct, SFT on them.
     Rft(cmd::rft::RftArgs),
+    /// RLAIF / Constitutional AI: a judge critiques and revises the policy's answers against
+    /// written principles; DPO on the (revision, answer) pairs.
+    Rlaif(cmd::rlaif::RlaifArgs),
     /// The R1 order from one config: cold-start SFT, reasoning RL, rejection-sampling SFT, final RL.
     R1(cmd::r1::R1Args),
     /// The main job: data -> tokenizer -> pretraining -> SFT -> evaluation -> report card, on CPU.
@@ -139,6 +142,7 @@ fn main() -> ExitCode {
         Command::Dpo(args) => cmd::dpo::run_command(args),
         Command::Rm(args) => cmd::dpo::run_reward_model(args),
         Command::Rft(args) => cmd::rft::run_command(args),
+        Command::Rlaif(args) => cmd::rlaif::run_command(args),
         Command::Env(args) => cmd::env::run(args),
         Command::Distill(command) => cmd::distill::run(command),
         Command::R1(args) => cmd::r1::run_command(args),

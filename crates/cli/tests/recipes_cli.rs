@@ -2,7 +2,8 @@
 //! BPE with a ChatML template): the four stage folders and the final model appear, each stage
 //! starts from the previous stage's model, a rerun skips finished stages, a removed stage runs
 //! again, a stage stopped after a checkpoint continues from it (refused when its config
-//! changed); config mistakes are named before any stage runs.
+//! changed); config mistakes are named before any stage runs. `stoke rlaif` on the same model as
+//! policy and judge: every prompt's record, the pairs, the DPO run and the before/after ratings.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -412,4 +413,114 @@ fn distill_generate_writes_token_ids_a_student_trains_on() {
     let all = text(&output);
     assert!(all.contains("not the teacher's tokenizer"), "{all}");
     assert!(all.contains(&student.display().to_string()), "{all}");
+}
+
+#[test]
+fn rlaif_writes_records_and_pairs_trains_dpo_and_rates_before_and_after() {
+    let dir = tempfile::tempdir().unwrap();
+    setup(dir.path());
+    // The judge's requests (instructions, principle, quoted answer) outgrow the tiny model's
+    // 256 positions in its 300-token vocabulary; a random model takes a longer context as well.
+    let config_path = dir.path().join("model/config.json");
+    let mut model_config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    model_config["max_position_embeddings"] = 2048.into();
+    std::fs::write(&config_path, model_config.to_string()).unwrap();
+    std::fs::write(
+        dir.path().join("principles.md"),
+        "# Principles\n\n- Answer with the number.\n- Be brief.\n",
+    )
+    .unwrap();
+    let prompts: Vec<String> = (0..6)
+        .map(|i| {
+            serde_json::json!({"prompt": format!("Mia has {i} shells. She finds 2 more.")})
+                .to_string()
+        })
+        .collect();
+    std::fs::write(dir.path().join("prompts.jsonl"), prompts.join("\n") + "\n").unwrap();
+    // The random judge never writes a readable verdict, so the check is off: every non-empty
+    // revision that differs from the answer is kept.
+    let config = r#"
+principles = "principles.md"
+[policy]
+model = "model"
+[judge]
+model = "model"
+[prompts]
+file = "prompts.jsonl"
+held_out = 2
+[sampling]
+max_tokens = 8
+judge_max_tokens = 8
+judge_temperature = 1.0
+judge_check = false
+concurrency = 2
+[dpo]
+training = { steps = 2 }
+data = { max_len = 96 }
+[out]
+dir = "out"
+"#;
+    let path = dir.path().join("rlaif.toml");
+    std::fs::write(&path, config).unwrap();
+    let output = run(&["rlaif"], &path);
+    assert!(output.status.success(), "{}", text(&output));
+    let out = dir.path().join("out");
+    let records: Vec<serde_json::Value> = std::fs::read_to_string(out.join("rlaif.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 4, "every training prompt has a record");
+    let kept: Vec<&serde_json::Value> = records.iter().filter(|r| r["kept"] == true).collect();
+    for record in &records {
+        assert!(
+            record["response"].is_string() && record["critique"].is_string(),
+            "{record}"
+        );
+        assert!(
+            record["kept"] == true || record["dropped"].is_string(),
+            "a record is kept or says why not: {record}"
+        );
+    }
+    let pairs: Vec<serde_json::Value> = std::fs::read_to_string(out.join("pairs.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(pairs.len(), kept.len());
+    assert!(!pairs.is_empty(), "{}", text(&output));
+    for (pair, record) in pairs.iter().zip(&kept) {
+        assert_eq!(pair["chosen"][0]["content"], record["revision"]);
+        assert_eq!(pair["rejected"][0]["content"], record["response"]);
+    }
+    assert!(out.join("dpo/model/model.safetensors").exists());
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("rlaif.json")).unwrap()).unwrap();
+    assert_eq!(report["report"]["pairs"], pairs.len());
+    for side in ["before", "after"] {
+        let r = &report[side];
+        let total = r["rated"].as_u64().unwrap()
+            + r["unreadable"].as_u64().unwrap()
+            + r["failed"].as_u64().unwrap();
+        assert_eq!(total, 2, "{side}: {r}");
+        assert_eq!(r["failed"], 0, "{side}: {r}");
+    }
+
+    // The recipe owns the DPO's output folder; a typo'd key is named before any sampling.
+    for (bad, expect) in [
+        ("[dpo]\noutput_dir = \"x\"\n", "output_dir"),
+        ("[sampling]\ntemprature = 1.0\n", "temprature"),
+    ] {
+        let broken = format!("{}{bad}", config.split("[sampling]").next().unwrap());
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, broken).unwrap();
+        let output = run(&["rlaif"], &path);
+        assert!(
+            !output.status.success() && text(&output).contains(expect),
+            "{}",
+            text(&output)
+        );
+        assert!(!dir.path().join("runs/bad").exists(), "nothing ran");
+    }
 }

@@ -25,7 +25,8 @@
 //!   reference scoring; the drivers see only these) and [`remote`] (their implementations over
 //!   HTTP: rollout on `stoke serve` / vLLM servers with weight publication, rewards on
 //!   `stoke reward-server`s, reference log-probs on servers of the frozen model).
-//! - recipes on top: [`rejection`] (sample `k`, keep the verified-correct, write SFT chat JSONL).
+//! - recipes on top: [`rejection`] (sample `k`, keep the verified-correct, write SFT chat JSONL),
+//!   [`rlaif`] (critique and revise against principles with a judge model, write DPO pairs).
 
 pub mod buffer;
 pub mod config;
@@ -45,6 +46,7 @@ pub mod rejection;
 pub mod remote;
 pub mod report;
 pub mod reward;
+pub mod rlaif;
 pub mod rollout;
 pub mod run;
 pub mod scheduler;

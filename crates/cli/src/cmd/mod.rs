@@ -15,6 +15,7 @@ pub mod model;
 pub mod r1;
 pub mod reward_server;
 pub mod rft;
+pub mod rlaif;
 pub mod sandbox;
 pub mod serve;
 pub mod speedrun;

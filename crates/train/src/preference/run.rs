@@ -325,9 +325,21 @@ impl PreferenceFile {
     /// the file's folder. Errors name the key.
     pub fn load(path: &Path, sets: &[String]) -> Result<PreferenceFile, ConfigError> {
         let origin = path.display().to_string();
-        let table = keys::prepare_table(keys::read_table(path)?, &origin, sets, RENAMED)?;
-        let mut file: PreferenceFile = keys::from_table(table, &origin)?;
+        let table = keys::read_table(path)?;
         let base = path.parent().unwrap_or(Path::new("."));
+        PreferenceFile::from_table(table, &origin, base, sets)
+    }
+
+    /// A config table embedded in another file (a recipe's `[dpo]`): `--set` overrides applied,
+    /// relative paths made absolute against `base`; errors name `origin` and the key.
+    pub fn from_table(
+        table: toml::Table,
+        origin: &str,
+        base: &Path,
+        sets: &[String],
+    ) -> Result<PreferenceFile, ConfigError> {
+        let table = keys::prepare_table(table, origin, sets, RENAMED)?;
+        let mut file: PreferenceFile = keys::from_table(table, origin)?;
         let absolute = |p: &mut PathBuf| {
             if p.is_relative() {
                 *p = base.join(&*p);
