@@ -13,9 +13,10 @@
 //! 4. The judge revises, in the same conversation: "rewrite the response so it follows the
 //!    principle; write only the new response". A leading label ("Revised response:"), quotes or
 //!    markers around the whole text are removed ([`clean_revision`]).
-//! 5. With `judge_check`, the judge compares the two answers under the principle in both orders
-//!    ("Verdict: A" / "Verdict: B" on the last line); the pair is kept only when the revision
-//!    wins in both. A split decision is counted as position-inconsistent and dropped.
+//! 5. With `judge_check`, the judge compares the two answers under the principle in both orders;
+//!    the pair is kept only when the revision wins in both. A split decision is counted as
+//!    position-inconsistent and dropped. The comparison is read as [`JudgeReading`] says: a
+//!    `Verdict: A|B` last line, or (default) the judge's probabilities of answering A or B.
 //!
 //! A pair is dropped, with the reason in its record, when the answer or the revision is empty,
 //! the revision equals the answer, or loses the check; a call that fails (server down, timeout, 4xx) drops its prompt
@@ -114,6 +115,97 @@ impl ChatServer {
     }
 }
 
+impl ChatServer {
+    /// The judge's first token for `messages` (greedy, one token): the probabilities of the
+    /// tokens the server lists among its top 20, keyed by the token's text without surrounding
+    /// whitespace. What a G-Eval-style reading needs (Liu et al. 2023).
+    pub fn first_token(&self, messages: &[Value], seed: u64) -> Result<Vec<(String, f64)>, String> {
+        let body = json!({
+            "model": self.model,
+            "messages": messages,
+            "temperature": 0.0,
+            "max_tokens": 1,
+            "logprobs": true,
+            "top_logprobs": 20,
+            "seed": seed,
+        });
+        let (status, answer) = self
+            .client
+            .post("/v1/chat/completions", &body)
+            .map_err(|e| e.to_string())?;
+        if status != 200 {
+            let message = answer["error"]["message"]
+                .as_str()
+                .map_or_else(|| answer.to_string(), str::to_string);
+            return Err(format!(
+                "{}/v1/chat/completions answered {status}: {message}",
+                self.url()
+            ));
+        }
+        let first = &answer["choices"][0]["logprobs"]["content"][0];
+        let top = first["top_logprobs"].as_array().ok_or_else(|| {
+            format!(
+                "{}: an answer without logprobs.content[0].top_logprobs (the reading \
+                 `logprobs` needs a server that returns them)",
+                self.url()
+            )
+        })?;
+        Ok(top
+            .iter()
+            .filter_map(|t| {
+                Some((
+                    t["token"].as_str()?.trim().to_string(),
+                    t["logprob"].as_f64()?.exp(),
+                ))
+            })
+            .collect())
+    }
+}
+
+/// How the judge's ratings and comparisons are read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JudgeReading {
+    /// The judge reasons, then ends with `Score: N` (1 to 10) or `Verdict: A|B`: for judges
+    /// that follow that format.
+    Verdict,
+    /// The judge answers with one token (a digit from 1 to 9, or the letter A or B), and the
+    /// probabilities of those tokens among the server's top 20 give the reading: the expected
+    /// digit, or P(A) / (P(A) + P(B)). Small judges that cannot keep a format still give one; less
+    /// than [`MIN_MASS`] of probability on the allowed tokens is no reading.
+    #[default]
+    Logprobs,
+}
+
+/// The least probability on the allowed tokens for a `logprobs` reading.
+pub const MIN_MASS: f64 = 0.05;
+
+/// The expected value of `options` (token text, value) under `distribution`, and the mass on
+/// them; `None` below [`MIN_MASS`].
+pub fn expected_value(distribution: &[(String, f64)], options: &[(&str, f64)]) -> Option<f64> {
+    let mut mass = 0.0;
+    let mut sum = 0.0;
+    for (token, p) in distribution {
+        if let Some((_, value)) = options.iter().find(|(t, _)| t == token) {
+            mass += p;
+            sum += p * value;
+        }
+    }
+    (mass >= MIN_MASS).then(|| sum / mass)
+}
+
+const DIGITS: [(&str, f64); 9] = [
+    ("1", 1.0),
+    ("2", 2.0),
+    ("3", 3.0),
+    ("4", 4.0),
+    ("5", 5.0),
+    ("6", 6.0),
+    ("7", 7.0),
+    ("8", 8.0),
+    ("9", 9.0),
+];
+
 /// The written principles (the "constitution"), one per paragraph.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Principles(pub Vec<String>);
@@ -203,6 +295,8 @@ pub struct RlaifSettings {
     pub concurrency: usize,
     /// Keep a pair only when the judge prefers the revision in both orders.
     pub judge_check: bool,
+    /// How the comparisons of the check are read.
+    pub reading: JudgeReading,
 }
 
 /// One prompt's record in `OUT/rlaif.jsonl`.
@@ -335,14 +429,26 @@ pub fn revision_messages(
 }
 
 /// The comparison request (step 5): responses A and B under the principle.
-pub fn comparison_messages(principle: &str, prompt: &str, a: &str, b: &str) -> Vec<Value> {
+pub fn comparison_messages(
+    principle: &str,
+    prompt: &str,
+    a: &str,
+    b: &str,
+    reading: JudgeReading,
+) -> Vec<Value> {
+    let ask = match reading {
+        JudgeReading::Verdict => {
+            "Explain briefly, then end with a last line that is exactly `Verdict: A` or \
+             `Verdict: B`."
+        }
+        JudgeReading::Logprobs => "Reply with the single letter A or B, nothing else.",
+    };
     vec![
         json!({"role": "system", "content": CRITIC_SYSTEM}),
         json!({"role": "user", "content": format!(
             "Principle: {principle}\n\n<request>\n{}\n</request>\n\n<response A>\n{}\n\
              </response A>\n\n<response B>\n{}\n</response B>\n\nWhich response follows the \
-             principle better? Explain briefly, then end with a last line that is exactly \
-             `Verdict: A` or `Verdict: B`.",
+             principle better? {ask}",
             neutralize(prompt),
             neutralize(a),
             neutralize(b)
@@ -351,30 +457,50 @@ pub fn comparison_messages(principle: &str, prompt: &str, a: &str, b: &str) -> V
 }
 
 /// The rating request of the evaluation: how well `answer` follows every principle, 1 to 10.
-pub fn rating_messages(principles: &Principles, prompt: &str, answer: &str) -> Vec<Value> {
+pub fn rating_messages(
+    principles: &Principles,
+    prompt: &str,
+    answer: &str,
+    reading: JudgeReading,
+) -> Vec<Value> {
+    let ask = match reading {
+        JudgeReading::Verdict => {
+            "from 1 (not at all) to 10 (fully). Explain briefly, then end with a last line that \
+             is exactly `Score: N`."
+        }
+        JudgeReading::Logprobs => {
+            "from 1 (not at all) to 9 (fully). Reply with the single digit, nothing else."
+        }
+    };
     vec![
         json!({"role": "system", "content": CRITIC_SYSTEM}),
         json!({"role": "user", "content": format!(
             "Principles:\n{}\n\n{}\n\nRate how well the response follows the principles, \
-             from 1 (not at all) to 10 (fully). Explain briefly, then end with a last line that \
-             is exactly `Score: N`.",
+             {ask}",
             principles.as_list(),
             quoted(prompt, answer)
         )}),
     ]
 }
 
-/// The judge's rating of `answer` (1 to 10), `Err` when the call fails, `Ok(None)` when the
-/// judge gave no readable score.
+/// The judge's rating of `answer` (1 to 10 read from a verdict, 1 to 9 from log-probs), `Err`
+/// when the call fails, `Ok(None)` when the judge gave no readable score.
 pub fn rate(
     judge: &ChatServer,
     principles: &Principles,
     prompt: &str,
     answer: &str,
     params: ChatParams,
+    reading: JudgeReading,
 ) -> Result<Option<f64>, String> {
-    let text = judge.chat(&rating_messages(principles, prompt, answer), params)?;
-    Ok(rating_verdict(&text))
+    let messages = rating_messages(principles, prompt, answer, reading);
+    match reading {
+        JudgeReading::Verdict => Ok(rating_verdict(&judge.chat(&messages, params)?)),
+        JudgeReading::Logprobs => Ok(expected_value(
+            &judge.first_token(&messages, params.seed.unwrap_or(0))?,
+            &DIGITS,
+        )),
+    }
 }
 
 /// The score on the last `Score:` line, when it is a number from 1 to 10 (`7`, `7/10`,
@@ -515,11 +641,20 @@ fn one_prompt(
         if settings.judge_check {
             // Revision first, then the response first.
             for (a, b, revision_is) in [(&revision, &response, 'A'), (&response, &revision, 'B')] {
-                let text = judge.chat(
-                    &comparison_messages(&record.principle, prompt, a, b),
-                    judge_params,
-                )?;
-                record.verdicts.push(match comparison_verdict(&text) {
+                let messages =
+                    comparison_messages(&record.principle, prompt, a, b, settings.reading);
+                let verdict = match settings.reading {
+                    JudgeReading::Verdict => {
+                        comparison_verdict(&judge.chat(&messages, judge_params)?)
+                    }
+                    JudgeReading::Logprobs => {
+                        let first = judge.first_token(&messages, draw)?;
+                        expected_value(&first, &[("A", 1.0), ("B", 0.0)])
+                            .filter(|p_a| *p_a != 0.5)
+                            .map(|p_a| if p_a > 0.5 { 'A' } else { 'B' })
+                    }
+                };
+                record.verdicts.push(match verdict {
                     Some(v) if v == revision_is => "revision".into(),
                     Some(_) => "response".into(),
                     None => "unparseable".into(),
@@ -706,6 +841,22 @@ mod tests {
     }
 
     #[test]
+    fn logprob_readings_are_expected_values_over_the_allowed_tokens() {
+        let d = |pairs: &[(&str, f64)]| -> Vec<(String, f64)> {
+            pairs.iter().map(|(t, p)| (t.to_string(), *p)).collect()
+        };
+        // 0.3 on "7", 0.1 on "9", the rest elsewhere: (0.3*7 + 0.1*9) / 0.4 = 7.5.
+        let got = expected_value(&d(&[("7", 0.3), ("9", 0.1), ("The", 0.6)]), &DIGITS).unwrap();
+        assert!((got - 7.5).abs() < 1e-12, "{got}");
+        assert_eq!(
+            expected_value(&d(&[("The", 0.97), ("3", 0.03)]), &DIGITS),
+            None
+        );
+        let p_a = expected_value(&d(&[("A", 0.6), ("B", 0.2)]), &[("A", 1.0), ("B", 0.0)]);
+        assert!((p_a.unwrap() - 0.75).abs() < 1e-12);
+    }
+
+    #[test]
     fn revisions_lose_their_labels_and_quotes() {
         assert_eq!(
             clean_revision("Revised response:\nHello there."),
@@ -792,8 +943,19 @@ mod tests {
                         } else {
                             let request: Value = serde_json::from_slice(&body).unwrap();
                             let messages = request["messages"].as_array().unwrap();
+                            let text = answer(messages);
+                            // With log-probs: the answer's last letter at 0.7, the other of
+                            // A/B at 0.2, a stray token at 0.1.
+                            let last = text.chars().last().unwrap_or('?').to_string();
+                            let other = if last == "A" { " B" } else { " A" };
+                            let top = json!([
+                                {"token": last, "logprob": 0.7f64.ln()},
+                                {"token": other, "logprob": 0.2f64.ln()},
+                                {"token": "x", "logprob": 0.1f64.ln()},
+                            ]);
                             json!({"choices": [{"message": {"role": "assistant",
-                                "content": answer(messages)}}]})
+                                "content": text},
+                                "logprobs": {"content": [{"top_logprobs": top}]}}]})
                         };
                         let text = reply.to_string();
                         let head = format!(
@@ -826,7 +988,7 @@ mod tests {
             let end = user.find(close).unwrap();
             user[start..end].trim().to_string()
         };
-        if last.contains("Which response follows") {
+        if last.contains("Which response follows") || user.contains("Which response follows") {
             if user.contains("first") {
                 return "Verdict: A".into();
             }
@@ -866,6 +1028,7 @@ mod tests {
             seed: 1,
             concurrency: 3,
             judge_check: true,
+            reading: JudgeReading::Verdict,
         };
         let (records, report) = critique_and_revise(
             &policy,
@@ -875,6 +1038,20 @@ mod tests {
             &settings,
             &|_, _| {},
         );
+        // Read from log-probs, the stub's verdicts are the same.
+        let logprobs = RlaifSettings {
+            reading: JudgeReading::Logprobs,
+            ..settings.clone()
+        };
+        let (by_logprobs, _) = critique_and_revise(
+            &policy,
+            &judge,
+            &principles,
+            &prompts,
+            &logprobs,
+            &|_, _| {},
+        );
+        assert_eq!(by_logprobs, records);
         assert_eq!(
             records.iter().map(|r| r.index).collect::<Vec<_>>(),
             vec![0, 1, 2, 3]

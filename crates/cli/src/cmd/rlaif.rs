@@ -16,6 +16,8 @@
 //! temperature = 0.8               # the policy's; max_tokens = 192
 //! judge_max_tokens = 256          # critiques, revisions and verdicts; judge_temperature = 0
 //! judge_check = true              # keep a pair only if the judge prefers the revision both ways
+//! reading = "logprobs"            # ratings/comparisons from the judge's token probabilities
+//!                                 # (G-Eval); "verdict": a `Score: N` / `Verdict: A` last line
 //! concurrency = 4
 //! seed = 0
 //! [dpo]                           # a `stoke dpo` config (or dpo = "dpo.toml"); left out: pairs only
@@ -39,7 +41,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use stoke_pipeline::config::OutSection;
 use stoke_pipeline::rlaif::{
-    ChatParams, ChatServer, Principles, RlaifRecord, RlaifReport, RlaifSettings,
+    ChatParams, ChatServer, JudgeReading, Principles, RlaifRecord, RlaifReport, RlaifSettings,
     critique_and_revise, pair_line, rate, read_prompts, write_lines,
 };
 use stoke_serve::{RunningServer, ServeConfig};
@@ -107,6 +109,8 @@ struct SamplingSection {
     judge_max_tokens: usize,
     judge_temperature: f64,
     judge_check: bool,
+    /// `logprobs` (default) or `verdict`: how ratings and comparisons are read.
+    reading: JudgeReading,
     concurrency: usize,
     seed: u64,
 }
@@ -119,6 +123,7 @@ impl Default for SamplingSection {
             judge_max_tokens: 256,
             judge_temperature: 0.0,
             judge_check: true,
+            reading: JudgeReading::Logprobs,
             concurrency: 4,
             seed: 0,
         }
@@ -330,7 +335,14 @@ fn rate_answers(
                                 &[serde_json::json!({"role": "user", "content": prompt})],
                                 greedy,
                             )?;
-                            rate(judge, principles, prompt, &answer, judge_params)
+                            rate(
+                                judge,
+                                principles,
+                                prompt,
+                                &answer,
+                                judge_params,
+                                sampling.reading,
+                            )
                         })
                         .collect::<Vec<_>>()
                 })
@@ -425,6 +437,7 @@ pub fn run_command(args: RlaifArgs) -> anyhow::Result<()> {
                 seed: s.seed,
                 concurrency: s.concurrency,
                 judge_check: s.judge_check,
+                reading: s.reading,
             };
             let progress = |done: usize, total: usize| {
                 if !quiet && (done.is_multiple_of(8) || done == total) {
