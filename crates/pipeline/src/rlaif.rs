@@ -119,7 +119,18 @@ impl ChatServer {
     /// The judge's first token for `messages` (greedy, one token): the probabilities of the
     /// tokens the server lists among its top 20, keyed by the token's text without surrounding
     /// whitespace. What a G-Eval-style reading needs (Liu et al. 2023).
-    pub fn first_token(&self, messages: &[Value], seed: u64) -> Result<Vec<(String, f64)>, String> {
+    ///
+    /// The judge's turn is opened with `prefix` (`Rating:`), continued (vLLM's
+    /// `continue_final_message`), so the next token is the answer even for a model that would
+    /// otherwise start with a sentence.
+    pub fn first_token(
+        &self,
+        messages: &[Value],
+        prefix: &str,
+        seed: u64,
+    ) -> Result<Vec<(String, f64)>, String> {
+        let mut messages = messages.to_vec();
+        messages.push(json!({"role": "assistant", "content": prefix}));
         let body = json!({
             "model": self.model,
             "messages": messages,
@@ -128,6 +139,8 @@ impl ChatServer {
             "logprobs": true,
             "top_logprobs": 20,
             "seed": seed,
+            "continue_final_message": true,
+            "add_generation_prompt": false,
         });
         let (status, answer) = self
             .client
@@ -169,8 +182,10 @@ pub enum JudgeReading {
     /// The judge reasons, then ends with `Score: N` (1 to 10) or `Verdict: A|B`: for judges
     /// that follow that format.
     Verdict,
-    /// The judge answers with one token (a digit from 1 to 9, or the letter A or B), and the
-    /// probabilities of those tokens among the server's top 20 give the reading: the expected
+    /// The judge's turn is opened with `Rating (1-9):` or `Better response:` and continued for
+    /// one token (a digit from 1 to 9, or the letter A or B); the probabilities of those tokens
+    /// among the server's top 20 give the reading (a server that continues a final assistant
+    /// message is needed: `stoke serve`, vLLM): the expected
     /// digit, or P(A) / (P(A) + P(B)). Small judges that cannot keep a format still give one; less
     /// than [`MIN_MASS`] of probability on the allowed tokens is no reading.
     #[default]
@@ -497,7 +512,7 @@ pub fn rate(
     match reading {
         JudgeReading::Verdict => Ok(rating_verdict(&judge.chat(&messages, params)?)),
         JudgeReading::Logprobs => Ok(expected_value(
-            &judge.first_token(&messages, params.seed.unwrap_or(0))?,
+            &judge.first_token(&messages, "Rating (1-9):", params.seed.unwrap_or(0))?,
             &DIGITS,
         )),
     }
@@ -648,7 +663,7 @@ fn one_prompt(
                         comparison_verdict(&judge.chat(&messages, judge_params)?)
                     }
                     JudgeReading::Logprobs => {
-                        let first = judge.first_token(&messages, draw)?;
+                        let first = judge.first_token(&messages, "Better response:", draw)?;
                         expected_value(&first, &[("A", 1.0), ("B", 0.0)])
                             .filter(|p_a| *p_a != 0.5)
                             .map(|p_a| if p_a > 0.5 { 'A' } else { 'B' })

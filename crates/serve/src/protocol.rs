@@ -3,7 +3,7 @@
 //! What it is: serde types for `/v1/completions` and `/v1/chat/completions` bodies (OpenAI's
 //! fields plus vLLM's extras: `top_k`, `stop_token_ids`, `ignore_eos`, `prompt_logprobs`,
 //! `return_token_ids`, `return_tokens_as_token_ids`, `skip_special_tokens`,
-//! `add_generation_prompt`, `chat_template_kwargs`; and stoke's `prompt_number`, the random
+//! `add_generation_prompt`, `continue_final_message`, `chat_template_kwargs`; and stoke's `prompt_number`, the random
 //! stream number of the first prompt, which remote rollout uses, with `first_sample` and `turn`
 //! for a turn of a multi-turn episode), and [`GenerationSpec`], the validated
 //! request the routes hand to the batcher: prompts as token ids, sampling parameters, what to
@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::Value;
 use stoke_rollout::{LogprobMode, LogprobRequest, SamplingParams};
-use stoke_tokenizer::chat::{ChatMessage, ChatOptions, TemplateValue};
+use stoke_tokenizer::chat::{ChatEncoding, ChatMessage, ChatOptions, Role, TemplateValue};
 use stoke_tokenizer::error::TokenizerError;
 use stoke_tokenizer::hf::Tokenizer;
 
@@ -620,6 +620,54 @@ fn prepare_message(index: usize, mut message: Value) -> Result<ChatMessage, ApiE
         .map_err(|e| ApiError::invalid(field.clone(), format!("{field}: {e}")))
 }
 
+/// `continue_final_message` (vLLM's and transformers' rule): the conversation rendered with its
+/// final assistant message left open, i.e. the text cut right after that message's content,
+/// so the model continues it (a judge prefilled with `Score:`, a partial answer).
+fn open_final_message(
+    tokenizer: &Tokenizer,
+    messages: &[ChatMessage],
+    rendered: &str,
+) -> Result<ChatEncoding, ApiError> {
+    let field = "continue_final_message";
+    let last = messages
+        .last()
+        .filter(|m| m.role == Role::Assistant)
+        .ok_or_else(|| {
+            ApiError::invalid(
+                field,
+                "`continue_final_message` needs a final assistant message",
+            )
+        })?;
+    let content = last
+        .content
+        .as_ref()
+        .map(|c| c.joined_text())
+        .unwrap_or_default();
+    let content = content.trim();
+    if content.is_empty() {
+        return Err(ApiError::invalid(
+            field,
+            "the final assistant message to continue is empty",
+        ));
+    }
+    let end = rendered.rfind(content).ok_or_else(|| {
+        ApiError::invalid(
+            field,
+            "the chat template does not render the final message's text as it is",
+        )
+    })? + content.len();
+    let text = rendered[..end].to_string();
+    let ids = tokenizer
+        .encode(&text, false)
+        .map_err(|e| ApiError::invalid(field, e.to_string()))?;
+    let assistant_mask = vec![false; ids.len()];
+    Ok(ChatEncoding {
+        text,
+        ids,
+        assistant_mask,
+    })
+}
+
 /// A 400 for a conversation the chat template cannot render. When the template itself fails
 /// (it raises, or errors on a message it does not expect), the answer names the first message
 /// at which rendering `messages[..=i]` fails, `messages[i] (role R): ...`, rather than a line of
@@ -686,10 +734,11 @@ impl ChatRequest {
     ) -> Result<GenerationSpec, ApiError> {
         let common = &self.common;
         common.check_model(info)?;
-        if self.continue_final_message {
+        let continue_final = self.continue_final_message;
+        if continue_final && self.add_generation_prompt == Some(true) {
             return Err(ApiError::invalid(
                 "continue_final_message",
-                "`continue_final_message` is not supported by stoke serve",
+                "`continue_final_message` and `add_generation_prompt` cannot both be true",
             ));
         }
         if self.echo {
@@ -726,12 +775,16 @@ impl ChatRequest {
             );
         }
         let options = ChatOptions {
-            add_generation_prompt: self.add_generation_prompt.unwrap_or(true),
+            add_generation_prompt: !continue_final && self.add_generation_prompt.unwrap_or(true),
             variables,
         };
-        let encoding = tokenizer
+        let mut encoding = tokenizer
             .apply_chat_template(&messages, &options)
             .map_err(|e| render_error(tokenizer, &messages, &options, e))?;
+        if continue_final {
+            encoding = open_final_message(tokenizer, &messages, &encoding.text)?;
+        }
+        let encoding = encoding;
         if encoding.ids.is_empty() {
             return Err(ApiError::invalid(
                 "messages",

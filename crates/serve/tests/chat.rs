@@ -190,3 +190,48 @@ fn streamed_chat_sends_the_role_then_content_then_the_finish_reason() {
     assert_eq!(events.last().unwrap()["usage"], whole["usage"]);
     server.stop();
 }
+
+#[test]
+fn a_final_assistant_message_is_continued_when_asked() {
+    let (server, client) = start_default();
+    let mut conversation = messages();
+    conversation
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "assistant", "content": "The answer is"}));
+    let answer = ok(
+        &client,
+        "/v1/chat/completions",
+        json!({"model": "tiny", "messages": conversation, "max_tokens": 2, "temperature": 0,
+               "continue_final_message": true, "add_generation_prompt": false,
+               "return_token_ids": true}),
+    );
+    // transformers' rule: the rendering with the final message, cut right after its text.
+    let tokenizer = Tokenizer::from_dir(&fixture_dir()).unwrap();
+    let parsed: Vec<ChatMessage> = serde_json::from_value(conversation.clone()).unwrap();
+    let full = tokenizer
+        .apply_chat_template(&parsed, &ChatOptions::default())
+        .unwrap()
+        .text;
+    let end = full.rfind("The answer is").unwrap() + "The answer is".len();
+    let expected = tokenizer.encode(&full[..end], false).unwrap();
+    assert_eq!(ids(&answer["prompt_token_ids"]), expected);
+    assert!(
+        !full[end..].is_empty(),
+        "the template closes the turn after the text"
+    );
+    // Both flags, or no final assistant message: a 400 naming the field.
+    for (body_messages, generation_prompt) in [(conversation.clone(), true), (messages(), false)] {
+        let (status, body) = client
+            .post(
+                "/v1/chat/completions",
+                &json!({"model": "tiny", "messages": body_messages, "max_tokens": 2,
+                        "continue_final_message": true,
+                        "add_generation_prompt": generation_prompt}),
+            )
+            .unwrap();
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(body["error"]["param"], "continue_final_message", "{body}");
+    }
+    server.stop();
+}
