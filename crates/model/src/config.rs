@@ -32,7 +32,7 @@ mod validate;
 pub use architecture::Architecture;
 pub use model_config::{
     Activation, AttentionKind, ExpertNaming, GroupLimit, MlaConfig, ModelConfig, MoeConfig,
-    RouterScore,
+    RouterScore, ScoreKind,
 };
 pub use rope::{Rope, RopeScaling};
 
