@@ -10,18 +10,22 @@
 //! - [`steps`]: a generated trace split into steps with the hack checks (empty steps dropped,
 //!   repeats scored 0) and the aggregation of step scores (`min`, `last`, `mean`).
 //! - [`scorer`]: a trained PRM scoring generated traces step by step (P(good) per step).
+//! - [`train`]: the training loop's state and step; [`run`]: `stoke prm CONFIG.toml` in the run
+//!   shell every training command shares.
 //!
 //! The model is `stoke_model::Transformer` as a token classifier with two labels (0 = bad step,
 //! 1 = good step; `LlamaForTokenClassification` and its kin, `Transformer::score_tokens`). Dense
 //! advantages for GRPO from step scores are `grpo::process_advantage`.
 //!
-//! What this is not: no trainer loop, no optimizer, no command (`stoke rm` trains sequence
-//! classifiers; a PRM run shell is still to come).
+//! What this is not: the PRM as a `stoke grpo` reward kind (the scorer and the advantages are
+//! here; wiring them into the GRPO pipeline is not).
 
 pub mod data;
 pub mod loss;
+pub mod run;
 pub mod scorer;
 pub mod steps;
+pub mod train;
 
 use std::path::PathBuf;
 

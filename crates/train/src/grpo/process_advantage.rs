@@ -148,9 +148,10 @@ mod tests {
     use super::*;
     use crate::grpo::AdvantageEstimator;
 
-    fn steps(spans: &[Range<usize>], scores: &[f64]) -> ScoredSteps {
+    /// Steps from `(start, end)` token spans and their scores.
+    fn steps(spans: &[(usize, usize)], scores: &[f64]) -> ScoredSteps {
         ScoredSteps {
-            spans: spans.to_vec(),
+            spans: spans.iter().map(|&(a, b)| a..b).collect(),
             scores: scores.to_vec(),
         }
     }
@@ -165,10 +166,10 @@ mod tests {
     #[test]
     fn outcome_rewards_aggregate_each_completion_then_normalize_in_the_group() {
         let samples = [
-            steps(&[0..2, 2..4], &[0.9, 0.3]),
-            steps(&[0..3], &[0.6]),
+            steps(&[(0, 2), (2, 4)], &[0.9, 0.3]),
+            steps(&[(0, 3)], &[0.6]),
             steps(&[], &[]),
-            steps(&[0..1, 1..2, 2..3], &[0.2, 0.8, 0.5]),
+            steps(&[(0, 1), (1, 2), (2, 3)], &[0.2, 0.8, 0.5]),
         ];
         close(
             &outcome_rewards(&samples, StepAggregation::Min),
@@ -200,9 +201,9 @@ mod tests {
     #[test]
     fn dense_advantages_sum_the_normalized_rewards_of_the_steps_each_token_leads_to() {
         let samples = [
-            steps(&[0..2, 2..5], &[1.0, 0.0]),
-            steps(&[0..4], &[0.5]),
-            steps(&[1..3], &[0.7]),
+            steps(&[(0, 2), (2, 5)], &[1.0, 0.0]),
+            steps(&[(0, 4)], &[0.5]),
+            steps(&[(1, 3)], &[0.7]),
         ];
         let got = process_token_advantages(&samples, &[6, 4, 3], &[0.0; 3], 1, 0.0).unwrap();
         // Groups of 1: every group has a single completion; completion 0 alone normalizes
@@ -220,7 +221,10 @@ mod tests {
 
         // eps in the denominator, and a token before the first step leads to all of them.
         let got = process_token_advantages(
-            &[steps(&[1..2, 3..4], &[0.9, 0.1]), steps(&[0..2], &[0.5])],
+            &[
+                steps(&[(1, 2), (3, 4)], &[0.9, 0.1]),
+                steps(&[(0, 2)], &[0.5]),
+            ],
             &[5, 2],
             &[0.0, 0.0],
             2,
@@ -238,11 +242,11 @@ mod tests {
     #[test]
     fn malformed_steps_are_refused_naming_the_completion_and_step() {
         let cases = [
-            (steps(&[0..2, 1..3], &[0.5, 0.5]), "completion 0 step 1"),
-            (steps(&[0..9], &[0.5]), "completion 0 step 0"),
-            (steps(&[2..2], &[0.5]), "completion 0 step 0"),
-            (steps(&[0..2], &[0.5, 0.1]), "2 step scores"),
-            (steps(&[0..2], &[f64::NAN]), "not finite"),
+            (steps(&[(0, 2), (1, 3)], &[0.5, 0.5]), "completion 0 step 1"),
+            (steps(&[(0, 9)], &[0.5]), "completion 0 step 0"),
+            (steps(&[(2, 2)], &[0.5]), "completion 0 step 0"),
+            (steps(&[(0, 2)], &[0.5, 0.1]), "2 step scores"),
+            (steps(&[(0, 2)], &[f64::NAN]), "not finite"),
         ];
         for (sample, message) in cases {
             let err = process_token_advantages(&[sample], &[4], &[0.0], 1, 0.01)

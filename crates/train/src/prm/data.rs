@@ -244,7 +244,7 @@ pub fn tokenize_row(
     let mut completion_ids = Vec::new();
     let mut completion_labels = Vec::new();
     for (index, (step, &label)) in row.completions.iter().zip(&row.labels).enumerate() {
-        let kept = !(settings.train_on_last_step_only && !is_eval) || index == last;
+        let kept = !settings.train_on_last_step_only || is_eval || index == last;
         completion_ids.extend(tokenizer.encode(step, false)?);
         completion_ids.extend_from_slice(&separator);
         completion_labels.resize(completion_ids.len() - 1, None);
