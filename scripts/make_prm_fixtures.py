@@ -67,7 +67,9 @@ assert tokenizers.__version__ == "0.23.3", tokenizers.__version__
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_DIR = ROOT / "fixtures/models/llama_prm"
 OUT = ROOT / "fixtures/prm/trl_prm.json"
-TRL029 = Path(os.environ.get("TRL029", "/tmp/trl029/x"))
+if "TRL029" not in os.environ:
+    raise SystemExit("set TRL029 to the folder the TRL 0.29.0 wheel is unpacked in (see the header)")
+TRL029 = Path(os.environ["TRL029"])
 PRM_TRAINER = TRL029 / "trl/experimental/prm/prm_trainer.py"
 PRM_TRAINER_SHA256 = "52f81c9c50deef8a92d28dd8b2ec327d7b364fc639df224fb6fa1e004beef2c4"
 PAD = 0
