@@ -5,7 +5,8 @@
 //!   `LlamaForTokenClassification` with its tokenizer, and scores the held-out rows;
 //! - a run stopped and resumed ends with the weights of the uninterrupted run, bit for bit;
 //! - a causal LM starts with a fresh two-label token head;
-//! - a bad row fails the run with an error naming the file, the line and the field.
+//! - a bad row fails the run with an error naming the file, the line and the field;
+//! - `stoke dpo` refuses a PRM, naming `stoke prm`.
 
 use std::path::{Path, PathBuf};
 
@@ -196,6 +197,34 @@ fn a_bad_row_fails_the_run_naming_the_file_line_and_field() {
         .to_string();
     assert!(
         err.contains("steps.jsonl") && err.contains("line 5") && err.contains("`labels`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn stoke_dpo_refuses_a_process_reward_model_naming_stoke_prm() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("pairs.jsonl"),
+        "{\"prompt\": \"what is 2+3?\", \"chosen\": \"5\", \"rejected\": \"6\"}\n",
+    )
+    .unwrap();
+    let config = dir.path().join("dpo.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "output_dir = \"run\"\n[model]\npath = \"{}\"\n[data]\ntrain = \"pairs.jsonl\"\n\
+             [training]\nsteps = 1\n",
+            fixture_model("llama_prm").display()
+        ),
+    )
+    .unwrap();
+    let file = stoke_train::preference::run::PreferenceFile::load(&config, &[]).unwrap();
+    let err = stoke_train::preference::run::run_preference(&file, true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("model.path") && err.contains("stoke prm"),
         "{err}"
     );
 }
