@@ -67,6 +67,9 @@ enum Command {
     /// Train a reward model (Bradley-Terry, a sequence-classifier head) on preference pairs;
     /// the `stoke dpo` config with `objective.kind = "reward_model"`.
     Rm(cmd::dpo::DpoArgs),
+    /// Train a process reward model (a two-label token classifier scoring each reasoning step)
+    /// on stepwise rows (TRL's PRM800K format).
+    Prm(cmd::prm::PrmArgs),
     /// Distillation data: a teacher's completions with their token ids, for a student's SFT.
     #[command(subcommand)]
     Distill(cmd::distill::DistillCommand),
@@ -141,6 +144,7 @@ fn main() -> ExitCode {
         Command::Grpo(args) => cmd::grpo::run_command(args),
         Command::Dpo(args) => cmd::dpo::run_command(args),
         Command::Rm(args) => cmd::dpo::run_reward_model(args),
+        Command::Prm(args) => cmd::prm::run_command(args),
         Command::Rft(args) => cmd::rft::run_command(args),
         Command::Rlaif(args) => cmd::rlaif::run_command(args),
         Command::Env(args) => cmd::env::run(args),

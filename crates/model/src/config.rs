@@ -32,7 +32,7 @@ mod validate;
 pub use architecture::Architecture;
 pub use model_config::{
     Activation, AttentionKind, ExpertNaming, GroupLimit, MlaConfig, ModelConfig, MoeConfig,
-    RouterScore,
+    RouterScore, ScoreKind,
 };
 pub use rope::{Rope, RopeScaling};
 
@@ -429,5 +429,54 @@ mod tests {
                 "{fields}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn token_classifiers_read_their_labels_and_bias_and_write_them_back() {
+        let prm = parse(&format!(
+            r#"{{"architectures": ["Qwen2ForTokenClassification"], "num_labels": 2, {BASE}}}"#
+        ))
+        .expect("token classifier");
+        assert_eq!(prm.score_labels, Some(2));
+        assert_eq!(prm.score_kind, ScoreKind::Token { bias: true });
+        let names: Vec<String> = crate::hf_names::parameter_shapes(&prm)
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert!(names.contains(&"score.bias".to_string()));
+        assert!(!names.contains(&"lm_head.weight".to_string()));
+
+        let unbiased = parse(&format!(
+            r#"{{"architectures": ["LlamaForTokenClassification"], "token_classification_bias": false,
+                 "id2label": {{"0": "bad", "1": "good"}}, {BASE}}}"#
+        ))
+        .expect("token classifier without bias");
+        assert_eq!(unbiased.score_labels, Some(2), "labels from id2label");
+        assert_eq!(unbiased.score_kind, ScoreKind::Token { bias: false });
+        assert!(
+            !crate::hf_names::parameter_shapes(&unbiased)
+                .iter()
+                .any(|(n, _)| n == "score.bias")
+        );
+        let written = unbiased.to_hf_json();
+        assert_eq!(
+            written["architectures"],
+            serde_json::json!(["LlamaForTokenClassification"])
+        );
+        assert_eq!(written["token_classification_bias"], false);
+        let again = parse(&written.to_string()).expect("reparse");
+        assert_eq!(again.score_kind, ScoreKind::Token { bias: false });
+
+        let err = parse(&format!(
+            r#"{{"architectures": ["LlamaForTokenClassification"], "token_classification_bias": 1, {BASE}}}"#
+        ))
+        .expect_err("a non-boolean bias flag")
+        .to_string();
+        assert!(err.contains("token_classification_bias"), "{err}");
+        let sequence = parse(&format!(
+            r#"{{"architectures": ["LlamaForSequenceClassification"], "num_labels": 1, {BASE}}}"#
+        ))
+        .expect("sequence classifier");
+        assert_eq!(sequence.score_kind, ScoreKind::Sequence);
     }
 }

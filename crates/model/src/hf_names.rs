@@ -12,13 +12,16 @@
 //! ones the model's modules are built from (`Transformer::assemble`), so a rename happens in
 //! one place.
 
-use crate::config::{Architecture, ExpertNaming, MlaConfig, ModelConfig};
+use crate::config::{Architecture, ExpertNaming, MlaConfig, ModelConfig, ScoreKind};
 
 pub const EMBED_TOKENS: &str = "model.embed_tokens.weight";
 pub const FINAL_NORM: &str = "model.norm.weight";
 pub const LM_HEAD: &str = "lm_head.weight";
-/// A sequence classifier's head (transformers' `*ForSequenceClassification.score`).
+/// A classifier's head (transformers' `*ForSequenceClassification.score` and
+/// `*ForTokenClassification.score`).
 pub const SCORE_HEAD: &str = "score.weight";
+/// A token classifier's head bias (`*ForTokenClassification.score.bias`).
+pub const SCORE_BIAS: &str = "score.bias";
 
 /// The MLP's sandwich norms, `(pre, post)`: Gemma's `pre_feedforward_layernorm` /
 /// `post_feedforward_layernorm`, AFMoE's `pre_mlp_layernorm` / `post_mlp_layernorm`.
@@ -44,7 +47,12 @@ pub fn parameter_shapes(config: &ModelConfig) -> Vec<(String, Vec<usize>)> {
         (FINAL_NORM.to_string(), vec![h]),
     ];
     match config.score_labels {
-        Some(labels) => shapes.push((SCORE_HEAD.to_string(), vec![labels, h])),
+        Some(labels) => {
+            shapes.push((SCORE_HEAD.to_string(), vec![labels, h]));
+            if config.score_kind == (ScoreKind::Token { bias: true }) {
+                shapes.push((SCORE_BIAS.to_string(), vec![labels]));
+            }
+        }
         None if !config.tie_word_embeddings => {
             shapes.push((LM_HEAD.to_string(), vec![config.vocab_size, h]));
         }

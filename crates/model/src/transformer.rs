@@ -22,6 +22,8 @@
 //! - `model`: `Transformer`, its parameters and the modules assembled over them; whole-model
 //!   copies, freezing, switches, the MoE balancing bias and capacity.
 //! - `forward`: the forward pass behind its entry points, `mtp_hidden`, the LM head.
+//! - `classifier`: a reward model's `score` head in place of the LM head (per sequence or per
+//!   token).
 //! - `context`: what a forward pass shares across layers, and what a recorded pass returns.
 //! - `layer`: a decoder layer and the multi-token prediction module around one.
 //! - `attention`: grouped-query self-attention and the attention choice of a layer.
@@ -36,10 +38,11 @@
 //!
 //! The tensor names and shapes (`parameter_shapes`, `EMBED_TOKENS`, ...) are
 //! `crate::hf_names`'s, re-exported here. The submodules import each other without cycles:
-//! `model` builds the modules; `init`, `packing`, `lora` and `forward` add methods to
+//! `model` builds the modules; `init`, `packing`, `lora`, `forward` and `classifier` add methods to
 //! `Transformer`.
 
 mod attention;
+mod classifier;
 mod context;
 mod forward;
 mod fused_block;

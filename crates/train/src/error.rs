@@ -24,6 +24,8 @@ pub enum TrainError {
     Model(#[from] stoke_model::ModelError),
     #[error("tensor operation: {0}")]
     Tensor(#[from] candle_core::Error),
+    #[error("process reward model: {0}")]
+    Prm(#[from] crate::prm::PrmError),
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] stoke_tokenizer::error::TokenizerError),
     #[error("{path}: {source}")]

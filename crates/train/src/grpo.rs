@@ -28,6 +28,7 @@ pub mod correction;
 pub mod kl;
 pub mod opd;
 pub mod policy_loss;
+pub mod process_advantage;
 pub mod sequences;
 pub mod update;
 
@@ -39,6 +40,7 @@ pub use aggregation::LossAggregation;
 pub use correction::{CorrectionOutput, MismatchCorrection, RatioStats};
 pub use kl::{KlEstimator, KlPenalty};
 pub use policy_loss::{ClipFractions, PolicyLoss, PolicyLossOutput, RatioLevel};
+pub use process_advantage::{ScoredSteps, outcome_rewards, process_token_advantages};
 pub use sequences::{
     CompletionScores, ScoringLayout, SequenceRow, completion_logprobs, completion_logprobs_with,
     shared_prefix_bias, token_budget_batches,

@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod monitor;
 pub mod objective;
 pub mod preference;
+pub mod prm;
 pub mod report;
 pub mod run;
 pub mod run_folder;

@@ -12,6 +12,7 @@ pub mod export;
 pub mod grpo;
 pub mod launch;
 pub mod model;
+pub mod prm;
 pub mod r1;
 pub mod reward_server;
 pub mod rft;

@@ -10,9 +10,9 @@
 //! 4.x form (`rope_theta` + `rope_scaling`), which transformers 4.x and 5.x both read.
 
 use super::architecture::Architecture;
-use super::model_config::{AttentionKind, ExpertNaming, ModelConfig, RouterScore};
+use super::model_config::{AttentionKind, ExpertNaming, ModelConfig, RouterScore, ScoreKind};
 use super::rope::rope_scaling_json;
-use super::validate::CLASSIFIER_SUFFIX;
+use super::validate::{CLASSIFIER_SUFFIX, TOKEN_CLASSIFIER_SUFFIX};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -134,9 +134,18 @@ impl ModelConfig {
             Some(labels) => {
                 let class = self.architecture.hf_class_name();
                 let body = class.strip_suffix("ForCausalLM").unwrap_or(class);
+                let suffix = match self.score_kind {
+                    ScoreKind::Sequence => CLASSIFIER_SUFFIX,
+                    ScoreKind::Token { bias } => {
+                        if !bias {
+                            set("token_classification_bias", false.into());
+                        }
+                        TOKEN_CLASSIFIER_SUFFIX
+                    }
+                };
                 set(
                     "architectures",
-                    Value::from(vec![format!("{body}{CLASSIFIER_SUFFIX}")]),
+                    Value::from(vec![format!("{body}{suffix}")]),
                 );
                 // transformers keeps the labels as `id2label` / `label2id` (`num_labels` is
                 // derived from them).

@@ -150,6 +150,19 @@ impl AttentionKind {
     }
 }
 
+/// Where a classifier's `score` head reads the hidden states (`ModelConfig::score_kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ScoreKind {
+    /// `*ForSequenceClassification` (a reward model): one score per sequence, at its last token
+    /// that is not `pad_token_id` (transformers' rule); the head has no bias.
+    #[default]
+    Sequence,
+    /// `*ForTokenClassification` (a process reward model): a score at every position; the head
+    /// has a bias `score.bias` `[labels]` unless the config sets `token_classification_bias` to
+    /// false (transformers' `GenericForTokenClassification`).
+    Token { bias: bool },
+}
+
 /// Validated description of one decoder-only transformer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -216,11 +229,11 @@ pub struct ModelConfig {
     /// Multi-token prediction layers after the last layer (DeepSeek-V3's
     /// `num_nextn_predict_layers`): `model.layers.{num_hidden_layers + k}`.
     pub num_mtp_layers: usize,
-    /// A sequence classifier (`*ForSequenceClassification`, a reward model): `Some(labels)`,
-    /// the `score.weight` head's outputs `[labels, hidden]` in place of the LM head, applied at
-    /// each sequence's last token that is not `pad_token_id` (transformers' rule). `None`: a
-    /// causal LM.
+    /// A classifier: `Some(labels)`, the `score.weight` head's outputs `[labels, hidden]` in
+    /// place of the LM head; `score_kind` says where it applies. `None`: a causal LM.
     pub score_labels: Option<usize>,
+    /// Where a classifier's head applies (ignored when `score_labels` is `None`).
+    pub score_kind: ScoreKind,
     /// The source config.json's fields, kept so `save` preserves what we do not model
     /// (token ids of pad, `use_cache`, ...). Empty for configs built in code.
     pub source_fields: Map<String, Value>,

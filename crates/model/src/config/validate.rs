@@ -21,7 +21,7 @@ use super::architecture::{
     Architecture, ArchitectureTraits, SUPPORTED_ARCHITECTURES, SUPPORTED_MODEL_TYPES,
 };
 use super::hf_json::{HfConfigFile, OneOrMany};
-use super::model_config::{Activation, AttentionKind, MlaConfig, ModelConfig};
+use super::model_config::{Activation, AttentionKind, MlaConfig, ModelConfig, ScoreKind};
 use crate::error::ModelError;
 use serde_json::{Map, Value};
 use std::path::Path;
@@ -36,11 +36,23 @@ pub(super) struct Validator<'a> {
 /// The class-name suffix of a sequence classifier (a reward model's head).
 pub(super) const CLASSIFIER_SUFFIX: &str = "ForSequenceClassification";
 
-/// The causal-LM class of a class name: `LlamaForSequenceClassification` ->
-/// `LlamaForCausalLM` (the same body); any other name as it is.
+/// The class-name suffix of a token classifier (a process reward model's head).
+pub(super) const TOKEN_CLASSIFIER_SUFFIX: &str = "ForTokenClassification";
+
+/// The classifier kind a class name's suffix names, with the class body (`Llama`), if any.
+fn classifier_class(name: &str) -> Option<(&str, ScoreKind)> {
+    if let Some(body) = name.strip_suffix(CLASSIFIER_SUFFIX) {
+        return Some((body, ScoreKind::Sequence));
+    }
+    name.strip_suffix(TOKEN_CLASSIFIER_SUFFIX)
+        .map(|body| (body, ScoreKind::Token { bias: true }))
+}
+
+/// The causal-LM class of a class name: `LlamaForSequenceClassification` and
+/// `LlamaForTokenClassification` -> `LlamaForCausalLM` (the same body); any other name as it is.
 pub(super) fn causal_class(name: &str) -> String {
-    match name.strip_suffix(CLASSIFIER_SUFFIX) {
-        Some(body) => format!("{body}ForCausalLM"),
+    match classifier_class(name) {
+        Some((body, _)) => format!("{body}ForCausalLM"),
         None => name.to_string(),
     }
 }
@@ -108,20 +120,34 @@ impl Validator<'_> {
         }
     }
 
-    /// `Some(labels)` for a `*ForSequenceClassification` class: `num_labels`, else the size of
-    /// `id2label`, else transformers' default of 2.
-    fn score_labels(
+    /// `Some(labels)` and the head's kind for a `*ForSequenceClassification` or
+    /// `*ForTokenClassification` class: `num_labels`, else the size of `id2label`, else
+    /// transformers' default of 2; a token classifier's bias unless `token_classification_bias`
+    /// is false.
+    fn score_head(
         &self,
         file: &HfConfigFile,
         source_fields: &Map<String, Value>,
-    ) -> Result<Option<usize>, ModelError> {
-        let classifier = file
+    ) -> Result<(Option<usize>, ScoreKind), ModelError> {
+        let kind = file
             .architectures
             .as_deref()
-            .is_some_and(|classes| classes.iter().any(|c| c.ends_with(CLASSIFIER_SUFFIX)));
-        if !classifier {
-            return Ok(None);
-        }
+            .and_then(|classes| classes.iter().find_map(|c| classifier_class(c)))
+            .map(|(_, kind)| kind);
+        let kind = match kind {
+            None => return Ok((None, ScoreKind::Sequence)),
+            Some(ScoreKind::Token { .. }) => match source_fields.get("token_classification_bias") {
+                None | Some(Value::Null) => ScoreKind::Token { bias: true },
+                Some(Value::Bool(bias)) => ScoreKind::Token { bias: *bias },
+                Some(other) => {
+                    return Err(self.invalid(
+                        "token_classification_bias",
+                        format!("must be true or false, found {other}"),
+                    ));
+                }
+            },
+            Some(kind) => kind,
+        };
         let labels = match (
             source_fields.get("num_labels"),
             source_fields.get("id2label"),
@@ -132,10 +158,10 @@ impl Validator<'_> {
             (None, None) => Some(2),
         };
         match labels {
-            Some(n) if n > 0 => Ok(Some(n)),
+            Some(n) if n > 0 => Ok((Some(n), kind)),
             _ => Err(self.invalid(
                 "num_labels",
-                "a sequence classifier needs at least one label (`num_labels` or `id2label`)",
+                "a classifier needs at least one label (`num_labels` or `id2label`)",
             )),
         }
     }
@@ -237,7 +263,7 @@ impl Validator<'_> {
         let num_mtp_layers = self.mtp_layers(&file, architecture)?;
         let mlp_bias = matches!(architecture, Architecture::Llama | Architecture::SmolLm3)
             && file.mlp_bias.unwrap_or(false);
-        let score_labels = self.score_labels(&file, &source_fields)?;
+        let (score_labels, score_kind) = self.score_head(&file, &source_fields)?;
         let eos_token_ids = match file.eos_token_id {
             None => Vec::new(),
             Some(OneOrMany::One(id)) => vec![id],
@@ -281,6 +307,7 @@ impl Validator<'_> {
             mla,
             num_mtp_layers,
             score_labels,
+            score_kind,
             clip_qkv,
             moe,
             source_fields,

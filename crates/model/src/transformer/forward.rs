@@ -1,6 +1,7 @@
 //! The forward pass: five entry points over one loop (`forward` -> logits, `forward_hidden`,
 //! `forward_hidden_routed`, `forward_hidden_recorded`, all through `forward_hidden_full`), the
-//! multi-token prediction modules' pass (`mtp_hidden`), and the LM head (`lm_logits`).
+//! multi-token prediction modules' pass (`mtp_hidden`), and the LM head (`lm_logits`). A
+//! classifier's head is `classifier`'s.
 //!
 //! The loop: check the shapes (ids, positions, bias, cache); build the RoPE tables, the biases
 //! (and the sliding window's) and the record sinks once (`ForwardContext`); embed (scaled for
@@ -375,91 +376,13 @@ impl Transformer {
         Ok(rms_norm(&y, &module.post_norm, eps)?)
     }
 
-    /// A sequence classifier's scores `[B, labels]` from hidden states `[B, T, hidden]`: the
-    /// `score` head at `positions[b]`, row `b`'s scored token (see [`Transformer::scored_position`]).
-    /// Errors: not a classifier, or a position per row missing or past `T`.
-    pub fn sequence_scores(
-        &self,
-        hidden: &Tensor,
-        positions: &[usize],
-    ) -> Result<Tensor, ModelError> {
-        let Some(score) = &self.score else {
-            return Err(ModelError::InvalidArgument(
-                "sequence_scores needs a sequence classifier (a `score` head); this is a causal LM"
-                    .into(),
-            ));
-        };
-        let (batch, len, width) = hidden.dims3()?;
-        if positions.len() != batch || positions.iter().any(|&p| p >= len) {
-            return Err(ModelError::InvalidArgument(format!(
-                "sequence_scores: {} positions for {batch} rows of {len} tokens: {positions:?}",
-                positions.len()
-            )));
-        }
-        let rows: Vec<u32> = positions
-            .iter()
-            .enumerate()
-            .map(|(b, &p)| (b * len + p) as u32)
-            .collect();
-        let rows = Tensor::new(rows.as_slice(), hidden.device())?;
-        let picked = hidden
-            .reshape((batch * len, width))?
-            .index_select(&rows, 0)?;
-        Ok(stoke_ops::linear(&picked, score, self.precision)?)
-    }
-
-    /// A sequence classifier's scores `[rows, labels]` of whole token sequences (each on its own
-    /// row, right-padded, causal): what transformers' `*ForSequenceClassification` returns as
-    /// `logits` for the same ids. Differentiable. Errors: not a classifier, or an empty row.
-    pub fn score_sequences(&self, rows: &[&[u32]]) -> Result<Tensor, ModelError> {
-        let len = rows.iter().map(|r| r.len()).max().unwrap_or(0);
-        if rows.is_empty() || rows.iter().any(|r| r.is_empty()) {
-            return Err(ModelError::InvalidArgument(
-                "score_sequences: every row needs at least one token".into(),
-            ));
-        }
-        let device = self.device();
-        let mut ids = Vec::with_capacity(rows.len() * len);
-        let mut valid = Vec::with_capacity(rows.len());
-        for row in rows {
-            ids.extend_from_slice(row);
-            ids.extend(std::iter::repeat_n(0u32, len - row.len()));
-            valid.push((0..len).map(|j| j < row.len()).collect::<Vec<bool>>());
-        }
-        let input = Tensor::from_vec(ids, (rows.len(), len), device)?;
-        let positions: Vec<u32> = (0..rows.len()).flat_map(|_| 0..len as u32).collect();
-        let positions = Tensor::from_vec(positions, (rows.len(), len), device)?;
-        let bias = crate::mask::causal_bias(&valid, len, device)?;
-        let hidden = self.forward_hidden(&input, &positions, &bias, None)?;
-        let scored: Vec<usize> = rows.iter().map(|r| self.scored_position(r)).collect();
-        self.sequence_scores(&hidden, &scored)
-    }
-
-    /// The token a sequence classifier scores in a row of `ids` (transformers' rule): the last
-    /// one that is not the config's `pad_token_id`, position 0 when every token is padding, the
-    /// last position when the config has no pad token.
-    pub fn scored_position(&self, ids: &[u32]) -> usize {
-        let pad = self
-            .config
-            .source_fields
-            .get("pad_token_id")
-            .and_then(serde_json::Value::as_u64);
-        match pad {
-            Some(pad) => ids
-                .iter()
-                .rposition(|&id| u64::from(id) != pad)
-                .unwrap_or(0),
-            None => ids.len().saturating_sub(1),
-        }
-    }
-
-    /// LM head on hidden states [..., hidden] -> logits [..., vocab]. A sequence classifier
-    /// has none (an error).
+    /// LM head on hidden states [..., hidden] -> logits [..., vocab]. A classifier has none
+    /// (an error).
     pub fn lm_logits(&self, hidden: &Tensor) -> Result<Tensor, ModelError> {
         if self.score.is_some() {
             return Err(ModelError::InvalidArgument(
-                "a sequence classifier (reward model) has no LM head: it scores sequences \
-                 (`sequence_scores`), it does not generate"
+                "a classifier (a reward model) has no LM head: it scores sequences or tokens \
+                 (`sequence_scores`, `token_scores`), it does not generate"
                     .into(),
             ));
         }

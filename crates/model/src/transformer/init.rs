@@ -11,9 +11,9 @@
 //! gain minus 1 under (1 + w) norms.
 
 use super::model::Transformer;
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, ScoreKind};
 use crate::error::ModelError;
-use crate::hf_names::{LM_HEAD, SCORE_HEAD, parameter_shapes, sandwich_names};
+use crate::hf_names::{LM_HEAD, SCORE_BIAS, SCORE_HEAD, parameter_shapes, sandwich_names};
 use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
@@ -137,15 +137,38 @@ impl Transformer {
         labels: usize,
         seed: u64,
     ) -> Result<Transformer, ModelError> {
-        self.refuse_inference_only("to_sequence_classifier")?;
+        self.to_classifier("to_sequence_classifier", ScoreKind::Sequence, labels, seed)
+    }
+
+    /// This model's body as a token classifier with `labels` outputs, the start of a process
+    /// reward model (`AutoModelForTokenClassification.from_pretrained(path, num_labels=labels)`):
+    /// as [`Transformer::to_sequence_classifier`], plus the head's bias `score.bias`, zero as
+    /// transformers initialises it.
+    pub fn to_token_classifier(&self, labels: usize, seed: u64) -> Result<Transformer, ModelError> {
+        self.to_classifier(
+            "to_token_classifier",
+            ScoreKind::Token { bias: true },
+            labels,
+            seed,
+        )
+    }
+
+    fn to_classifier(
+        &self,
+        what: &str,
+        kind: ScoreKind,
+        labels: usize,
+        seed: u64,
+    ) -> Result<Transformer, ModelError> {
+        self.refuse_inference_only(what)?;
         if self.lora.is_some() || labels == 0 {
             return Err(ModelError::InvalidArgument(format!(
-                "to_sequence_classifier: needs a model without adapters and at least one label \
-                 ({labels} asked)"
+                "{what}: needs a model without adapters and at least one label ({labels} asked)"
             )));
         }
         let mut config = self.config.clone();
         config.score_labels = Some(labels);
+        config.score_kind = kind;
         let std = config
             .source_fields
             .get("initializer_range")
@@ -159,18 +182,37 @@ impl Transformer {
         let mut tensors: BTreeMap<String, Tensor> = self
             .parameters
             .iter()
-            .filter(|(name, _)| name.as_str() != LM_HEAD && name.as_str() != SCORE_HEAD)
+            .filter(|(name, _)| ![LM_HEAD, SCORE_HEAD, SCORE_BIAS].contains(&name.as_str()))
             .map(|(name, var)| (name.clone(), var.as_tensor().detach()))
             .collect();
         tensors.insert(
             SCORE_HEAD.to_string(),
             Tensor::from_vec(score, (labels, hidden), self.device())?.to_dtype(self.dtype())?,
         );
+        if kind == (ScoreKind::Token { bias: true }) {
+            tensors.insert(
+                SCORE_BIAS.to_string(),
+                Tensor::zeros(labels, self.dtype(), self.device())?,
+            );
+        }
         Ok(Transformer::from_tensors(config, tensors)?.with_precision(self.precision))
     }
 
-    /// Whether this is a sequence classifier (a reward model): a `score` head, no LM head.
+    /// Whether this is a sequence classifier (a reward model): a `score` head applied once per
+    /// sequence, no LM head.
     pub fn is_sequence_classifier(&self) -> bool {
+        self.score.is_some() && self.config.score_kind == ScoreKind::Sequence
+    }
+
+    /// Whether this is a token classifier (a process reward model): a `score` head applied at
+    /// every position, no LM head.
+    pub fn is_token_classifier(&self) -> bool {
+        self.score.is_some() && matches!(self.config.score_kind, ScoreKind::Token { .. })
+    }
+
+    /// Whether this model has a `score` head in place of the LM head (either kind of
+    /// classifier): it cannot generate.
+    pub fn is_classifier(&self) -> bool {
         self.score.is_some()
     }
 }

@@ -17,10 +17,11 @@ use super::linear::Linear;
 use super::mla::{LatentAttention, LatentQuery};
 use super::mlp::Mlp;
 use super::moe_block::{Expert, MoeBlock};
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, ScoreKind};
 use crate::error::ModelError;
 use crate::hf_names::{
-    EMBED_TOKENS, ExpertNames, FINAL_NORM, LM_HEAD, SCORE_HEAD, parameter_shapes, sandwich_names,
+    EMBED_TOKENS, ExpertNames, FINAL_NORM, LM_HEAD, SCORE_BIAS, SCORE_HEAD, parameter_shapes,
+    sandwich_names,
 };
 use crate::rotary::RotaryTable;
 use candle_core::{DType, Device, Tensor, Var};
@@ -41,9 +42,10 @@ pub struct Transformer {
     pub(crate) mtp: Vec<MtpModule>,
     pub(crate) norm: Tensor,
     pub(crate) lm_head: Option<Tensor>,
-    /// A sequence classifier's head `[labels, hidden]` (`config.score_labels`), in place of the
-    /// LM head.
+    /// A classifier's head `[labels, hidden]` (`config.score_labels`), in place of the LM head.
     pub(crate) score: Option<Tensor>,
+    /// A token classifier's head bias `[labels]` (`ScoreKind::Token { bias: true }`).
+    pub(crate) score_bias: Option<Tensor>,
     /// LoRA adapters by PEFT name (`base_model.model.<module>.lora_A.weight`), with their config.
     pub(crate) lora: Option<(crate::lora::LoraConfig, BTreeMap<String, Var>)>,
     /// The LM head's weight packed in bf16 for inference (`pack_weights`).
@@ -226,6 +228,9 @@ impl Transformer {
             lm_head: (config.score_labels.is_none() && !config.tie_word_embeddings)
                 .then(|| get(LM_HEAD)),
             score: config.score_labels.map(|_| get(SCORE_HEAD)),
+            score_bias: (config.score_labels.is_some()
+                && config.score_kind == (ScoreKind::Token { bias: true }))
+            .then(|| get(SCORE_BIAS)),
             packed_head: None,
             layers,
             mtp,
@@ -280,6 +285,7 @@ impl Transformer {
         self.norm = self.norm.detach();
         self.lm_head = self.lm_head.as_ref().map(Tensor::detach);
         self.score = self.score.as_ref().map(Tensor::detach);
+        self.score_bias = self.score_bias.as_ref().map(Tensor::detach);
         for layer in &mut self.layers {
             layer.freeze();
         }

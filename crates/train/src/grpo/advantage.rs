@@ -147,7 +147,7 @@ fn check_groups(rewards: &[f64], group_size: usize) -> Result<(), GrpoError> {
     Ok(())
 }
 
-fn mean(values: &[f64]) -> f64 {
+pub(super) fn mean(values: &[f64]) -> f64 {
     if values.is_empty() {
         return 0.0;
     }
@@ -155,7 +155,7 @@ fn mean(values: &[f64]) -> f64 {
 }
 
 /// Sample standard deviation (divisor `n - 1`); 0 for fewer than two values.
-fn sample_std(values: &[f64]) -> f64 {
+pub(super) fn sample_std(values: &[f64]) -> f64 {
     let n = values.len();
     if n < 2 {
         return 0.0;

@@ -474,6 +474,16 @@ pub fn run_preference_with(
         .map_err(|e| TrainError::Other(format!("{}: {e}", tokenizer_dir.display())))?;
     let mut policy = Transformer::load(&file.model.path, &device)?;
     let reward_model = file.objective.kind == ObjectiveKind::RewardModel;
+    if policy.is_token_classifier() && !reward_model {
+        return Err(invalid_key(
+            "model.path",
+            format!(
+                "{} is a token classifier (a process reward model): it trains with stoke prm, \
+                 not on pairs",
+                file.model.path.display()
+            ),
+        ));
+    }
     if reward_model && !policy.is_sequence_classifier() {
         // TRL's `AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)`.
         policy = policy.to_sequence_classifier(1, file.training.seed)?;

@@ -288,6 +288,13 @@ impl PairTrainer {
                 "micro-batches need at least one pair, steps at least one micro-batch".into(),
             ));
         }
+        if model.is_token_classifier() {
+            return Err(invalid(
+                "model.path",
+                "a token classifier (a process reward model) trains with stoke prm, not on pairs"
+                    .into(),
+            ));
+        }
         if matches!(objective, PairObjective::RewardModel(_)) != model.is_sequence_classifier() {
             return Err(invalid(
                 "objective.kind",
