@@ -48,6 +48,13 @@ impl LocalScorer {
     pub fn load(dir: &Path) -> Result<LocalScorer, String> {
         let model =
             Transformer::load(dir, &Device::Cpu).map_err(|e| format!("{}: {e}", dir.display()))?;
+        if model.is_token_classifier() {
+            return Err(format!(
+                "{} is a process reward model (a token classifier); `reward_model` takes a \
+                 sequence classifier (`stoke rm`)",
+                dir.display()
+            ));
+        }
         match model.config().score_labels {
             Some(1) => {}
             Some(n) => {

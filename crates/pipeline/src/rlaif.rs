@@ -512,7 +512,7 @@ pub fn rate(
     match reading {
         JudgeReading::Verdict => Ok(rating_verdict(&judge.chat(&messages, params)?)),
         JudgeReading::Logprobs => Ok(expected_value(
-            &judge.first_token(&messages, "Rating (1-9):", params.seed.unwrap_or(0))?,
+            &judge.first_token(&messages, "Rating (1-9): ", params.seed.unwrap_or(0))?,
             &DIGITS,
         )),
     }
@@ -663,7 +663,7 @@ fn one_prompt(
                         comparison_verdict(&judge.chat(&messages, judge_params)?)
                     }
                     JudgeReading::Logprobs => {
-                        let first = judge.first_token(&messages, "Better response:", draw)?;
+                        let first = judge.first_token(&messages, "Better response: ", draw)?;
                         expected_value(&first, &[("A", 1.0), ("B", 0.0)])
                             .filter(|p_a| *p_a != 0.5)
                             .map(|p_a| if p_a > 0.5 { 'A' } else { 'B' })

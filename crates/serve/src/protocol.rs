@@ -643,19 +643,27 @@ fn open_final_message(
         .as_ref()
         .map(|c| c.joined_text())
         .unwrap_or_default();
-    let content = content.trim();
-    if content.is_empty() {
+    let stripped = content.trim();
+    if stripped.is_empty() {
         return Err(ApiError::invalid(
             field,
             "the final assistant message to continue is empty",
         ));
     }
-    let end = rendered.rfind(content).ok_or_else(|| {
+    let at = rendered.rfind(stripped).ok_or_else(|| {
         ApiError::invalid(
             field,
             "the chat template does not render the final message's text as it is",
         )
-    })? + content.len();
+    })?;
+    // Trailing whitespace the template kept is kept (a prefix ending in a space); one the
+    // template trimmed is not invented.
+    let kept = content.trim_start();
+    let end = if rendered[at..].starts_with(kept) {
+        at + kept.len()
+    } else {
+        at + stripped.len()
+    };
     let text = rendered[..end].to_string();
     let ids = tokenizer
         .encode(&text, false)

@@ -85,6 +85,13 @@ impl ScoreApp {
         }
         let model =
             Transformer::load(dir, &Device::Cpu).map_err(|e| format!("{}: {e}", dir.display()))?;
+        if model.is_token_classifier() {
+            return Err(format!(
+                "{} is a token classifier (a process reward model); `--task reward` serves \
+                 sequence classifiers (reward models)",
+                dir.display()
+            ));
+        }
         let Some(count) = model.config().score_labels else {
             return Err(format!(
                 "{} is a causal LM, not a sequence classifier: `--task reward` serves reward \

@@ -48,7 +48,14 @@ pub fn load_for_serving(dir: &Path, precision: Precision) -> Result<(Transformer
     }
     let mut model =
         Transformer::load(dir, &Device::Cpu).map_err(|e| format!("{}: {e}", dir.display()))?;
-    if model.is_sequence_classifier() {
+    if model.is_token_classifier() {
+        return Err(format!(
+            "{} is a token classifier (a process reward model): it scores steps and has no LM \
+             head, so it cannot generate",
+            dir.display()
+        ));
+    }
+    if model.is_classifier() {
         // Refused here, at start-up and at a weight update, not at the first request.
         return Err(format!(
             "{} is a sequence classifier (a reward model): it scores sequences and has no LM \
