@@ -24,7 +24,9 @@ type Reply = dyn Fn(&Seen) -> (u16, String, Duration) + Send + Sync;
 
 /// Serves `reply` on a loopback port until the test process ends; returns the base URL and
 /// the requests seen.
-fn stub(reply: impl Fn(&Seen) -> (u16, String, Duration) + Send + Sync + 'static) -> (String, Arc<Mutex<Vec<Seen>>>) {
+fn stub(
+    reply: impl Fn(&Seen) -> (u16, String, Duration) + Send + Sync + 'static,
+) -> (String, Arc<Mutex<Vec<Seen>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -91,7 +93,11 @@ fn chat(content: &str) -> String {
 fn answering(content: &'static str) -> (String, Arc<Mutex<Vec<Seen>>>) {
     stub(move |seen| {
         if seen.path == "/v1/models" {
-            (200, json!({"data": [{"id": "served"}]}).to_string(), Duration::ZERO)
+            (
+                200,
+                json!({"data": [{"id": "served"}]}).to_string(),
+                Duration::ZERO,
+            )
         } else {
             (200, chat(content), Duration::ZERO)
         }
@@ -130,7 +136,10 @@ fn a_pointwise_judgement_goes_over_http_with_the_discovered_model() {
     assert!((outcome.score - 7.0 / 9.0).abs() < 1e-12);
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 2);
-    assert_eq!((seen[0].method.as_str(), seen[0].path.as_str()), ("GET", "/v1/models"));
+    assert_eq!(
+        (seen[0].method.as_str(), seen[0].path.as_str()),
+        ("GET", "/v1/models")
+    );
     assert_eq!(
         (seen[1].method.as_str(), seen[1].path.as_str()),
         ("POST", "/v1/chat/completions")
@@ -139,7 +148,12 @@ fn a_pointwise_judgement_goes_over_http_with_the_discovered_model() {
     assert_eq!(body["model"], "served");
     assert_eq!(body["max_tokens"], 64);
     assert_eq!(body["messages"][0]["role"], "system");
-    assert!(body["messages"][1]["content"].as_str().unwrap().contains("\n4\n"));
+    assert!(
+        body["messages"][1]["content"]
+            .as_str()
+            .unwrap()
+            .contains("\n4\n")
+    );
     assert_eq!(seen[1].authorization, None);
 }
 
@@ -148,7 +162,11 @@ fn the_api_key_is_sent_as_a_bearer_token() {
     let (url, seen) = answering("Score: 5");
     let transport = HttpTransport::new(Some("sk-test".into()));
     let text = transport
-        .chat(&url, &json!({"model": "m", "messages": []}), Duration::from_secs(5))
+        .chat(
+            &url,
+            &json!({"model": "m", "messages": []}),
+            Duration::from_secs(5),
+        )
         .unwrap();
     assert_eq!(text, "Score: 5");
     assert_eq!(
@@ -190,10 +208,18 @@ fn server_errors_are_retried_and_client_errors_are_not() {
     assert_eq!(outcome.score, 0.0, "a real score of 0, not a failure");
     assert_eq!(busy_seen.lock().unwrap().len(), 1);
 
-    let (wrong, wrong_seen) = stub(|_| (400, "{\"error\": \"unknown model\"}".into(), Duration::ZERO));
+    let (wrong, wrong_seen) =
+        stub(|_| (400, "{\"error\": \"unknown model\"}".into(), Duration::ZERO));
     let outcome = score(&judge(&[&wrong, &live], "model = \"m\"\nretries = 3"), "4");
     assert_eq!(outcome.outcome, Outcome::ScorerError);
-    assert!(outcome.details.reason.as_deref().unwrap().contains("unknown model"));
+    assert!(
+        outcome
+            .details
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("unknown model")
+    );
     assert_eq!(wrong_seen.lock().unwrap().len(), 1);
 }
 
@@ -206,15 +232,28 @@ fn a_slow_server_times_out_into_a_scorer_error() {
         "4",
     );
     assert_eq!(outcome.outcome, Outcome::ScorerError, "{outcome:?}");
-    assert!(outcome.details.reason.as_deref().unwrap().contains("2 attempt"));
-    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    assert!(
+        outcome
+            .details
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("2 attempt")
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[test]
 fn pairwise_over_http_ranks_the_group() {
     // The stub prefers the response quoted first unless B holds the digit 4.
     let (url, _) = stub(|seen| {
-        let user = seen.body["messages"][1]["content"].as_str().unwrap_or_default();
+        let user = seen.body["messages"][1]["content"]
+            .as_str()
+            .unwrap_or_default();
         let b = user.split("<response-B-").nth(1).unwrap_or_default();
         let verdict = if b.contains("\n4\n") { "B" } else { "A" };
         (200, chat(&format!("Verdict: {verdict}")), Duration::ZERO)
@@ -227,5 +266,8 @@ fn pairwise_over_http_ranks_the_group() {
         .collect();
     let out = judge.score_group(&inputs);
     assert!(out.iter().all(|o| o.outcome == Outcome::Shaped), "{out:?}");
-    assert!(out[0].score > out[1].score && out[0].score > out[2].score, "{out:?}");
+    assert!(
+        out[0].score > out[1].score && out[0].score > out[2].score,
+        "{out:?}"
+    );
 }

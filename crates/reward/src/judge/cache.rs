@@ -91,7 +91,11 @@ mod tests {
     fn keys_separate_their_parts() {
         assert_ne!(key(&["ab", "c"]), key(&["a", "bc"]));
         assert_eq!(key(&["a", "b"]), key(&["a", "b"]));
-        assert_ne!(key(&["a", "b"]), key(&["b", "a"]), "order is part of the key");
+        assert_ne!(
+            key(&["a", "b"]),
+            key(&["b", "a"]),
+            "order is part of the key"
+        );
     }
 
     #[test]

@@ -159,13 +159,18 @@ impl JudgeSettings {
     /// Checks every field (errors name it), reads `rubric_file` and the `api_key_env` variable.
     pub fn from_config(config: &JudgeConfig) -> Result<Self, ConfigError> {
         if config.urls.is_empty() {
-            return Err(ConfigError::invalid("urls", "at least one judge server is required"));
+            return Err(ConfigError::invalid(
+                "urls",
+                "at least one judge server is required",
+            ));
         }
         let servers = config
             .urls
             .iter()
             .enumerate()
-            .map(|(index, url)| base_url(url).map_err(|e| ConfigError::invalid(format!("urls[{index}]"), e)))
+            .map(|(index, url)| {
+                base_url(url).map_err(|e| ConfigError::invalid(format!("urls[{index}]"), e))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         if let Some(model) = &config.model
             && model.trim().is_empty()
@@ -190,7 +195,10 @@ impl JudgeSettings {
             }
             (Some(rubric), None) => rubric.clone(),
             (None, Some(path)) => std::fs::read_to_string(path).map_err(|e| {
-                ConfigError::invalid("rubric_file", format!("cannot read {}: {e}", path.display()))
+                ConfigError::invalid(
+                    "rubric_file",
+                    format!("cannot read {}: {e}", path.display()),
+                )
             })?,
         };
         if rubric.trim().is_empty() {
@@ -347,7 +355,10 @@ mod tests {
         let cases = [
             ("urls = []\nrubric = \"r\"", "`urls`"),
             ("urls = [\"ftp://x\"]\nrubric = \"r\"", "`urls[0]`"),
-            ("urls = [\"http://a\", \"http://\"]\nrubric = \"r\"", "`urls[1]`"),
+            (
+                "urls = [\"http://a\", \"http://\"]\nrubric = \"r\"",
+                "`urls[1]`",
+            ),
             ("urls = [\"http://a\"]", "`rubric`"),
             ("urls = [\"http://a\"]\nrubric = \"  \"", "`rubric`"),
             (
@@ -358,17 +369,38 @@ mod tests {
                 "urls = [\"http://a\"]\nrubric_file = \"/no/such/rubric.md\"",
                 "`rubric_file`",
             ),
-            ("urls = [\"http://a\"]\nrubric = \"r\"\nmodel = \"\"", "`model`"),
-            ("urls = [\"http://a\"]\nrubric = \"r\"\nscale = [10, 1]", "`scale`"),
-            ("urls = [\"http://a\"]\nrubric = \"r\"\nscale = [1, 1e300]", "`scale`"),
+            (
+                "urls = [\"http://a\"]\nrubric = \"r\"\nmodel = \"\"",
+                "`model`",
+            ),
+            (
+                "urls = [\"http://a\"]\nrubric = \"r\"\nscale = [10, 1]",
+                "`scale`",
+            ),
+            (
+                "urls = [\"http://a\"]\nrubric = \"r\"\nscale = [1, 1e300]",
+                "`scale`",
+            ),
             (
                 "urls = [\"http://a\"]\nrubric = \"r\"\nmax_concurrency = 0",
                 "`max_concurrency`",
             ),
-            ("urls = [\"http://a\"]\nrubric = \"r\"\ntimeout_s = 0", "`timeout_s`"),
-            ("urls = [\"http://a\"]\nrubric = \"r\"\ntimeout_s = nan", "`timeout_s`"),
-            ("urls = [\"http://a\"]\nrubric = \"r\"\nretries = 1000", "`retries`"),
-            ("urls = [\"http://a\"]\nrubric = \"r\"\nmax_tokens = 0", "`max_tokens`"),
+            (
+                "urls = [\"http://a\"]\nrubric = \"r\"\ntimeout_s = 0",
+                "`timeout_s`",
+            ),
+            (
+                "urls = [\"http://a\"]\nrubric = \"r\"\ntimeout_s = nan",
+                "`timeout_s`",
+            ),
+            (
+                "urls = [\"http://a\"]\nrubric = \"r\"\nretries = 1000",
+                "`retries`",
+            ),
+            (
+                "urls = [\"http://a\"]\nrubric = \"r\"\nmax_tokens = 0",
+                "`max_tokens`",
+            ),
             (
                 "urls = [\"http://a\"]\nrubric = \"r\"\ntemperature = -1",
                 "`temperature`",

@@ -133,8 +133,12 @@ pub fn honest_answer(messages: &Messages) -> String {
     let responses: Vec<(String, usize)> = blocks
         .iter()
         .filter_map(|(tag, body)| {
-            tag.strip_prefix("response")
-                .map(|label| (label.trim_start_matches('-').to_string(), marker_count(body)))
+            tag.strip_prefix("response").map(|label| {
+                (
+                    label.trim_start_matches('-').to_string(),
+                    marker_count(body),
+                )
+            })
         })
         .collect();
     honest_verdict(&responses)

@@ -166,7 +166,10 @@ impl Failure {
             .or(failures.first());
         match worst {
             Some(failure) => (failure.outcome(), failure.reason().to_string()),
-            None => (Outcome::ScorerError, "no judge request was made".to_string()),
+            None => (
+                Outcome::ScorerError,
+                "no judge request was made".to_string(),
+            ),
         }
     }
 }
@@ -315,9 +318,11 @@ impl JudgeVerifier {
                 "temperature": settings.temperature,
                 "max_tokens": settings.max_tokens,
             });
-            shared.servers.call(settings.retries, &mut attempts, |server| {
-                shared.transport.chat(server, &body, settings.timeout)
-            })
+            shared
+                .servers
+                .call(settings.retries, &mut attempts, |server| {
+                    shared.transport.chat(server, &body, settings.timeout)
+                })
         });
         figures.calls = 1;
         figures.retries = attempts.retries;

@@ -128,7 +128,10 @@ mod tests {
             assert_eq!(unordered.len(), pairs.len(), "n = {n}");
         }
         let firsts = pair_schedule(8).iter().filter(|p| p.0 == 0).count();
-        assert!((2..=5).contains(&firsts), "sample 0 is first in {firsts} of 7");
+        assert!(
+            (2..=5).contains(&firsts),
+            "sample 0 is first in {firsts} of 7"
+        );
     }
 
     #[test]

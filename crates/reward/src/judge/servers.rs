@@ -149,7 +149,9 @@ mod tests {
         let mut seen = Vec::new();
         for _ in 0..4 {
             let server = pool
-                .call(0, &mut Attempts::default(), |s| Ok::<_, TransportError>(s.to_string()))
+                .call(0, &mut Attempts::default(), |s| {
+                    Ok::<_, TransportError>(s.to_string())
+                })
                 .unwrap();
             seen.push(server);
         }
@@ -202,7 +204,10 @@ mod tests {
             .unwrap_err();
         assert_eq!(count, 4, "one attempt and three retries");
         assert_eq!(attempts.retries, 3);
-        assert!(error.contains("4 attempt") && error.contains("overloaded"), "{error}");
+        assert!(
+            error.contains("4 attempt") && error.contains("overloaded"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -221,7 +226,10 @@ mod tests {
             .unwrap_err();
         assert_eq!(count, 1);
         assert_eq!(attempts.retries, 0);
-        assert!(error.contains("400") && error.contains("bad model"), "{error}");
+        assert!(
+            error.contains("400") && error.contains("bad model"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -55,7 +55,10 @@ fn pointwise_scores_map_the_scale_onto_zero_to_one() {
     for outcome in &out {
         assert_eq!(outcome.outcome, Outcome::Shaped);
         let figures = outcome.details.judge.unwrap();
-        assert_eq!((figures.calls, figures.cache_hits, figures.retries), (1, 0, 0));
+        assert_eq!(
+            (figures.calls, figures.cache_hits, figures.retries),
+            (1, 0, 0)
+        );
     }
     assert_eq!(fake.calls(), 3);
 }
@@ -76,7 +79,10 @@ fn the_request_is_an_openai_chat_completion() {
     assert_eq!(body["messages"][0]["role"], "system");
     assert_eq!(body["messages"][1]["role"], "user");
     let system = body["messages"][0]["content"].as_str().unwrap();
-    assert!(system.contains("Count the GOOD markers."), "the rubric is sent");
+    assert!(
+        system.contains("Count the GOOD markers."),
+        "the rubric is sent"
+    );
     let user = body["messages"][1]["content"].as_str().unwrap();
     let blocks = exact_blocks(user);
     assert_eq!(blocks[0], ("prompt".into(), "Say something good.".into()));
@@ -110,7 +116,10 @@ fn an_unreadable_verdict_is_a_failure_left_out_of_training_and_not_cached() {
         assert_eq!(out[0].score, 0.0);
         assert!(out[0].outcome.is_dataset_problem());
         let reason = out[0].details.reason.as_deref().unwrap();
-        assert!(reason.contains("Score:") && reason.contains("eight"), "{reason}");
+        assert!(
+            reason.contains("Score:") && reason.contains("eight"),
+            "{reason}"
+        );
     }
     assert_eq!(fake.calls(), 2, "a failure is asked again, not cached");
     assert_eq!(judge.cached_verdicts(), 0);
@@ -129,7 +138,10 @@ fn an_unreachable_judge_is_a_scorer_error_after_the_retries() {
     assert_eq!(out[0].outcome, Outcome::ScorerError);
     assert_eq!(out[0].score, 0.0);
     let reason = out[0].details.reason.as_deref().unwrap();
-    assert!(reason.contains("3 attempt") && reason.contains("refused"), "{reason}");
+    assert!(
+        reason.contains("3 attempt") && reason.contains("refused"),
+        "{reason}"
+    );
     assert_eq!(fake.calls(), 3);
     let figures = out[0].details.judge.unwrap();
     assert_eq!((figures.calls, figures.retries), (1, 2));
@@ -173,7 +185,14 @@ fn a_rejected_request_is_not_retried() {
     }));
     let out = score_all(&verifier("pointwise", "retries = 5", &fake), &["GOOD"]);
     assert_eq!(out[0].outcome, Outcome::ScorerError);
-    assert!(out[0].details.reason.as_deref().unwrap().contains("not found"));
+    assert!(
+        out[0]
+            .details
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("not found")
+    );
     assert_eq!(fake.calls(), 1);
 }
 
@@ -228,7 +247,14 @@ fn pairwise_scores_are_win_rates_and_swap_agreement_is_counted() {
     assert!(close(&scores(&out), &expected), "{:?}", scores(&out));
     let figures = total(&out);
     assert_eq!(fake.calls(), 12, "6 pairs in both orders");
-    assert_eq!((figures.calls, figures.compared_pairs, figures.consistent_pairs), (12, 6, 6));
+    assert_eq!(
+        (
+            figures.calls,
+            figures.compared_pairs,
+            figures.consistent_pairs
+        ),
+        (12, 6, 6)
+    );
     assert!(out.iter().all(|o| o.outcome == Outcome::Shaped));
 }
 
@@ -242,7 +268,10 @@ fn a_judge_that_follows_the_position_gives_ties_and_zero_consistency() {
     // Without swap the bias goes straight into the scores: the pair is shown with sample 1
     // first (the schedule balances positions), so the worse sample wins.
     let fake = Arc::new(FakeJudge::new(|_, _| Ok("Verdict: A".into())));
-    let out = score_all(&verifier("pairwise", "swap = false", &fake), &["GOOD GOOD", ""]);
+    let out = score_all(
+        &verifier("pairwise", "swap = false", &fake),
+        &["GOOD GOOD", ""],
+    );
     assert_eq!(fake.calls(), 1);
     assert!(close(&scores(&out), &[0.0, 1.0]), "{out:?}");
     assert_eq!(total(&out).compared_pairs, 0);
@@ -252,17 +281,30 @@ fn a_judge_that_follows_the_position_gives_ties_and_zero_consistency() {
 fn failed_comparisons_are_left_out_and_a_sample_without_any_fails() {
     // The judge cannot read a response that says BROKEN: every comparison with it fails.
     let fake = Arc::new(FakeJudge::new(|_, messages| {
-        if exact_blocks(&messages.user).iter().any(|(_, b)| b.contains("BROKEN")) {
+        if exact_blocks(&messages.user)
+            .iter()
+            .any(|(_, b)| b.contains("BROKEN"))
+        {
             Ok("Both are fine.".into())
         } else {
             Ok(honest_answer(messages))
         }
     }));
-    let out = score_all(&verifier("pairwise", "", &fake), &["GOOD GOOD", "GOOD", "BROKEN"]);
+    let out = score_all(
+        &verifier("pairwise", "", &fake),
+        &["GOOD GOOD", "GOOD", "BROKEN"],
+    );
     assert!(close(&scores(&out)[..2], &[1.0, 0.0]), "{out:?}");
     assert_eq!(out[0].details.passed, Some(1));
     assert_eq!(out[0].details.total, Some(2));
-    assert!(out[0].details.reason.as_deref().unwrap().contains("left out"));
+    assert!(
+        out[0]
+            .details
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("left out")
+    );
     assert_eq!(out[2].outcome, Outcome::UnparseableVerdict);
     assert_eq!(out[2].score, 0.0);
 }
@@ -283,16 +325,26 @@ fn large_pairwise_groups_compare_each_sample_with_a_bounded_set_of_partners() {
 #[test]
 fn listwise_scores_are_mean_normalized_ranks() {
     let fake = Arc::new(FakeJudge::honest());
-    let out = score_all(&verifier("listwise", "", &fake), &["GOOD", "GOOD GOOD GOOD", ""]);
+    let out = score_all(
+        &verifier("listwise", "", &fake),
+        &["GOOD", "GOOD GOOD GOOD", ""],
+    );
     assert!(close(&scores(&out), &[0.5, 1.0, 0.0]), "{out:?}");
     assert_eq!(fake.calls(), 2, "the group in both orders");
     let figures = total(&out);
     assert_eq!((figures.compared_pairs, figures.consistent_pairs), (3, 3));
-    assert_eq!(out[0].details.judge.unwrap().calls, 2, "counted on the first sample");
+    assert_eq!(
+        out[0].details.judge.unwrap().calls,
+        2,
+        "counted on the first sample"
+    );
     assert_eq!(out[1].details.judge.unwrap().calls, 0);
     // A judge that ranks by position is cancelled by the swap.
     let fake = Arc::new(FakeJudge::new(|_, _| Ok("Ranking: 1 > 2 > 3".into())));
-    let out = score_all(&verifier("listwise", "", &fake), &["GOOD", "GOOD GOOD GOOD", ""]);
+    let out = score_all(
+        &verifier("listwise", "", &fake),
+        &["GOOD", "GOOD GOOD GOOD", ""],
+    );
     assert!(close(&scores(&out), &[0.5, 0.5, 0.5]));
     assert_eq!(total(&out).consistent_pairs, 0);
 }
@@ -303,7 +355,14 @@ fn an_incomplete_ranking_fails_the_whole_group() {
     let out = score_all(&verifier("listwise", "", &fake), &["a", "b", "c"]);
     for outcome in &out {
         assert_eq!(outcome.outcome, Outcome::UnparseableVerdict);
-        assert!(outcome.details.reason.as_deref().unwrap().contains("misses"));
+        assert!(
+            outcome
+                .details
+                .reason
+                .as_deref()
+                .unwrap()
+                .contains("misses")
+        );
     }
 }
 

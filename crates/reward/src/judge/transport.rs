@@ -109,10 +109,7 @@ impl HttpTransport {
         let unreachable = |e: ureq::Error| TransportError::Unreachable(e.to_string());
         let mut response = response.map_err(unreachable)?;
         let code = response.status().as_u16();
-        let text = response
-            .body_mut()
-            .read_to_string()
-            .map_err(unreachable)?;
+        let text = response.body_mut().read_to_string().map_err(unreachable)?;
         if !(200..300).contains(&code) {
             return Err(TransportError::Status { code, body: text });
         }
@@ -192,7 +189,8 @@ mod tests {
 
     #[test]
     fn answers_are_read_from_their_documented_fields() {
-        let answer = json!({"choices": [{"message": {"role": "assistant", "content": "Score: 7"}}]});
+        let answer =
+            json!({"choices": [{"message": {"role": "assistant", "content": "Score: 7"}}]});
         assert_eq!(chat_content(&answer), Ok("Score: 7".to_string()));
         assert!(chat_content(&json!({"choices": []})).is_err());
         assert!(chat_content(&json!({"choices": [{"message": {"content": null}}]})).is_err());

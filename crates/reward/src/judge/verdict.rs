@@ -122,7 +122,10 @@ pub fn parse_ranking(answer: &str, n: usize) -> Result<Vec<usize>, String> {
                 .filter(|label| !seen[label - 1])
                 .map(|label| label.to_string())
                 .collect();
-            return Err(format!("the ranking misses label(s) {}", missing.join(", ")));
+            return Err(format!(
+                "the ranking misses label(s) {}",
+                missing.join(", ")
+            ));
         }
         Ok(order)
     })
@@ -323,8 +326,16 @@ mod tests {
 
     #[test]
     fn rankings_with_missing_repeated_or_unknown_labels_are_unparseable() {
-        assert!(parse_ranking("Ranking: 3 > 1", 3).unwrap_err().contains("misses"));
-        assert!(parse_ranking("Ranking: 1 > 1 > 2", 3).unwrap_err().contains("twice"));
+        assert!(
+            parse_ranking("Ranking: 3 > 1", 3)
+                .unwrap_err()
+                .contains("misses")
+        );
+        assert!(
+            parse_ranking("Ranking: 1 > 1 > 2", 3)
+                .unwrap_err()
+                .contains("twice")
+        );
         assert!(parse_ranking("Ranking: 1 > 2 > 4", 3).is_err());
         assert!(parse_ranking("Ranking: 1 > 2 = 3", 3).is_err());
         assert!(parse_ranking("Ranking: 1 > > 2 > 3", 3).is_err());
