@@ -1,7 +1,8 @@
 //! GRPO monitoring records and their log: one JSON object per line in `OUT/metrics.jsonl`.
 //!
 //! What it is: [`GrpoStepRecord`] (one per trainer update: rewards, correctness, loss figures,
-//! clip fractions, completion lengths, staleness, time per module), [`GrpoEvalRecord`] (one per
+//! clip fractions, completion lengths, staleness, time per module, the LLM judge's calls and
+//! failures when a judge reward is used), [`GrpoEvalRecord`] (one per
 //! held-out evaluation), alerts, the append-only [`GrpoMetricsLog`], and [`batch_stats`], the pure
 //! reward / length / staleness figures of a batch of scored groups that the run puts into each
 //! step record.
@@ -23,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::records::{RewardFailure, ScoredGroup};
 use crate::staleness::PolicyVersion;
+use stoke_reward::Outcome;
 use stoke_train::metrics::{LogRecord, RunLog, json_float, json_float_opt};
 
 /// What the trainer did with a batch: the shared step outcome (GRPO has no spike policy, so
@@ -195,6 +197,69 @@ pub struct GrpoStepRecord {
     /// Multi-turn runs: what the batch's episodes did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub episodes: Option<EpisodeBatchRecord>,
+    /// LLM-judge rewards: what judging the batch cost and how often it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub judge: Option<JudgeBatchRecord>,
+}
+
+/// The LLM judge's figures over one update's samples (those a `judge` reward scored).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JudgeBatchRecord {
+    /// Judge requests sent to a server (cache hits excluded).
+    pub calls: u64,
+    /// Samples the judge could not score: no server answered (`scorer_error`), or the verdict
+    /// could not be read (`unparseable_verdict`). Both are left out of training.
+    pub failures: u64,
+    pub parse_failures: u64,
+    pub cache_hits: u64,
+    pub retries: u64,
+    pub servers_skipped: u64,
+    /// Seconds per request sent (0 without requests).
+    #[serde(with = "json_float")]
+    pub latency_mean_s: f64,
+    /// Share of the pairs judged in both orders whose two verdicts agreed (absent without
+    /// `swap`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "json_float_opt"
+    )]
+    pub swap_consistency: Option<f64>,
+}
+
+impl JudgeBatchRecord {
+    /// The record of the judge figures of a batch's samples and their outcomes.
+    pub fn of<'a>(
+        samples: impl IntoIterator<Item = (&'a stoke_reward::JudgeFigures, Outcome)>,
+    ) -> Option<JudgeBatchRecord> {
+        let mut record = JudgeBatchRecord::default();
+        let mut total = stoke_reward::JudgeFigures::default();
+        let mut any = false;
+        for (figures, outcome) in samples {
+            any = true;
+            total = total.plus(*figures);
+            match outcome {
+                Outcome::ScorerError => record.failures += 1,
+                Outcome::UnparseableVerdict => record.parse_failures += 1,
+                _ => {}
+            }
+        }
+        if !any {
+            return None;
+        }
+        record.calls = total.calls;
+        record.cache_hits = total.cache_hits;
+        record.retries = total.retries;
+        record.servers_skipped = total.servers_skipped;
+        record.latency_mean_s = if total.calls == 0 {
+            0.0
+        } else {
+            total.latency_s / total.calls as f64
+        };
+        record.swap_consistency = (total.compared_pairs > 0)
+            .then(|| total.consistent_pairs as f64 / total.compared_pairs as f64);
+        Some(record)
+    }
 }
 
 /// The episodes of one update (runs with an `[environment]`), with the reward-hacking monitors.
@@ -386,6 +451,8 @@ pub struct BatchStats {
     pub reward_seconds: f64,
     pub inference_seconds: f64,
     pub episodes: Option<EpisodeBatchRecord>,
+    /// Present when a judge reward scored any of the batch's samples.
+    pub judge: Option<JudgeBatchRecord>,
 }
 
 impl BatchStats {
@@ -405,6 +472,7 @@ impl BatchStats {
         record.tokens = self.tokens;
         record.staleness_histogram = self.staleness_histogram.clone();
         record.episodes = self.episodes.clone();
+        record.judge = self.judge.clone();
     }
 
     /// Mean staleness in versions (0 without samples).
@@ -533,6 +601,14 @@ pub fn batch_stats(groups: &[ScoredGroup], trainer_version: PolicyVersion) -> Ba
         .into_iter()
         .map(|(name, (sum, count))| (name, sum / count as f64))
         .collect();
+    stats.judge = JudgeBatchRecord::of(groups.iter().flat_map(|group| {
+        group
+            .rollout
+            .samples
+            .iter()
+            .zip(&group.rewards)
+            .filter_map(|(_, reward)| reward.judge.as_ref().map(|j| (j, reward.outcome)))
+    }));
     stats
 }
 
@@ -595,5 +671,131 @@ pub fn significant(value: f64) -> String {
         stoke_train::metrics::format_significant(value, 1e6)
     } else {
         value.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    use crate::records::{GroupTicket, RolloutGroup, Sample, SampleReward, Task};
+    use crate::staleness::GenerationPermit;
+    use stoke_reward::{JudgeFigures, Reference};
+    use stoke_rollout::FinishReason;
+
+    fn judged(outcome: Outcome, judge: Option<JudgeFigures>) -> SampleReward {
+        SampleReward {
+            score: 0.5,
+            outcome,
+            components: Vec::new(),
+            failure: None,
+            judge,
+        }
+    }
+
+    fn group(rewards: Vec<SampleReward>) -> ScoredGroup {
+        let samples = rewards
+            .iter()
+            .map(|_| Sample {
+                completion_ids: vec![1, 2],
+                rollout_logprobs: vec![-1.0, -1.0],
+                token_versions: Vec::new(),
+                loss_mask: None,
+                episode: None,
+                text: "x".into(),
+                finish: FinishReason::Eos { token_id: 2 },
+            })
+            .collect();
+        let task = Arc::new(Task {
+            id: "t".into(),
+            prompt: "p".into(),
+            prompt_ids: vec![1],
+            reference: Reference::default(),
+            reward: 0,
+            data: Default::default(),
+        });
+        let ticket = GroupTicket {
+            group_id: 0,
+            task,
+            permit: GenerationPermit {
+                policy_version: PolicyVersion(0),
+                update_slot: 0,
+                permit_index: 0,
+            },
+            temperature: 1.0,
+        };
+        ScoredGroup::new(
+            RolloutGroup {
+                ticket,
+                samples,
+                generate_seconds: 0.0,
+            },
+            rewards,
+            0.0,
+        )
+    }
+
+    #[test]
+    fn judge_figures_add_up_over_the_batch_with_failures_by_kind() {
+        let figures = |calls, hits, retries, skipped, latency, compared, consistent| {
+            Some(JudgeFigures {
+                calls,
+                cache_hits: hits,
+                retries,
+                servers_skipped: skipped,
+                latency_s: latency,
+                compared_pairs: compared,
+                consistent_pairs: consistent,
+            })
+        };
+        let groups = [
+            group(vec![
+                judged(Outcome::Shaped, figures(4, 1, 1, 0, 2.0, 2, 2)),
+                judged(Outcome::UnparseableVerdict, figures(2, 0, 0, 1, 1.0, 1, 0)),
+            ]),
+            group(vec![
+                judged(Outcome::ScorerError, figures(2, 0, 4, 3, 3.0, 1, 1)),
+                judged(Outcome::Shaped, figures(0, 2, 0, 0, 0.0, 0, 0)),
+            ]),
+        ];
+        let stats = batch_stats(&groups, PolicyVersion(0));
+        let judge = stats.judge.clone().expect("a judge scored the batch");
+        assert_eq!(judge.calls, 8);
+        assert_eq!(judge.cache_hits, 3);
+        assert_eq!(judge.retries, 5);
+        assert_eq!(judge.servers_skipped, 4);
+        assert_eq!((judge.failures, judge.parse_failures), (1, 1));
+        assert!((judge.latency_mean_s - 6.0 / 8.0).abs() < 1e-12);
+        assert_eq!(judge.swap_consistency, Some(3.0 / 4.0));
+        // The outcome counts keep their names.
+        assert_eq!(stats.outcomes["unparseable_verdict"], 1);
+        assert_eq!(stats.outcomes["scorer_error"], 1);
+        // The record carries it, and it survives the log's JSON.
+        let mut record = GrpoStepRecord::default();
+        stats.apply_to(&mut record);
+        assert_eq!(record.judge, Some(judge));
+        let line = serde_json::to_string(&GrpoRecord::Step(record.clone())).unwrap();
+        assert!(line.contains("\"swap_consistency\":0.75"), "{line}");
+        let back: GrpoRecord = serde_json::from_str(&line).unwrap();
+        assert_eq!(back, GrpoRecord::Step(record));
+    }
+
+    #[test]
+    fn batches_without_a_judge_have_no_judge_record() {
+        let stats = batch_stats(
+            &[group(vec![judged(Outcome::Correct, None)])],
+            PolicyVersion(0),
+        );
+        assert_eq!(stats.judge, None);
+        let mut record = GrpoStepRecord::default();
+        stats.apply_to(&mut record);
+        let line = serde_json::to_string(&GrpoRecord::Step(record)).unwrap();
+        assert!(!line.contains("judge"), "{line}");
+        // A record written before the field existed still reads.
+        let old: GrpoStepRecord =
+            serde_json::from_str(&serde_json::to_string(&GrpoStepRecord::default()).unwrap())
+                .unwrap();
+        assert_eq!(old.judge, None);
     }
 }

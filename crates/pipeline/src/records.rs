@@ -215,6 +215,8 @@ pub struct SampleReward {
     /// Composite rewards: (component name, component score before weighting).
     pub components: Vec<(String, f64)>,
     pub failure: Option<RewardFailure>,
+    /// LLM-judge rewards: what judging the sample cost (`stoke_reward::JudgeFigures`).
+    pub judge: Option<stoke_reward::JudgeFigures>,
 }
 
 impl SampleReward {
@@ -229,6 +231,7 @@ impl SampleReward {
             outcome,
             components: Vec::new(),
             failure: Some(failure),
+            judge: None,
         }
     }
 

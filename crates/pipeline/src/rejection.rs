@@ -492,6 +492,7 @@ mod tests {
             outcome,
             components: Vec::new(),
             failure: None,
+            judge: None,
         }
     }
 

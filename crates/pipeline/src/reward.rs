@@ -517,6 +517,7 @@ fn sample_reward(outcome: RewardOutcome) -> SampleReward {
             .map(|component| (component.name.clone(), finite(component.score)))
             .collect(),
         failure: None,
+        judge: outcome.details.judge,
     }
 }
 

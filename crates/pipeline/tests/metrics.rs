@@ -53,6 +53,7 @@ fn reward(score: f64, outcome: Outcome) -> SampleReward {
         outcome,
         components: vec![("format".into(), score / 2.0)],
         failure: None,
+        judge: None,
     }
 }
 

@@ -29,6 +29,7 @@ use crate::format_regex::{FormatRegexConfig, FormatRegexVerifier};
 use crate::group_length::{GroupLengthConfig, GroupLengthVerifier};
 use crate::instructions::{InstructionsConfig, InstructionsVerifier};
 use crate::json_schema::{JsonSchemaConfig, JsonSchemaVerifier};
+use crate::judge::{JudgeConfig, JudgeVerifier};
 use crate::math::{MathConfig, MathVerifier};
 use crate::overlong::{OverlongConfig, OverlongVerifier};
 use crate::repetition::{RepetitionConfig, RepetitionVerifier};
@@ -56,6 +57,7 @@ pub enum RewardConfig {
     Instructions(InstructionsConfig),
     Composite(CompositeConfig),
     RewardModel(RewardModelConfig),
+    Judge(JudgeConfig),
 }
 
 /// Parsing a kind's name (`stoke verify --reward KIND`) sits here rather than in `kind.rs`
@@ -89,6 +91,7 @@ impl RewardConfig {
             Self::Instructions(_) => RewardKind::Instructions,
             Self::Composite(_) => RewardKind::Composite,
             Self::RewardModel(_) => RewardKind::RewardModel,
+            Self::Judge(_) => RewardKind::Judge,
         }
     }
 
@@ -136,11 +139,13 @@ impl RewardConfig {
                 Reward::Composite(CompositeVerifier::new_with(c, sandbox, scorers)?)
             }
             Self::RewardModel(c) => Reward::RewardModel(RewardModelVerifier::new(c, scorers)?),
+            Self::Judge(c) => Reward::Judge(JudgeVerifier::new(c)?),
         })
     }
 
     /// The config of `kind` with every option at its default, when the kind has defaults for
-    /// all its options (format_regex, tag_structure, instructions and composite need a file).
+    /// all its options (overlong, cosine_length, instructions, composite, reward_model and judge
+    /// need a file).
     pub fn default_for(kind: RewardKind) -> Result<RewardConfig, ConfigError> {
         let needs_file = |field: &str| {
             Err(ConfigError::invalid(
@@ -163,6 +168,7 @@ impl RewardConfig {
             RewardKind::Instructions => return needs_file("constraints"),
             RewardKind::Composite => return needs_file("components"),
             RewardKind::RewardModel => return needs_file("model"),
+            RewardKind::Judge => return needs_file("urls"),
         })
     }
 }
@@ -183,6 +189,7 @@ pub enum Reward {
     Instructions(InstructionsVerifier),
     Composite(CompositeVerifier),
     RewardModel(RewardModelVerifier),
+    Judge(JudgeVerifier),
 }
 
 impl fmt::Debug for Reward {
@@ -208,6 +215,7 @@ impl Reward {
             Self::Instructions(_) => RewardKind::Instructions,
             Self::Composite(_) => RewardKind::Composite,
             Self::RewardModel(_) => RewardKind::RewardModel,
+            Self::Judge(_) => RewardKind::Judge,
         }
     }
 
@@ -227,6 +235,7 @@ impl Reward {
             Self::Instructions(v) => v,
             Self::Composite(v) => v,
             Self::RewardModel(v) => v,
+            Self::Judge(v) => v,
         }
     }
 
@@ -243,8 +252,10 @@ impl Reward {
     /// scoring each alone).
     pub fn is_group_level(&self) -> bool {
         match self {
-            // A group is one batch for the model, and `normalize = "group"` reads the group.
-            Self::GroupLength(_) | Self::RewardModel(_) => true,
+            // A group is one batch for the model, and `normalize = "group"` reads the group; a
+            // judge compares the group's completions (pairwise, listwise) or runs its requests
+            // concurrently.
+            Self::GroupLength(_) | Self::RewardModel(_) | Self::Judge(_) => true,
             Self::Composite(composite) => composite.is_group_level(),
             _ => false,
         }

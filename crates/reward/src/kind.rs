@@ -25,10 +25,11 @@ pub enum RewardKind {
     Instructions,
     Composite,
     RewardModel,
+    Judge,
 }
 
 impl RewardKind {
-    pub const ALL: [RewardKind; 14] = [
+    pub const ALL: [RewardKind; 15] = [
         Self::Math,
         Self::ExactMatch,
         Self::UnitTests,
@@ -43,6 +44,7 @@ impl RewardKind {
         Self::Instructions,
         Self::Composite,
         Self::RewardModel,
+        Self::Judge,
     ];
 
     pub fn name(self) -> &'static str {
@@ -61,6 +63,7 @@ impl RewardKind {
             Self::Instructions => "instructions",
             Self::Composite => "composite",
             Self::RewardModel => "reward_model",
+            Self::Judge => "judge",
         }
     }
 

@@ -23,13 +23,16 @@
 //! | `instructions` | `instructions.rs` | completion only (constraints in the config) |
 //! | `composite` | `config/composite.rs` | whatever its components read |
 //! | `reward_model` | `reward_model.rs` | prompt and completion (a learned model the caller runs) |
+//! | `judge` | `judge/` | prompt and completion(s) (a language model on OpenAI-compatible servers) |
 //!
 //! What this crate is not: a tokenizer (token counts are inputs) or a process jail (code runs
-//! through `stoke-sandbox`). It has no tensor dependency.
+//! through `stoke-sandbox`). It has no tensor dependency and no async runtime (the judge's HTTP
+//! calls are blocking `ureq` on scoped threads).
 //!
-//! Invariants: no verifier panics on any input or blocks without bound; pure verifiers bound
-//! their work by input size; a reference that cannot be parsed yields `UnparseableGold`, never
-//! a positive score.
+//! Invariants: no verifier panics on any input or blocks without bound (the judge's requests
+//! have timeouts and bounded retries); pure verifiers bound their work by input size; a
+//! reference that cannot be parsed yields `UnparseableGold`, and a judge verdict that cannot be
+//! read `UnparseableVerdict`, never a positive score.
 
 pub mod code;
 pub mod config;
@@ -41,6 +44,7 @@ pub mod format_regex;
 pub mod group_length;
 pub mod instructions;
 pub mod json_schema;
+pub mod judge;
 pub mod kind;
 pub mod math;
 pub mod overlong;
@@ -58,6 +62,6 @@ pub use error::ConfigError;
 pub use kind::RewardKind;
 pub use stats::RewardStats;
 pub use verifier::{
-    Check, ComponentScore, Details, IoCase, Outcome, Reference, RewardInput, RewardOutcome,
-    Verifier,
+    Check, ComponentScore, Details, IoCase, JudgeFigures, Outcome, Reference, RewardInput,
+    RewardOutcome, Verifier,
 };

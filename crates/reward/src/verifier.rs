@@ -138,6 +138,45 @@ pub struct Details {
     /// Why the verdict is what it is, in words (failure reasons, parse errors).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// LLM-as-judge rewards: what judging this sample cost (a composite sums its components').
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub judge: Option<JudgeFigures>,
+}
+
+/// What an LLM judge did for one sample. Calls that concern several samples (a pairwise
+/// comparison, a listwise ranking) are counted on one of them only, so the figures of a group's
+/// samples add up to the group's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct JudgeFigures {
+    /// Judge requests sent to a server (answered or not; cache hits excluded).
+    pub calls: u64,
+    /// Judge requests answered from the verdict cache.
+    pub cache_hits: u64,
+    /// Further attempts after a server failed (each on the next server).
+    pub retries: u64,
+    /// Servers passed over because they failed within the cooldown.
+    pub servers_skipped: u64,
+    /// Wall seconds of the requests sent, summed over attempts.
+    pub latency_s: f64,
+    /// Pairs judged in both orders (`swap = true`), and those whose two verdicts agreed.
+    pub compared_pairs: u64,
+    pub consistent_pairs: u64,
+}
+
+impl JudgeFigures {
+    /// The sum of two records (a composite with two judges, a group's total).
+    pub fn plus(self, other: JudgeFigures) -> JudgeFigures {
+        JudgeFigures {
+            calls: self.calls + other.calls,
+            cache_hits: self.cache_hits + other.cache_hits,
+            retries: self.retries + other.retries,
+            servers_skipped: self.servers_skipped + other.servers_skipped,
+            latency_s: self.latency_s + other.latency_s,
+            compared_pairs: self.compared_pairs + other.compared_pairs,
+            consistent_pairs: self.consistent_pairs + other.consistent_pairs,
+        }
+    }
 }
 
 /// Longest text copied into `Details` (extracted answers can be a whole 1 MB completion).

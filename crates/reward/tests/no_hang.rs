@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
+use stoke_reward::judge::{JudgeConfig, JudgeTransport, JudgeVerifier, TransportError};
 use stoke_reward::reward_model::{RewardModelConfig, ScoreItem, ScorerSource, SequenceScorer};
 use stoke_reward::{Reference, Reward, RewardConfig, RewardInput, RewardKind, Verifier};
 
@@ -105,6 +106,38 @@ impl ScorerSource for LengthScorers {
     }
 }
 
+/// A judge server in the process: scores by the request's size, prefers the first response.
+/// The verifier's own work (quoting megabyte completions, hashing them for the cache, parsing
+/// the answers) is what is bounded here; the model's cost is the server's.
+struct SizeJudge;
+
+impl JudgeTransport for SizeJudge {
+    fn chat(
+        &self,
+        _server: &str,
+        body: &serde_json::Value,
+        _timeout: Duration,
+    ) -> Result<String, TransportError> {
+        let user = body["messages"][1]["content"].as_str().unwrap_or_default();
+        if user.contains("<response-A-") {
+            return Ok("Verdict: A".into());
+        }
+        Ok(format!("**Score:** {}", 1 + user.len() % 10))
+    }
+
+    fn models(&self, _server: &str, _timeout: Duration) -> Result<Vec<String>, TransportError> {
+        Ok(vec!["size-judge".into()])
+    }
+}
+
+fn judge(mode: &str) -> Reward {
+    let config: JudgeConfig = serde_json::from_str(&format!(
+        r#"{{"urls": ["http://127.0.0.1:9"], "rubric": "Be brief.", "mode": "{mode}"}}"#
+    ))
+    .unwrap();
+    Reward::Judge(JudgeVerifier::with_transport(&config, Arc::new(SizeJudge)).unwrap())
+}
+
 fn rewards() -> Vec<Reward> {
     let configs = [
         r#"{"kind": "math"}"#,
@@ -129,7 +162,7 @@ fn rewards() -> Vec<Reward> {
         // cost is the scorer's, so a stand-in scorer reads each completion's length.
         r#"{"kind": "reward_model", "model": "unused", "normalize": "group", "clip": 3.0}"#,
     ];
-    let rewards: Vec<Reward> = configs
+    let mut rewards: Vec<Reward> = configs
         .iter()
         .map(|text| {
             serde_json::from_str::<RewardConfig>(text)
@@ -138,6 +171,8 @@ fn rewards() -> Vec<Reward> {
                 .unwrap()
         })
         .collect();
+    rewards.push(judge("pointwise"));
+    rewards.push(judge("pairwise"));
     let kinds: Vec<RewardKind> = rewards.iter().map(Reward::kind).collect();
     for kind in RewardKind::ALL.into_iter().filter(|k| !k.runs_code()) {
         assert!(kinds.contains(&kind), "{kind} is not exercised");

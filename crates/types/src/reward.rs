@@ -9,7 +9,9 @@ use serde::{Deserialize, Serialize};
 ///
 /// Invariant: only `Correct` (and `Partial`, for graded rewards) may carry a positive correctness
 /// score; `UnparseableGold` and `MissingField` mark a broken *dataset* record, never the model's
-/// fault, and callers exclude such samples from training and count them as a metric.
+/// fault, and callers exclude such samples from training and count them as a metric. A failed
+/// learned scorer (`ScorerError`) or an unreadable judge verdict (`UnparseableVerdict`) is treated
+/// the same way: no verdict, so no reward, not a zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RewardOutcomeKind {
@@ -36,11 +38,15 @@ pub enum RewardOutcomeKind {
     /// A learned scorer (a reward model) failed to score the sample: no verdict on the
     /// completion, and not a zero the policy earned.
     ScorerError,
+    /// A judge model answered without a verdict that could be read (no verdict line, a number
+    /// outside the scale, conflicting verdict lines, an incomplete ranking): no verdict on the
+    /// completion either.
+    UnparseableVerdict,
 }
 
 impl RewardOutcomeKind {
     /// Every variant, in declaration order (for metrics tables).
-    pub const ALL: [RewardOutcomeKind; 11] = [
+    pub const ALL: [RewardOutcomeKind; 12] = [
         Self::Correct,
         Self::Wrong,
         Self::Partial,
@@ -52,6 +58,7 @@ impl RewardOutcomeKind {
         Self::SandboxError,
         Self::Shaped,
         Self::ScorerError,
+        Self::UnparseableVerdict,
     ];
 
     /// The snake_case name used in JSONL output and metrics.
@@ -68,16 +75,21 @@ impl RewardOutcomeKind {
             Self::SandboxError => "sandbox_error",
             Self::Shaped => "shaped",
             Self::ScorerError => "scorer_error",
+            Self::UnparseableVerdict => "unparseable_verdict",
         }
     }
 
     /// True when the record itself is broken (not the model's fault): the sample must be excluded
     /// from training rather than given a zero reward.
-    /// A scorer that failed (`ScorerError`) says nothing about the completion either.
+    /// A scorer that failed (`ScorerError`) or a judge whose verdict could not be read
+    /// (`UnparseableVerdict`) says nothing about the completion either.
     pub fn is_dataset_problem(self) -> bool {
         matches!(
             self,
-            Self::UnparseableGold | Self::MissingField | Self::ScorerError
+            Self::UnparseableGold
+                | Self::MissingField
+                | Self::ScorerError
+                | Self::UnparseableVerdict
         )
     }
 }

@@ -219,11 +219,16 @@ pub(super) fn resolve_rewards(
     Ok(ordered)
 }
 
-/// A `reward_model` reward's `model` folder (in a composite too) made absolute against the
-/// config's folder, as every other path of the file.
+/// A `reward_model` reward's `model` folder and a `judge` reward's `rubric_file` (in a
+/// composite too) made absolute against the config's folder, as every other path of the file.
 fn absolute_model_paths(reward: &mut RewardConfig, base: &Path) {
     match reward {
         RewardConfig::RewardModel(c) if c.model.is_relative() => c.model = base.join(&c.model),
+        RewardConfig::Judge(c) => {
+            if let Some(rubric) = c.rubric_file.as_mut().filter(|path| path.is_relative()) {
+                *rubric = base.join(&*rubric);
+            }
+        }
         RewardConfig::Composite(c) => {
             for component in &mut c.components {
                 absolute_model_paths(&mut component.reward, base);

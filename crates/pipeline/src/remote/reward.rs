@@ -83,6 +83,9 @@ pub struct WireReward {
     pub components: Vec<(String, f64)>,
     #[serde(default)]
     pub failure: Option<WireFailure>,
+    /// LLM-judge rewards: the judge's figures for the sample (absent from older servers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub judge: Option<stoke_reward::JudgeFigures>,
 }
 
 /// `POST /score`'s answer.
@@ -107,6 +110,7 @@ impl From<&SampleReward> for WireReward {
                     WireFailure::Panicked(format!("environment failed: {m}"))
                 }
             }),
+            judge: reward.judge,
         }
     }
 }
@@ -124,6 +128,7 @@ impl WireReward {
                 WireFailure::TimedOut => RewardFailure::TimedOut,
                 WireFailure::Panicked(m) => RewardFailure::Panicked(m),
             }),
+            judge: self.judge,
         })
     }
 }
@@ -465,5 +470,37 @@ impl RewardService for RemoteRewards {
 impl RemoteRewards {
     fn lock(&self) -> std::sync::MutexGuard<'_, RewardPoolStats> {
         self.stats.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn judge_figures_cross_the_wire_and_older_answers_still_read() {
+        let reward = SampleReward {
+            score: 0.75,
+            outcome: Outcome::Shaped,
+            components: Vec::new(),
+            failure: None,
+            judge: Some(stoke_reward::JudgeFigures {
+                calls: 3,
+                cache_hits: 1,
+                retries: 1,
+                servers_skipped: 2,
+                latency_s: 0.5,
+                compared_pairs: 2,
+                consistent_pairs: 1,
+            }),
+        };
+        let text = serde_json::to_string(&WireReward::from(&reward)).unwrap();
+        let back: WireReward = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.into_sample_reward().unwrap(), reward);
+        // An answer from a server that predates the field.
+        let old: WireReward =
+            serde_json::from_str(r#"{"score": 1.0, "outcome": "unparseable_verdict"}"#).unwrap();
+        assert_eq!(old.judge, None);
+        assert_eq!(old.outcome, Outcome::UnparseableVerdict);
     }
 }

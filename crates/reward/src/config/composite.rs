@@ -24,7 +24,8 @@
 //! Weights must be finite; the correctness component's must be >= 0 (other components may be
 //! negative: penalty terms). A sum that overflows is reported as 0 (`RewardOutcome::new`).
 //! Components are not themselves composite. Every component's value is reported in
-//! `details.components`, with `applied` telling whether gating let it count.
+//! `details.components`, with `applied` telling whether gating let it count; judge components'
+//! figures (`details.judge`) are summed into the sample's.
 //!
 //! A child of `config.rs` because the two types are recursive: `RewardConfig::Composite` holds
 //! component `RewardConfig`s and `Reward::Composite` holds component `Reward`s. Re-exported at
@@ -37,7 +38,9 @@ use super::{Reward, RewardConfig};
 use crate::error::ConfigError;
 use crate::kind::RewardKind;
 use crate::reward_model::ScorerSource;
-use crate::verifier::{ComponentScore, Details, Outcome, RewardInput, RewardOutcome, Verifier};
+use crate::verifier::{
+    ComponentScore, Details, JudgeFigures, Outcome, RewardInput, RewardOutcome, Verifier,
+};
 
 /// When a component counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -257,8 +260,14 @@ impl Verifier for CompositeVerifier {
                     .as_ref()
                     .map(|outcomes| outcomes[sample].details.clone())
                     .unwrap_or_default();
+                // Judge components' costs travel up so the run's metrics count them.
+                let judge = per_component
+                    .iter()
+                    .filter_map(|outcomes| outcomes[sample].details.judge)
+                    .reduce(JudgeFigures::plus);
                 let details = Details {
                     components: scores,
+                    judge,
                     ..correctness_details
                 };
                 match problem {
