@@ -857,3 +857,92 @@ fn a_reward_model_on_a_reward_server_scores_as_it_does_in_process() {
         );
     }
 }
+
+#[test]
+fn a_judge_served_by_stoke_serve_scores_grpo_and_a_dead_judge_server_is_skipped() {
+    let dir = setup();
+    // A judge that has learned one answer, "Score: 7", to any request: 60 SFT steps of the tiny
+    // model on long varied requests (the judge's prompts are long in its 300-token vocabulary,
+    // so its context is raised first).
+    let config_path = dir.path().join("model/config.json");
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["max_position_embeddings"] = 4096.into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let lines: Vec<String> = (0..48)
+        .map(|i| {
+            let request = format!(
+                "Grade this answer. Rubric: rate it. The question: what is {i} + 2? The \
+                 answer: It is {} . Is it? {}",
+                i + 2,
+                "Reply with a score. ".repeat(10 + (i % 40))
+            );
+            serde_json::json!({"messages": [
+                {"role": "system", "content": "You are a strict grader."},
+                {"role": "user", "content": request},
+                {"role": "assistant", "content": "Score: 7"},
+            ]})
+            .to_string()
+        })
+        .collect();
+    std::fs::write(dir.path().join("judge.jsonl"), lines.join("\n") + "\n").unwrap();
+    std::fs::write(
+        dir.path().join("judge.toml"),
+        "output_dir = \"judge\"\n[model]\npath = \"model\"\n[data]\nkind = \"chat\"\n\
+         train = [\"judge.jsonl\"]\nseq_len = 1536\nmicro_batch_size = 4\n\
+         [optimizer]\nlr = 1e-2\n[schedule]\nkind = \"constant\"\n[training]\nsteps = 60\n",
+    )
+    .unwrap();
+    let sft = stoke()
+        .args(["train", "judge.toml", "--quiet"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_success(&sft);
+    let judge = server(
+        &[
+            "serve",
+            "--model",
+            "judge/model",
+            "--served-model-name",
+            "judge",
+            "--port",
+            "0",
+        ],
+        dir.path(),
+    );
+    let start = CONFIG.find("[rewards.default]").unwrap();
+    let end = CONFIG.find("[optimizer]").unwrap();
+    // The first server is dead: every request meets it once, is retried on the live one,
+    // and the dead one is then skipped while it cools down.
+    let grpo = format!(
+        "{}[rewards.default]\nkind = \"judge\"\nurls = [\"http://127.0.0.1:9\", \"{}\"]\n\
+         model = \"judge\"\nmode = \"pointwise\"\nrubric = \"Rate the answer.\"\n\
+         scale = [1, 10]\nmax_tokens = 8\nretries = 2\ntimeout_s = 30\n{}",
+        &CONFIG[..start],
+        judge.url,
+        &CONFIG[end..]
+    );
+    std::fs::write(dir.path().join("grpo.toml"), grpo).unwrap();
+    let run = grpo_command(dir.path(), "run-judge", &["grpo.steps=3".to_string()])
+        .output()
+        .unwrap();
+    assert_success(&run);
+    let records = steps(dir.path(), "run-judge");
+    assert_eq!(records.len(), 3, "every update ran");
+    let mut skipped = 0;
+    for record in &records {
+        let judge = &record["judge"];
+        assert!(judge["calls"].as_u64().unwrap() > 0, "{record}");
+        assert_eq!(judge["failures"], 0, "{record}");
+        assert_eq!(judge["parse_failures"], 0, "{record}");
+        skipped += judge["servers_skipped"].as_u64().unwrap() + judge["retries"].as_u64().unwrap();
+        // "Score: 7" on 1..10 is (7 - 1) / 9 for every sample.
+        let mean = record["reward_mean"].as_f64().unwrap();
+        assert!((mean - 6.0 / 9.0).abs() < 1e-6, "{record}");
+    }
+    assert!(
+        skipped > 0,
+        "the dead judge server was never met: {records:?}"
+    );
+}
