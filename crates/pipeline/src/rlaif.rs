@@ -116,9 +116,10 @@ impl ChatServer {
 }
 
 impl ChatServer {
-    /// The judge's first token for `messages` (greedy, one token): the probabilities of the
-    /// tokens the server lists among its top 20, keyed by the token's text without surrounding
-    /// whitespace. What a G-Eval-style reading needs (Liu et al. 2023).
+    /// The judge's answer token for `messages`: the probabilities of the tokens the server lists
+    /// among its top 20, keyed by the token's text without surrounding whitespace (two greedy
+    /// tokens are asked for: when the first is only whitespace, the second's distribution counts,
+    /// weighted by it). What a G-Eval-style reading needs (Liu et al. 2023).
     ///
     /// The judge's turn is opened with `prefix` (`Rating:`), continued (vLLM's
     /// `continue_final_message`), so the next token is the answer even for a model that would
@@ -135,7 +136,7 @@ impl ChatServer {
             "model": self.model,
             "messages": messages,
             "temperature": 0.0,
-            "max_tokens": 1,
+            "max_tokens": 2,
             "logprobs": true,
             "top_logprobs": 20,
             "seed": seed,
@@ -155,23 +156,53 @@ impl ChatServer {
                 self.url()
             ));
         }
-        let first = &answer["choices"][0]["logprobs"]["content"][0];
-        let top = first["top_logprobs"].as_array().ok_or_else(|| {
-            format!(
-                "{}: an answer without logprobs.content[0].top_logprobs (the reading \
-                 `logprobs` needs a server that returns them)",
+        let positions = answer["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let top = |position: &Value| -> Vec<(String, f64)> {
+            position["top_logprobs"]
+                .as_array()
+                .map(|top| {
+                    top.iter()
+                        .filter_map(|t| {
+                            Some((
+                                t["token"].as_str()?.to_string(),
+                                t["logprob"].as_f64()?.exp(),
+                            ))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let Some(first) = positions.first() else {
+            return Err(format!(
+                "{}: an answer without logprobs.content (the reading `logprobs` needs a server \
+                 that returns them)",
                 self.url()
-            )
-        })?;
-        Ok(top
-            .iter()
-            .filter_map(|t| {
-                Some((
-                    t["token"].as_str()?.trim().to_string(),
-                    t["logprob"].as_f64()?.exp(),
-                ))
-            })
-            .collect())
+            ));
+        };
+        let mut distribution: Vec<(String, f64)> = top(first)
+            .into_iter()
+            .filter(|(token, _)| !token.trim().is_empty())
+            .map(|(token, p)| (token.trim().to_string(), p))
+            .collect();
+        // A tokenizer that writes the space before a digit or letter as a token of its own: the
+        // greedy first token is that space, and the answer is the second token's distribution,
+        // weighted by the space's probability.
+        let greedy = first["token"].as_str().unwrap_or_default();
+        if greedy.trim().is_empty()
+            && let Some(second) = positions.get(1)
+        {
+            let p_space = first["logprob"].as_f64().map_or(0.0, f64::exp);
+            distribution.extend(
+                top(second)
+                    .into_iter()
+                    .filter(|(token, _)| !token.trim().is_empty())
+                    .map(|(token, p)| (token.trim().to_string(), p_space * p)),
+            );
+        }
+        Ok(distribution)
     }
 }
 
@@ -512,7 +543,7 @@ pub fn rate(
     match reading {
         JudgeReading::Verdict => Ok(rating_verdict(&judge.chat(&messages, params)?)),
         JudgeReading::Logprobs => Ok(expected_value(
-            &judge.first_token(&messages, "Rating (1-9): ", params.seed.unwrap_or(0))?,
+            &judge.first_token(&messages, "Rating (1-9):", params.seed.unwrap_or(0))?,
             &DIGITS,
         )),
     }
@@ -663,7 +694,7 @@ fn one_prompt(
                         comparison_verdict(&judge.chat(&messages, judge_params)?)
                     }
                     JudgeReading::Logprobs => {
-                        let first = judge.first_token(&messages, "Better response: ", draw)?;
+                        let first = judge.first_token(&messages, "Better response:", draw)?;
                         expected_value(&first, &[("A", 1.0), ("B", 0.0)])
                             .filter(|p_a| *p_a != 0.5)
                             .map(|p_a| if p_a > 0.5 { 'A' } else { 'B' })
