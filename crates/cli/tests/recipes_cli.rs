@@ -507,6 +507,21 @@ dir = "out"
         assert_eq!(r["failed"], 0, "{side}: {r}");
     }
 
+    // A rerun reuses the pairs; pairs made with other settings are refused, not reused.
+    let again = run(&["rlaif"], &path);
+    assert!(
+        again.status.success() && text(&again).contains("pairs already written"),
+        "{}",
+        text(&again)
+    );
+    std::fs::write(&path, config.replace("max_tokens = 8\n", "max_tokens = 9\n")).unwrap();
+    let changed = run(&["rlaif"], &path);
+    assert!(
+        !changed.status.success() && text(&changed).contains("other principles"),
+        "{}",
+        text(&changed)
+    );
+
     // The recipe owns the DPO's output folder; a typo'd key is named before any sampling.
     for (bad, expect) in [
         ("[dpo]\noutput_dir = \"x\"\n", "output_dir"),

@@ -31,7 +31,8 @@
 //! record: principle, answer, critique, revision, verdicts, kept or why not), `OUT/pairs.jsonl`,
 //! `OUT/dpo/` and `OUT/rlaif.json` (the counts and the judge's mean rating of held-out answers
 //! before and after, with unreadable ratings counted). A rerun with pairs already written goes
-//! straight to the DPO, which continues from its newest checkpoint.
+//! straight to the DPO, which continues from its newest checkpoint; pairs made with other
+//! principles, prompts, models or `[sampling]` settings (`OUT/rlaif-settings.json`) are refused.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -79,7 +80,7 @@ struct RlaifFile {
 }
 
 /// A model to chat with: a local folder served on a loopback port, or a server.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct EndpointSection {
     model: Option<PathBuf>,
@@ -93,7 +94,7 @@ fn default_timeout_s() -> f64 {
     600.0
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct PromptsSection {
     file: PathBuf,
@@ -101,7 +102,7 @@ struct PromptsSection {
     held_out: usize,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 struct SamplingSection {
     temperature: f64,
@@ -419,7 +420,27 @@ pub fn run_command(args: RlaifArgs) -> anyhow::Result<()> {
             println!("before: {}", show(&before));
             summary.before = Some(before);
         }
+        // What the pairs depend on: a rerun reuses them only when this is unchanged.
+        let made_with = serde_json::json!({
+            "principles": std::fs::read_to_string(&file.principles).unwrap_or_default(),
+            "prompts": train,
+            "policy": file.policy,
+            "judge": file.judge,
+            "sampling": file.sampling,
+        });
+        let settings_path = plan.out.join("rlaif-settings.json");
         if pairs_path.exists() && records_path.exists() {
+            let saved: Option<serde_json::Value> = std::fs::read_to_string(&settings_path)
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok());
+            if saved.as_ref() != Some(&made_with) {
+                bail!(
+                    "{} was written with other principles, prompts, models or [sampling] \
+                     settings than this config's; remove it (and pairs.jsonl) to sample again, \
+                     or use another [out] dir",
+                    records_path.display()
+                );
+            }
             let text = std::fs::read_to_string(&records_path)?;
             let records: Vec<RlaifRecord> = text
                 .lines()
@@ -461,6 +482,8 @@ pub fn run_command(args: RlaifArgs) -> anyhow::Result<()> {
             .map_err(anyhow::Error::msg)?;
             write_lines(&pairs_path, records.iter().filter_map(pair_line))
                 .map_err(anyhow::Error::msg)?;
+            std::fs::write(&settings_path, serde_json::to_string_pretty(&made_with)?)
+                .with_context(|| format!("writing {}", settings_path.display()))?;
             println!("rlaif: {}", report.summary());
             summary.report = report;
         }
