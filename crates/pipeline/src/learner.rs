@@ -30,13 +30,13 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use stoke_data::packing::PackedBatch;
+use stoke_tokenizer::hf::Tokenizer;
 use stoke_train::checkpoint::TrainerState;
+use stoke_train::grpo::AdvantageEstimator;
 use stoke_train::grpo::drop_equal_reward_groups;
 use stoke_train::grpo::update::{
     PolicySample, PolicyUpdater, UpdateOutcome, UpdateReport, kl_reward_penalty,
 };
-use stoke_tokenizer::hf::Tokenizer;
-use stoke_train::grpo::AdvantageEstimator;
 use stoke_train::source::BatchSource;
 
 use crate::dense_process::{DenseSample, token_advantages, token_offsets};
@@ -191,13 +191,9 @@ impl Learner {
         let groups_dropped = usable.len() - kept.len();
 
         let dense = match &self.dense_process {
-            Some(tokenizer) if !any_non_finite => Some(self.dense_advantages(
-                tokenizer,
-                &groups,
-                &usable,
-                &kept,
-                &advantages,
-            )?),
+            Some(tokenizer) if !any_non_finite => {
+                Some(self.dense_advantages(tokenizer, &groups, &usable, &kept, &advantages)?)
+            }
             _ => None,
         };
         let process_steps_mean = dense.as_ref().map(|(_, steps_mean)| *steps_mean);
@@ -233,9 +229,7 @@ impl Learner {
                     ref_logprobs,
                     advantage: advantages[k * group_size + s],
                     loss_mask: sample.loss_mask.as_deref(),
-                    token_advantages: dense
-                        .as_ref()
-                        .map(|(rows, _)| rows[index].as_slice()),
+                    token_advantages: dense.as_ref().map(|(rows, _)| rows[index].as_slice()),
                 });
             }
         }

@@ -145,13 +145,10 @@ impl ProcessRewardVerifier {
         let scorer = source
             .step_scorer(config)
             .map_err(|reason| ConfigError::invalid("model", reason))?;
-        Ok(Self::with_scorer(
-            scorer,
-            config.aggregation,
-            config.normalize,
-            config.clip,
+        Ok(
+            Self::with_scorer(scorer, config.aggregation, config.normalize, config.clip)
+                .with_dense(config.dense),
         )
-        .with_dense(config.dense))
     }
 
     /// The same verifier, its step scores meant (or not) for dense advantages.

@@ -574,7 +574,8 @@ impl PolicyUpdater {
                 })
             };
             s.advantage.is_finite()
-                && s.token_advantages.is_none_or(|v| v.iter().all(|a| a.is_finite()))
+                && s.token_advantages
+                    .is_none_or(|v| v.iter().all(|a| a.is_finite()))
                 && finite(s.old_logprobs)
                 && (!(self.settings.use_mismatch_correction
                     || self.settings.loss.distill.is_some())
