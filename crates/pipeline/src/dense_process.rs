@@ -179,7 +179,7 @@ mod tests {
     #[test]
     fn a_step_inside_the_previous_steps_last_token_is_dropped() {
         // One token "a\nb\n" holds both steps: the second has no token of its own.
-        let offsets = [0..4];
+        let offsets = [Range { start: 0, end: 4 }];
         let steps = [step(0, 2, 0.9), step(2, 4, 0.1)];
         let got = spans_of(&steps, &offsets);
         assert_eq!(got.spans, vec![0..1]);

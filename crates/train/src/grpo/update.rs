@@ -11,6 +11,8 @@
 //!    log-probs when mismatch correction is on; reference log-probs when the KL term is on),
 //!    compute [`GrpoLoss`], weight it and backpropagate, adding gradients into one buffer per
 //!    parameter;
+//!    A sample's `token_advantages` (dense process supervision) make the batch's advantages
+//!    `[B, T]`: its own per token, the others' repeated over their tokens;
 //! 3. PTX (InstructGPT): when a packed batch is given and `ptx_coef` is set, add
 //!    `coef * mean next-token loss` of that batch ([`NextTokenObjective`]);
 //! 4. a non-finite loss or gradient norm skips the step: weights and optimizer state untouched;
