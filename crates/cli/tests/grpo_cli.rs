@@ -378,6 +378,90 @@ fn stoke_env_demonstrations_are_the_experts_episodes_played_through_the_environm
 }
 
 #[test]
+fn a_process_reward_model_trained_by_stoke_prm_rewards_grpo_outcome_and_dense() {
+    let dir = setup(CONFIG);
+    // A PRM from the same tiny model: 4 steps of `stoke prm` on rows whose right steps name
+    // the sum.
+    let rows: Vec<(String, Vec<String>, Vec<bool>)> = (0..6)
+        .map(|i| {
+            (
+                format!("What is {i} + 2?"),
+                vec![
+                    format!("{i} + 2"),
+                    format!("is {}", i + 2),
+                    format!("is {}", i + 5),
+                ],
+                vec![true, true, false],
+            )
+        })
+        .collect();
+    common::train_process_reward_model(dir.path(), &rows, 4);
+
+    let start = CONFIG.find("[rewards.default]").unwrap();
+    let end = CONFIG.find("[optimizer]").unwrap();
+    let config_with = |reward: &str, out: &str| {
+        format!("{}{reward}\n{}", &CONFIG[..start], &CONFIG[end..])
+            .replace("steps = 16", "steps = 3")
+            .replace("dir = \"run-a\"", &format!("dir = \"{out}\""))
+    };
+    let steps_of = |out: &str| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(dir.path().join(out).join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("\"kind\":\"step\""))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let outcome = "[rewards.default]\nkind = \"process_reward\"\nmodel = \"prm/model\"\n\
+                   aggregation = \"min\"";
+    for (reward, out, dense) in [
+        (outcome.to_string(), "run-prm", false),
+        (format!("{outcome}\ndense = true"), "run-prm-dense", true),
+    ] {
+        std::fs::write(dir.path().join("grpo.toml"), config_with(&reward, out)).unwrap();
+        let output = grpo(dir.path(), &[]);
+        assert_success(&output);
+        let steps = steps_of(out);
+        assert_eq!(steps.len(), 3, "{out}");
+        for step in &steps {
+            // P(good) aggregated by min, not normalized: every reward is in [0, 1].
+            let mean = step["reward_mean"].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&mean), "reward_mean {mean}: {step}");
+            assert!(step["outcomes"].get("scorer_error").is_none(), "{step}");
+            match step.get("process_steps_mean") {
+                Some(value) if dense => {
+                    let value = value.as_f64().unwrap();
+                    assert!(value > 0.0, "process_steps_mean {value}: {step}");
+                }
+                None if !dense => {}
+                other => panic!("{out}: process_steps_mean {other:?} (dense {dense}): {step}"),
+            }
+        }
+    }
+
+    // Dense needs the process reward to be the run's only reward: refused before training.
+    let two = format!("{outcome}\ndense = true\n[rewards.other]\nkind = \"repetition\"");
+    std::fs::write(dir.path().join("grpo.toml"), config_with(&two, "run-two")).unwrap();
+    let refused = grpo(dir.path(), &[]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("rewards.default.dense") && stderr.contains("only reward"),
+        "{stderr}"
+    );
+    // A reward model (a sequence classifier) is not a PRM: refused, named.
+    let causal = outcome.replace("prm/model", "model");
+    std::fs::write(dir.path().join("grpo.toml"), config_with(&causal, "run-lm")).unwrap();
+    let refused = grpo(dir.path(), &[]);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("rewards.default") && stderr.contains("not a process reward model"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn a_reward_model_trained_by_stoke_rm_scores_grpo_samples() {
     let dir = setup(CONFIG);
     // A reward model from the same tiny model: 4 steps of `stoke rm` on pairs that prefer

@@ -425,6 +425,23 @@ impl GrpoConfig {
                 .transpose()?,
         };
         check_code_repair(&tasks, held_out.as_ref(), settings.environment.as_ref())?;
+        if let Some((name, _)) = rewards.iter().find(|(_, r)| r.is_dense_process()) {
+            // Step bytes index the completion text, which for an episode is its last turn only.
+            if settings.environment.is_some() {
+                return Err(PipelineError::config(
+                    format!("rewards.{name}.dense"),
+                    "dense process advantages are for single-turn samples; an [environment] \
+                     run's completion holds the environment's tokens too",
+                ));
+            }
+            if settings.loss.distill.is_some() {
+                return Err(PipelineError::config(
+                    format!("rewards.{name}.dense"),
+                    "dense process advantages and on-policy distillation both set per-token \
+                     advantages; use one",
+                ));
+            }
+        }
         if let Some(lora) = &settings.lora {
             lora.validate().map_err(|e| match e {
                 stoke_model::ModelError::InvalidArgument(m) => match m.split_once(": ") {

@@ -16,7 +16,12 @@
 //! model gives in process. Connecting checks that the server answers, serves the named model
 //! (or picks its first), and scores one label; each failure names the URL.
 //!
-//! What it is not: the post-processing (normalization, clipping: the verifier's).
+//! A `process_reward` reward's PRM (a token classifier with two labels, `stoke prm`'s model) is
+//! [`LocalStepScorer`]: loaded once per folder too, it scores each completion step by step with
+//! `stoke_train::prm::score_traces` (the reward's `step_separator`, empty steps dropped, repeats
+//! scored 0) in batches of [`BATCH`] traces, and returns each step's bytes and P(good).
+//!
+//! What it is not: the post-processing (aggregation, normalization, clipping: the verifier's).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,10 +32,13 @@ use std::time::Duration;
 use candle_core::Device;
 use serde_json::{Value, json};
 use stoke_model::Transformer;
+use stoke_reward::StepScore;
+use stoke_reward::process_reward::{ProcessRewardConfig, StepScorer};
 use stoke_reward::reward_model::{RewardModelConfig, ScoreItem, ScorerSource, SequenceScorer};
 use stoke_serve::client::Client;
 use stoke_tokenizer::hf::Tokenizer;
 use stoke_train::preference::data::scored_conversation;
+use stoke_train::prm::{StepRule, score_traces};
 
 /// Rows per forward pass.
 pub const BATCH: usize = 16;
@@ -104,10 +112,81 @@ impl SequenceScorer for LocalScorer {
     }
 }
 
+/// One process reward model, loaded, with the rule that splits completions into steps.
+pub struct LocalStepScorer {
+    model: Arc<Transformer>,
+    tokenizer: Arc<Tokenizer>,
+    rule: StepRule,
+    dir: PathBuf,
+}
+
+impl LocalStepScorer {
+    /// Loads `dir` (a token classifier with two labels, with tokenizer files). Errors name the
+    /// folder and what is wrong.
+    pub fn load(dir: &Path, separator: &str) -> Result<LocalStepScorer, String> {
+        let model =
+            Transformer::load(dir, &Device::Cpu).map_err(|e| format!("{}: {e}", dir.display()))?;
+        if !model.is_token_classifier() || model.config().score_labels != Some(2) {
+            return Err(format!(
+                "{} is not a process reward model (a token classifier with 2 labels, as `stoke \
+                 prm` trains); a sequence classifier is a `reward_model`",
+                dir.display()
+            ));
+        }
+        let tokenizer = Tokenizer::from_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        Ok(LocalStepScorer {
+            model: Arc::new(model.into_frozen()),
+            tokenizer: Arc::new(tokenizer),
+            rule: StepRule {
+                separator: separator.to_string(),
+            },
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// The same model and tokenizer, splitting by `separator`.
+    fn with_separator(&self, separator: &str) -> LocalStepScorer {
+        LocalStepScorer {
+            model: Arc::clone(&self.model),
+            tokenizer: Arc::clone(&self.tokenizer),
+            rule: StepRule {
+                separator: separator.to_string(),
+            },
+            dir: self.dir.clone(),
+        }
+    }
+}
+
+impl StepScorer for LocalStepScorer {
+    fn score_steps(&self, items: &[ScoreItem<'_>]) -> Result<Vec<Vec<StepScore>>, String> {
+        let mut out = Vec::with_capacity(items.len());
+        for chunk in items.chunks(BATCH) {
+            let traces: Vec<(&str, &str)> =
+                chunk.iter().map(|i| (i.prompt, i.completion)).collect();
+            let scored = score_traces(&self.model, &self.tokenizer, &self.rule, &traces)
+                .map_err(|e| format!("{}: scoring steps: {e}", self.dir.display()))?;
+            out.extend(scored.into_iter().map(|trace| {
+                trace
+                    .steps
+                    .iter()
+                    .zip(&trace.scores)
+                    .map(|(step, &score)| StepScore {
+                        start: step.bytes.start,
+                        end: step.bytes.end,
+                        score,
+                    })
+                    .collect()
+            }));
+        }
+        Ok(out)
+    }
+}
+
 /// Loads each reward model folder once for the run's rewards.
 #[derive(Default)]
 pub struct LocalScorers {
     loaded: Mutex<BTreeMap<PathBuf, Arc<LocalScorer>>>,
+    process: Mutex<BTreeMap<PathBuf, Arc<LocalStepScorer>>>,
 }
 
 impl ScorerSource for LocalScorers {
@@ -120,6 +199,19 @@ impl ScorerSource for LocalScorers {
             return Ok(Arc::clone(scorer) as Arc<dyn SequenceScorer>);
         }
         let scorer = Arc::new(LocalScorer::load(&config.model)?);
+        loaded.insert(config.model.clone(), Arc::clone(&scorer));
+        Ok(scorer)
+    }
+
+    fn step_scorer(&self, config: &ProcessRewardConfig) -> Result<Arc<dyn StepScorer>, String> {
+        let mut loaded = self.process.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(scorer) = loaded.get(&config.model) {
+            return Ok(Arc::new(scorer.with_separator(&config.step_separator)));
+        }
+        let scorer = Arc::new(LocalStepScorer::load(
+            &config.model,
+            &config.step_separator,
+        )?);
         loaded.insert(config.model.clone(), Arc::clone(&scorer));
         Ok(scorer)
     }

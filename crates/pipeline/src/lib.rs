@@ -30,6 +30,7 @@
 
 pub mod buffer;
 pub mod config;
+pub mod dense_process;
 pub mod driver;
 pub mod env_settings;
 pub mod episode;

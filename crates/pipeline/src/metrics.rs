@@ -200,6 +200,10 @@ pub struct GrpoStepRecord {
     /// LLM-judge rewards: what judging the batch cost and how often it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub judge: Option<JudgeBatchRecord>,
+    /// Dense process advantages (`process_reward` with `dense = true`): scored steps per
+    /// trained sample that reached the token advantages, mean. Absent when off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process_steps_mean: Option<f64>,
 }
 
 /// The LLM judge's figures over one update's samples (those a `judge` reward scored).
@@ -691,6 +695,7 @@ mod tests {
             components: Vec::new(),
             failure: None,
             judge,
+            steps: None,
         }
     }
 

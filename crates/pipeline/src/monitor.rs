@@ -517,6 +517,7 @@ pub fn step_record(
         clip_high_fraction: report.clip.high,
         clip_region_fraction: report.clip.region,
         ratio: report.mismatch.as_ref().map(RatioRecord::from),
+        process_steps_mean: step.process_steps_mean,
         seconds: ModuleSeconds {
             busy,
             waiting: timing.trainer_waiting,

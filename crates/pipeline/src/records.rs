@@ -217,6 +217,9 @@ pub struct SampleReward {
     pub failure: Option<RewardFailure>,
     /// LLM-judge rewards: what judging the sample cost (`stoke_reward::JudgeFigures`).
     pub judge: Option<stoke_reward::JudgeFigures>,
+    /// Process rewards: each step's bytes in the completion text and its score (`None`: the
+    /// reward scores no steps). Read by the learner's dense process advantages.
+    pub steps: Option<Vec<stoke_reward::StepScore>>,
 }
 
 impl SampleReward {
@@ -232,6 +235,7 @@ impl SampleReward {
             components: Vec::new(),
             failure: Some(failure),
             judge: None,
+            steps: None,
         }
     }
 

@@ -493,6 +493,7 @@ mod tests {
             components: Vec::new(),
             failure: None,
             judge: None,
+            steps: None,
         }
     }
 

@@ -50,16 +50,21 @@ pub struct RewardSpec {
     /// Score the whole group in one `score_group` call (rewards that compare samples within a
     /// group); else one job per sample.
     pub group_level: bool,
+    /// A `process_reward` with `dense = true`: its step scores also shape the token advantages
+    /// (`dense_process`).
+    pub dense_process: bool,
 }
 
 impl RewardSpec {
     /// A built `stoke_reward` reward; group-level exactly when the reward says so.
     pub fn from_reward(name: String, reward: Reward) -> RewardSpec {
         let group_level = reward.is_group_level();
+        let dense_process = reward.is_dense_process();
         RewardSpec {
             name,
             verifier: Arc::new(reward),
             group_level,
+            dense_process,
         }
     }
 }
@@ -518,6 +523,7 @@ fn sample_reward(outcome: RewardOutcome) -> SampleReward {
             .collect(),
         failure: None,
         judge: outcome.details.judge,
+        steps: outcome.details.steps,
     }
 }
 

@@ -266,6 +266,9 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
             })
         }
     };
+    // A dense process_reward (the run's only reward, checked with the config) also shapes the
+    // token advantages with its step scores (`dense_process`).
+    let dense_process = rewards.iter().any(|spec| spec.dense_process);
     let rewards: Box<dyn RewardService> = match &settings.services.reward {
         None => Box::new(RewardPool::new(
             rewards,
@@ -372,6 +375,9 @@ pub fn run(run: GrpoRun, options: RunOptions) -> Result<GrpoSummary, PipelineErr
         ptx,
         start_step,
     );
+    if dense_process {
+        learner = learner.with_dense_process(Arc::clone(&tokenizer));
+    }
     let modules = Modules {
         rollout,
         rewards,

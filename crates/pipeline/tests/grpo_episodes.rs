@@ -248,6 +248,7 @@ fn train_on(
         name: "default".into(),
         verifier,
         group_level: false,
+        dense_process: false,
     };
     let rewards = EpisodeRewards::new(Box::new(
         RewardPool::new(vec![spec], 2, Duration::from_secs(30)).unwrap(),
@@ -564,6 +565,7 @@ lr = 1e-3
             name: "default".into(),
             verifier: Arc::new(Nothing),
             group_level: false,
+            dense_process: false,
         }],
         2,
         Duration::from_secs(30),

@@ -174,6 +174,7 @@ fn grpo_run(
             name: "code".into(),
             verifier,
             group_level: false,
+            dense_process: false,
         }],
         settings,
         out_dir: out.to_path_buf(),

@@ -167,6 +167,7 @@ fn session_with(
         name: "scripted".into(),
         verifier,
         group_level: false,
+        dense_process: false,
     };
     let rewards = RewardPool::new(vec![spec], 2, Duration::from_secs(30)).unwrap();
     let inference: Arc<Mutex<dyn ReferenceScoring>> =
@@ -438,6 +439,7 @@ fn grpo_run(out: &Path, settings: GrpoSettings, verifier: Arc<dyn Verifier>) -> 
             name: "scripted".into(),
             verifier,
             group_level: false,
+            dense_process: false,
         }],
         settings,
         out_dir: out.to_path_buf(),

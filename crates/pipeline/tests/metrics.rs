@@ -54,6 +54,7 @@ fn reward(score: f64, outcome: Outcome) -> SampleReward {
         components: vec![("format".into(), score / 2.0)],
         failure: None,
         judge: None,
+        steps: None,
     }
 }
 

@@ -57,6 +57,7 @@ fn setup(tasks: usize) -> (Transformer, Tokenizer, Vec<Arc<Task>>, RewardPool) {
         name: "even".into(),
         verifier: Arc::new(EvenLength),
         group_level: false,
+        dense_process: false,
     };
     let pool = RewardPool::new(vec![spec], 2, Duration::from_secs(30)).expect("pool starts");
     (model, tokenizer, tasks, pool)

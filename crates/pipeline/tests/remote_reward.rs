@@ -52,6 +52,7 @@ fn specs() -> Vec<RewardSpec> {
             name: "scripted".into(),
             verifier: Arc::new(Scripted),
             group_level: false,
+            dense_process: false,
         },
         RewardSpec::from_reward("composite".into(), composite.build(None).unwrap()),
     ]

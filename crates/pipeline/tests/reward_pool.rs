@@ -93,6 +93,7 @@ fn spec(name: &str, verifier: Arc<dyn Verifier>, group_level: bool) -> RewardSpe
         name: name.into(),
         verifier,
         group_level,
+        dense_process: false,
     }
 }
 

@@ -32,6 +32,7 @@ use crate::json_schema::{JsonSchemaConfig, JsonSchemaVerifier};
 use crate::judge::{JudgeConfig, JudgeVerifier};
 use crate::math::{MathConfig, MathVerifier};
 use crate::overlong::{OverlongConfig, OverlongVerifier};
+use crate::process_reward::{ProcessRewardConfig, ProcessRewardVerifier};
 use crate::repetition::{RepetitionConfig, RepetitionVerifier};
 use crate::reward_model::{RewardModelConfig, RewardModelVerifier, ScorerSource};
 use crate::stdio_tests::{StdioTestsConfig, StdioTestsVerifier};
@@ -57,6 +58,7 @@ pub enum RewardConfig {
     Instructions(InstructionsConfig),
     Composite(CompositeConfig),
     RewardModel(RewardModelConfig),
+    ProcessReward(ProcessRewardConfig),
     Judge(JudgeConfig),
 }
 
@@ -91,8 +93,15 @@ impl RewardConfig {
             Self::Instructions(_) => RewardKind::Instructions,
             Self::Composite(_) => RewardKind::Composite,
             Self::RewardModel(_) => RewardKind::RewardModel,
+            Self::ProcessReward(_) => RewardKind::ProcessReward,
             Self::Judge(_) => RewardKind::Judge,
         }
+    }
+
+    /// True for a `process_reward` reward with `dense = true` (at the top level: a composite's
+    /// components feed only its total).
+    pub fn is_dense_process(&self) -> bool {
+        matches!(self, Self::ProcessReward(c) if c.dense)
     }
 
     /// True when this reward (or any component of it) runs code.
@@ -139,13 +148,16 @@ impl RewardConfig {
                 Reward::Composite(CompositeVerifier::new_with(c, sandbox, scorers)?)
             }
             Self::RewardModel(c) => Reward::RewardModel(RewardModelVerifier::new(c, scorers)?),
+            Self::ProcessReward(c) => {
+                Reward::ProcessReward(ProcessRewardVerifier::new(c, scorers)?)
+            }
             Self::Judge(c) => Reward::Judge(JudgeVerifier::new(c)?),
         })
     }
 
     /// The config of `kind` with every option at its default, when the kind has defaults for
-    /// all its options (overlong, cosine_length, instructions, composite, reward_model and judge
-    /// need a file).
+    /// all its options (overlong, cosine_length, instructions, composite, reward_model,
+    /// process_reward and judge need a file).
     pub fn default_for(kind: RewardKind) -> Result<RewardConfig, ConfigError> {
         let needs_file = |field: &str| {
             Err(ConfigError::invalid(
@@ -167,7 +179,7 @@ impl RewardConfig {
             RewardKind::Repetition => Self::Repetition(RepetitionConfig::default()),
             RewardKind::Instructions => return needs_file("constraints"),
             RewardKind::Composite => return needs_file("components"),
-            RewardKind::RewardModel => return needs_file("model"),
+            RewardKind::RewardModel | RewardKind::ProcessReward => return needs_file("model"),
             RewardKind::Judge => return needs_file("urls"),
         })
     }
@@ -189,6 +201,7 @@ pub enum Reward {
     Instructions(InstructionsVerifier),
     Composite(CompositeVerifier),
     RewardModel(RewardModelVerifier),
+    ProcessReward(ProcessRewardVerifier),
     Judge(JudgeVerifier),
 }
 
@@ -215,6 +228,7 @@ impl Reward {
             Self::Instructions(_) => RewardKind::Instructions,
             Self::Composite(_) => RewardKind::Composite,
             Self::RewardModel(_) => RewardKind::RewardModel,
+            Self::ProcessReward(_) => RewardKind::ProcessReward,
             Self::Judge(_) => RewardKind::Judge,
         }
     }
@@ -235,6 +249,7 @@ impl Reward {
             Self::Instructions(v) => v,
             Self::Composite(v) => v,
             Self::RewardModel(v) => v,
+            Self::ProcessReward(v) => v,
             Self::Judge(v) => v,
         }
     }
@@ -248,6 +263,12 @@ impl Reward {
         }
     }
 
+    /// True for a `process_reward` with `dense = true`: the learner also folds its step scores
+    /// into the token advantages.
+    pub fn is_dense_process(&self) -> bool {
+        matches!(self, Self::ProcessReward(v) if v.is_dense())
+    }
+
     /// True when the reward compares completions within a group (`score_group` differs from
     /// scoring each alone).
     pub fn is_group_level(&self) -> bool {
@@ -255,7 +276,10 @@ impl Reward {
             // A group is one batch for the model, and `normalize = "group"` reads the group; a
             // judge compares the group's completions (pairwise, listwise) or runs its requests
             // concurrently.
-            Self::GroupLength(_) | Self::RewardModel(_) | Self::Judge(_) => true,
+            Self::GroupLength(_)
+            | Self::RewardModel(_)
+            | Self::ProcessReward(_)
+            | Self::Judge(_) => true,
             Self::Composite(composite) => composite.is_group_level(),
             _ => false,
         }

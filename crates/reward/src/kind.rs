@@ -25,11 +25,12 @@ pub enum RewardKind {
     Instructions,
     Composite,
     RewardModel,
+    ProcessReward,
     Judge,
 }
 
 impl RewardKind {
-    pub const ALL: [RewardKind; 15] = [
+    pub const ALL: [RewardKind; 16] = [
         Self::Math,
         Self::ExactMatch,
         Self::UnitTests,
@@ -44,6 +45,7 @@ impl RewardKind {
         Self::Instructions,
         Self::Composite,
         Self::RewardModel,
+        Self::ProcessReward,
         Self::Judge,
     ];
 
@@ -63,6 +65,7 @@ impl RewardKind {
             Self::Instructions => "instructions",
             Self::Composite => "composite",
             Self::RewardModel => "reward_model",
+            Self::ProcessReward => "process_reward",
             Self::Judge => "judge",
         }
     }

@@ -23,6 +23,7 @@
 //! | `instructions` | `instructions.rs` | completion only (constraints in the config) |
 //! | `composite` | `config/composite.rs` | whatever its components read |
 //! | `reward_model` | `reward_model.rs` | prompt and completion (a learned model the caller runs) |
+//! | `process_reward` | `process_reward.rs` | prompt and completion, step by step (a PRM the caller runs) |
 //! | `judge` | `judge/` | prompt and completion(s) (a language model on OpenAI-compatible servers) |
 //!
 //! What this crate is not: a tokenizer (token counts are inputs) or a process jail (code runs
@@ -48,6 +49,7 @@ pub mod judge;
 pub mod kind;
 pub mod math;
 pub mod overlong;
+pub mod process_reward;
 pub mod repetition;
 pub mod reward_model;
 pub mod stats;
@@ -63,5 +65,5 @@ pub use kind::RewardKind;
 pub use stats::RewardStats;
 pub use verifier::{
     Check, ComponentScore, Details, IoCase, JudgeFigures, Outcome, Reference, RewardInput,
-    RewardOutcome, Verifier,
+    RewardOutcome, StepScore, Verifier,
 };

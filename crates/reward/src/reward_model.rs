@@ -94,9 +94,18 @@ pub trait SequenceScorer: Send + Sync {
     fn score(&self, items: &[ScoreItem<'_>]) -> Result<Vec<f64>, String>;
 }
 
-/// Makes the scorer of a `reward_model` reward (a caller that can run models).
+/// Makes the scorers of learned rewards (a caller that can run models).
 pub trait ScorerSource: Send + Sync {
+    /// The scorer of a `reward_model` reward.
     fn scorer(&self, config: &RewardModelConfig) -> Result<Arc<dyn SequenceScorer>, String>;
+
+    /// The step scorer of a `process_reward` reward (by default: none, with the reason).
+    fn step_scorer(
+        &self,
+        _config: &crate::process_reward::ProcessRewardConfig,
+    ) -> Result<Arc<dyn crate::process_reward::StepScorer>, String> {
+        Err("this caller cannot run process reward models".into())
+    }
 }
 
 /// The `reward_model` verifier (see the module doc).

@@ -141,6 +141,20 @@ pub struct Details {
     /// LLM-as-judge rewards: what judging this sample cost (a composite sums its components').
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub judge: Option<JudgeFigures>,
+    /// Process rewards: each step of the completion and its score, in order (`None`: the
+    /// reward does not score steps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<Vec<StepScore>>,
+}
+
+/// One step of a completion as a process reward model scored it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct StepScore {
+    /// The step's bytes `[start, end)` in the completion text (its separator included).
+    pub start: usize,
+    pub end: usize,
+    /// P(good) from the PRM; 0 for a step that repeats an earlier one.
+    pub score: f64,
 }
 
 /// What an LLM judge did for one sample. Calls that concern several samples (a pairwise

@@ -33,6 +33,7 @@ fn toml_tables_parse_into_each_kind() {
         "kind = \"instructions\"\nscoring = \"all\"\nconstraints = [{ type = \"lowercase\" }, { type = \"word_count\", relation = \"at_most\", value = 100 }]",
         "kind = \"composite\"\n[[components]]\ncorrectness = true\nreward = { kind = \"math\" }",
         "kind = \"reward_model\"\nmodel = \"runs/rm/model\"\nnormalize = \"group\"\nclip = 5.0",
+        "kind = \"process_reward\"\nmodel = \"runs/prm/model\"\naggregation = \"last\"\nstep_separator = \"\\n\\n\"\ndense = true",
         "kind = \"judge\"\nurls = [\"http://127.0.0.1:8000\"]\nmode = \"pairwise\"\nrubric = \"Be helpful.\"\nscale = [1, 10]\nswap = true",
     ];
     let kinds: Vec<RewardKind> = examples

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
+use stoke_reward::StepScore;
 use stoke_reward::judge::{JudgeConfig, JudgeTransport, JudgeVerifier, TransportError};
+use stoke_reward::process_reward::{ProcessRewardConfig, StepScorer};
 use stoke_reward::reward_model::{RewardModelConfig, ScoreItem, ScorerSource, SequenceScorer};
 use stoke_reward::{Reference, Reward, RewardConfig, RewardInput, RewardKind, Verifier};
 
@@ -98,11 +100,41 @@ impl SequenceScorer for LengthScorer {
     }
 }
 
+/// Splits at each "\n" and scores a step by its length: a stand-in for a PRM.
+struct LineScorer;
+
+impl StepScorer for LineScorer {
+    fn score_steps(&self, items: &[ScoreItem<'_>]) -> Result<Vec<Vec<StepScore>>, String> {
+        Ok(items
+            .iter()
+            .map(|item| {
+                let mut start = 0;
+                item.completion
+                    .split_inclusive('\n')
+                    .map(|piece| {
+                        let step = StepScore {
+                            start,
+                            end: start + piece.len(),
+                            score: 1.0 / (1.0 + piece.len() as f64),
+                        };
+                        start += piece.len();
+                        step
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+}
+
 struct LengthScorers;
 
 impl ScorerSource for LengthScorers {
     fn scorer(&self, _config: &RewardModelConfig) -> Result<Arc<dyn SequenceScorer>, String> {
         Ok(Arc::new(LengthScorer))
+    }
+
+    fn step_scorer(&self, _config: &ProcessRewardConfig) -> Result<Arc<dyn StepScorer>, String> {
+        Ok(Arc::new(LineScorer))
     }
 }
 
@@ -161,6 +193,7 @@ fn rewards() -> Vec<Reward> {
         // The verifier's own work (inputs to the scorer, normalization, clipping); the model's
         // cost is the scorer's, so a stand-in scorer reads each completion's length.
         r#"{"kind": "reward_model", "model": "unused", "normalize": "group", "clip": 3.0}"#,
+        r#"{"kind": "process_reward", "model": "unused", "aggregation": "mean", "dense": true}"#,
     ];
     let mut rewards: Vec<Reward> = configs
         .iter()

@@ -142,7 +142,8 @@ pub struct PolicyBatch<'a> {
     pub ref_logprobs: Option<&'a Tensor>,
     /// `[B, T]` log-probs recorded by the rollout engine.
     pub rollout_logprobs: Option<&'a Tensor>,
-    /// `[B]`, or `[B, T]` per-token advantages (on-policy distillation).
+    /// `[B]`, or `[B, T]` per-token advantages (on-policy distillation, dense process
+    /// supervision).
     pub advantages: &'a Tensor,
     /// `[B, T]` 0/1, same dtype as the log-probs: 1 on the tokens the loss trains on (0 on
     /// padding and on a multi-turn episode's environment tokens). Every term reads positions

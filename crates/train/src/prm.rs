@@ -17,8 +17,9 @@
 //! 1 = good step; `LlamaForTokenClassification` and its kin, `Transformer::score_tokens`). Dense
 //! advantages for GRPO from step scores are `grpo::process_advantage`.
 //!
-//! What this is not: the PRM as a `stoke grpo` reward kind (the scorer and the advantages are
-//! here; wiring them into the GRPO pipeline is not).
+//! What this is not: the PRM as a `stoke grpo` reward kind (`stoke_reward::process_reward`, its
+//! scorer in `stoke_pipeline::learned_reward`, the dense advantages' hook in
+//! `stoke_pipeline::dense_process`).
 
 pub mod data;
 pub mod loss;

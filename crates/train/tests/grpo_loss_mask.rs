@@ -40,6 +40,7 @@ impl Owned {
             ref_logprobs: self.reference.as_deref(),
             advantage: self.advantage,
             loss_mask: self.loss_mask.as_deref(),
+            token_advantages: None,
         }
     }
 

@@ -36,6 +36,7 @@ impl Owned {
             ref_logprobs: self.reference.as_deref(),
             advantage: self.advantage,
             loss_mask: None,
+            token_advantages: None,
         }
     }
 }

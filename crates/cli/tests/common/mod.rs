@@ -77,3 +77,41 @@ pub fn train_reward_model(dir: &Path, pairs: &[(String, String, String)], steps:
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// `dir/prm/model`: a process reward model trained by `stoke prm` for `steps` steps from
+/// `dir/model` on stepwise rows `(prompt, steps, labels)` (written to `dir/steps.jsonl`; steps
+/// end at "\n", `stoke prm`'s default separator).
+#[allow(dead_code)] // used by the GRPO tests only; each test binary compiles this module
+pub fn train_process_reward_model(
+    dir: &Path,
+    rows: &[(String, Vec<String>, Vec<bool>)],
+    steps: usize,
+) {
+    let lines: Vec<String> = rows
+        .iter()
+        .map(|(prompt, completions, labels)| {
+            serde_json::json!({"prompt": prompt, "completions": completions, "labels": labels})
+                .to_string()
+        })
+        .collect();
+    std::fs::write(dir.join("steps.jsonl"), lines.join("\n")).unwrap();
+    std::fs::write(
+        dir.join("prm.toml"),
+        format!(
+            "output_dir = \"prm\"\n[model]\npath = \"model\"\n[data]\ntrain = \"steps.jsonl\"\n\
+             rows_per_micro_batch = 2\n[optimizer]\nlr = 1e-3\n[training]\nsteps = {steps}\n"
+        ),
+    )
+    .unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_stoke"))
+        .arg("prm")
+        .arg(dir.join("prm.toml"))
+        .arg("--quiet")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "stoke prm: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

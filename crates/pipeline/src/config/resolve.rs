@@ -216,6 +216,21 @@ pub(super) fn resolve_rewards(
             }
         }
     }
+    // Dense process advantages come from one reward's step scores: with a second reward, tasks
+    // scored by the other would have none, and the group normalization of step rewards would
+    // mix models.
+    if let Some((name, _)) = ordered.iter().find(|(_, r)| r.is_dense_process())
+        && ordered.len() > 1
+    {
+        return Err(PipelineError::config(
+            format!("rewards.{name}.dense"),
+            format!(
+                "dense process advantages need the process_reward to be the run's only reward; \
+                 this run configures {} (set dense = false to use it as an outcome reward)",
+                ordered.len()
+            ),
+        ));
+    }
     Ok(ordered)
 }
 
@@ -224,6 +239,7 @@ pub(super) fn resolve_rewards(
 fn absolute_model_paths(reward: &mut RewardConfig, base: &Path) {
     match reward {
         RewardConfig::RewardModel(c) if c.model.is_relative() => c.model = base.join(&c.model),
+        RewardConfig::ProcessReward(c) if c.model.is_relative() => c.model = base.join(&c.model),
         RewardConfig::Judge(c) => {
             if let Some(rubric) = c.rubric_file.as_mut().filter(|path| path.is_relative()) {
                 *rubric = base.join(&*rubric);

@@ -86,6 +86,9 @@ pub struct WireReward {
     /// LLM-judge rewards: the judge's figures for the sample (absent from older servers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub judge: Option<stoke_reward::JudgeFigures>,
+    /// Process rewards: the scored steps (absent from older servers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<Vec<stoke_reward::StepScore>>,
 }
 
 /// `POST /score`'s answer.
@@ -111,6 +114,7 @@ impl From<&SampleReward> for WireReward {
                 }
             }),
             judge: reward.judge,
+            steps: reward.steps.clone(),
         }
     }
 }
@@ -129,6 +133,7 @@ impl WireReward {
                 WireFailure::Panicked(m) => RewardFailure::Panicked(m),
             }),
             judge: self.judge,
+            steps: self.steps,
         })
     }
 }
@@ -493,6 +498,11 @@ mod tests {
                 compared_pairs: 2,
                 consistent_pairs: 1,
             }),
+            steps: Some(vec![stoke_reward::StepScore {
+                start: 0,
+                end: 3,
+                score: 0.5,
+            }]),
         };
         let text = serde_json::to_string(&WireReward::from(&reward)).unwrap();
         let back: WireReward = serde_json::from_str(&text).unwrap();

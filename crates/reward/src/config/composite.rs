@@ -133,6 +133,13 @@ impl CompositeVerifier {
                     "components cannot be composite",
                 ));
             }
+            if component.reward.is_dense_process() {
+                return Err(ConfigError::invalid(
+                    field("reward.dense"),
+                    "a dense process_reward shapes the token advantages and must be the run's \
+                     only reward, not a composite's component (use dense = false here)",
+                ));
+            }
             if !component.weight.is_finite() {
                 return Err(ConfigError::invalid(field("weight"), "must be finite"));
             }

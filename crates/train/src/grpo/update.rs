@@ -11,6 +11,8 @@
 //!    log-probs when mismatch correction is on; reference log-probs when the KL term is on),
 //!    compute [`GrpoLoss`], weight it and backpropagate, adding gradients into one buffer per
 //!    parameter;
+//!    A sample's `token_advantages` (dense process supervision) make the batch's advantages
+//!    `[B, T]`: its own per token, the others' repeated over their tokens;
 //! 3. PTX (InstructGPT): when a packed batch is given and `ptx_coef` is set, add
 //!    `coef * mean next-token loss` of that batch ([`NextTokenObjective`]);
 //! 4. a non-finite loss or gradient norm skips the step: weights and optimizer state untouched;
@@ -84,6 +86,9 @@ pub struct PolicySample<'a> {
     /// environment's tokens are `false` and are not trained on); `None`: every token is the
     /// model's.
     pub loss_mask: Option<&'a [bool]>,
+    /// One advantage per completion token, replacing `advantage` (dense process supervision,
+    /// `process_advantage::process_token_advantages`); `None`: `advantage` for every token.
+    pub token_advantages: Option<&'a [f64]>,
 }
 
 impl PolicySample<'_> {
@@ -444,8 +449,26 @@ impl PolicyUpdater {
         } else {
             None
         };
-        let advantages: Vec<f32> = chunk.iter().map(|s| s.advantage as f32).collect();
-        let mut advantages = Tensor::from_vec(advantages, chunk.len(), device)?;
+        let mut advantages = if chunk.iter().any(|s| s.token_advantages.is_some()) {
+            // Per-token advantages `[B, T]`: a sample without them repeats its own; padding 0
+            // (the mask zeroes it anyway).
+            let mut values = vec![0f32; chunk.len() * width];
+            for (row, s) in values.chunks_mut(width).zip(chunk) {
+                let tokens = s.completion_ids.len().min(width);
+                match s.token_advantages {
+                    Some(per_token) => {
+                        for (v, a) in row.iter_mut().zip(&per_token[..tokens]) {
+                            *v = *a as f32;
+                        }
+                    }
+                    None => row[..tokens].fill(s.advantage as f32),
+                }
+            }
+            Tensor::from_vec(values, (chunk.len(), width), device)?
+        } else {
+            let advantages: Vec<f32> = chunk.iter().map(|s| s.advantage as f32).collect();
+            Tensor::from_vec(advantages, chunk.len(), device)?
+        };
         if let (Some(distill), Some(teacher)) = (self.settings.loss.distill, reference.as_ref()) {
             // On-policy distillation: per-token advantages from the teacher's log-probs of the
             // sampled tokens against the sampler's own.
@@ -499,6 +522,19 @@ impl PolicyUpdater {
                     mask.len()
                 )));
             }
+            if let Some(per_token) = sample.token_advantages {
+                if per_token.len() != tokens {
+                    return Err(bad(format!(
+                        "token_advantages has {} entries for {tokens} completion tokens",
+                        per_token.len()
+                    )));
+                }
+                if distill {
+                    return Err(bad(
+                        "token_advantages cannot be combined with on-policy distillation".into(),
+                    ));
+                }
+            }
             let mut named = vec![("old_logprobs", sample.old_logprobs)];
             if self.settings.use_mismatch_correction || distill {
                 named.push(("rollout_logprobs", Some(sample.rollout_logprobs)));
@@ -540,6 +576,8 @@ impl PolicyUpdater {
                 })
             };
             s.advantage.is_finite()
+                && s.token_advantages
+                    .is_none_or(|v| v.iter().all(|a| a.is_finite()))
                 && finite(s.old_logprobs)
                 && (!(self.settings.use_mismatch_correction
                     || self.settings.loss.distill.is_some())
