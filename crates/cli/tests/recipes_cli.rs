@@ -514,7 +514,11 @@ dir = "out"
         "{}",
         text(&again)
     );
-    std::fs::write(&path, config.replace("max_tokens = 8\n", "max_tokens = 9\n")).unwrap();
+    std::fs::write(
+        &path,
+        config.replace("max_tokens = 8\n", "max_tokens = 9\n"),
+    )
+    .unwrap();
     let changed = run(&["rlaif"], &path);
     assert!(
         !changed.status.success() && text(&changed).contains("other principles"),
