@@ -47,6 +47,7 @@ pub mod instructions;
 pub mod json_schema;
 pub mod judge;
 pub mod kind;
+pub mod learned;
 pub mod math;
 pub mod overlong;
 pub mod process_reward;

@@ -32,73 +32,13 @@
 //! dense = false               # true: per-step scores also shape the token advantages
 //! ```
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::ConfigError;
-use crate::reward_model::{Normalize, ScoreItem, ScorerSource, post_process};
-use crate::verifier::{Details, Outcome, RewardInput, RewardOutcome, StepScore, Verifier};
-
-/// `[rewards.NAME] kind = "process_reward"`'s options.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProcessRewardConfig {
-    /// The PRM's folder: a token classifier with two labels and its tokenizer.
-    pub model: PathBuf,
-    #[serde(default)]
-    pub aggregation: Aggregation,
-    /// Where a completion splits into steps: the separator the PRM was trained with (`stoke
-    /// prm`'s `[prm] step_separator`, TRL's `PRMConfig` default `"\n"`).
-    #[serde(default = "default_separator")]
-    pub step_separator: String,
-    #[serde(default)]
-    pub normalize: Normalize,
-    /// Clamp every score to `[-clip, clip]` after normalization.
-    #[serde(default)]
-    pub clip: Option<f64>,
-    /// Also shape the token advantages with the step scores (the learner's dense process
-    /// supervision); the outcome score is used either way.
-    #[serde(default)]
-    pub dense: bool,
-}
-
-fn default_separator() -> String {
-    "\n".into()
-}
-
-/// How a completion's step scores become one score.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Aggregation {
-    /// The lowest step score.
-    #[default]
-    Min,
-    /// The last step's score.
-    Last,
-    /// The mean step score.
-    Mean,
-}
-
-impl Aggregation {
-    /// One score from the step scores, in order; no steps: 0.
-    pub fn aggregate(self, scores: &[f64]) -> f64 {
-        match (self, scores) {
-            (_, []) => 0.0,
-            (Aggregation::Min, _) => scores.iter().copied().fold(f64::INFINITY, f64::min),
-            (Aggregation::Last, [.., last]) => *last,
-            (Aggregation::Mean, _) => scores.iter().sum::<f64>() / scores.len() as f64,
-        }
-    }
-}
-
-/// Scores completions step by step with a PRM.
-pub trait StepScorer: Send + Sync {
-    /// Per item, in order: its steps (bytes in the completion, P(good); a repeated step 0), in
-    /// order. An error fails the whole call.
-    fn score_steps(&self, items: &[ScoreItem<'_>]) -> Result<Vec<Vec<StepScore>>, String>;
-}
+pub use crate::learned::{
+    Aggregation, Normalize, ProcessRewardConfig, ScoreItem, ScorerSource, StepScorer, post_process,
+};
+use crate::verifier::{Details, Outcome, RewardInput, RewardOutcome, Verifier};
 
 /// The `process_reward` verifier (see the module doc).
 #[derive(Clone)]
@@ -253,6 +193,7 @@ impl Verifier for ProcessRewardVerifier {
 mod tests {
     use super::*;
     use crate::verifier::Reference;
+    use crate::verifier::StepScore;
 
     /// Splits at "\n"; a step scores 0.9, or 0.2 when it contains "bad"; fails on "fail".
     struct Lines;

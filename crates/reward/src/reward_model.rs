@@ -33,80 +33,13 @@
 //! rule `stoke rm` trains with) and sent as token ids, so a served model scores exactly what the
 //! same model scores in process.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::ConfigError;
+pub use crate::learned::{
+    Normalize, RewardModelConfig, ScoreItem, ScorerSource, SequenceScorer, post_process,
+};
 use crate::verifier::{Details, Outcome, RewardInput, RewardOutcome, Verifier};
-
-/// `[rewards.NAME] kind = "reward_model"`'s options.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RewardModelConfig {
-    /// The reward model's folder: a sequence classifier with one label and its tokenizer (with
-    /// a chat template: each sample is scored as the conversation `[user: prompt, assistant:
-    /// completion]`). With `url`, only its tokenizer files are read (the ids are made here, as
-    /// for a local model, and sent to the server).
-    pub model: PathBuf,
-    /// A server that scores for this process: `stoke serve --task reward`, or vLLM serving the
-    /// same model (`/classify` with `use_activation: false`, which returns raw logits).
-    #[serde(default)]
-    pub url: Option<String>,
-    /// The name the server serves the model under (default: its first model).
-    #[serde(default)]
-    pub served_model: Option<String>,
-    /// Seconds one scoring request may take before the group fails with `scorer_error`.
-    #[serde(default = "default_timeout_s")]
-    pub timeout_s: f64,
-    #[serde(default)]
-    pub normalize: Normalize,
-    /// Clamp every score to `[-clip, clip]` after normalization.
-    #[serde(default)]
-    pub clip: Option<f64>,
-}
-
-fn default_timeout_s() -> f64 {
-    120.0
-}
-
-/// How a group's scores are rescaled.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Normalize {
-    #[default]
-    None,
-    /// Subtract the group's mean, divide by its standard deviation.
-    Group,
-}
-
-/// One sample to score: the task's prompt and the completion.
-#[derive(Debug, Clone, Copy)]
-pub struct ScoreItem<'a> {
-    pub prompt: &'a str,
-    pub completion: &'a str,
-}
-
-/// Scores conversations with a learned model.
-pub trait SequenceScorer: Send + Sync {
-    /// One finite score per item, in order. An error fails the whole call.
-    fn score(&self, items: &[ScoreItem<'_>]) -> Result<Vec<f64>, String>;
-}
-
-/// Makes the scorers of learned rewards (a caller that can run models).
-pub trait ScorerSource: Send + Sync {
-    /// The scorer of a `reward_model` reward.
-    fn scorer(&self, config: &RewardModelConfig) -> Result<Arc<dyn SequenceScorer>, String>;
-
-    /// The step scorer of a `process_reward` reward (by default: none, with the reason).
-    fn step_scorer(
-        &self,
-        _config: &crate::process_reward::ProcessRewardConfig,
-    ) -> Result<Arc<dyn crate::process_reward::StepScorer>, String> {
-        Err("this caller cannot run process reward models".into())
-    }
-}
 
 /// The `reward_model` verifier (see the module doc).
 #[derive(Clone)]
@@ -172,25 +105,6 @@ impl RewardModelVerifier {
             clip,
         }
     }
-}
-
-/// The post-processing of one group's raw scores (normalization, then clipping).
-pub fn post_process(raw: &[f64], normalize: Normalize, clip: Option<f64>) -> Vec<f64> {
-    let n = raw.len().max(1) as f64;
-    let mean = raw.iter().sum::<f64>() / n;
-    let std = (raw.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / n).sqrt();
-    raw.iter()
-        .map(|&s| {
-            let s = match normalize {
-                Normalize::None => s,
-                Normalize::Group => (s - mean) / (std + 1e-6),
-            };
-            match clip {
-                Some(c) => s.clamp(-c, c),
-                None => s,
-            }
-        })
-        .collect()
 }
 
 impl Verifier for RewardModelVerifier {
@@ -327,7 +241,7 @@ mod tests {
             model: "rm".into(),
             url: None,
             served_model: None,
-            timeout_s: default_timeout_s(),
+            timeout_s: 120.0,
             normalize: Normalize::None,
             clip: Some(0.0),
         };

@@ -24,8 +24,10 @@ pub enum TrainError {
     Model(#[from] stoke_model::ModelError),
     #[error("tensor operation: {0}")]
     Tensor(#[from] candle_core::Error),
+    /// A process reward model's data or scoring (`prm::PrmError`, converted in `prm`: the
+    /// error sits below every module).
     #[error("process reward model: {0}")]
-    Prm(#[from] crate::prm::PrmError),
+    Prm(String),
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] stoke_tokenizer::error::TokenizerError),
     #[error("{path}: {source}")]

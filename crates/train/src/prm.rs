@@ -66,6 +66,12 @@ pub enum PrmError {
     Tensor(#[from] candle_core::Error),
 }
 
+impl From<PrmError> for crate::error::TrainError {
+    fn from(error: PrmError) -> Self {
+        crate::error::TrainError::Prm(error.to_string())
+    }
+}
+
 impl PrmError {
     /// A row error of `file`.
     pub(crate) fn in_file(self, path: &std::path::Path) -> PrmError {

@@ -27,7 +27,35 @@
 use std::ops::Range;
 
 use super::GrpoError;
-use crate::prm::StepAggregation;
+use serde::{Deserialize, Serialize};
+
+/// How per-step scores become one outcome score.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepAggregation {
+    /// The lowest step score.
+    #[default]
+    Min,
+    /// The last step's score.
+    Last,
+    /// The mean step score.
+    Mean,
+}
+
+impl StepAggregation {
+    /// The outcome score of one trace's step scores, in order (a repeat's score is 0; see
+    /// `prm::step_scores`). No steps: 0.
+    pub fn aggregate(self, scores: &[f64]) -> f64 {
+        if scores.is_empty() {
+            return 0.0;
+        }
+        match self {
+            StepAggregation::Min => scores.iter().copied().fold(f64::INFINITY, f64::min),
+            StepAggregation::Last => scores[scores.len() - 1],
+            StepAggregation::Mean => scores.iter().sum::<f64>() / scores.len() as f64,
+        }
+    }
+}
 
 /// One completion's steps: where each lies in the completion's tokens, and its reward.
 #[derive(Clone, Debug, Default, PartialEq)]

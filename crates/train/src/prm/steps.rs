@@ -25,8 +25,6 @@
 
 use std::ops::Range;
 
-use serde::{Deserialize, Serialize};
-
 /// Where a trace splits into steps.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StepRule {
@@ -103,33 +101,7 @@ fn normalize(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// How per-step scores become one outcome score.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StepAggregation {
-    /// The lowest step score.
-    #[default]
-    Min,
-    /// The last step's score.
-    Last,
-    /// The mean step score.
-    Mean,
-}
-
-impl StepAggregation {
-    /// The outcome score of one trace's step scores, in order (a repeat's score is 0; see
-    /// [`step_scores`]). No steps: 0.
-    pub fn aggregate(self, scores: &[f64]) -> f64 {
-        if scores.is_empty() {
-            return 0.0;
-        }
-        match self {
-            StepAggregation::Min => scores.iter().copied().fold(f64::INFINITY, f64::min),
-            StepAggregation::Last => scores[scores.len() - 1],
-            StepAggregation::Mean => scores.iter().sum::<f64>() / scores.len() as f64,
-        }
-    }
-}
+pub use crate::grpo::process_advantage::StepAggregation;
 
 /// Every step's score, in order: the PRM's scores of the scored steps (`scored`, one per
 /// [`StepKind::Scored`] step, in order) and 0 for each repeat. `None` when the counts differ.
