@@ -80,6 +80,18 @@ pub const VARS: &[Var] = &[
                   for A/B runs)",
     },
     Var {
+        name: "STOKE_DECODE_PREFETCH",
+        values: &[
+            "nta-256", "nta-1024", "t0-256", "t0-1024", "t0-4096", "t1-1024", "t1-2048", "t1-4096",
+            "t1-6144", "t2-4096", "none",
+        ],
+        default: "by CPU vendor: AMD `nta` at the kernel's own distance (256 bytes at batch 1 \
+                  with vdpbf16ps, 1 KiB otherwise); Intel and others `t1-4096`",
+        chooses: "the software prefetch of the decode kernels' weight streams when the weights \
+                  stream from memory (`HINT-BYTES`: the hint and how far ahead in each stream); \
+                  cached weights always prefetch into L1 at the kernel's distance",
+    },
+    Var {
         name: "STOKE_BLOCK",
         values: &["fused", "graph"],
         default: "fused",
@@ -401,6 +413,115 @@ pub fn decode_stream() -> bool {
     requested("STOKE_DECODE_STREAM") != Some("0")
 }
 
+/// The software prefetch hint of a decode kernel's weight stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefetchHint {
+    /// No software prefetch: the hardware prefetchers alone.
+    None,
+    /// `prefetcht0`: into every cache level.
+    T0,
+    /// `prefetcht1`: into L2 and the last-level cache, not L1.
+    T1,
+    /// `prefetcht2`.
+    T2,
+    /// `prefetchnta`: non-temporal, close to the core, bypassing what it can.
+    Nta,
+}
+
+impl PrefetchHint {
+    pub fn name(self) -> &'static str {
+        match self {
+            PrefetchHint::None => "none",
+            PrefetchHint::T0 => "t0",
+            PrefetchHint::T1 => "t1",
+            PrefetchHint::T2 => "t2",
+            PrefetchHint::Nta => "nta",
+        }
+    }
+}
+
+/// How the decode kernels read weights that stream from memory (a model larger than the
+/// caches), chosen per CPU: from `STOKE_DECODE_PREFETCH`, else from a table keyed by the CPU's
+/// vendor. Results never depend on it (a prefetch is a hint, a tile's shape does not change
+/// any output's sum).
+///
+/// Why per vendor, measured on SmolLM2-135M's 269 MB of bf16 weights, 2 threads, batch 1 as a
+/// share of the read rate measured beside it (`bench_decode_share`, bench/README.md "Decoding
+/// across CPU families"):
+/// - AMD (Zen 4, AVX2 Zen): `prefetchnta` a short distance ahead was the fastest, 90-97%;
+/// - Intel Xeon (Sapphire Rapids class, AVX512-BF16 + AMX): the same `prefetchnta` reached
+///   31-34%. An NTA prefetch there fills L1 without L2, so the L2 streamer never sees the
+///   stream and only the software prefetches are in flight (4 lines a thread at 256 bytes).
+///   No software prefetch at all gave 67-69% (the hardware prefetchers alone); `prefetcht1`
+///   (into L2) 4-6 KiB ahead 87-93%.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodePrefetch {
+    /// The hint for streaming weights.
+    pub hint: PrefetchHint,
+    /// Bytes ahead in each row's stream; `None`: the kernel's own distance per batch size.
+    pub ahead: Option<usize>,
+    /// Weight rows per `vdpbf16ps` tile at 8 inputs: 3 (24 accumulators, the AMD choice) or 2
+    /// (16: on Intel the compiler's spills of the 3-row tile cost about a fifth at batch 8).
+    pub dp_rows_at_8: usize,
+    /// Where the choice came from: `STOKE_DECODE_PREFETCH` or the vendor's row of the table.
+    pub source: &'static str,
+}
+
+impl DecodePrefetch {
+    /// One line for run metadata.
+    pub fn describe(&self) -> String {
+        let ahead = self.ahead.map_or("the kernel's distance".to_string(), |b| {
+            format!("{b} bytes ahead")
+        });
+        format!(
+            "{} {ahead}, {}-row vdpbf16ps tiles at batch 8 ({})",
+            self.hint.name(),
+            self.dp_rows_at_8,
+            self.source
+        )
+    }
+}
+
+/// The decode kernels' prefetch for streaming weights on this CPU (see [`DecodePrefetch`]).
+pub fn decode_prefetch() -> DecodePrefetch {
+    static CHOSEN: OnceLock<DecodePrefetch> = OnceLock::new();
+    *CHOSEN.get_or_init(|| {
+        let amd = cpu_is_amd();
+        let table = if amd {
+            DecodePrefetch {
+                hint: PrefetchHint::Nta,
+                ahead: None,
+                dp_rows_at_8: 3,
+                source: "table: AMD",
+            }
+        } else {
+            DecodePrefetch {
+                hint: PrefetchHint::T1,
+                ahead: Some(4096),
+                dp_rows_at_8: 2,
+                source: "table: Intel and others",
+            }
+        };
+        let Some(value) = requested("STOKE_DECODE_PREFETCH") else {
+            return table;
+        };
+        let (hint, ahead) = value.split_once('-').unwrap_or((value, "0"));
+        let hint = match hint {
+            "nta" => PrefetchHint::Nta,
+            "t0" => PrefetchHint::T0,
+            "t1" => PrefetchHint::T1,
+            "t2" => PrefetchHint::T2,
+            _ => PrefetchHint::None,
+        };
+        DecodePrefetch {
+            hint,
+            ahead: ahead.parse().ok().filter(|&b| b > 0),
+            source: "STOKE_DECODE_PREFETCH",
+            ..table
+        }
+    })
+}
+
 /// How a decoder layer runs in training (`STOKE_BLOCK`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockPath {
@@ -451,6 +572,7 @@ pub fn chosen() -> Vec<(&'static str, String)> {
         ("bf16_route", route),
         ("matvec_kernel", matvec_kernel().name().to_string()),
         ("decode_stream", decode_stream().to_string()),
+        ("decode_prefetch", decode_prefetch().describe()),
         (
             "block",
             match block_path() {

@@ -125,6 +125,9 @@ pub struct Inputs {
     bf16: bool,
     /// The weights these inputs meet come from memory, not cache (`stream_weights`).
     stream: bool,
+    /// How streaming weights are prefetched, when not this CPU's choice
+    /// (`dispatch::decode_prefetch`): the tests run every choice.
+    prefetch: Option<crate::dispatch::DecodePrefetch>,
     data: Vec<f32>,
     /// For bf16 weights, the same rounded values as bf16 pairs in natural order (`stride / 2`
     /// words per row), the operand of the `vdpbf16ps` kernel.
@@ -191,6 +194,18 @@ impl Inputs {
     /// third slower than ordinary prefetches. Results do not depend on it.
     pub fn stream_weights(&mut self, stream: bool) {
         self.stream = stream;
+    }
+
+    /// Prefetches streaming weights as `tuning` says instead of this CPU's choice. Results do
+    /// not change (tested); for tests and A/B runs.
+    pub fn prefetch_with(&mut self, tuning: crate::dispatch::DecodePrefetch) {
+        self.prefetch = Some(tuning);
+    }
+
+    /// The prefetch choice in force for these inputs.
+    pub(crate) fn prefetch(&self) -> crate::dispatch::DecodePrefetch {
+        self.prefetch
+            .unwrap_or_else(crate::dispatch::decode_prefetch)
     }
 
     /// The inputs as given, `[batch, cols]` row-major, when prepared for f32 weights.

@@ -104,7 +104,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "median_ceiling_gb_per_s": median(&ceilings),
         "median_ceiling_tokens_per_s": median(&ceilings) * 1e9 / bytes_per_token,
         "median_share": median(&shares),
+        "cpu": cpu_model(),
+        "kernels": stoke_ops::dispatch::chosen()
+            .into_iter()
+            .map(|(key, value)| (key.to_string(), serde_json::Value::String(value)))
+            .collect::<serde_json::Map<_, _>>(),
     });
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())
+}
+
+/// `model name` from /proc/cpuinfo, so each figure names its CPU.
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".to_string())
 }

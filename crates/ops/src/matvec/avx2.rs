@@ -18,6 +18,7 @@
 // Register tiles are fixed-size arrays indexed by row and input: loops over indices read best.
 #![allow(clippy::needless_range_loop)]
 
+use super::tiles::{PrefetchHint, prefetch_plan};
 use super::{Inputs, Weights, prefetch};
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -52,6 +53,7 @@ pub(super) unsafe fn matvec(
     let mut b0 = inputs.start;
     while b0 < inputs.end {
         let nb = (inputs.end - b0).min(MAX_BATCH);
+        let plan = prefetch_plan(x, prefetch_ahead(nb));
         // SAFETY: rows b0..b0 + nb of x and of the output exist (see the caller).
         unsafe {
             let xp = x.data.as_ptr().add(b0 * x.stride);
@@ -66,7 +68,7 @@ pub(super) unsafe fn matvec(
                     rows.clone(),
                     op,
                     out_stride,
-                    x.stream,
+                    plan,
                 ),
                 Weights::F32 { data, cols, .. } => f32_rows(
                     data.as_ptr(),
@@ -77,7 +79,7 @@ pub(super) unsafe fn matvec(
                     rows.clone(),
                     op,
                     out_stride,
-                    x.stream,
+                    plan,
                 ),
             }
         }

@@ -6,9 +6,10 @@
 //! every output is its own weight row's sum, in the same order whatever the tile.
 //!
 //! A tile's R weight rows are R long streams, as in the AVX2 kernels (see `super::avx2`'s
-//! module doc): tile row r walks the r-th of R equal parts of the row range, prefetching
-//! `PREFETCH_BYTES` ahead in its own stream (non-temporally when the weights stream from
-//! memory). Measured on an AMD EPYC (Zen 4, AVX-512), SmolLM2-135M's bf16 weights, 2
+//! module doc): tile row r walks the r-th of R equal parts of the row range, prefetching ahead
+//! in its own stream. How, when the weights stream from memory, is chosen per CPU
+//! (`dispatch::decode_prefetch`: non-temporally a short way ahead on AMD, into L2 4 KiB ahead
+//! on Intel); cached weights prefetch into L1 at `prefetch_ahead`. Measured on an AMD EPYC (Zen 4, AVX-512), SmolLM2-135M's bf16 weights, 2
 //! threads: batch-1 decoding 76 tokens/s with neighbouring rows and T0 prefetches two tiles
 //! ahead, see bench/README.md for the figure with streams. Results are those of
 //! neighbouring rows bit for bit: every output is its own row's sum, in the same order.
@@ -23,6 +24,7 @@
 // Register tiles are fixed-size arrays indexed by row and input: loops over indices read best.
 #![allow(clippy::needless_range_loop)]
 
+use super::tiles::{PrefetchHint, prefetch_plan};
 use super::{Inputs, Weights, prefetch};
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -56,6 +58,7 @@ pub(super) unsafe fn matvec(
     let mut b0 = inputs.start;
     while b0 < inputs.end {
         let nb = (inputs.end - b0).min(MAX_BATCH);
+        let plan = prefetch_plan(x, prefetch_ahead(nb));
         // SAFETY: rows b0..b0 + nb of x and of the output exist (see the caller).
         unsafe {
             let xp = x.data.as_ptr().add(b0 * x.stride);
@@ -66,11 +69,11 @@ pub(super) unsafe fn matvec(
                     stride,
                     x.pairs.as_ptr().add(b0 * x.stride / 2),
                     x.stride / 2,
-                    nb,
+                    (nb, x.prefetch().dp_rows_at_8),
                     rows.clone(),
                     op,
                     out_stride,
-                    x.stream,
+                    plan,
                 ),
                 Weights::Bf16 { data, stride, .. } => bf16_rows(
                     data.as_ptr(),
@@ -81,7 +84,7 @@ pub(super) unsafe fn matvec(
                     rows.clone(),
                     op,
                     out_stride,
-                    x.stream,
+                    plan,
                 ),
                 Weights::F32 { data, cols, .. } => f32_rows(
                     data.as_ptr(),
@@ -92,7 +95,7 @@ pub(super) unsafe fn matvec(
                     rows.clone(),
                     op,
                     out_stride,
-                    x.stream,
+                    plan,
                 ),
             }
         }
@@ -109,13 +112,13 @@ unsafe fn bf16_dp_rows(
     stride: usize,
     x: *const u32,
     x_stride: usize,
-    nb: usize,
+    (nb, rows_at_8): (usize, usize),
     rows: Range<usize>,
     out: *mut f32,
     out_stride: usize,
-    stream: bool,
+    (hint, ahead): (PrefetchHint, usize),
 ) {
-    let args = (w, stride, x, x_stride, rows, out, out_stride, stream);
+    let args = (w, stride, x, x_stride, rows, out, out_stride, hint, ahead);
     // R x NB accumulators, R weight vectors, 1 input vector. At batch 1 a tile is one row:
     // the rows are read in order, one stream (see the module doc).
     // SAFETY: forwarded bounds.
@@ -128,6 +131,9 @@ unsafe fn bf16_dp_rows(
             5 => tiles!(bf16_dp_tile, 4, 5, args),
             6 => tiles!(bf16_dp_tile, 4, 6, args),
             7 => tiles!(bf16_dp_tile, 3, 7, args),
+            _ if rows_at_8 == 2 => {
+                tiles!(bf16_dp_tile, 2, 8, args)
+            }
             _ => tiles!(bf16_dp_tile, 3, 8, args),
         }
     }
@@ -145,7 +151,7 @@ unsafe fn bf16_dp_rows(
 #[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn bf16_dp_tile<const R: usize, const NB: usize, const STREAM: bool>(
+unsafe fn bf16_dp_tile<const R: usize, const NB: usize, const HINT: u8>(
     w: *const u32,
     stride: usize,
     j: usize,
@@ -154,6 +160,7 @@ unsafe fn bf16_dp_tile<const R: usize, const NB: usize, const STREAM: bool>(
     x_stride: usize,
     out: *mut f32,
     out_stride: usize,
+    ahead: usize,
 ) {
     let mut acc = [[_mm512_setzero_ps(); NB]; R];
     let blocks = stride / 16;
@@ -163,8 +170,8 @@ unsafe fn bf16_dp_tile<const R: usize, const NB: usize, const STREAM: bool>(
             let at = (j + r * gap) * stride + block * 16;
             // SAFETY: pair words block * 16 .. + 16 of row j + r * gap exist.
             wv[r] = unsafe { _mm512_loadu_si512(w.add(at) as *const __m512i) };
-            // PREFETCH_BYTES on in this row's stream: a hint, valid for any address.
-            prefetch::<STREAM>(w.wrapping_add(at + prefetch_ahead(NB) / 4) as *const i8);
+            // `ahead` words on in this row's stream: a hint, valid for any address.
+            prefetch::<HINT>(w.wrapping_add(at + ahead) as *const i8);
         }
         for b in 0..NB {
             // SAFETY: pair words block * 16 .. + 16 of input row b exist.

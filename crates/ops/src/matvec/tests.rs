@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::bf16::PackedA;
+use crate::dispatch::DecodePrefetch;
 
 fn values(n: usize, seed: u32) -> Vec<f32> {
     (0..n)
@@ -154,10 +155,13 @@ fn an_output_does_not_depend_on_the_other_inputs_of_the_call() {
                     );
                     continue;
                 }
-                let run = |x: &[f32], n: usize, stream: bool| {
+                let run = |x: &[f32], n: usize, stream: Option<DecodePrefetch>| {
                     let mut inputs = Inputs::new();
                     inputs.prepare(x, n, cols, bf16);
-                    inputs.stream_weights(stream);
+                    inputs.stream_weights(stream.is_some());
+                    if let Some(tuning) = stream {
+                        inputs.prefetch_with(tuning);
+                    }
                     let mut out = vec![f32::NAN; n * rows];
                     // SAFETY: writes stay inside `out` (n x rows); the kernel is available.
                     unsafe {
@@ -165,10 +169,19 @@ fn an_output_does_not_depend_on_the_other_inputs_of_the_call() {
                     };
                     out
                 };
-                let all = run(&x, batch, false);
-                // Nor on how the weights are prefetched (`stream_weights`), nor on the
-                // batch size's tile shape (batch 1 takes the widest tiles).
-                for stream in [false, true] {
+                let all = run(&x, batch, None);
+                // Nor on how the weights are prefetched (`stream_weights`, and every choice of
+                // `dispatch::decode_prefetch`, whose tile height at 8 inputs changes which rows
+                // share a tile), nor on the batch size's tile shape (batch 1 takes the widest).
+                for stream in std::iter::once(None).chain(every_prefetch().map(Some)) {
+                    let all_tuned = run(&x, batch, stream);
+                    assert!(
+                        all.iter()
+                            .zip(&all_tuned)
+                            .all(|(a, t)| a.to_bits() == t.to_bits()),
+                        "{} [{rows}x{cols}] bf16 {bf16} {stream:?}: 70 inputs",
+                        kernel.name()
+                    );
                     for b in [0, 7, 8, 19, 64, 69] {
                         let alone = run(&x[b * cols..(b + 1) * cols], 1, stream);
                         let together = &all[b * rows..(b + 1) * rows];
@@ -177,7 +190,7 @@ fn an_output_does_not_depend_on_the_other_inputs_of_the_call() {
                                 .iter()
                                 .zip(together)
                                 .all(|(a, t)| a.to_bits() == t.to_bits()),
-                            "{} [{rows}x{cols}] bf16 {bf16} stream {stream} input {b}",
+                            "{} [{rows}x{cols}] bf16 {bf16} {stream:?} input {b}",
                             kernel.name()
                         );
                     }
@@ -185,6 +198,20 @@ fn an_output_does_not_depend_on_the_other_inputs_of_the_call() {
             }
         }
     }
+}
+
+/// Every prefetch hint at the kernels' own distance and at 4 KiB, with both tile heights at 8
+/// inputs.
+fn every_prefetch() -> impl Iterator<Item = DecodePrefetch> {
+    use crate::dispatch::PrefetchHint::*;
+    [None, T0, T1, T2, Nta].into_iter().flat_map(|hint| {
+        [(Option::None, 3), (Some(4096), 2)].map(|(ahead, dp_rows_at_8)| DecodePrefetch {
+            hint,
+            ahead,
+            dp_rows_at_8,
+            source: "test",
+        })
+    })
 }
 
 #[test]

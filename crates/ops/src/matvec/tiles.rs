@@ -13,31 +13,34 @@
 
 /// Rows `rows` in tiles of `$r` weight rows `gap` apart (one stream per tile row over its
 /// `$r`-th of the range; see `avx2`'s module doc), then the rows left over one at a time, against
-/// `$nb` inputs.
+/// `$nb` inputs. The arguments end with the prefetch hint (a `PrefetchHint`, made a constant of
+/// the tile here) and how far ahead each stream prefetches, in 4-byte words.
 macro_rules! tiles {
     ($tile:ident, $r:expr, $nb:expr, $args:expr) => {{
-        let (w, ws, x, xs, rows, out, os, stream) = $args;
-        if stream {
-            tiles!(@walk $tile, $r, $nb, true, (w, ws, x, xs, rows, out, os))
-        } else {
-            tiles!(@walk $tile, $r, $nb, false, (w, ws, x, xs, rows, out, os))
+        let (w, ws, x, xs, rows, out, os, hint, ahead) = $args;
+        match hint {
+            $crate::dispatch::PrefetchHint::None => tiles!(@walk $tile, $r, $nb, 0, (w, ws, x, xs, rows, out, os, ahead)),
+            $crate::dispatch::PrefetchHint::T0 => tiles!(@walk $tile, $r, $nb, 1, (w, ws, x, xs, rows, out, os, ahead)),
+            $crate::dispatch::PrefetchHint::T1 => tiles!(@walk $tile, $r, $nb, 2, (w, ws, x, xs, rows, out, os, ahead)),
+            $crate::dispatch::PrefetchHint::T2 => tiles!(@walk $tile, $r, $nb, 3, (w, ws, x, xs, rows, out, os, ahead)),
+            $crate::dispatch::PrefetchHint::Nta => tiles!(@walk $tile, $r, $nb, 4, (w, ws, x, xs, rows, out, os, ahead)),
         }
     }};
-    (@walk $tile:ident, $r:expr, $nb:expr, $stream:expr, ($w:expr, $ws:expr, $x:expr, $xs:expr, $rows:expr, $out:expr, $os:expr)) => {{
+    (@walk $tile:ident, $r:expr, $nb:expr, $hint:expr, ($w:expr, $ws:expr, $x:expr, $xs:expr, $rows:expr, $out:expr, $os:expr, $ahead:expr)) => {{
         let gap = ($rows.end - $rows.start) / $r;
         for i in 0..gap {
-            $tile::<$r, $nb, $stream>($w, $ws, $rows.start + i, gap, $x, $xs, $out.add(i), $os);
+            $tile::<$r, $nb, $hint>($w, $ws, $rows.start + i, gap, $x, $xs, $out.add(i), $os, $ahead);
         }
         for j in $rows.start + gap * $r..$rows.end {
-            $tile::<1, $nb, $stream>($w, $ws, j, 0, $x, $xs, $out.add(j - $rows.start), $os);
+            $tile::<1, $nb, $hint>($w, $ws, j, 0, $x, $xs, $out.add(j - $rows.start), $os, $ahead);
         }
     }};
 }
 
 /// The FMA tiles of one instruction set (see the module doc). `lanes` is f32 lanes per vector
 /// (16 or 8); `bf16_rows` / `f32_rows` are the tile heights R for batches of 1..=8 inputs; the
-/// rest name the intrinsics (`sum` adds a vector's lanes). `prefetch_ahead(nb)`, the bytes each
-/// tile row prefetches ahead in its stream, is the expanding module's.
+/// rest name the intrinsics (`sum` adds a vector's lanes). The expanding module has
+/// `PrefetchHint` in scope and passes each call's `prefetch_plan`.
 macro_rules! fma_tiles {
     (
         features: $features:literal,
@@ -67,9 +70,9 @@ macro_rules! fma_tiles {
             rows: Range<usize>,
             out: *mut f32,
             out_stride: usize,
-            stream: bool,
+            (hint, ahead): (PrefetchHint, usize),
         ) {
-            let args = (w, stride, x, x_stride, rows, out, out_stride, stream);
+            let args = (w, stride, x, x_stride, rows, out, out_stride, hint, ahead);
             // SAFETY: forwarded bounds.
             unsafe {
                 match nb {
@@ -98,9 +101,9 @@ macro_rules! fma_tiles {
             rows: Range<usize>,
             out: *mut f32,
             out_stride: usize,
-            stream: bool,
+            (hint, ahead): (PrefetchHint, usize),
         ) {
-            let args = (w, cols, x, x_stride, rows, out, out_stride, stream);
+            let args = (w, cols, x, x_stride, rows, out, out_stride, hint, ahead);
             // SAFETY: forwarded bounds.
             unsafe {
                 match nb {
@@ -126,7 +129,7 @@ macro_rules! fma_tiles {
         #[allow(clippy::too_many_arguments)]
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn bf16_tile<const R: usize, const NB: usize, const STREAM: bool>(
+        unsafe fn bf16_tile<const R: usize, const NB: usize, const HINT: u8>(
             w: *const u32,
             stride: usize,
             j: usize,
@@ -135,17 +138,17 @@ macro_rules! fma_tiles {
             x_stride: usize,
             out: *mut f32,
             out_stride: usize,
+            ahead: usize,
         ) {
             let high = $splat_words(0xffff_0000_u32 as i32);
             let mut acc = [[$zero(); NB]; R];
             let blocks = stride / 16;
             for block in 0..blocks {
                 for r in 0..R {
-                    // One 64-byte line per row and block, `prefetch_ahead` on in this row's
+                    // One 64-byte line per row and block, `ahead` words on in this row's
                     // stream: a hint, valid for any address.
-                    prefetch::<STREAM>(
-                        w.wrapping_add((j + r * gap) * stride + block * 16 + prefetch_ahead(NB) / 4)
-                            as *const i8,
+                    prefetch::<HINT>(
+                        w.wrapping_add((j + r * gap) * stride + block * 16 + ahead) as *const i8
                     );
                 }
                 for part in 0..16 / $lanes {
@@ -190,7 +193,7 @@ macro_rules! fma_tiles {
         #[allow(clippy::too_many_arguments)]
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn f32_tile<const R: usize, const NB: usize, const STREAM: bool>(
+        unsafe fn f32_tile<const R: usize, const NB: usize, const HINT: u8>(
             w: *const f32,
             cols: usize,
             j: usize,
@@ -199,6 +202,7 @@ macro_rules! fma_tiles {
             x_stride: usize,
             out: *mut f32,
             out_stride: usize,
+            ahead: usize,
         ) {
             let mut acc = [[$zero(); NB]; R];
             let body = cols - cols % $lanes;
@@ -211,7 +215,7 @@ macro_rules! fma_tiles {
                     wv[r] = unsafe { $load(w.add(at)) };
                     if k % 16 == 0 {
                         // A hint, valid for any address (one per 64-byte line of the stream).
-                        prefetch::<STREAM>(w.wrapping_add(at + prefetch_ahead(NB) / 4) as *const i8);
+                        prefetch::<HINT>(w.wrapping_add(at + ahead) as *const i8);
                     }
                 }
                 for b in 0..NB {
@@ -228,7 +232,9 @@ macro_rules! fma_tiles {
                     let mut sum = $sum(acc[r][b]);
                     for kk in body..cols {
                         // SAFETY: in bounds as above.
-                        sum += unsafe { *w.add((j + r * gap) * cols + kk) * *x.add(b * x_stride + kk) };
+                        sum += unsafe {
+                            *w.add((j + r * gap) * cols + kk) * *x.add(b * x_stride + kk)
+                        };
                     }
                     // SAFETY: (b, r) is inside the output tile.
                     unsafe { *out.add(b * out_stride + r * gap) = sum };
@@ -238,16 +244,35 @@ macro_rules! fma_tiles {
     };
 }
 
-/// A prefetch of the line at `p` (a hint, valid for any address): non-temporal when the
-/// weights stream from memory (`Inputs::stream_weights`), into L1 otherwise.
+/// A prefetch of the line at `p` (a hint, valid for any address) with the hint numbered as in
+/// `tiles!`: 0 none, 1 `t0`, 2 `t1`, 3 `t2`, 4 `nta`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(super) fn prefetch<const STREAM: bool>(p: *const i8) {
-    if STREAM {
-        // SAFETY: a prefetch is a hint; it never faults, whatever the address.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_NTA }>(p) }
-    } else {
-        // SAFETY: as above.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p) }
+pub(super) fn prefetch<const HINT: u8>(p: *const i8) {
+    use std::arch::x86_64::{_MM_HINT_NTA, _MM_HINT_T0, _MM_HINT_T1, _MM_HINT_T2, _mm_prefetch};
+    // SAFETY: a prefetch is a hint; it never faults, whatever the address.
+    unsafe {
+        match HINT {
+            1 => _mm_prefetch::<_MM_HINT_T0>(p),
+            2 => _mm_prefetch::<_MM_HINT_T1>(p),
+            3 => _mm_prefetch::<_MM_HINT_T2>(p),
+            4 => _mm_prefetch::<_MM_HINT_NTA>(p),
+            _ => {}
+        }
     }
 }
+
+/// The hint and distance (in 4-byte words) a kernel call prefetches with: weights that stream
+/// from memory (`Inputs::stream_weights`) take this CPU's choice (`dispatch::decode_prefetch`,
+/// or the inputs' own `prefetch_with`),
+/// cached weights `t0` at the kernel's own distance `own_bytes`.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn prefetch_plan(x: &super::Inputs, own_bytes: usize) -> (PrefetchHint, usize) {
+    if !x.stream {
+        return (PrefetchHint::T0, own_bytes / 4);
+    }
+    let tuned = x.prefetch();
+    (tuned.hint, tuned.ahead.unwrap_or(own_bytes) / 4)
+}
+
+pub(super) use crate::dispatch::PrefetchHint;
