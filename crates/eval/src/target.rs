@@ -330,6 +330,8 @@ pub struct EndpointTarget {
     max_length: usize,
     agent: ureq::Agent,
     timeout: Duration,
+    /// Requests in flight at once (`with_concurrency`).
+    concurrency: usize,
 }
 
 impl EndpointTarget {
@@ -359,6 +361,7 @@ impl EndpointTarget {
             max_length: 0,
             agent,
             timeout,
+            concurrency: 1,
         };
         let models = target.get("/v1/models")?;
         let data = models["data"].as_array().cloned().unwrap_or_default();
@@ -378,6 +381,76 @@ impl EndpointTarget {
         target.model = entry["id"].as_str().unwrap_or_default().to_string();
         target.max_length = entry["max_model_len"].as_u64().unwrap_or(2048) as usize;
         Ok(target)
+    }
+
+    /// Sends up to `requests` requests at once (at least 1). A server that batches
+    /// (`stoke serve`, vLLM) answers them together; results keep the items' order, and each
+    /// request carries its own seed, so they do not depend on the setting.
+    pub fn with_concurrency(mut self, requests: usize) -> EndpointTarget {
+        self.concurrency = requests.max(1);
+        self
+    }
+
+    /// `work(i)` for every `i < n`, on up to `concurrency` threads, in order; the first error
+    /// (by index) if any.
+    fn each<T: Send>(
+        &self,
+        n: usize,
+        work: impl Fn(usize) -> Result<T, TargetError> + Sync,
+    ) -> Result<Vec<T>, TargetError> {
+        let threads = self.concurrency.min(n);
+        if threads <= 1 {
+            return (0..n).map(work).collect();
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        let mut slots: Vec<Option<Result<T, TargetError>>> = (0..n).map(|_| None).collect();
+        let done = std::sync::Mutex::new(Vec::with_capacity(n));
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| {
+                    loop {
+                        // Stop taking new items after a failure; items taken finish.
+                        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+                            break;
+                        }
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= n {
+                            break;
+                        }
+                        let result = work(i);
+                        if result.is_err() {
+                            failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        done.lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .push((i, result));
+                    }
+                });
+            }
+        });
+        for (i, result) in done
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        {
+            slots[i] = Some(result);
+        }
+        // In index order: the first error among the items that ran, else every result (no
+        // item is skipped without an error before it).
+        let mut out = Vec::with_capacity(n);
+        for slot in slots {
+            match slot {
+                Some(Ok(value)) => out.push(value),
+                Some(Err(error)) => return Err(error),
+                None => break,
+            }
+        }
+        if out.len() < n {
+            // Unreachable without a failure (the loop above returned it); kept as an error,
+            // never as a short result.
+            return Err(self.error("", format!("{} of {n} requests did not run", n - out.len())));
+        }
+        Ok(out)
     }
 
     fn error(&self, path: &str, message: String) -> TargetError {
@@ -489,50 +562,48 @@ impl Target for EndpointTarget {
 
     fn score(&self, sequences: &[(Vec<u32>, usize)]) -> Result<Vec<(f64, bool)>, TargetError> {
         let path = "/v1/completions";
-        sequences
-            .iter()
-            .map(|(ids, from)| {
-                let answer = self.post(
-                    path,
-                    &json!({"model": self.model, "prompt": ids, "max_tokens": 1,
+        self.each(sequences.len(), |i| {
+            let (ids, from) = &sequences[i];
+            let answer = self.post(
+                path,
+                &json!({"model": self.model, "prompt": ids, "max_tokens": 1,
                             "temperature": 0.0, "echo": true, "logprobs": 1}),
-                )?;
-                let logprobs = &answer["choices"][0]["logprobs"];
-                let values = logprobs["token_logprobs"].as_array();
-                let tops = logprobs["top_logprobs"].as_array();
-                let (Some(values), Some(tops)) = (values, tops) else {
-                    return Err(self.error(path, "the answer has no echoed log-probs".into()));
-                };
-                if values.len() < ids.len() || tops.len() < ids.len() {
-                    return Err(self.error(
-                        path,
-                        format!(
-                            "{} echoed log-probs for a prompt of {} tokens",
-                            values.len(),
-                            ids.len()
-                        ),
-                    ));
-                }
-                let mut total = 0f64;
-                let mut greedy = true;
-                for t in (*from).max(1)..ids.len() {
-                    let value = values[t].as_f64().ok_or_else(|| {
-                        self.error(path, format!("prompt log-prob {t} is not a number"))
-                    })?;
-                    total += value;
-                    let best = tops[t]
-                        .as_object()
-                        .map(|m| {
-                            m.values()
-                                .filter_map(Value::as_f64)
-                                .fold(f64::NEG_INFINITY, f64::max)
-                        })
-                        .unwrap_or(f64::NEG_INFINITY);
-                    greedy &= value >= best;
-                }
-                Ok((total, greedy))
-            })
-            .collect()
+            )?;
+            let logprobs = &answer["choices"][0]["logprobs"];
+            let values = logprobs["token_logprobs"].as_array();
+            let tops = logprobs["top_logprobs"].as_array();
+            let (Some(values), Some(tops)) = (values, tops) else {
+                return Err(self.error(path, "the answer has no echoed log-probs".into()));
+            };
+            if values.len() < ids.len() || tops.len() < ids.len() {
+                return Err(self.error(
+                    path,
+                    format!(
+                        "{} echoed log-probs for a prompt of {} tokens",
+                        values.len(),
+                        ids.len()
+                    ),
+                ));
+            }
+            let mut total = 0f64;
+            let mut greedy = true;
+            for t in (*from).max(1)..ids.len() {
+                let value = values[t].as_f64().ok_or_else(|| {
+                    self.error(path, format!("prompt log-prob {t} is not a number"))
+                })?;
+                total += value;
+                let best = tops[t]
+                    .as_object()
+                    .map(|m| {
+                        m.values()
+                            .filter_map(Value::as_f64)
+                            .fold(f64::NEG_INFINITY, f64::max)
+                    })
+                    .unwrap_or(f64::NEG_INFINITY);
+                greedy &= value >= best;
+            }
+            Ok((total, greedy))
+        })
     }
 
     fn generate(
@@ -540,6 +611,6 @@ impl Target for EndpointTarget {
         prompts: &[GenerateRequest],
         settings: &GenerationFile,
     ) -> Result<Vec<Vec<Sample>>, TargetError> {
-        prompts.iter().map(|p| self.complete(p, settings)).collect()
+        self.each(prompts.len(), |i| self.complete(&prompts[i], settings))
     }
 }

@@ -144,6 +144,10 @@ pub struct RunArgs {
     /// Seconds one endpoint request may take.
     #[arg(long, default_value_t = 600)]
     timeout: u64,
+    /// Requests to the endpoint in flight at once (with --url). Results do not depend on it:
+    /// every request carries its own seed and the items keep their order.
+    #[arg(long, default_value_t = 8, requires = "url", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    concurrency: u64,
     /// Output folder: results.json and <task>/items.jsonl (an existing one resumes); with
     /// --checkpoints one folder per step and series.json.
     #[arg(long)]
@@ -240,7 +244,8 @@ fn run_tasks(args: RunArgs) -> anyhow::Result<()> {
                 args.served_model.as_deref(),
                 tokenizer,
                 Duration::from_secs(args.timeout),
-            )?;
+            )?
+            .with_concurrency(args.concurrency as usize);
             run_all(&tasks, &target, sandbox, &args.out, args.progress_every)?;
         }
         (None, None, Some(dir)) => {
