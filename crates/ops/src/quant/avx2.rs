@@ -1,0 +1,150 @@
+//! The AVX2 Q8_0 kernel (`Q8Kernel::Avx2`): a group of 16 blocks as two halves of 8 blocks
+//! (the 32-byte halves of the group's 64-byte lines); per 32 bytes of a weight row the offset
+//! is undone (`xor 0x80`), and per input `vpmaddubsw(|q_w|, sign(q_x, q_w))` (never saturating:
+//! `|q_w| <= 128`, `|q_x| <= 127`) then `vpmaddwd` with ones gives 8 int32 lanes, lane `l`
+//! summing block `l` of the half; converted, scaled by `d_w * d_x` (`vcvtph2ps` for the weight
+//! scales) and added into 8 of the 16 f32 lanes.
+//!
+//! What it is not: the layout or the kernel choice (`super`); not the AVX-VNNI form
+//! (`vpdpbusd` on 256 bits), which this kernel leaves to a later change. Invariant: the
+//! canonical order of `super`'s module doc, so the results equal the portable loop's bit for
+//! bit. A tile is two neighbouring rows at one input, else one (16 registers).
+#![allow(unsafe_code)]
+// Register tiles are fixed-size arrays indexed by row and input: loops over indices read best.
+#![allow(clippy::needless_range_loop)]
+
+use super::{BLOCK, GROUP, GROUP_BYTES, Part, PrefetchHint, dispatch_tile, f16_to_f32, prefetch};
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+/// # Safety
+/// The CPU has AVX2 and F16C; bounds as in `super::q8_matvec_raw`.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn rows(part: &Part, rows: Range<usize>) {
+    // SAFETY: forwarded.
+    unsafe { dispatch_tile!(walk, part, rows, [2, 1, 1, 1, 1, 1, 1, 1]) }
+}
+
+/// The sum of the 8 int32 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(super) fn hsum(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b0100_1110>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b1011_0001>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// `sum q_w q_x` over 32 offset weight bytes and 32 input quants, in 8 int32 lanes.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn dot32(w_offset: __m256i, x: __m256i) -> __m256i {
+    let w = _mm256_xor_si256(w_offset, _mm256_set1_epi8(0x80u8 as i8));
+    let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+    _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+}
+
+/// # Safety
+/// As `rows`, with `NB == part.nb`.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn walk<const R: usize, const NB: usize, const HINT: u8>(
+    part: &Part,
+    rows: Range<usize>,
+    ahead: usize,
+) {
+    let mut j = rows.start;
+    while j + R <= rows.end {
+        // SAFETY: rows j .. j + R exist.
+        unsafe { tile::<R, NB, HINT>(part, j, rows.start, ahead) };
+        j += R;
+    }
+    while j < rows.end {
+        // SAFETY: row j exists.
+        unsafe { tile::<1, NB, HINT>(part, j, rows.start, ahead) };
+        j += 1;
+    }
+}
+
+/// Rows `j .. j + R` against the part's `NB` inputs; output `(b, r)` at `part.out + b *
+/// out_stride + j + r - first`.
+///
+/// # Safety
+/// As `walk`, rows `j .. j + R` exist and `first <= j`.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn tile<const R: usize, const NB: usize, const HINT: u8>(
+    part: &Part,
+    j: usize,
+    first: usize,
+    ahead: usize,
+) {
+    let blocks = part.w.blocks;
+    let groups = blocks / GROUP;
+    let wq: [*const u8; R] = std::array::from_fn(|r| part.w_quants(j + r));
+    let ws: [*const u16; R] = std::array::from_fn(|r| part.w_scales(j + r));
+    let xr: [_; NB] = std::array::from_fn(|b| part.x_row(b));
+    // [half] of the 16 lanes: blocks 0-7 and 8-15 of each group.
+    let mut acc = [[[_mm256_setzero_ps(); 2]; NB]; R];
+    for g in 0..groups {
+        for half in 0..2 {
+            let mut isum = [[_mm256_setzero_si256(); NB]; R];
+            for i in 0..GROUP_BYTES / 64 {
+                let at = g * GROUP_BYTES + i * 64 + half * 32;
+                let mut wv = [_mm256_setzero_si256(); R];
+                for r in 0..R {
+                    if half == 0 {
+                        prefetch::<HINT>(wq[r].wrapping_add(at + ahead));
+                    }
+                    // SAFETY: bytes at .. at + 32 of row j + r lie in its whole groups.
+                    wv[r] = unsafe { _mm256_loadu_si256(wq[r].add(at).cast()) };
+                }
+                for b in 0..NB {
+                    // SAFETY: the input rows have the weights' layout and length.
+                    let xv = unsafe { _mm256_loadu_si256(xr[b].0.add(at).cast()) };
+                    for r in 0..R {
+                        isum[r][b] = _mm256_add_epi32(isum[r][b], dot32(wv[r], xv));
+                    }
+                }
+            }
+            let s = g * GROUP + half * 8;
+            for r in 0..R {
+                if half == 0 {
+                    prefetch::<HINT>(ws[r].wrapping_add(g * GROUP + ahead / 32).cast());
+                }
+                // SAFETY: scales s .. s + 8 of the row exist.
+                let dw = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(ws[r].add(s).cast())) };
+                for b in 0..NB {
+                    // SAFETY: as the weights' scales, for the input row.
+                    let dx = unsafe { _mm256_loadu_ps(xr[b].1.add(s)) };
+                    let exact = _mm256_cvtepi32_ps(isum[r][b]);
+                    acc[r][b][half] =
+                        _mm256_add_ps(acc[r][b][half], _mm256_mul_ps(exact, _mm256_mul_ps(dw, dx)));
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        for b in 0..NB {
+            let mut lanes = [0f32; GROUP];
+            // SAFETY: 16 f32 of room.
+            unsafe {
+                _mm256_storeu_ps(lanes.as_mut_ptr(), acc[r][b][0]);
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[r][b][1]);
+            }
+            for t in groups * GROUP..blocks {
+                // SAFETY: the blocks past the whole groups are stored plainly, 32 bytes each;
+                // block t's scale exists.
+                unsafe {
+                    let wv = _mm256_loadu_si256(wq[r].add(t * BLOCK).cast());
+                    let xv = _mm256_loadu_si256(xr[b].0.add(t * BLOCK).cast());
+                    let isum = hsum(dot32(wv, xv));
+                    lanes[t % GROUP] += isum as f32 * (f16_to_f32(*ws[r].add(t)) * *xr[b].1.add(t));
+                }
+            }
+            // SAFETY: (b, j + r - first) is inside the caller's output.
+            unsafe {
+                *part.out.add(b * part.out_stride + j + r - first) = super::reduce16(lanes);
+            }
+        }
+    }
+}

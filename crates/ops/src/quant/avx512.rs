@@ -1,0 +1,126 @@
+//! The AVX-512 VNNI Q8_0 kernel (`Q8Kernel::Avx512Vnni`): per group of 16 blocks, eight 64-byte
+//! loads of each weight row, each `vpdpbusd`-ed (offset weights as unsigned bytes times the
+//! signed input quants) against every input row into one int32 vector whose lane `b` is block
+//! `b`'s whole sum; minus the inputs' `128 * sum q_x`, converted, scaled by `d_w * d_x` (the 16
+//! weight scales by one `vcvtph2ps`) and added into 16 f32 lanes.
+//!
+//! What it is not: the layout or the kernel choice (`super`). Invariant: the canonical order
+//! of `super`'s module doc, so the results equal the portable loop's bit for bit. A tile is R
+//! neighbouring weight rows (R = 4 at one input, 2 at two to four, else 1: at most 8 int32 and
+//! 8 f32 accumulators), each row prefetched on its own stream one line per 64 bytes.
+#![allow(unsafe_code)]
+// Register tiles are fixed-size arrays indexed by row and input: loops over indices read best.
+#![allow(clippy::needless_range_loop)]
+
+use super::avx2::hsum;
+use super::{BLOCK, GROUP, GROUP_BYTES, Part, PrefetchHint, dispatch_tile, f16_to_f32, prefetch};
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+/// # Safety
+/// The CPU has AVX-512F/BW/VL, AVX-512 VNNI and AVX2; bounds as in `super::q8_matvec_raw`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2")]
+pub(super) unsafe fn rows(part: &Part, rows: Range<usize>) {
+    // SAFETY: forwarded.
+    unsafe { dispatch_tile!(walk, part, rows, [4, 2, 2, 2, 1, 1, 1, 1]) }
+}
+
+/// # Safety
+/// As `rows`, with `NB == part.nb`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2")]
+unsafe fn walk<const R: usize, const NB: usize, const HINT: u8>(
+    part: &Part,
+    rows: Range<usize>,
+    ahead: usize,
+) {
+    let mut j = rows.start;
+    while j + R <= rows.end {
+        // SAFETY: rows j .. j + R exist.
+        unsafe { tile::<R, NB, HINT>(part, j, rows.start, ahead) };
+        j += R;
+    }
+    while j < rows.end {
+        // SAFETY: row j exists.
+        unsafe { tile::<1, NB, HINT>(part, j, rows.start, ahead) };
+        j += 1;
+    }
+}
+
+/// Rows `j .. j + R` against the part's `NB` inputs; output `(b, r)` at `part.out + b *
+/// out_stride + j + r - first`.
+///
+/// # Safety
+/// As `walk`, rows `j .. j + R` exist and `first <= j`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2")]
+unsafe fn tile<const R: usize, const NB: usize, const HINT: u8>(
+    part: &Part,
+    j: usize,
+    first: usize,
+    ahead: usize,
+) {
+    let blocks = part.w.blocks;
+    let groups = blocks / GROUP;
+    let wq: [*const u8; R] = std::array::from_fn(|r| part.w_quants(j + r));
+    let ws: [*const u16; R] = std::array::from_fn(|r| part.w_scales(j + r));
+    let xr: [_; NB] = std::array::from_fn(|b| part.x_row(b));
+    let mut acc = [[_mm512_setzero_ps(); NB]; R];
+    for g in 0..groups {
+        let mut isum = [[_mm512_setzero_si512(); NB]; R];
+        for i in 0..GROUP_BYTES / 64 {
+            let at = g * GROUP_BYTES + i * 64;
+            let mut wv = [_mm512_setzero_si512(); R];
+            for r in 0..R {
+                prefetch::<HINT>(wq[r].wrapping_add(at + ahead));
+                // SAFETY: bytes at .. at + 64 of row j + r lie in its whole groups.
+                wv[r] = unsafe { _mm512_loadu_si512(wq[r].add(at).cast()) };
+            }
+            for b in 0..NB {
+                // SAFETY: the input rows have the weights' layout and length.
+                let xv = unsafe { _mm512_loadu_si512(xr[b].0.add(at).cast()) };
+                for r in 0..R {
+                    isum[r][b] = _mm512_dpbusd_epi32(isum[r][b], wv[r], xv);
+                }
+            }
+        }
+        for r in 0..R {
+            // The scales' stream, 32 bytes a group: `ahead` quant bytes are `ahead / 16` of it.
+            prefetch::<HINT>(ws[r].wrapping_add(g * GROUP + ahead / 32).cast());
+            // SAFETY: scales g * 16 .. + 16 of the row exist.
+            let dw = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(ws[r].add(g * GROUP).cast())) };
+            for b in 0..NB {
+                // SAFETY: as the weights' scales, for the input row.
+                let (dx, offset) = unsafe {
+                    (
+                        _mm512_loadu_ps(xr[b].1.add(g * GROUP)),
+                        _mm512_loadu_si512(xr[b].2.add(g * GROUP).cast()),
+                    )
+                };
+                let exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[r][b], offset));
+                acc[r][b] = _mm512_add_ps(acc[r][b], _mm512_mul_ps(exact, _mm512_mul_ps(dw, dx)));
+            }
+        }
+    }
+    for r in 0..R {
+        for b in 0..NB {
+            let mut lanes = [0f32; GROUP];
+            // SAFETY: 16 f32 of room.
+            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc[r][b]) };
+            for t in groups * GROUP..blocks {
+                // SAFETY: the blocks past the whole groups are stored plainly, 32 bytes each;
+                // block t's scale and offset exist.
+                unsafe {
+                    let wv = _mm256_loadu_si256(wq[r].add(t * BLOCK).cast());
+                    let xv = _mm256_loadu_si256(xr[b].0.add(t * BLOCK).cast());
+                    let isum =
+                        hsum(_mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xv)) - *xr[b].2.add(t);
+                    lanes[t % GROUP] += isum as f32 * (f16_to_f32(*ws[r].add(t)) * *xr[b].1.add(t));
+                }
+            }
+            // SAFETY: (b, j + r - first) is inside the caller's output.
+            unsafe {
+                *part.out.add(b * part.out_stride + j + r - first) = super::reduce16(lanes);
+            }
+        }
+    }
+}
