@@ -28,13 +28,15 @@
 //!   4i + 4`) of block `b` of the group at word `16 i + b`. A 64-byte load then holds one word of
 //!   each of 16 blocks, so eight `vpdpbusd` accumulate lane `b` into block `b`'s whole int32 sum
 //!   with no horizontal reduction; AVX2 reads the same group as 16 32-byte halves (blocks 0-7,
-//!   8-15). The blocks past the last whole group (`blocks % 16`) are stored plainly, one after
-//!   the other, and summed one at a time. The inputs use the same layout (without the offset).
+//!   8-15). The `T = blocks % 16` blocks past the last whole group are interleaved the same
+//!   way at width `T` (word `i` of block `b` at word `T i + b`), so a masked load of `T` words
+//!   at `T i` puts block `b` in lane `b` again: no horizontal sums anywhere. The inputs use the
+//!   same layout (without the offset).
 //!
 //! Summation order (every path the same, so every path gives bit-identical results, tested):
 //! for block `t` of a row, `term = (isum_t as f32) * (d_w * d_x)` (two f32 roundings, no FMA),
 //! added into lane `t % 16` of 16 f32 lanes, blocks in increasing order; the 16 lanes are then
-//! summed pairwise (`reduce16`). The int32 sums are exact (at most 32 * 128 * 127 in size, also
+//! summed pairwise (`reduce16`; the SIMD kernels in registers, in the same order). The int32 sums are exact (at most 32 * 128 * 127 in size, also
 //! exact as f32), so only the f32 steps could differ, and they are the same operations.
 //!
 //! Kernels (`Q8Kernel`): AVX-512 VNNI, AVX2 (`vpmaddubsw` with the sign trick on the unoffset
@@ -77,12 +79,10 @@ const PREFETCH_AHEAD: usize = 1024;
 /// layout (see the module doc).
 fn position(block: usize, e: usize, blocks: usize) -> usize {
     let whole = blocks / GROUP * GROUP;
-    if block < whole {
-        let (g, b) = (block / GROUP, block % GROUP);
-        g * GROUP_BYTES + ((e / 4) * GROUP + b) * 4 + e % 4
-    } else {
-        block * BLOCK + e
-    }
+    // The last group has `width` blocks: 16, or the `blocks % 16` past the whole groups.
+    let (g, b) = (block / GROUP, block % GROUP);
+    let width = if block < whole { GROUP } else { blocks - whole };
+    g * GROUP_BYTES + ((e / 4) * width + b) * 4 + e % 4
 }
 
 /// llama.cpp's Q8_0 rule for one block: `d = amax / 127`, `q = round(x / d)` (as `x * (1 /

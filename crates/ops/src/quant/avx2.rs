@@ -13,7 +13,7 @@
 // Register tiles are fixed-size arrays indexed by row and input: loops over indices read best.
 #![allow(clippy::needless_range_loop)]
 
-use super::{BLOCK, GROUP, GROUP_BYTES, Part, PrefetchHint, dispatch_tile, f16_to_f32, prefetch};
+use super::{BLOCK, GROUP, GROUP_BYTES, Part, PrefetchHint, dispatch_tile, prefetch};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -23,16 +23,6 @@ use std::ops::Range;
 pub(super) unsafe fn rows(part: &Part, rows: Range<usize>) {
     // SAFETY: forwarded.
     unsafe { dispatch_tile!(walk, part, rows, [2, 1, 1, 1, 1, 1, 1, 1]) }
-}
-
-/// The sum of the 8 int32 lanes.
-#[inline]
-#[target_feature(enable = "avx2")]
-pub(super) fn hsum(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b0100_1110>(s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b1011_0001>(s));
-    _mm_cvtsi128_si32(s)
 }
 
 /// `sum q_w q_x` over 32 offset weight bytes and 32 input quants, in 8 int32 lanes.
@@ -123,28 +113,63 @@ unsafe fn tile<const R: usize, const NB: usize, const HINT: u8>(
             }
         }
     }
-    for r in 0..R {
-        for b in 0..NB {
-            let mut lanes = [0f32; GROUP];
-            // SAFETY: 16 f32 of room.
-            unsafe {
-                _mm256_storeu_ps(lanes.as_mut_ptr(), acc[r][b][0]);
-                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[r][b][1]);
-            }
-            for t in groups * GROUP..blocks {
-                // SAFETY: the blocks past the whole groups are stored plainly, 32 bytes each;
-                // block t's scale exists.
-                unsafe {
-                    let wv = _mm256_loadu_si256(wq[r].add(t * BLOCK).cast());
-                    let xv = _mm256_loadu_si256(xr[b].0.add(t * BLOCK).cast());
-                    let isum = hsum(dot32(wv, xv));
-                    lanes[t % GROUP] += isum as f32 * (f16_to_f32(*ws[r].add(t)) * *xr[b].1.add(t));
+    // The last, narrower group (`tail` blocks at width `tail`, see `super`): the same steps
+    // on masked loads (`vpmaskmovd`), blended into lanes 0 .. tail only.
+    let tail = blocks - groups * GROUP;
+    if tail > 0 {
+        let base = groups * GROUP_BYTES;
+        let s = groups * GROUP;
+        for half in 0..tail.div_ceil(8) {
+            let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((tail - half * 8) as i32), lane);
+            let mut isum = [[_mm256_setzero_si256(); NB]; R];
+            for i in 0..BLOCK / 4 {
+                let at = base + (i * tail + half * 8) * 4;
+                let mut wv = [_mm256_setzero_si256(); R];
+                for r in 0..R {
+                    // SAFETY: the unmasked words lie in the last group; masked-off words are
+                    // not read.
+                    wv[r] = unsafe { _mm256_maskload_epi32(wq[r].add(at).cast(), mask) };
+                }
+                for b in 0..NB {
+                    // SAFETY: as the weights, for the input row.
+                    let xv = unsafe { _mm256_maskload_epi32(xr[b].0.add(at).cast(), mask) };
+                    for r in 0..R {
+                        isum[r][b] = _mm256_add_epi32(isum[r][b], dot32(wv[r], xv));
+                    }
                 }
             }
-            // SAFETY: (b, j + r - first) is inside the caller's output.
-            unsafe {
-                *part.out.add(b * part.out_stride + j + r - first) = super::reduce16(lanes);
+            let n = (tail - half * 8).min(8);
+            for r in 0..R {
+                let mut scales = [0u16; 8];
+                // SAFETY: scales s + 8 half .. + n of the row exist.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(ws[r].add(s + half * 8), scales.as_mut_ptr(), n)
+                };
+                // SAFETY: 8 u16 of `scales`.
+                let dw = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(scales.as_ptr().cast())) };
+                for b in 0..NB {
+                    // SAFETY: as the weights' scales, for the input row; masked-off lanes are
+                    // not read.
+                    let dx = unsafe { _mm256_maskload_ps(xr[b].1.add(s + half * 8), mask) };
+                    let exact = _mm256_cvtepi32_ps(isum[r][b]);
+                    let sum =
+                        _mm256_add_ps(acc[r][b][half], _mm256_mul_ps(exact, _mm256_mul_ps(dw, dx)));
+                    acc[r][b][half] =
+                        _mm256_blendv_ps(acc[r][b][half], sum, _mm256_castsi256_ps(mask));
+                }
             }
+        }
+    }
+    for r in 0..R {
+        for b in 0..NB {
+            // `super::reduce16`'s order: lanes l + 8, then l + 4, l + 2, l + 1.
+            let v = _mm256_add_ps(acc[r][b][0], acc[r][b][1]);
+            let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+            let v = _mm_add_ss(v, _mm_shuffle_ps::<1>(v, v));
+            // SAFETY: (b, j + r - first) is inside the caller's output.
+            unsafe { *part.out.add(b * part.out_stride + j + r - first) = _mm_cvtss_f32(v) };
         }
     }
 }

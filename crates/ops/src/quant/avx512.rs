@@ -12,8 +12,7 @@
 // Register tiles are fixed-size arrays indexed by row and input: loops over indices read best.
 #![allow(clippy::needless_range_loop)]
 
-use super::avx2::hsum;
-use super::{BLOCK, GROUP, GROUP_BYTES, Part, PrefetchHint, dispatch_tile, f16_to_f32, prefetch};
+use super::{BLOCK, GROUP, GROUP_BYTES, Part, PrefetchHint, dispatch_tile, prefetch};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -101,26 +100,61 @@ unsafe fn tile<const R: usize, const NB: usize, const HINT: u8>(
             }
         }
     }
-    for r in 0..R {
-        for b in 0..NB {
-            let mut lanes = [0f32; GROUP];
-            // SAFETY: 16 f32 of room.
-            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc[r][b]) };
-            for t in groups * GROUP..blocks {
-                // SAFETY: the blocks past the whole groups are stored plainly, 32 bytes each;
-                // block t's scale and offset exist.
-                unsafe {
-                    let wv = _mm256_loadu_si256(wq[r].add(t * BLOCK).cast());
-                    let xv = _mm256_loadu_si256(xr[b].0.add(t * BLOCK).cast());
-                    let isum =
-                        hsum(_mm256_dpbusd_epi32(_mm256_setzero_si256(), wv, xv)) - *xr[b].2.add(t);
-                    lanes[t % GROUP] += isum as f32 * (f16_to_f32(*ws[r].add(t)) * *xr[b].1.add(t));
+    // The last, narrower group (`tail` blocks at width `tail`, see `super`): the same steps
+    // on masked loads, added into lanes 0 .. tail only.
+    let tail = blocks - groups * GROUP;
+    if tail > 0 {
+        let mask = ((1u32 << tail) - 1) as u16;
+        let base = groups * GROUP_BYTES;
+        let mut isum = [[_mm512_setzero_si512(); NB]; R];
+        for i in 0..BLOCK / 4 {
+            let at = base + i * tail * 4;
+            let mut wv = [_mm512_setzero_si512(); R];
+            for r in 0..R {
+                // SAFETY: words i * tail .. + tail of the last group exist; masked-off words
+                // are not read.
+                wv[r] = unsafe { _mm512_maskz_loadu_epi32(mask, wq[r].add(at).cast()) };
+            }
+            for b in 0..NB {
+                // SAFETY: as the weights, for the input row.
+                let xv = unsafe { _mm512_maskz_loadu_epi32(mask, xr[b].0.add(at).cast()) };
+                for r in 0..R {
+                    isum[r][b] = _mm512_dpbusd_epi32(isum[r][b], wv[r], xv);
                 }
             }
-            // SAFETY: (b, j + r - first) is inside the caller's output.
-            unsafe {
-                *part.out.add(b * part.out_stride + j + r - first) = super::reduce16(lanes);
+        }
+        let s = groups * GROUP;
+        for r in 0..R {
+            // SAFETY: scales s .. s + tail of the row exist; masked-off ones are not read.
+            let dw =
+                unsafe { _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, ws[r].add(s).cast())) };
+            for b in 0..NB {
+                // SAFETY: as the weights' scales, for the input row.
+                let (dx, offset) = unsafe {
+                    (
+                        _mm512_maskz_loadu_ps(mask, xr[b].1.add(s)),
+                        _mm512_maskz_loadu_epi32(mask, xr[b].2.add(s).cast()),
+                    )
+                };
+                let exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(isum[r][b], offset));
+                let term = _mm512_mul_ps(exact, _mm512_mul_ps(dw, dx));
+                acc[r][b] = _mm512_mask_add_ps(acc[r][b], mask, acc[r][b], term);
             }
+        }
+    }
+    for r in 0..R {
+        for b in 0..NB {
+            // `super::reduce16`'s order: lanes l + 8, then l + 4, l + 2, l + 1.
+            let v = acc[r][b];
+            let v = _mm256_add_ps(
+                _mm512_castps512_ps256(v),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
+            );
+            let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+            let v = _mm_add_ss(v, _mm_shuffle_ps::<1>(v, v));
+            // SAFETY: (b, j + r - first) is inside the caller's output.
+            unsafe { *part.out.add(b * part.out_stride + j + r - first) = _mm_cvtss_f32(v) };
         }
     }
 }
