@@ -33,18 +33,19 @@
 //!   at `T i` puts block `b` in lane `b` again: no horizontal sums anywhere. The inputs use the
 //!   same layout (without the offset).
 //!
-//! Summation order (every path the same, so every path gives bit-identical results, tested):
-//! for block `t` of a row, `term = (isum_t as f32) * (d_w * d_x)` (two f32 roundings, no FMA),
-//! added into lane `t % 16` of 16 f32 lanes, blocks in increasing order; the 16 lanes are then
-//! summed pairwise (`reduce16`; the SIMD kernels in registers, in the same order). The int32 sums are exact (at most 32 * 128 * 127 in size, also
-//! exact as f32), so only the f32 steps could differ, and they are the same operations.
+//! Summation order (every path the same, so every path gives bit-identical results, tested): for
+//! block `t` of a row, `term = (isum_t as f32) * (d_w * d_x)` (two f32 roundings, no FMA), added
+//! into lane `t % 16` of 16 f32 lanes, blocks in increasing order; the 16 lanes are then summed
+//! pairwise (`reduce16`; the SIMD kernels in registers, in the same order). The int32 sums are
+//! exact (at most 32 * 128 * 127 in size, also exact as f32), so only the f32 steps could differ,
+//! and they are the same operations.
 //!
-//! Kernels (`Q8Kernel`): AVX-512 VNNI, AVX2 (`vpmaddubsw` with the sign trick on the unoffset
-//! weights: `|q_w|` unsigned times `q_x` with `q_w`'s sign; `|q_w| <= 128`, `|q_x| <= 127`, so a
-//! pair of products never saturates 16 bits), and a portable loop. Each takes up to 8 input
-//! rows per pass over the weights; more inputs are taken 8 at a time. Software prefetch, one
-//! per 64-byte line of each weight row: when the inputs say the weights stream from memory
-//! (`Q8Inputs::stream_weights`), the bf16 decode kernels' per-CPU choice
+//! Kernels (`Q8Kernel`): AVX-512 VNNI, AVX-VNNI (the same on 256 bits), AVX2 (`vpmaddubsw` with the
+//! sign trick on the unoffset weights: `|q_w|` unsigned times `q_x` with `q_w`'s sign; `|q_w| <=
+//! 128`, `|q_x| <= 127`, so a pair of products never saturates 16 bits), and a portable loop. Each
+//! takes up to 8 input rows per pass over the weights; more inputs are taken 8 at a time. Software
+//! prefetch, one per 64-byte line of each weight row: when the inputs say the weights stream from
+//! memory (`Q8Inputs::stream_weights`), the bf16 decode kernels' per-CPU choice
 //! (`dispatch::decode_prefetch`: `t1` 4 KiB ahead on Intel, `nta` on AMD); otherwise `t0`
 //! `PREFETCH_AHEAD` bytes ahead. Results do not depend on it.
 #![allow(unsafe_code)]
@@ -338,17 +339,25 @@ pub enum Q8Kernel {
     /// AVX-512F/BW/VL with VNNI (`vpdpbusd`): Intel Ice Lake / Sapphire Rapids and later, AMD
     /// Zen 4 and later.
     Avx512Vnni,
+    /// AVX2 with F16C and AVX-VNNI (`vpdpbusd` on 256 bits): Intel Alder Lake and later.
+    AvxVnni,
     /// AVX2 with F16C (`vpmaddubsw`, `vcvtph2ps`).
     Avx2,
     Portable,
 }
 
 impl Q8Kernel {
-    pub const ALL: [Q8Kernel; 3] = [Q8Kernel::Avx512Vnni, Q8Kernel::Avx2, Q8Kernel::Portable];
+    pub const ALL: [Q8Kernel; 4] = [
+        Q8Kernel::Avx512Vnni,
+        Q8Kernel::AvxVnni,
+        Q8Kernel::Avx2,
+        Q8Kernel::Portable,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Q8Kernel::Avx512Vnni => "avx512-vnni",
+            Q8Kernel::AvxVnni => "avx-vnni",
             Q8Kernel::Avx2 => "avx2",
             Q8Kernel::Portable => "portable",
         }
@@ -366,9 +375,11 @@ impl Q8Kernel {
                     && is_x86_feature_detected!("avx2")
             }
             #[cfg(target_arch = "x86_64")]
+            Q8Kernel::AvxVnni => Q8Kernel::Avx2.available() && is_x86_feature_detected!("avxvnni"),
+            #[cfg(target_arch = "x86_64")]
             Q8Kernel::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c"),
             #[cfg(not(target_arch = "x86_64"))]
-            Q8Kernel::Avx512Vnni | Q8Kernel::Avx2 => false,
+            Q8Kernel::Avx512Vnni | Q8Kernel::AvxVnni | Q8Kernel::Avx2 => false,
             Q8Kernel::Portable => true,
         }
     }
@@ -382,6 +393,8 @@ pub fn kernel() -> Q8Kernel {
         let level = level();
         if level >= Level::Avx512 && Q8Kernel::Avx512Vnni.available() {
             Q8Kernel::Avx512Vnni
+        } else if level >= Level::Avx2 && Q8Kernel::AvxVnni.available() {
+            Q8Kernel::AvxVnni
         } else if level >= Level::Avx2 && Q8Kernel::Avx2.available() {
             Q8Kernel::Avx2
         } else {
@@ -490,7 +503,10 @@ unsafe fn q8_matvec_raw(
             Q8Kernel::Avx512Vnni => unsafe { avx512::rows(&part, rows.clone()) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the CPU has the instructions (asserted); bounds as documented.
-            Q8Kernel::Avx2 => unsafe { avx2::rows(&part, rows.clone()) },
+            Q8Kernel::AvxVnni => unsafe { avx2::vnni::rows(&part, rows.clone()) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the CPU has the instructions (asserted); bounds as documented.
+            Q8Kernel::Avx2 => unsafe { avx2::maddubs::rows(&part, rows.clone()) },
             // SAFETY: bounds as documented.
             _ => unsafe { portable(&part, rows.clone()) },
         }
