@@ -150,8 +150,9 @@ fn bad_gguf_sizes_are_refused_with_a_reason() {
 fn every_path_matches_the_dequantized_product_bit_for_bit_with_the_others() {
     let paths = paths();
     for rows in [1, 7, 45, 300] {
-        // Blocks per row: 1, 3, 18, 24, 30 (16 + 14: both AVX2 halves of a narrow group), 32.
-        for cols in [32, 96, 576, 768, 960, 1000] {
+        // Blocks per row: 1, 3, 17, 18, 20, 24, 30 and 32: narrow groups of every power of two
+        // up to 8 (the AVX-512 kernel's folded loads), of 3 and 14 (both AVX2 halves), none.
+        for cols in [32, 96, 544, 576, 640, 768, 960, 1000] {
             let w = values(rows * cols, 1);
             let m = Q8Matrix::quantize(&w, rows, cols);
             let wd = m.dequantize();
