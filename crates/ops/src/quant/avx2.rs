@@ -11,6 +11,9 @@
 //! kernel does. `avx2_tiles!` writes the tiles once; `maddubs` and `vnni` expand them with
 //! their instruction sets and their `accumulate`.
 //!
+//! A narrow last group of 1, 2, 4 or 8 blocks is read 8 consecutive words a load and its lanes
+//! folded (`fold`), as in the AVX-512 kernel; other widths take a masked load per word.
+//!
 //! What it is not: the layout or the kernel choice (`super`). Invariant: the
 //! canonical order of `super`'s module doc, so the results equal the portable loop's bit for
 //! bit. A tile is two neighbouring rows at one input, else one (16 registers).
@@ -29,6 +32,24 @@ fn dot32(w_offset: __m256i, x: __m256i) -> __m256i {
     let w = _mm256_xor_si256(w_offset, _mm256_set1_epi8(0x80u8 as i8));
     let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
     _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))
+}
+
+/// Lane `l < width` gets the sum of lanes `l`, `l + width`, ... (`width` a power of two up to
+/// 8; the other lanes are left undefined): exact in int32, so in any order.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn fold(v: __m256i, width: usize) -> __m256i {
+    if width == 8 {
+        return v;
+    }
+    let mut x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    if width <= 2 {
+        x = _mm_add_epi32(x, _mm_srli_si128::<8>(x));
+    }
+    if width <= 1 {
+        x = _mm_add_epi32(x, _mm_srli_si128::<4>(x));
+    }
+    _mm256_set_m128i(_mm_setzero_si128(), x)
 }
 
 /// The tiles of one instruction set (`$features`): `rows`, `walk` and `tile`, with the
@@ -146,19 +167,46 @@ macro_rules! avx2_tiles {
                     let mask =
                         _mm256_cmpgt_epi32(_mm256_set1_epi32((tail - half * 8) as i32), lane);
                     let mut isum = [[_mm256_setzero_si256(); NB]; R];
-                    for i in 0..BLOCK / 4 {
-                        let at = base + (i * tail + half * 8) * 4;
-                        let mut wv = [_mm256_setzero_si256(); R];
-                        for r in 0..R {
-                            // SAFETY: the unmasked words lie in the last group; masked-off
-                            // words are not read.
-                            wv[r] = unsafe { _mm256_maskload_epi32(wq[r].add(at).cast(), mask) };
-                        }
-                        for b in 0..NB {
-                            // SAFETY: as the weights, for the input row.
-                            let xv = unsafe { _mm256_maskload_epi32(xr[b].0.add(at).cast(), mask) };
+                    if tail <= 8 && tail.is_power_of_two() {
+                        // Then word `w` of the group is of block `w % tail`: 8 consecutive
+                        // words per load (`tail` loads instead of 8), lanes folded mod `tail`.
+                        for k in 0..tail {
+                            let at = base + k * 32;
+                            let mut wv = [_mm256_setzero_si256(); R];
                             for r in 0..R {
-                                isum[r][b] = accumulate(isum[r][b], wv[r], xv);
+                                // SAFETY: words 8k .. 8k + 8 < 8 tail of the last group exist.
+                                wv[r] = unsafe { _mm256_loadu_si256(wq[r].add(at).cast()) };
+                            }
+                            for b in 0..NB {
+                                // SAFETY: as the weights, for the input row.
+                                let xv = unsafe { _mm256_loadu_si256(xr[b].0.add(at).cast()) };
+                                for r in 0..R {
+                                    isum[r][b] = accumulate(isum[r][b], wv[r], xv);
+                                }
+                            }
+                        }
+                        for r in 0..R {
+                            for b in 0..NB {
+                                isum[r][b] = fold(isum[r][b], tail);
+                            }
+                        }
+                    } else {
+                        for i in 0..BLOCK / 4 {
+                            let at = base + (i * tail + half * 8) * 4;
+                            let mut wv = [_mm256_setzero_si256(); R];
+                            for r in 0..R {
+                                let p = wq[r].wrapping_add(at).cast();
+                                // SAFETY: the unmasked words lie in the last group; masked-off
+                                // words are not read.
+                                wv[r] = unsafe { _mm256_maskload_epi32(p, mask) };
+                            }
+                            for b in 0..NB {
+                                let p = xr[b].0.wrapping_add(at).cast();
+                                // SAFETY: as the weights, for the input row.
+                                let xv = unsafe { _mm256_maskload_epi32(p, mask) };
+                                for r in 0..R {
+                                    isum[r][b] = accumulate(isum[r][b], wv[r], xv);
+                                }
                             }
                         }
                     }
