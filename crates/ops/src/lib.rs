@@ -60,6 +60,7 @@ pub mod matvec;
 pub mod norm;
 pub mod numerics;
 pub mod pages;
+pub mod quant;
 pub mod rope;
 pub mod softmax;
 mod step_threads;
