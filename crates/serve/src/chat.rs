@@ -17,6 +17,8 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use stoke_rollout::TokenLogprob;
@@ -27,11 +29,19 @@ use crate::app::{App, unix_now};
 use crate::completions::prompt_logprobs_json;
 use crate::error::ApiError;
 use crate::generation::{Generation, Update, token_string};
-use crate::protocol::{ChatRequest, parse_request};
+use crate::protocol::{ChatRequest, check_content_type, parse_request};
 use crate::stream::{EventStream, Phase, request_id};
 use crate::tools;
 
-pub async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
+pub async fn chat_completions(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match check_content_type(&headers).and_then(|()| Ok(body?)) {
+        Ok(body) => body,
+        Err(error) => return error.into_response(),
+    };
     match run(app, body).await {
         Ok(response) => response,
         Err(error) => error.into_response(),

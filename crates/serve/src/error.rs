@@ -6,7 +6,8 @@
 //! server or close the connection without an answer.
 
 use axum::Json;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
@@ -74,6 +75,7 @@ impl ApiError {
             405 => "MethodNotAllowedError",
             409 => "ConflictError",
             413 => "RequestTooLargeError",
+            415 => "UnsupportedMediaTypeError",
             429 => "RateLimitError",
             503 => "ServiceUnavailableError",
             _ => "InternalServerError",
@@ -129,6 +131,26 @@ impl IntoResponse for ApiError {
         }
         response
     }
+}
+
+/// A body that could not be read (too large, cut off) as an error object rather than axum's text.
+impl From<BytesRejection> for ApiError {
+    fn from(rejection: BytesRejection) -> ApiError {
+        ApiError::status(rejection.status(), rejection.body_text())
+    }
+}
+
+/// The answer to a known route called with a method it does not serve: 405 with an error object
+/// (axum adds the `Allow` header naming the methods it does serve).
+pub async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    ApiError::status(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!(
+            "method {method} is not allowed on {} (the Allow header names those that are)",
+            uri.path()
+        ),
+    )
+    .into_response()
 }
 
 impl From<stoke_rollout::RolloutError> for ApiError {

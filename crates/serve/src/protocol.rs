@@ -11,17 +11,31 @@
 //!
 //! Validation: a field of the wrong type is a 400 naming its path (`serde_path_to_error`); a
 //! value out of range, an unknown model, a prompt past the context or a token id outside the
-//! vocabulary is a 400 naming the field. Unknown fields are ignored, as OpenAI and vLLM do, but
-//! fields stoke knows and does not implement (`logit_bias`, penalties, `best_of > n`, `suffix`)
-//! are refused when set, never silently dropped.
+//! vocabulary is a 400 naming the field.
 //!
-//! Differences from vLLM, on purpose: an unknown `model` is a 400 (vLLM answers 404); the
+//! Strictness: every field a request carries is either honoured or refused with a 400 naming it,
+//! never silently dropped (as OpenAI does, and unlike vLLM, which ignores unknown fields):
+//! - a top-level field that is not a field of these types is refused (`check_known_fields`; the
+//!   types' own field lists, read from their `Deserialize` impls, are the allow-list, so the
+//!   list cannot drift from what is parsed);
+//! - a field stoke knows and does not implement is refused unless it holds its neutral value
+//!   (penalties 0, `logit_bias` empty, `best_of == n`, `suffix` empty, `store: false`,
+//!   `parallel_tool_calls: true`, `modalities: ["text"]`, `response_format: {"type": "text"}`,
+//!   `tool_choice` `"auto"` or `"none"`, ...): `CommonFields::refuse_unimplemented` and
+//!   `ChatRequest::refuse_unimplemented`;
+//! - `user` and `safety_identifier`, opaque end-user ids, are accepted and change nothing.
+//!
+//! The table of every field and what the server does with it is in `docs/src/guide/serve.md`.
+//!
+//! Differences from vLLM, on purpose: an unknown `model` is a 400 (vLLM answers 404); unknown
+//! fields are a 400 (vLLM ignores them); the
 //! reported log-probs default to the distribution actually sampled from (`logprobs_mode`:
 //! `processed_logprobs`; vLLM's default is `raw_logprobs`), which is what RL importance ratios
 //! need; `raw_logprobs` is one field away.
 
 use std::collections::BTreeMap;
 
+use axum::http::{HeaderMap, StatusCode, header};
 use serde::Deserialize;
 use serde_json::Value;
 use stoke_rollout::{LogprobMode, LogprobRequest, SamplingParams};
@@ -65,6 +79,7 @@ impl StopField {
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
@@ -106,6 +121,11 @@ pub struct CommonFields {
     /// `first_sample + j` of group `prompt_number`. Default 0 (the single-turn streams).
     pub first_sample: Option<u64>,
     pub turn: Option<u64>,
+    /// An opaque end-user id (OpenAI's abuse monitoring): accepted, changes nothing.
+    pub user: Option<String>,
+    /// `{"type": "text"}` (the default); `json_object` and `json_schema` are refused until
+    /// structured output is implemented.
+    pub response_format: Option<Value>,
     // Known and not implemented: refused when set to anything but their neutral value.
     pub logit_bias: Option<Value>,
     pub presence_penalty: Option<f64>,
@@ -147,6 +167,59 @@ pub struct ChatRequest {
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     #[serde(default)]
     pub echo: bool,
+    /// OpenAI's successor of `user`, an opaque end-user id: accepted, changes nothing.
+    pub safety_identifier: Option<String>,
+    // OpenAI's fields stoke does not implement: refused unless neutral or absent
+    // (`ChatRequest::refuse_unimplemented`).
+    pub parallel_tool_calls: Option<bool>,
+    pub store: Option<bool>,
+    pub metadata: Option<serde_json::Map<String, Value>>,
+    pub service_tier: Option<String>,
+    pub modalities: Option<Vec<String>>,
+    pub functions: Option<Vec<Value>>,
+    pub function_call: Option<Value>,
+    pub audio: Option<Value>,
+    pub prediction: Option<Value>,
+    pub reasoning_effort: Option<Value>,
+    pub web_search_options: Option<Value>,
+}
+
+/// A generation request's body must say it is JSON: `Content-Type: application/json`, with
+/// parameters allowed (`; charset=utf-8`; a charset other than UTF-8 is refused, JSON is UTF-8).
+/// Anything else, or none, is a 415, so a client that sends the wrong thing learns it.
+pub fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let refuse = |what: String| {
+        Err(ApiError::status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("{what}; send the body as JSON with `Content-Type: application/json`"),
+        ))
+    };
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return refuse("the request has no Content-Type".into());
+    };
+    let Ok(text) = value.to_str() else {
+        return refuse("the request's Content-Type is not readable".into());
+    };
+    let mut parts = text.split(';');
+    let media_type = parts.next().unwrap_or_default().trim();
+    if !media_type.eq_ignore_ascii_case("application/json") {
+        return refuse(format!("the request's Content-Type is {text:?}"));
+    }
+    for parameter in parts {
+        let Some((name, value)) = parameter.split_once('=') else {
+            continue;
+        };
+        let value = value.trim().trim_matches('"');
+        if name.trim().eq_ignore_ascii_case("charset")
+            && !value.eq_ignore_ascii_case("utf-8")
+            && !value.eq_ignore_ascii_case("utf8")
+        {
+            return refuse(format!(
+                "the request's Content-Type is {text:?}, a charset other than UTF-8"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Parses a JSON body into `T`, naming the path of a field of the wrong type.
@@ -175,29 +248,116 @@ pub fn parse_value<T: for<'de> Deserialize<'de>>(value: &Value) -> Result<T, Api
 
 /// A generation request whose shared fields are read from the same object.
 pub trait WithCommon: for<'de> Deserialize<'de> {
+    /// The route it is the body of, for error messages.
+    const ROUTE: &'static str;
     fn set_common(&mut self, common: CommonFields);
 }
 
 impl WithCommon for CompletionRequest {
+    const ROUTE: &'static str = "/v1/completions";
     fn set_common(&mut self, common: CommonFields) {
         self.common = common;
     }
 }
 
 impl WithCommon for ChatRequest {
+    const ROUTE: &'static str = "/v1/chat/completions";
     fn set_common(&mut self, common: CommonFields) {
         self.common = common;
     }
 }
 
-/// Parses a completions or chat body: its own fields, then the shared ones.
+/// The JSON field names `T`'s derived `Deserialize` reads: serde hands them to
+/// `deserialize_struct`, which this deserializer records and then stops.
+pub fn field_names<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
+    use serde::de::{self, Visitor};
+
+    struct FieldNames<'a>(&'a mut &'static [&'static str]);
+
+    impl<'de> de::Deserializer<'de> for FieldNames<'_> {
+        type Error = de::value::Error;
+
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(de::Error::custom("not a struct"))
+        }
+
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _name: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(de::Error::custom("field names read"))
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(FieldNames(&mut fields));
+    fields
+}
+
+/// The top-level fields a body of `T` may carry: its own and the shared ones.
+pub fn known_fields<T: WithCommon>() -> Vec<&'static str> {
+    let mut fields: Vec<&'static str> = field_names::<T>()
+        .iter()
+        .chain(field_names::<CommonFields>())
+        .copied()
+        .collect();
+    fields.sort_unstable();
+    fields.dedup();
+    fields
+}
+
+/// Refuses (400 naming it) the first top-level field that is not a field of `T`: unknown
+/// fields are never silently ignored.
+fn check_known_fields<T: WithCommon>(
+    object: &serde_json::Map<String, Value>,
+) -> Result<(), ApiError> {
+    let known = known_fields::<T>();
+    let Some(field) = object.keys().find(|key| !known.contains(&key.as_str())) else {
+        return Ok(());
+    };
+    let route = T::ROUTE;
+    let reason = if field.starts_with("guided_") || field == "structured_outputs" {
+        "structured output (guided decoding) is not implemented yet".to_string()
+    } else if let Some(other) = [
+        (ChatRequest::ROUTE, field_names::<ChatRequest>()),
+        (CompletionRequest::ROUTE, field_names::<CompletionRequest>()),
+    ]
+    .into_iter()
+    .find_map(|(other, fields)| {
+        (other != route && fields.contains(&field.as_str())).then_some(other)
+    }) {
+        format!("it is a field of {other}")
+    } else {
+        "it is not a field stoke serve knows".to_string()
+    };
+    Err(ApiError::invalid(
+        field.clone(),
+        format!(
+            "Unrecognized request argument supplied: `{field}` ({reason}); {route} refuses \
+             fields it does not honour rather than ignore them"
+        ),
+    ))
+}
+
+/// Parses a completions or chat body: refuses unknown top-level fields, then reads its own
+/// fields and the shared ones.
 pub fn parse_request<T: WithCommon>(body: &[u8]) -> Result<T, ApiError> {
     let value = parse_json(body)?;
-    if !value.is_object() {
+    let Some(object) = value.as_object() else {
         return Err(ApiError::bad_request(
             "the request body must be a JSON object",
         ));
-    }
+    };
+    check_known_fields::<T>(object)?;
     let mut request: T = parse_value(&value)?;
     request.set_common(parse_value(&value)?);
     Ok(request)
@@ -269,6 +429,38 @@ fn top_count(field: &str, value: Option<i64>, max: usize) -> Result<Option<usize
     }
 }
 
+/// `response_format`: `{"type": "text"}` (or absent) is what the server does anyway; JSON modes
+/// need structured output, not implemented yet; anything else is not a response format.
+fn check_response_format(format: Option<&Value>) -> Result<(), ApiError> {
+    let field = "response_format";
+    let Some(format) = format.filter(|f| !f.is_null()) else {
+        return Ok(());
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(()),
+        Some(kind @ ("json_object" | "json_schema")) => Err(ApiError::invalid(
+            field,
+            format!(
+                "`response_format` `{kind}` is not supported by stoke serve: structured output \
+                 is not implemented yet (it will be, through constrained decoding); only \
+                 {{\"type\": \"text\"}} is accepted"
+            ),
+        )),
+        Some(kind) => Err(ApiError::invalid(
+            field,
+            format!(
+                "`response_format.type` must be text, json_object or json_schema, got {kind:?} \
+                 (stoke serve accepts only text)"
+            ),
+        )),
+        None => Err(ApiError::invalid(
+            field,
+            "`response_format` must be an object with a `type` (stoke serve accepts only \
+             {\"type\": \"text\"})",
+        )),
+    }
+}
+
 impl CommonFields {
     /// Refuses the fields stoke does not implement when they ask for anything.
     fn refuse_unimplemented(&self) -> Result<(), ApiError> {
@@ -297,7 +489,18 @@ impl CommonFields {
                 "`min_tokens` is not supported by stoke serve",
             ));
         }
-        Ok(())
+        if self
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.continuous_usage_stats)
+        {
+            return Err(ApiError::invalid(
+                "stream_options.continuous_usage_stats",
+                "`stream_options.continuous_usage_stats` is not supported by stoke serve (only \
+                 `include_usage`: usage in a final chunk)",
+            ));
+        }
+        check_response_format(self.response_format.as_ref())
     }
 
     fn check_model(&self, info: &ModelInfo) -> Result<(), ApiError> {
@@ -725,7 +928,119 @@ fn template_value(field: &str, value: &Value) -> Result<TemplateValue, ApiError>
         .map_err(|e| ApiError::invalid(field, format!("`{field}`: {e}")))
 }
 
+/// A refusal of a field stoke knows and does not implement.
+fn unsupported(field: &str, detail: &str) -> ApiError {
+    ApiError::invalid(
+        field,
+        format!("`{field}` is not supported by stoke serve{detail}"),
+    )
+}
+
 impl ChatRequest {
+    /// Refuses the chat fields stoke does not implement unless they hold their neutral value
+    /// (the table in `docs/src/guide/serve.md`).
+    fn refuse_unimplemented(&self) -> Result<(), ApiError> {
+        match self.tool_choice.as_ref() {
+            None | Some(Value::Null) => {}
+            Some(Value::String(choice)) if choice == "auto" || choice == "none" => {}
+            Some(Value::String(choice)) if choice == "required" => {
+                return Err(unsupported(
+                    "tool_choice",
+                    " as \"required\": forcing a tool call needs constrained decoding, not \
+                     implemented yet; \"auto\" and \"none\" are supported",
+                ));
+            }
+            Some(Value::Object(choice)) if choice.get("type").and_then(Value::as_str).is_some() => {
+                return Err(unsupported(
+                    "tool_choice",
+                    " as a named function or tool set: forcing a tool call needs constrained \
+                     decoding, not implemented yet; \"auto\" and \"none\" are supported",
+                ));
+            }
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!(
+                        "`tool_choice` must be \"auto\", \"none\", \"required\" or a named \
+                         function, got {other}"
+                    ),
+                ));
+            }
+        }
+        if self.parallel_tool_calls == Some(false) {
+            return Err(unsupported(
+                "parallel_tool_calls",
+                " as false: every call the model writes is returned (only true is accepted)",
+            ));
+        }
+        if self.functions.as_ref().is_some_and(|f| !f.is_empty()) {
+            return Err(unsupported(
+                "functions",
+                " (deprecated by OpenAI): pass them as `tools`",
+            ));
+        }
+        match self.function_call.as_ref() {
+            None | Some(Value::Null) => {}
+            Some(Value::String(call)) if call == "none" || call == "auto" => {}
+            Some(_) => {
+                return Err(unsupported(
+                    "function_call",
+                    " (deprecated by OpenAI): only \"none\" or \"auto\"; use `tools`",
+                ));
+            }
+        }
+        if self.store == Some(true) {
+            return Err(unsupported(
+                "store",
+                " as true: completions are not stored (only false is accepted)",
+            ));
+        }
+        if self.metadata.as_ref().is_some_and(|m| !m.is_empty()) {
+            return Err(unsupported(
+                "metadata",
+                ": completions are not stored, so there is nothing to tag (only {} is accepted)",
+            ));
+        }
+        if let Some(tier) = &self.service_tier
+            && tier != "auto"
+            && tier != "default"
+        {
+            return Err(unsupported(
+                "service_tier",
+                &format!(" as {tier:?}: there is one tier (\"auto\" or \"default\")"),
+            ));
+        }
+        if let Some(modalities) = &self.modalities
+            && modalities.iter().any(|m| m != "text")
+        {
+            return Err(unsupported(
+                "modalities",
+                ": the server generates text only (only [\"text\"] is accepted)",
+            ));
+        }
+        let absent = |field: &str, value: &Option<Value>, detail: &str| match value {
+            Some(v) if !v.is_null() => Err(unsupported(field, detail)),
+            _ => Ok(()),
+        };
+        absent("audio", &self.audio, ": the server generates text only")?;
+        absent(
+            "prediction",
+            &self.prediction,
+            " (predicted outputs are not implemented)",
+        )?;
+        absent(
+            "reasoning_effort",
+            &self.reasoning_effort,
+            ": a template that reads one takes it through `chat_template_kwargs`",
+        )?;
+        absent(
+            "web_search_options",
+            &self.web_search_options,
+            ": the server has no web search",
+        )?;
+        Ok(())
+    }
+
     /// Whether the response should parse tool calls out of the generated text.
     pub fn wants_tool_calls(&self) -> bool {
         self.tools.as_ref().is_some_and(|t| !t.is_empty())
@@ -742,6 +1057,7 @@ impl ChatRequest {
     ) -> Result<GenerationSpec, ApiError> {
         let common = &self.common;
         common.check_model(info)?;
+        self.refuse_unimplemented()?;
         let continue_final = self.continue_final_message;
         if continue_final && self.add_generation_prompt == Some(true) {
             return Err(ApiError::invalid(
@@ -848,5 +1164,140 @@ impl ChatRequest {
             first_sample: common.first_sample.unwrap_or(0),
             turn: common.turn.unwrap_or(0),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every field of OpenAI's chat request the Python SDK can send, each honoured or refused
+    /// by name (the table in docs/src/guide/serve.md); the others are refused as unknown.
+    const OPENAI_CHAT_FIELDS: &[&str] = &[
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "n",
+        "stream",
+        "stream_options",
+        "stop",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "top_logprobs",
+        "user",
+        "safety_identifier",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "response_format",
+        "service_tier",
+        "store",
+        "metadata",
+        "modalities",
+        "audio",
+        "prediction",
+        "reasoning_effort",
+        "web_search_options",
+        "function_call",
+        "functions",
+    ];
+
+    const OPENAI_COMPLETION_FIELDS: &[&str] = &[
+        "model",
+        "prompt",
+        "best_of",
+        "echo",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "max_tokens",
+        "n",
+        "presence_penalty",
+        "seed",
+        "stop",
+        "stream",
+        "stream_options",
+        "suffix",
+        "temperature",
+        "top_p",
+        "user",
+    ];
+
+    #[test]
+    fn the_field_lists_come_from_the_types_and_cover_openais_fields() {
+        let chat = known_fields::<ChatRequest>();
+        let completions = known_fields::<CompletionRequest>();
+        for field in OPENAI_CHAT_FIELDS {
+            assert!(chat.contains(field), "chat lacks {field}");
+        }
+        for field in OPENAI_COMPLETION_FIELDS {
+            assert!(completions.contains(field), "completions lacks {field}");
+        }
+        // The skipped `common` is not a field; the shared ones are on both routes.
+        assert!(!chat.contains(&"common") && !completions.contains(&"common"));
+        for field in ["prompt_number", "top_k", "logprobs_mode", "stop_token_ids"] {
+            assert!(
+                chat.contains(&field) && completions.contains(&field),
+                "{field}"
+            );
+        }
+        for field in [
+            "guided_json",
+            "structured_outputs",
+            "verbosity",
+            "prompt_cache_key",
+        ] {
+            assert!(
+                !chat.contains(&field) && !completions.contains(&field),
+                "{field}"
+            );
+        }
+        assert!(!completions.contains(&"messages") && !chat.contains(&"prompt"));
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_by_name_with_a_hint() {
+        let refused = |body: Value| -> ApiError {
+            parse_request::<ChatRequest>(body.to_string().as_bytes()).unwrap_err()
+        };
+        let error = refused(serde_json::json!({"messages": [], "guided_json": {}}));
+        assert_eq!(error.param.as_deref(), Some("guided_json"));
+        assert!(error.message.contains("structured output"), "{error}");
+        let error = refused(serde_json::json!({"messages": [], "suffix": "x"}));
+        assert_eq!(error.param.as_deref(), Some("suffix"));
+        assert!(error.message.contains("/v1/completions"), "{error}");
+        let error = refused(serde_json::json!({"messages": [], "zzz": 1}));
+        assert_eq!(error.param.as_deref(), Some("zzz"));
+        assert!(
+            parse_request::<ChatRequest>(br#"{"messages": [], "user": "u", "top_k": 3}"#).is_ok()
+        );
+        assert!(
+            parse_request::<CompletionRequest>(br#"{"prompt": "x", "echo": true, "user": "u"}"#)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn only_json_bodies_are_taken() {
+        let with = |value: Option<&str>| {
+            let mut headers = HeaderMap::new();
+            if let Some(value) = value {
+                headers.insert(header::CONTENT_TYPE, value.parse().unwrap());
+            }
+            check_content_type(&headers).map_err(|e| e.status.as_u16())
+        };
+        assert_eq!(with(Some("application/json")), Ok(()));
+        assert_eq!(with(Some("application/json; charset=utf-8")), Ok(()));
+        assert_eq!(with(Some("APPLICATION/JSON ;Charset=\"UTF8\"")), Ok(()));
+        assert_eq!(with(None), Err(415));
+        assert_eq!(with(Some("text/plain")), Err(415));
+        assert_eq!(with(Some("application/json-seq")), Err(415));
+        assert_eq!(with(Some("application/json; charset=iso-8859-1")), Err(415));
     }
 }

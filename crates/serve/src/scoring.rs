@@ -43,7 +43,7 @@ use stoke_tokenizer::chat::ChatOptions;
 use stoke_tokenizer::hf::Tokenizer;
 
 use crate::app::{ServeConfig, default_served_model_name, unix_now};
-use crate::error::ApiError;
+use crate::error::{ApiError, method_not_allowed};
 use crate::protocol::parse_body;
 
 /// Rows per forward pass.
@@ -167,6 +167,7 @@ pub fn router(app: Arc<ScoreApp>) -> Router {
             "/version",
             get(|| async { axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})) }),
         )
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(|| async {
             ApiError::status(
                 StatusCode::NOT_FOUND,

@@ -5,7 +5,8 @@
 //! `/health`, `/version`, `/tokenize`, `/detokenize`, `/metrics`, and for RL weight syncs
 //! `/update_weights` (load a Hugging Face directory both sides can see, swap it in between decode
 //! steps), `/pause`, `/resume`, `/is_paused` and `/weights/checksum`. Unknown paths get a 404 in
-//! the OpenAI error shape; a wrong method a 405.
+//! the OpenAI error shape; a wrong method a 405 in the same shape (with `Allow`). The two
+//! generation routes take JSON only (`Content-Type: application/json`; anything else is a 415).
 //!
 //! A sequence classifier (`--task reward`, or `auto` on a `*ForSequenceClassification` folder)
 //! is served by `scoring.rs`'s router instead: `/classify` and `/pooling`.
@@ -32,7 +33,7 @@ use stoke_tokenizer::chat::ChatOptions;
 use tokio::sync::oneshot;
 
 use crate::app::{App, ServeConfig, ServeTask};
-use crate::error::ApiError;
+use crate::error::{ApiError, method_not_allowed};
 use crate::protocol::parse_body;
 use crate::scoring::{self, ScoreApp};
 use crate::weights::load_for_serving;
@@ -55,6 +56,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/resume", post(resume))
         .route("/is_paused", get(is_paused))
         .route("/weights/checksum", get(checksum))
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(64 << 20))
         .with_state(app)
