@@ -46,7 +46,7 @@ mod avx512;
 mod tests;
 
 #[cfg(target_arch = "x86_64")]
-use tiles::prefetch;
+pub(crate) use tiles::prefetch;
 
 /// A weight matrix `W[rows, cols]` for `matvec`.
 #[derive(Debug, Clone, Copy)]

@@ -50,6 +50,8 @@
 //! `PREFETCH_AHEAD` bytes ahead. Results do not depend on it.
 #![allow(unsafe_code)]
 
+#[cfg(target_arch = "x86_64")]
+use crate::matvec::prefetch;
 use std::ops::Range;
 
 use crate::dispatch::{DecodePrefetch, PrefetchHint};
@@ -594,25 +596,6 @@ unsafe fn portable(part: &Part, rows: Range<usize>) {
             }
             // SAFETY: (b, j - rows.start) is inside the caller's output.
             unsafe { *part.out.add(b * part.out_stride + j - rows.start) = reduce16(lanes) };
-        }
-    }
-}
-
-/// A prefetch of the line at `p` (a hint, valid for any address) with the hint numbered 0 none,
-/// 1 `t0`, 2 `t1`, 3 `t2`, 4 `nta`.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn prefetch<const HINT: u8>(p: *const u8) {
-    use std::arch::x86_64::{_MM_HINT_NTA, _MM_HINT_T0, _MM_HINT_T1, _MM_HINT_T2, _mm_prefetch};
-    let p = p as *const i8;
-    // SAFETY: a prefetch is a hint; it never faults, whatever the address.
-    unsafe {
-        match HINT {
-            1 => _mm_prefetch::<_MM_HINT_T0>(p),
-            2 => _mm_prefetch::<_MM_HINT_T1>(p),
-            3 => _mm_prefetch::<_MM_HINT_T2>(p),
-            4 => _mm_prefetch::<_MM_HINT_NTA>(p),
-            _ => {}
         }
     }
 }

@@ -171,7 +171,7 @@ unsafe fn bf16_dp_tile<const R: usize, const NB: usize, const HINT: u8>(
             // SAFETY: pair words block * 16 .. + 16 of row j + r * gap exist.
             wv[r] = unsafe { _mm512_loadu_si512(w.add(at) as *const __m512i) };
             // `ahead` words on in this row's stream: a hint, valid for any address.
-            prefetch::<HINT>(w.wrapping_add(at + ahead) as *const i8);
+            prefetch::<HINT, _>(w.wrapping_add(at + ahead) as *const i8);
         }
         for b in 0..NB {
             // SAFETY: pair words block * 16 .. + 16 of input row b exist.

@@ -147,8 +147,8 @@ macro_rules! fma_tiles {
                 for r in 0..R {
                     // One 64-byte line per row and block, `ahead` words on in this row's
                     // stream: a hint, valid for any address.
-                    prefetch::<HINT>(
-                        w.wrapping_add((j + r * gap) * stride + block * 16 + ahead) as *const i8
+                    prefetch::<HINT, _>(
+                        w.wrapping_add((j + r * gap) * stride + block * 16 + ahead) as *const i8,
                     );
                 }
                 for part in 0..16 / $lanes {
@@ -215,7 +215,7 @@ macro_rules! fma_tiles {
                     wv[r] = unsafe { $load(w.add(at)) };
                     if k % 16 == 0 {
                         // A hint, valid for any address (one per 64-byte line of the stream).
-                        prefetch::<HINT>(w.wrapping_add(at + ahead) as *const i8);
+                        prefetch::<HINT, _>(w.wrapping_add(at + ahead) as *const i8);
                     }
                 }
                 for b in 0..NB {
@@ -248,8 +248,9 @@ macro_rules! fma_tiles {
 /// `tiles!`: 0 none, 1 `t0`, 2 `t1`, 3 `t2`, 4 `nta`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(super) fn prefetch<const HINT: u8>(p: *const i8) {
+pub(crate) fn prefetch<const HINT: u8, T>(p: *const T) {
     use std::arch::x86_64::{_MM_HINT_NTA, _MM_HINT_T0, _MM_HINT_T1, _MM_HINT_T2, _mm_prefetch};
+    let p = p.cast::<i8>();
     // SAFETY: a prefetch is a hint; it never faults, whatever the address.
     unsafe {
         match HINT {

@@ -114,7 +114,7 @@ macro_rules! avx2_tiles {
                         let mut wv = [_mm256_setzero_si256(); R];
                         for r in 0..R {
                             if half == 0 {
-                                prefetch::<HINT>(wq[r].wrapping_add(at + ahead));
+                                prefetch::<HINT, _>(wq[r].wrapping_add(at + ahead));
                             }
                             // SAFETY: bytes at .. at + 32 of row j + r lie in its whole groups.
                             wv[r] = unsafe { _mm256_loadu_si256(wq[r].add(at).cast()) };
@@ -130,7 +130,7 @@ macro_rules! avx2_tiles {
                     let s = g * GROUP + half * 8;
                     for r in 0..R {
                         if half == 0 {
-                            prefetch::<HINT>(ws[r].wrapping_add(g * GROUP + ahead / 32).cast());
+                            prefetch::<HINT, _>(ws[r].wrapping_add(g * GROUP + ahead / 32));
                         }
                         // SAFETY: scales s .. s + 8 of the row exist.
                         let dw = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(ws[r].add(s).cast())) };

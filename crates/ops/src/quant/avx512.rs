@@ -70,7 +70,7 @@ unsafe fn tile<const R: usize, const NB: usize, const HINT: u8>(
             let at = g * GROUP_BYTES + i * 64;
             let mut wv = [_mm512_setzero_si512(); R];
             for r in 0..R {
-                prefetch::<HINT>(wq[r].wrapping_add(at + ahead));
+                prefetch::<HINT, _>(wq[r].wrapping_add(at + ahead));
                 // SAFETY: bytes at .. at + 64 of row j + r lie in its whole groups.
                 wv[r] = unsafe { _mm512_loadu_si512(wq[r].add(at).cast()) };
             }
@@ -84,7 +84,7 @@ unsafe fn tile<const R: usize, const NB: usize, const HINT: u8>(
         }
         for r in 0..R {
             // The scales' stream, 32 bytes a group: `ahead` quant bytes are `ahead / 16` of it.
-            prefetch::<HINT>(ws[r].wrapping_add(g * GROUP + ahead / 32).cast());
+            prefetch::<HINT, _>(ws[r].wrapping_add(g * GROUP + ahead / 32));
             // SAFETY: scales g * 16 .. + 16 of the row exist.
             let dw = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(ws[r].add(g * GROUP).cast())) };
             for b in 0..NB {
